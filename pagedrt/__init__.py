@@ -1,0 +1,21 @@
+"""pagedrt: a paged-attention runtime for LLM inference.
+
+Public API (compatible with vLLM's offline API):
+    LLM, SamplingParams, RequestOutput, CompletionOutput, EngineConfig, ModelConfig
+"""
+
+from pagedrt.config import EngineConfig, ModelConfig
+from pagedrt.outputs import CompletionOutput, RequestOutput
+from pagedrt.sampling_params import SamplingParams
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "EngineConfig",
+           "ModelConfig"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name):  # import the engine lazily: `import pagedrt` stays cheap
+    if name == "LLM":
+        from pagedrt.entrypoints.llm import LLM
+
+        return LLM
+    raise AttributeError(name)

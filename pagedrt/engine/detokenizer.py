@@ -1,0 +1,152 @@
+"""Incremental detokenization with stop strings, for streaming.
+
+Each new token is decoded in a short window of the tokens before it (the "prefix/read offset"
+method of HF's TextStreamer, TGI and vLLM), so the cost per token does not grow with the output:
+
+    token_ids:  ... | prefix_offset ........ read_offset ........ len(token_ids)
+                      ^ context, decoded       ^ tokens whose text is not yet
+                        only to be diffed        part of the output
+                        away
+
+    new text = decode(ids[prefix_offset:]) minus decode(ids[prefix_offset:read_offset])
+
+The context matters: tokenizers drop a leading space or merge bytes differently at the start of a
+sequence. When the window's text ends with U+FFFD, the last token ends inside a multi-byte UTF-8
+character; nothing is emitted and the offsets stay until a later token completes it.
+
+Text then passes through a stop-string filter, whose state is:
+
+    _parts (safe: sent, or ready to send) | _pending (could be the start of a stop string)
+
+`_pending` is the longest suffix of the text that is a proper prefix of some stop string. A stop
+string never crosses into `_parts`, so a delta never contains one.
+"""
+
+from __future__ import annotations
+
+from pagedrt.sampling_params import SamplingParams
+
+# Tokens of prompt context decoded with each new token (enough for any merge the tokenizer makes
+# across token boundaries; vLLM uses 5 too).
+_NUM_CONTEXT_TOKENS = 5
+
+
+class IncrementalDetokenizer:
+    """Turns one request's generated tokens into text deltas; finds stop strings.
+
+    Args:
+        tokenizer: an HF tokenizer (anything with ``decode(ids, skip_special_tokens=...)``).
+        prompt_token_ids: the prompt; its last tokens give context to the first output token.
+        params: uses ``stop``, ``include_stop_str_in_output`` and ``skip_special_tokens``.
+    """
+
+    def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self.tokenizer = tokenizer
+        self.params = params
+        context = list(prompt_token_ids[-_NUM_CONTEXT_TOKENS:])
+        self._token_ids: list[int] = context  # context tokens + output tokens
+        self._prefix_offset = 0
+        self._read_offset = len(context)
+        self._parts: list[str] = []
+        self._num_sent_parts = 0
+        self._pending = ""
+        self.stop_reason: str | None = None  # the matched stop string
+        self.finished = False
+
+    @property
+    def output_text(self) -> str:
+        """The text so far; a matched stop string is in it only if include_stop_str_in_output."""
+        return "".join(self._parts) + self._pending
+
+    def update(self, new_token_ids: list[int]) -> str | None:
+        """Append tokens; returns the stop string they completed, else None.
+
+        After a match the text ends right before the stop string (or right after it, with
+        include_stop_str_in_output) and later tokens are ignored.
+        """
+        for token_id in new_token_ids:
+            if self.stop_reason is not None:
+                break
+            self._token_ids.append(token_id)
+            text = self._decode_new(allow_partial=False)
+            if text:
+                self._add_text(text)
+        return self.stop_reason
+
+    def get_delta(self, finished: bool) -> str:
+        """The text that is safe to show and was not returned before.
+
+        With ``finished=True`` the held-back rest is flushed too: a possible stop-string start
+        that never completed, and an incomplete UTF-8 character (as U+FFFD, as ``decode`` gives).
+        """
+        if finished and not self.finished:
+            self.finished = True
+            if self.stop_reason is None:
+                tail = self._decode_new(allow_partial=True)
+                self._parts.append(self._pending + tail)
+                self._pending = ""
+        delta = "".join(self._parts[self._num_sent_parts :])
+        self._num_sent_parts = len(self._parts)
+        return delta
+
+    def _decode_new(self, allow_partial: bool) -> str:
+        """Text of the tokens from read_offset on; "" (offsets kept) while it ends mid-character."""
+        if self._read_offset == len(self._token_ids):
+            return ""
+        skip = self.params.skip_special_tokens
+        window = self._token_ids[self._prefix_offset :]
+        prefix_text = self._decode(window[: self._read_offset - self._prefix_offset], skip)
+        new_text = self._decode(window, skip)
+        if len(new_text) <= len(prefix_text) or (new_text.endswith("\ufffd") and not allow_partial):
+            return ""
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._token_ids)
+        return new_text[len(prefix_text) :]
+
+    def _decode(self, token_ids: list[int], skip_special_tokens: bool) -> str:
+        if not token_ids:
+            return ""
+        return self.tokenizer.decode(
+            token_ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
+        )
+
+    def _add_text(self, text: str) -> None:
+        """Move text through the stop filter: match, or split into safe part and pending."""
+        buf = self._pending + text
+        match = _find_stop(buf, self.params.stop, len(self._pending))
+        if match is not None:
+            start, stop = match
+            end = start + len(stop) if self.params.include_stop_str_in_output else start
+            safe, self._pending = buf[:end], ""
+            self.stop_reason = stop
+        else:
+            num_held = _stop_prefix_len(buf, self.params.stop)
+            safe, self._pending = buf[: len(buf) - num_held], buf[len(buf) - num_held :]
+        if safe:
+            self._parts.append(safe)
+
+
+def _find_stop(text: str, stops: list[str], num_old: int) -> tuple[int, str] | None:
+    """The stop string match in `text` that ends first (then: starts first), among matches that
+    end after `num_old` chars (older text was already searched). That is the match a
+    character-by-character stream would meet first, whatever the tokenization.
+    """
+    best: tuple[int, int, str] | None = None  # (end, start, stop)
+    for stop in stops:
+        start = text.find(stop, max(0, num_old - len(stop) + 1))
+        if start >= 0:
+            candidate = (start + len(stop), start, stop)
+            if best is None or candidate[:2] < best[:2]:
+                best = candidate
+    return None if best is None else (best[1], best[2])
+
+
+def _stop_prefix_len(text: str, stops: list[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of a stop string."""
+    longest = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:n]):
+                longest = n
+                break
+    return longest

@@ -1,0 +1,298 @@
+"""Sampler: turn a batch of next-token logits into tokens, one `SamplingParams` per row.
+
+Order of operations (vLLM v1's default, which matches HF transformers where both define it):
+
+    raw logits --log_softmax--> logprobs (returned; the model's own distribution)
+        |
+        +-- penalties: repetition (prompt + output), frequency and presence (output only)
+        +-- min_tokens: EOS / stop_token_ids set to -inf while too few tokens were generated
+        |
+        +-- greedy rows (temperature 0): argmax
+        +-- other rows: / temperature -> top_k -> top_p -> min_p -> softmax -> exponential race
+
+Logprobs are those of the raw logits, before penalties and temperature (vLLM's default
+``logprobs_mode="raw_logprobs"``): they describe the model, not the sampling settings.
+
+Reproducibility: a seeded row draws its noise only from its own `torch.Generator`, always one
+vector of `vocab_size` exponentials per step, so its tokens do not depend on the batch it runs in.
+Sampling by "exponential race" (argmax of p_i / q_i with q_i ~ Exp(1) picks i with probability
+p_i) needs no host sync, unlike `torch.multinomial` with per-row generators.
+
+The hot path (no penalties, no logprobs, no min_tokens) has no host sync: per-row parameters are
+built from Python values once per call and copied to the device from pinned memory, non-blocking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from pagedrt.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingRow:
+    """What the sampler needs to know about one row of the logits batch.
+
+    Attributes:
+        params: the request's sampling settings.
+        generator: the request's RNG (seeded requests), on the logits' device; None means the
+            default generator passed to `Sampler.__call__`.
+        prompt_token_ids: the prompt (repetition penalty).
+        output_token_ids: tokens generated so far (penalties, min_tokens).
+        eos_token_ids: the model's EOS ids; suppressed while fewer than `min_tokens` tokens were
+            generated, unless `ignore_eos` (then EOS is no stop token, as in vLLM).
+    """
+
+    params: SamplingParams
+    generator: torch.Generator | None = None
+    prompt_token_ids: list[int] | tuple[int, ...] = ()
+    output_token_ids: list[int] | tuple[int, ...] = ()
+    eos_token_ids: tuple[int, ...] = ()
+
+
+class TokenLogprobs(NamedTuple):
+    """Logprobs of one step of one request.
+
+    Attributes:
+        token_id: the sampled token.
+        logprob: its log-probability under the raw model distribution.
+        rank: 1 + the number of tokens with a strictly higher logprob.
+        top_logprobs: the `params.logprobs` most likely (token_id, logprob), most likely first.
+    """
+
+    token_id: int
+    logprob: float
+    rank: int
+    top_logprobs: list[tuple[int, float]]
+
+
+@dataclass
+class SamplerOutput:
+    """Attributes:
+    token_ids: [B] int64 on the logits' device.
+    logprobs: one entry per row (None for rows that did not ask); None when no row asked.
+    """
+
+    token_ids: torch.Tensor
+    logprobs: list[TokenLogprobs | None] | None = None
+
+
+class Sampler:
+    """Stateless; one instance serves every step."""
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        rows: list[SamplingRow],
+        default_generator: torch.Generator | None = None,
+    ) -> SamplerOutput:
+        """Pick one token per row.
+
+        Args:
+            logits: [B, vocab] float (any float dtype; computed in float32), any device. Not
+                modified.
+            rows: B entries, one per logits row.
+            default_generator: RNG of rows without their own; None means torch's global RNG.
+
+        Returns:
+            SamplerOutput with token_ids [B] int64 on logits.device.
+        """
+        if logits.dim() != 2 or logits.shape[0] != len(rows):
+            raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(rows)} rows")
+        raw = logits.float()
+        device = raw.device
+
+        want_logprobs = any(r.params.logprobs is not None for r in rows)
+        raw_logprobs = torch.log_softmax(raw, dim=-1) if want_logprobs else None
+
+        logits = _apply_penalties(raw, rows)  # a new tensor if any row has penalties
+        logits = _apply_min_tokens(logits, rows, raw)
+
+        greedy = [r.params.greedy for r in rows]
+        if all(greedy):
+            token_ids = logits.argmax(dim=-1)
+        else:
+            sampled = self._sample(logits, rows, default_generator)
+            if any(greedy):
+                is_greedy = _to_device(greedy, device, torch.bool)
+                token_ids = torch.where(is_greedy, logits.argmax(dim=-1), sampled)
+            else:
+                token_ids = sampled
+
+        output = SamplerOutput(token_ids=token_ids)
+        if raw_logprobs is not None:
+            output.logprobs = _gather_logprobs(raw_logprobs, token_ids, rows)
+        return output
+
+    @staticmethod
+    def _sample(
+        logits: torch.Tensor, rows: list[SamplingRow], default_generator: torch.Generator | None
+    ) -> torch.Tensor:
+        """Temperature, top-k, top-p, min-p, then the exponential race. Returns [B] int64.
+
+        Greedy rows are sampled too (at temperature 1) and overwritten by the caller; they draw
+        noise from the default generator only, never from their own.
+        """
+        vocab_size, device = logits.shape[1], logits.device
+        params = [r.params for r in rows]
+        temperature = _to_device([p.temperature if not p.greedy else 1.0 for p in params], device)
+        logits = logits / temperature.unsqueeze(1)
+
+        top_ks = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+        top_ps = [p.top_p for p in params]
+        if any(k < vocab_size for k in top_ks) or any(p < 1.0 for p in top_ps):
+            logits = _apply_top_k_top_p(logits, top_ks, top_ps)
+        if any(p.min_p > 0.0 for p in params):
+            logits = _apply_min_p(logits, [p.min_p for p in params])
+
+        probs = torch.softmax(logits, dim=-1)
+        # q ~ Exp(1): one call for the whole batch, then seeded rows are redrawn from their own
+        # generator so that their noise depends only on their seed and step.
+        q = torch.empty_like(probs).exponential_(generator=default_generator)
+        for i, row in enumerate(rows):
+            if row.generator is not None and not row.params.greedy:
+                q[i].exponential_(generator=row.generator)
+        # Exp(1) can round to 0; 0 / 0 would be NaN, which argmax would pick.
+        q.clamp_(min=torch.finfo(q.dtype).tiny)
+        return (probs / q).argmax(dim=-1)
+
+
+def _to_device(
+    values: list | torch.Tensor, device: torch.device, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Host values -> device tensor without a host sync: on CUDA, a pinned buffer copied with
+    non_blocking=True (a plain `torch.tensor(..., device="cuda")` waits for the stream)."""
+    host = torch.as_tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Repetition penalty (Keskar et al. 2019, CTRL; as HF's RepetitionPenaltyLogitsProcessor):
+    a logit of a token seen in prompt or output is divided by the penalty when positive and
+    multiplied when negative. Then, OpenAI API style, on output tokens only:
+    ``logit -= frequency_penalty * count + presence_penalty * (count > 0)``.
+
+    Args:
+        logits: [B, vocab] float32. Returns a new tensor when any row is penalized, else logits.
+    """
+    idx = [
+        i
+        for i, r in enumerate(rows)
+        if r.params.repetition_penalty != 1.0
+        or r.params.frequency_penalty != 0.0
+        or r.params.presence_penalty != 0.0
+    ]
+    if not idx:
+        return logits
+    device, vocab_size = logits.device, logits.shape[1]
+    sub = [rows[i] for i in idx]
+    output_counts = _token_counts([r.output_token_ids for r in sub], vocab_size, device)
+    prompt_counts = _token_counts([r.prompt_token_ids for r in sub], vocab_size, device)
+    rep = _to_device([r.params.repetition_penalty for r in sub], device).unsqueeze(1)
+    freq = _to_device([r.params.frequency_penalty for r in sub], device).unsqueeze(1)
+    pres = _to_device([r.params.presence_penalty for r in sub], device).unsqueeze(1)
+
+    index = _to_device(idx, device, torch.int64)
+    x = logits[index]  # [n, vocab]
+    seen = (output_counts > 0) | (prompt_counts > 0)
+    penalty = torch.where(seen, rep, torch.ones_like(x))
+    x = torch.where(x > 0, x / penalty, x * penalty)
+    x = x - freq * output_counts - pres * (output_counts > 0).float()
+    logits = logits.clone()
+    logits[index] = x
+    return logits
+
+
+def _token_counts(token_id_lists: list, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """[n, vocab] float32 count of each token id per list (padding goes to a dropped column)."""
+    width = max((len(t) for t in token_id_lists), default=0)
+    padded = torch.full((len(token_id_lists), max(width, 1)), vocab_size, dtype=torch.int64)
+    for i, ids in enumerate(token_id_lists):
+        padded[i, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.int64)
+    counts = torch.zeros(len(token_id_lists), vocab_size + 1, device=device)
+    index = _to_device(padded, device, torch.int64)
+    counts.scatter_add_(1, index, torch.ones(index.shape, device=device))
+    return counts[:, :vocab_size]
+
+
+def _apply_min_tokens(
+    logits: torch.Tensor, rows: list[SamplingRow], raw: torch.Tensor
+) -> torch.Tensor:
+    """Set EOS (unless ignore_eos) and stop_token_ids to -inf for rows with too few outputs."""
+    row_idx, tok_idx = [], []
+    vocab_size = logits.shape[1]
+    for i, r in enumerate(rows):
+        if len(r.output_token_ids) >= r.params.min_tokens:
+            continue
+        stop_ids = set(r.params.stop_token_ids)
+        if not r.params.ignore_eos:
+            stop_ids.update(r.eos_token_ids)
+        for t in stop_ids:
+            if t < vocab_size:
+                row_idx.append(i)
+                tok_idx.append(t)
+    if not row_idx:
+        return logits
+    logits = logits.clone() if logits is raw else logits
+    index = _to_device([row_idx, tok_idx], logits.device, torch.int64)
+    logits[index[0], index[1]] = float("-inf")
+    return logits
+
+
+def _apply_top_k_top_p(
+    logits: torch.Tensor, top_ks: list[int], top_ps: list[float]
+) -> torch.Tensor:
+    """Top-k, then top-p (nucleus; Holtzman et al. 2019), with one descending sort for all rows.
+
+    Top-k keeps the k first positions of the sorted row (exactly k tokens, ties broken by sort
+    order). Top-p keeps the smallest prefix of the sorted, renormalized distribution whose mass
+    reaches p (always at least the top token). Disabled rows carry k = vocab and p = 1.
+
+    Args:
+        logits: [B, vocab] float32 (already divided by temperature). Returns a new tensor.
+    """
+    device, vocab_size = logits.device, logits.shape[1]
+    k = _to_device(top_ks, device, torch.int64).unsqueeze(1)  # [B, 1]
+    p = _to_device(top_ps, device).unsqueeze(1)  # [B, 1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [B, vocab] each
+    positions = torch.arange(vocab_size, device=device).unsqueeze(0)  # [1, vocab]
+    sorted_logits = sorted_logits.masked_fill(positions >= k, float("-inf"))
+    sorted_probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # exclusive prefix sum
+    drop = (mass_before >= p) & (positions > 0)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def _apply_min_p(logits: torch.Tensor, min_ps: list[float]) -> torch.Tensor:
+    """Min-p (Nguyen et al. 2024): drop tokens with probability < min_p * the top probability.
+
+    Compared in log space: logit < max_logit + log(min_p). Rows with min_p = 0 keep everything.
+    """
+    min_p = _to_device(min_ps, logits.device).unsqueeze(1)  # [B, 1]
+    threshold = logits.max(dim=-1, keepdim=True).values + torch.log(min_p)  # log(0) = -inf
+    return logits.masked_fill(logits < threshold, float("-inf"))
+
+
+def _gather_logprobs(
+    raw_logprobs: torch.Tensor, token_ids: torch.Tensor, rows: list[SamplingRow]
+) -> list[TokenLogprobs | None]:
+    """Per-row chosen-token logprob, rank and top-n list (one host sync for the whole batch)."""
+    num_top = max(r.params.logprobs or 0 for r in rows)
+    chosen = raw_logprobs.gather(1, token_ids.unsqueeze(1))  # [B, 1]
+    ranks = (raw_logprobs > chosen).sum(dim=-1) + 1  # [B]
+    top_values, top_ids = raw_logprobs.topk(num_top, dim=-1)  # [B, num_top]
+    chosen_l, ranks_l, ids_l = chosen.squeeze(1).tolist(), ranks.tolist(), token_ids.tolist()
+    top_values_l, top_ids_l = top_values.tolist(), top_ids.tolist()
+    result: list[TokenLogprobs | None] = []
+    for i, r in enumerate(rows):
+        n = r.params.logprobs
+        top = list(zip(top_ids_l[i][: n or 0], top_values_l[i][: n or 0]))
+        entry = TokenLogprobs(ids_l[i], chosen_l[i], ranks_l[i], top)
+        result.append(entry if n is not None else None)
+    return result

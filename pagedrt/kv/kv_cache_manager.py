@@ -1,0 +1,293 @@
+"""KVCacheManager: per-request block tables on top of the BlockPool.
+
+What it does for the scheduler:
+  * `get_computed_blocks`: the longest chain of cached full blocks matching a new request's
+    tokens (automatic prefix caching), always leaving at least one token to compute;
+  * `allocate_slots`: blocks for the next `num_new_tokens` tokens, or None (changing nothing)
+    when the pool cannot supply them: the scheduler then preempts or waits;
+  * `fork`: share every block of a sequence with a new one (n > 1 samples);
+  * copy-on-write: a sequence about to write into a partial block that another sequence holds
+    too gets a private copy first; the (src, dst) pair is queued for the model runner;
+  * `swap_out` / `swap_in`: move a preempted request's blocks to and from the CPU pool;
+  * `free`: drop a request's references (tail blocks first, so they are evicted first).
+
+Block tables are append-only while a request runs; only copy-on-write replaces the last entry.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from pagedrt.engine.request import Request
+from pagedrt.kv.block_pool import BlockPool, KVBlock, hash_block_tokens
+
+
+@dataclass
+class KVStats:
+    prefix_cache_queries: int = 0  # tokens looked up at admission
+    prefix_cache_hits: int = 0  # of those, tokens found in the cache
+    num_cow_copies: int = 0
+    num_swapped_out_blocks: int = 0
+    num_swapped_in_blocks: int = 0
+
+
+@dataclass
+class PendingCopies:
+    """Block copies the model runner performs before the next forward, in this order."""
+
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, cpu block)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu block, device block)
+    copy: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) device blocks (COW)
+
+    def __bool__(self) -> bool:
+        return bool(self.swap_out or self.swap_in or self.copy)
+
+
+class KVCacheManager:
+    """Block tables, prefix caching, copy-on-write and the CPU swap pool's bookkeeping."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        num_cpu_blocks: int = 0,
+    ) -> None:
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self.enable_caching = enable_caching
+        self.req_to_blocks: dict[str, list[KVBlock]] = {}
+        self._block_hashes: dict[str, list[bytes]] = {}  # hashes of the full blocks of a request
+        self._num_cached_blocks: dict[str, int] = {}  # leading blocks already offered to the cache
+        self.num_cpu_blocks = num_cpu_blocks
+        self._free_cpu_blocks = list(range(num_cpu_blocks - 1, -1, -1))
+        self.req_to_cpu_blocks: dict[str, list[int]] = {}
+        self.pending = PendingCopies()
+        self.stats = KVStats()
+
+    # ----------------------------------------------------------------- sizes
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Free plus cached-evictable blocks."""
+        return self.pool.num_free_blocks
+
+    @property
+    def num_free_cpu_blocks(self) -> int:
+        return len(self._free_cpu_blocks)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+
+    # ----------------------------------------------------------------- prefix cache
+    def _request_block_hashes(self, request: Request, num_full_blocks: int) -> list[bytes]:
+        """Hashes of the first `num_full_blocks` full blocks of the request (memoized)."""
+        hashes = self._block_hashes.setdefault(request.request_id, [])
+        bs = self.block_size
+        while len(hashes) < num_full_blocks:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            tokens = tuple(request.token_ids_slice(i * bs, (i + 1) * bs))
+            hashes.append(hash_block_tokens(parent, tokens, request_extra_keys(request)))
+        return hashes
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
+        """Longest cached prefix of a request with no KV yet: (blocks, number of tokens).
+
+        At most `num_tokens - 1` tokens hit, so the step still computes the last token and
+        produces logits. Changes nothing; `allocate_slots` takes the references.
+        """
+        if not self.enable_caching or request.num_computed_tokens:
+            return [], 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits = []
+        for block_hash in self._request_block_hashes(request, max_blocks):
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    # ----------------------------------------------------------------- allocation
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[KVBlock] | None = None,
+    ) -> list[KVBlock] | None:
+        """Make room for `num_new_tokens` more tokens after the request's computed ones.
+
+        `new_computed_blocks` (from `get_computed_blocks`, at admission) are taken as cache
+        hits and advance `request.num_computed_tokens`. Returns the newly allocated blocks, or
+        None when the pool is short, with no state changed.
+        """
+        assert num_new_tokens >= 1, f"num_new_tokens={num_new_tokens}"
+        hits = new_computed_blocks or []
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        num_computed = request.num_computed_tokens + len(hits) * self.block_size
+        total_blocks = self.blocks_for(num_computed + num_new_tokens)
+        num_new_blocks = max(total_blocks - len(blocks) - len(hits), 0)
+        cow = bool(blocks) and num_computed % self.block_size != 0 and blocks[-1].ref_cnt > 1
+        num_hits_from_free_queue = sum(1 for b in hits if b.ref_cnt == 0)
+        if num_new_blocks + cow + num_hits_from_free_queue > self.pool.num_free_blocks:
+            return None
+
+        if hits:
+            self.stats.prefix_cache_queries += request.num_tokens
+            self.stats.prefix_cache_hits += len(hits) * self.block_size
+            self.pool.touch(hits)
+            request.num_computed_tokens = num_computed
+        elif self.enable_caching and request.num_computed_tokens == 0 and not blocks:
+            self.stats.prefix_cache_queries += request.num_tokens
+        blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        blocks.extend(hits)
+        if cow:
+            (copy,) = self.pool.get_new_blocks(1)
+            shared = blocks[-1]
+            self.pool.free_blocks([shared])
+            blocks[-1] = copy
+            self.pending.copy.append((shared.block_id, copy.block_id))
+            self.stats.num_cow_copies += 1
+        new_blocks = self.pool.get_new_blocks(num_new_blocks) or []
+        blocks.extend(new_blocks)
+        self._cache_full_blocks(request, num_computed + num_new_tokens)
+        return new_blocks
+
+    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        """Hash every block that is full of known tokens once `num_tokens` are in the cache."""
+        if not self.enable_caching:
+            return
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
+        start = self._num_cached_blocks.get(request.request_id, 0)
+        if num_full <= start:
+            return
+        blocks = self.req_to_blocks[request.request_id]
+        hashes = self._request_block_hashes(request, num_full)
+        for i in range(start, num_full):
+            if blocks[i].block_hash is None:
+                self.pool.cache_block(blocks[i], hashes[i])
+        self._num_cached_blocks[request.request_id] = num_full
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """Give `child` the parent's blocks (one more reference each) and its token count."""
+        blocks = self.req_to_blocks[parent.request_id]
+        self.pool.touch(blocks)
+        self.req_to_blocks[child.request_id] = list(blocks)
+        child.num_computed_tokens = parent.num_computed_tokens
+        self._num_cached_blocks[child.request_id] = self._num_cached_blocks.get(
+            parent.request_id, 0)
+
+    def free(self, request: Request) -> None:
+        """Release all of a request's blocks (device and CPU); idempotent."""
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.pool.free_blocks(list(reversed(blocks)))
+        self._block_hashes.pop(request.request_id, None)
+        self._num_cached_blocks.pop(request.request_id, None)
+        cpu_blocks = self.req_to_cpu_blocks.pop(request.request_id, [])
+        self._free_cpu_blocks.extend(reversed(cpu_blocks))
+
+    # ----------------------------------------------------------------- swapping
+    def swap_out(self, request: Request) -> bool:
+        """Move a request's blocks to the CPU pool (copies queued). False if the pool is full."""
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        if len(blocks) > len(self._free_cpu_blocks):
+            return False
+        cpu_blocks = [self._free_cpu_blocks.pop() for _ in blocks]
+        self.pending.swap_out.extend(zip((b.block_id for b in blocks), cpu_blocks))
+        self.req_to_cpu_blocks[request.request_id] = cpu_blocks
+        self.pool.free_blocks(list(reversed(self.req_to_blocks.pop(request.request_id))))
+        self._num_cached_blocks.pop(request.request_id, None)
+        self.stats.num_swapped_out_blocks += len(cpu_blocks)
+        return True
+
+    def can_swap_in(self, request: Request, num_new_tokens: int) -> bool:
+        num_cpu = len(self.req_to_cpu_blocks.get(request.request_id, ()))
+        needed = max(num_cpu, self.blocks_for(request.num_computed_tokens + num_new_tokens))
+        return needed <= self.pool.num_free_blocks
+
+    def swap_in(self, request: Request) -> None:
+        """Bring a swapped request's blocks back (copies queued); call `can_swap_in` first."""
+        cpu_blocks = self.req_to_cpu_blocks.pop(request.request_id)
+        blocks = self.pool.get_new_blocks(len(cpu_blocks))
+        assert blocks is not None, f"swap_in of {len(cpu_blocks)} blocks without room"
+        self.pending.swap_in.extend(zip(cpu_blocks, (b.block_id for b in blocks)))
+        self._free_cpu_blocks.extend(reversed(cpu_blocks))
+        self.req_to_blocks[request.request_id] = blocks
+        self.stats.num_swapped_in_blocks += len(blocks)
+        self._cache_full_blocks(request, request.num_computed_tokens)
+
+    def take_pending_copies(self) -> PendingCopies:
+        pending, self.pending = self.pending, PendingCopies()
+        return pending
+
+    # ----------------------------------------------------------------- metrics
+    def usage(self, requests: list[Request] | None = None) -> dict:
+        """Block counts, prefix-cache counters, fragmentation and a ref-count histogram."""
+        evictable = self.pool.num_evictable_blocks
+        free = self.pool.num_free_blocks - evictable
+        in_use = self.num_blocks - free - evictable
+        filled: dict[int, int] = {}
+        for req in requests or []:
+            for i, block in enumerate(self.req_to_blocks.get(req.request_id, ())):
+                n = min(max(req.num_computed_tokens - i * self.block_size, 0), self.block_size)
+                filled[block.block_id] = max(filled.get(block.block_id, 0), n)
+        allocated_slots = in_use * self.block_size
+        used_slots = sum(filled.values())
+        hist = Counter(b.ref_cnt for b in self.pool.blocks if b.ref_cnt > 0)
+        s = self.stats
+        return {
+            "num_blocks": self.num_blocks,
+            "block_size": self.block_size,
+            "num_free_blocks": free,
+            "num_cached_blocks": evictable,
+            "num_used_blocks": in_use,
+            "prefix_cache_queries": s.prefix_cache_queries,
+            "prefix_cache_hits": s.prefix_cache_hits,
+            "prefix_cache_hit_rate": s.prefix_cache_hits / s.prefix_cache_queries
+            if s.prefix_cache_queries else 0.0,
+            "num_evictions": self.pool.num_evictions,
+            "num_cow_copies": s.num_cow_copies,
+            "internal_fragmentation_slots": allocated_slots - used_slots if requests is not None
+            else None,
+            "internal_fragmentation_pct": 100.0 * (allocated_slots - used_slots) / allocated_slots
+            if requests is not None and allocated_slots else 0.0,
+            "ref_count_histogram": dict(sorted(hist.items())),
+            "num_cpu_blocks": self.num_cpu_blocks,
+            "num_free_cpu_blocks": self.num_free_cpu_blocks,
+            "num_swapped_out_blocks": s.num_swapped_out_blocks,
+            "num_swapped_in_blocks": s.num_swapped_in_blocks,
+        }
+
+    def check_integrity(self) -> None:
+        """Assert the invariants of shared/DESIGN.md: states partition the pool, ref counts
+        equal the number of block tables holding each block, CPU blocks are each owned once."""
+        self.pool.check_integrity()
+        holders = Counter(b.block_id for blocks in self.req_to_blocks.values() for b in blocks)
+        for block in self.pool.blocks:
+            assert block.ref_cnt == holders.get(block.block_id, 0), (
+                f"block {block.block_id}: ref_cnt {block.ref_cnt} but held by "
+                f"{holders.get(block.block_id, 0)} block tables"
+            )
+        evictable = self.pool.num_evictable_blocks
+        free = self.pool.num_free_blocks - evictable
+        in_use = sum(1 for b in self.pool.blocks if b.ref_cnt > 0)
+        assert free + evictable + in_use == self.num_blocks, (free, evictable, in_use)
+        owned = [c for blocks in self.req_to_cpu_blocks.values() for c in blocks]
+        assert len(owned) == len(set(owned)), "a CPU block is owned twice"
+        assert len(owned) + len(self._free_cpu_blocks) == self.num_cpu_blocks, (
+            f"{len(owned)} owned + {len(self._free_cpu_blocks)} free CPU blocks != "
+            f"{self.num_cpu_blocks}"
+        )
+
+
+def request_extra_keys(request: Request) -> tuple:
+    """Extra keys mixed into every block hash (a per-request cache salt, when set)."""
+    salt = getattr(request, "cache_salt", None)
+    return (salt,) if salt is not None else ()

@@ -1,0 +1,283 @@
+"""Building blocks of a Llama-family decoder, written for packed tokens `[num_tokens, ...]`.
+
+The linear layers are tensor-parallel in shape only: each knows its rank and world size
+(`tp_rank`, `tp_size`; 0 and 1 unless `torch.distributed` is initialised) and owns the slice
+of the full weight that goes with them. `weight_loader(param, loaded_weight, shard_id)` takes a
+full, unsharded Hugging Face tensor and copies in that slice, so going to tp > 1 changes only
+the rank and size, not the model code.
+
+    ColumnParallelLinear   W [out, in], rows split      y_r = x @ W_r.T (output stays sharded)
+    RowParallelLinear      W [out, in], columns split   y = all_reduce(x_r @ W_r.T)
+    QKVParallelLinear      q, k, v stacked by rows      shard_id "q" | "k" | "v"
+    MergedColumnParallel   gate, up stacked by rows     shard_id 0 | 1
+    VocabParallelEmbedding rows (token ids) split       masked lookup + all_reduce
+    ParallelLMHead         rows (token ids) split       logits gathered over ranks
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+def tp_rank_and_size() -> tuple[int, int]:
+    """(rank, world size) of the tensor-parallel group; (0, 1) without torch.distributed."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _divide(numerator: int, denominator: int, what: str) -> int:
+    assert numerator % denominator == 0, f"{what}={numerator} not divisible by tp={denominator}"
+    return numerator // denominator
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm (Zhang & Sennrich 2019), optionally fused with the residual add before it.
+
+    `forward(x)` returns the normed x; `forward(x, residual)` first sets
+    `residual = x + residual` and returns `(norm(residual), residual)`. Statistics are in fp32.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x, residual: [num_tokens, hidden_size]."""
+        if residual is None:
+            return self._norm(x)
+        residual = x + residual
+        return self._norm(residual), residual
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1 frequency rescaling: slow the low frequencies by `factor`, keep the high ones,
+    and interpolate smoothly in between (same formula as transformers' "llama3" rope type)."""
+    factor = scaling["factor"]
+    low_freq_factor = scaling.get("low_freq_factor", 1.0)
+    high_freq_factor = scaling.get("high_freq_factor", 4.0)
+    old_context_len = scaling.get("original_max_position_embeddings", 8192)
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE (Su et al. 2021) in the Hugging Face "rotate_half" (GPT-NeoX) layout.
+
+    The first and second halves of each head are the two coordinates rotated together. cos and
+    sin for every position up to `max_position` are precomputed in fp32 (`cos_sin_cache`,
+    `[max_position, head_dim]`: cos in the first half of the columns, sin in the second).
+    Build the module in its final dtype rather than calling `.to(dtype)` on it, so the cache
+    stays fp32.
+    """
+
+    def __init__(
+        self, head_dim: int, max_position: int, base: float, rope_scaling: dict | None = None
+    ) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+        inv_freq = 1.0 / (base**exponent)  # [head_dim // 2]
+        rope_type = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type"))
+        if rope_type == "llama3":
+            inv_freq = _llama3_inv_freq(inv_freq, rope_scaling)
+        elif rope_type not in (None, "default"):
+            raise ValueError(f"rope_scaling type {rope_type!r} is not supported; use 'llama3'")
+        t = torch.arange(max_position, dtype=torch.int64).float()
+        freqs = torch.outer(t, inv_freq)  # [max_position, head_dim // 2]
+        cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [T, heads, head_dim]; cos, sin: [T, 1, head_dim // 2], fp32
+        x1, x2 = x.float().chunk(2, dim=-1)
+        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        return out.to(x.dtype)
+
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate query `[T, num_heads, head_dim]` and key `[T, num_kv_heads, head_dim]` by
+        positions `[T]` int64. Returns new tensors of the same shapes and dtypes."""
+        cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
+        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+
+
+class SiluAndMul(nn.Module):
+    """SwiGLU activation: x = [gate, up] along the last dim -> silu(gate) * up."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+class LinearBase(nn.Module):
+    """y = x @ W.T (+ b), with this rank's shard of W `[output_size, input_size]`."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__()
+        self.tp_rank, self.tp_size = tp_rank_and_size()
+        self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split over ranks; this rank computes `output_size // tp_size` of them."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        _, tp_size = tp_rank_and_size()
+        super().__init__(input_size, _divide(output_size, tp_size, "output_size"), bias)
+
+    def weight_loader(self, param, loaded_weight, shard_id=None) -> None:
+        size = param.shape[0]
+        param.data.copy_(loaded_weight.narrow(0, self.tp_rank * size, size))
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs stacked by rows (gate and up of the MLP); each rank
+    holds its slice of every one. shard_id is the index into `output_sizes`."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+        self.output_sizes = output_sizes
+        super().__init__(input_size, sum(output_sizes), bias)
+
+    def weight_loader(self, param, loaded_weight, shard_id=None) -> None:
+        assert isinstance(shard_id, int), f"shard_id must be an index, got {shard_id!r}"
+        offset = sum(self.output_sizes[:shard_id]) // self.tp_size
+        size = self.output_sizes[shard_id] // self.tp_size
+        shard = loaded_weight.narrow(0, self.tp_rank * size, size)
+        param.data.narrow(0, offset, size).copy_(shard)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections in one matmul; output rows [q | k | v] of this rank's heads.
+
+    With more ranks than KV heads, each KV head is replicated on `tp_size // num_kv_heads` ranks.
+    """
+
+    def __init__(
+        self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
+        bias: bool = False,
+    ) -> None:
+        tp_rank, tp_size = tp_rank_and_size()
+        self.head_dim = head_dim
+        self.num_heads = _divide(num_heads, tp_size, "num_heads")
+        self.num_kv_replicas = max(1, tp_size // num_kv_heads)
+        self.num_kv_heads = max(1, num_kv_heads // tp_size)
+        self.kv_shard_rank = tp_rank // self.num_kv_replicas
+        total_out = (num_heads + 2 * self.num_kv_heads * tp_size) * head_dim
+        super().__init__(hidden_size, total_out, bias)
+
+    def weight_loader(self, param, loaded_weight, shard_id=None) -> None:
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        if shard_id == "q":
+            offset, size, rank = 0, q_size, self.tp_rank
+        elif shard_id in ("k", "v"):
+            offset = q_size if shard_id == "k" else q_size + kv_size
+            size, rank = kv_size, self.kv_shard_rank
+        else:
+            raise ValueError(f"shard_id={shard_id!r}; use 'q', 'k' or 'v'")
+        param.data.narrow(0, offset, size).copy_(loaded_weight.narrow(0, rank * size, size))
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split over ranks; partial products are summed with an all-reduce.
+    The bias is added once (by rank 0) so the sum counts it once."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        _, tp_size = tp_rank_and_size()
+        super().__init__(_divide(input_size, tp_size, "input_size"), output_size, bias)
+
+    def weight_loader(self, param, loaded_weight, shard_id=None) -> None:
+        if param.dim() == 1:  # bias: not sharded
+            param.data.copy_(loaded_weight)
+            return
+        size = param.shape[1]
+        param.data.copy_(loaded_weight.narrow(1, self.tp_rank * size, size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        if self.tp_size > 1:
+            dist.all_reduce(y)
+        return y
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token embedding with the vocabulary (rows) split over ranks.
+
+    Each rank looks up the ids it owns, writes zeros for the others, and an all-reduce sums
+    the ranks' rows into the full result `[num_tokens, embedding_dim]`.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.tp_rank, self.tp_size = tp_rank_and_size()
+        self.num_embeddings = num_embeddings
+        self.shard_size = math.ceil(num_embeddings / self.tp_size)
+        self.vocab_start = self.tp_rank * self.shard_size
+        self.weight = nn.Parameter(
+            torch.empty(self.shard_size, embedding_dim), requires_grad=False
+        )
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param, loaded_weight, shard_id=None) -> None:
+        shard = loaded_weight[self.vocab_start : self.vocab_start + self.shard_size]
+        param.data[: shard.shape[0]].copy_(shard)
+        param.data[shard.shape[0] :].zero_()  # padding rows of the last rank
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [num_tokens] int64 -> [num_tokens, embedding_dim]."""
+        if self.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.vocab_start
+        owned = (local >= 0) & (local < self.shard_size)
+        y = F.embedding(local.masked_fill(~owned, 0), self.weight)
+        y = y.masked_fill(~owned.unsqueeze(-1), 0)
+        dist.all_reduce(y)
+        return y
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Output projection hidden -> vocab logits; each rank computes its vocab slice."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """hidden_states [num_tokens, hidden] -> logits [num_tokens, num_embeddings]."""
+        logits = F.linear(hidden_states, self.weight)
+        if self.tp_size > 1:
+            parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
+            dist.all_gather(parts, logits)
+            logits = torch.cat(parts, dim=-1)
+        return logits[..., : self.num_embeddings]

@@ -1,0 +1,219 @@
+"""Llama-family decoder over packed tokens and a paged KV cache (Llama 2/3, SmolLM, Qwen2).
+
+Qwen2 is the same network with a bias on the q/k/v projections (`config.attention_bias`).
+There is no batch dimension: the tokens of all requests in a step are concatenated into
+`[num_tokens]`, and `AttentionMetadata` says where each request's tokens and cache blocks are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from pagedrt.config import ModelConfig
+from pagedrt.models.layers import (
+    MergedColumnParallelLinear,
+    ParallelLMHead,
+    QKVParallelLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    RowParallelLinear,
+    SiluAndMul,
+    VocabParallelEmbedding,
+)
+from pagedrt.ops.attention import AttentionMetadata, paged_attention
+
+# Hugging Face projection name -> (our fused parameter, shard id)
+_STACKED_PARAMS = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class LlamaAttention(nn.Module):
+    """Multi-head attention with GQA and RoPE; K/V go through the paged cache."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size, config.head_dim, config.num_attention_heads,
+            config.num_key_value_heads, bias=config.attention_bias,
+        )
+        self.num_heads = self.qkv_proj.num_heads  # of this tensor-parallel rank
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * config.head_dim, config.hidden_size, bias=False
+        )
+        self.rotary_emb = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_theta,
+            config.rope_scaling,
+        )
+        self.scale = config.head_dim**-0.5
+
+    def forward(
+        self,
+        positions: torch.Tensor,  # [T] int64
+        hidden_states: torch.Tensor,  # [T, hidden_size]
+        kv_cache: tuple[torch.Tensor, torch.Tensor],  # 2 x [num_blocks, block_size, kv_heads, d]
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, hidden_size]
+        qkv = self.qkv_proj(hidden_states)  # [T, (num_heads + 2 * num_kv_heads) * head_dim]
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)  # [T, num_heads, head_dim]
+        k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, num_kv_heads, head_dim]
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary_emb(positions, q, k)
+        k_cache, v_cache = kv_cache
+        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)  # [T, heads, d]
+        return self.o_proj(out.flatten(1))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU MLP: down(silu(gate(x)) * up(x)), gate and up in one matmul."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            config.hidden_size, [config.intermediate_size] * 2, bias=False
+        )
+        self.act_fn = SiluAndMul()
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block. The residual stream is carried separately so that each RMSNorm can fuse
+    the add of the previous sub-block's output into itself."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states, kv_cache, meta)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        hidden_states, residual = self.embed_tokens(input_ids), None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden_states, residual = layer(positions, hidden_states, residual, kv_cache, meta)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama / Qwen2 causal LM. Parameters are created uninitialised (`torch.empty`) in the
+    current default dtype and device; fill them with `load_weights`."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Run the decoder over one step's packed tokens, writing their K/V into the cache.
+
+        Args:
+            input_ids: [T] int64, the new tokens of all sequences, concatenated.
+            positions: [T] int64, position of each token in its sequence.
+            kv_caches: one (k_cache, v_cache) per layer, each
+                [num_blocks, block_size, num_kv_heads, head_dim] in the model dtype.
+            meta: slot_mapping, block tables, seq_lens and cu_seqlens_q of this step.
+        Returns:
+            [T, hidden_size] final hidden states (after the last norm), model dtype.
+        """
+        return self.model(input_ids, positions, kv_caches, meta)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """hidden_states [N, hidden_size] -> logits [N, vocab_size] float32."""
+        return self.lm_head(hidden_states).float()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy Hugging Face-named tensors into the (fused, sharded) parameters.
+
+        q/k/v_proj go into qkv_proj and gate/up_proj into gate_up_proj through their
+        `weight_loader`; rotary `inv_freq` buffers are skipped, and so is `lm_head.weight`
+        when the embeddings are tied. Returns the names of the parameters that were loaded.
+
+        Raises:
+            ValueError: a tensor name matches no parameter, or a parameter received nothing.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            shard_id = None
+            for hf_name, (fused_name, fused_shard) in _STACKED_PARAMS.items():
+                if f".{hf_name}." in name:
+                    name, shard_id = name.replace(hf_name, fused_name), fused_shard
+                    break
+            param = params.get(name)
+            if param is None:
+                raise ValueError(f"checkpoint tensor {name!r} matches no parameter of the model")
+            loader = getattr(param, "weight_loader", None)
+            if loader is not None:
+                loader(param, tensor, shard_id)
+            else:
+                assert param.shape == tensor.shape, f"{name}: {param.shape} vs {tensor.shape}"
+                param.data.copy_(tensor)
+            loaded.add(name)
+        missing = set(params) - loaded
+        if self.config.tie_word_embeddings:
+            missing.discard("lm_head.weight")
+        if missing:
+            raise ValueError(f"checkpoint lacks weights for {sorted(missing)[:5]} ...")
+        return loaded

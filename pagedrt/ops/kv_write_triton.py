@@ -1,0 +1,141 @@
+"""Triton kernels that move K/V rows: `write_kv_triton` (new tokens into their slots) and
+`copy_blocks_triton` (copy-on-write of whole blocks in every layer).
+
+Both are pure data movement: one program copies one contiguous row range with 16-byte loads
+(head_dim is the contiguous dim of every tensor involved).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import triton
+import triton.language as tl
+from pagedrt.ops.triton_utils import check_cache, check_head_dim, check_index, check_same, next_pow2
+
+
+@triton.jit
+def _write_kv_kernel(
+    key_ptr,  # [num_tokens, num_kv_heads, head_dim]
+    value_ptr,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping_ptr,  # [num_tokens] int64, < 0 = skip
+    stride_kt, stride_kh,  # key strides (token, head); head_dim stride is 1
+    stride_vt, stride_vh,
+    stride_cb, stride_cs, stride_ch,  # cache strides (block, slot, head); same for k and v
+    num_kv_heads,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # num_kv_heads rounded up to a power of two
+):
+    token = tl.program_id(0)
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    if slot >= 0:
+        block = slot // BLOCK_SIZE
+        offset = slot % BLOCK_SIZE
+        offs_h = tl.arange(0, BLOCK_H)
+        offs_d = tl.arange(0, HEAD_DIM)
+        mask = (offs_h < num_kv_heads)[:, None]
+        src_k = key_ptr + token.to(tl.int64) * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :]
+        src_v = value_ptr + token.to(tl.int64) * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :]
+        dst = block * stride_cb + offset * stride_cs + offs_h[:, None] * stride_ch + offs_d[None, :]
+        k = tl.load(src_k, mask=mask)
+        v = tl.load(src_v, mask=mask)
+        tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def write_kv_triton(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write new K/V rows into their cache slots, in place; negative slots are skipped.
+
+    Args:
+        key, value: [num_tokens, num_kv_heads, head_dim], any float dtype (cast to the cache's),
+            head_dim contiguous, same device as the caches.
+        k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], fp16/bf16/fp32,
+            identical shape, dtype and strides.
+        slot_mapping: [num_tokens] int64 (int32 accepted), slot = block * block_size + offset.
+    """
+    check_cache("k_cache", k_cache)
+    check_same("k_cache", k_cache, "v_cache", v_cache)
+    if k_cache.stride() != v_cache.stride():
+        raise ValueError(f"k_cache strides {k_cache.stride()} != v_cache strides {v_cache.stride()}")
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    check_head_dim(head_dim)
+    for name, t in (("key", key), ("value", value)):
+        if t.shape[1:] != (num_kv_heads, head_dim) or t.dim() != 3:
+            raise ValueError(f"{name} shape {tuple(t.shape)}; expected [num_tokens, "
+                             f"{num_kv_heads}, {head_dim}]")
+        check_index(name, t, 3, (torch.float16, torch.bfloat16, torch.float32), k_cache.device)
+    check_index("slot_mapping", slot_mapping, 1, (torch.int64, torch.int32), k_cache.device)
+    num_tokens = key.shape[0]
+    if slot_mapping.shape[0] != num_tokens:
+        raise ValueError(f"slot_mapping has {slot_mapping.shape[0]} entries, key {num_tokens} tokens")
+    if num_tokens == 0:
+        return
+    _write_kv_kernel[(num_tokens,)](
+        key, value, k_cache, v_cache, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        num_kv_heads,
+        BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_H=next_pow2(num_kv_heads),
+    )
+
+
+@triton.jit
+def _copy_blocks_kernel(
+    k_cache_ptr,  # [num_blocks, block_numel] (a contiguous cache viewed flat per block)
+    v_cache_ptr,  # [num_blocks, block_numel]
+    block_mapping_ptr,  # [num_pairs, 2] int64: (src block, dst block)
+    block_numel,  # block_size * num_kv_heads * head_dim
+    CHUNK: tl.constexpr,  # elements per program
+):
+    pair = tl.program_id(0)
+    chunk = tl.program_id(1)
+    src = tl.load(block_mapping_ptr + 2 * pair).to(tl.int64)
+    dst = tl.load(block_mapping_ptr + 2 * pair + 1).to(tl.int64)
+    offs = chunk * CHUNK + tl.arange(0, CHUNK)
+    mask = offs < block_numel
+    k = tl.load(k_cache_ptr + src * block_numel + offs, mask=mask)
+    v = tl.load(v_cache_ptr + src * block_numel + offs, mask=mask)
+    tl.store(k_cache_ptr + dst * block_numel + offs, k, mask=mask)
+    tl.store(v_cache_ptr + dst * block_numel + offs, v, mask=mask)
+
+
+def copy_blocks_triton(
+    k_caches: list[torch.Tensor],
+    v_caches: list[torch.Tensor],
+    block_mapping: torch.Tensor,
+) -> None:
+    """Copy whole blocks src -> dst in every layer (copy-on-write), in place.
+
+    One launch per layer copies its K and V blocks together; copies are rare (a fork writing
+    into a shared block), so per-layer launches cost less than gathering layer pointers.
+
+    Args:
+        k_caches, v_caches: per layer [num_blocks, block_size, num_kv_heads, head_dim],
+            contiguous, all on one device.
+        block_mapping: [num_pairs, 2] int64 (src, dst) block ids; moved to the caches' device.
+    """
+    if len(k_caches) != len(v_caches):
+        raise ValueError(f"{len(k_caches)} k_caches but {len(v_caches)} v_caches")
+    if block_mapping.numel() == 0 or not k_caches:
+        return
+    if block_mapping.dim() != 2 or block_mapping.shape[1] != 2:
+        raise ValueError(f"block_mapping shape {tuple(block_mapping.shape)}; expected [num_pairs, 2]")
+    mapping = block_mapping.to(device=k_caches[0].device, dtype=torch.int64).contiguous()
+    num_pairs = mapping.shape[0]
+    for layer, (k_cache, v_cache) in enumerate(zip(k_caches, v_caches)):
+        check_same(f"k_caches[{layer}]", k_cache, f"v_caches[{layer}]", v_cache)
+        if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+            raise ValueError(f"layer {layer}: copy_blocks_triton needs contiguous caches")
+        block_numel = k_cache[0].numel()
+        chunk = min(4096, next_pow2(block_numel))
+        grid = (num_pairs, triton.cdiv(block_numel, chunk))
+        _copy_blocks_kernel[grid](k_cache, v_cache, mapping, block_numel, CHUNK=chunk)

@@ -1,0 +1,57 @@
+"""Result objects, shaped like vLLM's so code can switch between the two."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CompletionOutput:
+    """One of the n samples of a request.
+
+    Attributes:
+        index: which sample (0 .. n-1).
+        text: generated text so far (stop strings excluded).
+        token_ids: generated token ids so far (an EOS or stop token id that ended it included).
+        finish_reason: "stop", "length", "abort" or None while running.
+        stop_reason: the stop string or stop token id that ended it, if any.
+        logprobs: per generated token, a dict {token_id: logprob} of the chosen and top tokens,
+            when SamplingParams.logprobs was set.
+        delta_text, delta_token_ids: what this step added (for streaming).
+    """
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: list[dict[int, float]] | None = None
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """A request's prompt and its samples.
+
+    Attributes:
+        request_id: the id given at submission.
+        prompt: the prompt text (None when given as token ids).
+        prompt_token_ids: the prompt as token ids.
+        outputs: one CompletionOutput per sample.
+        finished: all samples finished.
+        num_cached_tokens: prompt tokens served from the prefix cache at admission.
+        metrics: arrival, first-token and finish times (seconds, time.monotonic()).
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int = 0
+    metrics: dict = field(default_factory=dict)

@@ -1,0 +1,241 @@
+"""KV block manager: deterministic unit tests with exact block ids, plus a hypothesis state machine."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from pagedrt.engine.request import Request
+from pagedrt.kv.block_pool import BlockPool, hash_block_tokens
+from pagedrt.kv.kv_cache_manager import KVCacheManager
+from pagedrt.sampling_params import SamplingParams
+
+BS = 4
+
+
+def make_request(rid: str, tokens: list[int]) -> Request:
+    return Request(rid, tokens, SamplingParams(max_tokens=8))
+
+
+def admit(kv: KVCacheManager, req: Request):
+    hits, n_hit = kv.get_computed_blocks(req)
+    new = kv.allocate_slots(req, req.num_tokens - req.num_computed_tokens - n_hit, hits)
+    if new is not None:
+        req.num_computed_tokens = req.num_tokens
+    return new, n_hit
+
+
+def test_allocate_append_free_exact_ids():
+    kv = KVCacheManager(num_blocks=6, block_size=BS, enable_caching=False)
+    a = make_request("a", list(range(6)))  # 6 tokens -> 2 blocks
+    assert admit(kv, a)[0] is not None
+    assert kv.block_ids("a") == [0, 1]
+    a.output_token_ids.append(99)  # 7th token fits in block 1
+    assert kv.allocate_slots(a, 1) == []
+    a.num_computed_tokens += 1
+    a.output_token_ids.append(98)  # 8th token still block 1
+    assert kv.allocate_slots(a, 1) == []
+    a.num_computed_tokens += 1
+    a.output_token_ids.append(97)  # 9th token needs a third block
+    assert [b.block_id for b in kv.allocate_slots(a, 1)] == [2]
+    assert kv.num_free_blocks == 3
+    kv.free(a)
+    assert kv.num_free_blocks == 6
+    kv.check_integrity()
+
+
+def test_shortage_returns_none_and_changes_nothing():
+    kv = KVCacheManager(num_blocks=2, block_size=BS, enable_caching=False)
+    a = make_request("a", list(range(9)))  # needs 3 blocks
+    assert kv.allocate_slots(a, 9) is None
+    assert kv.num_free_blocks == 2 and "a" not in kv.req_to_blocks
+    kv.check_integrity()
+
+
+def test_prefix_hit_and_last_token_always_computed():
+    kv = KVCacheManager(num_blocks=8, block_size=BS)
+    a = make_request("a", list(range(8)))  # exactly 2 full blocks
+    admit(kv, a)
+    b = make_request("b", list(range(8)))
+    hits, n_hit = kv.get_computed_blocks(b)
+    # every block hits, but the last token must still be computed: only 1 block is reused
+    assert n_hit == 4 and [h.block_id for h in hits] == kv.block_ids("a")[:1]
+    c = make_request("c", list(range(10)))
+    hits, n_hit = kv.get_computed_blocks(c)
+    assert n_hit == 8 and [h.block_id for h in hits] == kv.block_ids("a")
+    kv.allocate_slots(c, 2, hits)
+    assert c.num_computed_tokens == 8
+    assert kv.block_ids("c")[:2] == kv.block_ids("a")
+    assert [kv.pool.blocks[i].ref_cnt for i in kv.block_ids("a")] == [2, 2]
+    kv.check_integrity()
+
+
+def test_lru_eviction_order_and_unhash_on_reuse():
+    kv = KVCacheManager(num_blocks=4, block_size=BS)
+    a = make_request("a", list(range(8)))  # blocks 0, 1
+    admit(kv, a)
+    kv.free(a)  # freed tail first: queue is 2, 3, 1, 0
+    assert kv.pool.num_evictable_blocks == 2
+    b = make_request("b", [50 + i for i in range(12)])  # needs 3 blocks: 2, 3, then evicts 1
+    admit(kv, b)
+    assert kv.block_ids("b") == [2, 3, 1]
+    assert kv.pool.blocks[1].block_hash != hash_block_tokens(
+        hash_block_tokens(None, (0, 1, 2, 3)), (4, 5, 6, 7))
+    assert kv.pool.num_evictions == 1
+    # block 0 (a's first block) is still cached and hits
+    c = make_request("c", list(range(5)))
+    assert kv.get_computed_blocks(c)[1] == 4
+    kv.check_integrity()
+
+
+def test_hash_chain_depends_on_parent_and_extra_keys():
+    h1 = hash_block_tokens(None, (1, 2, 3, 4))
+    assert hash_block_tokens(h1, (5, 6, 7, 8)) != hash_block_tokens(None, (5, 6, 7, 8))
+    assert hash_block_tokens(None, (1, 2, 3, 4), ("salt",)) != h1
+
+
+def test_fork_and_copy_on_write_of_partial_block():
+    kv = KVCacheManager(num_blocks=6, block_size=BS)
+    parent = make_request("p", list(range(6)))  # block 0 full, block 1 holds 2 tokens
+    admit(kv, parent)
+    child = make_request("c", list(range(6)))
+    kv.fork(parent, child)
+    shared = kv.block_ids("p")
+    assert kv.block_ids("c") == shared and kv.pool.blocks[shared[1]].ref_cnt == 2
+    parent.output_token_ids.append(100)
+    kv.allocate_slots(parent, 1)  # writes into the shared partial block -> copy
+    pending = kv.take_pending_copies()
+    assert len(pending.copy) == 1 and pending.copy[0][0] == shared[1]
+    new_last = pending.copy[0][1]
+    assert kv.block_ids("p") == [shared[0], new_last]
+    assert kv.pool.blocks[shared[1]].ref_cnt == 1  # now private to the child
+    child.output_token_ids.append(200)
+    kv.allocate_slots(child, 1)  # sole owner: writes in place, no copy
+    assert not kv.take_pending_copies().copy
+    assert kv.block_ids("c") == shared
+    kv.check_integrity()
+    kv.free(parent)
+    kv.free(child)
+    assert kv.num_free_blocks == 6
+    kv.check_integrity()
+
+
+def test_swap_out_and_in():
+    kv = KVCacheManager(num_blocks=4, block_size=BS, num_cpu_blocks=3)
+    a = make_request("a", list(range(10)))  # 3 blocks
+    admit(kv, a)
+    gpu_ids = kv.block_ids("a")
+    assert kv.swap_out(a)
+    pending = kv.take_pending_copies()
+    assert [g for g, _ in pending.swap_out] == gpu_ids
+    assert kv.num_free_cpu_blocks == 0 and "a" not in kv.req_to_blocks
+    kv.check_integrity()
+    b = make_request("b", list(range(100, 105)))  # 2 blocks
+    admit(kv, b)
+    assert kv.swap_out(b) is False  # the CPU pool is full: nothing changes
+    assert kv.block_ids("b") and not kv.take_pending_copies()
+    assert not kv.can_swap_in(a, 1)  # a needs 3 blocks, b holds 2 of 4
+    kv.free(b)
+    assert kv.can_swap_in(a, 1)
+    kv.swap_in(a)
+    pending = kv.take_pending_copies()
+    assert len(pending.swap_in) == 3 and kv.num_free_cpu_blocks == 3
+    kv.check_integrity()
+    kv.free(a)
+    assert kv.num_free_blocks == 4
+
+
+def test_pool_rejects_bad_size():
+    with pytest.raises(ValueError, match="num_blocks=0"):
+        BlockPool(0)
+
+
+class BlockManagerMachine(RuleBasedStateMachine):
+    """Random allocate / append / fork / free / cache hit / evict sequences keep every invariant."""
+
+    def __init__(self):
+        super().__init__()
+        self.kv = KVCacheManager(num_blocks=12, block_size=BS, num_cpu_blocks=6)
+        self.live: dict[str, Request] = {}
+        self.swapped: dict[str, Request] = {}
+        self.counter = 0
+
+    def _new_id(self) -> str:
+        self.counter += 1
+        return f"r{self.counter}"
+
+    @rule(prefix=st.sampled_from([[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8]]),
+          tail=st.lists(st.integers(0, 3), min_size=1, max_size=9))
+    def allocate(self, prefix, tail):
+        req = make_request(self._new_id(), prefix + tail)
+        new, _ = admit(self.kv, req)
+        if new is not None:
+            self.live[req.request_id] = req
+        else:
+            assert req.request_id not in self.kv.req_to_blocks
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), token=st.integers(0, 3))
+    def append(self, data, token):
+        req = data.draw(st.sampled_from(sorted(self.live.values(), key=lambda r: r.request_id)))
+        req.output_token_ids.append(token)
+        if self.kv.allocate_slots(req, 1) is not None:
+            req.num_computed_tokens += 1
+        else:
+            req.output_token_ids.pop()
+        self.kv.take_pending_copies()
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def fork(self, data):
+        parent = data.draw(st.sampled_from(sorted(self.live.values(), key=lambda r: r.request_id)))
+        child = make_request(self._new_id(), parent.prompt_token_ids)
+        child.output_token_ids = list(parent.output_token_ids)
+        self.kv.fork(parent, child)
+        self.live[child.request_id] = child
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def free(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.live)))
+        self.kv.free(self.live.pop(rid))
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def swap_out(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.live)))
+        if self.kv.swap_out(self.live[rid]):
+            self.swapped[rid] = self.live.pop(rid)
+        self.kv.take_pending_copies()
+
+    @precondition(lambda self: self.swapped)
+    @rule(data=st.data())
+    def swap_in(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.swapped)))
+        req = self.swapped[rid]
+        if self.kv.can_swap_in(req, 1):
+            self.kv.swap_in(req)
+            self.live[rid] = self.swapped.pop(rid)
+        self.kv.take_pending_copies()
+
+    @invariant()
+    def integrity(self):
+        self.kv.check_integrity()
+        for req in self.live.values():
+            assert len(self.kv.req_to_blocks[req.request_id]) >= self.kv.blocks_for(
+                req.num_computed_tokens)
+
+    def teardown(self):
+        for req in list(self.live.values()) + list(self.swapped.values()):
+            self.kv.free(req)
+        self.kv.check_integrity()
+        pool = self.kv.pool
+        assert all(b.ref_cnt == 0 for b in pool.blocks), "a block is still in use after teardown"
+        assert pool.num_free_blocks == pool.num_blocks
+        assert self.kv.num_free_cpu_blocks == self.kv.num_cpu_blocks
+
+
+TestBlockManagerMachine = BlockManagerMachine.TestCase
+TestBlockManagerMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
