@@ -8,8 +8,14 @@ from pagedrt.config import EngineConfig, ModelConfig
 from pagedrt.outputs import CompletionOutput, RequestOutput
 from pagedrt.sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "EngineConfig",
-           "ModelConfig"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "EngineConfig",
+    "ModelConfig",
+    "RequestOutput",
+    "SamplingParams",
+]
 __version__ = "0.1.0"
 
 

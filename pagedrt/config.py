@@ -74,7 +74,7 @@ class ModelConfig:
         return self.num_attention_heads // self.num_key_value_heads
 
     @classmethod
-    def from_hf_config(cls, cfg: dict) -> "ModelConfig":
+    def from_hf_config(cls, cfg: dict) -> ModelConfig:
         """Build from a Hugging Face config.json dictionary.
 
         Raises:

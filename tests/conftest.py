@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -21,3 +23,19 @@ def smollm2_path() -> str:
 def smollm2(smollm2_path: str) -> LoadedModel:
     """SmolLM2-135M-Instruct through pagedrt's loader, fp32 on CPU (weights cached on disk)."""
     return load_model(smollm2_path, torch.float32, torch.device("cpu"))
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_path: str):
+    """HF transformers' LlamaForCausalLM, fp32 on CPU, from the same GGUF through transformers'
+    own dequantiser and Q/K un-permutation (independent of pagedrt's loader)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder, name = os.path.split(smollm2_path)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(smollm2_path, return_tensors=True, model_to_load=model)
+    missing, unexpected = model.load_state_dict(tensors["tensors"], strict=False)
+    assert missing == ["lm_head.weight"] and not unexpected  # tied to the embedding
+    return model.eval()

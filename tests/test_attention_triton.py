@@ -14,8 +14,9 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed: the Triton kernels can't run")
 
-from pagedrt.ops import attention, attention_reference as ref  # noqa: E402
-from pagedrt.ops import attention_triton as tri  # noqa: E402
+from pagedrt.ops import attention
+from pagedrt.ops import attention_reference as ref
+from pagedrt.ops import attention_triton as tri
 
 ATOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
@@ -191,8 +192,12 @@ def test_dispatcher_triton_backend():
 def test_split_heuristic():
     # a full GPU needs no split; one sequence on a 132-SM GPU is split, bounded by length
     assert tri.choose_num_splits(256, 8, 1024, 132) == 1
-    assert tri.choose_num_splits(1, 8, 32768, 132) == 33
-    assert tri.choose_num_splits(1, 8, 512, 132) == 2
+    assert tri.choose_num_splits(64, 8, 4096, 132) == 1  # 512 programs >= 3 per SM
+    assert tri.choose_num_splits(8, 8, 32768, 132) == 8  # 64 programs -> ~4 per SM
+    assert tri.choose_num_splits(64, 2, 2048, 132) == 4  # Qwen2-0.5B: 128 programs
+    assert tri.choose_num_splits(1, 8, 32768, 132) == 64  # capped at MAX_SPLITS
+    assert tri.choose_num_splits(1, 8, 512, 132) == 2  # capped by partition length
+    assert tri.choose_num_splits(1, 8, 1000, 132) == 2  # 3 by length, rounded down
     assert tri.choose_num_splits(1, 1, 100, 132) == 1
 
 

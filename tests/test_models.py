@@ -13,10 +13,9 @@ import os
 import gguf
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from transformers import LlamaConfig, Qwen2Config
 from transformers import LlamaForCausalLM as HFLlama
 from transformers import Qwen2ForCausalLM as HFQwen2
-from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 from transformers.models.llama.modeling_llama import LlamaAttention as HFLlamaAttention
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding as HFRotary
 
@@ -125,18 +124,6 @@ def compare_with_hf(model, hf_model, prompts: list[list[int]], num_decode_steps:
 
 # ---------------------------------------------------------------------------------------------
 # SmolLM2-135M-Instruct (real weights)
-
-
-@pytest.fixture(scope="module")
-def hf_smollm2(smollm2_path: str):
-    """The same GGUF through transformers' own dequantiser and Q/K un-permutation."""
-    folder, name = os.path.split(smollm2_path)
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(smollm2_path, return_tensors=True, model_to_load=model)
-    missing, unexpected = model.load_state_dict(tensors["tensors"], strict=False)
-    assert missing == ["lm_head.weight"] and not unexpected  # tied to the embedding
-    return model.eval()
 
 
 def test_smollm2_config_and_tokenizer(smollm2) -> None:

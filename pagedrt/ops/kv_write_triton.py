@@ -8,9 +8,9 @@ Both are pure data movement: one program copies one contiguous row range with 16
 from __future__ import annotations
 
 import torch
-
 import triton
 import triton.language as tl
+
 from pagedrt.ops.triton_utils import check_cache, check_head_dim, check_index, check_same, next_pow2
 
 

@@ -6,7 +6,6 @@ import functools
 import os
 
 import torch
-
 import triton
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
