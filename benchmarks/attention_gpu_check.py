@@ -8,6 +8,7 @@ PASS/FAIL summary; exits 1 on any failure. Caches start NaN-filled, block tables
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 
@@ -16,12 +17,14 @@ import torch
 from pagedrt.ops import attention_reference as ref
 from pagedrt.ops import attention_triton as tri
 
+DEVICE = "cuda"  # tests of this script itself may set "cpu" (with TRITON_INTERPRET=1)
 REL_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 DT = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
-def make_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, dtype, device="cuda"):
+def make_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, dtype, device=None):
     """NaN-filled caches; sequence i's K/V in shuffled blocks, NaN past seq_lens[i]."""
+    device = device or DEVICE
     blocks_per_seq = [max(1, -(-n // block_size)) for n in seq_lens]
     num_blocks = sum(blocks_per_seq) + 2
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
@@ -76,60 +79,80 @@ EXTEND_CASES = [  # (dtype, head_dim, group, block_size, num_kv_heads, [(cached,
 ]
 
 
+def _guard(rows: list[dict], base: dict, fn) -> None:
+    """Run one case; print its row now (a later crash keeps earlier rows); errors are FAILs."""
+    try:
+        rel, mx, nan = fn()
+        row = {**base, "rel_err": rel, "max_abs": mx, "nan": nan,
+               "ok": (not nan) and rel < REL_TOL[base["torch_dtype"]]}
+    except Exception as e:  # noqa: BLE001 (report and carry on)
+        row = {**base, "rel_err": float("nan"), "max_abs": float("nan"), "nan": False,
+               "ok": False, "error": repr(e)[:200]}
+        print(f"ERROR {base}: {row['error']}")
+    row.pop("torch_dtype")
+    rows.append(row)
+    print_row(row)
+
+
+def _decode_case(args: tuple, num_splits, expected: torch.Tensor):
+    if num_splits == "naive":
+        return compare(tri.paged_attention_decode_naive_triton(*args), expected)
+    return compare(tri.paged_attention_decode_triton(*args, num_splits=num_splits), expected)
+
+
+def _extend_case(args: tuple, expected: torch.Tensor):
+    return compare(tri.paged_attention_extend_triton(*args), expected)
+
+
 def run_checks(quick: bool = False) -> list[dict]:
     rows = []
+    print_header()
     torch.manual_seed(0)
     for dtype, d, group, bs, nkv, lens in DECODE_CASES[: 4 if quick else None]:
         k_cache, v_cache, bt, seq_lens = make_paged_kv(lens, nkv, d, bs, dtype)
-        query = torch.randn(len(lens), nkv * group, d, device="cuda").to(dtype)
+        query = torch.randn(len(lens), nkv * group, d, device=DEVICE).to(dtype)
         expected = ref.paged_attention_decode_reference(query, k_cache, v_cache, bt, seq_lens,
                                                         d ** -0.5)
         variants = [("split=auto", None), ("split=1", 1), ("split=7", 7), ("split=64", 64),
                     ("naive", "naive")]
+        args = (query, k_cache, v_cache, bt, seq_lens, d ** -0.5)
         for name, ns in variants:
-            if ns == "naive":
-                out = tri.paged_attention_decode_naive_triton(query, k_cache, v_cache, bt,
-                                                              seq_lens, d ** -0.5)
-            else:
-                out = tri.paged_attention_decode_triton(query, k_cache, v_cache, bt, seq_lens,
-                                                        d ** -0.5, num_splits=ns)
-            rel, mx, nan = compare(out, expected)
-            rows.append({"op": "decode", "variant": name, "dtype": DT[dtype], "head_dim": d,
-                         "group": group, "block_size": bs, "lens": f"max {max(lens)} n{len(lens)}",
-                         "rel_err": rel, "max_abs": mx, "nan": nan,
-                         "ok": (not nan) and rel < REL_TOL[dtype]})
+            case = functools.partial(_decode_case, args, ns, expected)
+            _guard(rows, {"op": "decode", "variant": name, "dtype": DT[dtype], "head_dim": d,
+                          "group": group, "block_size": bs, "torch_dtype": dtype,
+                          "lens": f"max {max(lens)} n{len(lens)}"}, case)
     for dtype, d, group, bs, nkv, pairs in EXTEND_CASES[: 3 if quick else None]:
         seq_lens_list = [c + q for c, q in pairs]
         k_cache, v_cache, bt, seq_lens = make_paged_kv(seq_lens_list, nkv, d, bs, dtype)
         q_lens = torch.tensor([q for _, q in pairs])
-        cu = torch.cat([torch.zeros(1), q_lens.cumsum(0)]).to(torch.int32).cuda()
-        query = torch.randn(int(q_lens.sum()), nkv * group, d, device="cuda").to(dtype)
+        cu = torch.cat([torch.zeros(1), q_lens.cumsum(0)]).to(torch.int32).to(DEVICE)
+        query = torch.randn(int(q_lens.sum()), nkv * group, d, device=DEVICE).to(dtype)
         expected = ref.paged_attention_extend_reference(query, k_cache, v_cache, bt, cu, seq_lens,
                                                         d ** -0.5)
-        out = tri.paged_attention_extend_triton(query, k_cache, v_cache, bt, cu, seq_lens,
-                                                d ** -0.5)
-        rel, mx, nan = compare(out, expected)
-        rows.append({"op": "extend", "variant": "", "dtype": DT[dtype], "head_dim": d,
-                     "group": group, "block_size": bs, "lens": str(pairs)[:40],
-                     "rel_err": rel, "max_abs": mx, "nan": nan,
-                     "ok": (not nan) and rel < REL_TOL[dtype]})
-    rows += check_movers()
+        args = (query, k_cache, v_cache, bt, cu, seq_lens, d ** -0.5)
+        case = functools.partial(_extend_case, args, expected)
+        _guard(rows, {"op": "extend", "variant": "", "dtype": DT[dtype], "head_dim": d,
+                      "group": group, "block_size": bs, "torch_dtype": dtype,
+                      "lens": str(pairs)[:40]}, case)
+    for row in check_movers():
+        rows.append(row)
+        print_row(row)
     return rows
 
 
 def check_movers() -> list[dict]:
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
-        k_cache = torch.randn(64, 16, 8, 128, device="cuda").to(dtype)
+        k_cache = torch.randn(64, 16, 8, 128, device=DEVICE).to(dtype)
         v_cache = torch.randn_like(k_cache)
-        slots = torch.randperm(64 * 16, device="cuda")[:300]
+        slots = torch.randperm(64 * 16, device=DEVICE)[:300]
         slots[::7] = -1
-        key, value = (torch.randn(300, 8, 128, device="cuda").to(dtype) for _ in range(2))
+        key, value = (torch.randn(300, 8, 128, device=DEVICE).to(dtype) for _ in range(2))
         k_ref, v_ref = k_cache.clone(), v_cache.clone()
         ref.write_kv_reference(key, value, k_ref, v_ref, slots)
         tri.write_kv_triton(key, value, k_cache, v_cache, slots)
         ok = torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
-        mapping = torch.tensor([[1, 9], [2, 63], [40, 0]], device="cuda")
+        mapping = torch.tensor([[1, 9], [2, 63], [40, 0]], device=DEVICE)
         caches = [k_cache.clone() for _ in range(4)]
         expected = [c.clone() for c in caches]
         ref.copy_blocks_reference(expected[:2], expected[2:], mapping)
@@ -142,13 +165,18 @@ def check_movers() -> list[dict]:
     return rows
 
 
-def print_table(rows: list[dict]) -> None:
-    print(f"{'op':8} {'variant':10} {'dtype':5} {'d':>4} {'grp':>3} {'bs':>3} {'lens':42} "
+def print_header() -> None:
+    print(f"{'op':11} {'variant':10} {'dtype':5} {'d':>4} {'grp':>3} {'bs':>3} {'lens':42} "
           f"{'rel_err':>9} {'max_abs':>9} result")
-    for r in rows:
-        print(f"{r['op']:8} {r['variant']:10} {r['dtype']:5} {r['head_dim']:>4} {r['group']:>3} "
-              f"{r['block_size']:>3} {r['lens']:42} {r['rel_err']:9.2e} {r['max_abs']:9.2e} "
-              f"{'PASS' if r['ok'] else 'FAIL'}{' NaN' if r['nan'] else ''}")
+
+
+def print_row(r: dict) -> None:
+    print(f"{r['op']:11} {r['variant']:10} {r['dtype']:5} {r['head_dim']:>4} {r['group']:>3} "
+          f"{r['block_size']:>3} {r['lens']:42} {r['rel_err']:9.2e} {r['max_abs']:9.2e} "
+          f"{'PASS' if r['ok'] else 'FAIL'}{' NaN' if r['nan'] else ''}")
+
+
+def print_summary(rows: list[dict]) -> None:
     failed = sum(not r["ok"] for r in rows)
     print(f"attention GPU check: {len(rows) - failed}/{len(rows)} passed")
 
@@ -159,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     t0 = time.time()
     rows = run_checks(args.quick)
-    print_table(rows)
+    print_summary(rows)
     print(f"({time.time() - t0:.1f} s)")
     return 0 if all(r["ok"] for r in rows) else 1
 

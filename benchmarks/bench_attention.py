@@ -82,7 +82,7 @@ def sdpa_decode_ms(num_seqs, context, num_heads, num_kv_heads, head_dim) -> floa
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
         try:
             with sdpa_kernel([backend]):
-                fn = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
+                fn = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
                 fn()
                 return bench_ms(fn)
         except RuntimeError:
@@ -121,7 +121,7 @@ def decode_row(name, num_seqs, context, num_heads, num_kv_heads, head_dim, peers
     if sweep:  # tuning data: every split count and a few launch configs
         row["sweep_splits"] = {}
         for ns in (1, 2, 4, 8, 16):
-            ms = bench_ms(lambda: tri.paged_attention_decode_triton(
+            ms = bench_ms(lambda ns=ns: tri.paged_attention_decode_triton(
                 query, k_cache, v_cache, bt, seq_lens, scale, num_splits=ns))
             row["sweep_splits"][ns] = kv_bytes / (ms * 1e-3) / 1e9
         best = max(row["sweep_splits"], key=row["sweep_splits"].get)
@@ -129,13 +129,12 @@ def decode_row(name, num_seqs, context, num_heads, num_kv_heads, head_dim, peers
         for bn, nw, st in [(64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 4, 4)]:
             cfg = {"BLOCK_N": bn, "num_warps": nw, "num_stages": st}
             try:
-                ms = bench_ms(lambda: tri.paged_attention_decode_triton(
+                ms = bench_ms(lambda cfg=cfg: tri.paged_attention_decode_triton(
                     query, k_cache, v_cache, bt, seq_lens, scale, num_splits=best, config=cfg))
                 row["sweep_configs"][f"{bn}/{nw}/{st}@{best}"] = kv_bytes / (ms * 1e-3) / 1e9
             except Exception as e:  # noqa: BLE001 (out of shared memory etc.)
                 row["sweep_configs"][f"{bn}/{nw}/{st}@{best}"] = repr(e)[:80]
-    del query, k_cache, v_cache, bt
-    torch.cuda.empty_cache()
+    torch.cuda.empty_cache()  # the caches are freed when this frame returns
     return row
 
 
@@ -156,7 +155,7 @@ def extend_row(sweep=False, num_tokens=4096, num_heads=32, num_kv_heads=8, head_
     k = torch.randn(1, num_kv_heads, num_tokens, head_dim, device="cuda", dtype=DTYPE)
     v = torch.randn_like(k)
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-        fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
+        fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         try:
             fn()
             sdpa_ms = bench_ms(fn)
@@ -171,7 +170,7 @@ def extend_row(sweep=False, num_tokens=4096, num_heads=32, num_kv_heads=8, head_
                                (256, 64, 8, 2), (256, 128, 8, 2)]:
             cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": st}
             try:
-                ms = bench_ms(lambda: tri.paged_attention_extend_triton(
+                ms = bench_ms(lambda cfg=cfg: tri.paged_attention_extend_triton(
                     query, k_cache, v_cache, bt, cu, seq_lens, scale, max_query_len=num_tokens,
                     config=cfg))
                 row["sweep_configs"][f"{bm}/{bn}/{nw}/{st}"] = flops / (ms * 1e-3) / 1e12
@@ -205,6 +204,11 @@ def plot(results: list[dict], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _gb(row: dict, key: str) -> str:
+    value = row.get(f"{key}_gbps")
+    return f"{value:8.0f}" if value else f"{'-':>8}"
+
+
 def print_tables(results: list[dict]) -> None:
     print(f"{'decode shape':26} {'split':>5} {'ours GB/s':>10} {'split1':>8} {'naive':>8} "
           f"{'sdpa':>8} {'ours us':>8} {'eager us':>8} {'tok/s':>10}")
@@ -213,11 +217,8 @@ def print_tables(results: list[dict]) -> None:
             continue
         label = r["shape"] if r.get("group") in (None, "shape") else f"{r['group']} {r['shape']}"
 
-        def gb(key):
-            v = r.get(f"{key}_gbps")
-            return f"{v:8.0f}" if v else f"{'-':>8}"
-        print(f"{label[:26]:26} {r['auto_splits']:>5} {r['ours_gbps']:10.0f} {gb('split1')} "
-              f"{gb('naive')} {gb('sdpa')} {r['ours_ms'] * 1e3:8.1f} "
+        print(f"{label[:26]:26} {r['auto_splits']:>5} {r['ours_gbps']:10.0f} {_gb(r, 'split1')} "
+              f"{_gb(r, 'naive')} {_gb(r, 'sdpa')} {r['ours_ms'] * 1e3:8.1f} "
               f"{r['ours_eager_ms'] * 1e3:8.1f} {r['ours_tok_per_s']:10.0f}")
     for r in results:
         for key in ("sweep_splits", "sweep_configs"):

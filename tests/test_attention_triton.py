@@ -214,3 +214,23 @@ def test_contract_errors():
     with pytest.raises(ValueError, match="head_dim"):
         tri.paged_attention_decode_triton(query[..., :8].contiguous(), k_cache[..., :8].contiguous(),
                                           v_cache[..., :8].contiguous(), bt, seq_lens, 1.0)
+
+
+def test_launch_falls_back_when_shared_memory_runs_out():
+    from triton.runtime.errors import OutOfResources
+
+    from pagedrt.ops.triton_utils import launch_first_fitting
+
+    tried = []
+
+    def launch(cfg):
+        tried.append(cfg["BLOCK_M"])
+        if cfg["BLOCK_M"] > 64:
+            raise OutOfResources(263424, 232448, "shared memory")
+
+    configs = [{"BLOCK_M": 256}, {"BLOCK_M": 128}, {"BLOCK_M": 64}, {"BLOCK_M": 32}]
+    launch_first_fitting(("test", 1), configs, launch)
+    launch_first_fitting(("test", 1), configs, launch)  # remembered: starts at the fitting one
+    assert tried == [256, 128, 64, 64]
+    with pytest.raises(ValueError, match="shared memory"):
+        launch_first_fitting(("test", 2), configs[:2], launch)

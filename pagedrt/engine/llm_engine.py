@@ -82,8 +82,10 @@ class LLMEngine:
             mc, num_blocks, config.block_size, num_cpu_blocks, self.dtype, self.device, backend
         )
         self.scheduler = Scheduler(config, self.kv_manager, self.max_model_len)
-        self.model_runner = ModelRunner(self.model, self.kv_cache, self.kv_manager, self.device,
-                                        backend)
+        self.model_runner = ModelRunner(
+            self.model, self.kv_cache, self.kv_manager, self.device, backend,
+            max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
+            use_cuda_graphs=not config.enforce_eager)
         self.sampler = Sampler()
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.eos_token_ids = tuple(mc.eos_token_ids)
@@ -105,8 +107,14 @@ class LLMEngine:
         prompt: str | Sequence[int],
         params: SamplingParams | None = None,
         priority: int = 0,
+        stream: bool = True,
     ) -> Request:
-        """Validate and queue a request. Raises ValueError (nothing queued) on bad input."""
+        """Validate and queue a request. Raises ValueError (nothing queued) on bad input.
+
+        stream: step() reports this request every time it advances, with `delta_text`; when
+        False it is reported only once finished, and (without stop strings) detokenized once
+        at the end, which saves host time per step.
+        """
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params)}")
@@ -121,6 +129,7 @@ class LLMEngine:
             token_ids = list(prompt)
         self.validate_prompt(token_ids, params)
         req = Request(request_id, token_ids, params, text, priority, self.eos_token_ids)
+        req.stream = stream
         self._init_sequence(req, 0)
         self.requests[request_id] = req
         self.scheduler.add_request(req)
@@ -215,6 +224,7 @@ class LLMEngine:
                 child = Request(f"{req.request_id}#{k}", req.prompt_token_ids, req.params,
                                 req.prompt, req.priority, req.eos_token_ids, req.arrival_time)
                 child.forked = True
+                child.stream = req.stream
                 child.arrival_seq = req.arrival_seq
                 child.group = req.group
                 req.group.append(child)
@@ -241,12 +251,18 @@ class LLMEngine:
             status = self._check_stop(req, token)
             if status is not None:
                 self.scheduler.finish(req, status)
-            touched[req.group[0].request_id] = req.group[0]
+                if req.detokenizer is not None and not (req.stream or req.params.stop):
+                    req.detokenizer.update(req.output_token_ids)  # detokenize once, at the end
+            head = req.group[0]
+            if head.stream or (status is not None and all(s.is_finished for s in head.group)):
+                touched[head.request_id] = head
         return [self._make_output(head) for head in touched.values()]
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         p = req.params
-        stop_string = req.detokenizer.update([token]) if req.detokenizer is not None else None
+        stop_string = None
+        if req.detokenizer is not None and (req.stream or p.stop):
+            stop_string = req.detokenizer.update([token])
         if req.num_output_tokens >= p.min_tokens:
             if not p.ignore_eos and token in req.eos_token_ids:
                 return RequestStatus.FINISHED_STOPPED

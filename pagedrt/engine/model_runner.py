@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedrt.engine.cuda_graphs import CUDAGraphRunner
 from pagedrt.engine.scheduler import SchedulerOutput
 from pagedrt.kv.kv_cache import KVCache
 from pagedrt.kv.kv_cache_manager import KVCacheManager
@@ -33,13 +34,20 @@ class ModelInputs:
 
 
 class ModelRunner:
-    def __init__(self, model, kv_cache: KVCache, kv_manager: KVCacheManager, device, backend):
+    def __init__(self, model, kv_cache: KVCache, kv_manager: KVCacheManager, device, backend,
+                 max_num_seqs: int = 256, max_model_len: int = 2048, use_cuda_graphs: bool = False):
         self.model = model
         self.kv_cache = kv_cache
         self.kv = kv_manager
         self.device = torch.device(device)
         self.backend = backend
         self.block_size = kv_manager.block_size
+        self.graph_runner: CUDAGraphRunner | None = None
+        if use_cuda_graphs and self.device.type == "cuda":
+            self.graph_runner = CUDAGraphRunner(
+                model, kv_cache.layers, max_num_seqs, kv_manager.blocks_for(max_model_len),
+                self.device, backend)
+            self.graph_runner.capture()
 
     def prepare(self, sched: SchedulerOutput) -> ModelInputs:
         bs = self.block_size
@@ -67,9 +75,11 @@ class ModelRunner:
         width = max(len(t) for t in tables)
         block_tables = [t + [0] * (width - len(t)) for t in tables]
         dev = self.device
+        pin = dev.type == "cuda"
 
         def tensor(x, dtype):
-            return torch.tensor(x, dtype=dtype).to(dev, non_blocking=True)
+            t = torch.tensor(x, dtype=dtype)
+            return t.pin_memory().to(dev, non_blocking=True) if pin else t
 
         meta = AttentionMetadata(
             slot_mapping=tensor(slot_mapping, torch.int64),
@@ -95,6 +105,12 @@ class ModelRunner:
         if sched.copies:
             self.kv_cache.apply(sched.copies)
         inputs = self.prepare(sched)
+        meta = inputs.meta
+        if (self.graph_runner is not None and meta.is_decode_only
+                and self.graph_runner.can_run(len(sched.requests), meta.block_tables.shape[1])):
+            logits = self.graph_runner.run(inputs.input_ids, inputs.positions, meta.slot_mapping,
+                                           meta.seq_lens, meta.block_tables)
+            return logits[inputs.logits_indices], inputs.sampled_requests
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         return logits, inputs.sampled_requests

@@ -73,6 +73,7 @@ class Request:
         self.sample_index = 0
         self.group: list[Request] = [self]
         self.forked = params.n == 1
+        self.stream = True  # report every step (see LLMEngine.add_request)
         self.generator: torch.Generator | None = None
         self.detokenizer = None  # set by the engine: IncrementalDetokenizer
         self.first_token_time: float | None = None

@@ -91,14 +91,20 @@ def paged_attention_decode(
 
 
 def paged_attention_extend(
-    query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, backend: str = "auto"
+    query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, backend: str = "auto",
+    max_query_len: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention of packed query chunks over cached prefixes; see the reference."""
+    """Causal attention of packed query chunks over cached prefixes; see the reference.
+
+    max_query_len: longest query chunk, when the caller knows it (saves the Triton wrapper a
+    device-to-host read).
+    """
     if _use_triton(backend, query):
         from pagedrt.ops.attention_triton import paged_attention_extend_triton
 
         return paged_attention_extend_triton(
-            query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale
+            query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale,
+            max_query_len=max_query_len,
         )
     return ref.paged_attention_extend_reference(
         query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale
@@ -131,5 +137,5 @@ def paged_attention(
         )
     return paged_attention_extend(
         query, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, scale,
-        meta.backend,
+        meta.backend, max_query_len=meta.max_query_len,
     )

@@ -1,7 +1,8 @@
 """Triton paged-attention decode kernels (one query token per sequence).
 
 Same signatures as `attention_reference.py`. The extend (prefill) kernel lives in
-`attention_extend_triton.py`, the K/V movers in `kv_write_triton.py`; all are re-exported here.
+`attention_extend_triton.py`, the naive v1 decode baseline in `attention_decode_naive_triton.py`,
+the K/V movers in `kv_write_triton.py`; all are re-exported here.
 
 Decode, GQA-aware with split-K ("flash-decoding"):
 
@@ -32,15 +33,14 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedrt.ops.attention_decode_naive_triton import paged_attention_decode_naive_triton
 from pagedrt.ops.attention_extend_triton import paged_attention_extend_triton
 from pagedrt.ops.kv_write_triton import copy_blocks_triton, write_kv_triton
 from pagedrt.ops.triton_utils import (
-    check_cache,
-    check_head_dim,
-    check_index,
-    check_same,
+    check_decode_args,
     device_sms,
     interpreting,
+    launch_first_fitting,
     next_pow2,
 )
 
@@ -161,58 +161,6 @@ def _decode_reduce_kernel(
              out.to(out_ptr.dtype.element_ty))
 
 
-@triton.jit
-def _decode_naive_kernel(
-    q_ptr,  # [num_seqs, num_heads, head_dim]
-    k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32
-    seq_lens_ptr,  # [num_seqs] int32
-    out_ptr,  # [num_seqs, num_heads, head_dim]
-    scale_log2,
-    stride_qs, stride_qh,
-    stride_cb, stride_cs, stride_ch,
-    stride_bt,
-    stride_os, stride_oh,
-    GROUP: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """v1 baseline: one program per (head, seq), no split, no sharing of K/V across the GQA
-    group (each query head re-reads its KV head), dot products as multiply + sum."""
-    head = tl.program_id(0)
-    seq = tl.program_id(1).to(tl.int64)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    offs_d = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + seq * stride_qs + head * stride_qh + offs_d).to(tl.float32)
-    m_i = tl.max(tl.full([2], float("-inf"), tl.float32), 0)
-    l_i = tl.sum(tl.zeros([2], tl.float32), 0)
-    acc = tl.zeros([HEAD_DIM], tl.float32)
-    bt_row = block_tables_ptr + seq * stride_bt
-    head_off = (head // GROUP) * stride_ch
-    for tile_start in range(0, seq_len, BLOCK_N):
-        offs_n = tile_start + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < seq_len
-        block = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        kv_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + head_off
-        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None],
-                    other=0.0).to(tl.float32)
-        s = tl.sum(k * q[None, :], 1) * scale_log2
-        s = tl.where(n_mask, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-        p = tl.exp2(s - m_new)
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 0)
-        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None],
-                    other=0.0).to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
-        m_i = m_new
-    out = acc / tl.where(l_i > 0, l_i, 1.0)
-    tl.store(out_ptr + seq * stride_os + head * stride_oh + offs_d,
-             out.to(out_ptr.dtype.element_ty))
-
-
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
     """Split-K partitions per sequence for decode.
 
@@ -247,26 +195,6 @@ def _decode_launch_config(head_dim: int) -> dict:
     return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3}
 
 
-def _check_decode_args(query, k_cache, v_cache, block_tables, seq_lens) -> tuple[int, int]:
-    check_cache("k_cache", k_cache)
-    check_same("k_cache", k_cache, "v_cache", v_cache)
-    if k_cache.stride() != v_cache.stride():
-        raise ValueError(f"k_cache strides {k_cache.stride()} != v_cache strides {v_cache.stride()}")
-    _, _, num_kv_heads, head_dim = k_cache.shape
-    check_head_dim(head_dim)
-    check_index("query", query, 3, (k_cache.dtype,), k_cache.device)
-    num_seqs, num_heads, q_dim = query.shape
-    if q_dim != head_dim or num_heads % num_kv_heads:
-        raise ValueError(f"query shape {tuple(query.shape)}: head_dim must be {head_dim} and "
-                         f"num_heads a multiple of num_kv_heads={num_kv_heads}")
-    check_index("block_tables", block_tables, 2, (torch.int32,), k_cache.device)
-    check_index("seq_lens", seq_lens, 1, (torch.int32,), k_cache.device)
-    if block_tables.shape[0] < num_seqs or seq_lens.shape[0] < num_seqs:
-        raise ValueError(f"block_tables has {block_tables.shape[0]} rows and seq_lens "
-                         f"{seq_lens.shape[0]} entries for {num_seqs} sequences")
-    return num_heads // num_kv_heads, num_kv_heads
-
-
 def paged_attention_decode_triton(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -293,7 +221,7 @@ def paged_attention_decode_triton(
     Returns:
         [num_seqs, num_heads, head_dim] in query's dtype.
     """
-    group, num_kv_heads = _check_decode_args(query, k_cache, v_cache, block_tables, seq_lens)
+    group, num_kv_heads = check_decode_args(query, k_cache, v_cache, block_tables, seq_lens)
     num_seqs, num_heads, head_dim = query.shape
     block_size = k_cache.shape[1]
     out = torch.empty_like(query)
@@ -304,7 +232,6 @@ def paged_attention_decode_triton(
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, device_sms(query))
     if num_splits < 1:
         raise ValueError(f"num_splits={num_splits}; must be >= 1")
-    cfg = {**_decode_launch_config(head_dim), **(config or {})}
     upcast = interpreting(query)
     split = num_splits > 1
     if split:
@@ -314,52 +241,34 @@ def paged_attention_decode_triton(
                                device=query.device)
     else:
         part_out = part_lse = out  # unused by the kernel
-    _decode_kernel[(num_kv_heads, num_splits, num_seqs)](
-        query, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
-        scale * LOG2E,
-        query.stride(0), query.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        num_splits,
-        GROUP=group, GROUP_PAD=max(16, next_pow2(group)), BLOCK_SIZE=block_size,
-        HEAD_DIM=head_dim, BLOCK_N=cfg["BLOCK_N"], SPLIT=split, UPCAST=upcast,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
+    tuned = {**_decode_launch_config(head_dim), **(config or {})}
+    # smaller fallbacks for GPUs with less shared memory (see launch_first_fitting)
+    configs = [tuned] if config else [
+        tuned, {"BLOCK_N": max(16, tuned["BLOCK_N"] // 2), "num_warps": 4, "num_stages": 2},
+        {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}]
+
+    def launch(cfg: dict) -> None:
+        _decode_kernel[(num_kv_heads, num_splits, num_seqs)](
+            query, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
+            scale * LOG2E,
+            query.stride(0), query.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            block_tables.stride(0),
+            out.stride(0), out.stride(1),
+            num_splits,
+            GROUP=group, GROUP_PAD=max(16, next_pow2(group)), BLOCK_SIZE=block_size,
+            HEAD_DIM=head_dim, BLOCK_N=cfg["BLOCK_N"], SPLIT=split, UPCAST=upcast,
+            DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        )
+
+    key = ("decode", str(query.device), query.dtype, head_dim, group, bool(config))
+    launch_first_fitting(key, configs, launch)
     if split:
         _decode_reduce_kernel[(num_heads, num_seqs)](
             part_out, part_lse, out, out.stride(0), out.stride(1), num_heads, num_splits,
             HEAD_DIM=head_dim, SPLITS_PAD=next_pow2(num_splits), num_warps=4,
         )
-    return out
-
-
-def paged_attention_decode_naive_triton(
-    query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """The v1 baseline: one program per (sequence, query head), no GQA sharing, no split-K.
-
-    Same arguments and result as `paged_attention_decode_triton`; kept for the benchmark.
-    """
-    group, _ = _check_decode_args(query, k_cache, v_cache, block_tables, seq_lens)
-    num_seqs, num_heads, head_dim = query.shape
-    out = torch.empty_like(query)
-    if num_seqs == 0:
-        return out
-    _decode_naive_kernel[(num_heads, num_seqs)](
-        query, k_cache, v_cache, block_tables, seq_lens, out, scale * LOG2E,
-        query.stride(0), query.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=group, BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_N=32,
-        num_warps=4,
-    )
     return out
 
 

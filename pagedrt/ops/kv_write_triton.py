@@ -66,7 +66,7 @@ def write_kv_triton(
     check_same("k_cache", k_cache, "v_cache", v_cache)
     if k_cache.stride() != v_cache.stride():
         raise ValueError(f"k_cache strides {k_cache.stride()} != v_cache strides {v_cache.stride()}")
-    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
     check_head_dim(head_dim)
     for name, t in (("key", key), ("value", value)):
         if t.shape[1:] != (num_kv_heads, head_dim) or t.dim() != 3:

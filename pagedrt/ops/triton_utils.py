@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -67,5 +69,50 @@ def check_head_dim(head_dim: int) -> None:
                          "(use backend='torch' for others)")
 
 
+def check_decode_args(query, k_cache, v_cache, block_tables, seq_lens) -> tuple[int, int]:
+    """Contract shared by the decode kernels; returns (group size, num_kv_heads)."""
+    check_cache("k_cache", k_cache)
+    check_same("k_cache", k_cache, "v_cache", v_cache)
+    if k_cache.stride() != v_cache.stride():
+        raise ValueError(f"k_cache strides {k_cache.stride()} != v_cache strides {v_cache.stride()}")
+    _, _, num_kv_heads, head_dim = k_cache.shape
+    check_head_dim(head_dim)
+    check_index("query", query, 3, (k_cache.dtype,), k_cache.device)
+    num_seqs, num_heads, q_dim = query.shape
+    if q_dim != head_dim or num_heads % num_kv_heads:
+        raise ValueError(f"query shape {tuple(query.shape)}: head_dim must be {head_dim} and "
+                         f"num_heads a multiple of num_kv_heads={num_kv_heads}")
+    check_index("block_tables", block_tables, 2, (torch.int32,), k_cache.device)
+    check_index("seq_lens", seq_lens, 1, (torch.int32,), k_cache.device)
+    if block_tables.shape[0] < num_seqs or seq_lens.shape[0] < num_seqs:
+        raise ValueError(f"block_tables has {block_tables.shape[0]} rows and seq_lens "
+                         f"{seq_lens.shape[0]} entries for {num_seqs} sequences")
+    return num_heads // num_kv_heads, num_kv_heads
+
+
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
+
+
+_FITTING_CONFIG: dict = {}
+
+
+def launch_first_fitting(key: tuple, configs: list[dict], launch: Callable[[dict], None]) -> None:
+    """Launch with the first of `configs` whose tiles fit the GPU's shared memory.
+
+    The tuned config comes first; smaller ones follow for GPUs with less shared memory than
+    an H200 (about 100 KB on many consumer cards). Triton raises OutOfResources when it loads
+    the compiled kernel, before anything runs, so falling through to the next is safe. The
+    config that fitted is remembered per key, so the search happens once per shape class.
+    """
+    start = _FITTING_CONFIG.get(key, 0)
+    error = None
+    for i in range(start, len(configs)):
+        try:
+            launch(configs[i])
+        except OutOfResources as e:
+            error = e
+            continue
+        _FITTING_CONFIG[key] = i
+        return
+    raise ValueError(f"no launch config fits this GPU's shared memory for {key}: {error}")

@@ -1,0 +1,89 @@
+"""Prometheus metrics of the server, on a private registry (several apps can live in one process).
+
+Gauges and counters are read on scrape from the latest `LLMEngine.stats()` snapshot taken by the
+engine thread (the engine itself is never touched from the HTTP thread); the latency histograms
+are observed by the engine thread as tokens come out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                 10.0, 20.0, 40.0, 80.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
+                0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+_E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+
+# series name -> (stats key, help); gauges read from the snapshot
+_GAUGES = {
+    "pagedrt_num_requests_running": ("num_running", "Sequences in the running batch."),
+    "pagedrt_num_requests_waiting": ("num_waiting", "Requests waiting to be scheduled."),
+    "pagedrt_num_requests_swapped": ("num_swapped", "Sequences swapped out to CPU memory."),
+    "pagedrt_kv_blocks_total": ("num_blocks", "KV cache blocks in the pool."),
+    "pagedrt_kv_blocks_used": ("num_used_blocks", "KV blocks held by a request (ref count >= 1)."),
+    "pagedrt_kv_blocks_free": ("num_free_blocks", "KV blocks free and not cached."),
+    "pagedrt_kv_blocks_cached": ("num_cached_blocks",
+                                 "KV blocks free but still holding a cached prefix (evictable)."),
+    "pagedrt_prefix_cache_hit_rate": ("prefix_cache_hit_rate",
+                                      "Prompt blocks found in the prefix cache / blocks looked up."),
+}
+# series name (without _total) -> (stats key, help)
+_COUNTERS = {
+    "pagedrt_num_preemptions": ("num_preemptions", "Sequences preempted (recompute or swap)."),
+    "pagedrt_prompt_tokens": ("server_prompt_tokens", "Prompt tokens of admitted requests."),
+    "pagedrt_generation_tokens": ("num_generated_tokens", "Tokens generated."),
+    "pagedrt_prefix_cache_queries": ("prefix_cache_queries", "Prompt blocks looked up."),
+    "pagedrt_prefix_cache_hits": ("prefix_cache_hits", "Prompt blocks found in the cache."),
+}
+
+
+class _StatsCollector:
+    def __init__(self, get_stats: Callable[[], dict]) -> None:
+        self.get_stats = get_stats
+
+    def collect(self):
+        stats = self.get_stats()
+        for name, (key, doc) in _GAUGES.items():
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], float(stats.get(key, 0) or 0))
+            yield g
+        for name, (key, doc) in _COUNTERS.items():
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], float(stats.get(key, 0) or 0))
+            yield c
+        finished = CounterMetricFamily("pagedrt_request_success", "Finished requests by reason.",
+                                       labels=["finished_reason"])
+        for reason, count in sorted(stats.get("server_finished", {}).items()):
+            finished.add_metric([reason], float(count))
+        yield finished
+
+
+class ServerMetrics:
+    """The registry and the histograms; `bind` tells it where the stats snapshot lives."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.time_to_first_token = Histogram(
+            "pagedrt_time_to_first_token_seconds",
+            "From the HTTP request's arrival to its first generated token.",
+            buckets=_TTFT_BUCKETS, registry=self.registry)
+        self.inter_token_latency = Histogram(
+            "pagedrt_inter_token_latency_seconds",
+            "Time between two consecutive steps that gave a request new tokens.",
+            buckets=_ITL_BUCKETS, registry=self.registry)
+        self.e2e_request_latency = Histogram(
+            "pagedrt_e2e_request_latency_seconds",
+            "From the HTTP request's arrival to its last token.",
+            buckets=_E2E_BUCKETS, registry=self.registry)
+
+    def bind(self, get_stats: Callable[[], dict]) -> None:
+        self.registry.register(_StatsCollector(get_stats))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,157 @@
+"""Request bodies of the OpenAI API (the subset pagedrt serves) and its error shape.
+
+Bodies are validated strictly (a string is not a number, a bool is not an int), as OpenAI's own
+server does; unknown fields are ignored so that clients sending newer fields keep working.
+Every rejection becomes `APIError`, rendered as
+
+    {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
+
+Ranges are not checked here: `SamplingParams` and `LLMEngine.validate_prompt` own them, and
+their `ValueError`s are mapped to 400 by `api_error_from_value_error`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from pagedrt.sampling_params import SamplingParams
+
+
+class APIError(Exception):
+    """An error the client caused (4xx) or the server hit (5xx), in OpenAI's shape."""
+
+    def __init__(self, status_code: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message, self.type, self.param, self.code = message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+# "temperature=-1 must be >= 0": SamplingParams messages start with the field's name.
+_FIELD_RE = re.compile(r"^(\w+)=")
+
+
+def api_error_from_value_error(e: ValueError, prompt_field: str) -> APIError:
+    """A 400 for a ValueError of SamplingParams or LLMEngine.validate_prompt.
+
+    `prompt_field` ("prompt" or "messages") is blamed for over-long and invalid prompts.
+    """
+    message = str(e)
+    match = _FIELD_RE.match(message)
+    if match:
+        return APIError(400, message, param=match.group(1))
+    if "max_model_len" in message or "KV blocks" in message:
+        return APIError(400, message, param=prompt_field, code="context_length_exceeded")
+    return APIError(400, message, param=prompt_field)
+
+
+def api_error_from_validation(e: ValidationError) -> APIError:
+    """A 400 naming the first offending field (its top-level name) for a pydantic error."""
+    errors = e.errors(include_url=False)
+    first = errors[0] if errors else {"loc": (), "msg": str(e), "type": ""}
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"request body is not valid JSON: {first['msg']}")
+    loc = [str(part) for part in first.get("loc", ())]
+    param = loc[0] if loc else None
+    where = ".".join(loc) or "body"
+    more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
+    return APIError(400, f"{where}: {first['msg']}{more}", param=param)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _SamplingRequest(_Body):
+    """Fields shared by /v1/completions and /v1/chat/completions. None means the default.
+
+    Besides OpenAI's fields, vLLM's extensions: top_k, min_p, repetition_penalty, min_tokens,
+    stop_token_ids, ignore_eos, skip_special_tokens, include_stop_str_in_output.
+    """
+
+    model: str | None = None
+    n: int | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    def to_sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        """Raises ValueError (from SamplingParams) naming the field and its allowed range."""
+        given = {name: getattr(self, name) for name in (
+            "n", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+            "frequency_penalty", "repetition_penalty", "stop", "stop_token_ids", "min_tokens",
+            "ignore_eos", "skip_special_tokens", "include_stop_str_in_output")}
+        kwargs = {name: value for name, value in given.items() if value is not None}
+        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **kwargs)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_SamplingRequest):
+    """POST /v1/completions. `prompt`: a string, token ids, or a list of either (a batch)."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+
+
+class ContentPart(_Body):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Body):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def to_template_dict(self) -> dict:
+        """{"role", "content"} with text parts joined; other part types are refused."""
+        content = self.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.type != "text" or part.text is None:
+                    raise APIError(400, f"content part of type {part.type!r} is not supported; "
+                                   "only {'type': 'text', 'text': ...}", param="messages")
+                texts.append(part.text)
+            content = "".join(texts)
+        return {"role": self.role, "content": content or ""}
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage]
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    max_completion_tokens: int | None = None
+    add_generation_prompt: bool | None = None

@@ -1,0 +1,155 @@
+"""OpenAI response bodies from `RequestOutput`s: whole responses and stream chunks.
+
+Choice indices: with a batch of prompts, choice `prompt_index * n + sample_index` (OpenAI's
+order). Logprobs come per generated token; tokens are shown as their own decoded text.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pagedrt.engine.sampler import TokenLogprobs
+from pagedrt.outputs import CompletionOutput, RequestOutput
+
+# JSON has no -Infinity; a token the model rules out gets this instead (as vLLM does).
+_MIN_LOGPROB = -9999.0
+
+
+def _finite(logprob: float) -> float:
+    return logprob if logprob > _MIN_LOGPROB else _MIN_LOGPROB
+
+
+class ResponseBuilder:
+    """Stateless formatting, plus a cache of single-token texts (for logprobs)."""
+
+    def __init__(self, tokenizer, model_name: str) -> None:
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self._token_texts: dict[int, str] = {}
+
+    def token_text(self, token_id: int) -> str:
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = (self.tokenizer.decode([token_id]) if self.tokenizer is not None
+                    else f"token_id:{token_id}")
+            self._token_texts[token_id] = text
+        return text
+
+    # ------------------------------------------------------------ logprobs
+    def completion_logprobs(self, entries: list[TokenLogprobs], text_offset: int) -> dict:
+        """Legacy completions shape: parallel lists, top_logprobs as {token text: logprob}."""
+        tokens, token_logprobs, top, offsets = [], [], [], []
+        for e in entries:
+            text = self.token_text(e.token_id)
+            tokens.append(text)
+            token_logprobs.append(_finite(e.logprob))
+            top.append({self.token_text(t): _finite(lp) for t, lp in e.top_logprobs})
+            offsets.append(text_offset)
+            text_offset += len(text)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top,
+                "text_offset": offsets}
+
+    def chat_logprobs(self, entries: list[TokenLogprobs]) -> dict:
+        def item(token_id: int, logprob: float) -> dict:
+            text = self.token_text(token_id)
+            return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode())}
+
+        content = []
+        for e in entries:
+            entry = item(e.token_id, e.logprob)
+            entry["top_logprobs"] = [item(t, lp) for t, lp in e.top_logprobs]
+            content.append(entry)
+        return {"content": content}
+
+    def _logprobs(self, kind: str, entries: list[TokenLogprobs] | None, text_offset: int = 0):
+        if entries is None:
+            return None
+        if kind == "chat":
+            return self.chat_logprobs(entries)
+        return self.completion_logprobs(entries, text_offset)
+
+    # ------------------------------------------------------------ whole responses
+    def full_response(self, kind: str, response_id: str, finals: list[RequestOutput],
+                      n: int) -> dict:
+        choices = []
+        for p, out in enumerate(finals):
+            for o in out.outputs:
+                choice = {"index": p * n + o.index, "logprobs": self._logprobs(kind, o.logprobs),
+                          "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}
+                if kind == "chat":
+                    choice["message"] = {"role": "assistant", "content": o.text}
+                else:
+                    choice["text"] = o.text
+                choices.append(choice)
+        choices.sort(key=lambda c: c["index"])
+        return {"id": response_id, "object": "chat.completion" if kind == "chat"
+                else "text_completion", "created": int(time.time()), "model": self.model_name,
+                "choices": choices, "usage": usage(finals)}
+
+    def stream(self, kind: str, response_id: str, n: int, num_prompts: int) -> StreamState:
+        return StreamState(self, kind, response_id, n, num_prompts)
+
+
+def usage(finals: list[RequestOutput]) -> dict:
+    prompt_tokens = sum(len(out.prompt_token_ids) for out in finals)
+    completion_tokens = sum(len(o.token_ids) for out in finals for o in out.outputs)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+class StreamState:
+    """What each choice of one streamed response has been sent so far."""
+
+    def __init__(self, builder: ResponseBuilder, kind: str, response_id: str, n: int,
+                 num_prompts: int) -> None:
+        self.builder, self.kind, self.response_id, self.n = builder, kind, response_id, n
+        self.num_choices = n * num_prompts
+        self.created = int(time.time())
+        self.num_sent_logprobs = [0] * self.num_choices
+        self.text_offsets = [0] * self.num_choices
+        self.finished = [False] * self.num_choices
+
+    def _chunk(self, choices: list[dict]) -> dict:
+        return {"id": self.response_id, "object": "chat.completion.chunk" if self.kind == "chat"
+                else "text_completion", "created": self.created,
+                "model": self.builder.model_name, "choices": choices}
+
+    def start(self) -> list[dict]:
+        """Chat streams open every choice with the assistant role (OpenAI does)."""
+        if self.kind != "chat":
+            return []
+        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": None, "finish_reason": None}])
+                for i in range(self.num_choices)]
+
+    def update(self, prompt_index: int, out: RequestOutput) -> list[dict]:
+        """One chunk per choice that has new text, new logprobs or just finished."""
+        return [c for o in out.outputs if (c := self._choice_chunk(prompt_index, o)) is not None]
+
+    def _choice_chunk(self, prompt_index: int, o: CompletionOutput) -> dict | None:
+        index = prompt_index * self.n + o.index
+        if self.finished[index]:
+            return None
+        new_logprobs = None
+        if o.logprobs is not None:
+            new_logprobs = o.logprobs[self.num_sent_logprobs[index]:]
+            self.num_sent_logprobs[index] = len(o.logprobs)
+        if not o.delta_text and not new_logprobs and not o.finished:
+            return None
+        self.finished[index] = o.finished
+        logprobs = self.builder._logprobs(self.kind, new_logprobs, self.text_offsets[index])
+        if logprobs is not None and self.kind != "chat":
+            self.text_offsets[index] += sum(len(t) for t in logprobs["tokens"])
+        choice = {"index": index, "logprobs": logprobs, "finish_reason": o.finish_reason}
+        if o.finished:
+            choice["stop_reason"] = o.stop_reason
+        if self.kind == "chat":
+            choice["delta"] = {"content": o.delta_text} if o.delta_text else {}
+        else:
+            choice["text"] = o.delta_text
+        return self._chunk([choice])
+
+    def usage_chunk(self, finals: list[RequestOutput]) -> dict:
+        chunk = self._chunk([])
+        chunk["usage"] = usage(finals)
+        return chunk

@@ -1,0 +1,43 @@
+"""A tiny random-weight Llama for fast engine tests (prefix caching, scheduling, preemption).
+
+Weights are drawn from a fixed seed with a large enough spread that the logits are far from
+flat: greedy argmaxes then have wide top-2 gaps, so fp32 round-off from a different batch
+composition or chunking never flips a token, and comparisons can demand exact equality.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pagedrt.config import ModelConfig
+from pagedrt.models.loader import LoadedModel, build_model
+
+TINY_CONFIG = ModelConfig(
+    architecture="LlamaForCausalLM", vocab_size=384, hidden_size=64, intermediate_size=128,
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    max_position_embeddings=1024, rope_theta=10000.0, tie_word_embeddings=False,
+)
+
+
+def build_tiny_llama(seed: int = 0, config: ModelConfig = TINY_CONFIG) -> LoadedModel:
+    """The tiny model, fp32 on CPU, every parameter initialised from `seed` (build_model
+    leaves them uninitialised). No tokenizer: prompts are token-id lists."""
+    model = build_model(config, torch.float32, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            if "norm" in name:
+                param.fill_(1.0)
+            elif name.endswith("bias"):
+                param.zero_()
+            elif "embed_tokens" in name:
+                param.copy_(torch.randn(param.shape, generator=gen))
+            elif "lm_head" in name:
+                # logits with a spread of about 4 per step: top-2 gaps far above fp32 noise
+                param.copy_(torch.randn(param.shape, generator=gen) * 4.0 / math.sqrt(param.shape[1]))
+            else:
+                # 2 / sqrt(fan_in): attention scores sharp enough that the context matters
+                param.copy_(torch.randn(param.shape, generator=gen) * 2.0 / math.sqrt(param.shape[1]))
+    return LoadedModel(model.eval(), config, None, "tiny")
