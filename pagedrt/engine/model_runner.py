@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedrt.engine.cuda_graphs import CUDAGraphRunner
+from pagedrt.engine.profiling import NULL_CLOCK
 from pagedrt.engine.scheduler import SchedulerOutput
 from pagedrt.kv.kv_cache import KVCache
 from pagedrt.kv.kv_cache_manager import KVCacheManager
@@ -99,18 +100,21 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> tuple[torch.Tensor, list]:
+    def execute(self, sched: SchedulerOutput, clock=NULL_CLOCK) -> tuple[torch.Tensor, list]:
         """Apply pending block copies, run the model; returns (logits [num_sampled, vocab]
         float32, the sampled requests in row order)."""
         if sched.copies:
             self.kv_cache.apply(sched.copies)
         inputs = self.prepare(sched)
+        clock.mark("prepare")
         meta = inputs.meta
         if (self.graph_runner is not None and meta.is_decode_only
                 and self.graph_runner.can_run(len(sched.requests), meta.block_tables.shape[1])):
             logits = self.graph_runner.run(inputs.input_ids, inputs.positions, meta.slot_mapping,
                                            meta.seq_lens, meta.block_tables)
-            return logits[inputs.logits_indices], inputs.sampled_requests
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, inputs.meta)
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            logits = logits[inputs.logits_indices]
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, meta)
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        clock.mark("forward")
         return logits, inputs.sampled_requests

@@ -1,0 +1,1 @@
+"""Benchmarks behind `pagedrt bench attention | memory | throughput | latency`."""

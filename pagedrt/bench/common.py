@@ -1,0 +1,172 @@
+"""Helpers shared by the benchmarks: model choice, device ceilings, HF peers, result files."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+from pagedrt.bench.presets import PRESETS, get_preset, random_model
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="qwen2-0.5b", choices=sorted(PRESETS),
+                   help="random-weight model of a published shape (ignored with --model)")
+    p.add_argument("--model", default=None, help="a real model (.gguf or HF folder) instead")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--out", default="benchmarks/results", help="folder for JSON and PNG")
+
+
+def load(args) -> tuple:
+    """(LoadedModel, name) for --model or --preset, in the resolved dtype and device."""
+    from pagedrt.engine.llm_engine import resolve_device, resolve_dtype
+    from pagedrt.models.loader import load_model
+
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    if args.model:
+        return load_model(args.model, dtype, device), os.path.basename(args.model.rstrip("/"))
+    return random_model(get_preset(args.preset), dtype, device), args.preset
+
+
+def make_llm(loaded, args, **overrides):
+    from pagedrt import LLM
+
+    kw = dict(gpu_memory_utilization=args.gpu_memory_utilization,
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks,
+              enforce_eager=args.enforce_eager)
+    kw.update(overrides)
+    return LLM(loaded, **kw)
+
+
+def free_llm(llm) -> None:
+    del llm.llm_engine
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def device_ceilings(device: torch.device) -> dict:
+    """Measured in this run: read bandwidth (bytes/s, a large sum over bf16 data) and dense
+    bf16 matmul rate (FLOP/s, 8192^3). On CPU: a rough single measurement of each."""
+    n = (1 << 30) if device.type == "cuda" else (1 << 26)
+    x = torch.ones(n, dtype=torch.bfloat16, device=device)
+    x.sum()
+    sync(device)
+    reps = 10 if device.type == "cuda" else 2
+    t = time.perf_counter()
+    for _ in range(reps):
+        x.sum()
+    sync(device)
+    read_bw = reps * x.numel() * x.element_size() / (time.perf_counter() - t)
+    del x
+    m = 8192 if device.type == "cuda" else 1024
+    a = torch.randn(m, m, dtype=torch.bfloat16, device=device)
+    a @ a
+    sync(device)
+    t = time.perf_counter()
+    for _ in range(reps):
+        a @ a
+    sync(device)
+    flops = reps * 2 * m**3 / (time.perf_counter() - t)
+    return {"read_bytes_per_s": read_bw, "matmul_flop_per_s": flops}
+
+
+def gpu_name() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return f"CPU ({os.cpu_count()} cores)"
+
+
+def git_commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+        return head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("PAGEDRT_COMMIT", "unknown")
+
+
+def write_results(out_dir: str, name: str, results: list[dict], extra: dict | None = None) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    doc = {
+        "gpu": gpu_name(), "commit": os.environ.get("PAGEDRT_COMMIT") or git_commit(),
+        "date": datetime.date.today().isoformat(),
+        "command": "pagedrt bench " + " ".join(sys.argv[1:]) if "pagedrt" in sys.argv[0]
+        else " ".join(sys.argv),
+        "results": results, **(extra or {}),
+    }
+    path = os.path.join(out_dir, f"{name}.json")
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2)
+    return path
+
+
+def hf_model_like(loaded, dtype, device, attn_implementation: str = "sdpa"):
+    """An HF transformers model of the same architecture holding the same weights."""
+    import transformers
+
+    mc = loaded.model_config
+    cls_cfg = transformers.Qwen2Config if mc.architecture == "Qwen2ForCausalLM" else \
+        transformers.LlamaConfig
+    cfg = cls_cfg(
+        vocab_size=mc.vocab_size, hidden_size=mc.hidden_size,
+        intermediate_size=mc.intermediate_size, num_hidden_layers=mc.num_hidden_layers,
+        num_attention_heads=mc.num_attention_heads, num_key_value_heads=mc.num_key_value_heads,
+        head_dim=mc.head_dim, rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta,
+        max_position_embeddings=mc.max_position_embeddings,
+        tie_word_embeddings=mc.tie_word_embeddings,
+    )
+    if mc.architecture == "LlamaForCausalLM":
+        cfg.attention_bias = mc.attention_bias
+    cls = getattr(transformers, mc.architecture)
+    with torch.device(device):
+        hf = cls._from_config(cfg, dtype=dtype, attn_implementation=attn_implementation)
+    state = hf_state_dict(loaded.model, mc)
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and mc.tie_word_embeddings)]
+    assert not missing and not unexpected, (missing, unexpected)
+    return hf.eval()
+
+
+def hf_state_dict(model, mc) -> dict:
+    """Our fused parameters split back into Hugging Face names."""
+    q = mc.num_attention_heads * mc.head_dim
+    kv = mc.num_key_value_heads * mc.head_dim
+    out = {}
+    for name, p in model.state_dict().items():
+        if "rotary_emb" in name:
+            continue
+        if ".qkv_proj." in name:
+            base, kind = name.split(".qkv_proj.")
+            for part, t in zip(("q_proj", "k_proj", "v_proj"), p.split([q, kv, kv], dim=0)):
+                out[f"{base}.{part}.{kind}"] = t
+        elif ".gate_up_proj." in name:
+            base, kind = name.split(".gate_up_proj.")
+            gate, up = p.chunk(2, dim=0)
+            out[f"{base}.gate_proj.{kind}"] = gate
+            out[f"{base}.up_proj.{kind}"] = up
+        else:
+            out[name] = p
+    return out

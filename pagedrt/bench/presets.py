@@ -1,0 +1,59 @@
+"""Model shapes from published config.json files, for benchmarks with random weights.
+
+No weights are downloaded: `random_model` builds the network from the shape and fills it with
+N(0, 0.02) (the usual initializer_range), which gives the same FLOPs and bytes as the real model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagedrt.config import ModelConfig
+
+PRESETS: dict[str, ModelConfig] = {
+    # Qwen/Qwen2-0.5B config.json
+    "qwen2-0.5b": ModelConfig(
+        architecture="Qwen2ForCausalLM", vocab_size=151936, hidden_size=896,
+        intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        max_position_embeddings=32768, tie_word_embeddings=True, attention_bias=True,
+        bos_token_id=151643, eos_token_ids=(151643,),
+    ),
+    # meta-llama/Meta-Llama-3-8B config.json
+    "llama3-8b": ModelConfig(
+        architecture="LlamaForCausalLM", vocab_size=128256, hidden_size=4096,
+        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
+        max_position_embeddings=8192, tie_word_embeddings=False, attention_bias=False,
+        bos_token_id=128000, eos_token_ids=(128001,),
+    ),
+    # HuggingFaceTB/SmolLM2-135M-Instruct config.json
+    "smollm2-135m": ModelConfig(
+        architecture="LlamaForCausalLM", vocab_size=49152, hidden_size=576,
+        intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0,
+        max_position_embeddings=8192, tie_word_embeddings=True, attention_bias=False,
+        bos_token_id=1, eos_token_ids=(2,),
+    ),
+}
+
+
+def get_preset(name: str) -> ModelConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    return PRESETS[name]
+
+
+def random_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int = 0):
+    """A LoadedModel with N(0, 0.02) weights (norm weights 1), no tokenizer."""
+    from pagedrt.models.loader import LoadedModel, build_model
+
+    model = build_model(config, dtype, device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    return LoadedModel(model.eval(), config, None, f"random:{config.architecture}")

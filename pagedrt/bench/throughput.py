@@ -1,0 +1,187 @@
+"""`pagedrt bench throughput`: offline throughput, with HF transformers in the same run.
+
+Workloads (random token ids, ignore_eos, so every request generates exactly its output length):
+  fixed     --num-requests N of --input-len in / --output-len out tokens
+  nanovllm  nano-vllm's bench.py workload: 256 requests, input and output lengths uniform in
+            [100, 1024], Python `random.seed(0)`, token ids in [0, 10000], temperature 0.6
+
+Reports output tok/s, total tok/s, requests/s; the mean step time split into schedule,
+prepare, forward, sample, update (a second pass with a device sync per phase); KV usage; and a
+roofline: floor = (bytes of weights read once per step + bytes of K/V read by decode
+attention) / measured read bandwidth + prefill FLOPs / measured bf16 matmul rate;
+efficiency = floor / measured time.
+
+--compare hf runs, on the same weights in the same process: HF `generate` (static batch,
+SDPA) and HF `generate_batch` (its continuous batching, attn_implementation "paged|sdpa").
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+import torch
+
+from pagedrt.bench.common import (
+    add_model_args, device_ceilings, free_llm, hf_model_like, load, make_llm, sync, write_results,
+)
+from pagedrt.sampling_params import SamplingParams
+
+
+def make_workload(args) -> tuple[list[list[int]], list[SamplingParams], str]:
+    if args.workload == "nanovllm":
+        random.seed(0)
+        n = 256
+        prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))]
+                   for _ in range(n)]
+        params = [SamplingParams(temperature=0.6, ignore_eos=True,
+                                 max_tokens=random.randint(100, 1024)) for _ in range(n)]
+        return prompts, params, "nanovllm"
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, 10000, (args.num_requests, args.input_len), generator=g).tolist()
+    params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=args.output_len)
+              for _ in prompts]
+    return prompts, params, f"{args.num_requests}x{args.input_len}x{args.output_len}"
+
+
+def roofline(loaded, prompts, params, num_steps: int, ceilings: dict, dtype) -> float:
+    """Floor time in seconds (see the module docstring)."""
+    mc = loaded.model_config
+    elem = torch.empty((), dtype=dtype).element_size()
+    weight_bytes = sum(p.numel() for p in loaded.model.parameters()) * elem
+    kv_per_token = 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * elem
+    kv_bytes = 0
+    prefill_flops = 0.0
+    n_params = sum(p.numel() for p in loaded.model.parameters())
+    for prompt, p in zip(prompts, params):
+        L, T = len(prompt), p.max_tokens
+        # decode step i reads the K/V of L + i tokens
+        kv_bytes += kv_per_token * (T * L + T * (T - 1) // 2)
+        attn = 4 * mc.num_hidden_layers * mc.num_attention_heads * mc.head_dim * L * L / 2
+        prefill_flops += 2 * n_params * L + attn
+    return ((num_steps * weight_bytes + kv_bytes) / ceilings["read_bytes_per_s"]
+            + prefill_flops / ceilings["matmul_flop_per_s"])
+
+
+def run_pagedrt(loaded, args, prompts, params, ceilings, name: str, workload: str) -> dict:
+    llm = make_llm(loaded, args)
+    engine = llm.llm_engine
+    llm.generate([prompts[0][:32]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    base_steps = engine.counters["num_steps"]
+    sync(engine.device)
+    t = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    sync(engine.device)
+    elapsed = time.perf_counter() - t
+    num_steps = engine.counters["num_steps"] - base_steps
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    n_in = sum(len(p) for p in prompts)
+    stats = llm.stats()
+    # second pass, synchronizing at each phase boundary, for the step-time split
+    engine.clock.enabled = True
+    engine.clock.reset()
+    steps0 = engine.counters["num_steps"]
+    llm.generate(prompts, params, use_tqdm=False)
+    engine.clock.enabled = False
+    steps = max(engine.counters["num_steps"] - steps0, 1)
+    split_ms = {k: 1e3 * v / steps for k, v in engine.clock.totals.items()}
+    floor = roofline(loaded, prompts, params, num_steps, ceilings, engine.dtype)
+    free_llm(llm)
+    return {
+        "system": "pagedrt", "workload": f"{name} {workload}", "num_requests": len(prompts),
+        "input_tokens": n_in, "output_tokens": n_out, "elapsed_s": elapsed,
+        "output_tok_s": n_out / elapsed, "total_tok_s": (n_in + n_out) / elapsed,
+        "requests_s": len(prompts) / elapsed, "num_steps": num_steps,
+        "ms_per_step": 1e3 * elapsed / num_steps, "step_split_ms": split_ms,
+        "kv_num_blocks": stats["num_blocks"], "kv_peak_used_blocks": stats["peak_used_blocks"],
+        "peak_batch_size": stats["peak_batch_size"], "num_preemptions": stats["num_preemptions"],
+        "roofline_floor_s": floor, "roofline_efficiency": floor / elapsed,
+        "cuda_graphs": not args.enforce_eager,
+    }
+
+
+def run_hf_generate(hf, prompts, params, batch_size: int, name: str, workload: str) -> dict:
+    """HF static batching: batches of equal-length prompts (the fixed workload)."""
+    device = hf.device
+    out_len = params[0].max_tokens
+    n_out = 0
+    t = time.perf_counter()
+    for i in range(0, len(prompts), batch_size):
+        ids = torch.tensor(prompts[i:i + batch_size], device=device)
+        gen = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=out_len,
+                          min_new_tokens=out_len, do_sample=False, pad_token_id=0)
+        n_out += (gen.shape[1] - ids.shape[1]) * ids.shape[0]
+    sync(device)
+    elapsed = time.perf_counter() - t
+    return {"system": "hf-generate", "workload": f"{name} {workload} batch{batch_size}",
+            "num_requests": len(prompts), "output_tokens": n_out, "elapsed_s": elapsed,
+            "output_tok_s": n_out / elapsed, "requests_s": len(prompts) / elapsed}
+
+
+def run_hf_generate_batch(hf, prompts, params, name: str, workload: str) -> dict:
+    from transformers import GenerationConfig
+
+    out_len = max(p.max_tokens for p in params)
+    gc = GenerationConfig(max_new_tokens=out_len, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)
+    try:
+        hf.set_attn_implementation("paged|sdpa")
+        t = time.perf_counter()
+        res = hf.generate_batch(inputs=prompts, generation_config=gc)
+        sync(hf.device)
+        elapsed = time.perf_counter() - t
+        n_out = sum(len(r.generated_tokens) for r in res.values())
+        row = {"output_tokens": n_out, "elapsed_s": elapsed, "output_tok_s": n_out / elapsed,
+               "requests_s": len(prompts) / elapsed}
+    except Exception as e:  # a peer failing must not lose our numbers; record why
+        row = {"error": f"{type(e).__name__}: {e}"[:500]}
+    finally:
+        try:
+            hf.set_attn_implementation("sdpa")
+        except Exception:
+            pass
+    return {"system": "hf-generate-batch", "workload": f"{name} {workload}",
+            "num_requests": len(prompts), **row}
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="pagedrt bench throughput", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p)
+    p.add_argument("--workload", default="fixed", choices=["fixed", "nanovllm"])
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--compare", default="", help="'hf' to run HF transformers peers")
+    p.add_argument("--hf-batch-sizes", default="256", help="comma list for HF generate")
+    p.add_argument("--name", default="throughput", help="JSON file name under --out")
+    args = p.parse_args(argv)
+    loaded, name = load(args)
+    device = next(loaded.model.parameters()).device
+    ceilings = device_ceilings(device)
+    prompts, params, workload = make_workload(args)
+    results = [run_pagedrt(loaded, args, prompts, params, ceilings, name, workload)]
+    if args.compare == "hf":
+        hf = hf_model_like(loaded, next(loaded.model.parameters()).dtype, device)
+        if args.workload == "fixed":
+            for bs in [int(b) for b in args.hf_batch_sizes.split(",") if b]:
+                n = min(len(prompts), bs)  # one static batch of bs requests
+                results.append(run_hf_generate(hf, prompts[:n], params[:n], bs, name, workload))
+        results.append(run_hf_generate_batch(hf, prompts, params, name, workload))
+        del hf
+    path = write_results(args.out, args.name, results, {"ceilings": ceilings})
+    print(f"\n{'system':<18} {'workload':<34} {'out tok/s':>10} {'vs HF gen':>9} {'eff':>6}")
+    hf_rate = next((r["output_tok_s"] for r in results if r["system"] == "hf-generate"
+                    and "output_tok_s" in r), None)
+    for r in results:
+        rate = r.get("output_tok_s")
+        ratio = f"{rate / hf_rate:.1f}x" if rate and hf_rate else "-"
+        eff = f"{r['roofline_efficiency']:.0%}" if "roofline_efficiency" in r else ""
+        shown = f"{rate:,.0f}" if rate else r.get("error", "?")[:40]
+        print(f"{r['system']:<18} {r['workload']:<34} {shown:>10} {ratio:>9} {eff:>6}")
+    r0 = results[0]
+    print(f"pagedrt step split (ms/step): {', '.join(f'{k} {v:.2f}' for k, v in r0['step_split_ms'].items())}"
+          f" | steps {r0['num_steps']} | KV blocks {r0['kv_peak_used_blocks']}/{r0['kv_num_blocks']}")
+    print(f"results: {path}")
+    return 0
