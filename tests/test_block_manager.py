@@ -90,6 +90,42 @@ def test_lru_eviction_order_and_unhash_on_reuse():
     kv.check_integrity()
 
 
+def test_free_blocks_are_used_before_cached_ones_are_evicted():
+    kv = KVCacheManager(num_blocks=4, block_size=BS)
+    a = make_request("a", list(range(6)))  # block 0 full (cached), block 1 partial
+    admit(kv, a)
+    kv.free(a)  # block 1 (uncached) and block 0 (cached) both return
+    assert kv.pool.evictable_block_ids() == [0]
+    b = make_request("b", [50 + i for i in range(12)])  # 3 blocks: the free 2, 3, 1 first
+    admit(kv, b)
+    assert kv.block_ids("b") == [2, 3, 1] and kv.pool.num_evictions == 0
+    assert kv.get_computed_blocks(make_request("c", list(range(5))))[1] == 4
+    kv.check_integrity()
+
+
+def test_duplicate_copies_of_a_block_stay_cached():
+    """Two requests computed the same full block before either was cached (the recomputed
+    last block of a full hit): evicting one copy keeps the prefix cached in the other."""
+    kv = KVCacheManager(num_blocks=6, block_size=BS)
+    a = make_request("a", list(range(8)))
+    admit(kv, a)
+    b = make_request("b", list(range(8)))  # hits block 0 only; computes its own second block
+    admit(kv, b)
+    (second_a, second_b) = (kv.block_ids("a")[1], kv.block_ids("b")[1])
+    assert second_a != second_b
+    assert len(kv.pool.cached_blocks[kv.pool.blocks[second_a].block_hash]) == 2
+    kv.free(a)
+    kv.free(b)
+    # 4 blocks: the 3 free ones first, then the least recently used cached one: a's copy
+    assert kv.pool.evictable_block_ids() == [second_a, second_b, 0]
+    c = make_request("c", [90 + i for i in range(16)])
+    admit(kv, c)
+    assert kv.pool.num_evictions == 1 and second_a in kv.block_ids("c")
+    d = make_request("d", list(range(9)))
+    assert kv.get_computed_blocks(d)[1] == 8  # both blocks still hit
+    kv.check_integrity()
+
+
 def test_hash_chain_depends_on_parent_and_extra_keys():
     h1 = hash_block_tokens(None, (1, 2, 3, 4))
     assert hash_block_tokens(h1, (5, 6, 7, 8)) != hash_block_tokens(None, (5, 6, 7, 8))
@@ -153,28 +189,105 @@ def test_pool_rejects_bad_size():
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
-    """Random allocate / append / fork / free / cache hit / evict sequences keep every invariant."""
+    """Random allocate / append / fork / free / swap / cache hit / evict sequences keep every
+    invariant. A shadow of the cache contents checks that every live request reads its own
+    KV: a prefix hit never returns another prefix's KV and a fork never sees its sibling's
+    writes. The KV of position p depends on every token up to p, so the shadow slot holds the
+    whole prefix tokens[:p + 1]; copy-on-write and swaps copy shadow blocks as the device
+    would."""
 
     def __init__(self):
         super().__init__()
         self.kv = KVCacheManager(num_blocks=12, block_size=BS, num_cpu_blocks=6)
         self.live: dict[str, Request] = {}
         self.swapped: dict[str, Request] = {}
+        self.history: list[list[int]] = []  # prompts seen so far, for cache-hit rules
+        self.slots: dict[int, list] = {}  # device block id -> per slot, the prefix it encodes
+        self.cpu_slots: dict[int, list] = {}
+        self.kv_of_hash: dict[bytes, tuple] = {}
         self.counter = 0
+        self.unique = 1000  # token ids that no other prompt uses
 
     def _new_id(self) -> str:
         self.counter += 1
         return f"r{self.counter}"
 
+    # ----------------------------------------------------------------- shadow device
+    def _apply_pending(self) -> None:
+        pending = self.kv.take_pending_copies()
+        for g, c in pending.swap_out:
+            self.cpu_slots[c] = list(self.slots.get(g, [None] * BS))
+        for src, dst in pending.copy:
+            self.slots[dst] = list(self.slots.get(src, [None] * BS))
+        for c, g in pending.swap_in:
+            self.slots[g] = list(self.cpu_slots[c])
+
+    def _write(self, req: Request, start: int, end: int) -> None:
+        """The forward of tokens [start, end) of `req`: each token lands in its slot."""
+        self._apply_pending()
+        ids = self.kv.block_ids(req.request_id)
+        tokens = req.all_token_ids
+        for pos in range(start, end):
+            block = self.slots.setdefault(ids[pos // BS], [None] * BS)
+            block[pos % BS] = tuple(tokens[: pos + 1])
+
+    def _admit(self, tokens: list[int]) -> tuple[Request | None, int]:
+        req = make_request(self._new_id(), tokens)
+        hits, n_hit = self.kv.get_computed_blocks(req)
+        new = self.kv.allocate_slots(req, req.num_tokens - n_hit, hits)
+        if new is None:
+            assert req.request_id not in self.kv.req_to_blocks
+            assert req.num_computed_tokens == 0
+            return None, n_hit
+        assert req.num_computed_tokens == n_hit
+        self._write(req, n_hit, req.num_tokens)
+        req.num_computed_tokens = req.num_tokens
+        self.live[req.request_id] = req
+        self.history.append(tokens)
+        return req, n_hit
+
+    # ----------------------------------------------------------------- rules
     @rule(prefix=st.sampled_from([[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8]]),
           tail=st.lists(st.integers(0, 3), min_size=1, max_size=9))
     def allocate(self, prefix, tail):
-        req = make_request(self._new_id(), prefix + tail)
-        new, _ = admit(self.kv, req)
-        if new is not None:
-            self.live[req.request_id] = req
-        else:
-            assert req.request_id not in self.kv.req_to_blocks
+        self._admit(prefix + tail)
+
+    @precondition(lambda self: self.history)
+    @rule(data=st.data(), extra=st.lists(st.integers(0, 3), max_size=5))
+    def cache_hit(self, data, extra):
+        """Re-send an earlier prompt (maybe extended): while a live request still holds that
+        prompt, all its full blocks but the one with the last token must hit."""
+        old = data.draw(st.sampled_from(self.history))
+        tokens = old + extra
+        holder = next((r for r in self.live.values()
+                       if r.all_token_ids[: len(old)] == old
+                       and r.num_computed_tokens >= len(old)), None)
+        _req, n_hit = self._admit(tokens)
+        if holder is not None:
+            expected = min(len(old) // BS, (len(tokens) - 1) // BS) * BS
+            assert n_hit >= expected, f"hit {n_hit} tokens of {tokens}, expected >= {expected}"
+
+    @rule(num_blocks=st.integers(1, 12))
+    def evict(self, num_blocks):
+        """A prompt of fresh tokens needing `num_blocks` blocks: when that exceeds the free
+        (uncached) blocks, cached ones are evicted, least recently used first, and un-hashed."""
+        pool = self.kv.pool
+        evictable_before = pool.evictable_block_ids()  # LRU first
+        num_uncached = pool.num_free_blocks - len(evictable_before)
+        evictions_before = pool.num_evictions
+        tokens = list(range(self.unique, self.unique + num_blocks * BS))
+        self.unique += num_blocks * BS
+        req, _ = self._admit(tokens)
+        if req is None:
+            assert num_blocks > len(evictable_before) + num_uncached
+            return
+        num_evicted = max(0, num_blocks - num_uncached)  # free blocks go first
+        assert pool.num_evictions - evictions_before == num_evicted
+        reused = set(self.kv.block_ids(req.request_id))
+        for i in evictable_before[:num_evicted]:
+            assert i in reused, f"block {i} should have been evicted first"
+        for i in evictable_before[num_evicted:]:
+            assert pool.blocks[i].block_hash is not None, f"block {i} evicted out of LRU order"
 
     @precondition(lambda self: self.live)
     @rule(data=st.data(), token=st.integers(0, 3))
@@ -182,10 +295,11 @@ class BlockManagerMachine(RuleBasedStateMachine):
         req = data.draw(st.sampled_from(sorted(self.live.values(), key=lambda r: r.request_id)))
         req.output_token_ids.append(token)
         if self.kv.allocate_slots(req, 1) is not None:
+            self._write(req, req.num_computed_tokens, req.num_computed_tokens + 1)
             req.num_computed_tokens += 1
         else:
             req.output_token_ids.pop()
-        self.kv.take_pending_copies()
+            assert not self.kv.pending.copy
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -208,7 +322,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(sorted(self.live)))
         if self.kv.swap_out(self.live[rid]):
             self.swapped[rid] = self.live.pop(rid)
-        self.kv.take_pending_copies()
+        self._apply_pending()
 
     @precondition(lambda self: self.swapped)
     @rule(data=st.data())
@@ -218,8 +332,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if self.kv.can_swap_in(req, 1):
             self.kv.swap_in(req)
             self.live[rid] = self.swapped.pop(rid)
-        self.kv.take_pending_copies()
+        self._apply_pending()
 
+    # ----------------------------------------------------------------- invariants
     @invariant()
     def integrity(self):
         self.kv.check_integrity()
@@ -227,15 +342,43 @@ class BlockManagerMachine(RuleBasedStateMachine):
             assert len(self.kv.req_to_blocks[req.request_id]) >= self.kv.blocks_for(
                 req.num_computed_tokens)
 
+    @invariant()
+    def every_request_reads_its_own_tokens(self):
+        for req in self.live.values():
+            ids = self.kv.block_ids(req.request_id)
+            tokens = req.all_token_ids
+            for p in range(req.num_computed_tokens):
+                seen = self.slots.get(ids[p // BS], [None] * BS)[p % BS]
+                assert seen == tuple(tokens[: p + 1]), (
+                    f"{req.request_id} position {p} reads the KV of {seen}, its tokens are "
+                    f"{tokens}")
+
+    @invariant()
+    def cached_blocks_hold_their_tokens(self):
+        """A hashed block's slots hold the KV of the prefix its chained hash was computed from."""
+        for req in self.live.values():  # record hash -> block tokens while requests are live
+            parent = None
+            tokens = req.all_token_ids
+            for i in range(req.num_computed_tokens // BS):
+                block_tokens = tuple(tokens[i * BS:(i + 1) * BS])
+                parent = hash_block_tokens(parent, block_tokens)
+                self.kv_of_hash[parent] = tuple(
+                    tuple(tokens[: j + 1]) for j in range(i * BS, (i + 1) * BS))
+        for block_hash, holders in self.kv.pool.cached_blocks.items():
+            for block in holders.values():
+                content = tuple(self.slots.get(block.block_id, ()))
+                assert content == self.kv_of_hash[block_hash], (
+                    f"{block} holds {content}, its hash is of {self.kv_of_hash[block_hash]}")
+
     def teardown(self):
         for req in list(self.live.values()) + list(self.swapped.values()):
             self.kv.free(req)
         self.kv.check_integrity()
         pool = self.kv.pool
         assert all(b.ref_cnt == 0 for b in pool.blocks), "a block is still in use after teardown"
-        assert pool.num_free_blocks == pool.num_blocks
+        assert pool.num_free_blocks == pool.num_blocks  # every block free or cached-evictable
         assert self.kv.num_free_cpu_blocks == self.kv.num_cpu_blocks
 
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
-TestBlockManagerMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+TestBlockManagerMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)

@@ -15,6 +15,7 @@ import torch
 from pagedrt.config import EngineConfig
 from pagedrt.engine.detokenizer import IncrementalDetokenizer
 from pagedrt.engine.model_runner import ModelRunner
+from pagedrt.engine.profiling import StepClock
 from pagedrt.engine.request import Request, RequestStatus
 from pagedrt.engine.sampler import Sampler, SamplingRow
 from pagedrt.engine.scheduler import Scheduler
@@ -92,6 +93,8 @@ class LLMEngine:
         if not self.eos_token_ids and self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids = (self.tokenizer.eos_token_id,)
         self.requests: dict[str, Request] = {}  # request_id -> first sequence of the group
+        self.last_scheduler_output = None  # the plan of the latest step (tests inspect it)
+        self.clock = StepClock(self.device)
         self.counters = {"num_steps": 0, "num_prompt_tokens": 0, "num_generated_tokens": 0,
                          "num_finished_requests": 0, "busy_time_s": 0.0}
 
@@ -187,26 +190,36 @@ class LLMEngine:
 
     # ----------------------------------------------------------------- the step
     def step(self) -> list[RequestOutput]:
-        """One iteration; returns an output for every request that advanced."""
-        t0 = time.perf_counter()
-        sched = self.scheduler.schedule()
+        """One iteration: schedule -> execute -> sample -> update. Returns an output for every
+        streamed request that advanced and every request that finished."""
+        clock = self.clock.start()
+        sched = self.last_scheduler_output = self.scheduler.schedule()
         if not sched:
             return []
-        logits, sampled = self.model_runner.execute(sched)
-        num_decode_tokens = 0
-        for req, num_new in zip(sched.requests, sched.num_new_tokens):
-            if num_new == 1 and req.num_output_tokens and req.num_computed_tokens == req.num_tokens - 1:
-                num_decode_tokens += 1
-            req.num_computed_tokens += num_new
+        clock.mark("schedule")
+        logits, sampled = self.model_runner.execute(sched, clock)
+        num_prompt_tokens = self._advance(sched)
         logits, sampled = self._fork_groups(logits, sampled)
         rows = [SamplingRow(r.params, r.generator, r.prompt_token_ids, r.output_token_ids,
                             r.eos_token_ids) for r in sampled]
         result = self.sampler(logits, rows, self.generator) if sampled else None
+        clock.mark("sample")
         outputs = self._update(sampled, result)
+        clock.mark("update")
         self.counters["num_steps"] += 1
-        self.counters["num_prompt_tokens"] += sched.total_num_tokens - num_decode_tokens
-        self.counters["busy_time_s"] += time.perf_counter() - t0
+        self.counters["num_prompt_tokens"] += num_prompt_tokens
+        self.counters["busy_time_s"] += clock.total()
         return outputs
+
+    def _advance(self, sched) -> int:
+        """Count the scheduled tokens as computed; returns how many were prompt (prefill)
+        tokens rather than decodes of the last sampled token."""
+        num_decode = 0
+        for req, num_new in zip(sched.requests, sched.num_new_tokens):
+            if num_new == 1 and req.num_output_tokens and req.num_computed_tokens == req.num_tokens - 1:
+                num_decode += 1
+            req.num_computed_tokens += num_new
+        return sched.total_num_tokens - num_decode
 
     def _fork_groups(self, logits: torch.Tensor, sampled: list[Request]):
         """A request with n > 1 whose prefill just completed becomes n sequences sharing its

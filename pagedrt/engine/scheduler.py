@@ -3,9 +3,11 @@
 Every request follows one rule: `num_computed_tokens` catches up with `num_tokens`. A step
 gives each scheduled request at least one new token, within `max_num_batched_tokens` in all:
 
-  1. running requests first, most important first (decodes and unfinished prefill chunks);
-     when the KV cache is out of blocks, the least important running request is preempted
-     (recompute: drop its blocks, re-prefill later; swap: move its blocks to the CPU pool);
+  1. running requests first: the token budget goes to decodes (one token each), then to
+     unfinished prefill chunks, most important first within each kind; blocks are allocated
+     most important first, and when the KV cache is out of blocks the least important
+     running request is preempted (recompute: drop its blocks, re-prefill later; swap: move
+     its blocks to the CPU pool, falling back to recompute when that pool is full);
   2. then swapped-out requests, brought back when their blocks fit;
   3. then waiting requests, with their prefix-cache hits, as long as blocks and
      `max_num_seqs` allow. A prompt longer than the remaining budget is chunked.
@@ -80,14 +82,19 @@ class Scheduler:
     # ----------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.config.max_num_batched_tokens
+        max_tokens = self.config.max_num_batched_tokens
 
-        # 1. running requests, most important first
+        # 1. running requests. The token budget goes to decodes first (one token each), then to
+        #    unfinished prefill chunks, most important first within each kind; blocks are then
+        #    allocated most important first, preempting from the least important end.
+        planned = self._plan_running(max_tokens)
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running):
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            assert num_new >= 1, f"{req} is running with nothing to compute"
+            num_new = planned.get(req.request_id, 0)
+            if num_new == 0:
+                i += 1
+                continue
             while self.kv.allocate_slots(req, num_new) is None:
                 # the least important running request sits last; it is never one already
                 # scheduled this step, since those come before index i
@@ -98,10 +105,10 @@ class Scheduler:
             else:
                 out.requests.append(req)
                 out.num_new_tokens.append(num_new)
-                budget -= num_new
                 i += 1
                 continue
             # req itself was preempted; the list shifted, i already points to the next one
+        budget = max_tokens - out.total_num_tokens
 
         # 2. swapped requests, then 3. waiting ones, only if nobody was preempted this step
         if not out.preempted:
@@ -112,7 +119,8 @@ class Scheduler:
                     break
                 self.swapped.pop(0)
                 self.kv.swap_in(req)
-                assert self.kv.allocate_slots(req, num_new) is not None
+                assert self.kv.allocate_slots(req, num_new) is not None, (
+                    f"{req}: {num_new} tokens do not fit after swap-in")
                 self._start(req, num_new, out)
                 budget -= num_new
             while (self.waiting and not self.swapped and budget > 0
@@ -124,11 +132,14 @@ class Scheduler:
                 if self.kv.allocate_slots(req, num_new, hits) is None:
                     break
                 self.waiting.pop(0)
-                req.num_cached_tokens = num_hit_tokens
+                if req.num_preemptions == 0:
+                    req.num_cached_tokens = num_hit_tokens
                 self._start(req, num_new, out)
                 budget -= num_new
 
-        out.copies = self.kv.take_pending_copies()
+        # copies queued by preemptions of a step that runs nothing wait for the next forward
+        if out.requests:
+            out.copies = self.kv.take_pending_copies()
         if any(r.num_computed_tokens + n < r.num_tokens
                for r, n in zip(out.requests, out.num_new_tokens)):
             self.num_chunked_prefill_steps += 1
@@ -136,6 +147,20 @@ class Scheduler:
         used = self.kv.num_blocks - self.kv.num_free_blocks
         self.peak_num_used_blocks = max(self.peak_num_used_blocks, used)
         return out
+
+    def _plan_running(self, budget: int) -> dict[str, int]:
+        """New tokens per running request (by id): decodes first, then prefill chunks."""
+        planned: dict[str, int] = {}
+        for decodes_pass in (True, False):
+            for req in self.running:
+                if budget == 0:
+                    return planned
+                remaining = req.num_tokens - req.num_computed_tokens
+                assert remaining >= 1, f"{req} is running with nothing to compute"
+                if (remaining == 1) == decodes_pass:
+                    planned[req.request_id] = min(remaining, budget)
+                    budget -= planned[req.request_id]
+        return planned
 
     def _start(self, req: Request, num_new: int, out: SchedulerOutput) -> None:
         req.status = RequestStatus.RUNNING

@@ -1,19 +1,25 @@
-"""BlockPool: the KV blocks, their reference counts, the free queue and the prefix cache.
+"""BlockPool: the KV blocks, their reference counts, the free queues and the prefix cache.
 
 Every block is in exactly one state:
 
     free        ref_cnt == 0, block_hash is None      in the free queue
-    evictable   ref_cnt == 0, block_hash is not None  in the free queue AND in the hash map
+    evictable   ref_cnt == 0, block_hash is not None  in the evictable queue AND the hash map
     in use      ref_cnt >= 1                          in neither queue (maybe in the hash map)
 
-The free queue is one LRU list for both free and evictable blocks: `get_new_blocks` pops from
-its head, and a popped evictable block is un-hashed there (that is the eviction). Blocks freed
-by a request are appended at the tail, so the least recently used cached block is evicted first.
-A cache hit on an evictable block takes it out of the queue (`touch`).
+`get_new_blocks` hands out free blocks first (oldest first) and only then evicts cached ones,
+least recently used first; an evicted block is un-hashed there. Why two queues rather than
+one LRU list of both kinds: with one list, a cached block near its head is evicted while
+never-cached blocks wait behind it (the partial last block of a finished request, say), which
+throws away reusable KV for nothing. A request's blocks are freed tail first, so a prefix's
+deepest blocks are evicted before its shared roots. A cache hit on an evictable block takes it
+out of its queue (`touch`).
 
 Block hash: sha256 over (parent hash, the block's token ids, extra keys), so the hash of a
 block identifies the whole prefix up to and including it. sha256 is collision-resistant, so a
 hit never returns a block holding other tokens (the same choice as vLLM's `sha256` option).
+Several blocks may hold the same hash (two requests computed the same prefix before either was
+cached, or the recomputed last block of a full hit); each stays hashed, so evicting one copy
+keeps the prefix cached in the other.
 """
 
 from __future__ import annotations
@@ -54,37 +60,43 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        # block_id -> None, ordered from least to most recently freed (LRU at the head)
+        # block_id -> None, oldest first: uncached free blocks, and cached ones (LRU at the head)
         self._free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self.cached_blocks: dict[bytes, KVBlock] = {}
+        self._evictable_queue: OrderedDict[int, None] = OrderedDict()
+        # hash -> the blocks holding it (block_id -> block), first cached first
+        self.cached_blocks: dict[bytes, dict[int, KVBlock]] = {}
         self.num_evictions = 0
 
     # ----------------------------------------------------------------- queries
     @property
     def num_free_blocks(self) -> int:
         """Blocks that can be handed out now: free plus cached-evictable."""
-        return len(self._free_queue)
+        return len(self._free_queue) + len(self._evictable_queue)
 
     @property
     def num_evictable_blocks(self) -> int:
-        return sum(1 for i in self._free_queue if self.blocks[i].block_hash is not None)
+        return len(self._evictable_queue)
+
+    def evictable_block_ids(self) -> list[int]:
+        """Cached blocks with ref count 0, in eviction order (least recently used first)."""
+        return list(self._evictable_queue)
 
     def get_cached_block(self, block_hash: bytes) -> KVBlock | None:
-        return self.cached_blocks.get(block_hash)
+        holders = self.cached_blocks.get(block_hash)
+        return next(iter(holders.values())) if holders else None
 
     # ----------------------------------------------------------------- changes
     def get_new_blocks(self, num_blocks: int) -> list[KVBlock] | None:
-        """Take `num_blocks` blocks off the free queue (evicting cached ones), ref_cnt 1 each.
-
-        Returns None, changing nothing, when fewer than `num_blocks` are available.
-        """
-        if num_blocks > len(self._free_queue):
+        """Take `num_blocks` blocks, free ones first, then evicting cached ones (LRU first);
+        each gets ref_cnt 1. Returns None, changing nothing, when fewer are available."""
+        if num_blocks > self.num_free_blocks:
             return None
         out = []
         for _ in range(num_blocks):
-            block_id, _ = self._free_queue.popitem(last=False)
+            queue = self._free_queue if self._free_queue else self._evictable_queue
+            block_id, _ = queue.popitem(last=False)
             block = self.blocks[block_id]
-            assert block.ref_cnt == 0, f"block {block_id} in the free queue has ref {block.ref_cnt}"
+            assert block.ref_cnt == 0, f"block {block_id} in a free queue has ref {block.ref_cnt}"
             if block.block_hash is not None:
                 self._evict(block)
             block.ref_cnt = 1
@@ -92,14 +104,15 @@ class BlockPool:
         return out
 
     def touch(self, blocks: list[KVBlock]) -> None:
-        """Take a reference on cache-hit blocks (removing evictable ones from the free queue)."""
+        """Take a reference on cache-hit blocks (removing evictable ones from their queue)."""
         for block in blocks:
             if block.ref_cnt == 0:
-                del self._free_queue[block.block_id]
+                del self._evictable_queue[block.block_id]
             block.ref_cnt += 1
 
     def free_blocks(self, blocks: list[KVBlock]) -> None:
-        """Drop one reference from each block; blocks reaching 0 join the free queue's tail.
+        """Drop one reference from each block; blocks reaching 0 join the tail of the free
+        queue (uncached) or of the evictable queue (cached).
 
         Pass a request's blocks in reverse order so that its tail blocks are evicted first.
         """
@@ -107,21 +120,23 @@ class BlockPool:
             assert block.ref_cnt > 0, f"double free of block {block.block_id}"
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self._free_queue[block.block_id] = None
+                queue = self._free_queue if block.block_hash is None else self._evictable_queue
+                queue[block.block_id] = None
 
     def cache_block(self, block: KVBlock, block_hash: bytes) -> None:
         """Register a full, in-use block under `block_hash` (no-op if caching is off or the
-        hash is already held by another block: the first copy stays canonical)."""
+        block is already hashed)."""
+        assert block.ref_cnt > 0, f"caching {block}, which is not in use"
         if not self.enable_caching or block.block_hash is not None:
             return
-        if block_hash in self.cached_blocks:
-            return
         block.block_hash = block_hash
-        self.cached_blocks[block_hash] = block
+        self.cached_blocks.setdefault(block_hash, {})[block.block_id] = block
 
     def _evict(self, block: KVBlock) -> None:
         assert block.block_hash is not None
-        if self.cached_blocks.get(block.block_hash) is block:
+        holders = self.cached_blocks[block.block_hash]
+        del holders[block.block_id]
+        if not holders:
             del self.cached_blocks[block.block_hash]
         block.block_hash = None
         self.num_evictions += 1
@@ -130,21 +145,28 @@ class BlockPool:
         """Un-hash every evictable block. Returns False (changing nothing) if any block is in use."""
         if any(b.ref_cnt for b in self.blocks):
             return False
-        for block in self.blocks:
-            if block.block_hash is not None:
-                self._evict(block)
+        for block_id in list(self._evictable_queue):
+            self._evict(self.blocks[block_id])
+            self._free_queue[block_id] = None
+        self._evictable_queue.clear()
         return True
 
     def check_integrity(self) -> None:
         """Assert the pool's own invariants (see the module docstring)."""
-        queued = set(self._free_queue)
-        assert len(queued) == len(self._free_queue)
+        free, evictable = set(self._free_queue), set(self._evictable_queue)
+        assert not free & evictable, f"blocks {sorted(free & evictable)} are in both queues"
         for block in self.blocks:
             if block.ref_cnt == 0:
-                assert block.block_id in queued, f"{block} has ref 0 but is not in the free queue"
+                queue = free if block.block_hash is None else evictable
+                assert block.block_id in queue, f"{block} has ref 0 but is not in its queue"
             else:
-                assert block.ref_cnt > 0 and block.block_id not in queued, f"{block} is queued"
+                assert block.ref_cnt > 0, f"{block} has a negative ref count"
+                assert block.block_id not in free | evictable, f"{block} is in use but queued"
             if block.block_hash is not None:
-                assert self.cached_blocks.get(block.block_hash) is block, f"{block} not mapped"
-        for block_hash, block in self.cached_blocks.items():
-            assert block.block_hash == block_hash, f"hash map points at {block} with another hash"
+                holders = self.cached_blocks.get(block.block_hash, {})
+                assert holders.get(block.block_id) is block, f"{block} is not in the hash map"
+        for block_hash, holders in self.cached_blocks.items():
+            assert holders, "an empty entry in the hash map"
+            for block_id, block in holders.items():
+                assert block.block_id == block_id and block.block_hash == block_hash, (
+                    f"hash map points at {block} with another hash")

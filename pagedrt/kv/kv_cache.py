@@ -80,18 +80,19 @@ class KVCache:
         return list(zip(self.k_caches, self.v_caches))
 
     def apply(self, pending: PendingCopies) -> None:
-        """Swap-outs first (their device blocks may be reused this step), then swap-ins, then
-        copy-on-write copies."""
+        """Perform queued block copies: swap-outs first (their device blocks may be handed out
+        again this step), then copy-on-write copies (a copy's source may be a block freed this
+        step and reused as a swap-in destination), then swap-ins."""
         if pending.swap_out:
             src = torch.tensor([s for s, _ in pending.swap_out], device=self.device)
             dst = torch.tensor([d for _, d in pending.swap_out])
             for dev, cpu in zip(self.k_caches + self.v_caches, self.cpu_k + self.cpu_v):
                 cpu[dst] = dev[src].to("cpu")
+        if pending.copy:
+            mapping = torch.tensor(pending.copy, dtype=torch.int64, device=self.device)
+            copy_blocks(self.k_caches, self.v_caches, mapping, self.backend)
         if pending.swap_in:
             src = torch.tensor([s for s, _ in pending.swap_in])
             dst = torch.tensor([d for _, d in pending.swap_in], device=self.device)
             for dev, cpu in zip(self.k_caches + self.v_caches, self.cpu_k + self.cpu_v):
                 dev[dst] = cpu[src].to(self.device, non_blocking=True)
-        if pending.copy:
-            mapping = torch.tensor(pending.copy, dtype=torch.int64, device=self.device)
-            copy_blocks(self.k_caches, self.v_caches, mapping, self.backend)

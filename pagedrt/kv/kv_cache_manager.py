@@ -191,6 +191,10 @@ class KVCacheManager:
         self._block_hashes.pop(request.request_id, None)
         self._num_cached_blocks.pop(request.request_id, None)
         cpu_blocks = self.req_to_cpu_blocks.pop(request.request_id, [])
+        if cpu_blocks and self.pending.swap_out:
+            # a swap-out not yet performed must not land on CPU blocks handed out again
+            dropped = set(cpu_blocks)
+            self.pending.swap_out = [(g, c) for g, c in self.pending.swap_out if c not in dropped]
         self._free_cpu_blocks.extend(reversed(cpu_blocks))
 
     # ----------------------------------------------------------------- swapping

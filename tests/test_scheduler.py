@@ -1,0 +1,266 @@
+"""The scheduler under memory pressure: preemption by recompute and swap, chunked prefill,
+priorities, rejection of requests that can never fit.
+
+Everything runs on a tiny random-weight Llama (tests/tiny_model.py), greedy in fp32: outputs
+must equal a run with ample memory and no chunking, token for token.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+import torch
+from tiny_model import build_tiny_llama
+
+from pagedrt import LLM, SamplingParams
+from pagedrt.engine.scheduler import SchedulerOutput
+from pagedrt.kv.kv_cache import kv_bytes_per_block
+
+VOCAB = 384
+
+
+def greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+def tokens_of(outs) -> list[list[int]]:
+    return [[c.token_ids for c in o.outputs] for o in outs]
+
+
+def assert_clean(llm: LLM) -> None:
+    """After a scenario: no request lost or left behind, every block free or cached-evictable,
+    the CPU swap pool empty, and every block-manager invariant holds."""
+    engine = llm.llm_engine
+    engine.check_integrity()
+    sch = engine.scheduler
+    assert not (sch.waiting or sch.running or sch.swapped or engine.requests)
+    kv = engine.kv_manager
+    assert all(b.ref_cnt == 0 for b in kv.pool.blocks), "a block is still in use"
+    assert kv.num_free_blocks == kv.num_blocks
+    assert kv.num_free_cpu_blocks == kv.num_cpu_blocks and not kv.req_to_cpu_blocks
+
+
+def run_all(engine) -> dict[str, list[int]]:
+    """Step until every request is done; request id -> tokens of its first sample."""
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+    return done
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return build_tiny_llama(seed=0)
+
+
+@pytest.fixture
+def tiny(tiny_model):
+    """The tiny model, run on one thread (its matmuls are too small to split)."""
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield tiny_model
+    torch.set_num_threads(num_threads)
+
+
+def swap_bytes(tiny, num_blocks: int, block_size: int) -> int:
+    return num_blocks * kv_bytes_per_block(tiny.model_config, block_size, torch.float32)
+
+
+# --------------------------------------------------------------------------- many requests
+def _workload(seed: int):
+    """48 requests: random prompts, prompts sharing a system prefix, and identical prompts."""
+    rng = random.Random(seed)
+    system = [rng.randrange(VOCAB) for _ in range(40)]
+    prompts, params = [], []
+    for i in range(48):
+        if i % 3 == 0:
+            prompt = system + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 12))]
+        elif i % 3 == 1:
+            prompt = list(system[:33])  # identical prompts: full cache hits
+        else:
+            prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(3, 60))]
+        prompts.append(prompt)
+        params.append(greedy(rng.randint(8, 40)))
+    return prompts, params
+
+
+@pytest.fixture(scope="module")
+def workload(tiny_model):
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    prompts, params = _workload(seed=0)
+    ample = LLM(tiny_model, num_kv_blocks=1024, block_size=8, enable_prefix_caching=False)
+    expected = tokens_of(ample.generate(prompts, params, use_tqdm=False))
+    assert_clean(ample)
+    longest = max(len(p) + q.max_tokens for p, q in zip(prompts, params))
+    torch.set_num_threads(num_threads)
+    return prompts, params, expected, 3 * -(-longest // 8)
+
+
+@pytest.mark.parametrize("prefix_caching", [True, False], ids=["cache", "nocache"])
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_many_requests_in_a_small_cache(tiny, workload, mode, prefix_caching):
+    """48 requests in a cache of 3x the blocks of the longest one: all complete, with the same
+    tokens as with ample memory, after preemptions."""
+    prompts, params, expected, num_blocks = workload
+    llm = LLM(tiny, num_kv_blocks=num_blocks, block_size=8, max_num_batched_tokens=64,
+              enable_prefix_caching=prefix_caching, preemption_mode=mode,
+              swap_space_bytes=swap_bytes(tiny, 64, 8))
+    assert tokens_of(llm.generate(prompts, params, use_tqdm=False)) == expected
+    s = llm.stats()
+    assert s[f"num_preemptions_{mode}"] > 0, s
+    assert s["num_finished_requests"] == len(prompts)
+    if mode == "swap":
+        assert s["num_swapped_out_blocks"] == s["num_swapped_in_blocks"] > 0
+    if prefix_caching:
+        assert s["prefix_cache_hits"] > 0
+    assert_clean(llm)
+
+
+def test_swap_falls_back_to_recompute_when_the_cpu_pool_is_full(tiny, workload):
+    prompts, params, expected, num_blocks = workload
+    llm = LLM(tiny, num_kv_blocks=num_blocks, block_size=8, max_num_batched_tokens=64,
+              preemption_mode="swap", swap_space_bytes=swap_bytes(tiny, 4, 8))
+    assert tokens_of(llm.generate(prompts, params, use_tqdm=False)) == expected
+    s = llm.stats()
+    assert s["num_preemptions_swap"] > 0 and s["num_preemptions_recompute"] > 0, s
+    assert_clean(llm)
+
+
+def test_n_samples_and_priorities_under_pressure(tiny):
+    """Forked samples (greedy and seeded) and priorities, preempted by recompute and swap:
+    the same samples as with ample memory."""
+    rng = random.Random(5)
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(5, 30))] for _ in range(12)]
+    params = [SamplingParams(n=3, temperature=0.8, seed=i, max_tokens=20, ignore_eos=True)
+              if i % 2 else greedy(20, n=2) for i in range(12)]
+    priority = [rng.randint(0, 2) for _ in prompts]
+    expected = tokens_of(LLM(tiny, num_kv_blocks=512, block_size=8)
+                         .generate(prompts, params, use_tqdm=False))
+    for mode in ("recompute", "swap"):
+        llm = LLM(tiny, num_kv_blocks=24, block_size=8, max_num_batched_tokens=32,
+                  preemption_mode=mode, swap_space_bytes=swap_bytes(tiny, 16, 8))
+        outs = llm.generate(prompts, params, use_tqdm=False, priority=priority)
+        assert tokens_of(outs) == expected
+        assert llm.stats()[f"num_preemptions_{mode}"] > 0
+        assert_clean(llm)
+
+
+# --------------------------------------------------------------------------- forced preemption
+def force_preempt(engine, request) -> None:
+    """Preempt a running request between steps through the scheduler's own path."""
+    assert request in engine.scheduler.running, request
+    engine.scheduler._preempt(request, SchedulerOutput())
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+@pytest.mark.parametrize("preempt_at", [[90], [60, 140]], ids=["once", "twice"])
+def test_long_generation_preempted_mid_way(tiny, mode, preempt_at):
+    """A 3-token prompt generating 200 tokens, preempted mid-way: identical output (so no
+    repeated or lost span), finished by max_tokens."""
+    prompt = [5, 17, 250]
+    reference = LLM(tiny, num_kv_blocks=64).generate([prompt], greedy(200), use_tqdm=False)
+    expected = reference[0].outputs[0].token_ids
+    assert len(expected) == 200 and len(set(expected)) > 20, "a degenerate reference"
+
+    llm = LLM(tiny, num_kv_blocks=64, preemption_mode=mode,
+              swap_space_bytes=swap_bytes(tiny, 16, 16))
+    engine = llm.llm_engine
+    req = engine.add_request("long", prompt, greedy(200))
+    out = None
+    while engine.has_unfinished_requests():
+        if req.num_output_tokens in preempt_at and req in engine.scheduler.running:
+            force_preempt(engine, req)
+            assert req.status.value == ("swapped" if mode == "swap" else "waiting")
+        for o in engine.step():
+            out = o
+    assert out.finished and out.outputs[0].finish_reason == "length"
+    assert out.outputs[0].token_ids == expected
+    assert req.num_preemptions == len(preempt_at)
+    s = llm.stats()
+    assert s[f"num_preemptions_{mode}"] == len(preempt_at) == s["num_preemptions"]
+    if mode == "swap":
+        assert s["num_swapped_out_blocks"] == s["num_swapped_in_blocks"] > 0
+    else:
+        # the recomputed prefix came back from the prefix cache
+        assert s["prefix_cache_hits"] >= 16 * (preempt_at[0] // 16)
+    assert_clean(llm)
+
+
+def test_preemption_takes_the_lowest_priority_and_logs_why(tiny, caplog):
+    """Under pressure the request with the highest priority value is preempted, whatever
+    its arrival order; a log line gives the mode and the reason."""
+    llm = LLM(tiny, num_kv_blocks=12, block_size=8)
+    engine = llm.llm_engine
+    low = engine.add_request("low", list(range(30)), greedy(40), priority=1)
+    high = engine.add_request("high", list(range(100, 130)), greedy(40), priority=0)
+    with caplog.at_level(logging.INFO, logger="pagedrt.scheduler"):
+        run_all(engine)
+    assert low.num_preemptions > 0 and high.num_preemptions == 0
+    assert any("preempted low by recompute: no free KV block" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert_clean(llm)
+
+
+def test_request_that_can_never_fit_is_rejected_at_submission(tiny):
+    llm = LLM(tiny, num_kv_blocks=8, block_size=8)
+    engine = llm.llm_engine
+    with pytest.raises(ValueError, match="needs 9 KV blocks but the whole cache has 8 blocks"):
+        engine.add_request("big", list(range(40)), greedy(30))
+    assert not engine.has_unfinished_requests() and not engine.requests
+    # the largest request that fits runs to the end
+    assert len(llm.generate([list(range(40))], greedy(24), use_tqdm=False)[0]
+               .outputs[0].token_ids) == 24
+    assert_clean(llm)
+
+
+# --------------------------------------------------------------------------- chunked prefill
+@pytest.mark.parametrize("chunk", [1, 8, 9], ids=["C=1", "C=bs", "C=bs+1"])
+def test_chunked_prefill_matches_unchunked(tiny, chunk):
+    """Chunk sizes 1, block_size and block_size + 1; prompts of C - 1, C, C + 1 and 2C + 1
+    tokens plus longer ones; prompts whose cached prefix ends at C - 1 or C + 1 tokens of a
+    cached prompt. Every step schedules at least one token, decodes first, then at least one
+    token of a pending prefill unless decodes filled the step."""
+    rng = random.Random(chunk)
+    warm = [rng.randrange(VOCAB) for _ in range(40)]
+    lengths = [n for n in (chunk - 1, chunk, chunk + 1, 2 * chunk + 1, 23, 37) if n > 0]
+    prompts = [[rng.randrange(VOCAB) for _ in range(n)] for n in lengths]
+    for shared in (chunk - 1, chunk + 1, 16, 17):  # prefixes of the warm prompt, then a tail
+        if shared > 0:
+            prompts.append(warm[:shared] + [rng.randrange(VOCAB) for _ in range(3)])
+    prompts.append(list(warm))
+    params = greedy(6)
+
+    ref_llm = LLM(tiny, num_kv_blocks=256, block_size=8, enable_prefix_caching=False)
+    expected = tokens_of(ref_llm.generate([warm] + prompts, params, use_tqdm=False))
+
+    llm = LLM(tiny, num_kv_blocks=256, block_size=8, max_num_batched_tokens=chunk)
+    engine = llm.llm_engine
+    engine.add_request("warm", warm, params)
+    done = run_all(engine)  # warm the prefix cache, chunk by chunk
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, params)
+    while engine.has_unfinished_requests():
+        seqs = engine.scheduler.running + engine.scheduler.waiting
+        remaining = {r.request_id: r.num_tokens - r.num_computed_tokens for r in seqs}
+        prefill_pending = any(n > 1 for n in remaining.values()) or engine.scheduler.waiting
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+        sched = engine.last_scheduler_output
+        assert sched and all(n >= 1 for n in sched.num_new_tokens)
+        assert sched.total_num_tokens <= chunk
+        ids = [r.request_id for r in sched.requests]
+        num_decodes = sum(remaining.get(i) == 1 for i in ids)
+        if prefill_pending and num_decodes < chunk:
+            assert any(remaining.get(i) != 1 for i in ids), (
+                f"a step of {chunk} tokens gave {num_decodes} to decodes and none to a prefill")
+    got = [[done["warm"]]] + [[done[str(i)]] for i in range(len(prompts))]
+    assert got == expected
+    s = llm.stats()
+    assert s["num_chunked_prefill_steps"] > 0 and s["prefix_cache_hits"] > 0
+    assert_clean(llm)
