@@ -80,6 +80,8 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty={self.repetition_penalty} must be > 0")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"seed={self.seed!r} must be an int or None")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**63:
+            raise ValueError(f"seed={self.seed} must be in [-2**63, 2**63) (a 64-bit int)")
         _check_int("max_tokens", self.max_tokens, 1)
         _check_int("min_tokens", self.min_tokens, 0)
         if self.min_tokens > self.max_tokens:

@@ -57,6 +57,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--name", default="latency")
     args = p.parse_args(argv)
     args.max_num_seqs = min(args.max_num_seqs, 8)
+    args.max_model_len = max(args.max_model_len,
+                             max(int(c) for c in args.contexts.split(",")) + args.num_tokens + 16)
     loaded, name = load(args)
     contexts = [int(c) for c in args.contexts.split(",")]
     g = torch.Generator().manual_seed(0)

@@ -29,7 +29,8 @@ from pagedrt.bench.common import (
 from pagedrt.sampling_params import SamplingParams
 
 
-def make_workload(args) -> tuple[list[list[int]], list[SamplingParams], str]:
+def make_workload(args, seed: int = 0) -> tuple[list[list[int]], list[SamplingParams], str]:
+    """The requests; `seed` != 0 gives other token ids of the same lengths (no cache hits)."""
     if args.workload == "nanovllm":
         random.seed(0)
         n = 256
@@ -37,8 +38,11 @@ def make_workload(args) -> tuple[list[list[int]], list[SamplingParams], str]:
                    for _ in range(n)]
         params = [SamplingParams(temperature=0.6, ignore_eos=True,
                                  max_tokens=random.randint(100, 1024)) for _ in range(n)]
+        if seed:
+            g = torch.Generator().manual_seed(seed)
+            prompts = [torch.randint(0, 10000, (len(p),), generator=g).tolist() for p in prompts]
         return prompts, params, "nanovllm"
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(0, 10000, (args.num_requests, args.input_len), generator=g).tolist()
     params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=args.output_len)
               for _ in prompts]
@@ -78,12 +82,16 @@ def run_pagedrt(loaded, args, prompts, params, ceilings, name: str, workload: st
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     n_in = sum(len(p) for p in prompts)
     stats = llm.stats()
-    # second pass, synchronizing at each phase boundary, for the step-time split
+    # second pass on other token ids (no prefix-cache hits), synchronizing at each phase
+    # boundary, for the step-time split
+    other_prompts = make_workload(args, seed=1)[0]
     engine.clock.enabled = True
     engine.clock.reset()
     steps0 = engine.counters["num_steps"]
-    llm.generate(prompts, params, use_tqdm=False)
+    llm.generate(other_prompts, params, use_tqdm=False)
     engine.clock.enabled = False
+    if args.profile:
+        profile_decode(llm, make_workload(args, seed=2)[0], args, f"{name}_{args.name}")
     steps = max(engine.counters["num_steps"] - steps0, 1)
     split_ms = {k: 1e3 * v / steps for k, v in engine.clock.totals.items()}
     floor = roofline(loaded, prompts, params, num_steps, ceilings, engine.dtype)
@@ -99,6 +107,23 @@ def run_pagedrt(loaded, args, prompts, params, ceilings, name: str, workload: st
         "roofline_floor_s": floor, "roofline_efficiency": floor / elapsed,
         "cuda_graphs": not args.enforce_eager,
     }
+
+
+def profile_decode(llm, prompts, args, tag: str) -> None:
+    """torch.profiler over a short run of the same batch: top kernels by device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    short = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=8)] * len(prompts)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        llm.generate(prompts, short, use_tqdm=False)
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=40)
+    import os
+
+    with open(os.path.join(args.out, f"profile_{tag}.txt"), "w") as f:
+        f.write(table)
+    print(table[:6000])
 
 
 def run_hf_generate(hf, prompts, params, batch_size: int, name: str, workload: str) -> dict:
@@ -156,6 +181,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--compare", default="", help="'hf' to run HF transformers peers")
     p.add_argument("--hf-batch-sizes", default="256", help="comma list for HF generate")
     p.add_argument("--name", default="throughput", help="JSON file name under --out")
+    p.add_argument("--profile", action="store_true", help="torch.profiler table of a short run")
     args = p.parse_args(argv)
     loaded, name = load(args)
     device = next(loaded.model.parameters()).device
@@ -181,7 +207,8 @@ def main(argv: list[str]) -> int:
         shown = f"{rate:,.0f}" if rate else r.get("error", "?")[:40]
         print(f"{r['system']:<18} {r['workload']:<34} {shown:>10} {ratio:>9} {eff:>6}")
     r0 = results[0]
-    print(f"pagedrt step split (ms/step): {', '.join(f'{k} {v:.2f}' for k, v in r0['step_split_ms'].items())}"
+    split = ", ".join(f"{k} {v:.2f}" for k, v in r0["step_split_ms"].items())
+    print(f"pagedrt step split (ms/step): {split}"
           f" | steps {r0['num_steps']} | KV blocks {r0['kv_peak_used_blocks']}/{r0['kv_num_blocks']}")
     print(f"results: {path}")
     return 0

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import itertools
+
+import numpy as np
 import torch
 
 from pagedrt.engine.cuda_graphs import CUDAGraphRunner
@@ -44,6 +47,7 @@ class ModelRunner:
         self.backend = backend
         self.block_size = kv_manager.block_size
         self.graph_runner: CUDAGraphRunner | None = None
+        self._staging: torch.Tensor | None = None  # pinned host buffer for the inputs
         if use_cuda_graphs and self.device.type == "cuda":
             self.graph_runner = CUDAGraphRunner(
                 model, kv_cache.layers, max_num_seqs, kv_manager.blocks_for(max_model_len),
@@ -51,52 +55,60 @@ class ModelRunner:
             self.graph_runner.capture()
 
     def prepare(self, sched: SchedulerOutput) -> ModelInputs:
+        """Build the step's input tensors with numpy and move them in one host-to-device copy."""
         bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slot_mapping: list[int] = []
-        seq_lens: list[int] = []
-        cu_seqlens_q = [0]
-        tables: list[list[int]] = []
-        logits_indices: list[int] = []
-        sampled = []
-        for req, num_new in zip(sched.requests, sched.num_new_tokens):
-            start = req.num_computed_tokens
-            end = start + num_new
-            block_ids = self.kv.block_ids(req.request_id)
-            input_ids.extend(req.token_ids_slice(start, end))
-            positions.extend(range(start, end))
-            slot_mapping.extend(block_ids[p // bs] * bs + p % bs for p in range(start, end))
-            seq_lens.append(end)
-            cu_seqlens_q.append(cu_seqlens_q[-1] + num_new)
-            tables.append(block_ids)
-            if end == req.num_tokens:
-                logits_indices.append(cu_seqlens_q[-1] - 1)
-                sampled.append(req)
+        reqs = sched.requests
+        n = len(reqs)
+        q_lens = np.asarray(sched.num_new_tokens, dtype=np.int64)  # [n]
+        starts = np.fromiter((r.num_computed_tokens for r in reqs), np.int64, n)  # [n]
+        ends = starts + q_lens
+        cu = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(q_lens, out=cu[1:])
+        num_tokens = int(cu[-1])
+        tables = [self.kv.block_ids(r.request_id) for r in reqs]
         width = max(len(t) for t in tables)
-        block_tables = [t + [0] * (width - len(t)) for t in tables]
-        dev = self.device
-        pin = dev.type == "cuda"
-
-        def tensor(x, dtype):
-            t = torch.tensor(x, dtype=dtype)
-            return t.pin_memory().to(dev, non_blocking=True) if pin else t
-
+        block_tables = np.zeros((n, width), dtype=np.int64)
+        for i, t in enumerate(tables):
+            block_tables[i, : len(t)] = t
+        if num_tokens == n:  # every request has one new token (decode)
+            input_ids = np.fromiter((r.token_ids_slice(s, s + 1)[0] for r, s in
+                                     zip(reqs, starts.tolist())), np.int64, n)
+            positions = starts
+            rows = np.arange(n)
+        else:
+            input_ids = np.fromiter(itertools.chain.from_iterable(
+                r.token_ids_slice(s, e) for r, s, e in zip(reqs, starts.tolist(), ends.tolist())),
+                np.int64, num_tokens)
+            rows = np.repeat(np.arange(n), q_lens)  # request of each token
+            positions = np.arange(num_tokens) - cu[rows] + starts[rows]
+        slot_mapping = block_tables[rows, positions // bs] * bs + positions % bs
+        num_tokens_all = [r.num_tokens for r in reqs]
+        sampled_idx = [i for i, e in enumerate(ends.tolist()) if e == num_tokens_all[i]]
+        logits_indices = cu[1:][sampled_idx] - 1
+        # one staging buffer, one copy: [ids | positions | slots | cu | seq_lens | logits | tables]
+        parts = [input_ids, positions, slot_mapping, cu, ends, logits_indices, block_tables.ravel()]
+        flat = torch.from_numpy(np.concatenate(parts))
+        if self.device.type == "cuda":
+            if self._staging is None or self._staging.numel() < flat.numel():
+                self._staging = torch.empty(max(flat.numel(), 1 << 16), dtype=torch.int64,
+                                            pin_memory=True)
+            staged = self._staging[: flat.numel()]
+            staged.copy_(flat)
+            flat = staged.to(self.device, non_blocking=True)
+        sizes = [len(x) for x in parts]
+        ids_t, pos_t, slot_t, cu_t, lens_t, logit_t, tables_t = torch.split(flat, sizes)
         meta = AttentionMetadata(
-            slot_mapping=tensor(slot_mapping, torch.int64),
-            block_tables=tensor(block_tables, torch.int32),
-            seq_lens=tensor(seq_lens, torch.int32),
-            cu_seqlens_q=tensor(cu_seqlens_q, torch.int32),
-            max_query_len=max(sched.num_new_tokens),
-            max_seq_len=max(seq_lens),
+            slot_mapping=slot_t,
+            block_tables=tables_t.view(n, width).to(torch.int32),
+            seq_lens=lens_t.to(torch.int32),
+            cu_seqlens_q=cu_t.to(torch.int32),
+            max_query_len=int(q_lens.max()),
+            max_seq_len=int(ends.max()),
             backend=self.backend,
         )
         return ModelInputs(
-            input_ids=tensor(input_ids, torch.int64),
-            positions=tensor(positions, torch.int64),
-            meta=meta,
-            logits_indices=tensor(logits_indices, torch.int64),
-            sampled_requests=sampled,
+            input_ids=ids_t, positions=pos_t, meta=meta, logits_indices=logit_t,
+            sampled_requests=[reqs[i] for i in sampled_idx],
         )
 
     @torch.inference_mode()

@@ -40,6 +40,7 @@ class _Tracked:
     sink: asyncio.Queue  # receives RequestOutput, or an exception that ends the request
     arrival_time: float  # time.monotonic() when the HTTP request arrived
     num_samples: int = 1
+    stream: bool = True  # False: the engine reports the request only once it has finished
     last_token_time: float | None = None
     num_output_tokens: int = 0
 
@@ -75,9 +76,13 @@ class AsyncEngine:
         return self._thread.is_alive()
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    sink: asyncio.Queue, arrival_time: float) -> None:
-        """Queue a request (validate it first: errors here reach `sink`). Event loop thread."""
-        tracked = _Tracked(asyncio.get_running_loop(), sink, arrival_time, num_samples=params.n)
+                    sink: asyncio.Queue, arrival_time: float, stream: bool = True) -> None:
+        """Queue a request (validate it first: errors here reach `sink`). Event loop thread.
+
+        stream=False: only the finished output is delivered (the engine then skips per-step
+        detokenization).
+        """
+        tracked = _Tracked(asyncio.get_running_loop(), sink, arrival_time, params.n, stream)
         self._commands.put(("add", request_id, prompt_token_ids, params, tracked))
         self._wake.set()
 
@@ -115,7 +120,8 @@ class AsyncEngine:
             if command[0] == "add":
                 _, request_id, prompt_token_ids, params, tracked = command
                 try:
-                    self.engine.add_request(request_id, prompt_token_ids, params)
+                    self.engine.add_request(request_id, prompt_token_ids, params,
+                                            stream=tracked.stream)
                 except Exception as e:
                     self._send(tracked, e)
                     continue
@@ -134,14 +140,8 @@ class AsyncEngine:
             tracked = self._tracked.get(out.request_id)
             if tracked is None:
                 continue
-            num_tokens = sum(len(o.token_ids) for o in out.outputs)
-            if self.metrics is not None and num_tokens > tracked.num_output_tokens:
-                if tracked.last_token_time is None:
-                    self.metrics.time_to_first_token.observe(now - tracked.arrival_time)
-                else:
-                    self.metrics.inter_token_latency.observe(now - tracked.last_token_time)
-                tracked.last_token_time = now
-            tracked.num_output_tokens = num_tokens
+            if self.metrics is not None:
+                self._observe_latencies(tracked, out, now)
             if out.finished:
                 del self._tracked[out.request_id]
                 if self.metrics is not None:
@@ -149,6 +149,27 @@ class AsyncEngine:
                 for o in out.outputs:
                     self._count_finished(o.finish_reason or "abort")
             self._send(tracked, out)
+
+    def _observe_latencies(self, tracked: _Tracked, out: RequestOutput, now: float) -> None:
+        """TTFT and inter-token latency. A streamed request is seen at every step; a
+        non-streamed one only at its end, so its mean token gap stands for each of its gaps."""
+        m = self.metrics
+        num_tokens = sum(len(o.token_ids) for o in out.outputs)
+        first = out.metrics.get("first_token_time")
+        if tracked.stream:
+            if num_tokens > tracked.num_output_tokens:
+                if tracked.last_token_time is None:
+                    m.time_to_first_token.observe((first or now) - tracked.arrival_time)
+                else:
+                    m.inter_token_latency.observe(now - tracked.last_token_time)
+                tracked.last_token_time = now
+            tracked.num_output_tokens = num_tokens
+        elif out.finished and first is not None:
+            m.time_to_first_token.observe(first - tracked.arrival_time)
+            num_gaps = len(out.outputs[0].token_ids) - 1
+            last = out.metrics.get("last_token_time") or first
+            for _ in range(max(0, num_gaps)):
+                m.inter_token_latency.observe((last - first) / num_gaps)
 
     def _fail_all(self, error: Exception) -> None:
         for request_id, tracked in list(self._tracked.items()):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import secrets
 import time
 import uuid
@@ -56,8 +57,9 @@ class _Run:
     """
 
     def __init__(self, async_engine: AsyncEngine, request: Request, base_id: str,
-                 prompts: list[list[int]], params: SamplingParams, arrival_time: float) -> None:
-        self.async_engine, self.request = async_engine, request
+                 prompts: list[list[int]], params: SamplingParams, arrival_time: float,
+                 stream: bool) -> None:
+        self.async_engine, self.request, self.stream = async_engine, request, stream
         self.prompts, self.params, self.arrival_time = prompts, params, arrival_time
         self.request_ids = [f"{base_id}-{i}" for i in range(len(prompts))]
         self.prompt_index = {rid: i for i, rid in enumerate(self.request_ids)}
@@ -69,7 +71,7 @@ class _Run:
     async def __aenter__(self) -> _Run:
         for rid, token_ids in zip(self.request_ids, self.prompts):
             self.async_engine.add_request(rid, token_ids, self.params, self.queue,
-                                          self.arrival_time)
+                                          self.arrival_time, self.stream)
         self._watcher = asyncio.create_task(self._watch_disconnect())
         return self
 
@@ -145,6 +147,11 @@ class OpenAIServer:
         return self.engine.tokenize(text)
 
     def _validate(self, prompts: list[list[int]], params: SamplingParams, field: str) -> None:
+        max_num_seqs = self.engine.config.max_num_seqs
+        if params.n > max_num_seqs:
+            raise APIError(400, f"n={params.n} exceeds max_num_seqs={max_num_seqs}; ask for "
+                           "fewer samples or start the server with a larger --max-num-seqs",
+                           param="n")
         for token_ids in prompts:
             try:
                 self.engine.validate_prompt(token_ids, params)
@@ -221,7 +228,8 @@ class OpenAIServer:
     async def _respond(self, request: Request, kind: str, body, prompts: list[list[int]],
                        params: SamplingParams, arrival_time: float) -> Response:
         base_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        run = _Run(self.async_engine, request, base_id, prompts, params, arrival_time)
+        run = _Run(self.async_engine, request, base_id, prompts, params, arrival_time,
+                   stream=bool(body.stream))
         if body.stream:
             return StreamingResponse(self._stream(run, kind, base_id, body.include_usage),
                                      media_type="text/event-stream", headers=_SSE_HEADERS)
@@ -319,9 +327,10 @@ def build_app(engine: LLMEngine, served_model_name: str, api_key: str | None = N
 
 
 def run_server(args) -> int:
-    """`pagedrt serve`: load the model, then serve until interrupted."""
-    import os
+    """`pagedrt serve`: load the model, then serve until interrupted.
 
+    $PAGEDRT_NUM_THREADS sets torch's intra-op threads (default: torch's choice).
+    """
     import torch
     import uvicorn
 
@@ -345,8 +354,6 @@ def run_server(args) -> int:
 
 def _default_model_name(path: str) -> str:
     """"SmolLM2-135M-Instruct" for .../SmolLM2-135M-Instruct.Q4_1.gguf; a folder's name."""
-    import os
-
     name = os.path.basename(os.path.normpath(path))
     if name.endswith(".gguf"):
         name = name[: -len(".gguf")]

@@ -16,7 +16,7 @@ _MIN_LOGPROB = -9999.0
 
 
 def _finite(logprob: float) -> float:
-    return logprob if logprob > _MIN_LOGPROB else _MIN_LOGPROB
+    return max(_MIN_LOGPROB, logprob)
 
 
 class ResponseBuilder:

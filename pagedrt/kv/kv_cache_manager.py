@@ -60,6 +60,7 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         self._block_hashes: dict[str, list[bytes]] = {}  # hashes of the full blocks of a request
         self._num_cached_blocks: dict[str, int] = {}  # leading blocks already offered to the cache
+        self._block_ids: dict[str, list[int]] = {}  # memo of block_ids()
         self.num_cpu_blocks = num_cpu_blocks
         self._free_cpu_blocks = list(range(num_cpu_blocks - 1, -1, -1))
         self.req_to_cpu_blocks: dict[str, list[int]] = {}
@@ -84,7 +85,15 @@ class KVCacheManager:
         return -(-num_tokens // self.block_size)
 
     def block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+        """The request's block table as ids (memoized: block tables only grow, except for
+        copy-on-write, free and swaps, which drop the memo)."""
+        blocks = self.req_to_blocks.get(request_id, ())
+        ids = self._block_ids.get(request_id)
+        if ids is None:
+            ids = self._block_ids[request_id] = [b.block_id for b in blocks]
+        elif len(ids) < len(blocks):
+            ids.extend(b.block_id for b in blocks[len(ids):])
+        return list(ids)
 
     # ----------------------------------------------------------------- prefix cache
     def _request_block_hashes(self, request: Request, num_full_blocks: int) -> list[bytes]:
@@ -153,6 +162,7 @@ class KVCacheManager:
             shared = blocks[-1]
             self.pool.free_blocks([shared])
             blocks[-1] = copy
+            self._block_ids.pop(request.request_id, None)
             self.pending.copy.append((shared.block_id, copy.block_id))
             self.stats.num_cow_copies += 1
         new_blocks = self.pool.get_new_blocks(num_new_blocks) or []
@@ -187,6 +197,7 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Release all of a request's blocks (device and CPU); idempotent."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
+        self._block_ids.pop(request.request_id, None)
         self.pool.free_blocks(list(reversed(blocks)))
         self._block_hashes.pop(request.request_id, None)
         self._num_cached_blocks.pop(request.request_id, None)
@@ -206,6 +217,7 @@ class KVCacheManager:
         cpu_blocks = [self._free_cpu_blocks.pop() for _ in blocks]
         self.pending.swap_out.extend(zip((b.block_id for b in blocks), cpu_blocks))
         self.req_to_cpu_blocks[request.request_id] = cpu_blocks
+        self._block_ids.pop(request.request_id, None)
         self.pool.free_blocks(list(reversed(self.req_to_blocks.pop(request.request_id))))
         self._num_cached_blocks.pop(request.request_id, None)
         self.stats.num_swapped_out_blocks += len(cpu_blocks)
@@ -224,6 +236,7 @@ class KVCacheManager:
         self.pending.swap_in.extend(zip(cpu_blocks, (b.block_id for b in blocks)))
         self._free_cpu_blocks.extend(reversed(cpu_blocks))
         self.req_to_blocks[request.request_id] = blocks
+        self._block_ids.pop(request.request_id, None)
         self.stats.num_swapped_in_blocks += len(blocks)
         self._cache_full_blocks(request, request.num_computed_tokens)
 
