@@ -105,11 +105,17 @@ def smoke(rows: list) -> None:
 
 
 def hf_greedy(hf, prompts: list[list[int]], n_tokens: int) -> list:
+    """HF greedy with EOS disabled (like our ignore_eos; min_new_tokens would instead mask EOS
+    out of the logits and pick the runner-up where EOS is the argmax)."""
+    import copy
+
+    no_eos = copy.deepcopy(hf.generation_config)
+    no_eos.eos_token_id = None
     runs = []
     for p in prompts:
         ids = torch.tensor([p], device=DEVICE)
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_tokens,
-                          min_new_tokens=n_tokens, do_sample=False, output_logits=True,
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), generation_config=no_eos,
+                          max_new_tokens=n_tokens, do_sample=False, output_logits=True,
                           return_dict_in_generate=True, pad_token_id=0)
         runs.append((out.sequences[0, len(p):].tolist(), [x[0].float() for x in out.logits]))
     return runs
