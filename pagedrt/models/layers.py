@@ -17,6 +17,7 @@ the rank and size, not the model code.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,21 @@ def tp_rank_and_size() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+FUSED_OPS = os.environ.get("PAGEDRT_FUSED_OPS", "1") != "0"
+"""Run RMSNorm, RoPE and SiluAndMul as the Triton kernels of `pagedrt.ops.fused_triton` on
+CUDA tensors. `PAGEDRT_FUSED_OPS=0` (read at import) or setting this to False keeps the eager
+torch code, which is always the path on CPU and the oracle the kernels are tested against."""
+
+
+def _use_fused(x: torch.Tensor) -> bool:
+    """Whether the fused Triton kernels should handle this tensor."""
+    if not (FUSED_OPS and x.is_cuda):
+        return False
+    from pagedrt.ops.attention import triton_available  # lazy: triton is optional
+
+    return triton_available()
 
 
 def _divide(numerator: int, denominator: int, what: str) -> int:
@@ -57,6 +73,10 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x, residual: [num_tokens, hidden_size]."""
+        if x.dim() == 2 and _use_fused(x):
+            from pagedrt.ops.fused_triton import rms_norm_triton
+
+            return rms_norm_triton(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         residual = x + residual
@@ -118,7 +138,12 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate query `[T, num_heads, head_dim]` and key `[T, num_kv_heads, head_dim]` by
-        positions `[T]` int64. Returns new tensors of the same shapes and dtypes."""
+        positions `[T]` int64. Returns tensors of the same shapes and dtypes: new ones on the
+        torch path; on CUDA the Triton kernel rotates query and key in place and returns them."""
+        if _use_fused(query):
+            from pagedrt.ops.fused_triton import rotary_triton
+
+            return rotary_triton(positions, query, key, self.cos_sin_cache)
         cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
 
@@ -127,6 +152,11 @@ class SiluAndMul(nn.Module):
     """SwiGLU activation: x = [gate, up] along the last dim -> silu(gate) * up."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [num_tokens, 2 * d] -> [num_tokens, d]."""
+        if x.dim() == 2 and _use_fused(x):
+            from pagedrt.ops.fused_triton import silu_and_mul_triton
+
+            return silu_and_mul_triton(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 

@@ -1,0 +1,249 @@
+"""Triton kernels for the small elementwise ops of the decoder: RMSNorm (with the residual add
+fused in), RoPE and SwiGLU's silu(gate) * up.
+
+In eager torch each of these is a chain of kernels with fp32 temporaries in between (RMSNorm
+alone is upcast, square, mean, rsqrt, multiply, downcast, multiply by the weight); on a small
+model that chain costs more than the matmuls around it. Here each op is one pass over memory.
+
+They reproduce the rounding of the torch modules in `pagedrt.models.layers`, which stay the
+CPU path and the oracle: every step torch does in the input dtype (the residual add, the cast
+before the weight multiply, silu before the multiply by up) is rounded to that dtype here too,
+while the arithmetic itself is fp32. No wrapper reads a device value on the host, so all of
+them can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pagedrt.ops.triton_utils import SUPPORTED_DTYPES, check_index, check_same, next_pow2
+
+_MAX_HIDDEN = 32768  # one row per program: the whole row must fit one tile
+
+
+def _check_device(device: torch.device, **tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}; expected {device} like the other inputs")
+
+
+def _num_warps(block: int) -> int:
+    """About 8 elements per thread, 1 to 16 warps."""
+    return min(16, max(1, block // 256))
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr,  # [num_tokens, hidden]
+    residual_ptr,  # [num_tokens, hidden], read only when HAS_RESIDUAL
+    weight_ptr,  # [hidden]
+    out_ptr,  # [num_tokens, hidden] contiguous
+    new_residual_ptr,  # [num_tokens, hidden] contiguous, written only when HAS_RESIDUAL
+    stride_x, stride_r,  # row strides of x and residual; the hidden dim has stride 1
+    hidden,
+    eps,
+    BLOCK: tl.constexpr,  # hidden rounded up to a power of two
+    HAS_RESIDUAL: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < hidden
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(residual_ptr + row * stride_r + offs, mask=mask, other=0.0)
+        # torch adds in x's dtype: an fp32 sum rounded once to that dtype
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        tl.store(new_residual_ptr + row * hidden + offs, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = tl.math.rsqrt(tl.sum(xf * xf, axis=0) / hidden + eps)
+    normed = (xf * rstd).to(x_ptr.dtype.element_ty)  # torch casts back before the weight
+    w = tl.load(weight_ptr + offs, mask=mask, other=0.0)
+    out = w.to(tl.float32) * normed.to(tl.float32)
+    tl.store(out_ptr + row * hidden + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of each row, optionally after adding the residual; same results as
+    `layers.RMSNorm.forward` up to the order of the fp32 sum of squares.
+
+    Args:
+        x: [num_tokens, hidden] fp16/bf16/fp32, hidden dim contiguous (rows may be strided).
+        weight: [hidden], any supported dtype, same device; the output dtype is
+            `torch.promote_types(weight.dtype, x.dtype)`, as with torch's `weight * normed`.
+        eps: added to the mean square before the rsqrt.
+        residual: None, or like x (same shape, dtype and device).
+
+    Returns:
+        out [num_tokens, hidden] without residual; with it `(out, new_residual)`, where
+        `new_residual = x + residual` in x's dtype and `out = norm(new_residual)`.
+        Both are new contiguous tensors; the inputs are not modified.
+    """
+    _check_device(x.device, weight=weight, **({} if residual is None else {"residual": residual}))
+    check_index("x", x, 2, SUPPORTED_DTYPES, x.device)
+    num_tokens, hidden = x.shape
+    if hidden > _MAX_HIDDEN:
+        raise ValueError(f"hidden={hidden} > {_MAX_HIDDEN}: a row must fit one program's tile")
+    check_index("weight", weight, 1, SUPPORTED_DTYPES, x.device)
+    if weight.shape[0] != hidden:
+        raise ValueError(f"weight has {weight.shape[0]} entries for hidden={hidden}")
+    if residual is not None:
+        check_same("x", x, "residual", residual)
+        if residual.stride(-1) != 1:
+            raise ValueError(f"residual.stride(-1) is {residual.stride(-1)}; must be contiguous")
+    out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
+    new_residual = None
+    if residual is not None:
+        new_residual = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if num_tokens > 0:
+        block = next_pow2(hidden)
+        _rms_norm_kernel[(num_tokens,)](
+            x, residual if residual is not None else x, weight, out,
+            new_residual if new_residual is not None else out,
+            x.stride(0), residual.stride(0) if residual is not None else 0,
+            hidden, eps,
+            BLOCK=block, HAS_RESIDUAL=residual is not None, num_warps=_num_warps(block),
+        )
+    return out if residual is None else (out, new_residual)
+
+
+@triton.jit
+def _rotate_heads(
+    base_ptr,  # [num_heads, head_dim] of one token
+    stride_h,
+    num_heads,
+    cos, sin,  # [BLOCK_D] fp32
+    offs_d, mask_d,  # [BLOCK_D]
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    offs_h = tl.arange(0, BLOCK_H)
+    mask = (offs_h < num_heads)[:, None] & mask_d[None, :]
+    ptr1 = base_ptr + offs_h[:, None] * stride_h + offs_d[None, :]  # first half of each head
+    x1 = tl.load(ptr1, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(ptr1 + HALF, mask=mask, other=0.0).to(tl.float32)
+    out1 = x1 * cos[None, :] - x2 * sin[None, :]
+    out2 = x2 * cos[None, :] + x1 * sin[None, :]
+    tl.store(ptr1, out1.to(base_ptr.dtype.element_ty), mask=mask)
+    tl.store(ptr1 + HALF, out2.to(base_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(
+    positions_ptr,  # [num_tokens] int64 or int32
+    q_ptr,  # [num_tokens, num_heads, head_dim], rotated in place
+    k_ptr,  # [num_tokens, num_kv_heads, head_dim], rotated in place
+    cos_sin_ptr,  # [max_position, head_dim]: cos | sin, each head_dim // 2 wide
+    stride_qt, stride_qh,  # query strides (token, head); head_dim stride is 1
+    stride_kt, stride_kh,
+    stride_c,  # cos_sin_cache row stride
+    num_heads, num_kv_heads,
+    HALF: tl.constexpr,  # head_dim // 2
+    BLOCK_D: tl.constexpr,  # HALF rounded up to a power of two
+    BLOCK_HQ: tl.constexpr,  # num_heads rounded up to a power of two
+    BLOCK_HK: tl.constexpr,  # num_kv_heads rounded up to a power of two
+):
+    token = tl.program_id(0).to(tl.int64)
+    pos = tl.load(positions_ptr + token).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HALF
+    cos = tl.load(cos_sin_ptr + pos * stride_c + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    sin = tl.load(cos_sin_ptr + pos * stride_c + HALF + offs_d, mask=mask_d, other=0.0)
+    sin = sin.to(tl.float32)
+    _rotate_heads(q_ptr + token * stride_qt, stride_qh, num_heads, cos, sin, offs_d, mask_d,
+                  HALF, BLOCK_HQ)
+    _rotate_heads(k_ptr + token * stride_kt, stride_kh, num_kv_heads, cos, sin, offs_d, mask_d,
+                  HALF, BLOCK_HK)
+
+
+def rotary_triton(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE in the NeoX rotate_half layout, computed in fp32, written IN PLACE into query and
+    key (which are returned). The torch path returns new tensors; in the model q and k are
+    views of the fused qkv output that nothing else reads, so overwriting them is safe there.
+    Positions are not range-checked (that would need a host sync): each must be < max_position.
+
+    Args:
+        positions: [num_tokens] int64 or int32, contiguous, same device.
+        query: [num_tokens, num_heads, head_dim] fp16/bf16/fp32, head_dim contiguous; token and
+            head strides are free (e.g. a view into the qkv projection's output).
+        key: [num_tokens, num_kv_heads, head_dim], same dtype and head_dim as query.
+        cos_sin_cache: [max_position, head_dim], cos in the first half of the columns, sin in
+            the second; fp32 normally (other float dtypes are upcast), last dim contiguous.
+    """
+    _check_device(query.device, key=key, positions=positions, cos_sin_cache=cos_sin_cache)
+    check_index("query", query, 3, SUPPORTED_DTYPES, query.device)
+    check_index("key", key, 3, (query.dtype,), query.device)
+    check_index("positions", positions, 1, (torch.int64, torch.int32), query.device)
+    check_index("cos_sin_cache", cos_sin_cache, 2, SUPPORTED_DTYPES, query.device)
+    num_tokens, num_heads, head_dim = query.shape
+    num_kv_heads = key.shape[1]
+    if head_dim % 2 or key.shape[2] != head_dim or cos_sin_cache.shape[1] != head_dim:
+        raise ValueError(f"head_dim must be even and agree: query {tuple(query.shape)}, key "
+                         f"{tuple(key.shape)}, cos_sin_cache {tuple(cos_sin_cache.shape)}")
+    if key.shape[0] != num_tokens or positions.shape[0] != num_tokens:
+        raise ValueError(f"query has {num_tokens} tokens, key {key.shape[0]}, positions "
+                         f"{positions.shape[0]}; they must match")
+    if num_tokens > 0:
+        half = head_dim // 2
+        _rotary_kernel[(num_tokens,)](
+            positions, query, key, cos_sin_cache,
+            query.stride(0), query.stride(1), key.stride(0), key.stride(1),
+            cos_sin_cache.stride(0),
+            num_heads, num_kv_heads,
+            HALF=half, BLOCK_D=next_pow2(half),
+            BLOCK_HQ=next_pow2(num_heads), BLOCK_HK=next_pow2(num_kv_heads),
+            num_warps=_num_warps(next_pow2(num_heads) * next_pow2(half)),
+        )
+    return query, key
+
+
+@triton.jit
+def _silu_and_mul_kernel(
+    x_ptr,  # [num_tokens, 2 * d]: gate | up
+    out_ptr,  # [num_tokens, d] contiguous
+    stride_x,  # row stride of x; the last dim has stride 1
+    d,
+    BLOCK: tl.constexpr,  # columns per program
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < d
+    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + d + offs, mask=mask, other=0.0).to(tl.float32)
+    # torch rounds silu(gate) to the input dtype before multiplying by up; so do we
+    act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * d + offs, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU activation `silu(x[:, :d]) * x[:, d:]` in one pass.
+
+    Args:
+        x: [num_tokens, 2 * d] fp16/bf16/fp32, last dim contiguous (rows may be strided).
+
+    Returns:
+        [num_tokens, d], x's dtype, new contiguous tensor.
+    """
+    check_index("x", x, 2, SUPPORTED_DTYPES, x.device)
+    num_tokens, width = x.shape
+    if width % 2:
+        raise ValueError(f"x has {width} columns; expected an even [gate | up] width")
+    d = width // 2
+    out = torch.empty((num_tokens, d), dtype=x.dtype, device=x.device)
+    if num_tokens > 0 and d > 0:
+        block = min(1024, next_pow2(d))
+        grid = (num_tokens, triton.cdiv(d, block))
+        _silu_and_mul_kernel[grid](x, out, x.stride(0), d, BLOCK=block,
+                                   num_warps=_num_warps(block))
+    return out
