@@ -103,9 +103,9 @@ def git_commit() -> str:
                               text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True).stdout.strip()
-        return head + ("-dirty" if dirty else "")
+        return (head + ("-dirty" if dirty else "")) or "unknown"
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("PAGEDRT_COMMIT", "unknown")
+        return "unknown"
 
 
 def write_results(out_dir: str, name: str, results: list[dict], extra: dict | None = None) -> str:
@@ -113,7 +113,7 @@ def write_results(out_dir: str, name: str, results: list[dict], extra: dict | No
     doc = {
         "gpu": gpu_name(), "commit": os.environ.get("PAGEDRT_COMMIT") or git_commit(),
         "date": datetime.date.today().isoformat(),
-        "command": "pagedrt bench " + " ".join(sys.argv[1:]) if "pagedrt" in sys.argv[0]
+        "command": "pagedrt " + " ".join(sys.argv[1:]) if "pagedrt" in sys.argv[0]
         else " ".join(sys.argv),
         "results": results, **(extra or {}),
     }
