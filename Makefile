@@ -24,9 +24,9 @@ $(STAMP): pyproject.toml
 	elif nvidia-smi -L >/dev/null 2>&1; then \
 	  $(PIP) install torch; \
 	else \
-	  $(PIP) install torch==2.13.0; \
+	  $(PIP) install torch==2.13.0 numpy; \
 	fi
-	@if ! $(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
+	@if ! $(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
 	  $(PIP) install "triton==3.9.0"; \
 	fi
 	$(PIP) install -e ".[dev]"

@@ -189,6 +189,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--compare", default="", help="'hf' to run HF transformers peers")
     p.add_argument("--hf-batch-sizes", default="256", help="comma list for HF generate")
+    p.add_argument("--skip-generate-batch", action="store_true",
+                   help="leave out HF generate_batch (very slow on CPU)")
     p.add_argument("--name", default="throughput", help="JSON file name under --out")
     p.add_argument("--profile", action="store_true", help="torch.profiler table of a short run")
     p.add_argument("--batch-sizes", default="",
@@ -225,7 +227,8 @@ def main(argv: list[str]) -> int:
             for bs in [int(b) for b in args.hf_batch_sizes.split(",") if b]:
                 n = min(len(prompts), bs)  # one static batch of bs requests
                 results.append(run_hf_generate(hf, prompts[:n], params[:n], bs, name, workload))
-        results.append(run_hf_generate_batch(hf, prompts, params, name, workload))
+        if not args.skip_generate_batch:
+            results.append(run_hf_generate_batch(hf, prompts, params, name, workload))
         del hf
     path = write_results(args.out, args.name, results, {"ceilings": ceilings})
     print(f"\n{'system':<18} {'workload':<34} {'out tok/s':>10} {'vs HF gen':>9} {'eff':>6}")

@@ -123,6 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) >= 2 and argv[0] == "bench" and argv[1] in BENCHES:
+        # each benchmark has its own options (and --help): hand it the rest of the line
+        logging.basicConfig(level=logging.WARNING)
+        try:
+            return cmd_bench(argparse.Namespace(which=argv[1]), argv[2:])
+        except ValueError as e:
+            print(f"pagedrt: error: {e}", file=sys.stderr)
+            return 2
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if rest and args.command != "bench":

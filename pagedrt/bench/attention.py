@@ -1,0 +1,274 @@
+"""Paged-attention kernel benchmark on one CUDA GPU: decode bandwidth, decode scaling, prefill.
+
+    PYTHONPATH=$PWD python3 benchmarks/bench_attention.py --out DIR [--commit HASH] [--sweep]
+
+Peers, in the same run: our decode kernel with the split-K heuristic; the same with
+num_splits=1; the naive v1 kernel (one program per query head); torch SDPA on contiguous
+K/V with enable_gqa=True (flash or memory-efficient backend), the dense upper bound.
+Decode bandwidth = bytes of K and V read once / kernel time. Times are medians of
+triton.testing.do_bench over CUDA-graph replays (so host overhead is excluded, as in the
+engine's graph-captured decode; the eager time of ours is recorded too); do_bench flushes
+L2 before every run. Writes DIR/attention.json and
+DIR/attention_bandwidth.png; prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from pagedrt.ops import attention_triton as tri
+
+DECODE_SHAPES = [  # (name, num_seqs, context, num_heads, num_kv_heads, head_dim)
+    ("llama3-8b B64 L4096", 64, 4096, 32, 8, 128),
+    ("llama3-8b B256 L1024", 256, 1024, 32, 8, 128),
+    ("llama3-8b B8 L32768", 8, 32768, 32, 8, 128),
+    ("qwen2-0.5b B64 L2048", 64, 2048, 14, 2, 64),
+]
+SCALING_BATCHES = [1, 2, 4, 8, 64, 256]
+CONTEXT_SWEEP = [1024, 4096, 16384, 32768]  # at batch 8, llama3-8b heads
+BLOCK_SIZE = 16
+DTYPE = torch.bfloat16
+
+
+def bench_ms(fn, graph: bool = True) -> float:
+    """Median ms of `fn`, replayed from a CUDA graph (as the engine runs decode) so that
+    Python and launch overhead stay out of the kernel time; eager if capture fails."""
+    import triton.testing
+
+    fn()  # compile / warm up
+    torch.cuda.synchronize()
+    run = fn
+    if graph:
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                fn()
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            run = g.replay
+        except RuntimeError as e:
+            print(f"graph capture failed ({str(e)[:60]}); timing eagerly")
+    return triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")
+
+
+def paged_inputs(num_seqs, context, num_heads, num_kv_heads, head_dim):
+    """Full-length sequences in shuffled blocks (a realistic scattered cache)."""
+    blocks_per_seq = -(-context // BLOCK_SIZE)
+    num_blocks = num_seqs * blocks_per_seq
+    shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, device="cuda", dtype=DTYPE)
+    v_cache = torch.randn(shape, device="cuda", dtype=DTYPE)
+    bt = torch.randperm(num_blocks, device="cuda").view(num_seqs, blocks_per_seq).int()
+    seq_lens = torch.full((num_seqs,), context, dtype=torch.int32, device="cuda")
+    query = torch.randn(num_seqs, num_heads, head_dim, device="cuda", dtype=DTYPE)
+    return query, k_cache, v_cache, bt, seq_lens
+
+
+def sdpa_decode_ms(num_seqs, context, num_heads, num_kv_heads, head_dim) -> float | None:
+    q = torch.randn(num_seqs, num_heads, 1, head_dim, device="cuda", dtype=DTYPE)
+    k = torch.randn(num_seqs, num_kv_heads, context, head_dim, device="cuda", dtype=DTYPE)
+    v = torch.randn_like(k)
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        try:
+            with sdpa_kernel([backend]):
+                fn = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                fn()
+                return bench_ms(fn)
+        except RuntimeError:
+            continue
+    return None
+
+
+def decode_row(name, num_seqs, context, num_heads, num_kv_heads, head_dim, peers=True,
+               sweep=False) -> dict:
+    query, k_cache, v_cache, bt, seq_lens = paged_inputs(num_seqs, context, num_heads,
+                                                         num_kv_heads, head_dim)
+    kv_bytes = 2 * num_seqs * context * num_kv_heads * head_dim * k_cache.element_size()
+    scale = head_dim ** -0.5
+    auto_splits = tri.choose_num_splits(num_seqs, num_kv_heads, context,
+                                        torch.cuda.get_device_properties(0).multi_processor_count)
+    row = {"kind": "decode", "shape": name, "num_seqs": num_seqs, "context": context,
+           "num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
+           "dtype": "bf16", "block_size": BLOCK_SIZE, "kv_bytes": kv_bytes,
+           "auto_splits": auto_splits}
+
+    def record(key, ms):
+        row[f"{key}_ms"] = ms
+        row[f"{key}_gbps"] = kv_bytes / (ms * 1e-3) / 1e9 if ms else None
+
+    record("ours", bench_ms(lambda: tri.paged_attention_decode_triton(
+        query, k_cache, v_cache, bt, seq_lens, scale, max_seq_len=context)))
+    row["ours_tok_per_s"] = num_seqs / (row["ours_ms"] * 1e-3)
+    row["ours_eager_ms"] = bench_ms(lambda: tri.paged_attention_decode_triton(
+        query, k_cache, v_cache, bt, seq_lens, scale, max_seq_len=context), graph=False)
+    if peers:
+        record("split1", bench_ms(lambda: tri.paged_attention_decode_triton(
+            query, k_cache, v_cache, bt, seq_lens, scale, num_splits=1)))
+        record("naive", bench_ms(lambda: tri.paged_attention_decode_naive_triton(
+            query, k_cache, v_cache, bt, seq_lens, scale)))
+        record("sdpa", sdpa_decode_ms(num_seqs, context, num_heads, num_kv_heads, head_dim))
+    if sweep:  # tuning data: every split count and a few launch configs
+        row["sweep_splits"] = {}
+        for ns in (1, 2, 4, 8, 16):
+            ms = bench_ms(lambda ns=ns: tri.paged_attention_decode_triton(
+                query, k_cache, v_cache, bt, seq_lens, scale, num_splits=ns))
+            row["sweep_splits"][ns] = kv_bytes / (ms * 1e-3) / 1e9
+        best = max(row["sweep_splits"], key=row["sweep_splits"].get)
+        row["sweep_configs"] = {}
+        for bn, nw, st in [(64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 4, 4)]:
+            cfg = {"BLOCK_N": bn, "num_warps": nw, "num_stages": st}
+            try:
+                ms = bench_ms(lambda cfg=cfg: tri.paged_attention_decode_triton(
+                    query, k_cache, v_cache, bt, seq_lens, scale, num_splits=best, config=cfg))
+                row["sweep_configs"][f"{bn}/{nw}/{st}@{best}"] = kv_bytes / (ms * 1e-3) / 1e9
+            except Exception as e:  # noqa: BLE001 (out of shared memory etc.)
+                row["sweep_configs"][f"{bn}/{nw}/{st}@{best}"] = repr(e)[:80]
+    torch.cuda.empty_cache()  # the caches are freed when this frame returns
+    return row
+
+
+def extend_row(sweep=False, num_tokens=4096, num_heads=32, num_kv_heads=8, head_dim=128) -> dict:
+    query, k_cache, v_cache, bt, seq_lens = paged_inputs(1, num_tokens, num_heads, num_kv_heads,
+                                                         head_dim)
+    query = torch.randn(num_tokens, num_heads, head_dim, device="cuda", dtype=DTYPE)
+    cu = torch.tensor([0, num_tokens], dtype=torch.int32, device="cuda")
+    scale = head_dim ** -0.5
+    flops = 4 * num_tokens * num_tokens / 2 * head_dim * num_heads  # causal: half the matrix
+    row = {"kind": "extend", "shape": f"prefill {num_tokens} tok {num_heads}/{num_kv_heads}x"
+           f"{head_dim}", "num_tokens": num_tokens, "dtype": "bf16", "block_size": BLOCK_SIZE,
+           "flops": flops}
+    ms = bench_ms(lambda: tri.paged_attention_extend_triton(
+        query, k_cache, v_cache, bt, cu, seq_lens, scale, max_query_len=num_tokens))
+    row["ours_ms"], row["ours_tflops"] = ms, flops / (ms * 1e-3) / 1e12
+    q = query.transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
+    k = torch.randn(1, num_kv_heads, num_tokens, head_dim, device="cuda", dtype=DTYPE)
+    v = torch.randn_like(k)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        try:
+            fn()
+            sdpa_ms = bench_ms(fn)
+        except RuntimeError:
+            sdpa_ms = None
+    row["sdpa_ms"] = sdpa_ms
+    row["sdpa_tflops"] = flops / (sdpa_ms * 1e-3) / 1e12 if sdpa_ms else None
+    row["ratio_vs_sdpa"] = row["ours_tflops"] / row["sdpa_tflops"] if sdpa_ms else None
+    if sweep:
+        row["sweep_configs"] = {}
+        for bm, bn, nw, st in [(128, 64, 8, 3), (256, 64, 8, 3), (256, 32, 8, 3),
+                               (256, 64, 8, 2), (256, 128, 8, 2)]:
+            cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": nw, "num_stages": st}
+            try:
+                ms = bench_ms(lambda cfg=cfg: tri.paged_attention_extend_triton(
+                    query, k_cache, v_cache, bt, cu, seq_lens, scale, max_query_len=num_tokens,
+                    config=cfg))
+                row["sweep_configs"][f"{bm}/{bn}/{nw}/{st}"] = flops / (ms * 1e-3) / 1e12
+            except Exception as e:  # noqa: BLE001
+                row["sweep_configs"][f"{bm}/{bn}/{nw}/{st}"] = repr(e)[:80]
+    return row
+
+
+def plot(results: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, group, xkey in ((ax1, "scaling", "num_seqs"), (ax2, "context", "context")):
+        rows = [r for r in results if r.get("group") == group]
+        for key, label in (("ours", "ours (auto split-K)"), ("split1", "ours, num_splits=1"),
+                           ("naive", "naive v1"), ("sdpa", "torch SDPA, dense KV")):
+            ax.plot([r[xkey] for r in rows], [(r.get(f"{key}_gbps") or 0) for r in rows],
+                    marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_ylabel("K+V bandwidth (GB/s)")
+        ax.grid(True, alpha=0.3)
+    ax1.set_xlabel("batch size (context 512)")
+    ax2.set_xlabel("context length (batch 8)")
+    ax1.set_title("decode, Llama-3-8B heads 32/8x128, bf16")
+    ax2.set_title("decode, Llama-3-8B heads 32/8x128, bf16")
+    ax1.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _gb(row: dict, key: str) -> str:
+    value = row.get(f"{key}_gbps")
+    return f"{value:8.0f}" if value else f"{'-':>8}"
+
+
+def print_tables(results: list[dict]) -> None:
+    print(f"{'decode shape':26} {'split':>5} {'ours GB/s':>10} {'split1':>8} {'naive':>8} "
+          f"{'sdpa':>8} {'ours us':>8} {'eager us':>8} {'tok/s':>10}")
+    for r in results:
+        if r["kind"] != "decode":
+            continue
+        label = r["shape"] if r.get("group") in (None, "shape") else f"{r['group']} {r['shape']}"
+
+        print(f"{label[:26]:26} {r['auto_splits']:>5} {r['ours_gbps']:10.0f} {_gb(r, 'split1')} "
+              f"{_gb(r, 'naive')} {_gb(r, 'sdpa')} {r['ours_ms'] * 1e3:8.1f} "
+              f"{r['ours_eager_ms'] * 1e3:8.1f} {r['ours_tok_per_s']:10.0f}")
+    for r in results:
+        for key in ("sweep_splits", "sweep_configs"):
+            if key in r:
+                vals = ", ".join(f"{k}:{v:.0f}" if isinstance(v, float) else f"{k}:ERR"
+                                 for k, v in r[key].items())
+                print(f"  {r['shape'][:22]} {key}: {vals}")
+    for r in results:
+        if r["kind"] == "extend":
+            print(f"{r['shape']}: ours {r['ours_tflops']:.0f} TFLOP/s ({r['ours_ms']:.3f} ms), "
+                  f"torch SDPA flash {r['sdpa_tflops'] or 0:.0f} TFLOP/s, ratio "
+                  f"{r['ratio_vs_sdpa'] or 0:.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="paged attention kernel benchmark (CUDA)")
+    parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--sweep", action="store_true", help="also sweep split counts/configs")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench attention needs a CUDA GPU", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    results = []
+    for shape in DECODE_SHAPES:
+        row = decode_row(*shape, sweep=args.sweep)
+        row["group"] = "shape"
+        results.append(row)
+    for b in SCALING_BATCHES:
+        row = decode_row(f"B{b} L512", b, 512, 32, 8, 128)
+        row["group"] = "scaling"
+        results.append(row)
+    for ctx in CONTEXT_SWEEP:
+        row = decode_row(f"B8 L{ctx}", 8, ctx, 32, 8, 128)
+        row["group"] = "context"
+        results.append(row)
+    results.append(extend_row(sweep=args.sweep))
+    os.makedirs(args.out, exist_ok=True)
+    doc = {"gpu": torch.cuda.get_device_name(0), "commit": args.commit,
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "command": "python3 benchmarks/bench_attention.py " + " ".join(argv or sys.argv[1:]),
+           "torch": torch.__version__, "triton": __import__("triton").__version__,
+           "results": results}
+    with open(os.path.join(args.out, "attention.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    plot(results, os.path.join(args.out, "attention_bandwidth.png"))
+    print_tables(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
