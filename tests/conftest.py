@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from tiny_model import build_tiny_llama
 
 from pagedrt.models.loader import LoadedModel, ModelNotFoundError, default_model_path, load_model
 
@@ -39,3 +40,18 @@ def hf_smollm2(smollm2_path: str):
     missing, unexpected = model.load_state_dict(tensors["tensors"], strict=False)
     assert missing == ["lm_head.weight"] and not unexpected  # tied to the embedding
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """A tiny random-weight Llama (tests/tiny_model.py), fp32 on CPU, no tokenizer."""
+    return build_tiny_llama(seed=0)
+
+
+@pytest.fixture
+def tiny(tiny_model):
+    """The tiny model, run on one thread (its matmuls are too small to split)."""
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield tiny_model
+    torch.set_num_threads(num_threads)

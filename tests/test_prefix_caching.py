@@ -10,8 +10,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
-from tiny_model import build_tiny_llama
 
 from pagedrt import LLM, SamplingParams
 
@@ -52,20 +50,6 @@ def text_ids(smollm2) -> list[int]:
     ids = smollm2.tokenizer.encode(TEXT)
     assert len(ids) >= 100, len(ids)
     return ids
-
-
-@pytest.fixture(scope="module")
-def tiny_model():
-    return build_tiny_llama(seed=0)
-
-
-@pytest.fixture
-def tiny(tiny_model):
-    """The tiny model, run on one thread (its matmuls are too small to split)."""
-    num_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield tiny_model
-    torch.set_num_threads(num_threads)
 
 
 # --------------------------------------------------------------------------- SmolLM2, real text

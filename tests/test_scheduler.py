@@ -12,7 +12,6 @@ import random
 
 import pytest
 import torch
-from tiny_model import build_tiny_llama
 
 from pagedrt import LLM, SamplingParams
 from pagedrt.engine.scheduler import SchedulerOutput
@@ -50,20 +49,6 @@ def run_all(engine) -> dict[str, list[int]]:
             if out.finished:
                 done[out.request_id] = out.outputs[0].token_ids
     return done
-
-
-@pytest.fixture(scope="module")
-def tiny_model():
-    return build_tiny_llama(seed=0)
-
-
-@pytest.fixture
-def tiny(tiny_model):
-    """The tiny model, run on one thread (its matmuls are too small to split)."""
-    num_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield tiny_model
-    torch.set_num_threads(num_threads)
 
 
 def swap_bytes(tiny, num_blocks: int, block_size: int) -> int:

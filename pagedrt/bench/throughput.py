@@ -24,7 +24,14 @@ import time
 import torch
 
 from pagedrt.bench.common import (
-    add_model_args, device_ceilings, free_llm, hf_model_like, load, make_llm, sync, write_results,
+    add_model_args,
+    device_ceilings,
+    free_llm,
+    hf_model_like,
+    load,
+    make_llm,
+    sync,
+    write_results,
 )
 from pagedrt.sampling_params import SamplingParams
 
@@ -81,13 +88,7 @@ def timed_generate(llm, prompts, params) -> tuple[float, int, list]:
 
 def run_pagedrt(llm, loaded, args, prompts, params, ceilings, name: str, workload: str) -> dict:
     engine = llm.llm_engine
-    base_steps = engine.counters["num_steps"]
-    sync(engine.device)
-    t = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    sync(engine.device)
-    elapsed = time.perf_counter() - t
-    num_steps = engine.counters["num_steps"] - base_steps
+    elapsed, num_steps, outs = timed_generate(llm, prompts, params)
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     n_in = sum(len(p) for p in prompts)
     stats = llm.stats()
