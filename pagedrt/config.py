@@ -23,7 +23,8 @@ class ModelConfig:
         intermediate_size: width of the SwiGLU MLP.
         num_hidden_layers: decoder layers.
         num_attention_heads: query heads.
-        num_key_value_heads: KV heads (GQA when smaller than num_attention_heads; it must divide it).
+        num_key_value_heads: KV heads (GQA when smaller than num_attention_heads; it must
+            divide it).
         head_dim: width of one head; hidden_size // num_attention_heads unless the config says.
         rms_norm_eps: epsilon of RMSNorm.
         rope_theta: RoPE base frequency (Su et al. 2021, "RoFormer").

@@ -64,7 +64,8 @@ class SamplingParams:
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
-            raise ValueError(f"top_k={self.top_k!r} must be an int (-1 or 0 disables it)")
+            raise ValueError(  # noqa: TRY004 - API contract: bad params are a ValueError
+                f"top_k={self.top_k!r} must be an int (-1 or 0 disables it)")
         if self.top_k < -1:
             raise ValueError(f"top_k={self.top_k} must be -1 (disabled), 0 (disabled) or >= 1")
         _check_number("min_p", self.min_p)
@@ -78,7 +79,8 @@ class SamplingParams:
         _check_number("repetition_penalty", self.repetition_penalty)
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty={self.repetition_penalty} must be > 0")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+        if self.seed is not None and (isinstance(self.seed, bool)
+                                      or not isinstance(self.seed, int)):
             raise ValueError(f"seed={self.seed!r} must be an int or None")
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
             raise ValueError(f"seed={self.seed} must be in [-2**63, 2**63) (a 64-bit int)")
@@ -102,11 +104,11 @@ class SamplingParams:
 
 def _check_int(name: str, value, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}={value!r} must be an int >= {minimum}")
+        raise ValueError(f"{name}={value!r} must be an int >= {minimum}")  # noqa: TRY004
     if value < minimum:
         raise ValueError(f"{name}={value} must be >= {minimum}")
 
 
 def _check_number(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name}={value!r} must be a number")
+        raise ValueError(f"{name}={value!r} must be a number")  # noqa: TRY004

@@ -212,7 +212,8 @@ def test_contract_errors():
         strided = k_cache.transpose(2, 3)
         tri.paged_attention_decode_triton(query, strided, strided, bt, seq_lens, 1.0)
     with pytest.raises(ValueError, match="head_dim"):
-        tri.paged_attention_decode_triton(query[..., :8].contiguous(), k_cache[..., :8].contiguous(),
+        tri.paged_attention_decode_triton(query[..., :8].contiguous(),
+                                          k_cache[..., :8].contiguous(),
                                           v_cache[..., :8].contiguous(), bt, seq_lens, 1.0)
 
 

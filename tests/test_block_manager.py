@@ -1,4 +1,5 @@
-"""KV block manager: deterministic unit tests with exact block ids, plus a hypothesis state machine."""
+"""KV block manager: deterministic unit tests with exact block ids, plus a hypothesis state
+machine."""
 
 from __future__ import annotations
 

@@ -65,7 +65,7 @@ def test_deltas_concatenate_to_full_decode(tokenizer, text):
 def test_split_multibyte_characters_are_held_back(tokenizer):
     ids = tokenizer.encode("😀")
     assert len(ids) > 1 and _decode(tokenizer, ids[:1]).endswith("\ufffd")  # really split
-    detok, deltas, _ = _stream(tokenizer, ids, SamplingParams())
+    _detok, deltas, _ = _stream(tokenizer, ids, SamplingParams())
     assert deltas[: len(ids) - 1] == [""] * (len(ids) - 1) and "".join(deltas) == "😀"
 
 
@@ -143,6 +143,6 @@ def test_long_output_decodes_constant_window(tokenizer):
             calls.append(len(token_ids))
             return tokenizer.decode(token_ids, **kwargs)
 
-    detok, deltas, _ = _stream(CountingTokenizer(), ids, SamplingParams(), prompt=[])
+    _detok, deltas, _ = _stream(CountingTokenizer(), ids, SamplingParams(), prompt=[])
     assert "".join(deltas) == _decode(tokenizer, ids)
     assert max(calls) <= 8  # the window never grows with the output

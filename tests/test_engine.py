@@ -130,8 +130,8 @@ def test_seeded_sampling_reproducible_across_batches(llm, prompts):
 
 def test_eos_and_stop_token_ids_and_output_fields(llm, prompts):
     tok = llm.get_tokenizer()
-    out = llm.generate("What is the capital of France?", SamplingParams(temperature=0, max_tokens=8),
-                       use_tqdm=False)[0]
+    out = llm.generate("What is the capital of France?",
+                       SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0]
     assert out.prompt == "What is the capital of France?"
     assert out.prompt_token_ids == tok.encode(out.prompt)
     first = llm.generate([prompts[2]], greedy(max_tokens=8), use_tqdm=False)[0].outputs[0]
@@ -150,11 +150,11 @@ def test_eos_and_stop_token_ids_and_output_fields(llm, prompts):
 
 
 BAD_PARAMS = [
-    (dict(max_tokens=0), "max_tokens=0"),
-    (dict(temperature=-0.5), "temperature=-0.5"),
-    (dict(top_p=0.0), "top_p=0.0"),
-    (dict(top_p=1.5), "top_p=1.5"),
-    (dict(top_k=-2), "top_k=-2"),
+    ({"max_tokens": 0}, "max_tokens=0"),
+    ({"temperature": -0.5}, "temperature=-0.5"),
+    ({"top_p": 0.0}, "top_p=0.0"),
+    ({"top_p": 1.5}, "top_p=1.5"),
+    ({"top_k": -2}, "top_k=-2"),
 ]
 
 
@@ -169,7 +169,8 @@ def test_bad_prompts_rejected_before_any_state_change(llm, prompts):
     expected = llm.generate([prompts[3]], greedy(), use_tqdm=False)[0].outputs[0].token_ids
     engine.add_request("bystander", prompts[3], greedy())
     engine.step()
-    before = (engine.kv_manager.num_free_blocks, dict(engine.requests), len(engine.scheduler.waiting))
+    before = (engine.kv_manager.num_free_blocks, dict(engine.requests),
+              len(engine.scheduler.waiting))
     max_len = engine.max_model_len
     cases = [
         ("", "prompt is empty"),
@@ -189,7 +190,8 @@ def test_bad_prompts_rejected_before_any_state_change(llm, prompts):
     with pytest.raises(ValueError, match="needs 5 KV blocks but the whole cache has 4"):
         small.generate([prompts[1]], greedy(max_tokens=60), use_tqdm=False)
     assert_free(small)
-    after = (engine.kv_manager.num_free_blocks, dict(engine.requests), len(engine.scheduler.waiting))
+    after = (engine.kv_manager.num_free_blocks, dict(engine.requests),
+             len(engine.scheduler.waiting))
     assert after == before, "a rejected request left a trace"
     done = {}
     while engine.has_unfinished_requests():
@@ -228,7 +230,7 @@ def test_cli_generate_answers_paris():
         [sys.executable, "-m", "pagedrt.entrypoints.cli", "generate",
          "What is the capital of France?", "--max-tokens", "32", "--quiet",
          "--num-kv-blocks", "64"],
-        capture_output=True, text=True, timeout=600, env=env,
+        capture_output=True, text=True, timeout=600, env=env, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     answer = proc.stdout.split(">>> What is the capital of France?")[1].split("[stats]")[0]
@@ -240,6 +242,6 @@ def test_cli_bad_input_exit_code():
     proc = subprocess.run(
         [sys.executable, "-m", "pagedrt.entrypoints.cli", "generate", "hi", "--max-tokens", "0",
          "--num-kv-blocks", "16"],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=600, check=False,
     )
     assert proc.returncode == 2 and "max_tokens=0" in proc.stderr

@@ -36,8 +36,10 @@ def build_tiny_llama(seed: int = 0, config: ModelConfig = TINY_CONFIG) -> Loaded
                 param.copy_(torch.randn(param.shape, generator=gen))
             elif "lm_head" in name:
                 # logits with a spread of about 4 per step: top-2 gaps far above fp32 noise
-                param.copy_(torch.randn(param.shape, generator=gen) * 4.0 / math.sqrt(param.shape[1]))
+                param.copy_(torch.randn(param.shape, generator=gen) * 4.0
+                            / math.sqrt(param.shape[1]))
             else:
                 # 2 / sqrt(fan_in): attention scores sharp enough that the context matters
-                param.copy_(torch.randn(param.shape, generator=gen) * 2.0 / math.sqrt(param.shape[1]))
+                param.copy_(torch.randn(param.shape, generator=gen) * 2.0
+                            / math.sqrt(param.shape[1]))
     return LoadedModel(model.eval(), config, None, "tiny")

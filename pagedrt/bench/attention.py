@@ -82,7 +82,9 @@ def sdpa_decode_ms(num_seqs, context, num_heads, num_kv_heads, head_dim) -> floa
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
         try:
             with sdpa_kernel([backend]):
-                fn = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                def fn():
+                    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
                 fn()
                 return bench_ms(fn)
         except RuntimeError:
@@ -155,7 +157,9 @@ def extend_row(sweep=False, num_tokens=4096, num_heads=32, num_kv_heads=8, head_
     k = torch.randn(1, num_kv_heads, num_tokens, head_dim, device="cuda", dtype=DTYPE)
     v = torch.randn_like(k)
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-        fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        def fn():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
         try:
             fn()
             sdpa_ms = bench_ms(fn)

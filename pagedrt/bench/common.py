@@ -45,10 +45,11 @@ def load(args) -> tuple:
 def make_llm(loaded, args, **overrides):
     from pagedrt import LLM
 
-    kw = dict(gpu_memory_utilization=args.gpu_memory_utilization,
-              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks,
-              enforce_eager=args.enforce_eager)
+    kw = {"gpu_memory_utilization": args.gpu_memory_utilization,
+          "max_num_seqs": args.max_num_seqs,
+          "max_num_batched_tokens": args.max_num_batched_tokens,
+          "max_model_len": args.max_model_len, "num_kv_blocks": args.num_kv_blocks,
+          "enforce_eager": args.enforce_eager}
     kw.update(overrides)
     return LLM(loaded, **kw)
 
@@ -102,7 +103,7 @@ def git_commit() -> str:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout.strip()
+                               capture_output=True, text=True, check=False).stdout.strip()
         return (head + ("-dirty" if dirty else "")) or "unknown"
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

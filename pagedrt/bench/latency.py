@@ -13,7 +13,13 @@ import time
 import torch
 
 from pagedrt.bench.common import (
-    add_model_args, free_llm, hf_model_like, load, make_llm, sync, write_results,
+    add_model_args,
+    free_llm,
+    hf_model_like,
+    load,
+    make_llm,
+    sync,
+    write_results,
 )
 from pagedrt.sampling_params import SamplingParams
 
@@ -84,7 +90,7 @@ def main(argv: list[str]) -> int:
     path = write_results(args.out, args.name, results)
     print(f"\n{'system':<12} {'workload':<30} {'graphs':>6} {'ms/token':>9} {'tok/s':>8}")
     for r in results:
-        print(f"{r['system']:<12} {r['workload']:<30} {str(r.get('cuda_graphs', '-')):>6} "
+        print(f"{r['system']:<12} {r['workload']:<30} {r.get('cuda_graphs', '-')!s:>6} "
               f"{r['ms_per_token']:>9.3f} {r['output_tok_s']:>8.1f}")
     print(f"results: {path}")
     return 0

@@ -63,7 +63,8 @@ class LLMEngine:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         loaded = loaded or load_model(model, self.dtype, self.device)
-        self.model, self.model_config, self.tokenizer = loaded.model, loaded.model_config, loaded.tokenizer
+        self.model, self.model_config, self.tokenizer = (
+            loaded.model, loaded.model_config, loaded.tokenizer)
         self.model_path = loaded.model_path
         mc = self.model_config
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
@@ -75,7 +76,8 @@ class LLMEngine:
         backend = config.attention_backend
         num_blocks = num_blocks_for_budget(mc, config, self.dtype, self.device)
         per_block = kv_bytes_per_block(mc, config.block_size, self.dtype)
-        num_cpu_blocks = config.swap_space_bytes // per_block if config.preemption_mode == "swap" else 0
+        num_cpu_blocks = (
+            config.swap_space_bytes // per_block if config.preemption_mode == "swap" else 0)
         self.kv_manager = KVCacheManager(
             num_blocks, config.block_size, config.enable_prefix_caching, num_cpu_blocks
         )
@@ -90,7 +92,8 @@ class LLMEngine:
         self.sampler = Sampler()
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.eos_token_ids = tuple(mc.eos_token_ids)
-        if not self.eos_token_ids and self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+        if (not self.eos_token_ids and self.tokenizer is not None
+                and self.tokenizer.eos_token_id is not None):
             self.eos_token_ids = (self.tokenizer.eos_token_id,)
         self.requests: dict[str, Request] = {}  # request_id -> first sequence of the group
         self.last_scheduler_output = None  # the plan of the latest step (tests inspect it)
@@ -120,7 +123,8 @@ class LLMEngine:
         """
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling params must be a SamplingParams, got {type(params)}")
+            raise ValueError(  # noqa: TRY004 - API contract: bad input is a ValueError
+                f"sampling params must be a SamplingParams, got {type(params)}")
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         text = prompt if isinstance(prompt, str) else None
@@ -143,7 +147,8 @@ class LLMEngine:
         if n == 0:
             raise ValueError("prompt is empty; give at least one token")
         vocab = self.model_config.vocab_size
-        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in token_ids):
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab
+               for t in token_ids):
             bad = next(t for t in token_ids
                        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab)
             raise ValueError(f"prompt token id {bad!r} is not an int in [0, {vocab})")
@@ -216,7 +221,8 @@ class LLMEngine:
         tokens rather than decodes of the last sampled token."""
         num_decode = 0
         for req, num_new in zip(sched.requests, sched.num_new_tokens):
-            if num_new == 1 and req.num_output_tokens and req.num_computed_tokens == req.num_tokens - 1:
+            if (num_new == 1 and req.num_output_tokens
+                    and req.num_computed_tokens == req.num_tokens - 1):
                 num_decode += 1
             req.num_computed_tokens += num_new
         return sched.total_num_tokens - num_decode

@@ -13,9 +13,8 @@ Logits are computed only for the last token of requests whose step completes the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 import torch

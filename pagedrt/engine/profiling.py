@@ -20,7 +20,7 @@ class StepClock:
         self.totals: dict[str, float] = defaultdict(float)  # seconds per phase, all steps
         self._t0 = self._last = 0.0
 
-    def start(self) -> "StepClock":
+    def start(self) -> StepClock:
         self._t0 = self._last = time.perf_counter()
         return self
 

@@ -122,7 +122,7 @@ class AsyncEngine:
                 try:
                     self.engine.add_request(request_id, prompt_token_ids, params,
                                             stream=tracked.stream)
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 - handed to the caller; loop stays alive
                     self._send(tracked, e)
                     continue
                 self._tracked[request_id] = tracked

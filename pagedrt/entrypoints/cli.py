@@ -34,15 +34,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    return dict(
-        block_size=args.block_size, num_kv_blocks=args.num_kv_blocks,
-        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-        gpu_memory_utilization=args.gpu_memory_utilization, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-        enable_prefix_caching=not args.no_prefix_caching, preemption_mode=args.preemption_mode,
-        swap_space_bytes=args.swap_space_bytes, enforce_eager=args.enforce_eager,
-        attention_backend=args.attention_backend, seed=args.engine_seed,
-    )
+    return {
+        "block_size": args.block_size, "num_kv_blocks": args.num_kv_blocks,
+        "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_model_len": args.max_model_len,
+        "enable_prefix_caching": not args.no_prefix_caching,
+        "preemption_mode": args.preemption_mode,
+        "swap_space_bytes": args.swap_space_bytes, "enforce_eager": args.enforce_eager,
+        "attention_backend": args.attention_backend, "seed": args.engine_seed,
+    }
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

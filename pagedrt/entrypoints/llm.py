@@ -47,7 +47,8 @@ class LLM:
         known = set(EngineConfig.__dataclass_fields__)
         unknown = sorted(set(engine_kwargs) - known)
         if unknown:
-            raise TypeError(f"unknown LLM argument(s) {unknown}; engine options are {sorted(known)}")
+            raise TypeError(
+                f"unknown LLM argument(s) {unknown}; engine options are {sorted(known)}")
         loaded = model if isinstance(model, LoadedModel) else None
         if loaded is not None:  # an already loaded model (tests share one between engines)
             model = loaded.model_path
@@ -87,7 +88,8 @@ class LLM:
         for prompt, params in zip(prompt_list, params_list):
             text, token_ids = self._tokenize(prompt)
             if not isinstance(params, SamplingParams):
-                raise ValueError(f"sampling_params entries must be SamplingParams, got {params!r}")
+                raise ValueError(  # noqa: TRY004 - API contract: bad input is a ValueError
+                    f"sampling_params entries must be SamplingParams, got {params!r}")
             engine.validate_prompt(token_ids, params)
             prepared.append((text, token_ids, params))
         ids = []
@@ -113,7 +115,9 @@ class LLM:
         prompts = [self.apply_chat_template(c, add_generation_prompt) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
-    def apply_chat_template(self, conversation: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, conversation: list[dict], add_generation_prompt: bool = True
+    ) -> str:
         tok = self.llm_engine.tokenizer
         if tok is None or not getattr(tok, "chat_template", None):
             raise ValueError("this model has no chat template; use generate() with plain prompts")

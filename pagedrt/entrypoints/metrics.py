@@ -30,8 +30,8 @@ _GAUGES = {
     "pagedrt_kv_blocks_free": ("num_free_blocks", "KV blocks free and not cached."),
     "pagedrt_kv_blocks_cached": ("num_cached_blocks",
                                  "KV blocks free but still holding a cached prefix (evictable)."),
-    "pagedrt_prefix_cache_hit_rate": ("prefix_cache_hit_rate",
-                                      "Prompt blocks found in the prefix cache / blocks looked up."),
+    "pagedrt_prefix_cache_hit_rate": (
+        "prefix_cache_hit_rate", "Prompt blocks found in the prefix cache / blocks looked up."),
 }
 # series name (without _total) -> (stats key, help)
 _COUNTERS = {

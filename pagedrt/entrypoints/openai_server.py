@@ -68,7 +68,7 @@ class _Run:
         self.queue: asyncio.Queue = asyncio.Queue()
         self._watcher: asyncio.Task | None = None
 
-    async def __aenter__(self) -> _Run:
+    async def __aenter__(self) -> _Run:  # noqa: PYI034 - private, never subclassed; Self is 3.11+
         for rid, token_ids in zip(self.request_ids, self.prompts):
             self.async_engine.add_request(rid, token_ids, self.params, self.queue,
                                           self.arrival_time, self.stream)
@@ -199,7 +199,7 @@ class OpenAIServer:
         try:
             text = tok.apply_chat_template(conversation, tokenize=False,
                                            add_generation_prompt=add_generation_prompt)
-        except Exception as e:  # a template may refuse a role order or a role name
+        except Exception as e:  # noqa: BLE001 - a template may refuse a role order or name
             raise APIError(400, f"chat template failed: {e}", param="messages") from None
         prompts = [self._tokenize(text, "messages")]
         max_tokens = body.max_completion_tokens

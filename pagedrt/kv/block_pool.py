@@ -142,7 +142,10 @@ class BlockPool:
         self.num_evictions += 1
 
     def reset_prefix_cache(self) -> bool:
-        """Un-hash every evictable block. Returns False (changing nothing) if any block is in use."""
+        """Un-hash every evictable block.
+
+        Returns False (changing nothing) if any block is in use.
+        """
         if any(b.ref_cnt for b in self.blocks):
             return False
         for block_id in list(self._evictable_queue):

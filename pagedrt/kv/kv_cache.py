@@ -1,5 +1,6 @@
-"""The KV cache tensors: per layer K and V of shape [num_blocks, block_size, num_kv_heads, head_dim],
-plus the CPU pool used for swapping, and the block copies between them."""
+"""The KV cache tensors: per layer K and V of shape
+[num_blocks, block_size, num_kv_heads, head_dim], plus the CPU pool used for swapping,
+and the block copies between them."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ def triton_available() -> bool:
         import triton  # noqa: F401
 
         from pagedrt.ops import attention_triton  # noqa: F401
-    except Exception:  # ImportError, or a Triton without a usable backend
+    except Exception:  # noqa: BLE001 - ImportError, or a Triton without a usable backend
         return False
     return True
 
@@ -62,7 +62,8 @@ def _use_triton(backend: str, tensor: torch.Tensor) -> bool:
         return False
     if backend == "triton":
         if not triton_available():
-            raise ValueError("backend='triton' but triton (or pagedrt's kernels) cannot be imported")
+            raise ValueError(
+                "backend='triton' but triton (or pagedrt's kernels) cannot be imported")
         return True
     return tensor.is_cuda and triton_available()
 
@@ -87,7 +88,8 @@ def paged_attention_decode(
         from pagedrt.ops.attention_triton import paged_attention_decode_triton
 
         return paged_attention_decode_triton(query, k_cache, v_cache, block_tables, seq_lens, scale)
-    return ref.paged_attention_decode_reference(query, k_cache, v_cache, block_tables, seq_lens, scale)
+    return ref.paged_attention_decode_reference(query, k_cache, v_cache, block_tables, seq_lens,
+                                                scale)
 
 
 def paged_attention_extend(

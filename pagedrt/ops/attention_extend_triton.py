@@ -195,7 +195,8 @@ def paged_attention_extend_triton(
     check_cache("k_cache", k_cache)
     check_same("k_cache", k_cache, "v_cache", v_cache)
     if k_cache.stride() != v_cache.stride():
-        raise ValueError(f"k_cache strides {k_cache.stride()} != v_cache strides {v_cache.stride()}")
+        raise ValueError(
+            f"k_cache strides {k_cache.stride()} != v_cache strides {v_cache.stride()}")
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     check_head_dim(head_dim)
     check_index("query", query, 3, (k_cache.dtype,), k_cache.device)

@@ -37,8 +37,10 @@ def _write_kv_kernel(
         offs_h = tl.arange(0, BLOCK_H)
         offs_d = tl.arange(0, HEAD_DIM)
         mask = (offs_h < num_kv_heads)[:, None]
-        src_k = key_ptr + token.to(tl.int64) * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :]
-        src_v = value_ptr + token.to(tl.int64) * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :]
+        src_k = (key_ptr + token.to(tl.int64) * stride_kt
+                 + offs_h[:, None] * stride_kh + offs_d[None, :])
+        src_v = (value_ptr + token.to(tl.int64) * stride_vt
+                 + offs_h[:, None] * stride_vh + offs_d[None, :])
         dst = block * stride_cb + offset * stride_cs + offs_h[:, None] * stride_ch + offs_d[None, :]
         k = tl.load(src_k, mask=mask)
         v = tl.load(src_v, mask=mask)
@@ -65,7 +67,8 @@ def write_kv_triton(
     check_cache("k_cache", k_cache)
     check_same("k_cache", k_cache, "v_cache", v_cache)
     if k_cache.stride() != v_cache.stride():
-        raise ValueError(f"k_cache strides {k_cache.stride()} != v_cache strides {v_cache.stride()}")
+        raise ValueError(
+            f"k_cache strides {k_cache.stride()} != v_cache strides {v_cache.stride()}")
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     check_head_dim(head_dim)
     for name, t in (("key", key), ("value", value)):
@@ -76,7 +79,8 @@ def write_kv_triton(
     check_index("slot_mapping", slot_mapping, 1, (torch.int64, torch.int32), k_cache.device)
     num_tokens = key.shape[0]
     if slot_mapping.shape[0] != num_tokens:
-        raise ValueError(f"slot_mapping has {slot_mapping.shape[0]} entries, key {num_tokens} tokens")
+        raise ValueError(
+            f"slot_mapping has {slot_mapping.shape[0]} entries, key {num_tokens} tokens")
     if num_tokens == 0:
         return
     _write_kv_kernel[(num_tokens,)](
@@ -128,7 +132,8 @@ def copy_blocks_triton(
     if block_mapping.numel() == 0 or not k_caches:
         return
     if block_mapping.dim() != 2 or block_mapping.shape[1] != 2:
-        raise ValueError(f"block_mapping shape {tuple(block_mapping.shape)}; expected [num_pairs, 2]")
+        raise ValueError(
+            f"block_mapping shape {tuple(block_mapping.shape)}; expected [num_pairs, 2]")
     mapping = block_mapping.to(device=k_caches[0].device, dtype=torch.int64).contiguous()
     num_pairs = mapping.shape[0]
     for layer, (k_cache, v_cache) in enumerate(zip(k_caches, v_caches)):

@@ -74,7 +74,8 @@ def check_decode_args(query, k_cache, v_cache, block_tables, seq_lens) -> tuple[
     check_cache("k_cache", k_cache)
     check_same("k_cache", k_cache, "v_cache", v_cache)
     if k_cache.stride() != v_cache.stride():
-        raise ValueError(f"k_cache strides {k_cache.stride()} != v_cache strides {v_cache.stride()}")
+        raise ValueError(
+            f"k_cache strides {k_cache.stride()} != v_cache strides {v_cache.stride()}")
     _, _, num_kv_heads, head_dim = k_cache.shape
     check_head_dim(head_dim)
     check_index("query", query, 3, (k_cache.dtype,), k_cache.device)
