@@ -12,9 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedrt.ops.triton_utils import check_decode_args
-
-LOG2E = 1.4426950408889634
+from pagedrt.ops.triton_utils import LOG2E, check_decode_args
 
 
 @triton.jit

@@ -25,16 +25,13 @@ import triton
 import triton.language as tl
 
 from pagedrt.ops.triton_utils import (
-    check_cache,
-    check_head_dim,
+    LOG2E,
     check_index,
-    check_same,
+    check_paged_args,
     interpreting,
     launch_first_fitting,
     next_pow2,
 )
-
-LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -192,20 +189,9 @@ def paged_attention_extend_triton(
     Returns:
         [num_tokens, num_heads, head_dim] in query's dtype.
     """
-    check_cache("k_cache", k_cache)
-    check_same("k_cache", k_cache, "v_cache", v_cache)
-    if k_cache.stride() != v_cache.stride():
-        raise ValueError(
-            f"k_cache strides {k_cache.stride()} != v_cache strides {v_cache.stride()}")
-    _, block_size, num_kv_heads, head_dim = k_cache.shape
-    check_head_dim(head_dim)
-    check_index("query", query, 3, (k_cache.dtype,), k_cache.device)
-    num_tokens, num_heads, q_dim = query.shape
-    if q_dim != head_dim or num_heads % num_kv_heads:
-        raise ValueError(f"query shape {tuple(query.shape)}: head_dim must be {head_dim} and "
-                         f"num_heads a multiple of num_kv_heads={num_kv_heads}")
-    check_index("block_tables", block_tables, 2, (torch.int32,), k_cache.device)
-    check_index("seq_lens", seq_lens, 1, (torch.int32,), k_cache.device)
+    num_kv_heads, head_dim = check_paged_args(query, k_cache, v_cache, block_tables, seq_lens)
+    block_size = k_cache.shape[1]
+    num_tokens, num_heads, _ = query.shape
     check_index("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), k_cache.device)
     num_seqs = seq_lens.shape[0]
     if cu_seqlens_q.shape[0] != num_seqs + 1 or block_tables.shape[0] < num_seqs:

@@ -37,6 +37,7 @@ from pagedrt.ops.attention_decode_naive_triton import paged_attention_decode_nai
 from pagedrt.ops.attention_extend_triton import paged_attention_extend_triton
 from pagedrt.ops.kv_write_triton import copy_blocks_triton, write_kv_triton
 from pagedrt.ops.triton_utils import (
+    LOG2E,
     check_decode_args,
     device_sms,
     interpreting,
@@ -44,7 +45,6 @@ from pagedrt.ops.triton_utils import (
     next_pow2,
 )
 
-LOG2E = 1.4426950408889634
 MIN_PARTITION_TOKENS = 256  # a split-K partition shorter than this costs more than it hides
 MAX_SPLITS = 64
 

@@ -11,6 +11,7 @@ import triton
 from triton.runtime.errors import OutOfResources
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+LOG2E = 1.4426950408889634  # log2(e): the kernels use exp2, so scores are scaled by it
 
 
 def interpreting(tensor: torch.Tensor) -> bool:
@@ -69,8 +70,9 @@ def check_head_dim(head_dim: int) -> None:
                          "(use backend='torch' for others)")
 
 
-def check_decode_args(query, k_cache, v_cache, block_tables, seq_lens) -> tuple[int, int]:
-    """Contract shared by the decode kernels; returns (group size, num_kv_heads)."""
+def check_paged_args(query, k_cache, v_cache, block_tables, seq_lens) -> tuple[int, int]:
+    """Contract shared by the decode and extend kernels: the caches, the query's dtype and
+    head layout, block_tables and seq_lens. Returns (num_kv_heads, head_dim)."""
     check_cache("k_cache", k_cache)
     check_same("k_cache", k_cache, "v_cache", v_cache)
     if k_cache.stride() != v_cache.stride():
@@ -79,12 +81,19 @@ def check_decode_args(query, k_cache, v_cache, block_tables, seq_lens) -> tuple[
     _, _, num_kv_heads, head_dim = k_cache.shape
     check_head_dim(head_dim)
     check_index("query", query, 3, (k_cache.dtype,), k_cache.device)
-    num_seqs, num_heads, q_dim = query.shape
+    _, num_heads, q_dim = query.shape
     if q_dim != head_dim or num_heads % num_kv_heads:
         raise ValueError(f"query shape {tuple(query.shape)}: head_dim must be {head_dim} and "
                          f"num_heads a multiple of num_kv_heads={num_kv_heads}")
     check_index("block_tables", block_tables, 2, (torch.int32,), k_cache.device)
     check_index("seq_lens", seq_lens, 1, (torch.int32,), k_cache.device)
+    return num_kv_heads, head_dim
+
+
+def check_decode_args(query, k_cache, v_cache, block_tables, seq_lens) -> tuple[int, int]:
+    """Contract of the decode kernels; returns (group size, num_kv_heads)."""
+    num_kv_heads, _ = check_paged_args(query, k_cache, v_cache, block_tables, seq_lens)
+    num_seqs, num_heads, _ = query.shape
     if block_tables.shape[0] < num_seqs or seq_lens.shape[0] < num_seqs:
         raise ValueError(f"block_tables has {block_tables.shape[0]} rows and seq_lens "
                          f"{seq_lens.shape[0]} entries for {num_seqs} sequences")
