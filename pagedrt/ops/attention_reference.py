@@ -84,11 +84,12 @@ def paged_attention_decode_reference(
     max_len = int(seq_lens.max())
     num_blocks = (max_len + block_size - 1) // block_size
     idx = block_tables[:, :num_blocks].long()
+    # advanced indexing copies, so the gathered K/V can be zeroed in place past each seq_len
     k = k_cache[idx].flatten(1, 2).float()  # [num_seqs, L, num_kv_heads, head_dim]
     v = v_cache[idx].flatten(1, 2).float()
     valid = torch.arange(k.shape[1], device=query.device)[None, :] < seq_lens[:, None]  # [S, L]
-    k = torch.where(valid[:, :, None, None], k, 0.0)
-    v = torch.where(valid[:, :, None, None], v, 0.0)
+    k.masked_fill_(~valid[:, :, None, None], 0.0)
+    v.masked_fill_(~valid[:, :, None, None], 0.0)
     q = query.float().view(num_seqs, num_kv_heads, group, head_dim)
     scores = torch.einsum("skgd,slkd->skgl", q, k) * scale  # [S, kv_heads, group, L]
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
