@@ -84,7 +84,7 @@ class LLMEngine:
         self.kv_cache = KVCache(
             mc, num_blocks, config.block_size, num_cpu_blocks, self.dtype, self.device, backend
         )
-        self.scheduler = Scheduler(config, self.kv_manager, self.max_model_len)
+        self.scheduler = Scheduler(config, self.kv_manager)
         self.model_runner = ModelRunner(
             self.model, self.kv_cache, self.kv_manager, self.device, backend,
             max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,

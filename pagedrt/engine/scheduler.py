@@ -47,10 +47,9 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, kv_manager: KVCacheManager, max_model_len: int):
+    def __init__(self, config: EngineConfig, kv_manager: KVCacheManager):
         self.config = config
         self.kv = kv_manager
-        self.max_model_len = max_model_len
         self.waiting: list[Request] = []  # sorted by sort_key
         self.running: list[Request] = []  # sorted by sort_key
         self.swapped: list[Request] = []  # sorted by sort_key
@@ -66,10 +65,6 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
-
-    @property
-    def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running) + len(self.swapped)
 
     def finish(self, request: Request, status: RequestStatus) -> None:
         """Remove a request from every queue and free its blocks (finished or aborted)."""

@@ -31,15 +31,15 @@ _GAUGES = {
     "pagedrt_kv_blocks_cached": ("num_cached_blocks",
                                  "KV blocks free but still holding a cached prefix (evictable)."),
     "pagedrt_prefix_cache_hit_rate": (
-        "prefix_cache_hit_rate", "Prompt blocks found in the prefix cache / blocks looked up."),
+        "prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / tokens looked up."),
 }
 # series name (without _total) -> (stats key, help)
 _COUNTERS = {
     "pagedrt_num_preemptions": ("num_preemptions", "Sequences preempted (recompute or swap)."),
     "pagedrt_prompt_tokens": ("server_prompt_tokens", "Prompt tokens of admitted requests."),
     "pagedrt_generation_tokens": ("num_generated_tokens", "Tokens generated."),
-    "pagedrt_prefix_cache_queries": ("prefix_cache_queries", "Prompt blocks looked up."),
-    "pagedrt_prefix_cache_hits": ("prefix_cache_hits", "Prompt blocks found in the cache."),
+    "pagedrt_prefix_cache_queries": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
+    "pagedrt_prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens found in the prefix cache."),
 }
 
 

@@ -141,19 +141,6 @@ class BlockPool:
         block.block_hash = None
         self.num_evictions += 1
 
-    def reset_prefix_cache(self) -> bool:
-        """Un-hash every evictable block.
-
-        Returns False (changing nothing) if any block is in use.
-        """
-        if any(b.ref_cnt for b in self.blocks):
-            return False
-        for block_id in list(self._evictable_queue):
-            self._evict(self.blocks[block_id])
-            self._free_queue[block_id] = None
-        self._evictable_queue.clear()
-        return True
-
     def check_integrity(self) -> None:
         """Assert the pool's own invariants (see the module docstring)."""
         free, evictable = set(self._free_queue), set(self._evictable_queue)

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedrt.ops.triton_utils import check_cache, check_head_dim, check_index, check_same, next_pow2
+from pagedrt.ops.triton_utils import check_cache_pair, check_index, check_same, next_pow2
 
 
 @triton.jit
@@ -64,13 +64,7 @@ def write_kv_triton(
             identical shape, dtype and strides.
         slot_mapping: [num_tokens] int64 (int32 accepted), slot = block * block_size + offset.
     """
-    check_cache("k_cache", k_cache)
-    check_same("k_cache", k_cache, "v_cache", v_cache)
-    if k_cache.stride() != v_cache.stride():
-        raise ValueError(
-            f"k_cache strides {k_cache.stride()} != v_cache strides {v_cache.stride()}")
-    _, block_size, num_kv_heads, head_dim = k_cache.shape
-    check_head_dim(head_dim)
+    block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
     for name, t in (("key", key), ("value", value)):
         if t.shape[1:] != (num_kv_heads, head_dim) or t.dim() != 3:
             raise ValueError(f"{name} shape {tuple(t.shape)}; expected [num_tokens, "

@@ -70,16 +70,23 @@ def check_head_dim(head_dim: int) -> None:
                          "(use backend='torch' for others)")
 
 
-def check_paged_args(query, k_cache, v_cache, block_tables, seq_lens) -> tuple[int, int]:
-    """Contract shared by the decode and extend kernels: the caches, the query's dtype and
-    head layout, block_tables and seq_lens. Returns (num_kv_heads, head_dim)."""
+def check_cache_pair(k_cache, v_cache) -> tuple[int, int, int]:
+    """K and V caches of one layer: the cache contract, identical shape, dtype, device and
+    strides, a supported head_dim. Returns (block_size, num_kv_heads, head_dim)."""
     check_cache("k_cache", k_cache)
     check_same("k_cache", k_cache, "v_cache", v_cache)
     if k_cache.stride() != v_cache.stride():
         raise ValueError(
             f"k_cache strides {k_cache.stride()} != v_cache strides {v_cache.stride()}")
-    _, _, num_kv_heads, head_dim = k_cache.shape
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
     check_head_dim(head_dim)
+    return block_size, num_kv_heads, head_dim
+
+
+def check_paged_args(query, k_cache, v_cache, block_tables, seq_lens) -> tuple[int, int]:
+    """Contract shared by the decode and extend kernels: the caches, the query's dtype and
+    head layout, block_tables and seq_lens. Returns (num_kv_heads, head_dim)."""
+    _, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
     check_index("query", query, 3, (k_cache.dtype,), k_cache.device)
     _, num_heads, q_dim = query.shape
     if q_dim != head_dim or num_heads % num_kv_heads:
