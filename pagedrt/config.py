@@ -141,6 +141,10 @@ class EngineConfig:
         preemption_mode: "recompute" or "swap" when the KV cache runs out.
         swap_space_bytes: size of the pinned CPU pool for swapped-out blocks.
         enforce_eager: disable CUDA graphs.
+        async_scheduling: overlap the host work of step n+1 (schedule, prepare, launch) with
+            the device running step n; tokens reach the host one step later. None = on for
+            CUDA, off on CPU (where the model runs on the host anyway), unless the
+            environment variable PAGEDRT_ASYNC_SCHEDULING is set to 1 or 0.
         attention_backend: "auto" (Triton on CUDA, torch on CPU), "torch" or "triton".
         seed: seed of the engine's default generator (unseeded requests).
     """
@@ -156,6 +160,7 @@ class EngineConfig:
     preemption_mode: str = "recompute"
     swap_space_bytes: int = 1 << 30
     enforce_eager: bool = False
+    async_scheduling: bool | None = None
     attention_backend: str = "auto"
     seed: int = 0
 

@@ -101,6 +101,13 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def reads_output_tokens(self) -> bool:
+        """Whether sampling needs the ids of the tokens generated so far (the penalties), which
+        async scheduling does not have on the host while a step is in flight."""
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
 
 def _check_int(name: str, value, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):

@@ -25,6 +25,15 @@ TEXT = (
 )
 
 
+
+@pytest.fixture(autouse=True, params=["sync", "async"])
+def scheduling(request, monkeypatch):
+    """Every test runs twice: steps one after the other, and with async scheduling (step n+1
+    planned and launched before step n's tokens are read; on CPU the order of the host work is
+    what changes, which is what these tests check)."""
+    monkeypatch.setenv("PAGEDRT_ASYNC_SCHEDULING", "1" if request.param == "async" else "0")
+    return request.param
+
 def greedy(max_tokens: int, **kw) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
 
@@ -38,6 +47,7 @@ def assert_clean(llm: LLM) -> None:
     the CPU swap pool empty, and every block-manager invariant holds."""
     engine = llm.llm_engine
     engine.check_integrity()
+    assert engine.in_flight is None
     assert not engine.has_unfinished_requests() and not engine.requests
     kv = engine.kv_manager
     assert all(b.ref_cnt == 0 for b in kv.pool.blocks), "a block is still in use"

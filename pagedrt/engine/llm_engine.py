@@ -3,12 +3,26 @@
     step():  schedule -> execute -> sample -> update
 
 Requests can be added and aborted between any two steps (iteration-level batching).
+
+Async scheduling (on by default on CUDA): the device runs step n while the host schedules and
+launches step n+1, so the host's per-step work hides behind the device's. A token sampled by
+step n is not on the host when step n+1 is planned: the request gets a placeholder token
+(`PLACEHOLDER_TOKEN_ID`), step n+1 reads the real id on the device, and once step n's tokens
+reach the host (after step n+1 was launched) they replace the placeholders and the stop checks
+run. A request that stopped at step n has computed one token too many in step n+1; that row is
+dropped. Requests whose sampling reads the tokens generated so far (penalties) turn the
+overlap off while they run.
+
+    host:    | sched n+1 | launch n+1 | update n | sched n+2 | launch n+2 | update n+1 |
+    device:  |  ... step n ...   |      step n+1       |          step n+2  ...
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -16,8 +30,8 @@ from pagedrt.config import EngineConfig
 from pagedrt.engine.detokenizer import IncrementalDetokenizer
 from pagedrt.engine.model_runner import ModelRunner
 from pagedrt.engine.profiling import StepClock
-from pagedrt.engine.request import Request, RequestStatus
-from pagedrt.engine.sampler import Sampler, SamplingRow
+from pagedrt.engine.request import PLACEHOLDER_TOKEN_ID, Request, RequestStatus
+from pagedrt.engine.sampler import Sampler, SamplerOutput, SamplingRow
 from pagedrt.engine.scheduler import Scheduler
 from pagedrt.kv.kv_cache import KVCache, kv_bytes_per_block, num_blocks_for_budget
 from pagedrt.kv.kv_cache_manager import KVCacheManager
@@ -48,6 +62,37 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r}; use 'auto' or one of {sorted(_DTYPES)}")
     return _DTYPES[dtype]
+
+
+@dataclass
+class InFlightStep:
+    """A launched step whose sampled tokens have not been read on the host yet.
+
+    Attributes:
+        requests: the sequences sampled by the step, in row order.
+        indices: for each, the index in its `output_token_ids` of the placeholder to fill.
+        result: the sampler's output (token_ids [rows] int64 on the device); None if no row.
+        host_token_ids: [rows] int64 pinned host copy of the tokens (CUDA), filled when
+            `event` completes; None on CPU.
+        event: CUDA event recorded after that copy; None on CPU.
+        num_prompt_tokens: prompt tokens the step computed (counters).
+    """
+
+    requests: list[Request]
+    indices: list[int]
+    result: SamplerOutput | None
+    host_token_ids: torch.Tensor | None
+    event: torch.cuda.Event | None
+    num_prompt_tokens: int
+
+    def token_ids(self) -> list[int]:
+        """The sampled tokens as ints; waits for the device when they are not there yet."""
+        if self.result is None:
+            return []
+        if self.event is None:
+            return self.result.token_ids.tolist()
+        self.event.synchronize()
+        return self.host_token_ids.tolist()
 
 
 class LLMEngine:
@@ -98,6 +143,12 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}  # request_id -> first sequence of the group
         self.last_scheduler_output = None  # the plan of the latest step (tests inspect it)
         self.clock = StepClock(self.device)
+        self.async_scheduling = config.async_scheduling
+        if self.async_scheduling is None:  # PAGEDRT_ASYNC_SCHEDULING=0|1 overrides the default
+            env = os.environ.get("PAGEDRT_ASYNC_SCHEDULING")
+            self.async_scheduling = self.device.type == "cuda" if env is None else env != "0"
+        self.in_flight: InFlightStep | None = None  # async scheduling: the step on the device
+        self._history_request_ids: set[str] = set()  # requests that sample from their outputs
         self.counters = {"num_steps": 0, "num_prompt_tokens": 0, "num_generated_tokens": 0,
                          "num_finished_requests": 0, "busy_time_s": 0.0}
 
@@ -139,6 +190,8 @@ class LLMEngine:
         req.stream = stream
         self._init_sequence(req, 0)
         self.requests[request_id] = req
+        if params.reads_output_tokens:
+            self._history_request_ids.add(request_id)
         self.scheduler.add_request(req)
         return req
 
@@ -185,36 +238,74 @@ class LLMEngine:
         head = self.requests.pop(request_id, None)
         if head is None:
             return False
+        self._history_request_ids.discard(request_id)
         for seq in head.group:
             if not seq.is_finished:
                 self.scheduler.finish(seq, RequestStatus.FINISHED_ABORTED)
+            if seq.num_pending_tokens:  # its token in flight is dropped with it
+                del seq.output_token_ids[-seq.num_pending_tokens:]
+                seq.num_pending_tokens = 0
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.in_flight is not None or self.scheduler.has_unfinished_requests()
 
     # ----------------------------------------------------------------- the step
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule -> execute -> sample -> update. Returns an output for every
-        streamed request that advanced and every request that finished."""
+        streamed request that advanced and every request that finished.
+
+        With async scheduling the update is that of the previous step, made after this one was
+        launched (see the module docstring); outputs then trail the device by one step.
+        """
         clock = self.clock.start()
+        outputs: list[RequestOutput] = []
+        if self.in_flight is not None and (self._history_request_ids
+                                           or not self.async_scheduling):
+            # sampling will read every generated token: no placeholder may be left
+            outputs = self._update(self.in_flight)
+            self.in_flight = None
         sched = self.last_scheduler_output = self.scheduler.schedule()
-        if not sched:
-            return []
         clock.mark("schedule")
-        logits, sampled = self.model_runner.execute(sched, clock)
+        launched = self._launch(sched, clock) if sched else None
+        previous, self.in_flight = self.in_flight, launched
+        if previous is not None:
+            outputs += self._update(previous)
+        if launched is not None and not self.async_scheduling:
+            outputs += self._update(launched)
+            self.in_flight = None
+        clock.mark("update")
+        if launched is not None:
+            self.counters["num_steps"] += 1
+            self.counters["num_prompt_tokens"] += launched.num_prompt_tokens
+        self.counters["busy_time_s"] += clock.total()
+        return outputs
+
+    def _launch(self, sched, clock) -> InFlightStep:
+        """Run the model and the sampler on a scheduled step; returns before the device is
+        done. Each sampled sequence gets a placeholder token, filled by `_update`."""
+        prev = self.in_flight
+        prev_token_ids = prev.result.token_ids if prev is not None and prev.result else None
+        logits, sampled = self.model_runner.execute(sched, clock, prev_token_ids)
         num_prompt_tokens = self._advance(sched)
         logits, sampled = self._fork_groups(logits, sampled)
         rows = [SamplingRow(r.params, r.generator, r.prompt_token_ids, r.output_token_ids,
                             r.eos_token_ids) for r in sampled]
         result = self.sampler(logits, rows, self.generator) if sampled else None
+        indices = []
+        for row, req in enumerate(sampled):
+            indices.append(len(req.output_token_ids))
+            req.output_token_ids.append(PLACEHOLDER_TOKEN_ID)
+            req.num_pending_tokens = 1
+            req.pending_row = row
+        host, event = None, None
+        if result is not None and self.device.type == "cuda":
+            host = torch.empty(len(sampled), dtype=torch.int64, pin_memory=True)
+            host.copy_(result.token_ids, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
         clock.mark("sample")
-        outputs = self._update(sampled, result)
-        clock.mark("update")
-        self.counters["num_steps"] += 1
-        self.counters["num_prompt_tokens"] += num_prompt_tokens
-        self.counters["busy_time_s"] += clock.total()
-        return outputs
+        return InFlightStep(sampled, indices, result, host, event, num_prompt_tokens)
 
     def _advance(self, sched) -> int:
         """Count the scheduled tokens as computed; returns how many were prompt (prefill)
@@ -255,20 +346,30 @@ class LLMEngine:
                 seqs.append(child)
         return logits[torch.tensor(rows, device=logits.device)], seqs
 
-    def _update(self, sampled: list[Request], result) -> list[RequestOutput]:
+    def _update(self, step: InFlightStep) -> list[RequestOutput]:
+        """Write a launched step's tokens over their placeholders, check stop conditions,
+        finish requests; returns the outputs to report."""
         now = time.monotonic()
-        token_ids = result.token_ids.tolist() if result is not None else []
+        token_ids = step.token_ids()
+        logprobs = step.result.logprobs if step.result is not None else None
         touched: dict[str, Request] = {}
-        for i, (req, token) in enumerate(zip(sampled, token_ids)):
-            req.output_token_ids.append(token)
-            if result.logprobs is not None and result.logprobs[i] is not None:
-                req.output_logprobs.append(result.logprobs[i])
+        for i, (req, index, token) in enumerate(zip(step.requests, step.indices, token_ids)):
+            if req.is_finished:
+                continue  # aborted, or stopped by the token before this one: drop the row
+            req.output_token_ids[index] = token
+            if index == len(req.output_token_ids) - 1:
+                req.num_pending_tokens = 0
+            if logprobs is not None and logprobs[i] is not None:
+                req.output_logprobs.append(logprobs[i])
             if req.first_token_time is None:
                 req.first_token_time = now
             req.last_token_time = now
             self.counters["num_generated_tokens"] += 1
-            status = self._check_stop(req, token)
+            status = self._check_stop(req, token, index + 1)
             if status is not None:
+                # a later step may have appended a placeholder already: it is not a token
+                del req.output_token_ids[index + 1:]
+                req.num_pending_tokens = 0
                 self.scheduler.finish(req, status)
                 if req.detokenizer is not None and not (req.stream or req.params.stop):
                     req.detokenizer.update(req.output_token_ids)  # detokenize once, at the end
@@ -277,12 +378,13 @@ class LLMEngine:
                 touched[head.request_id] = head
         return [self._make_output(head) for head in touched.values()]
 
-    def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
+    def _check_stop(self, req: Request, token: int, num_output: int) -> RequestStatus | None:
+        """Stop conditions after `token`, the request's `num_output`-th generated token."""
         p = req.params
         stop_string = None
         if req.detokenizer is not None and (req.stream or p.stop):
             stop_string = req.detokenizer.update([token])
-        if req.num_output_tokens >= p.min_tokens:
+        if num_output >= p.min_tokens:
             if not p.ignore_eos and token in req.eos_token_ids:
                 return RequestStatus.FINISHED_STOPPED
             if token in p.stop_token_ids:
@@ -291,7 +393,8 @@ class LLMEngine:
             if stop_string is not None:
                 req.stop_reason = stop_string
                 return RequestStatus.FINISHED_STOPPED
-        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
+        if (num_output >= p.max_tokens
+                or req.num_prompt_tokens + num_output >= self.max_model_len):
             return RequestStatus.FINISHED_LENGTH
         return None
 
@@ -305,7 +408,8 @@ class LLMEngine:
                 delta = seq.detokenizer.get_delta(done)
                 text = seq.detokenizer.output_text
             outs.append(CompletionOutput(
-                index=seq.sample_index, text=text, token_ids=list(seq.output_token_ids),
+                index=seq.sample_index, text=text,
+                token_ids=seq.output_token_ids[: seq.num_output_tokens - seq.num_pending_tokens],
                 finish_reason=seq.status.value if done else None, stop_reason=seq.stop_reason,
                 logprobs=list(seq.output_logprobs) if seq.params.logprobs is not None else None,
                 delta_text=delta,
@@ -313,6 +417,7 @@ class LLMEngine:
         finished = head.forked and all(s.is_finished for s in head.group)
         if finished:
             self.requests.pop(head.request_id, None)
+            self._history_request_ids.discard(head.request_id)
             self.counters["num_finished_requests"] += 1
         return RequestOutput(
             request_id=head.request_id, prompt=head.prompt,

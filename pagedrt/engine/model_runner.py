@@ -46,15 +46,24 @@ class ModelRunner:
         self.backend = backend
         self.block_size = kv_manager.block_size
         self.graph_runner: CUDAGraphRunner | None = None
-        self._staging: torch.Tensor | None = None  # pinned host buffer for the inputs
+        # two pinned host buffers for the inputs, used in turn: with async scheduling the
+        # copy out of one may still be queued while the next step's inputs are written
+        self._staging: list[torch.Tensor | None] = [None, None]
+        self._num_prepared = 0
         if use_cuda_graphs and self.device.type == "cuda":
             self.graph_runner = CUDAGraphRunner(
                 model, kv_cache.layers, max_num_seqs, kv_manager.blocks_for(max_model_len),
                 self.device, backend)
             self.graph_runner.capture()
 
-    def prepare(self, sched: SchedulerOutput) -> ModelInputs:
-        """Build the step's input tensors with numpy and move them in one host-to-device copy."""
+    def prepare(self, sched: SchedulerOutput,
+                prev_token_ids: torch.Tensor | None = None) -> ModelInputs:
+        """Build the step's input tensors with numpy and move them in one host-to-device copy.
+
+        prev_token_ids: [rows] int64 on the device, the tokens sampled by the step still in
+        flight (async scheduling). A request whose last token is a placeholder takes its input
+        id from row `request.pending_row` of it, on the device, without waiting for the host.
+        """
         bs = self.block_size
         reqs = sched.requests
         n = len(reqs)
@@ -84,18 +93,31 @@ class ModelRunner:
         num_tokens_all = [r.num_tokens for r in reqs]
         sampled_idx = [i for i, e in enumerate(ends.tolist()) if e == num_tokens_all[i]]
         logits_indices = cu[1:][sampled_idx] - 1
-        # one staging buffer, one copy: [ids | positions | slots | cu | seq_lens | logits | tables]
-        parts = [input_ids, positions, slot_mapping, cu, ends, logits_indices, block_tables.ravel()]
+        # placeholders (always a request's last token): (token index, row in prev_token_ids)
+        pending = [i for i, r in enumerate(reqs)
+                   if r.num_pending_tokens and ends[i] == num_tokens_all[i]]
+        pend_dst = cu[1:][pending] - 1
+        pend_src = np.fromiter((reqs[i].pending_row for i in pending), np.int64, len(pending))
+        # one staging buffer, one copy:
+        # [ids | positions | slots | cu | seq_lens | logits | tables | pending dst | pending src]
+        parts = [input_ids, positions, slot_mapping, cu, ends, logits_indices, block_tables.ravel(),
+                 pend_dst, pend_src]
         flat = torch.from_numpy(np.concatenate(parts))
         if self.device.type == "cuda":
-            if self._staging is None or self._staging.numel() < flat.numel():
-                self._staging = torch.empty(max(flat.numel(), 1 << 16), dtype=torch.int64,
-                                            pin_memory=True)
-            staged = self._staging[: flat.numel()]
+            k = self._num_prepared % 2
+            self._num_prepared += 1
+            if self._staging[k] is None or self._staging[k].numel() < flat.numel():
+                self._staging[k] = torch.empty(max(flat.numel(), 1 << 16), dtype=torch.int64,
+                                               pin_memory=True)
+            staged = self._staging[k][: flat.numel()]
             staged.copy_(flat)
             flat = staged.to(self.device, non_blocking=True)
         sizes = [len(x) for x in parts]
-        ids_t, pos_t, slot_t, cu_t, lens_t, logit_t, tables_t = torch.split(flat, sizes)
+        ids_t, pos_t, slot_t, cu_t, lens_t, logit_t, tables_t, dst_t, src_t = torch.split(flat,
+                                                                                          sizes)
+        if pending:
+            assert prev_token_ids is not None, "placeholder tokens but no step in flight"
+            ids_t.index_copy_(0, dst_t, prev_token_ids.index_select(0, src_t))
         meta = AttentionMetadata(
             slot_mapping=slot_t,
             block_tables=tables_t.view(n, width).to(torch.int32),
@@ -111,12 +133,13 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput, clock=NULL_CLOCK) -> tuple[torch.Tensor, list]:
+    def execute(self, sched: SchedulerOutput, clock=NULL_CLOCK,
+                prev_token_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, list]:
         """Apply pending block copies, run the model; returns (logits [num_sampled, vocab]
-        float32, the sampled requests in row order)."""
+        float32, the sampled requests in row order). prev_token_ids: see `prepare`."""
         if sched.copies:
             self.kv_cache.apply(sched.copies)
-        inputs = self.prepare(sched)
+        inputs = self.prepare(sched, prev_token_ids)
         clock.mark("prepare")
         meta = inputs.meta
         if (self.graph_runner is not None and meta.is_decode_only

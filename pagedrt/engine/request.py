@@ -23,6 +23,10 @@ from pagedrt.sampling_params import SamplingParams
 
 _arrival_counter = itertools.count()
 
+PLACEHOLDER_TOKEN_ID = -1
+"""Stands at the end of `output_token_ids` for a token that the in-flight step is still
+sampling (async scheduling, see `LLMEngine.step`); the engine writes the real id over it."""
+
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
@@ -59,6 +63,10 @@ class Request:
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
+        # async scheduling: placeholders at the end of output_token_ids (0 or 1), and the row
+        # of that token in the in-flight step's sampled token ids
+        self.num_pending_tokens = 0
+        self.pending_row = -1
         self.output_logprobs: list = []
         self.params = params
         self.priority = priority
@@ -86,6 +94,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_known_tokens(self) -> int:
+        """num_tokens without the placeholder of a token still being sampled."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) - self.num_pending_tokens
 
     @property
     def num_output_tokens(self) -> int:

@@ -150,6 +150,8 @@ class Scheduler:
             for req in self.running:
                 if budget == 0:
                     return planned
+                if req.num_pending_tokens and req.num_output_tokens >= req.params.max_tokens:
+                    continue  # its last token is being sampled now (async scheduling)
                 remaining = req.num_tokens - req.num_computed_tokens
                 assert remaining >= 1, f"{req} is running with nothing to compute"
                 if (remaining == 1) == decodes_pass:

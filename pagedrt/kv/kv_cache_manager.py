@@ -174,7 +174,7 @@ class KVCacheManager:
         """Hash every block that is full of known tokens once `num_tokens` are in the cache."""
         if not self.enable_caching:
             return
-        num_full = min(num_tokens, request.num_tokens) // self.block_size
+        num_full = min(num_tokens, request.num_known_tokens) // self.block_size
         start = self._num_cached_blocks.get(request.request_id, 0)
         if num_full <= start:
             return
