@@ -344,6 +344,20 @@ class BlockManagerMachine(RuleBasedStateMachine):
                 req.num_computed_tokens)
 
     @invariant()
+    def block_tables_kept_between_calls_match_the_blocks(self):
+        """block_tables() writes only what changed since its last call (rows kept across
+        rules that append, copy on write, swap and free): it must equal the ids padded by 0."""
+        rids = sorted(self.live, key=lambda r: hash(r) % 7)
+        if not rids:
+            return
+        table = self.kv.block_tables(rids)
+        width = max(len(self.kv.block_ids(r)) for r in rids)
+        assert table.shape == (len(rids), max(width, 1))
+        for row, rid in zip(table.tolist(), rids):
+            ids = self.kv.block_ids(rid)
+            assert row == ids + [0] * (table.shape[1] - len(ids)), (rid, row, ids)
+
+    @invariant()
     def every_request_reads_its_own_tokens(self):
         for req in self.live.values():
             ids = self.kv.block_ids(req.request_id)

@@ -31,7 +31,7 @@ from pagedrt.engine.detokenizer import IncrementalDetokenizer
 from pagedrt.engine.model_runner import ModelRunner
 from pagedrt.engine.profiling import StepClock
 from pagedrt.engine.request import PLACEHOLDER_TOKEN_ID, Request, RequestStatus
-from pagedrt.engine.sampler import Sampler, SamplerOutput, SamplingRow
+from pagedrt.engine.sampler import Sampler, SamplerOutput
 from pagedrt.engine.scheduler import Scheduler
 from pagedrt.kv.kv_cache import KVCache, kv_bytes_per_block, num_blocks_for_budget
 from pagedrt.kv.kv_cache_manager import KVCacheManager
@@ -289,9 +289,8 @@ class LLMEngine:
         logits, sampled = self.model_runner.execute(sched, clock, prev_token_ids)
         num_prompt_tokens = self._advance(sched)
         logits, sampled = self._fork_groups(logits, sampled)
-        rows = [SamplingRow(r.params, r.generator, r.prompt_token_ids, r.output_token_ids,
-                            r.eos_token_ids) for r in sampled]
-        result = self.sampler(logits, rows, self.generator) if sampled else None
+        # a Request has every field of a SamplingRow: it serves as its own row
+        result = self.sampler(logits, sampled, self.generator) if sampled else None
         indices = []
         for row, req in enumerate(sampled):
             indices.append(len(req.output_token_ids))

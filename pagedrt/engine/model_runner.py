@@ -69,15 +69,13 @@ class ModelRunner:
         n = len(reqs)
         q_lens = np.asarray(sched.num_new_tokens, dtype=np.int64)  # [n]
         starts = np.fromiter((r.num_computed_tokens for r in reqs), np.int64, n)  # [n]
+        totals = np.fromiter((r.num_tokens for r in reqs), np.int64, n)  # [n]
         ends = starts + q_lens
         cu = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(q_lens, out=cu[1:])
         num_tokens = int(cu[-1])
-        tables = [self.kv.block_ids(r.request_id) for r in reqs]
-        width = max(len(t) for t in tables)
-        block_tables = np.zeros((n, width), dtype=np.int64)
-        for i, t in enumerate(tables):
-            block_tables[i, : len(t)] = t
+        block_tables = self.kv.block_tables([r.request_id for r in reqs])  # [n, width]
+        width = block_tables.shape[1]
         if num_tokens == n:  # every request has one new token (decode)
             input_ids = np.fromiter((r.token_ids_slice(s, s + 1)[0] for r, s in
                                      zip(reqs, starts.tolist())), np.int64, n)
@@ -90,14 +88,15 @@ class ModelRunner:
             rows = np.repeat(np.arange(n), q_lens)  # request of each token
             positions = np.arange(num_tokens) - cu[rows] + starts[rows]
         slot_mapping = block_tables[rows, positions // bs] * bs + positions % bs
-        num_tokens_all = [r.num_tokens for r in reqs]
-        sampled_idx = [i for i, e in enumerate(ends.tolist()) if e == num_tokens_all[i]]
+        is_sampled = ends == totals  # the step completes the request's known tokens
+        sampled_idx = np.flatnonzero(is_sampled)
         logits_indices = cu[1:][sampled_idx] - 1
         # placeholders (always a request's last token): (token index, row in prev_token_ids)
-        pending = [i for i, r in enumerate(reqs)
-                   if r.num_pending_tokens and ends[i] == num_tokens_all[i]]
+        pending = np.flatnonzero(is_sampled & np.fromiter(
+            (r.num_pending_tokens for r in reqs), np.bool_, n))
         pend_dst = cu[1:][pending] - 1
-        pend_src = np.fromiter((reqs[i].pending_row for i in pending), np.int64, len(pending))
+        pend_src = np.fromiter((reqs[i].pending_row for i in pending.tolist()), np.int64,
+                               len(pending))
         # one staging buffer, one copy:
         # [ids | positions | slots | cu | seq_lens | logits | tables | pending dst | pending src]
         parts = [input_ids, positions, slot_mapping, cu, ends, logits_indices, block_tables.ravel(),
@@ -115,7 +114,7 @@ class ModelRunner:
         sizes = [len(x) for x in parts]
         ids_t, pos_t, slot_t, cu_t, lens_t, logit_t, tables_t, dst_t, src_t = torch.split(flat,
                                                                                           sizes)
-        if pending:
+        if len(pending):
             assert prev_token_ids is not None, "placeholder tokens but no step in flight"
             ids_t.index_copy_(0, dst_t, prev_token_ids.index_select(0, src_t))
         meta = AttentionMetadata(
@@ -129,7 +128,7 @@ class ModelRunner:
         )
         return ModelInputs(
             input_ids=ids_t, positions=pos_t, meta=meta, logits_indices=logit_t,
-            sampled_requests=[reqs[i] for i in sampled_idx],
+            sampled_requests=[reqs[i] for i in sampled_idx.tolist()],
         )
 
     @torch.inference_mode()

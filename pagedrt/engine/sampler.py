@@ -34,7 +34,8 @@ from pagedrt.sampling_params import SamplingParams
 
 @dataclass
 class SamplingRow:
-    """What the sampler needs to know about one row of the logits batch.
+    """What the sampler needs to know about one row of the logits batch (any object with
+    these attributes will do; the engine passes its `Request`s).
 
     Attributes:
         params: the request's sampling settings.

@@ -78,15 +78,16 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         max_tokens = self.config.max_num_batched_tokens
+        self._chunked = False  # some request gets only part of its remaining tokens
 
         # 1. running requests. The token budget goes to decodes first (one token each), then to
         #    unfinished prefill chunks, most important first within each kind; blocks are then
         #    allocated most important first, preempting from the least important end.
-        planned = self._plan_running(max_tokens)
+        planned = self._plan_running(max_tokens)  # aligned with self.running
         i = 0
         while i < len(self.running):
             req = self.running[i]
-            num_new = planned.get(req.request_id, 0)
+            num_new = planned[i]
             if num_new == 0:
                 i += 1
                 continue
@@ -95,11 +96,13 @@ class Scheduler:
                 # scheduled this step, since those come before index i
                 victim = self.running[-1]
                 self._preempt(victim, out)
+                del planned[-1]
                 if victim is req:
                     break
             else:
                 out.requests.append(req)
                 out.num_new_tokens.append(num_new)
+                self._chunked |= req.num_computed_tokens + num_new < req.num_tokens
                 i += 1
                 continue
             # req itself was preempted; the list shifted, i already points to the next one
@@ -110,6 +113,7 @@ class Scheduler:
             while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
                 req = self.swapped[0]
                 num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+                self._chunked |= num_new < req.num_tokens - req.num_computed_tokens
                 if not self.kv.can_swap_in(req, num_new):
                     break
                 self.swapped.pop(0)
@@ -127,6 +131,7 @@ class Scheduler:
                 if self.kv.allocate_slots(req, num_new, hits) is None:
                     break
                 self.waiting.pop(0)
+                self._chunked |= req.num_computed_tokens + num_new < req.num_tokens
                 if req.num_preemptions == 0:
                     req.num_cached_tokens = num_hit_tokens
                 self._start(req, num_new, out)
@@ -135,28 +140,33 @@ class Scheduler:
         # copies queued by preemptions of a step that runs nothing wait for the next forward
         if out.requests:
             out.copies = self.kv.take_pending_copies()
-        if any(r.num_computed_tokens + n < r.num_tokens
-               for r, n in zip(out.requests, out.num_new_tokens)):
+        if self._chunked:
             self.num_chunked_prefill_steps += 1
         self.peak_num_running = max(self.peak_num_running, len(self.running))
         used = self.kv.num_blocks - self.kv.num_free_blocks
         self.peak_num_used_blocks = max(self.peak_num_used_blocks, used)
         return out
 
-    def _plan_running(self, budget: int) -> dict[str, int]:
-        """New tokens per running request (by id): decodes first, then prefill chunks."""
-        planned: dict[str, int] = {}
-        for decodes_pass in (True, False):
-            for req in self.running:
-                if budget == 0:
-                    return planned
-                if req.num_pending_tokens and req.num_output_tokens >= req.params.max_tokens:
-                    continue  # its last token is being sampled now (async scheduling)
-                remaining = req.num_tokens - req.num_computed_tokens
-                assert remaining >= 1, f"{req} is running with nothing to compute"
-                if (remaining == 1) == decodes_pass:
-                    planned[req.request_id] = min(remaining, budget)
-                    budget -= planned[req.request_id]
+    def _plan_running(self, budget: int) -> list[int]:
+        """New tokens per running request (aligned with self.running): decodes first, then
+        prefill chunks, most important first within each kind."""
+        remaining = []
+        for req in self.running:
+            num = req.num_tokens - req.num_computed_tokens
+            if req.num_pending_tokens and req.num_output_tokens >= req.params.max_tokens:
+                num = 0  # its last token is being sampled now (async scheduling)
+            else:
+                assert num >= 1, f"{req} is running with nothing to compute"
+            remaining.append(num)
+        planned = [0] * len(remaining)
+        for i, num in enumerate(remaining):  # decodes
+            if num == 1 and budget:
+                planned[i] = 1
+                budget -= 1
+        for i, num in enumerate(remaining):  # prefill chunks
+            if num > 1 and budget:
+                planned[i] = min(num, budget)
+                budget -= planned[i]
         return planned
 
     def _start(self, req: Request, num_new: int, out: SchedulerOutput) -> None:

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from pagedrt.engine.request import Request
 from pagedrt.kv.block_pool import BlockPool, KVBlock, hash_block_tokens
 
@@ -61,6 +63,11 @@ class KVCacheManager:
         self._block_hashes: dict[str, list[bytes]] = {}  # hashes of the full blocks of a request
         self._num_cached_blocks: dict[str, int] = {}  # leading blocks already offered to the cache
         self._block_ids: dict[str, list[int]] = {}  # memo of block_ids()
+        # block tables kept from step to step as rows of one array (see block_tables)
+        self._table = np.zeros((64, 64), dtype=np.int64)
+        self._table_lens: list[int] = [0] * 64  # ids written in each row
+        self._table_rows: dict[str, int] = {}  # request id -> its row
+        self._free_table_rows = list(range(63, -1, -1))
         self.num_cpu_blocks = num_cpu_blocks
         self._free_cpu_blocks = list(range(num_cpu_blocks - 1, -1, -1))
         self.req_to_cpu_blocks: dict[str, list[int]] = {}
@@ -85,15 +92,65 @@ class KVCacheManager:
         return -(-num_tokens // self.block_size)
 
     def block_ids(self, request_id: str) -> list[int]:
-        """The request's block table as ids (memoized: block tables only grow, except for
-        copy-on-write, free and swaps, which drop the memo)."""
+        """The request's block table as ids (a copy)."""
+        return list(self._memo_block_ids(request_id))
+
+    def _memo_block_ids(self, request_id: str) -> list[int]:
+        """Memoized block ids: block tables only grow, except for copy-on-write, free and
+        swaps, which drop the memo. The caller must not modify the list."""
         blocks = self.req_to_blocks.get(request_id, ())
         ids = self._block_ids.get(request_id)
         if ids is None:
             ids = self._block_ids[request_id] = [b.block_id for b in blocks]
         elif len(ids) < len(blocks):
             ids.extend(b.block_id for b in blocks[len(ids):])
-        return list(ids)
+        return ids
+
+    def block_tables(self, request_ids: list[str]) -> np.ndarray:
+        """Block tables of several requests, [len(request_ids), most blocks] int64, each row
+        padded with 0 past the request's blocks.
+
+        Each request keeps a row of one array from step to step, and only the ids appended
+        since the last call are written: a decode step adds a block to one request in
+        block_size, so this costs a lookup per request rather than a copy of every table.
+        """
+        rows = []
+        width = 1
+        for request_id in request_ids:
+            ids = self._memo_block_ids(request_id)
+            row = self._table_rows.get(request_id)
+            if row is None:
+                row = self._table_row(request_id)
+            num_written, num_ids = self._table_lens[row], len(ids)
+            if num_written != num_ids:  # only grows: a changed table dropped the row first
+                if num_ids > self._table.shape[1]:
+                    self._table = np.pad(self._table, ((0, 0), (0, num_ids)))
+                self._table[row, num_written:num_ids] = ids[num_written:]
+                self._table_lens[row] = num_ids
+            rows.append(row)
+            width = max(width, num_ids)
+        return self._table[rows, :width]
+
+    def _table_row(self, request_id: str) -> int:
+        if not self._free_table_rows:  # double the rows
+            n = self._table.shape[0]
+            self._table = np.pad(self._table, ((0, n), (0, 0)))
+            self._table_lens.extend([0] * n)
+            self._free_table_rows = list(range(2 * n - 1, n - 1, -1))
+        row = self._table_rows[request_id] = self._free_table_rows.pop()
+        return row
+
+    def _drop_memo(self, request_id: str, release_row: bool = False) -> None:
+        """Forget the memoized ids and table row of a request whose blocks changed other than
+        by appending (copy-on-write, swap) or were freed."""
+        self._block_ids.pop(request_id, None)
+        row = self._table_rows.get(request_id)
+        if row is not None:
+            self._table[row, : self._table_lens[row]] = 0
+            self._table_lens[row] = 0
+            if release_row:
+                del self._table_rows[request_id]
+                self._free_table_rows.append(row)
 
     # ----------------------------------------------------------------- prefix cache
     def _request_block_hashes(self, request: Request, num_full_blocks: int) -> list[bytes]:
@@ -138,8 +195,17 @@ class KVCacheManager:
         None when the pool is short, with no state changed.
         """
         assert num_new_tokens >= 1, f"num_new_tokens={num_new_tokens}"
-        hits = new_computed_blocks or []
+        bs = self.block_size
         blocks = self.req_to_blocks.get(request.request_id, [])
+        end = request.num_computed_tokens + num_new_tokens
+        if (not new_computed_blocks and end <= len(blocks) * bs
+                and (request.num_computed_tokens % bs == 0 or blocks[-1].ref_cnt == 1)):
+            # the common decode step: the new tokens fit in the request's own last block
+            if self.enable_caching and end // bs > self._num_cached_blocks.get(
+                    request.request_id, 0):
+                self._cache_full_blocks(request, end)
+            return []
+        hits = new_computed_blocks or []
         num_computed = request.num_computed_tokens + len(hits) * self.block_size
         total_blocks = self.blocks_for(num_computed + num_new_tokens)
         num_new_blocks = max(total_blocks - len(blocks) - len(hits), 0)
@@ -162,7 +228,7 @@ class KVCacheManager:
             shared = blocks[-1]
             self.pool.free_blocks([shared])
             blocks[-1] = copy
-            self._block_ids.pop(request.request_id, None)
+            self._drop_memo(request.request_id)
             self.pending.copy.append((shared.block_id, copy.block_id))
             self.stats.num_cow_copies += 1
         new_blocks = self.pool.get_new_blocks(num_new_blocks) or []
@@ -197,7 +263,7 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Release all of a request's blocks (device and CPU); idempotent."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
-        self._block_ids.pop(request.request_id, None)
+        self._drop_memo(request.request_id, release_row=True)
         self.pool.free_blocks(list(reversed(blocks)))
         self._block_hashes.pop(request.request_id, None)
         self._num_cached_blocks.pop(request.request_id, None)
@@ -217,7 +283,7 @@ class KVCacheManager:
         cpu_blocks = [self._free_cpu_blocks.pop() for _ in blocks]
         self.pending.swap_out.extend(zip((b.block_id for b in blocks), cpu_blocks))
         self.req_to_cpu_blocks[request.request_id] = cpu_blocks
-        self._block_ids.pop(request.request_id, None)
+        self._drop_memo(request.request_id)
         self.pool.free_blocks(list(reversed(self.req_to_blocks.pop(request.request_id))))
         self._num_cached_blocks.pop(request.request_id, None)
         self.stats.num_swapped_out_blocks += len(cpu_blocks)
@@ -236,7 +302,7 @@ class KVCacheManager:
         self.pending.swap_in.extend(zip(cpu_blocks, (b.block_id for b in blocks)))
         self._free_cpu_blocks.extend(reversed(cpu_blocks))
         self.req_to_blocks[request.request_id] = blocks
-        self._block_ids.pop(request.request_id, None)
+        self._drop_memo(request.request_id)
         self.stats.num_swapped_in_blocks += len(blocks)
         self._cache_full_blocks(request, request.num_computed_tokens)
 
