@@ -86,9 +86,44 @@ def timed_generate(llm, prompts, params) -> tuple[float, int, list]:
     return time.perf_counter() - t, engine.counters["num_steps"] - base_steps, outs
 
 
+def trace_steps(engine) -> list:
+    """Wrap engine.step to record, per step, (seconds since the previous step returned,
+    requests scheduled, tokens scheduled). Returns the list it appends to."""
+    trace: list = []
+    step = engine.step
+    last = [time.perf_counter()]
+
+    def traced():
+        out = step()
+        now = time.perf_counter()
+        sched = engine.last_scheduler_output
+        trace.append((now - last[0], len(sched.requests), sched.total_num_tokens))
+        last[0] = now
+        return out
+
+    engine.step = traced
+    return trace
+
+
+def summarize_trace(trace: list) -> dict:
+    """Median and total step time of decode-only steps and of steps with prefill tokens."""
+    import statistics
+
+    decode = [t for t, n, q in trace if n and q == n]
+    mixed = [t for t, n, q in trace if q > n]
+    return {"decode_steps": len(decode), "decode_step_ms_median":
+            1e3 * statistics.median(decode) if decode else None,
+            "decode_total_s": sum(decode), "prefill_steps": len(mixed),
+            "prefill_step_ms_median": 1e3 * statistics.median(mixed) if mixed else None,
+            "prefill_total_s": sum(mixed)}
+
+
 def run_pagedrt(llm, loaded, args, prompts, params, ceilings, name: str, workload: str) -> dict:
     engine = llm.llm_engine
+    trace = trace_steps(engine)
     elapsed, num_steps, outs = timed_generate(llm, prompts, params)
+    del engine.step  # back to the class's method
+    step_times = summarize_trace(trace)
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     n_in = sum(len(p) for p in prompts)
     stats = llm.stats()
@@ -111,6 +146,7 @@ def run_pagedrt(llm, loaded, args, prompts, params, ceilings, name: str, workloa
         "output_tok_s": n_out / elapsed, "total_tok_s": (n_in + n_out) / elapsed,
         "requests_s": len(prompts) / elapsed, "num_steps": num_steps,
         "ms_per_step": 1e3 * elapsed / num_steps, "step_split_ms": split_ms,
+        "step_times": step_times, "async_scheduling": engine.async_scheduling,
         "kv_num_blocks": stats["num_blocks"], "kv_peak_used_blocks": stats["peak_used_blocks"],
         "peak_batch_size": stats["peak_batch_size"], "num_preemptions": stats["num_preemptions"],
         "roofline_floor_s": floor, "roofline_efficiency": floor / elapsed,
@@ -244,6 +280,11 @@ def main(argv: list[str]) -> int:
         print(f"{r['system']:<18} {r['workload']:<34} {shown:>10} {ratio:>9} {eff:>6}")
     r0 = results[0]
     split = ", ".join(f"{k} {v:.2f}" for k, v in r0["step_split_ms"].items())
+    st = r0["step_times"]
+    print(f"pagedrt steps: {st['decode_steps']} decode-only, median "
+          f"{st['decode_step_ms_median'] or 0:.2f} ms, {st['decode_total_s']:.3f} s in all; "
+          f"{st['prefill_steps']} with prefill, median {st['prefill_step_ms_median'] or 0:.2f} ms, "
+          f"{st['prefill_total_s']:.3f} s in all")
     print(f"pagedrt step split (ms/step): {split}"
           f" | steps {r0['num_steps']}"
           f" | KV blocks {r0['kv_peak_used_blocks']}/{r0['kv_num_blocks']}")
