@@ -87,42 +87,66 @@ def timed_generate(llm, prompts, params) -> tuple[float, int, list]:
 
 
 def trace_steps(engine) -> list:
-    """Wrap engine.step to record, per step, (seconds since the previous step returned,
-    requests scheduled, tokens scheduled). Returns the list it appends to."""
+    """Wrap engine.step to record, per step, [seconds since the previous step returned,
+    requests scheduled, tokens scheduled, device ms of the model (CUDA events around
+    ModelRunner.execute, read after the run; None on CPU)]. Returns the list it appends to."""
     trace: list = []
-    step = engine.step
+    events: list = []
+    step, execute = engine.step, engine.model_runner.execute
     last = [time.perf_counter()]
+    cuda = engine.device.type == "cuda"
+
+    def traced_execute(*a, **kw):
+        if not cuda:
+            return execute(*a, **kw)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = execute(*a, **kw)
+        end.record()
+        events.append((len(trace), start, end))
+        return out
 
     def traced():
         out = step()
         now = time.perf_counter()
         sched = engine.last_scheduler_output
-        trace.append((now - last[0], len(sched.requests), sched.total_num_tokens))
+        trace.append([now - last[0], len(sched.requests), sched.total_num_tokens, None])
         last[0] = now
         return out
 
-    engine.step = traced
+    def finish():
+        for i, start, end in events:
+            trace[i][3] = start.elapsed_time(end)
+        del engine.step, engine.model_runner.execute  # back to the class's methods
+
+    engine.step, engine.model_runner.execute = traced, traced_execute
+    trace_steps.finish = finish
     return trace
 
 
 def summarize_trace(trace: list) -> dict:
-    """Median and total step time of decode-only steps and of steps with prefill tokens."""
+    """Median and total step time (wall, and device time of the model) of decode-only steps
+    and of steps with prefill tokens."""
     import statistics
 
-    decode = [t for t, n, q in trace if n and q == n]
-    mixed = [t for t, n, q in trace if q > n]
-    return {"decode_steps": len(decode), "decode_step_ms_median":
-            1e3 * statistics.median(decode) if decode else None,
-            "decode_total_s": sum(decode), "prefill_steps": len(mixed),
-            "prefill_step_ms_median": 1e3 * statistics.median(mixed) if mixed else None,
-            "prefill_total_s": sum(mixed)}
+    out = {}
+    for kind, rows in (("decode", [r for r in trace if r[1] and r[2] == r[1]]),
+                       ("prefill", [r for r in trace if r[2] > r[1]])):
+        wall = [r[0] for r in rows]
+        dev = [r[3] for r in rows if r[3] is not None]
+        out[f"{kind}_steps"] = len(rows)
+        out[f"{kind}_step_ms_median"] = 1e3 * statistics.median(wall) if wall else 0.0
+        out[f"{kind}_total_s"] = sum(wall)
+        out[f"{kind}_model_device_ms_median"] = statistics.median(dev) if dev else None
+        out[f"{kind}_model_device_total_s"] = sum(dev) / 1e3 if dev else None
+    return out
 
 
 def run_pagedrt(llm, loaded, args, prompts, params, ceilings, name: str, workload: str) -> dict:
     engine = llm.llm_engine
     trace = trace_steps(engine)
     elapsed, num_steps, outs = timed_generate(llm, prompts, params)
-    del engine.step  # back to the class's method
+    trace_steps.finish()
     step_times = summarize_trace(trace)
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     n_in = sum(len(p) for p in prompts)
@@ -146,7 +170,8 @@ def run_pagedrt(llm, loaded, args, prompts, params, ceilings, name: str, workloa
         "output_tok_s": n_out / elapsed, "total_tok_s": (n_in + n_out) / elapsed,
         "requests_s": len(prompts) / elapsed, "num_steps": num_steps,
         "ms_per_step": 1e3 * elapsed / num_steps, "step_split_ms": split_ms,
-        "step_times": step_times, "async_scheduling": engine.async_scheduling,
+        "step_times": step_times, "step_trace": trace,
+        "async_scheduling": engine.async_scheduling,
         "kv_num_blocks": stats["num_blocks"], "kv_peak_used_blocks": stats["peak_used_blocks"],
         "peak_batch_size": stats["peak_batch_size"], "num_preemptions": stats["num_preemptions"],
         "roofline_floor_s": floor, "roofline_efficiency": floor / elapsed,
@@ -281,10 +306,11 @@ def main(argv: list[str]) -> int:
     r0 = results[0]
     split = ", ".join(f"{k} {v:.2f}" for k, v in r0["step_split_ms"].items())
     st = r0["step_times"]
-    print(f"pagedrt steps: {st['decode_steps']} decode-only, median "
-          f"{st['decode_step_ms_median'] or 0:.2f} ms, {st['decode_total_s']:.3f} s in all; "
-          f"{st['prefill_steps']} with prefill, median {st['prefill_step_ms_median'] or 0:.2f} ms, "
-          f"{st['prefill_total_s']:.3f} s in all")
+    for kind in ("decode", "prefill"):
+        dev = st[f"{kind}_model_device_total_s"]
+        dev = f"; model on the device {dev:.3f} s" if dev is not None else ""
+        print(f"pagedrt {kind} steps: {st[f'{kind}_steps']}, median "
+              f"{st[f'{kind}_step_ms_median']:.2f} ms, {st[f'{kind}_total_s']:.3f} s in all{dev}")
     print(f"pagedrt step split (ms/step): {split}"
           f" | steps {r0['num_steps']}"
           f" | KV blocks {r0['kv_peak_used_blocks']}/{r0['kv_num_blocks']}")
