@@ -201,3 +201,18 @@ def test_mixed_batch_of_every_combination():
 def test_rejects_mismatched_rows():
     with pytest.raises(ValueError, match="rows"):
         Sampler()(torch.zeros(2, VOCAB), [_row()])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_logits_greedy_without_upcast_equals_float32(dtype):
+    """Plain greedy rows take the argmax of the model-dtype logits directly (no float32 copy);
+    rows that need probabilities upcast. Both must pick what float32 logits would."""
+    logits = (_logits(64, seed=3) * 3).to(dtype)
+    plain = [_row(temperature=0.0) for _ in range(64)]
+    mixed = [_row(temperature=0.0, logprobs=2) if i % 2 else _row(temperature=0.0)
+             for i in range(64)]
+    expected = logits.float().argmax(dim=-1)
+    for rows in (plain, mixed):
+        out = Sampler()(logits, rows)
+        assert torch.equal(out.token_ids, expected)
+    assert Sampler()(logits, mixed).logprobs[1].token_id == int(expected[1])

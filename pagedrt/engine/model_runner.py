@@ -135,7 +135,8 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput, clock=NULL_CLOCK,
                 prev_token_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, list]:
         """Apply pending block copies, run the model; returns (logits [num_sampled, vocab]
-        float32, the sampled requests in row order). prev_token_ids: see `prepare`."""
+        in the model's dtype, the sampled requests in row order). prev_token_ids: see
+        `prepare`."""
         if sched.copies:
             self.kv_cache.apply(sched.copies)
         inputs = self.prepare(sched, prev_token_ids)

@@ -103,6 +103,9 @@ class Sampler:
         """
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(rows)} rows")
+        if all(_plain_greedy(r.params) for r in rows):
+            # argmax of bf16/fp16 logits equals that of their exact float32 upcast
+            return SamplerOutput(token_ids=logits.argmax(dim=-1))
         raw = logits.float()
         device = raw.device
 
@@ -159,6 +162,12 @@ class Sampler:
         # Exp(1) can round to 0; 0 / 0 would be NaN, which argmax would pick.
         q.clamp_(min=torch.finfo(q.dtype).tiny)
         return (probs / q).argmax(dim=-1)
+
+
+def _plain_greedy(p: SamplingParams) -> bool:
+    """Greedy with nothing that reads or changes the logits before the argmax."""
+    return (p.greedy and p.logprobs is None and p.min_tokens == 0
+            and not p.reads_output_tokens)
 
 
 def _to_device(

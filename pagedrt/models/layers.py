@@ -33,9 +33,10 @@ def tp_rank_and_size() -> tuple[int, int]:
 
 
 FUSED_OPS = os.environ.get("PAGEDRT_FUSED_OPS", "1") != "0"
-"""Run RMSNorm, RoPE and SiluAndMul as the Triton kernels of `pagedrt.ops.fused_triton` on
-CUDA tensors. `PAGEDRT_FUSED_OPS=0` (read at import) or setting this to False keeps the eager
-torch code, which is always the path on CPU and the oracle the kernels are tested against."""
+"""Run RMSNorm, RoPE and SiluAndMul as the Triton kernels of `pagedrt.ops.fused_triton`, and
+linear layers of 1-4 rows through `pagedrt.ops.gemv_triton` where faster, on CUDA tensors.
+`PAGEDRT_FUSED_OPS=0` (read at import) or setting this to False keeps the eager torch code,
+which is always the path on CPU and the oracle the kernels are tested against."""
 
 
 def _use_fused(x: torch.Tensor) -> bool:
@@ -45,6 +46,16 @@ def _use_fused(x: torch.Tensor) -> bool:
     from pagedrt.ops.attention import triton_available  # lazy: triton is optional
 
     return triton_available()
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear; on CUDA, 1 to 4 rows go through the skinny Triton kernel where it was timed
+    faster (`pagedrt.ops.gemv_triton`)."""
+    if x.dim() == 2 and x.shape[0] <= 4 and _use_fused(x):
+        from pagedrt.ops.gemv_triton import linear
+
+        return linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def _divide(numerator: int, denominator: int, what: str) -> int:
@@ -180,7 +191,7 @@ class LinearBase(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return _linear(x, self.weight, self.bias)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -259,7 +270,7 @@ class RowParallelLinear(LinearBase):
         param.data.copy_(loaded_weight.narrow(1, self.tp_rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        y = _linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
         if self.tp_size > 1:
             dist.all_reduce(y)
         return y

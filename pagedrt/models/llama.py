@@ -175,8 +175,10 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, kv_caches, meta)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """hidden_states [N, hidden_size] -> logits [N, vocab_size] float32."""
-        return self.lm_head(hidden_states).float()
+        """hidden_states [N, hidden_size] -> logits [N, vocab_size] in the model's dtype (the
+        sampler upcasts to float32 where it computes probabilities; a greedy argmax needs no
+        cast, which saves writing [N, vocab] float32 every decode step)."""
+        return self.lm_head(hidden_states)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
