@@ -13,12 +13,15 @@ under capture, a shape not yet timed falls back to torch.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 MAX_ROWS = 4  # rows of x (tokens) this path serves
+ENABLED = os.environ.get("PAGEDRT_GEMV", "1") != "0"  # PAGEDRT_GEMV=0: always torch
 
 # (BLOCK_N, BLOCK_K, num_warps): tiles of W of 2-16 KB, read once each
 CONFIGS = [(4, 512, 4), (8, 256, 4), (8, 512, 4), (16, 256, 4), (16, 512, 8), (32, 128, 4),
@@ -117,13 +120,19 @@ _CHOICE: dict[tuple, tuple[int, int, int] | None] = {}  # shape key -> config, N
 
 
 def _choose(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple | None:
-    """Time torch and every config on these shapes (median of triton.testing.do_bench)."""
-    from triton.testing import do_bench
+    """Time torch and every config on these shapes as the engine runs them: replayed from a
+    CUDA graph (triton.testing.do_bench_cudagraph), where launch overhead does not hide the
+    kernels' own time."""
+    from triton.testing import do_bench_cudagraph
 
-    best, best_ms = None, do_bench(lambda: F.linear(x, weight, bias), warmup=5, rep=20)
+    def timed(fn) -> float:
+        fn()  # compile outside the capture
+        return do_bench_cudagraph(fn, rep=20)
+
+    best, best_ms = None, timed(lambda: F.linear(x, weight, bias))
     for cfg in CONFIGS:
         try:
-            ms = do_bench(lambda cfg=cfg: gemv_triton(x, weight, bias, cfg), warmup=5, rep=20)
+            ms = timed(lambda cfg=cfg: gemv_triton(x, weight, bias, cfg))
         except Exception:  # noqa: BLE001, S112 - a config this GPU cannot run is skipped
             continue
         if ms < 0.95 * best_ms:  # a clear win only
@@ -135,7 +144,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            ) -> torch.Tensor:
     """`F.linear(x, weight, bias)`, through the skinny kernel where that was timed faster."""
     m = x.shape[0] if x.dim() == 2 else 0
-    if not (x.is_cuda and 1 <= m <= MAX_ROWS and x.stride(-1) == 1
+    if not (ENABLED and x.is_cuda and 1 <= m <= MAX_ROWS and x.stride(-1) == 1
             and weight.is_contiguous()):
         return F.linear(x, weight, bias)
     key = (weight.shape, m, x.dtype, bias is not None, x.device.index)
