@@ -133,7 +133,14 @@ class LLMEngine:
         self.model_runner = ModelRunner(
             self.model, self.kv_cache, self.kv_manager, self.device, backend,
             max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-            use_cuda_graphs=not config.enforce_eager)
+            use_cuda_graphs=not config.enforce_eager,
+            max_num_batched_tokens=config.max_num_batched_tokens)
+        # two pinned buffers for the sampled token ids, used in turn (one step in flight);
+        # allocated now, since pinning later waits for the device (see ModelRunner)
+        self._token_buffers = [
+            torch.empty(2 * config.max_num_seqs, dtype=torch.int64,
+                        pin_memory=self.device.type == "cuda") for _ in range(2)]
+        self._num_launched = 0
         self.sampler = Sampler()
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.eos_token_ids = tuple(mc.eos_token_ids)
@@ -299,7 +306,12 @@ class LLMEngine:
             req.pending_row = row
         host, event = None, None
         if result is not None and self.device.type == "cuda":
-            host = torch.empty(len(sampled), dtype=torch.int64, pin_memory=True)
+            k = self._num_launched % 2
+            self._num_launched += 1
+            if self._token_buffers[k].numel() < len(sampled):
+                self._token_buffers[k] = torch.empty(2 * len(sampled), dtype=torch.int64,
+                                                     pin_memory=True)
+            host = self._token_buffers[k][: len(sampled)]
             host.copy_(result.token_ids, non_blocking=True)
             event = torch.cuda.Event()
             event.record()

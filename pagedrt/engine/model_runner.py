@@ -38,7 +38,8 @@ class ModelInputs:
 
 class ModelRunner:
     def __init__(self, model, kv_cache: KVCache, kv_manager: KVCacheManager, device, backend,
-                 max_num_seqs: int = 256, max_model_len: int = 2048, use_cuda_graphs: bool = False):
+                 max_num_seqs: int = 256, max_model_len: int = 2048, use_cuda_graphs: bool = False,
+                 max_num_batched_tokens: int = 8192):
         self.model = model
         self.kv_cache = kv_cache
         self.kv = kv_manager
@@ -48,8 +49,15 @@ class ModelRunner:
         self.graph_runner: CUDAGraphRunner | None = None
         # two pinned host buffers for the inputs, used in turn: with async scheduling the
         # copy out of one may still be queued while the next step's inputs are written
+        # (allocated now: pinning memory later, cudaHostAlloc, would wait for the device and
+        # stall the pipeline; they grow only for a step larger than these bounds)
         self._staging: list[torch.Tensor | None] = [None, None]
         self._num_prepared = 0
+        if self.device.type == "cuda":
+            size = (3 * max_num_batched_tokens + 6 * (max_num_seqs + 1)
+                    + max_num_seqs * kv_manager.blocks_for(max_model_len))
+            self._staging = [torch.empty(size, dtype=torch.int64, pin_memory=True)
+                             for _ in range(2)]
         if use_cuda_graphs and self.device.type == "cuda":
             self.graph_runner = CUDAGraphRunner(
                 model, kv_cache.layers, max_num_seqs, kv_manager.blocks_for(max_model_len),
