@@ -245,3 +245,22 @@ def test_cli_bad_input_exit_code():
         capture_output=True, text=True, timeout=600, check=False,
     )
     assert proc.returncode == 2 and "max_tokens=0" in proc.stderr
+
+
+def test_bench_throughput_on_cpu_writes_its_trace(smollm2_path, tmp_path):
+    """`pagedrt bench throughput` end to end on CPU (tiny workload): the JSON has the figures
+    and one trace row per engine step, decode-only and prefill steps told apart."""
+    import json
+
+    from pagedrt.bench.throughput import main
+
+    assert main(["--model", smollm2_path, "--device", "cpu", "--dtype", "float32",
+                 "--num-requests", "2", "--input-len", "8", "--output-len", "3",
+                 "--num-kv-blocks", "64", "--out", str(tmp_path), "--name", "t"]) == 0
+    data = json.loads((tmp_path / "t.json").read_text())
+    row = data["results"][0]
+    assert row["system"] == "pagedrt" and row["output_tokens"] == 6
+    assert len(row["step_trace"]) == row["num_steps"]
+    st = row["step_times"]
+    assert st["prefill_steps"] >= 1 and st["decode_steps"] == 2  # tokens 2 and 3 of each
+    assert st["decode_model_device_total_s"] is None  # no CUDA events on CPU

@@ -5,7 +5,9 @@ Workloads (random token ids, ignore_eos, so every request generates exactly its 
   nanovllm  nano-vllm's bench.py workload: 256 requests, input and output lengths uniform in
             [100, 1024], Python `random.seed(0)`, token ids in [0, 10000], temperature 0.6
 
-Reports output tok/s, total tok/s, requests/s; the mean step time split into schedule,
+Reports output tok/s, total tok/s, requests/s; a per-step trace of the timed run (wall time
+between steps, requests and tokens scheduled, device time of the model from CUDA events),
+summed for decode-only steps and steps with prefill; the mean step time split into schedule,
 prepare, forward, sample, update (a second pass with a device sync per phase); KV usage; and a
 roofline: floor = (bytes of weights read once per step + bytes of K/V read by decode
 attention) / measured read bandwidth + prefill FLOPs / measured bf16 matmul rate;
