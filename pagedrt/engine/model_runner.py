@@ -164,13 +164,6 @@ class ModelRunner:
             logits = logits[inputs.logits_indices]
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, meta)
-            rows = inputs.logits_indices
-            num_rows = rows.shape[0]
-            if self.device.type == "cuda" and num_rows > 8:
-                # pad the LM head's rows to a power of two: each new row count is a new GEMM
-                # shape, and the first of a shape stalled the host for up to ~200 ms on the H200
-                padded = 1 << (num_rows - 1).bit_length()
-                rows = torch.cat([rows, rows[-1:].expand(padded - num_rows)])
-            logits = self.model.compute_logits(hidden[rows])[:num_rows]
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])
         clock.mark("forward")
         return logits, inputs.sampled_requests
