@@ -107,28 +107,21 @@ class ModelRunner:
                                len(pending))
         # one staging buffer, one copy:
         # [ids | positions | slots | cu | seq_lens | logits | tables | pending dst | pending src]
-        # each part starting on a 16-byte boundary: Triton specializes kernels on pointer
-        # alignment, and a part whose offset changed parity would compile another variant
         parts = [input_ids, positions, slot_mapping, cu, ends, logits_indices, block_tables.ravel(),
                  pend_dst, pend_src]
-        sizes = [len(x) for x in parts]
-        offsets = np.cumsum([0] + [size + (size & 1) for size in sizes]).tolist()
-        total = offsets[-1]
+        flat = torch.from_numpy(np.concatenate(parts))
         if self.device.type == "cuda":
             k = self._num_prepared % 2
             self._num_prepared += 1
-            if self._staging[k] is None or self._staging[k].numel() < total:
-                self._staging[k] = torch.empty(max(total, 1 << 16), dtype=torch.int64,
+            if self._staging[k] is None or self._staging[k].numel() < flat.numel():
+                self._staging[k] = torch.empty(max(flat.numel(), 1 << 16), dtype=torch.int64,
                                                pin_memory=True)
-            host = self._staging[k][:total]
-        else:
-            host = torch.empty(total, dtype=torch.int64)
-        host_np = host.numpy()
-        for part, offset in zip(parts, offsets):
-            host_np[offset: offset + len(part)] = part
-        flat = host.to(self.device, non_blocking=True) if self.device.type == "cuda" else host
-        ids_t, pos_t, slot_t, cu_t, lens_t, logit_t, tables_t, dst_t, src_t = (
-            flat[o: o + size] for o, size in zip(offsets, sizes))
+            staged = self._staging[k][: flat.numel()]
+            staged.copy_(flat)
+            flat = staged.to(self.device, non_blocking=True)
+        sizes = [len(x) for x in parts]
+        ids_t, pos_t, slot_t, cu_t, lens_t, logit_t, tables_t, dst_t, src_t = torch.split(flat,
+                                                                                          sizes)
         if len(pending):
             assert prev_token_ids is not None, "placeholder tokens but no step in flight"
             ids_t.index_copy_(0, dst_t, prev_token_ids.index_select(0, src_t))
