@@ -73,8 +73,9 @@ class InFlightStep:
         indices: for each, the index in its `output_token_ids` of the placeholder to fill.
         result: the sampler's output (token_ids [rows] int64 on the device); None if no row.
         host_token_ids: [rows] int64 pinned host copy of the tokens (CUDA), filled when
-            `event` completes; None on CPU.
-        event: CUDA event recorded after that copy; None on CPU.
+            `event` completes; None on CPU or without rows.
+        event: CUDA event recorded after the step's last work (that copy included); None on
+            CPU.
         num_prompt_tokens: prompt tokens the step computed (counters).
     """
 
@@ -86,12 +87,13 @@ class InFlightStep:
     num_prompt_tokens: int
 
     def token_ids(self) -> list[int]:
-        """The sampled tokens as ints; waits for the device when they are not there yet."""
+        """The sampled tokens as ints; waits for the device to finish the step."""
+        if self.event is not None:
+            self.event.synchronize()
         if self.result is None:
             return []
-        if self.event is None:
+        if self.host_token_ids is None:
             return self.result.token_ids.tolist()
-        self.event.synchronize()
         return self.host_token_ids.tolist()
 
 
@@ -305,14 +307,17 @@ class LLMEngine:
             req.num_pending_tokens = 1
             req.pending_row = row
         host, event = None, None
-        if result is not None and self.device.type == "cuda":
-            k = self._num_launched % 2
-            self._num_launched += 1
-            if self._token_buffers[k].numel() < len(sampled):
-                self._token_buffers[k] = torch.empty(2 * len(sampled), dtype=torch.int64,
-                                                     pin_memory=True)
-            host = self._token_buffers[k][: len(sampled)]
-            host.copy_(result.token_ids, non_blocking=True)
+        if self.device.type == "cuda":
+            if result is not None:
+                k = self._num_launched % 2
+                self._num_launched += 1
+                if self._token_buffers[k].numel() < len(sampled):
+                    self._token_buffers[k] = torch.empty(2 * len(sampled), dtype=torch.int64,
+                                                         pin_memory=True)
+                host = self._token_buffers[k][: len(sampled)]
+                host.copy_(result.token_ids, non_blocking=True)
+            # recorded for every step, sampled rows or not: waiting on it in `_update` is what
+            # makes the step's pinned input buffer free for reuse two steps later
             event = torch.cuda.Event()
             event.record()
         clock.mark("sample")
