@@ -99,6 +99,12 @@ def test_stop_tokens_hit_while_the_next_step_is_in_flight(tiny):
         tokens = final(results[True])[str(i)][0]
         assert tokens[-1] == sp.stop_token_ids[0]
         assert sp.stop_token_ids[0] not in tokens[:-1]
+    # through LLM.generate, which returns once every request is reported finished: the step
+    # launched after the last stop holds only dropped rows and must not be left in flight
+    llm = make_llm(tiny, True)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert {str(i): [o.outputs[0].token_ids] for i, o in enumerate(outs)} == final(results[True])
+    assert_clean(llm)
     # every streamed output is a prefix of the final one, growing one token per report
     for rid, outs in results[True].items():
         lengths = [len(o[0][0]) for o in outs]

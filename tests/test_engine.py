@@ -260,7 +260,8 @@ def test_bench_throughput_on_cpu_writes_its_trace(smollm2_path, tmp_path):
     data = json.loads((tmp_path / "t.json").read_text())
     row = data["results"][0]
     assert row["system"] == "pagedrt" and row["output_tokens"] == 6
-    assert len(row["step_trace"]) == row["num_steps"]
+    # a row per step() call; with async scheduling the last call may launch nothing (0 rows)
+    assert len([r for r in row["step_trace"] if r[1]]) == row["num_steps"]
     st = row["step_times"]
     assert st["prefill_steps"] >= 1 and st["decode_steps"] == 2  # tokens 2 and 3 of each
     assert st["decode_model_device_total_s"] is None  # no CUDA events on CPU

@@ -89,9 +89,11 @@ def timed_generate(llm, prompts, params) -> tuple[float, int, list]:
 
 
 def trace_steps(engine) -> list:
-    """Wrap engine.step to record, per step, [seconds since the previous step returned,
+    """Wrap engine.step to record, per call, [seconds since the previous call returned,
     requests scheduled, tokens scheduled, device ms of the model (CUDA events around
-    ModelRunner.execute, read after the run; None on CPU)]. Returns the list it appends to."""
+    ModelRunner.execute, read after the run; None on CPU)]. With async scheduling the last
+    call may schedule nothing (0 requests): it only collects the previous step's tokens.
+    Returns the list it appends to."""
     trace: list = []
     events: list = []
     step, execute = engine.step, engine.model_runner.execute

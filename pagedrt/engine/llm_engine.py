@@ -280,6 +280,12 @@ class LLMEngine:
         previous, self.in_flight = self.in_flight, launched
         if previous is not None:
             outputs += self._update(previous)
+        if (launched is not None and not self.scheduler.has_unfinished_requests()
+                and all(r.is_finished for r in launched.requests)):
+            # every row of the step in flight belongs to a request that just stopped: nothing
+            # to report, but wait for it now so that the engine is idle when the work is done
+            outputs += self._update(launched)
+            self.in_flight = None
         if launched is not None and not self.async_scheduling:
             outputs += self._update(launched)
             self.in_flight = None
