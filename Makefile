@@ -36,8 +36,11 @@ $(STAMP): pyproject.toml
 run: setup
 	$(VENV)/bin/pagedrt generate $(PROMPTS)
 
+# the engine's end-to-end files again with async scheduling, the CUDA default (the scheduler,
+# prefix-cache and async test files run both modes on their own)
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider
+	PAGEDRT_ASYNC_SCHEDULING=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_engine.py tests/test_server.py
 
 lint: setup
 	$(VENV)/bin/ruff check pagedrt tests benchmarks
