@@ -20,6 +20,7 @@ SDPA) and HF `generate_batch` (its continuous batching, attn_implementation "pag
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import time
 
@@ -268,11 +269,11 @@ def main(argv: list[str]) -> int:
     ceilings = device_ceilings(device)
     prompts, params, workload = make_workload(args)
     llm = make_llm(loaded, args)
-    # warm-up: the same shapes on other token ids with 2 output tokens each (compiles kernels,
-    # grows the allocator's pools); the timed runs below are steady state
-    warm = make_workload(args, seed=3)[0]
-    llm.generate(warm, [SamplingParams(max_tokens=2, ignore_eos=True)] * len(warm),
-                 use_tqdm=False)
+    # warm-up: the same shapes and sampling settings on other token ids, 8 output tokens each
+    # (compiles kernels, grows the allocator's pools); the timed runs below are steady state
+    warm, warm_params, _ = make_workload(args, seed=3)
+    llm.generate(warm, [dataclasses.replace(p, max_tokens=min(8, p.max_tokens))
+                        for p in warm_params], use_tqdm=False)
     results = [run_pagedrt(llm, loaded, args, prompts, params, ceilings, name, workload)]
     for b in [int(x) for x in args.batch_sizes.split(",") if x]:
         sub = argparse.Namespace(**{**vars(args), "num_requests": b})
