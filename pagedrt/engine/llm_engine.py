@@ -19,6 +19,7 @@ overlap off while they run.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections.abc import Sequence
@@ -160,6 +161,12 @@ class LLMEngine:
         self._history_request_ids: set[str] = set()  # requests that sample from their outputs
         self.counters = {"num_steps": 0, "num_prompt_tokens": 0, "num_generated_tokens": 0,
                          "num_finished_requests": 0, "busy_time_s": 0.0}
+        if self.device.type == "cuda":
+            # Everything built so far (torch, transformers, the model) lives as long as the
+            # engine: keep it out of the garbage collector's full passes, which otherwise walk
+            # it while the device waits for the next step.
+            gc.collect()
+            gc.freeze()
 
     # ----------------------------------------------------------------- requests
     def tokenize(self, prompt: str) -> list[int]:
