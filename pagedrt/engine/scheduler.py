@@ -12,6 +12,10 @@ gives each scheduled request at least one new token, within `max_num_batched_tok
   3. then waiting requests, with their prefix-cache hits, as long as blocks and
      `max_num_seqs` allow. A prompt longer than the remaining budget is chunked.
 
+With async scheduling (see `LLMEngine.step`) a request's last token may be a placeholder for
+one still being sampled on the device: it is scheduled like any other token, except when it is
+the request's last allowed token (`max_tokens`), so nothing follows it.
+
 Importance is (priority, arrival order): lower first. The scheduler never touches free lists;
 it asks the KVCacheManager, which answers None on shortage.
 """
