@@ -55,3 +55,13 @@ def tiny(tiny_model):
     torch.set_num_threads(1)
     yield tiny_model
     torch.set_num_threads(num_threads)
+
+
+@pytest.fixture(params=["sync", "async"])
+def scheduling(request, monkeypatch) -> str:
+    """Run a test twice: engines stepping one step after the other, and with async scheduling
+    (step n+1 planned and launched before step n's tokens are read; on CPU the order of the
+    host work is what changes, which is what such tests check). Engines built inside the test
+    pick it up through PAGEDRT_ASYNC_SCHEDULING; returns "sync" or "async"."""
+    monkeypatch.setenv("PAGEDRT_ASYNC_SCHEDULING", "1" if request.param == "async" else "0")
+    return request.param

@@ -20,14 +20,9 @@ from pagedrt.kv.kv_cache import kv_bytes_per_block
 VOCAB = 384
 
 
+# every test runs twice: without and with async scheduling (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("scheduling")
 
-@pytest.fixture(autouse=True, params=["sync", "async"])
-def scheduling(request, monkeypatch):
-    """Every test runs twice: steps one after the other, and with async scheduling (step n+1
-    planned and launched before step n's tokens are read; on CPU the order of the host work is
-    what changes, which is what these tests check)."""
-    monkeypatch.setenv("PAGEDRT_ASYNC_SCHEDULING", "1" if request.param == "async" else "0")
-    return request.param
 
 def greedy(max_tokens: int, **kw) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
