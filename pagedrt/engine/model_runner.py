@@ -51,7 +51,7 @@ class ModelRunner:
         # copy out of one may still be queued while the next step's inputs are written
         # (allocated now: pinning memory later, cudaHostAlloc, would wait for the device and
         # stall the pipeline; they grow only for a step larger than these bounds)
-        self._staging: list[torch.Tensor | None] = [None, None]
+        self._staging: list[torch.Tensor] = []
         self._num_prepared = 0
         if self.device.type == "cuda":
             size = (3 * max_num_batched_tokens + 6 * (max_num_seqs + 1)
@@ -113,7 +113,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             k = self._num_prepared % 2
             self._num_prepared += 1
-            if self._staging[k] is None or self._staging[k].numel() < flat.numel():
+            if self._staging[k].numel() < flat.numel():
                 self._staging[k] = torch.empty(max(flat.numel(), 1 << 16), dtype=torch.int64,
                                                pin_memory=True)
             staged = self._staging[k][: flat.numel()]
