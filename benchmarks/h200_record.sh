@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The issue-6 figures in one device call (about 6 minutes on a warm H200): engine smoke check,
+# Qwen2-0.5B throughput with the HF peers and the batch sweep, batch-1 latency with HF, the
+# nano-vllm workload, and the Llama-3-8B shape. Run from the repository root on the GPU machine:
+#
+#   PAGEDRT_COMMIT=<hash> bash benchmarks/h200_record.sh      # results under $OUT (or ./out)
+#
+# The SmolLM2-vs-HF check needs the GGUF and the gguf wheel (benchmarks/README.md) and runs
+# separately: python3 benchmarks/gpu_engine_check.py --smollm2 PATH.gguf
+set -euo pipefail
+out="${OUT:-out}"
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+bench() { python3 -m pagedrt.entrypoints.cli bench "$@" --out "$out"; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+python3 benchmarks/gpu_engine_check.py --smoke --out "$out" | grep -E "PASS|FAIL|passed"
+bench throughput --preset qwen2-0.5b --compare hf --hf-batch-sizes 64,256 \
+    --batch-sizes 1,8,32,64,128 --name throughput_qwen2 2>&1 | grep -v -i warn | tail -15
+bench latency --preset qwen2-0.5b --compare hf --name latency_qwen2 | tail -8
+bench throughput --preset qwen2-0.5b --workload nanovllm --name nanovllm_qwen2 | grep -A4 "^system"
+bench throughput --preset llama3-8b --name throughput_llama3 | grep -A4 "^system"
+bench latency --preset llama3-8b --name latency_llama3 | tail -6
