@@ -7,7 +7,7 @@
 #
 # The SmolLM2-vs-HF check needs the GGUF and the gguf wheel (benchmarks/README.md) and runs
 # separately: python3 benchmarks/gpu_engine_check.py --smollm2 PATH.gguf
-set -euo pipefail
+set -u  # keep going past a failing step: each prints its own result
 out="${OUT:-out}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
