@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import random
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -89,12 +90,12 @@ def timed_generate(llm, prompts, params) -> tuple[float, int, list]:
     return time.perf_counter() - t, engine.counters["num_steps"] - base_steps, outs
 
 
-def trace_steps(engine) -> list:
+def trace_steps(engine) -> tuple[list, Callable[[], None]]:
     """Wrap engine.step to record, per call, [seconds since the previous call returned,
     requests scheduled, tokens scheduled, device ms of the model (CUDA events around
     ModelRunner.execute, read after the run; None on CPU)]. With async scheduling the last
     call may schedule nothing (0 requests): it only collects the previous step's tokens.
-    Returns the list it appends to."""
+    Returns (the list it appends to, a function that fills in the device times and unwraps)."""
     trace: list = []
     events: list = []
     step, execute = engine.step, engine.model_runner.execute
@@ -125,8 +126,7 @@ def trace_steps(engine) -> list:
         del engine.step, engine.model_runner.execute  # back to the class's methods
 
     engine.step, engine.model_runner.execute = traced, traced_execute
-    trace_steps.finish = finish
-    return trace
+    return trace, finish
 
 
 def summarize_trace(trace: list) -> dict:
@@ -149,9 +149,9 @@ def summarize_trace(trace: list) -> dict:
 
 def run_pagedrt(llm, loaded, args, prompts, params, ceilings, name: str, workload: str) -> dict:
     engine = llm.llm_engine
-    trace = trace_steps(engine)
+    trace, finish_trace = trace_steps(engine)
     elapsed, num_steps, outs = timed_generate(llm, prompts, params)
-    trace_steps.finish()
+    finish_trace()
     step_times = summarize_trace(trace)
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     n_in = sum(len(p) for p in prompts)

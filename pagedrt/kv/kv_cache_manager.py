@@ -62,7 +62,6 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         self._block_hashes: dict[str, list[bytes]] = {}  # hashes of the full blocks of a request
         self._num_cached_blocks: dict[str, int] = {}  # leading blocks already offered to the cache
-        self._block_ids: dict[str, list[int]] = {}  # memo of block_ids()
         # block tables kept from step to step as rows of one array (see block_tables)
         self._table = np.zeros((64, 64), dtype=np.int64)
         self._table_lens: list[int] = [0] * 64  # ids written in each row
@@ -92,19 +91,8 @@ class KVCacheManager:
         return -(-num_tokens // self.block_size)
 
     def block_ids(self, request_id: str) -> list[int]:
-        """The request's block table as ids (a copy)."""
-        return list(self._memo_block_ids(request_id))
-
-    def _memo_block_ids(self, request_id: str) -> list[int]:
-        """Memoized block ids: block tables only grow, except for copy-on-write, free and
-        swaps, which drop the memo. The caller must not modify the list."""
-        blocks = self.req_to_blocks.get(request_id, ())
-        ids = self._block_ids.get(request_id)
-        if ids is None:
-            ids = self._block_ids[request_id] = [b.block_id for b in blocks]
-        elif len(ids) < len(blocks):
-            ids.extend(b.block_id for b in blocks[len(ids):])
-        return ids
+        """The request's block table as ids."""
+        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 
     def block_tables(self, request_ids: list[str]) -> np.ndarray:
         """Block tables of several requests, [len(request_ids), most blocks] int64, each row
@@ -117,15 +105,16 @@ class KVCacheManager:
         rows = []
         width = 1
         for request_id in request_ids:
-            ids = self._memo_block_ids(request_id)
+            blocks = self.req_to_blocks.get(request_id, ())
             row = self._table_rows.get(request_id)
             if row is None:
                 row = self._table_row(request_id)
-            num_written, num_ids = self._table_lens[row], len(ids)
+            num_written, num_ids = self._table_lens[row], len(blocks)
             if num_written != num_ids:  # only grows: a changed table dropped the row first
                 if num_ids > self._table.shape[1]:
                     self._table = np.pad(self._table, ((0, 0), (0, num_ids)))
-                self._table[row, num_written:num_ids] = ids[num_written:]
+                self._table[row, num_written:num_ids] = [b.block_id for b in
+                                                         blocks[num_written:]]
                 self._table_lens[row] = num_ids
             rows.append(row)
             width = max(width, num_ids)
@@ -140,10 +129,9 @@ class KVCacheManager:
         row = self._table_rows[request_id] = self._free_table_rows.pop()
         return row
 
-    def _drop_memo(self, request_id: str, release_row: bool = False) -> None:
-        """Forget the memoized ids and table row of a request whose blocks changed other than
-        by appending (copy-on-write, swap) or were freed."""
-        self._block_ids.pop(request_id, None)
+    def _drop_table_row(self, request_id: str, release_row: bool = False) -> None:
+        """Clear the kept table row of a request whose blocks changed other than by appending
+        (copy-on-write, swap) or were freed; `release_row` also gives the row back."""
         row = self._table_rows.get(request_id)
         if row is not None:
             self._table[row, : self._table_lens[row]] = 0
@@ -228,7 +216,7 @@ class KVCacheManager:
             shared = blocks[-1]
             self.pool.free_blocks([shared])
             blocks[-1] = copy
-            self._drop_memo(request.request_id)
+            self._drop_table_row(request.request_id)
             self.pending.copy.append((shared.block_id, copy.block_id))
             self.stats.num_cow_copies += 1
         new_blocks = self.pool.get_new_blocks(num_new_blocks) or []
@@ -263,7 +251,7 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Release all of a request's blocks (device and CPU); idempotent."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
-        self._drop_memo(request.request_id, release_row=True)
+        self._drop_table_row(request.request_id, release_row=True)
         self.pool.free_blocks(list(reversed(blocks)))
         self._block_hashes.pop(request.request_id, None)
         self._num_cached_blocks.pop(request.request_id, None)
@@ -283,7 +271,7 @@ class KVCacheManager:
         cpu_blocks = [self._free_cpu_blocks.pop() for _ in blocks]
         self.pending.swap_out.extend(zip((b.block_id for b in blocks), cpu_blocks))
         self.req_to_cpu_blocks[request.request_id] = cpu_blocks
-        self._drop_memo(request.request_id)
+        self._drop_table_row(request.request_id)
         self.pool.free_blocks(list(reversed(self.req_to_blocks.pop(request.request_id))))
         self._num_cached_blocks.pop(request.request_id, None)
         self.stats.num_swapped_out_blocks += len(cpu_blocks)
@@ -302,7 +290,7 @@ class KVCacheManager:
         self.pending.swap_in.extend(zip(cpu_blocks, (b.block_id for b in blocks)))
         self._free_cpu_blocks.extend(reversed(cpu_blocks))
         self.req_to_blocks[request.request_id] = blocks
-        self._drop_memo(request.request_id)
+        self._drop_table_row(request.request_id)
         self.stats.num_swapped_in_blocks += len(blocks)
         self._cache_full_blocks(request, request.num_computed_tokens)
 
