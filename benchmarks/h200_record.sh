@@ -11,9 +11,10 @@ set -u  # keep going past a failing step: each prints its own result
 out="${OUT:-out}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-bench() { python3 -m pagedrt.entrypoints.cli bench "$@" --out "$out"; }
+log="$out/h200_record.log"  # the full output of every step; the terminal gets the summary lines
+bench() { python3 -m pagedrt.entrypoints.cli bench "$@" --out "$out" 2>&1 | tee -a "$log"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
-python3 benchmarks/gpu_engine_check.py --smoke --out "$out" | grep -E "PASS|FAIL|passed"
+python3 benchmarks/gpu_engine_check.py --smoke --out "$out" 2>&1 | tee -a "$log" | grep -E "PASS|FAIL|passed"
 bench throughput --preset qwen2-0.5b --compare hf --hf-batch-sizes 64,256 \
     --batch-sizes 1,8,32,64,128 --name throughput_qwen2 2>&1 | grep -v -i warn | tail -15
 bench latency --preset qwen2-0.5b --compare hf --name latency_qwen2 | tail -8
