@@ -262,6 +262,9 @@ def test_bench_throughput_on_cpu_writes_its_trace(smollm2_path, tmp_path):
     assert row["system"] == "pagedrt" and row["output_tokens"] == 6
     # a row per step() call; with async scheduling the last call may launch nothing (0 rows)
     assert len([r for r in row["step_trace"] if r[1]]) == row["num_steps"]
+    # host time per phase of each call; a call that launched a step spent time preparing it
+    assert all({"schedule", "update"} <= set(r[4]) for r in row["step_trace"])
+    assert all(r[4]["prepare"] > 0 for r in row["step_trace"] if r[1])
     st = row["step_times"]
     assert st["prefill_steps"] >= 1 and st["decode_steps"] == 2  # tokens 2 and 3 of each
     assert st["decode_model_device_total_s"] is None  # no CUDA events on CPU

@@ -93,8 +93,11 @@ def timed_generate(llm, prompts, params) -> tuple[float, int, list]:
 def trace_steps(engine) -> tuple[list, Callable[[], None]]:
     """Wrap engine.step to record, per call, [seconds since the previous call returned,
     requests scheduled, tokens scheduled, device ms of the model (CUDA events around
-    ModelRunner.execute, read after the run; None on CPU)]. With async scheduling the last
-    call may schedule nothing (0 requests): it only collects the previous step's tokens.
+    ModelRunner.execute, read after the run; None on CPU), host ms of each phase of the call
+    ({"schedule", "prepare", "forward", "sample", "update"}, from the engine's StepClock without
+    synchronizing: "forward" is the time to launch the model, "update" includes waiting for
+    the previous step's tokens)]. With async scheduling the last call may schedule nothing
+    (0 requests): it only collects the previous step's tokens.
     Returns (the list it appends to, a function that fills in the device times and unwraps)."""
     trace: list = []
     events: list = []
@@ -112,11 +115,16 @@ def trace_steps(engine) -> tuple[list, Callable[[], None]]:
         events.append((len(trace), start, end))
         return out
 
+    totals = engine.clock.totals
+
     def traced():
+        before = dict(totals)
         out = step()
         now = time.perf_counter()
         sched = engine.last_scheduler_output
-        trace.append([now - last[0], len(sched.requests), sched.total_num_tokens, None])
+        host_ms = {k: round(1e3 * (v - before.get(k, 0.0)), 3) for k, v in totals.items()}
+        trace.append([now - last[0], len(sched.requests), sched.total_num_tokens, None,
+                      host_ms])
         last[0] = now
         return out
 
