@@ -1,0 +1,117 @@
+"""Where the host time of engine steps goes on the GPU machine: the bench-throughput workload
+with (1) CUDA's sync debug mode (every host-device synchronization inside a step is reported
+with its stack), allocator counters before and after, and the per-step host phases; (2) the
+same run under cProfile, printing the functions under ModelRunner.execute by cumulative time.
+A diagnostic for tuning, not a benchmark of record.
+
+    PYTHONPATH=$PWD python3 benchmarks/profile_host.py --preset qwen2-0.5b --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import io
+import json
+import os
+import pstats
+import traceback
+import warnings
+
+import torch
+
+from pagedrt.bench.common import add_model_args, load, make_llm
+from pagedrt.bench.throughput import make_workload, trace_steps
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+ALLOC_KEYS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams",
+              "num_ooms")
+
+
+def alloc_counters() -> dict:
+    stats = torch.cuda.memory_stats() if torch.cuda.is_available() else {}
+    return {k: stats.get(k, 0) for k in ALLOC_KEYS}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    add_model_args(p)
+    p.add_argument("--workload", default="fixed", choices=["fixed", "nanovllm"])
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--steps", type=int, default=12, help="steps of the trace to print")
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    loaded, name = load(args)
+    llm = make_llm(loaded, args)
+    engine = llm.llm_engine
+    warm, warm_params, _ = make_workload(args, seed=3)
+    llm.generate(warm, [dataclasses.replace(q, max_tokens=min(8, q.max_tokens))
+                        for q in warm_params], use_tqdm=False)
+    report: dict = {"preset": name}
+
+    # (1) sync debug mode + allocator counters + per-step host phases
+    prompts, params, _ = make_workload(args, seed=0)
+    syncs: list = []
+    trace, finish = trace_steps(engine)  # during step k, len(trace) == k
+    before = alloc_counters()
+    sync()
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message).lower():
+            stack = [ln.strip() for ln in traceback.format_stack()[-9:-1]]
+            syncs.append({"step": len(trace), "message": str(message)[:200], "stack": stack})
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            llm.generate(prompts, params, use_tqdm=False)
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
+    sync()
+    finish()
+    report["alloc_counters_during_run"] = {k: v - before[k] for k, v in alloc_counters().items()}
+    report["num_sync_warnings"] = len(syncs)
+    report["sync_warnings_first"] = syncs[:10]
+    report["trace_first_steps"] = trace[: args.steps]
+    print(json.dumps({k: v for k, v in report.items() if k != "trace_first_steps"}, indent=1))
+    for row in trace[: args.steps]:
+        print("%7.1f ms  reqs %4d  tokens %6d  device %s  host %s" % (
+            1e3 * row[0], row[1], row[2], row[3] and round(row[3], 1), row[4]))
+
+    # (2) cProfile of the same workload on other token ids
+    prompts, params, _ = make_workload(args, seed=5)
+    prof = cProfile.Profile()
+    sync()
+    prof.enable()
+    llm.generate(prompts, params, use_tqdm=False)
+    sync()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(60)
+    text = buf.getvalue()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(40)
+    text += buf.getvalue()
+    with open(os.path.join(args.out, f"profile_host_{name}.txt"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, f"profile_host_{name}.json"), "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception:
+        traceback.print_exc()
+        raise
