@@ -89,7 +89,43 @@ def main() -> None:
         print("%7.1f ms  reqs %4d  tokens %6d  device %s  host %s" % (
             1e3 * row[0], row[1], row[2], row[3] and round(row[3], 1), row[4]))
 
-    # (2) cProfile of the same workload on other token ids
+    # (2) torch.profiler (CPU ops with Python stacks) over the same workload on other token
+    # ids; the steps are labelled, and the long CPU ops of the slowest steps after the first
+    # are listed with their stacks
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    prompts, params, _ = make_workload(args, seed=4)
+    inner = engine.step
+    count = [0]
+
+    def labelled():
+        with record_function(f"engine_step_{count[0]}"):
+            count[0] += 1
+            return inner()
+
+    engine.step = labelled
+    sync()
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        llm.generate(prompts, params, use_tqdm=False)
+        sync()
+    del engine.step
+    events = prof.events()
+    steps = sorted((e for e in events if e.name.startswith("engine_step_")),
+                   key=lambda e: e.time_range.elapsed_us(), reverse=True)
+    slow = []
+    for st in [e for e in steps if e.name != "engine_step_0"][:3]:
+        lo, hi = st.time_range.start, st.time_range.end
+        inside = [e for e in events if lo <= e.time_range.start and e.time_range.end <= hi
+                  and e is not st and e.time_range.elapsed_us() > 2000
+                  and not any(x in e.name for x in ("module.py(", "_contextlib", "nn.Module"))]
+        inside.sort(key=lambda e: e.time_range.elapsed_us(), reverse=True)
+        slow.append({"step": st.name, "ms": st.time_range.elapsed_us() / 1e3, "long_ops": [
+            {"name": e.name, "ms": e.time_range.elapsed_us() / 1e3,
+             "stack": [f for f in e.stack if "pagedrt" in f][:6]} for e in inside[:25]]})
+    report["slowest_steps_profiled"] = slow
+    print(json.dumps(slow, indent=1)[:6000])
+
+    # (3) cProfile of the same workload on other token ids
     prompts, params, _ = make_workload(args, seed=5)
     prof = cProfile.Profile()
     sync()

@@ -178,6 +178,10 @@ def test_bad_prompts_rejected_before_any_state_change(llm, prompts):
         ([1] * (max_len + 1), f"more than max_model_len={max_len}"),
         ([1] * 10, "exceeds max_model_len"),  # with max_tokens = max_len
         ([engine.model_config.vocab_size], "not an int in"),
+        ([3, -1], "not an int in"),
+        ([3, True], "not an int in"),
+        ([3, 2.0], "not an int in"),
+        ([3, "a"], "not an int in"),
     ]
     for prompt, message in cases:
         params = greedy(max_tokens=max_len) if message == "exceeds max_model_len" else greedy()

@@ -216,11 +216,15 @@ class LLMEngine:
         if n == 0:
             raise ValueError("prompt is empty; give at least one token")
         vocab = self.model_config.vocab_size
-        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab
-               for t in token_ids):
-            bad = next(t for t in token_ids
-                       if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab)
-            raise ValueError(f"prompt token id {bad!r} is not an int in [0, {vocab})")
+        # fast path in C (type set, min, max): a Python loop here cost about 20 ms of host time
+        # for 256 prompts of 512 tokens, before the first step could start
+        if not ({type(t) for t in token_ids} <= {int} and 0 <= min(token_ids)
+                and max(token_ids) < vocab):
+            bad = next((t for t in token_ids
+                        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab),
+                       None)
+            if bad is not None:  # (an int subclass other than bool passes, as it always did)
+                raise ValueError(f"prompt token id {bad!r} is not an int in [0, {vocab})")
         if n > self.max_model_len:
             raise ValueError(
                 f"prompt has {n} tokens, more than max_model_len={self.max_model_len}; "
