@@ -38,6 +38,64 @@ def alloc_counters() -> dict:
     return {k: stats.get(k, 0) for k in ALLOC_KEYS}
 
 
+OP_STEP: list = [None]  # a function giving the current step index while op timing is on
+
+
+def time_ops() -> dict:
+    """Wrap the model's op entry points with host timers; returns {step: {op: ms}}."""
+    import collections
+    import time
+
+    import torch.nn.functional as F
+
+    from pagedrt.models import layers
+    from pagedrt.ops import attention, fused_triton
+
+    out: dict = collections.defaultdict(lambda: collections.defaultdict(float))
+
+    def wrap(owner, attr, label):
+        fn = getattr(owner, attr)
+
+        def timed(*a, **kw):
+            if OP_STEP[0] is None:
+                return fn(*a, **kw)
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                out[OP_STEP[0]()][label] += 1e3 * (time.perf_counter() - t)
+
+        setattr(owner, attr, timed)
+
+    wrap(layers, "_linear", "linear")
+    wrap(F, "embedding", "embedding")
+    wrap(layers.ParallelLMHead, "forward", "lm_head")
+    for name in ("rms_norm_triton", "rotary_triton", "silu_and_mul_triton"):
+        wrap(fused_triton, name, name)
+    for name in ("write_kv", "paged_attention_decode", "paged_attention_extend"):
+        wrap(attention, name, name)
+    return out
+
+
+def jit_cache_sizes() -> dict:
+    """Compiled variants held by each Triton kernel of pagedrt (all devices)."""
+    import sys
+
+    from triton.runtime.jit import JITFunction
+
+    sizes = {}
+    for mod_name, mod in list(sys.modules.items()):
+        if not mod_name.startswith("pagedrt.ops"):
+            continue
+        for name, obj in vars(mod).items():
+            if isinstance(obj, JITFunction):
+                try:
+                    sizes[name] = sum(len(c[0]) for c in obj.device_caches.values())
+                except Exception:  # noqa: BLE001 - internal layout differs between versions
+                    sizes[name] = -1
+    return sizes
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     add_model_args(p)
@@ -46,6 +104,7 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=12, help="steps of the trace to print")
+    p.add_argument("--ops-only", action="store_true", help="only the per-op host times")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     loaded, name = load(args)
@@ -55,6 +114,33 @@ def main() -> None:
     llm.generate(warm, [dataclasses.replace(q, max_tokens=min(8, q.max_tokens))
                         for q in warm_params], use_tqdm=False)
     report: dict = {"preset": name}
+
+    # (0) host time of each op of the model per step (perf_counter around the op wrappers,
+    # about 1 us each) and the Triton kernels compiled during the run
+    op_ms, jit_before = time_ops(), jit_cache_sizes()
+    prompts, params, _ = make_workload(args, seed=6)
+    trace0, finish0 = trace_steps(engine)
+    OP_STEP[0] = lambda: len(trace0)
+    llm.generate(prompts, params, use_tqdm=False)
+    sync()
+    finish0()
+    OP_STEP[0] = None
+    jit_after = jit_cache_sizes()
+    report["triton_compiles_during_run"] = {k: jit_after[k] - jit_before.get(k, 0)
+                                           for k in jit_after if jit_after[k] != jit_before.get(k, 0)}
+    report["op_host_ms_first_steps"] = {
+        step: {op: round(ms, 3) for op, ms in sorted(ops.items(), key=lambda x: -x[1])[:8]}
+        for step, ops in sorted(op_ms.items()) if step < args.steps}
+    print("triton compiles during the timed run:", report["triton_compiles_during_run"])
+    for step, ops in report["op_host_ms_first_steps"].items():
+        row = trace0[step]
+        print(f"step {step}: wall {1e3 * row[0]:.1f} ms, device {row[3] and round(row[3], 1)}, "
+              f"forward {row[4].get('forward')}; ops {ops}")
+
+    if args.ops_only:
+        with open(os.path.join(args.out, f"profile_host_{name}.json"), "w") as f:
+            json.dump(report, f, indent=1)
+        return
 
     # (1) sync debug mode + allocator counters + per-step host phases
     prompts, params, _ = make_workload(args, seed=0)
