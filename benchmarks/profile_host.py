@@ -120,7 +120,9 @@ def main() -> None:
     warm, warm_params, _ = make_workload(args, seed=3)
     llm.generate(warm, [dataclasses.replace(q, max_tokens=min(8, q.max_tokens))
                         for q in warm_params], use_tqdm=False)
-    report: dict = {"preset": name}
+    report: dict = {"preset": name,
+                    "gemm_warm_up_s": getattr(engine.model_runner, "gemm_warm_up_s", None)}
+    print("GEMM warm-up at start-up:", report["gemm_warm_up_s"], "s")
 
     # (0) host time of each op of the model per step (perf_counter around the op wrappers,
     # about 1 us each) and the Triton kernels compiled during the run

@@ -260,3 +260,62 @@ def test_chunked_prefill_matches_unchunked(tiny, chunk, scheduling):
     s = llm.stats()
     assert s["num_chunked_prefill_steps"] > 0 and s["prefix_cache_hits"] > 0
     assert_clean(llm)
+
+
+# --------------------------------------------------------------------------- eager padding
+@pytest.mark.parametrize("padding", [16, 7])
+def test_padded_steps_give_the_same_tokens(tiny, workload, padding):
+    """Steps with prompt tokens padded to a multiple of `padding` (what CUDA does with 64, see
+    model_runner.EAGER_TOKEN_PADDING): padding rows have slot -1 and belong to no sequence,
+    so every request's tokens match the unpadded run, in chunked and mixed steps too."""
+    prompts, params, expected, _ = workload
+    llm = LLM(tiny, num_kv_blocks=1024, block_size=8, enable_prefix_caching=False,
+              max_num_batched_tokens=96)
+    runner = llm.llm_engine.model_runner
+    runner.token_padding = padding
+    sizes = []
+    prepare = runner.prepare
+
+    def spy(sched, *a, **kw):
+        inputs = prepare(sched, *a, **kw)
+        sizes.append((sched.total_num_tokens, len(sched.requests), inputs.input_ids.shape[0],
+                      inputs.meta.slot_mapping.shape[0]))
+        return inputs
+
+    runner.prepare = spy
+    assert tokens_of(llm.generate(prompts, params, use_tqdm=False)) == expected
+    assert_clean(llm)
+    padded = [s for s in sizes if s[2] != s[0]]
+    assert padded, "no step was padded"
+    for tokens, reqs, ids, slots in sizes:
+        if tokens > reqs:  # a step with prompt tokens: padded up to the multiple
+            assert ids == slots == -(-tokens // padding) * padding
+        else:  # decode-only: never padded
+            assert ids == tokens
+
+
+def test_gemm_warm_up_covers_every_padded_shape(tiny, monkeypatch):
+    """warm_up_gemms (run at start-up on CUDA) calls each linear weight shape at every padded
+    token count and the LM head at every sampled-row count, the shapes a step with prompt
+    tokens can take."""
+    import torch.nn.functional as F
+
+    from pagedrt.models.layers import LinearBase
+
+    llm = LLM(tiny, num_kv_blocks=64, block_size=8)
+    runner = llm.llm_engine.model_runner
+    runner.token_padding = 16
+    seen = set()
+    linear = F.linear
+
+    def spy(x, w, b=None):
+        seen.add((tuple(w.shape), b is not None, x.shape[0]))
+        return linear(x, w, b)
+
+    monkeypatch.setattr(F, "linear", spy)
+    runner.warm_up_gemms(max_step_tokens=96, max_num_seqs=5)
+    shapes = {(tuple(m.weight.shape), m.bias is not None) for m in runner.model.modules()
+              if isinstance(m, LinearBase)}
+    assert {(*shape, m) for shape in shapes for m in range(16, 97, 16)} <= seen
+    lm_head = tuple(runner.model.lm_head.weight.shape)
+    assert {(lm_head, False, m) for m in range(1, 6)} <= seen

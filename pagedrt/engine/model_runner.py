@@ -14,6 +14,7 @@ Logits are computed only for the last token of requests whose step completes the
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +26,19 @@ from pagedrt.engine.scheduler import SchedulerOutput
 from pagedrt.kv.kv_cache import KVCache
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.ops.attention import AttentionMetadata
+
+
+EAGER_TOKEN_PADDING = 64
+"""On CUDA, a step that runs eagerly (not a CUDA-graph replay) is padded to a multiple of this
+many tokens: the padding tokens have id 0, position 0 and slot -1 (their K/V are not written),
+belong to no sequence in cu_seqlens_q, and no logits are read from their rows (every op on the
+way is row-wise, so they touch no real row). Why: cuBLAS picks a GEMM kernel per shape, and the
+first call of a kernel not yet used in the process loads it (CUDA lazy module loading), which
+waits for the device. In an async pipeline a mixed step with a token count never seen before
+then stalled the host for the whole step in flight (about 25 ms behind a 16k-token prefill on
+the H200). Padded, the token counts are few enough to run every GEMM shape once at start-up
+(`ModelRunner.warm_up_gemms`). The cost is at most 63 padding rows per eager step. Decode-only
+steps are not padded here: on CUDA they replay graphs captured at padded batch sizes."""
 
 
 @dataclass
@@ -53,16 +67,56 @@ class ModelRunner:
         # stall the pipeline; they grow only for a step larger than these bounds)
         self._staging: list[torch.Tensor] = []
         self._num_prepared = 0
+        # tokens of an eager step are padded to a multiple of this (1: no padding); tests set
+        # it on CPU to check that padding changes no result
+        self.token_padding = EAGER_TOKEN_PADDING if self.device.type == "cuda" else 1
+        max_step_tokens = -(-max(max_num_batched_tokens, max_num_seqs) // self.token_padding
+                            ) * self.token_padding
         if self.device.type == "cuda":
-            size = (3 * max_num_batched_tokens + 6 * (max_num_seqs + 1)
+            size = (3 * max_step_tokens + 6 * (max_num_seqs + 1)
                     + max_num_seqs * kv_manager.blocks_for(max_model_len))
             self._staging = [torch.empty(size, dtype=torch.int64, pin_memory=True)
                              for _ in range(2)]
+        self.gemm_warm_up_s = 0.0  # seconds spent in warm_up_gemms at start-up
+        if self.device.type == "cuda":
+            start = time.perf_counter()
+            self.warm_up_gemms(max_step_tokens, max_num_seqs)
+            self.gemm_warm_up_s = time.perf_counter() - start
         if use_cuda_graphs and self.device.type == "cuda":
             self.graph_runner = CUDAGraphRunner(
                 model, kv_cache.layers, max_num_seqs, kv_manager.blocks_for(max_model_len),
                 self.device, backend)
             self.graph_runner.capture()
+
+    @torch.inference_mode()
+    def warm_up_gemms(self, max_step_tokens: int, max_num_seqs: int) -> None:
+        """Run every matmul shape a step with prompt tokens can take once, so that no kernel
+        is loaded for the first time mid-run (see EAGER_TOKEN_PADDING): each linear layer's
+        weight at every padded token count up to `max_step_tokens`, and the LM head at 1 to
+        `max_num_seqs` rows (one per sampled request). The time it took is kept in
+        `gemm_warm_up_s`."""
+        from pagedrt.models.layers import LinearBase
+
+        shapes = {}
+        for module in self.model.modules():
+            if isinstance(module, LinearBase):
+                w, b = module.weight, module.bias
+                shapes.setdefault((tuple(w.shape), w.dtype, b is not None), (w, b))
+        pad = self.token_padding
+        inputs: dict[int, torch.Tensor] = {}
+        for w, b in shapes.values():
+            k = w.shape[1]
+            if k not in inputs:
+                inputs[k] = torch.zeros(max_step_tokens, k, dtype=w.dtype, device=self.device)
+            for m in range(pad, max_step_tokens + 1, pad):
+                torch.nn.functional.linear(inputs[k][:m], w, b)
+        hidden_size = self.model.config.hidden_size
+        h = torch.zeros(max_num_seqs, hidden_size, dtype=next(self.model.parameters()).dtype,
+                        device=self.device)
+        for m in range(1, max_num_seqs + 1):
+            self.model.compute_logits(h[:m])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def prepare(self, sched: SchedulerOutput,
                 prev_token_ids: torch.Tensor | None = None) -> ModelInputs:
@@ -96,6 +150,13 @@ class ModelRunner:
             rows = np.repeat(np.arange(n), q_lens)  # request of each token
             positions = np.arange(num_tokens) - cu[rows] + starts[rows]
         slot_mapping = block_tables[rows, positions // bs] * bs + positions % bs
+        num_padding = -num_tokens % self.token_padding
+        if num_padding and num_tokens > n:
+            # a step with prompt tokens runs eagerly: pad (see EAGER_TOKEN_PADDING); decode
+            # steps are replays of graphs captured at padded batch sizes
+            input_ids = np.concatenate([input_ids, np.zeros(num_padding, np.int64)])
+            positions = np.concatenate([positions, np.zeros(num_padding, np.int64)])
+            slot_mapping = np.concatenate([slot_mapping, np.full(num_padding, -1, np.int64)])
         is_sampled = ends == totals  # the step completes the request's known tokens
         sampled_idx = np.flatnonzero(is_sampled)
         logits_indices = cu[1:][sampled_idx] - 1
