@@ -39,6 +39,7 @@ def alloc_counters() -> dict:
 
 
 OP_STEP: list = [None]  # a function giving the current step index while op timing is on
+LONGEST_LINEAR: dict = {}  # step -> shape of its longest linear call
 
 
 def time_ops() -> dict:
@@ -68,9 +69,9 @@ def time_ops() -> dict:
                 step[label] += ms
                 if ms > step[label + " (longest call)"]:
                     step[label + " (longest call)"] = ms
-                    if label == "linear":
-                        step["linear (longest call) rows x in -> out"] = (
-                            a[0].shape[0] * 1e6 + a[0].shape[1] + a[1].shape[0] / 1e6)
+                    if label == "linear":  # its shape: rows x in -> out
+                        LONGEST_LINEAR[OP_STEP[0]()] = (
+                            f"{a[0].shape[0]} x {a[0].shape[1]} -> {a[1].shape[0]}")
 
         setattr(owner, attr, timed)
 
@@ -144,7 +145,8 @@ def main() -> None:
     for step, ops in report["op_host_ms_first_steps"].items():
         row = trace0[step]
         print(f"step {step}: wall {1e3 * row[0]:.1f} ms, device {row[3] and round(row[3], 1)}, "
-              f"forward {row[4].get('forward')}; ops {ops}")
+              f"forward {row[4].get('forward')}; longest linear {LONGEST_LINEAR.get(step)}; "
+              f"ops {ops}")
 
     if args.ops_only:
         with open(os.path.join(args.out, f"profile_host_{name}.json"), "w") as f:
