@@ -24,6 +24,7 @@ import torch
 from pagedrt.bench.common import add_model_args, load, make_llm
 from pagedrt.bench.throughput import make_workload, trace_steps
 
+
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -183,8 +184,9 @@ def main() -> None:
     report["trace_first_steps"] = trace[: args.steps]
     print(json.dumps({k: v for k, v in report.items() if k != "trace_first_steps"}, indent=1))
     for row in trace[: args.steps]:
-        print("%7.1f ms  reqs %4d  tokens %6d  device %s  host %s" % (
-            1e3 * row[0], row[1], row[2], row[3] and round(row[3], 1), row[4]))
+        device_ms = row[3] and round(row[3], 1)
+        print(f"{1e3 * row[0]:7.1f} ms  reqs {row[1]:4d}  tokens {row[2]:6d}  "
+              f"device {device_ms}  host {row[4]}")
 
     # (2) torch.profiler (CPU ops with Python stacks) over the same workload on other token
     # ids; the steps are labelled, and the long CPU ops of the slowest steps after the first

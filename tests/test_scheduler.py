@@ -314,6 +314,7 @@ def test_gemm_warm_up_covers_every_padded_shape(tiny, monkeypatch):
 
     monkeypatch.setattr(F, "linear", spy)
     runner.warm_up_gemms(max_step_tokens=96, max_num_seqs=5)
+    assert runner.gemm_warm_up_s > 0
     shapes = {(tuple(m.weight.shape), m.bias is not None) for m in runner.model.modules()
               if isinstance(m, LinearBase)}
     assert {(*shape, m) for shape in shapes for m in range(16, 97, 16)} <= seen

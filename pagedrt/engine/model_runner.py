@@ -27,7 +27,6 @@ from pagedrt.kv.kv_cache import KVCache
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.ops.attention import AttentionMetadata
 
-
 EAGER_TOKEN_PADDING = 64
 """On CUDA, a step that runs eagerly (not a CUDA-graph replay) is padded to a multiple of this
 many tokens: the padding tokens have id 0, position 0 and slot -1 (their K/V are not written),
@@ -38,7 +37,8 @@ waits for the device. In an async pipeline a mixed step with a token count never
 then stalled the host for the whole step in flight (about 25 ms behind a 16k-token prefill on
 the H200). Padded, the token counts are few enough to run every GEMM shape once at start-up
 (`ModelRunner.warm_up_gemms`). The cost is at most 63 padding rows per eager step. Decode-only
-steps are not padded here: on CUDA they replay graphs captured at padded batch sizes."""
+steps are not padded: they replay graphs captured at padded batch sizes (with enforce_eager
+they run unpadded, and a first-seen batch size can still wait once)."""
 
 
 @dataclass
@@ -77,11 +77,9 @@ class ModelRunner:
                     + max_num_seqs * kv_manager.blocks_for(max_model_len))
             self._staging = [torch.empty(size, dtype=torch.int64, pin_memory=True)
                              for _ in range(2)]
-        self.gemm_warm_up_s = 0.0  # seconds spent in warm_up_gemms at start-up
+        self.gemm_warm_up_s = 0.0  # seconds spent in warm_up_gemms (at start-up on CUDA)
         if self.device.type == "cuda":
-            start = time.perf_counter()
             self.warm_up_gemms(max_step_tokens, max_num_seqs)
-            self.gemm_warm_up_s = time.perf_counter() - start
         if use_cuda_graphs and self.device.type == "cuda":
             self.graph_runner = CUDAGraphRunner(
                 model, kv_cache.layers, max_num_seqs, kv_manager.blocks_for(max_model_len),
@@ -93,10 +91,10 @@ class ModelRunner:
         """Run every matmul shape a step with prompt tokens can take once, so that no kernel
         is loaded for the first time mid-run (see EAGER_TOKEN_PADDING): each linear layer's
         weight at every padded token count up to `max_step_tokens`, and the LM head at 1 to
-        `max_num_seqs` rows (one per sampled request). The time it took is kept in
-        `gemm_warm_up_s`."""
+        `max_num_seqs` rows (one per sampled request). Sets `gemm_warm_up_s`."""
         from pagedrt.models.layers import LinearBase
 
+        start = time.perf_counter()
         shapes = {}
         for module in self.model.modules():
             if isinstance(module, LinearBase):
@@ -117,6 +115,7 @@ class ModelRunner:
             self.model.compute_logits(h[:m])
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        self.gemm_warm_up_s = time.perf_counter() - start
 
     def prepare(self, sched: SchedulerOutput,
                 prev_token_ids: torch.Tensor | None = None) -> ModelInputs:
