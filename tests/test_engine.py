@@ -251,6 +251,28 @@ def test_cli_bad_input_exit_code():
     assert proc.returncode == 2 and "max_tokens=0" in proc.stderr
 
 
+def test_cli_num_threads_from_env(monkeypatch):
+    """PAGEDRT_NUM_THREADS sets torch's CPU threads for every `pagedrt` command; a bad value
+    is a clear error (exit 2) before any model is loaded."""
+    import torch
+
+    from pagedrt.entrypoints.cli import main, set_num_threads_from_env
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("PAGEDRT_NUM_THREADS", "1")
+        set_num_threads_from_env()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    for bad in ("abc", "0", "-2"):
+        monkeypatch.setenv("PAGEDRT_NUM_THREADS", bad)
+        with pytest.raises(ValueError, match=f"PAGEDRT_NUM_THREADS='{bad}' must be a positive"):
+            set_num_threads_from_env()
+        assert main(["generate", "hi", "--num-kv-blocks", "16"]) == 2
+        assert main(["bench", "memory"]) == 2
+
+
 def test_bench_throughput_on_cpu_writes_its_trace(smollm2_path, tmp_path):
     """`pagedrt bench throughput` end to end on CPU (tiny workload): the JSON has the figures
     and one trace row per engine step, decode-only and prefill steps told apart."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 import time
 
@@ -124,12 +125,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def set_num_threads_from_env() -> None:
+    """$PAGEDRT_NUM_THREADS sets torch's intra-op CPU threads for every `pagedrt` command
+    (default: torch's choice, one per core). Raises ValueError if it is not a positive int."""
+    value = os.environ.get("PAGEDRT_NUM_THREADS")
+    if not value:
+        return
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"PAGEDRT_NUM_THREADS={value!r} must be a positive integer")
+    import torch
+
+    torch.set_num_threads(int(value))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) >= 2 and argv[0] == "bench" and argv[1] in BENCHES:
         # each benchmark has its own options (and --help): hand it the rest of the line
         logging.basicConfig(level=logging.WARNING)
         try:
+            set_num_threads_from_env()
             return cmd_bench(argparse.Namespace(which=argv[1]), argv[2:])
         except ValueError as e:
             print(f"pagedrt: error: {e}", file=sys.stderr)
@@ -141,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        set_num_threads_from_env()
         if args.command == "generate":
             return cmd_generate(args)
         if args.command == "serve":

@@ -327,19 +327,13 @@ def build_app(engine: LLMEngine, served_model_name: str, api_key: str | None = N
 
 
 def run_server(args) -> int:
-    """`pagedrt serve`: load the model, then serve until interrupted.
-
-    $PAGEDRT_NUM_THREADS sets torch's intra-op threads (default: torch's choice).
-    """
-    import torch
+    """`pagedrt serve`: load the model, then serve until interrupted ($PAGEDRT_NUM_THREADS is
+    applied by the `pagedrt` command for every subcommand)."""
     import uvicorn
 
     from pagedrt.config import EngineConfig
     from pagedrt.entrypoints.cli import engine_kwargs
 
-    num_threads = os.environ.get("PAGEDRT_NUM_THREADS")
-    if num_threads:
-        torch.set_num_threads(int(num_threads))
     engine = LLMEngine(args.model, EngineConfig(**engine_kwargs(args)), dtype=args.dtype,
                        device=args.device)
     name = args.served_model_name or _default_model_name(args.model or engine.model_path)
