@@ -73,7 +73,8 @@ def main() -> None:
         with torch.inference_mode():
             h = engine.model(inputs.input_ids, inputs.positions, engine.kv_cache.layers,
                              inputs.meta)
-            engine.model.compute_logits(h[inputs.logits_indices])
+            engine.model.compute_logits(
+                h if inputs.logits_indices is None else h[inputs.logits_indices])
 
     res["prefill_forward_ms"] = cuda_ms(prefill, 5)
     print(kernel_table(prefill, os.path.join(args.out, "profile_prefill.txt"))[:5000])

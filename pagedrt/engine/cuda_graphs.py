@@ -82,9 +82,10 @@ class CUDAGraphRunner:
         self.input_ids[:b].copy_(input_ids, non_blocking=True)
         self.positions[:b].copy_(positions, non_blocking=True)
         self.slot_mapping[:b].copy_(slot_mapping, non_blocking=True)
-        self.slot_mapping[b:bs].fill_(-1)
         self.seq_lens[:b].copy_(seq_lens, non_blocking=True)
-        self.seq_lens[b:bs].fill_(1)
+        if b < bs:
+            self.slot_mapping[b:bs].fill_(-1)
+            self.seq_lens[b:bs].fill_(1)
         self.block_tables[:b, : block_tables.shape[1]].copy_(block_tables, non_blocking=True)
         self.graphs[bs].replay()
         return self.logits[bs][:b]

@@ -345,10 +345,12 @@ class LLMEngine:
         tokens rather than decodes of the last sampled token."""
         num_decode = 0
         for req, num_new in zip(sched.requests, sched.num_new_tokens):
-            if (num_new == 1 and req.num_output_tokens
-                    and req.num_computed_tokens == req.num_tokens - 1):
+            start = req.num_computed_tokens
+            # (num_tokens spelled out: this runs for every request of every step)
+            if (num_new == 1 and req.output_token_ids and start == len(req.prompt_token_ids)
+                    + len(req.output_token_ids) - 1):
                 num_decode += 1
-            req.num_computed_tokens += num_new
+            req.num_computed_tokens = start + num_new
         return sched.total_num_tokens - num_decode
 
     def _fork_groups(self, logits: torch.Tensor, sampled: list[Request]):
@@ -386,29 +388,37 @@ class LLMEngine:
         token_ids = step.token_ids()
         logprobs = step.result.logprobs if step.result is not None else None
         touched: dict[str, Request] = {}
+        num_generated = 0
         for i, (req, index, token) in enumerate(zip(step.requests, step.indices, token_ids)):
             if req.is_finished:
                 continue  # aborted, or stopped by the token before this one: drop the row
-            req.output_token_ids[index] = token
-            if index == len(req.output_token_ids) - 1:
+            output_token_ids = req.output_token_ids
+            output_token_ids[index] = token
+            if index == len(output_token_ids) - 1:
                 req.num_pending_tokens = 0
             if logprobs is not None and logprobs[i] is not None:
                 req.output_logprobs.append(logprobs[i])
             if req.first_token_time is None:
                 req.first_token_time = now
             req.last_token_time = now
-            self.counters["num_generated_tokens"] += 1
-            status = self._check_stop(req, token, index + 1)
+            num_generated += 1
+            status = None
+            # the full check only where it can stop the request or must see the text (a
+            # request never reaches max_model_len before max_tokens: validate_prompt)
+            if (token in req.stop_token_set or index + 1 >= req.params.max_tokens
+                    or (req.detokenizer is not None and (req.stream or req.params.stop))):
+                status = self._check_stop(req, token, index + 1)
             if status is not None:
                 # a later step may have appended a placeholder already: it is not a token
-                del req.output_token_ids[index + 1:]
+                del output_token_ids[index + 1:]
                 req.num_pending_tokens = 0
                 self.scheduler.finish(req, status)
                 if req.detokenizer is not None and not (req.stream or req.params.stop):
-                    req.detokenizer.update(req.output_token_ids)  # detokenize once, at the end
+                    req.detokenizer.update(output_token_ids)  # detokenize once, at the end
             head = req.group[0]
             if head.stream or (status is not None and all(s.is_finished for s in head.group)):
                 touched[head.request_id] = head
+        self.counters["num_generated_tokens"] += num_generated
         return [self._make_output(head) for head in touched.values()]
 
     def _check_stop(self, req: Request, token: int, num_output: int) -> RequestStatus | None:

@@ -46,7 +46,8 @@ class ModelInputs:
     input_ids: torch.Tensor  # [num_tokens] int64
     positions: torch.Tensor  # [num_tokens] int64
     meta: AttentionMetadata
-    logits_indices: torch.Tensor  # [num_sampled] int64, rows of the hidden states to sample
+    logits_indices: torch.Tensor | None  # [num_sampled] int64, rows of the hidden states to
+    # sample; None: every row, in order (a decode step)
     sampled_requests: list  # the requests those rows belong to
 
 
@@ -130,7 +131,8 @@ class ModelRunner:
         n = len(reqs)
         q_lens = np.asarray(sched.num_new_tokens, dtype=np.int64)  # [n]
         starts = np.fromiter((r.num_computed_tokens for r in reqs), np.int64, n)  # [n]
-        totals = np.fromiter((r.num_tokens for r in reqs), np.int64, n)  # [n]
+        totals = np.fromiter((len(r.prompt_token_ids) + len(r.output_token_ids) for r in reqs),
+                             np.int64, n)  # [n] num_tokens (spelled out: per request per step)
         ends = starts + q_lens
         cu = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(q_lens, out=cu[1:])
@@ -165,10 +167,14 @@ class ModelRunner:
         pend_dst = cu[1:][pending] - 1
         pend_src = np.fromiter((reqs[i].pending_row for i in pending.tolist()), np.int64,
                                len(pending))
-        # one staging buffer, one copy:
-        # [ids | positions | slots | cu | seq_lens | logits | tables | pending dst | pending src]
-        parts = [input_ids, positions, slot_mapping, cu, ends, logits_indices, block_tables.ravel(),
-                 pend_dst, pend_src]
+        # one staging buffer, one copy: the int64 parts, then the int32 ones packed two to an
+        # int64 (viewed back as int32 on the device: no conversion kernels)
+        #   [ids | positions | slots | logits | pending dst | pending src | cu, seq_lens, tables]
+        small = np.concatenate([cu, ends, block_tables.ravel()]).astype(np.int32)
+        if len(small) % 2:
+            small = np.append(small, np.int32(0))
+        parts = [input_ids, positions, slot_mapping, logits_indices, pend_dst, pend_src,
+                 small.view(np.int64)]
         flat = torch.from_numpy(np.concatenate(parts))
         if self.device.type == "cuda":
             k = self._num_prepared % 2
@@ -179,24 +185,28 @@ class ModelRunner:
             staged = self._staging[k][: flat.numel()]
             staged.copy_(flat)
             flat = staged.to(self.device, non_blocking=True)
-        sizes = [len(x) for x in parts]
-        ids_t, pos_t, slot_t, cu_t, lens_t, logit_t, tables_t, dst_t, src_t = torch.split(flat,
-                                                                                          sizes)
+        ids_t, pos_t, slot_t, logit_t, dst_t, src_t, small_t = torch.split(
+            flat, [len(x) for x in parts])
+        cu_t, lens_t, tables_t = torch.split(small_t.view(torch.int32)[: len(cu) + n + n * width],
+                                             [n + 1, n, n * width])
         if len(pending):
             assert prev_token_ids is not None, "placeholder tokens but no step in flight"
             ids_t.index_copy_(0, dst_t, prev_token_ids.index_select(0, src_t))
         meta = AttentionMetadata(
             slot_mapping=slot_t,
-            block_tables=tables_t.view(n, width).to(torch.int32),
-            seq_lens=lens_t.to(torch.int32),
-            cu_seqlens_q=cu_t.to(torch.int32),
+            block_tables=tables_t.view(n, width),
+            seq_lens=lens_t,
+            cu_seqlens_q=cu_t,
             max_query_len=int(q_lens.max()),
             max_seq_len=int(ends.max()),
             backend=self.backend,
         )
+        # a decode step samples every row in order: its logits need no gather
+        all_rows = len(sampled_idx) == n == num_tokens
         return ModelInputs(
-            input_ids=ids_t, positions=pos_t, meta=meta, logits_indices=logit_t,
-            sampled_requests=[reqs[i] for i in sampled_idx.tolist()],
+            input_ids=ids_t, positions=pos_t, meta=meta,
+            logits_indices=None if all_rows else logit_t,
+            sampled_requests=reqs if all_rows else [reqs[i] for i in sampled_idx.tolist()],
         )
 
     @torch.inference_mode()
@@ -214,9 +224,12 @@ class ModelRunner:
                 and self.graph_runner.can_run(len(sched.requests), meta.block_tables.shape[1])):
             logits = self.graph_runner.run(inputs.input_ids, inputs.positions, meta.slot_mapping,
                                            meta.seq_lens, meta.block_tables)
-            logits = logits[inputs.logits_indices]
+            if inputs.logits_indices is not None:
+                logits = logits[inputs.logits_indices]
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, meta)
-            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            if inputs.logits_indices is not None:
+                hidden = hidden[inputs.logits_indices]
+            logits = self.model.compute_logits(hidden)
         clock.mark("forward")
         return logits, inputs.sampled_requests

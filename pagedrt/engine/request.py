@@ -38,7 +38,11 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self.value in ("stop", "length", "abort")
+        # `_value_` is a plain attribute; `value` goes through a descriptor, slow per token
+        return self._value_ in _FINISHED_VALUES
+
+
+_FINISHED_VALUES = frozenset(("stop", "length", "abort"))
 
 
 class Request:
@@ -71,6 +75,10 @@ class Request:
         self.params = params
         self.priority = priority
         self.eos_token_ids = eos_token_ids
+        # tokens that may end the request: only these, the last allowed token and stop strings
+        # need the full stop check (`LLMEngine._check_stop`) after a token is sampled
+        self.stop_token_set = frozenset(params.stop_token_ids).union(
+            () if params.ignore_eos else eos_token_ids)
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.arrival_seq = next(_arrival_counter)
         self.status = RequestStatus.WAITING
@@ -119,7 +127,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.finished
+        return self.status._value_ in _FINISHED_VALUES  # as status.finished, one call less
 
     @property
     def sort_key(self) -> tuple[int, int]:

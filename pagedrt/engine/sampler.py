@@ -103,7 +103,8 @@ class Sampler:
         """
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(rows)} rows")
-        if all(_plain_greedy(r.params) for r in rows):
+        distinct_params = {id(r.params): r.params for r in rows}.values()  # often just one
+        if all(_plain_greedy(p) for p in distinct_params):
             # argmax of bf16/fp16 logits equals that of their exact float32 upcast
             return SamplerOutput(token_ids=logits.argmax(dim=-1))
         raw = logits.float()

@@ -87,26 +87,28 @@ class Scheduler:
         # 1. running requests. The token budget goes to decodes first (one token each), then to
         #    unfinished prefill chunks, most important first within each kind; blocks are then
         #    allocated most important first, preempting from the least important end.
-        planned = self._plan_running(max_tokens)  # aligned with self.running
+        remaining, planned = self._plan_running(max_tokens)  # aligned with self.running
+        allocate = self.kv.allocate_slots
         i = 0
         while i < len(self.running):
-            req = self.running[i]
             num_new = planned[i]
             if num_new == 0:
                 i += 1
                 continue
-            while self.kv.allocate_slots(req, num_new) is None:
+            req = self.running[i]
+            while allocate(req, num_new) is None:
                 # the least important running request sits last; it is never one already
                 # scheduled this step, since those come before index i
                 victim = self.running[-1]
                 self._preempt(victim, out)
-                del planned[-1]
+                del planned[-1], remaining[-1]
                 if victim is req:
                     break
             else:
                 out.requests.append(req)
                 out.num_new_tokens.append(num_new)
-                self._chunked |= req.num_computed_tokens + num_new < req.num_tokens
+                if num_new < remaining[i]:
+                    self._chunked = True
                 i += 1
                 continue
             # req itself was preempted; the list shifted, i already points to the next one
@@ -151,17 +153,20 @@ class Scheduler:
         self.peak_num_used_blocks = max(self.peak_num_used_blocks, used)
         return out
 
-    def _plan_running(self, budget: int) -> list[int]:
-        """New tokens per running request (aligned with self.running): decodes first, then
-        prefill chunks, most important first within each kind."""
-        remaining = []
-        for req in self.running:
-            num = req.num_tokens - req.num_computed_tokens
-            if req.num_pending_tokens and req.num_output_tokens >= req.params.max_tokens:
-                num = 0  # its last token is being sampled now (async scheduling)
+    def _plan_running(self, budget: int) -> tuple[list[int], list[int]]:
+        """Tokens left to compute and new tokens this step per running request (aligned with
+        self.running): decodes first, then prefill chunks, most important first within each
+        kind."""
+        remaining = [len(r.prompt_token_ids) + len(r.output_token_ids) - r.num_computed_tokens
+                     for r in self.running]
+        for i, req in enumerate(self.running):
+            if req.num_pending_tokens and len(req.output_token_ids) >= req.params.max_tokens:
+                remaining[i] = 0  # its last token is being sampled now (async scheduling)
             else:
-                assert num >= 1, f"{req} is running with nothing to compute"
-            remaining.append(num)
+                assert remaining[i] >= 1, f"{req} is running with nothing to compute"
+        num_decodes = remaining.count(1)
+        if num_decodes == len(remaining) and budget >= num_decodes:  # the common decode step
+            return remaining, list(remaining)
         planned = [0] * len(remaining)
         for i, num in enumerate(remaining):  # decodes
             if num == 1 and budget:
@@ -171,7 +176,7 @@ class Scheduler:
             if num > 1 and budget:
                 planned[i] = min(num, budget)
                 budget -= planned[i]
-        return planned
+        return remaining, planned
 
     def _start(self, req: Request, num_new: int, out: SchedulerOutput) -> None:
         req.status = RequestStatus.RUNNING

@@ -62,11 +62,12 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         self._block_hashes: dict[str, list[bytes]] = {}  # hashes of the full blocks of a request
         self._num_cached_blocks: dict[str, int] = {}  # leading blocks already offered to the cache
-        # block tables kept from step to step as rows of one array (see block_tables)
-        self._table = np.zeros((64, 64), dtype=np.int64)
-        self._table_lens: list[int] = [0] * 64  # ids written in each row
+        # block tables as rows of one int32 array, written when a request's blocks change (see
+        # block_tables); row 0 stays empty for requests without blocks
+        self._table = np.zeros((64, 64), dtype=np.int32)
+        self._table_lens = np.zeros(64, dtype=np.int64)  # ids written in each row
         self._table_rows: dict[str, int] = {}  # request id -> its row
-        self._free_table_rows = list(range(63, -1, -1))
+        self._free_table_rows = list(range(63, 0, -1))
         self.num_cpu_blocks = num_cpu_blocks
         self._free_cpu_blocks = list(range(num_cpu_blocks - 1, -1, -1))
         self.req_to_cpu_blocks: dict[str, list[int]] = {}
@@ -95,43 +96,44 @@ class KVCacheManager:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 
     def block_tables(self, request_ids: list[str]) -> np.ndarray:
-        """Block tables of several requests, [len(request_ids), most blocks] int64, each row
-        padded with 0 past the request's blocks.
+        """Block tables of several requests, [len(request_ids), most blocks] int32, each row
+        padded with 0 past the request's blocks (a request without blocks: all 0).
 
-        Each request keeps a row of one array from step to step, and only the ids appended
-        since the last call are written: a decode step adds a block to one request in
-        block_size, so this costs a lookup per request rather than a copy of every table.
+        Every request with blocks keeps a row of one array, written when its blocks change
+        (`_sync_table_row`, once per block_size tokens in decode), so this is a row gather.
         """
-        rows = []
-        width = 1
-        for request_id in request_ids:
-            blocks = self.req_to_blocks.get(request_id, ())
-            row = self._table_rows.get(request_id)
-            if row is None:
-                row = self._table_row(request_id)
-            num_written, num_ids = self._table_lens[row], len(blocks)
-            if num_written != num_ids:  # only grows: a changed table dropped the row first
-                if num_ids > self._table.shape[1]:
-                    self._table = np.pad(self._table, ((0, 0), (0, num_ids)))
-                self._table[row, num_written:num_ids] = [b.block_id for b in
-                                                         blocks[num_written:]]
-                self._table_lens[row] = num_ids
-            rows.append(row)
-            width = max(width, num_ids)
+        rows = [self._table_rows.get(request_id, 0) for request_id in request_ids]
+        width = max(int(self._table_lens[rows].max()), 1) if rows else 1
         return self._table[rows, :width]
+
+    def _sync_table_row(self, request_id: str) -> None:
+        """Write the block ids appended to a request's table since its row was last written
+        (the row was cleared by `_drop_table_row` if the table changed otherwise)."""
+        blocks = self.req_to_blocks.get(request_id, ())
+        row = self._table_rows.get(request_id)
+        if row is None:
+            if not blocks:
+                return
+            row = self._table_row(request_id)
+        num_written, num_ids = int(self._table_lens[row]), len(blocks)
+        if num_written != num_ids:  # only grows: a changed table dropped the row first
+            if num_ids > self._table.shape[1]:
+                self._table = np.pad(self._table, ((0, 0), (0, num_ids)))
+            self._table[row, num_written:num_ids] = [b.block_id for b in blocks[num_written:]]
+            self._table_lens[row] = num_ids
 
     def _table_row(self, request_id: str) -> int:
         if not self._free_table_rows:  # double the rows
             n = self._table.shape[0]
             self._table = np.pad(self._table, ((0, n), (0, 0)))
-            self._table_lens.extend([0] * n)
+            self._table_lens = np.pad(self._table_lens, (0, n))
             self._free_table_rows = list(range(2 * n - 1, n - 1, -1))
         row = self._table_rows[request_id] = self._free_table_rows.pop()
         return row
 
     def _drop_table_row(self, request_id: str, release_row: bool = False) -> None:
-        """Clear the kept table row of a request whose blocks changed other than by appending
-        (copy-on-write, swap) or were freed; `release_row` also gives the row back."""
+        """Clear the row of a request whose blocks changed other than by appending (copy-on-
+        write, swap) or were freed; `release_row` also gives the row back."""
         row = self._table_rows.get(request_id)
         if row is not None:
             self._table[row, : self._table_lens[row]] = 0
@@ -221,6 +223,7 @@ class KVCacheManager:
             self.stats.num_cow_copies += 1
         new_blocks = self.pool.get_new_blocks(num_new_blocks) or []
         blocks.extend(new_blocks)
+        self._sync_table_row(request.request_id)
         self._cache_full_blocks(request, num_computed + num_new_tokens)
         return new_blocks
 
@@ -244,6 +247,7 @@ class KVCacheManager:
         blocks = self.req_to_blocks[parent.request_id]
         self.pool.touch(blocks)
         self.req_to_blocks[child.request_id] = list(blocks)
+        self._sync_table_row(child.request_id)
         child.num_computed_tokens = parent.num_computed_tokens
         self._num_cached_blocks[child.request_id] = self._num_cached_blocks.get(
             parent.request_id, 0)
@@ -291,6 +295,7 @@ class KVCacheManager:
         self._free_cpu_blocks.extend(reversed(cpu_blocks))
         self.req_to_blocks[request.request_id] = blocks
         self._drop_table_row(request.request_id)
+        self._sync_table_row(request.request_id)
         self.stats.num_swapped_in_blocks += len(blocks)
         self._cache_full_blocks(request, request.num_computed_tokens)
 
@@ -350,6 +355,12 @@ class KVCacheManager:
         free = self.pool.num_free_blocks - evictable
         in_use = sum(1 for b in self.pool.blocks if b.ref_cnt > 0)
         assert free + evictable + in_use == self.num_blocks, (free, evictable, in_use)
+        for request_id, blocks in self.req_to_blocks.items():
+            row = self._table_rows.get(request_id, 0)
+            kept = self._table[row, : self._table_lens[row]].tolist()
+            assert kept == [b.block_id for b in blocks], (
+                f"{request_id}: block table row {kept} but blocks {[b.block_id for b in blocks]}")
+        assert not self._table[0].any(), "row 0 (requests without blocks) is not empty"
         owned = [c for blocks in self.req_to_cpu_blocks.values() for c in blocks]
         assert len(owned) == len(set(owned)), "a CPU block is owned twice"
         assert len(owned) + len(self._free_cpu_blocks) == self.num_cpu_blocks, (

@@ -1,0 +1,112 @@
+"""Sweep the Triton decode-attention kernel's launch settings (tokens per tile, warps, pipeline
+stages, split-K partitions) at the engine's decode shapes, with each setting checked against
+the PyTorch reference first. A tuning diagnostic for the H200, not a benchmark of record.
+
+    PYTHONPATH=$PWD python3 benchmarks/decode_tune.py --out DIR [--quick]
+
+Prints, per shape, the current default's time and the fastest settings; writes every timing to
+DIR/decode_tune.json. Block ids are a random permutation, as in a cache that has been in use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import os
+
+import torch
+import triton
+
+from pagedrt.ops.attention_reference import paged_attention_decode_reference
+from pagedrt.ops.attention_triton import (
+    _decode_launch_config,
+    choose_num_splits,
+    paged_attention_decode_triton,
+)
+from pagedrt.ops.triton_utils import device_sms
+
+# (name, num_heads, num_kv_heads, head_dim)
+MODELS = {"qwen2-0.5b": (14, 2, 64), "llama3-8b": (32, 8, 128), "smollm2": (9, 3, 64)}
+
+
+def make_case(num_seqs, ctx, num_heads, num_kv_heads, head_dim, block_size=16, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    blocks_per_seq = triton.cdiv(ctx, block_size)
+    num_blocks = num_seqs * blocks_per_seq + 1
+    dt = torch.bfloat16
+    q = torch.randn(num_seqs, num_heads, head_dim, device="cuda", dtype=dt, generator=g)
+    k = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, device="cuda", dtype=dt,
+                    generator=g)
+    v = torch.randn_like(k)
+    perm = torch.randperm(num_blocks, device="cuda", generator=g)[: num_seqs * blocks_per_seq]
+    tables = perm.view(num_seqs, blocks_per_seq).to(torch.int32)
+    lens = torch.full((num_seqs,), ctx, dtype=torch.int32, device="cuda")
+    return q, k, v, tables, lens
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    cases = [("qwen2-0.5b", 256, 520), ("qwen2-0.5b", 256, 640), ("qwen2-0.5b", 256, 1024),
+             ("qwen2-0.5b", 64, 640), ("qwen2-0.5b", 8, 4096), ("llama3-8b", 256, 640),
+             ("smollm2", 256, 640)]
+    if args.quick:
+        cases = cases[:2]
+    grid = list(itertools.product([32, 64, 128], [2, 4, 8], [2, 3, 4], [1, 2, 4, 8]))
+    results, table = [], []
+    for model, num_seqs, ctx in cases:
+        h, kvh, d = MODELS[model]
+        q, k, v, bt, sl = make_case(num_seqs, ctx, h, kvh, d)
+        ref = paged_attention_decode_reference(q.float(), k.float(), v.float(), bt, sl,
+                                               d ** -0.5)
+        kv_bytes = 2 * num_seqs * ctx * kvh * d * 2
+        default_splits = choose_num_splits(num_seqs, kvh, ctx, device_sms(q))
+        default = {**_decode_launch_config(d), "splits": default_splits}
+        timings = []
+        extra = [] if default_splits in (1, 2, 4, 8) else [
+            (default["BLOCK_N"], default["num_warps"], default["num_stages"], default_splits)]
+        for bn, warps, stages, splits in grid + extra:
+            if model == "llama3-8b" and bn == 128:
+                continue
+            cfg = {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
+            try:
+                out = paged_attention_decode_triton(q, k, v, bt, sl, d ** -0.5, splits,
+                                                    config=cfg)
+                err = (out.float() - ref).abs().max().item()
+                if err > 2e-2:
+                    timings.append({**cfg, "splits": splits, "error": err, "ms": None})
+                    continue
+                ms = triton.testing.do_bench_cudagraph(functools.partial(
+                    paged_attention_decode_triton, q, k, v, bt, sl, d ** -0.5, splits,
+                    config=cfg), rep=30)
+            except Exception as e:  # noqa: BLE001 - a config that does not fit: record it
+                timings.append({**cfg, "splits": splits, "failed": str(e)[:200]})
+                continue
+            timings.append({**cfg, "splits": splits, "ms": ms, "error": err,
+                            "tb_s": kv_bytes / ms / 1e9})
+        ok = [t for t in timings if t.get("ms")]
+        ok.sort(key=lambda t: t["ms"])
+        d_t = next((t for t in ok if all(t[key] == default[key] for key in default)), None)
+        results.append({"model": model, "num_seqs": num_seqs, "ctx": ctx, "kv_bytes": kv_bytes,
+                        "default": default, "default_ms": d_t and d_t["ms"], "timings": ok,
+                        "bad": [t for t in timings if not t.get("ms")]})
+        best = ok[0]
+        table.append(f"{model:11s} B{num_seqs:<4d} ctx{ctx:<5d} default {d_t and d_t['ms']*1e3:7.1f}"
+                     f" us ({d_t and d_t['tb_s']:.2f} TB/s) | best {best['ms']*1e3:7.1f} us "
+                     f"({best['tb_s']:.2f} TB/s) BN{best['BLOCK_N']} w{best['num_warps']} "
+                     f"s{best['num_stages']} sp{best['splits']} | next: " + ", ".join(
+                         f"BN{t['BLOCK_N']}w{t['num_warps']}s{t['num_stages']}sp{t['splits']}"
+                         f"={t['ms']*1e3:.1f}" for t in ok[1:5]))
+        print(table[-1], flush=True)
+    with open(os.path.join(args.out, "decode_tune.json"), "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(), "results": results}, f, indent=1)
+    print("\n".join(table))
+
+
+if __name__ == "__main__":
+    main()
