@@ -13,7 +13,6 @@ Logits are computed only for the last token of requests whose step completes the
 
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass
 
@@ -145,9 +144,8 @@ class ModelRunner:
             positions = starts
             rows = np.arange(n)
         else:
-            input_ids = np.fromiter(itertools.chain.from_iterable(
-                r.token_ids_slice(s, e) for r, s, e in zip(reqs, starts.tolist(), ends.tolist())),
-                np.int64, num_tokens)
+            input_ids = np.concatenate([r.token_array(s, e) for r, s, e in
+                                        zip(reqs, starts.tolist(), ends.tolist())])
             rows = np.repeat(np.arange(n), q_lens)  # request of each token
             positions = np.arange(num_tokens) - cu[rows] + starts[rows]
         slot_mapping = block_tables[rows, positions // bs] * bs + positions % bs

@@ -17,6 +17,7 @@ import enum
 import itertools
 import time
 
+import numpy as np
 import torch
 
 from pagedrt.sampling_params import SamplingParams
@@ -66,6 +67,9 @@ class Request:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
+        # the prompt again as [num_prompt_tokens] int64, for slices without per-token Python
+        # (block hashes, the inputs of prefill steps)
+        self.prompt_array = np.asarray(self.prompt_token_ids, dtype=np.int64)
         self.output_token_ids: list[int] = []
         # async scheduling: placeholders at the end of output_token_ids (0 or 1), and the row
         # of that token in the in-flight step's sampled token ids
@@ -124,6 +128,12 @@ class Request:
         if start >= p:
             return self.output_token_ids[start - p : end - p]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
+
+    def token_array(self, start: int, end: int) -> np.ndarray:
+        """all_token_ids[start:end] as int64 (a view of `prompt_array` within the prompt)."""
+        if end <= len(self.prompt_array):
+            return self.prompt_array[start:end]
+        return np.asarray(self.token_ids_slice(start, end), dtype=np.int64)
 
     @property
     def is_finished(self) -> bool:

@@ -14,9 +14,10 @@ throws away reusable KV for nothing. A request's blocks are freed tail first, so
 deepest blocks are evicted before its shared roots. A cache hit on an evictable block takes it
 out of its queue (`touch`).
 
-Block hash: sha256 over (parent hash, the block's token ids, extra keys), so the hash of a
-block identifies the whole prefix up to and including it. sha256 is collision-resistant, so a
-hit never returns a block holding other tokens (the same choice as vLLM's `sha256` option).
+Block hash: sha256 over (parent hash, the block's token ids as int64 bytes), where the first
+block's parent is a root hash of the request's extra keys (a cache salt); so the hash of a block
+identifies the whole prefix up to and including it. sha256 is collision-resistant, so a hit
+never returns a block holding other tokens (the same choice as vLLM's `sha256` option).
 Several blocks may hold the same hash (two requests computed the same prefix before either was
 cached, or the recomputed last block of a full hit); each stays hashed, so evicting one copy
 keeps the prefix cached in the other.
@@ -29,13 +30,34 @@ import pickle
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import numpy as np
+
+
+def root_hash(extra_keys: tuple = ()) -> bytes:
+    """The parent hash of a request's first block: sha256 of its extra keys (pickled)."""
+    return hashlib.sha256(pickle.dumps(tuple(extra_keys), protocol=5)).digest()
+
+
+def hash_token_blocks(parent_hash: bytes, token_ids: np.ndarray, block_size: int) -> list[bytes]:
+    """Chained hashes of consecutive full blocks: block i hashes to
+    sha256(hash of block i-1 + its block_size token ids as int64 bytes), block 0's parent
+    being `parent_hash`. token_ids: [k * block_size] int64."""
+    data = np.ascontiguousarray(token_ids, dtype=np.int64).tobytes()
+    step = 8 * block_size
+    hashes = []
+    for start in range(0, len(data) - step + 1, step):
+        parent_hash = hashlib.sha256(parent_hash + data[start : start + step]).digest()
+        hashes.append(parent_hash)
+    return hashes
+
 
 def hash_block_tokens(
-    parent_hash: bytes | None, token_ids: tuple[int, ...], extra_keys: tuple = ()
+    parent_hash: bytes | None, token_ids: tuple[int, ...] | list[int], extra_keys: tuple = ()
 ) -> bytes:
-    """Chained hash of one full block: sha256(pickle((parent_hash, token_ids, extra_keys)))."""
-    payload = pickle.dumps((parent_hash, tuple(token_ids), tuple(extra_keys)), protocol=5)
-    return hashlib.sha256(payload).digest()
+    """Chained hash of one full block (see `hash_token_blocks`); a None parent is the root of
+    `extra_keys`, which are otherwise unused."""
+    parent = root_hash(extra_keys) if parent_hash is None else parent_hash
+    return hash_token_blocks(parent, np.asarray(token_ids, dtype=np.int64), len(token_ids))[0]
 
 
 @dataclass(eq=False)
@@ -131,6 +153,20 @@ class BlockPool:
             return
         block.block_hash = block_hash
         self.cached_blocks.setdefault(block_hash, {})[block.block_id] = block
+
+    def cache_blocks(self, blocks: list[KVBlock], block_hashes: list[bytes]) -> None:
+        """`cache_block` for each (block, hash) pair."""
+        if not self.enable_caching:
+            return
+        cached = self.cached_blocks
+        for block, block_hash in zip(blocks, block_hashes, strict=True):
+            assert block.ref_cnt > 0, f"caching {block}, which is not in use"
+            if block.block_hash is None:
+                block.block_hash = block_hash
+                holders = cached.get(block_hash)
+                if holders is None:
+                    holders = cached[block_hash] = {}
+                holders[block.block_id] = block
 
     def _evict(self, block: KVBlock) -> None:
         assert block.block_hash is not None

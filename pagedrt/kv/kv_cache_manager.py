@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pagedrt.engine.request import Request
-from pagedrt.kv.block_pool import BlockPool, KVBlock, hash_block_tokens
+from pagedrt.kv.block_pool import BlockPool, KVBlock, hash_token_blocks, root_hash
 
 
 @dataclass
@@ -145,13 +145,15 @@ class KVCacheManager:
     # ----------------------------------------------------------------- prefix cache
     def _request_block_hashes(self, request: Request, num_full_blocks: int) -> list[bytes]:
         """Hashes of the first `num_full_blocks` full blocks of the request (memoized)."""
-        hashes = self._block_hashes.setdefault(request.request_id, [])
-        bs = self.block_size
-        while len(hashes) < num_full_blocks:
-            i = len(hashes)
-            parent = hashes[-1] if hashes else None
-            tokens = tuple(request.token_ids_slice(i * bs, (i + 1) * bs))
-            hashes.append(hash_block_tokens(parent, tokens, request_extra_keys(request)))
+        hashes = self._block_hashes.get(request.request_id)
+        if hashes is None:
+            hashes = self._block_hashes[request.request_id] = []
+        num_hashed = len(hashes)
+        if num_hashed < num_full_blocks:
+            bs = self.block_size
+            parent = hashes[-1] if hashes else root_hash(request_extra_keys(request))
+            hashes += hash_token_blocks(
+                parent, request.token_array(num_hashed * bs, num_full_blocks * bs), bs)
         return hashes
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
@@ -237,9 +239,7 @@ class KVCacheManager:
             return
         blocks = self.req_to_blocks[request.request_id]
         hashes = self._request_block_hashes(request, num_full)
-        for i in range(start, num_full):
-            if blocks[i].block_hash is None:
-                self.pool.cache_block(blocks[i], hashes[i])
+        self.pool.cache_blocks(blocks[start:num_full], hashes[start:num_full])
         self._num_cached_blocks[request.request_id] = num_full
 
     def fork(self, parent: Request, child: Request) -> None:
