@@ -189,6 +189,33 @@ def test_dispatcher_triton_backend():
     assert_close(out, expected, torch.float32)
 
 
+def test_dispatcher_triton_backend_extend():
+    """paged_attention() on a prefill step (the model's path, wrapper checks skipped) writes
+    the chunks' K/V and attends like the torch backend."""
+    torch.manual_seed(4)
+    num_kv_heads, head_dim, block_size = 2, 16, 8
+    k_cache, v_cache, bt, seq_lens = make_paged_kv([13, 21], num_kv_heads, head_dim,
+                                                   block_size, torch.float32)
+    q_lens = [5, 8]  # the last q_len tokens of each sequence are new this step
+    slots = torch.cat([
+        torch.stack([bt[i, p // block_size].long() * block_size + p % block_size
+                     for p in range(n - q, n)])
+        for i, (n, q) in enumerate(zip(seq_lens.tolist(), q_lens))])
+    meta = attention.AttentionMetadata(
+        slot_mapping=slots, block_tables=bt, seq_lens=seq_lens,
+        cu_seqlens_q=torch.tensor([0, 5, 13], dtype=torch.int32), max_query_len=8,
+        max_seq_len=21, backend="triton")
+    query = torch.randn(13, 4, head_dim)
+    key, value = torch.randn(13, 2, head_dim), torch.randn(13, 2, head_dim)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    out = attention.paged_attention(query, key, value, k_cache, v_cache, meta, 0.25)
+    meta.backend = "torch"
+    expected = attention.paged_attention(query, key, value, k_ref, v_ref, meta, 0.25)
+    assert_close(out, expected, torch.float32)
+    torch.testing.assert_close(k_cache, k_ref, equal_nan=True)  # NaN: unused slots
+    torch.testing.assert_close(v_cache, v_ref, equal_nan=True)
+
+
 def test_split_heuristic():
     # a full GPU needs no split; one sequence on a 132-SM GPU is split, bounded by length
     assert tri.choose_num_splits(256, 8, 1024, 132) == 1

@@ -16,6 +16,7 @@ the rank and size, not the model code.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -46,6 +47,14 @@ def _use_fused(x: torch.Tensor) -> bool:
     from pagedrt.ops.attention import triton_available  # lazy: triton is optional
 
     return triton_available()
+
+
+@functools.lru_cache(maxsize=1)
+def _fused():
+    """The fused Triton ops' module, imported on first use (triton is optional)."""
+    from pagedrt.ops import fused_triton
+
+    return fused_triton
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -85,9 +94,7 @@ class RMSNorm(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x, residual: [num_tokens, hidden_size]."""
         if x.dim() == 2 and _use_fused(x):
-            from pagedrt.ops.fused_triton import rms_norm_triton
-
-            return rms_norm_triton(x, self.weight, self.eps, residual)
+            return _fused().rms_norm_triton(x, self.weight, self.eps, residual, validate=False)
         if residual is None:
             return self._norm(x)
         residual = x + residual
@@ -152,9 +159,8 @@ class RotaryEmbedding(nn.Module):
         positions `[T]` int64. Returns tensors of the same shapes and dtypes: new ones on the
         torch path; on CUDA the Triton kernel rotates query and key in place and returns them."""
         if _use_fused(query):
-            from pagedrt.ops.fused_triton import rotary_triton
-
-            return rotary_triton(positions, query, key, self.cos_sin_cache)
+            return _fused().rotary_triton(positions, query, key, self.cos_sin_cache,
+                                          validate=False)
         cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
 
@@ -165,9 +171,7 @@ class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [num_tokens, 2 * d] -> [num_tokens, d]."""
         if x.dim() == 2 and _use_fused(x):
-            from pagedrt.ops.fused_triton import silu_and_mul_triton
-
-            return silu_and_mul_triton(x)
+            return _fused().silu_and_mul_triton(x, validate=False)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 

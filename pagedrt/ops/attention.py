@@ -68,33 +68,42 @@ def _use_triton(backend: str, tensor: torch.Tensor) -> bool:
     return tensor.is_cuda and triton_available()
 
 
-def write_kv(key, value, k_cache, v_cache, slot_mapping, backend: str = "auto") -> None:
+@functools.lru_cache(maxsize=1)
+def _triton_ops():
+    """The Triton kernels' module, imported on first use (triton is optional)."""
+    from pagedrt.ops import attention_triton
+
+    return attention_triton
+
+
+def write_kv(key, value, k_cache, v_cache, slot_mapping, backend: str = "auto",
+             validate: bool = True) -> None:
     """Write key/value `[num_tokens, num_kv_heads, head_dim]` into the caches by slot_mapping.
 
-    See `attention_reference.write_kv_reference` for shapes.
+    See `attention_reference.write_kv_reference` for shapes. validate=False skips the Triton
+    wrapper's argument checks (for tensors the model built; see `pagedrt.ops.fused_triton`).
     """
     if _use_triton(backend, key):
-        from pagedrt.ops.attention_triton import write_kv_triton
-
-        return write_kv_triton(key, value, k_cache, v_cache, slot_mapping)
+        return _triton_ops().write_kv_triton(key, value, k_cache, v_cache, slot_mapping,
+                                             validate=validate)
     return ref.write_kv_reference(key, value, k_cache, v_cache, slot_mapping)
 
 
 def paged_attention_decode(
-    query, k_cache, v_cache, block_tables, seq_lens, scale, backend: str = "auto"
+    query, k_cache, v_cache, block_tables, seq_lens, scale, backend: str = "auto",
+    validate: bool = True,
 ) -> torch.Tensor:
     """Decode attention (one query token per sequence); see the reference for shapes."""
     if _use_triton(backend, query):
-        from pagedrt.ops.attention_triton import paged_attention_decode_triton
-
-        return paged_attention_decode_triton(query, k_cache, v_cache, block_tables, seq_lens, scale)
+        return _triton_ops().paged_attention_decode_triton(
+            query, k_cache, v_cache, block_tables, seq_lens, scale, validate=validate)
     return ref.paged_attention_decode_reference(query, k_cache, v_cache, block_tables, seq_lens,
                                                 scale)
 
 
 def paged_attention_extend(
     query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, backend: str = "auto",
-    max_query_len: int | None = None,
+    max_query_len: int | None = None, validate: bool = True,
 ) -> torch.Tensor:
     """Causal attention of packed query chunks over cached prefixes; see the reference.
 
@@ -102,11 +111,9 @@ def paged_attention_extend(
     device-to-host read).
     """
     if _use_triton(backend, query):
-        from pagedrt.ops.attention_triton import paged_attention_extend_triton
-
-        return paged_attention_extend_triton(
+        return _triton_ops().paged_attention_extend_triton(
             query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale,
-            max_query_len=max_query_len,
+            max_query_len=max_query_len, validate=validate,
         )
     return ref.paged_attention_extend_reference(
         query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale
@@ -131,13 +138,15 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """What an attention layer calls: write the new K/V, then decode or extend."""
-    write_kv(key, value, k_cache, v_cache, meta.slot_mapping, meta.backend)
-    if meta.is_decode_only:
+    """What an attention layer calls: write the new K/V, then decode or extend. The model
+    builds every tensor here itself, so the Triton wrappers skip their argument checks."""
+    write_kv(key, value, k_cache, v_cache, meta.slot_mapping, meta.backend, validate=False)
+    if meta.max_query_len == 1:  # decode only
         return paged_attention_decode(
-            query, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, meta.backend
+            query, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, meta.backend,
+            validate=False,
         )
     return paged_attention_extend(
         query, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, scale,
-        meta.backend, max_query_len=meta.max_query_len,
+        meta.backend, max_query_len=meta.max_query_len, validate=False,
     )

@@ -174,6 +174,8 @@ def paged_attention_extend_triton(
     scale: float,
     max_query_len: int | None = None,
     config: dict | None = None,
+    *,
+    validate: bool = True,
 ) -> torch.Tensor:
     """Causal attention for packed query chunks over cached prefixes (K/V already written).
 
@@ -186,17 +188,21 @@ def paged_attention_extend_triton(
         scale: softmax scale.
         max_query_len: longest chunk; None reads it from cu_seqlens_q (one device sync).
         config: launch overrides for tuning ({"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}).
+        validate: check the arguments' contract (ValueError); the model's attention layers
+            pass False for tensors they built (see `pagedrt.ops.fused_triton`).
     Returns:
         [num_tokens, num_heads, head_dim] in query's dtype.
     """
-    num_kv_heads, head_dim = check_paged_args(query, k_cache, v_cache, block_tables, seq_lens)
-    block_size = k_cache.shape[1]
+    if validate:
+        check_paged_args(query, k_cache, v_cache, block_tables, seq_lens)
+        check_index("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), k_cache.device)
+        num_seqs = seq_lens.shape[0]
+        if cu_seqlens_q.shape[0] != num_seqs + 1 or block_tables.shape[0] < num_seqs:
+            raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries and "
+                             f"block_tables {block_tables.shape[0]} rows for {num_seqs} sequences")
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
     num_tokens, num_heads, _ = query.shape
-    check_index("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), k_cache.device)
     num_seqs = seq_lens.shape[0]
-    if cu_seqlens_q.shape[0] != num_seqs + 1 or block_tables.shape[0] < num_seqs:
-        raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries and block_tables "
-                         f"{block_tables.shape[0]} rows for {num_seqs} sequences")
     out = torch.empty_like(query)
     if num_tokens == 0 or num_seqs == 0:
         return out

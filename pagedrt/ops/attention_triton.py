@@ -205,6 +205,8 @@ def paged_attention_decode_triton(
     num_splits: int | None = None,
     max_seq_len: int | None = None,
     config: dict | None = None,
+    *,
+    validate: bool = True,
 ) -> torch.Tensor:
     """Decode attention: one query token per sequence over its `seq_lens[i]` cached tokens.
 
@@ -218,11 +220,16 @@ def paged_attention_decode_triton(
         max_seq_len: bound on seq_lens for the heuristic; None uses the block table's width
             (no device sync, so the call can be captured in a CUDA graph).
         config: launch overrides for tuning ({"BLOCK_N", "num_warps", "num_stages"}).
+        validate: check the arguments' contract (ValueError); the model's attention layers
+            pass False for tensors they built (see `pagedrt.ops.fused_triton`).
     Returns:
         [num_seqs, num_heads, head_dim] in query's dtype.
     """
-    group, num_kv_heads = check_decode_args(query, k_cache, v_cache, block_tables, seq_lens)
+    if validate:
+        check_decode_args(query, k_cache, v_cache, block_tables, seq_lens)
     num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
     block_size = k_cache.shape[1]
     out = torch.empty_like(query)
     if num_seqs == 0:

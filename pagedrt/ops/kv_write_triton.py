@@ -54,6 +54,8 @@ def write_kv_triton(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    validate: bool = True,
 ) -> None:
     """Write new K/V rows into their cache slots, in place; negative slots are skipped.
 
@@ -63,18 +65,23 @@ def write_kv_triton(
         k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], fp16/bf16/fp32,
             identical shape, dtype and strides.
         slot_mapping: [num_tokens] int64 (int32 accepted), slot = block * block_size + offset.
+        validate: check the above (ValueError); the model's attention layers pass False for
+            tensors they built (see `pagedrt.ops.fused_triton`).
     """
-    block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
-    for name, t in (("key", key), ("value", value)):
-        if t.shape[1:] != (num_kv_heads, head_dim) or t.dim() != 3:
-            raise ValueError(f"{name} shape {tuple(t.shape)}; expected [num_tokens, "
-                             f"{num_kv_heads}, {head_dim}]")
-        check_index(name, t, 3, (torch.float16, torch.bfloat16, torch.float32), k_cache.device)
-    check_index("slot_mapping", slot_mapping, 1, (torch.int64, torch.int32), k_cache.device)
+    if validate:
+        block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
+        for name, t in (("key", key), ("value", value)):
+            if t.shape[1:] != (num_kv_heads, head_dim) or t.dim() != 3:
+                raise ValueError(f"{name} shape {tuple(t.shape)}; expected [num_tokens, "
+                                 f"{num_kv_heads}, {head_dim}]")
+            check_index(name, t, 3, (torch.float16, torch.bfloat16, torch.float32),
+                        k_cache.device)
+        check_index("slot_mapping", slot_mapping, 1, (torch.int64, torch.int32), k_cache.device)
+        if slot_mapping.shape[0] != key.shape[0]:
+            raise ValueError(
+                f"slot_mapping has {slot_mapping.shape[0]} entries, key {key.shape[0]} tokens")
     num_tokens = key.shape[0]
-    if slot_mapping.shape[0] != num_tokens:
-        raise ValueError(
-            f"slot_mapping has {slot_mapping.shape[0]} entries, key {num_tokens} tokens")
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
     if num_tokens == 0:
         return
     _write_kv_kernel[(num_tokens,)](
