@@ -2,14 +2,17 @@
 while the device is kept busy (a long `torch.cuda._sleep` queued first), so that no call can
 wait for the device: what is left is launch and Python cost. A tuning diagnostic.
 
-    PYTHONPATH=$PWD python3 benchmarks/launch_overhead.py --out DIR [--tokens 16384]
+    PYTHONPATH=$PWD python3 benchmarks/launch_overhead.py --out DIR [--tokens N]  # N: k * 512
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import statistics
 import time
 
@@ -107,7 +110,19 @@ def main() -> None:
     with torch.inference_mode():
         result["model forward host ms"] = host_us(
             lambda: model(ids, pos, kv.layers, meta), calls=3) / 1e3
-    print(json.dumps(result, indent=1))
+        # where the forward's host time goes: cProfile of one call, device kept busy
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(3e8))
+        prof = cProfile.Profile()
+        prof.enable()
+        model(ids, pos, kv.layers, meta)
+        prof.disable()
+        torch.cuda.synchronize()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+        result["forward_cprofile"] = buf.getvalue()
+    print(json.dumps({k: v for k, v in result.items() if k != "forward_cprofile"}, indent=1))
+    print(result["forward_cprofile"])
     with open(os.path.join(args.out, "launch_overhead.json"), "w") as f:
         json.dump(result, f, indent=1)
 

@@ -15,7 +15,13 @@ import torch
 pytest.importorskip("triton", reason="triton is not installed: the Triton kernels can't run")
 
 from pagedrt.models import layers
-from pagedrt.ops.fused_triton import rms_norm_triton, rotary_triton, silu_and_mul_triton
+from pagedrt.ops.attention_reference import write_kv_reference
+from pagedrt.ops.fused_triton import (
+    rms_norm_triton,
+    rotary_triton,
+    rotary_write_kv_triton,
+    silu_and_mul_triton,
+)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # fp32: relative 1e-5; half types: one or two ulp of values of order 1 (bf16's ulp at 1 is 2^-7).
@@ -96,6 +102,101 @@ def test_rotary_on_qkv_views(dtype, head_dim, num_heads, num_kv_heads):
     _close(actual_q, expected_q)
     _close(actual_k, expected_k)
     assert torch.equal(v, v_before)  # in place on q and k only: v's columns are untouched
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "head_dim, num_heads, num_kv_heads", [(16, 4, 4), (64, 14, 2), (16, 9, 3), (32, 8, 1)]
+)
+def test_rotary_write_kv_matches_rotary_then_write(dtype, head_dim, num_heads, num_kv_heads):
+    """The fused kernel = rotary_triton's rotation (torch RoPE as oracle) + write_kv_reference
+    into the cache, padding slots (-1) skipped; the cache may be in another dtype."""
+    torch.manual_seed(head_dim + num_heads)
+    num_tokens, max_position, block_size, num_blocks = 7, 512, 4, 6
+    rope = layers.RotaryEmbedding(head_dim, max_position, base=10000.0)
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    qkv = torch.randn(num_tokens, q_size + 2 * kv_size).to(dtype)
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q = q.view(num_tokens, num_heads, head_dim)
+    k = k.view(num_tokens, num_kv_heads, head_dim)
+    v = v.view(num_tokens, num_kv_heads, head_dim)
+    positions = torch.randint(0, max_position, (num_tokens,), dtype=torch.int64)
+    slots = torch.randperm(num_blocks * block_size)[:num_tokens]
+    slots[2] = -1  # padding: nothing written
+    cache_dtype = torch.float32 if dtype != torch.float32 else torch.float16
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.randn(shape).to(cache_dtype), torch.randn(shape).to(cache_dtype)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    k_ref_before = k_cache.clone()
+
+    expected_q, expected_k = rope(positions, q, k)
+    write_kv_reference(expected_k, v, k_ref, v_ref, slots)
+    actual_q, actual_k = rotary_write_kv_triton(positions, q, k, v, rope.cos_sin_cache,
+                                                k_cache, v_cache, slots)
+    assert actual_q.data_ptr() == q.data_ptr() and actual_k.data_ptr() == k.data_ptr()
+    _close(actual_q, expected_q)
+    _close(actual_k, expected_k)
+    tol = TOL[dtype] if dtype != torch.float32 else TOL[torch.float16]
+    torch.testing.assert_close(k_cache, k_ref, **tol)
+    torch.testing.assert_close(v_cache, v_ref, **tol)
+    # exactly the six real tokens' slots changed (the reference wrote the same ones)
+    assert int((k_cache != k_ref_before).any(-1).any(-1).sum()) == num_tokens - 1
+
+
+def test_rotary_write_kv_contract_errors():
+    q, k = torch.randn(2, 4, 16), torch.randn(2, 2, 16)
+    cache, cos_sin = torch.randn(3, 4, 2, 16), torch.randn(8, 16)
+    pos, slots = torch.zeros(2, dtype=torch.int64), torch.tensor([0, 5])
+    with pytest.raises(ValueError, match="value"):
+        rotary_write_kv_triton(pos, q, k, torch.randn(2, 2, 16).half(), cos_sin, cache,
+                               cache.clone(), slots)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        rotary_write_kv_triton(pos, q, k, k.clone(), cos_sin, cache, cache.clone(),
+                               slots[:1])
+    one_head = torch.randn(3, 4, 1, 16)  # the cache has 1 KV head, key 2
+    with pytest.raises(ValueError, match="key shape"):
+        rotary_write_kv_triton(pos, q, k, k.clone(), cos_sin, one_head, one_head.clone(),
+                               slots)
+
+
+def test_attention_layer_fused_rope_and_kv_write(monkeypatch):
+    """LlamaAttention with the fused kernels forced on (Triton attention, interpreter) gives
+    the output and the cache of the torch path, on a prefill step with a padding token."""
+    from pagedrt.models.llama import LlamaAttention
+    from pagedrt.ops.attention import AttentionMetadata
+    from tests.tiny_model import TINY_CONFIG
+
+    torch.manual_seed(5)
+    attn = LlamaAttention(TINY_CONFIG)
+    with torch.no_grad():
+        for param in attn.parameters():
+            param.copy_(torch.randn(param.shape) * 0.2)
+    kvh, hd, bs = TINY_CONFIG.num_key_value_heads, TINY_CONFIG.head_dim, 4
+    shape = (8, bs, kvh, hd)
+    caches = [torch.zeros(shape), torch.zeros(shape)]
+    ref_caches = [c.clone() for c in caches]
+    x = torch.randn(6, TINY_CONFIG.hidden_size)
+    positions = torch.tensor([0, 1, 2, 0, 1, 0])
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([8, 9, 10, 20, 21, -1]),
+        block_tables=torch.tensor([[2, 0], [5, 0]], dtype=torch.int32),
+        seq_lens=torch.tensor([3, 2], dtype=torch.int32),
+        cu_seqlens_q=torch.tensor([0, 3, 5], dtype=torch.int32),
+        max_query_len=3, max_seq_len=3, backend="torch")
+    with torch.no_grad():
+        expected = attn(positions, x, tuple(ref_caches), meta)
+        calls = []
+        monkeypatch.setattr(layers, "_use_fused", lambda t: True)
+        fused_kernel = layers._fused().rotary_write_kv_triton
+        monkeypatch.setattr(layers._fused(), "rotary_write_kv_triton",
+                            lambda *a, **kw: calls.append(1) or fused_kernel(*a, **kw))
+        meta.backend = "triton"
+        actual = attn(positions, x, tuple(caches), meta)
+    assert calls == [1], "the fused RoPE + K/V write kernel did not run once"
+    torch.testing.assert_close(actual[:5], expected[:5], rtol=1e-4, atol=1e-5)
+    for c, r in zip(caches, ref_caches):
+        torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
+        assert c.abs().sum() > 0
 
 
 def test_rotary_int32_positions_and_long_context():

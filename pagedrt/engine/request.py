@@ -14,6 +14,7 @@ this one rule.
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import time
 
@@ -67,9 +68,6 @@ class Request:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
-        # the prompt again as [num_prompt_tokens] int64, for slices without per-token Python
-        # (block hashes, the inputs of prefill steps)
-        self.prompt_array = np.asarray(self.prompt_token_ids, dtype=np.int64)
         self.output_token_ids: list[int] = []
         # async scheduling: placeholders at the end of output_token_ids (0 or 1), and the row
         # of that token in the in-flight step's sampled token ids
@@ -128,6 +126,12 @@ class Request:
         if start >= p:
             return self.output_token_ids[start - p : end - p]
         return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
+
+    @functools.cached_property
+    def prompt_array(self) -> np.ndarray:
+        """The prompt as [num_prompt_tokens] int64, for slices without per-token Python (block
+        hashes, the inputs of prefill steps); built on first use, at admission."""
+        return np.asarray(self.prompt_token_ids, dtype=np.int64)
 
     def token_array(self, start: int, end: int) -> np.ndarray:
         """all_token_ids[start:end] as int64 (a view of `prompt_array` within the prompt)."""

@@ -95,8 +95,8 @@ class LLM:
         ids = []
         for (text, token_ids, params), prio in zip(prepared, priorities):
             request_id = str(next(self._ids))
-            req = engine.add_request(request_id, token_ids, params, priority=prio, stream=False)
-            req.prompt = text
+            engine.add_validated_request(request_id, token_ids, params, text, prio,
+                                         stream=False)
             ids.append(request_id)
         return self._run(ids, use_tqdm)
 

@@ -25,6 +25,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from pagedrt.ops.attention import triton_available, uses_triton
+
 
 def tp_rank_and_size() -> tuple[int, int]:
     """(rank, world size) of the tensor-parallel group; (0, 1) without torch.distributed."""
@@ -42,11 +44,7 @@ which is always the path on CPU and the oracle the kernels are tested against.""
 
 def _use_fused(x: torch.Tensor) -> bool:
     """Whether the fused Triton kernels should handle this tensor."""
-    if not (FUSED_OPS and x.is_cuda):
-        return False
-    from pagedrt.ops.attention import triton_available  # lazy: triton is optional
-
-    return triton_available()
+    return FUSED_OPS and x.is_cuda and triton_available()
 
 
 @functools.lru_cache(maxsize=1)
@@ -151,6 +149,22 @@ class RotaryEmbedding(nn.Module):
         x1, x2 = x.float().chunk(2, dim=-1)
         out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
         return out.to(x.dtype)
+
+    def forward_and_write_kv(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+        value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor, attention_backend: str,
+    ) -> bool:
+        """Where the fused kernels run (CUDA, and Triton attention for `attention_backend`):
+        rotate query and key in place and write the new key and value into their cache slots
+        in one kernel (`fused_triton.rotary_write_kv_triton`), and return True. Otherwise do
+        nothing and return False: the caller rotates with `forward` and attention writes K/V.
+        Shapes as `forward`; value like key; caches and slot_mapping as `ops.attention.write_kv`."""
+        if not (_use_fused(query) and uses_triton(attention_backend, query)):
+            return False
+        _fused().rotary_write_kv_triton(positions, query, key, value, self.cos_sin_cache,
+                                        k_cache, v_cache, slot_mapping, validate=False)
+        return True
 
     def forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor

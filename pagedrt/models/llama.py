@@ -69,9 +69,14 @@ class LlamaAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)  # [T, num_heads, head_dim]
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, num_kv_heads, head_dim]
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary_emb(positions, q, k)
         k_cache, v_cache = kv_cache
-        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)  # [T, heads, d]
+        # on CUDA one kernel rotates q and k and writes k and v into the cache
+        kv_written = self.rotary_emb.forward_and_write_kv(
+            positions, q, k, v, k_cache, v_cache, meta.slot_mapping, meta.backend)
+        if not kv_written:
+            q, k = self.rotary_emb(positions, q, k)
+        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale,
+                              kv_written)  # [T, heads, d]
         return self.o_proj(out.flatten(1))
 
 

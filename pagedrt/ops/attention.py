@@ -76,6 +76,11 @@ def _triton_ops():
     return attention_triton
 
 
+def uses_triton(backend: str, tensor: torch.Tensor) -> bool:
+    """Whether the ops here run the Triton kernels for this backend and tensor."""
+    return _use_triton(backend, tensor)
+
+
 def write_kv(key, value, k_cache, v_cache, slot_mapping, backend: str = "auto",
              validate: bool = True) -> None:
     """Write key/value `[num_tokens, num_kv_heads, head_dim]` into the caches by slot_mapping.
@@ -137,10 +142,13 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    kv_written: bool = False,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """What an attention layer calls: write the new K/V, then decode or extend. The model
-    builds every tensor here itself, so the Triton wrappers skip their argument checks."""
-    write_kv(key, value, k_cache, v_cache, meta.slot_mapping, meta.backend, validate=False)
+    """What an attention layer calls: write the new K/V (unless `kv_written`: the caller's
+    fused RoPE kernel did), then decode or extend. The model builds every tensor here itself,
+    so the Triton wrappers skip their argument checks."""
+    if not kv_written:
+        write_kv(key, value, k_cache, v_cache, meta.slot_mapping, meta.backend, validate=False)
     if meta.max_query_len == 1:  # decode only
         return paged_attention_decode(
             query, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, meta.backend,
