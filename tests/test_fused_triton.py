@@ -162,9 +162,10 @@ def test_rotary_write_kv_contract_errors():
 def test_attention_layer_fused_rope_and_kv_write(monkeypatch):
     """LlamaAttention with the fused kernels forced on (Triton attention, interpreter) gives
     the output and the cache of the torch path, on a prefill step with a padding token."""
+    from tiny_model import TINY_CONFIG
+
     from pagedrt.models.llama import LlamaAttention
     from pagedrt.ops.attention import AttentionMetadata
-    from tests.tiny_model import TINY_CONFIG
 
     torch.manual_seed(5)
     attn = LlamaAttention(TINY_CONFIG)
