@@ -1,6 +1,7 @@
 """Where a step's time goes on the GPU: device time of a prefill forward and of a decode
 CUDA-graph replay, next to the host time of a whole engine step, plus torch.profiler kernel
-tables of both. A diagnostic for tuning, not a benchmark of record.
+tables of both, and a cProfile of decode steps. A diagnostic for tuning, not a benchmark of
+record.
 
     PYTHONPATH=$PWD python3 benchmarks/profile_step.py --preset qwen2-0.5b --out DIR
 """
@@ -8,8 +9,11 @@ tables of both. A diagnostic for tuning, not a benchmark of record.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import statistics
 import time
 
@@ -110,6 +114,18 @@ def main() -> None:
         engine.step()
     clock.enabled = False
     res["decode_split_ms"] = {k: 1e3 * v / 20 for k, v in clock.totals.items()}
+    # cProfile of 30 decode steps (no sync between them): the host's functions by own time
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(30):
+        engine.step()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(35)
+    with open(os.path.join(args.out, "profile_decode_host.txt"), "w") as f:
+        f.write(buf.getvalue())
+    print(buf.getvalue())
     for i in range(len(prompts2)):
         engine.abort_request(f"d{i}")
     print(json.dumps(res, indent=1))

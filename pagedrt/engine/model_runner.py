@@ -139,8 +139,12 @@ class ModelRunner:
         block_tables = self.kv.block_tables([r.request_id for r in reqs])  # [n, width]
         width = block_tables.shape[1]
         if num_tokens == n:  # every request has one new token (decode)
-            input_ids = np.fromiter((r.token_ids_slice(s, s + 1)[0] for r, s in
-                                     zip(reqs, starts.tolist())), np.int64, n)
+            # token s of each request, without a call per request (a placeholder's -1 is
+            # replaced on the device below)
+            input_ids = np.fromiter(
+                (r.prompt_token_ids[s] if s < len(r.prompt_token_ids)
+                 else r.output_token_ids[s - len(r.prompt_token_ids)]
+                 for r, s in zip(reqs, starts.tolist())), np.int64, n)
             positions = starts
             rows = np.arange(n)
         else:
