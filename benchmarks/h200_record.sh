@@ -25,3 +25,5 @@ bench latency --preset qwen2-0.5b --compare hf --name latency_qwen2 | tail -8
 bench throughput --preset qwen2-0.5b --workload nanovllm --name nanovllm_qwen2 | grep -A4 "^system"
 bench throughput --preset llama3-8b --name throughput_llama3 | grep -A4 "^system"
 bench latency --preset llama3-8b --name latency_llama3 | tail -6
+# per run: tok/s, efficiency, decode step wall/device, host time per phase of a 256-row step
+python3 benchmarks/trace_summary.py "$out" 2>&1 | tee -a "$log"
