@@ -145,17 +145,9 @@ class BlockPool:
                 queue = self._free_queue if block.block_hash is None else self._evictable_queue
                 queue[block.block_id] = None
 
-    def cache_block(self, block: KVBlock, block_hash: bytes) -> None:
-        """Register a full, in-use block under `block_hash` (no-op if caching is off or the
-        block is already hashed)."""
-        assert block.ref_cnt > 0, f"caching {block}, which is not in use"
-        if not self.enable_caching or block.block_hash is not None:
-            return
-        block.block_hash = block_hash
-        self.cached_blocks.setdefault(block_hash, {})[block.block_id] = block
-
     def cache_blocks(self, blocks: list[KVBlock], block_hashes: list[bytes]) -> None:
-        """`cache_block` for each (block, hash) pair."""
+        """Register full, in-use blocks under their hashes, pair by pair (no-op if caching is
+        off; a block already hashed keeps its hash)."""
         if not self.enable_caching:
             return
         cached = self.cached_blocks
