@@ -320,3 +320,35 @@ def test_gemm_warm_up_covers_every_padded_shape(tiny, monkeypatch):
     assert {(*shape, m) for shape in shapes for m in range(16, 97, 16)} <= seen
     lm_head = tuple(runner.model.lm_head.weight.shape)
     assert {(lm_head, False, m) for m in range(1, 6)} <= seen
+
+
+def test_requests_keep_the_attributes_of_init(tiny, monkeypatch):
+    """No code path adds an attribute to a Request after __init__ (forks, preemption by swap,
+    penalties, logprobs, min_tokens, prefix hits): instances then keep CPython's shared key
+    layout, without which every per-request loop of a step ran ~15% slower (BENCHMARKS.md)."""
+    from pagedrt.engine import request as request_module
+
+    init = request_module.Request.__init__
+    created = []
+
+    def recording_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        created.append((self, frozenset(vars(self))))
+
+    monkeypatch.setattr(request_module.Request, "__init__", recording_init)
+    rng = random.Random(9)
+    shared = [rng.randrange(VOCAB) for _ in range(16)]  # a common prefix: cache hits
+    prompts = [shared + [rng.randrange(VOCAB) for _ in range(rng.randint(3, 20))]
+               for _ in range(8)]
+    params = [greedy(12, n=2), SamplingParams(temperature=0.7, seed=3, max_tokens=12, n=3),
+              greedy(12, repetition_penalty=1.3, presence_penalty=0.5),
+              greedy(12, logprobs=2), greedy(12, min_tokens=4)] * 2
+    llm = LLM(tiny, num_kv_blocks=20, block_size=8, max_num_batched_tokens=32,
+              preemption_mode="swap", swap_space_bytes=swap_bytes(tiny, 16, 8))
+    llm.generate(prompts, params[: len(prompts)], use_tqdm=False)
+    assert llm.stats()["num_preemptions"] > 0 and llm.stats()["prefix_cache_hits"] > 0
+    assert len(created) > len(prompts)  # the forked samples too
+    for req, keys in created:
+        assert set(vars(req)) == keys, f"{req}: attributes added after __init__: " \
+            f"{sorted(set(vars(req)) - keys)}"
+    assert_clean(llm)
