@@ -352,3 +352,17 @@ def test_requests_keep_the_attributes_of_init(tiny, monkeypatch):
         assert set(vars(req)) == keys, f"{req}: attributes added after __init__: " \
             f"{sorted(set(vars(req)) - keys)}"
     assert_clean(llm)
+
+
+def test_request_id_in_use_is_rejected(tiny):
+    llm = LLM(tiny, num_kv_blocks=64, block_size=8)
+    engine = llm.llm_engine
+    engine.add_request("x", [1, 2, 3], greedy(4))
+    for add in (lambda: engine.add_request("x", [4, 5], greedy(4)),
+                lambda: engine.add_validated_request("x", [4, 5], greedy(4))):
+        with pytest.raises(ValueError, match="request_id 'x' is already in use"):
+            add()
+    assert len(engine.scheduler.waiting) == 1
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert_clean(llm)
