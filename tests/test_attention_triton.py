@@ -169,44 +169,28 @@ def test_copy_blocks():
         assert torch.equal(got, want)
 
 
-def test_dispatcher_triton_backend():
-    torch.manual_seed(3)
+@pytest.mark.parametrize("seq_lens, q_lens", [([9, 20], [1, 1]), ([13, 21], [5, 8])],
+                         ids=["decode", "extend"])
+def test_dispatcher_triton_backend(seq_lens, q_lens):
+    """paged_attention() (the model's path: the wrappers' checks skipped) with the Triton
+    backend writes the new K/V and attends like the torch backend, on a decode step and on a
+    prefill step whose chunks end each sequence."""
+    torch.manual_seed(len(q_lens) + sum(q_lens))
     num_kv_heads, head_dim, block_size = 2, 16, 8
-    k_cache, v_cache, bt, seq_lens = make_paged_kv([9, 20], num_kv_heads, head_dim, block_size,
-                                                   torch.float32)
-    # one new token per sequence, written at its last position
-    slots = torch.stack([bt[i, (n - 1) // block_size].long() * block_size + (n - 1) % block_size
-                         for i, n in enumerate(seq_lens.tolist())])
-    meta = attention.AttentionMetadata(slot_mapping=slots, block_tables=bt, seq_lens=seq_lens,
-                                       cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32),
-                                       max_query_len=1, max_seq_len=20, backend="triton")
-    query = torch.randn(2, 4, head_dim)
-    key, value = torch.randn(2, 2, head_dim), torch.randn(2, 2, head_dim)
-    k_ref, v_ref = k_cache.clone(), v_cache.clone()
-    out = attention.paged_attention(query, key, value, k_cache, v_cache, meta, 0.25)
-    meta.backend = "torch"
-    expected = attention.paged_attention(query, key, value, k_ref, v_ref, meta, 0.25)
-    assert_close(out, expected, torch.float32)
-
-
-def test_dispatcher_triton_backend_extend():
-    """paged_attention() on a prefill step (the model's path, wrapper checks skipped) writes
-    the chunks' K/V and attends like the torch backend."""
-    torch.manual_seed(4)
-    num_kv_heads, head_dim, block_size = 2, 16, 8
-    k_cache, v_cache, bt, seq_lens = make_paged_kv([13, 21], num_kv_heads, head_dim,
-                                                   block_size, torch.float32)
-    q_lens = [5, 8]  # the last q_len tokens of each sequence are new this step
+    k_cache, v_cache, bt, seq_lens_t = make_paged_kv(seq_lens, num_kv_heads, head_dim,
+                                                     block_size, torch.float32)
+    # the last q_len tokens of each sequence are new this step
     slots = torch.cat([
         torch.stack([bt[i, p // block_size].long() * block_size + p % block_size
                      for p in range(n - q, n)])
-        for i, (n, q) in enumerate(zip(seq_lens.tolist(), q_lens))])
+        for i, (n, q) in enumerate(zip(seq_lens, q_lens))])
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     meta = attention.AttentionMetadata(
-        slot_mapping=slots, block_tables=bt, seq_lens=seq_lens,
-        cu_seqlens_q=torch.tensor([0, 5, 13], dtype=torch.int32), max_query_len=8,
-        max_seq_len=21, backend="triton")
-    query = torch.randn(13, 4, head_dim)
-    key, value = torch.randn(13, 2, head_dim), torch.randn(13, 2, head_dim)
+        slot_mapping=slots, block_tables=bt, seq_lens=seq_lens_t, cu_seqlens_q=cu,
+        max_query_len=max(q_lens), max_seq_len=max(seq_lens), backend="triton")
+    num_tokens = sum(q_lens)
+    query = torch.randn(num_tokens, 4, head_dim)
+    key, value = torch.randn(num_tokens, 2, head_dim), torch.randn(num_tokens, 2, head_dim)
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
     out = attention.paged_attention(query, key, value, k_cache, v_cache, meta, 0.25)
     meta.backend = "torch"
