@@ -166,11 +166,9 @@ class Sampler:
 
 
 def _plain_greedy(p: SamplingParams) -> bool:
-    """Greedy with nothing that reads or changes the logits before the argmax (`p.greedy` and
-    not `p.reads_output_tokens`, spelled out: this runs for every row of every step)."""
-    return (p.temperature == 0.0 and p.logprobs is None and p.min_tokens == 0
-            and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
-            and p.repetition_penalty == 1.0)
+    """Greedy with nothing that reads or changes the logits before the argmax."""
+    return (p.greedy and p.logprobs is None and p.min_tokens == 0
+            and not p.reads_output_tokens)
 
 
 def _to_device(
