@@ -10,14 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import openai
 import pytest
+from server_process import start_server, stop_server
 
 from pagedrt import LLM, SamplingParams
 
@@ -27,45 +25,18 @@ ENGINE_KWARGS = {"num_kv_blocks": 256, "max_model_len": 2048}
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(smollm2_path, tmp_path_factory) -> str:
-    """Base URL of a `pagedrt serve` subprocess (killed at the end of the module)."""
-    port = _free_port()
+    """Base URL of a `pagedrt serve` subprocess (stopped at the end of the module)."""
     log_path = tmp_path_factory.mktemp("server") / "server.log"
-    cmd = [sys.executable, "-m", "pagedrt.entrypoints.cli", "serve", "--host", "127.0.0.1",
-           "--port", str(port), "--api-key", API_KEY, "--served-model-name", MODEL,
-           "--num-kv-blocks", str(ENGINE_KWARGS["num_kv_blocks"]),
-           "--max-model-len", str(ENGINE_KWARGS["max_model_len"]), "--device", "cpu"]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_server(
+        ["--api-key", API_KEY, "--served-model-name", MODEL,
+         "--num-kv-blocks", str(ENGINE_KWARGS["num_kv_blocks"]),
+         "--max-model-len", str(ENGINE_KWARGS["max_model_len"])], log_path)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"server not healthy after 120 s:\n{log_path.read_text()}")
-            time.sleep(0.25)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop_server(proc)
 
 
 @pytest.fixture(scope="module")
@@ -354,59 +325,3 @@ def test_metrics_exposes_the_series(server):
     assert m["pagedrt_kv_blocks_total"] == ENGINE_KWARGS["num_kv_blocks"]
     assert m["pagedrt_prompt_tokens_total"] > 0 and m["pagedrt_generation_tokens_total"] > 0
     assert m["pagedrt_time_to_first_token_seconds_count"] > 0
-
-
-# ---------------------------------------------------------------- engine thread, no model
-class _FailingOnceEngine:
-    """Just enough of LLMEngine for AsyncEngine: the first step raises, later ones finish."""
-
-    def __init__(self):
-        self.requests, self.num_steps, self.aborted = {}, 0, []
-
-    def add_request(self, request_id, prompt_token_ids, params, stream=True):
-        self.requests[request_id] = prompt_token_ids
-
-    def abort_request(self, request_id):
-        self.aborted.append(request_id)
-        return self.requests.pop(request_id, None) is not None
-
-    def has_unfinished_requests(self):
-        return bool(self.requests)
-
-    def step(self):
-        from pagedrt.outputs import CompletionOutput, RequestOutput
-
-        self.num_steps += 1
-        if self.num_steps == 1:
-            raise RuntimeError("boom")
-        outs = [RequestOutput(rid, None, ids, [CompletionOutput(0, "x", [7], "length")], True)
-                for rid, ids in self.requests.items()]
-        self.requests.clear()
-        return outs
-
-    def stats(self):
-        return {}
-
-
-def test_engine_step_failure_fails_its_requests_and_keeps_serving():
-    from pagedrt.entrypoints.async_engine import AsyncEngine
-
-    engine = _FailingOnceEngine()
-    async_engine = AsyncEngine(engine)
-    async_engine.start()
-
-    async def submit(request_id):
-        sink = asyncio.Queue()
-        async_engine.add_request(request_id, [1, 2], SamplingParams(), sink, time.monotonic())
-        return await asyncio.wait_for(sink.get(), timeout=10)
-
-    try:
-        first = asyncio.run(submit("a"))
-        assert isinstance(first, RuntimeError) and "boom" in str(first)
-        assert engine.aborted == ["a"]
-        second = asyncio.run(submit("b"))
-        assert second.finished and second.outputs[0].text == "x"
-        assert async_engine.is_alive
-    finally:
-        async_engine.shutdown()
-    assert not async_engine.is_alive

@@ -24,6 +24,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -32,8 +33,9 @@ from pagedrt.engine.detokenizer import IncrementalDetokenizer
 from pagedrt.engine.model_runner import ModelRunner
 from pagedrt.engine.profiling import StepClock
 from pagedrt.engine.request import PLACEHOLDER_TOKEN_ID, Request, RequestStatus
-from pagedrt.engine.sampler import Sampler, SamplerOutput
+from pagedrt.engine.sampler import Sampler, SamplerOutput, TokenLogprobs
 from pagedrt.engine.scheduler import Scheduler
+from pagedrt.engine.validation import EngineLimits, validate_prompt
 from pagedrt.kv.kv_cache import KVCache, kv_bytes_per_block, num_blocks_for_budget
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.models.loader import load_model
@@ -63,6 +65,26 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r}; use 'auto' or one of {sorted(_DTYPES)}")
     return _DTYPES[dtype]
+
+
+class TokenEvent(NamedTuple):
+    """One sampled token of one sequence, as the engine core reports it (plain data).
+
+    Attributes:
+        request_id: the request (all n samples share it).
+        sample_index: which of the n samples.
+        token_id: the token.
+        logprobs: its TokenLogprobs when the request asked for logprobs, else None.
+        finish_reason: "stop" or "length" when this token ended the sample, else None.
+        stop_reason: the stop string or stop token id that ended it, if any.
+    """
+
+    request_id: str
+    sample_index: int
+    token_id: int
+    logprobs: TokenLogprobs | None
+    finish_reason: str | None
+    stop_reason: int | str | None
 
 
 @dataclass
@@ -132,6 +154,8 @@ class LLMEngine:
         self.kv_cache = KVCache(
             mc, num_blocks, config.block_size, num_cpu_blocks, self.dtype, self.device, backend
         )
+        self.limits = EngineLimits(mc.vocab_size, self.max_model_len, num_blocks,
+                                   config.block_size, config.max_num_seqs)
         self.scheduler = Scheduler(config, self.kv_manager)
         self.model_runner = ModelRunner(
             self.model, self.kv_cache, self.kv_manager, self.device, backend,
@@ -158,6 +182,11 @@ class LLMEngine:
             env = os.environ.get("PAGEDRT_ASYNC_SCHEDULING")
             self.async_scheduling = self.device.type == "cuda" if env is None else env != "0"
         self.in_flight: InFlightStep | None = None  # async scheduling: the step on the device
+        # None: step() reports RequestOutputs. A list (the engine-core process sets one, see
+        # pagedrt/entrypoints/engine_core.py): step() appends one TokenEvent per sampled token
+        # instead and returns no outputs; text is then made by the reader, and the engine
+        # detokenizes only requests with stop strings (to find them).
+        self.token_events: list[TokenEvent] | None = None
         self._history_request_ids: set[str] = set()  # requests that sample from their outputs
         self.counters = {"num_steps": 0, "num_prompt_tokens": 0, "num_generated_tokens": 0,
                          "num_finished_requests": 0, "busy_time_s": 0.0}
@@ -226,44 +255,15 @@ class LLMEngine:
         return req
 
     def validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
-        n = len(token_ids)
-        if n == 0:
-            raise ValueError("prompt is empty; give at least one token")
-        vocab = self.model_config.vocab_size
-        # fast path in C (set of types, min, max): a Python loop here cost about 20 ms of host
-        # time for 256 prompts of 512 tokens, before the first step could start
-        if not (set(map(type, token_ids)) <= {int} and 0 <= min(token_ids)
-                and max(token_ids) < vocab):
-            bad = next((t for t in token_ids
-                        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab),
-                       None)
-            if bad is not None:  # (an int subclass other than bool passes, as it always did)
-                raise ValueError(f"prompt token id {bad!r} is not an int in [0, {vocab})")
-        if n > self.max_model_len:
-            raise ValueError(
-                f"prompt has {n} tokens, more than max_model_len={self.max_model_len}; "
-                "shorten it or raise max_model_len"
-            )
-        if n + params.max_tokens > self.max_model_len:
-            raise ValueError(
-                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = "
-                f"{n + params.max_tokens} exceeds max_model_len={self.max_model_len}; "
-                "lower max_tokens or shorten the prompt"
-            )
-        need = self.kv_manager.blocks_for(n + params.max_tokens)
-        if need > self.kv_manager.num_blocks:
-            raise ValueError(
-                f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) needs {need} KV blocks "
-                f"but the whole cache has {self.kv_manager.num_blocks} blocks of "
-                f"{self.kv_manager.block_size} tokens; lower max_tokens or enlarge the KV cache"
-            )
+        """See `pagedrt.engine.validation.validate_prompt` (raises ValueError)."""
+        validate_prompt(token_ids, params, self.limits)
 
     def _init_sequence(self, req: Request, sample_index: int) -> None:
         req.sample_index = sample_index
         if req.params.seed is not None:
             g = torch.Generator(device=self.device)
             req.generator = g.manual_seed(req.params.seed + sample_index)
-        if self.tokenizer is not None:
+        if self.tokenizer is not None and (self.token_events is None or req.params.stop):
             req.detokenizer = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids,
                                                      req.params)
 
@@ -402,6 +402,7 @@ class LLMEngine:
         token_ids = step.token_ids()
         logprobs = step.result.logprobs if step.result is not None else None
         touched: dict[str, Request] = {}
+        events = self.token_events
         num_generated = 0
         for i, (req, index, token) in enumerate(zip(step.requests, step.indices, token_ids)):
             if req.is_finished:
@@ -430,6 +431,15 @@ class LLMEngine:
                 if req.detokenizer is not None and not (req.stream or req.params.stop):
                     req.detokenizer.update(output_token_ids)  # detokenize once, at the end
             head = req.group[0]
+            if events is not None:
+                events.append(TokenEvent(
+                    head.request_id, req.sample_index, token,
+                    None if logprobs is None else logprobs[i],
+                    None if status is None else status._value_,
+                    None if status is None else req.stop_reason))
+                if status is not None and all(s.is_finished for s in head.group):
+                    self._retire(head)
+                continue
             if head.stream or (status is not None and all(s.is_finished for s in head.group)):
                 touched[head.request_id] = head
         self.counters["num_generated_tokens"] += num_generated
@@ -473,9 +483,7 @@ class LLMEngine:
             ))
         finished = head.forked and all(s.is_finished for s in head.group)
         if finished:
-            self.requests.pop(head.request_id, None)
-            self._history_request_ids.discard(head.request_id)
-            self.counters["num_finished_requests"] += 1
+            self._retire(head)
         return RequestOutput(
             request_id=head.request_id, prompt=head.prompt,
             prompt_token_ids=head.prompt_token_ids, outputs=outs, finished=finished,
@@ -483,6 +491,12 @@ class LLMEngine:
             metrics={"arrival_time": head.arrival_time, "first_token_time": head.first_token_time,
                      "last_token_time": head.last_token_time},
         )
+
+    def _retire(self, head: Request) -> None:
+        """Forget a request whose samples have all finished."""
+        self.requests.pop(head.request_id, None)
+        self._history_request_ids.discard(head.request_id)
+        self.counters["num_finished_requests"] += 1
 
     # ----------------------------------------------------------------- stats
     def stats(self) -> dict:
@@ -505,6 +519,16 @@ class LLMEngine:
             "num_chunked_prefill_steps": sch.num_chunked_prefill_steps,
         })
         return s
+
+    def reset_stats(self) -> None:
+        """Zero the counters, peaks and prefix-cache hit counts that `stats()` reports (the
+        server calls it after its warm-up); blocks and cached prefixes stay as they are."""
+        for key in self.counters:
+            self.counters[key] = type(self.counters[key])()
+        sch = self.scheduler
+        sch.num_preemptions.clear()
+        sch.num_chunked_prefill_steps = sch.peak_num_running = sch.peak_num_used_blocks = 0
+        self.kv_manager.stats = type(self.kv_manager.stats)()
 
     def check_integrity(self) -> None:
         """Assert the block manager's invariants (see shared/DESIGN.md)."""

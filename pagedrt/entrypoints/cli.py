@@ -84,7 +84,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from pagedrt.entrypoints.openai_server import run_server
+    from pagedrt.entrypoints.launcher import run_server
 
     return run_server(args)
 
@@ -118,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=None)
     s.add_argument("--served-model-name", default=None)
+    s.add_argument("--api-server-count", type=int, default=1,
+                   help="HTTP front-end processes sharing the port (tokenize, detokenize, SSE); "
+                        "the engine runs in its own process either way")
+    s.add_argument("--no-warm-up", action="store_true",
+                   help="skip running each kind of step once before the server says it is "
+                        "ready (faster start, slower first requests)")
     add_engine_args(s)
 
     b = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCHES))

@@ -6,11 +6,21 @@
     GET  /health               200 while the engine thread runs
     GET  /metrics              Prometheus text format (see pagedrt.entrypoints.metrics)
 
-One HTTP request becomes one engine request per prompt (each with n samples); their outputs
-arrive on one asyncio.Queue from the engine thread (see async_engine.py). Streaming sends each
-step's `delta_text`, which the engine's detokenizer already holds back while it could still
-become a stop string or while it ends inside a UTF-8 character, so the concatenated stream is
-the non-streamed text. A client that goes away (streaming or not) has its requests aborted.
+This module is the API process: it validates, tokenizes, applies chat templates, detokenizes
+and writes SSE; the engine runs in the engine-core process (engine_core.py, core_client.py;
+docs/design.md has the process layout). One HTTP request becomes one engine request per prompt
+(each with n samples), sharing one `RequestRun` that the handler waits on. A stream sends, each
+time the handler wakes, every token that arrived since (coalesced: a slow client gets fewer,
+larger chunks and slows no one). Text comes from an `IncrementalDetokenizer` per sample, which
+holds text back while it could still become a stop string or while it ends inside a UTF-8
+character, so the concatenated stream is the non-streamed text. A client that goes away
+(streaming or not) has its requests aborted.
+
+Faults: if the engine core dies, every open request ends at once with a 503 (an error event,
+then `[DONE]`, on a stream), `/health` and new requests answer 503, and the process exits with
+status 1 `DEAD_CORE_EXIT_DELAY_S` later (the launcher then exits non-zero: restarting is left to
+the supervisor that started the server). SIGTERM stops admission (503), gives open requests
+`DRAIN_S` to finish, fails the rest with an error, and exits.
 """
 
 from __future__ import annotations
@@ -30,8 +40,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
-from pagedrt.engine.llm_engine import LLMEngine
-from pagedrt.entrypoints.async_engine import AsyncEngine
+from pagedrt.engine.detokenizer import IncrementalDetokenizer
+from pagedrt.engine.validation import validate_prompt
+from pagedrt.entrypoints.core_client import EngineCoreClient, RequestRun, RequestState
 from pagedrt.entrypoints.metrics import CONTENT_TYPE, ServerMetrics
 from pagedrt.entrypoints.protocol import (
     APIError,
@@ -40,38 +51,47 @@ from pagedrt.entrypoints.protocol import (
     api_error_from_validation,
     api_error_from_value_error,
 )
-from pagedrt.entrypoints.response import ResponseBuilder
-from pagedrt.outputs import RequestOutput
+from pagedrt.entrypoints.response import ResponseBuilder, StreamState
+from pagedrt.outputs import CompletionOutput, RequestOutput
 from pagedrt.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
+# Seconds open requests get to finish after SIGTERM before they are failed.
+DRAIN_S = 4.0
+# Seconds the process keeps answering 503 after the engine core died, then exits with 1.
+DEAD_CORE_EXIT_DELAY_S = 3.0
+
 
 class _Run:
-    """The engine requests of one HTTP request: their shared queue and a disconnect watcher.
+    """The engine requests of one HTTP request: their states, detokenizers and a disconnect
+    watcher.
 
     Use as `async with`: leaving it for any reason (done, error, cancellation, disconnect)
     aborts what is still running, which frees the blocks of all n samples.
     """
 
-    def __init__(self, async_engine: AsyncEngine, request: Request, base_id: str,
+    def __init__(self, client: EngineCoreClient, tokenizer, request: Request, base_id: str,
                  prompts: list[list[int]], params: SamplingParams, arrival_time: float,
                  stream: bool) -> None:
-        self.async_engine, self.request, self.stream = async_engine, request, stream
-        self.prompts, self.params, self.arrival_time = prompts, params, arrival_time
-        self.request_ids = [f"{base_id}-{i}" for i in range(len(prompts))]
-        self.prompt_index = {rid: i for i, rid in enumerate(self.request_ids)}
-        self.unfinished = set(self.request_ids)
-        self.final: dict[str, RequestOutput] = {}
-        self.queue: asyncio.Queue = asyncio.Queue()
+        self.client, self.request, self.stream = client, request, stream
+        self.prompts, self.params = prompts, params
+        self.run = RequestRun()
+        self.states = [RequestState(f"{base_id}-{i}", p, params.n, self.run, arrival_time, stream)
+                       for i, p in enumerate(prompts)]
+        self.detokenizers = [[None if tokenizer is None
+                              else IncrementalDetokenizer(tokenizer, p, params)
+                              for _ in range(params.n)] for p in prompts]
+        self.num_sent = [[0] * params.n for _ in prompts]  # tokens turned into text so far
+        self.sent_final = [[False] * params.n for _ in prompts]
         self._watcher: asyncio.Task | None = None
+        self.gone = False  # the client disconnected
 
     async def __aenter__(self) -> _Run:  # noqa: PYI034 - private, never subclassed; Self is 3.11+
-        for rid, token_ids in zip(self.request_ids, self.prompts):
-            self.async_engine.add_request(rid, token_ids, self.params, self.queue,
-                                          self.arrival_time, self.stream)
+        for state in self.states:
+            self.client.add(state, self.params)
         self._watcher = asyncio.create_task(self._watch_disconnect())
         return self
 
@@ -80,42 +100,91 @@ class _Run:
             self._watcher.cancel()
         self._abort_unfinished()
 
-    async def next(self) -> RequestOutput | None:
-        """The next output of any of the requests; None once the client is gone."""
-        item = await self.queue.get()
-        if item is None:
-            return None
-        if isinstance(item, ValueError):
-            raise APIError(400, str(item))
-        if isinstance(item, BaseException):
-            raise APIError(500, str(item), type="server_error")
-        if item.finished:
-            self.unfinished.discard(item.request_id)
-            self.final[item.request_id] = item
-        return item
+    @property
+    def finished(self) -> bool:
+        return all(state.finished for state in self.states)
+
+    async def wait(self) -> None:
+        """Until something new arrived; raises APIError if a request failed."""
+        run = self.run
+        await run.wake.wait()
+        run.wake.clear()
+        if run.error_status:
+            kind = "invalid_request_error" if run.error_status < 500 else "server_error"
+            raise APIError(run.error_status, run.error, type=kind)
+
+    def new_outputs(self):
+        """(prompt index, CompletionOutput with the text and state since the last call) for
+        every sample that got tokens or finished since."""
+        wants_logprobs = self.params.logprobs is not None
+        for p, state in enumerate(self.states):
+            for k in range(state.n):
+                tokens = state.token_ids[k]
+                finish_reason = state.finish_reasons[k]
+                start = self.num_sent[p][k]
+                if start == len(tokens) and (finish_reason is None or self.sent_final[p][k]):
+                    continue
+                self.num_sent[p][k] = len(tokens)
+                done = finish_reason is not None
+                self.sent_final[p][k] = done
+                delta = ""
+                detokenizer = self.detokenizers[p][k]
+                if detokenizer is not None:
+                    detokenizer.update(tokens[start:])
+                    delta = detokenizer.get_delta(done)
+                yield p, CompletionOutput(
+                    index=k, text="", token_ids=tokens, finish_reason=finish_reason,
+                    stop_reason=state.stop_reasons[k],
+                    logprobs=state.logprobs[k] if wants_logprobs else None, delta_text=delta)
+
+    def final_outputs(self) -> list[RequestOutput]:
+        """Every prompt's finished RequestOutput (the text detokenized here, once)."""
+        finals = []
+        for p, state in enumerate(self.states):
+            outs = []
+            for k in range(state.n):
+                text = ""
+                detokenizer = self.detokenizers[p][k]
+                if detokenizer is not None:
+                    if not self.stream:
+                        detokenizer.update(state.token_ids[k])
+                    detokenizer.get_delta(True)
+                    text = detokenizer.output_text
+                outs.append(CompletionOutput(
+                    index=k, text=text, token_ids=state.token_ids[k],
+                    finish_reason=state.finish_reasons[k], stop_reason=state.stop_reasons[k],
+                    logprobs=state.logprobs[k] if self.params.logprobs is not None else None))
+            finals.append(RequestOutput(state.request_id, None, state.prompt_token_ids, outs,
+                                        finished=True))
+        return finals
 
     def _abort_unfinished(self) -> None:
-        for rid in self.unfinished:
-            self.async_engine.abort(rid)
-        self.unfinished.clear()
+        self.client.abort([s.request_id for s in self.states])
 
     async def _watch_disconnect(self) -> None:
         while True:
             message = await self.request.receive()
             if message["type"] == "http.disconnect":
                 self._abort_unfinished()
-                self.queue.put_nowait(None)
+                self.gone = True
+                self.run.wake.set()
                 return
 
 
 class OpenAIServer:
     """Turns validated bodies into engine requests and engine outputs into OpenAI responses."""
 
-    def __init__(self, engine: LLMEngine, async_engine: AsyncEngine, served_model_name: str,
+    def __init__(self, client: EngineCoreClient, tokenizer, served_model_name: str,
                  api_key: str | None) -> None:
-        self.engine, self.async_engine = engine, async_engine
+        self.client, self.tokenizer = client, tokenizer
+        self.limits = client.info.limits
         self.served_model_name, self.api_key = served_model_name, api_key
-        self.builder = ResponseBuilder(engine.tokenizer, served_model_name)
+        self.builder = ResponseBuilder(tokenizer, served_model_name)
+        self.shutting_down = False
+
+    @property
+    def healthy(self) -> bool:
+        return self.client.alive and not self.shutting_down
 
     # ------------------------------------------------------------ checks
     def check_auth(self, request: Request) -> None:
@@ -128,8 +197,17 @@ class OpenAIServer:
             raise APIError(401, "missing or incorrect API key; send 'Authorization: Bearer KEY'",
                            type="authentication_error", code="invalid_api_key")
 
+    def check_available(self) -> None:
+        if not self.client.alive:
+            raise APIError(503, "the engine core process is not running", type="server_error",
+                           code="service_unavailable")
+        if self.shutting_down:
+            raise APIError(503, "the server is shutting down", type="server_error",
+                           code="service_unavailable")
+
     async def parse(self, request: Request, model_cls):
         self.check_auth(request)
+        self.check_available()
         try:
             body = model_cls.model_validate_json(await request.body())
         except ValidationError as e:
@@ -142,19 +220,19 @@ class OpenAIServer:
     def _tokenize(self, text: str, field: str) -> list[int]:
         if not text:
             raise APIError(400, f"{field} is empty; give at least one token", param=field)
-        if self.engine.tokenizer is None:
+        if self.tokenizer is None:
             raise APIError(400, "this model has no tokenizer; send token ids", param=field)
-        return self.engine.tokenize(text)
+        return self.tokenizer.encode(text)
 
     def _validate(self, prompts: list[list[int]], params: SamplingParams, field: str) -> None:
-        max_num_seqs = self.engine.config.max_num_seqs
+        max_num_seqs = self.limits.max_num_seqs
         if params.n > max_num_seqs:
             raise APIError(400, f"n={params.n} exceeds max_num_seqs={max_num_seqs}; ask for "
                            "fewer samples or start the server with a larger --max-num-seqs",
                            param="n")
         for token_ids in prompts:
             try:
-                self.engine.validate_prompt(token_ids, params)
+                validate_prompt(token_ids, params, self.limits)
             except ValueError as e:
                 raise api_error_from_value_error(e, field) from None
 
@@ -190,7 +268,7 @@ class OpenAIServer:
         body: ChatCompletionRequest = await self.parse(request, ChatCompletionRequest)
         if not body.messages:
             raise APIError(400, "messages is empty; give at least one message", param="messages")
-        tok = self.engine.tokenizer
+        tok = self.tokenizer
         if tok is None or not getattr(tok, "chat_template", None):
             raise APIError(400, "this model has no chat template; use /v1/completions",
                            param="messages")
@@ -206,8 +284,8 @@ class OpenAIServer:
         if max_tokens is None:
             max_tokens = body.max_tokens
         if max_tokens is None:  # as much as fits (OpenAI's default for chat)
-            capacity = self.engine.kv_manager.num_blocks * self.engine.kv_manager.block_size
-            max_tokens = max(1, min(self.engine.max_model_len, capacity) - len(prompts[0]))
+            capacity = self.limits.kv_capacity_tokens
+            max_tokens = max(1, min(self.limits.max_model_len, capacity) - len(prompts[0]))
         if body.logprobs:
             logprobs = 0 if body.top_logprobs is None else body.top_logprobs
         elif body.top_logprobs:
@@ -228,37 +306,57 @@ class OpenAIServer:
     async def _respond(self, request: Request, kind: str, body, prompts: list[list[int]],
                        params: SamplingParams, arrival_time: float) -> Response:
         base_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        run = _Run(self.async_engine, request, base_id, prompts, params, arrival_time,
-                   stream=bool(body.stream))
+        run = _Run(self.client, self.tokenizer, request, base_id, prompts, params,
+                   arrival_time, stream=bool(body.stream))
         if body.stream:
             return StreamingResponse(self._stream(run, kind, base_id, body.include_usage),
                                      media_type="text/event-stream", headers=_SSE_HEADERS)
         async with run:
-            while run.unfinished:
-                if await run.next() is None:  # the client is gone; nobody reads this
+            while not run.finished:
+                await run.wait()
+                if run.gone:  # the client is gone; nobody reads this
                     return Response(status_code=499)
-        finals = [run.final[rid] for rid in run.request_ids]
-        return JSONResponse(self.builder.full_response(kind, base_id, finals, params.n))
+        for state in run.states:
+            self.client.release(state.request_id)
+        return JSONResponse(self.builder.full_response(kind, base_id, run.final_outputs(),
+                                                       params.n))
 
     async def _stream(self, run: _Run, kind: str, base_id: str, include_usage: bool):
         """Server-sent events; requests are added only once the response streams, so a client
-        that leaves before the first byte never starts one."""
-        stream = self.builder.stream(kind, base_id, run.params.n, len(run.prompts))
+        that leaves before the first byte never starts one. Each wake-up sends everything that
+        arrived since the last one, in one write."""
+        stream: StreamState = self.builder.stream(kind, base_id, run.params.n, len(run.prompts))
         try:
             async with run:
-                for chunk in stream.start():
-                    yield _sse(chunk)
-                while run.unfinished:
-                    out = await run.next()
-                    if out is None:
+                first = [_sse(chunk) for chunk in stream.start()]
+                if first:
+                    yield "".join(first)
+                while not run.finished:
+                    await run.wait()
+                    if run.gone:
                         return
-                    for chunk in stream.update(run.prompt_index[out.request_id], out):
-                        yield _sse(chunk)
+                    pieces = [_sse(chunk) for p, out in run.new_outputs()
+                              for chunk in stream.update_one(p, out)]
+                    if pieces:
+                        yield "".join(pieces)
+            for state in run.states:
+                self.client.release(state.request_id)
             if include_usage:
-                yield _sse(stream.usage_chunk([run.final[rid] for rid in run.request_ids]))
+                yield _sse(stream.usage_chunk(run.final_outputs()))
         except APIError as e:
             yield _sse(e.body())
         yield "data: [DONE]\n\n"
+
+    # ------------------------------------------------------------ shutdown
+    async def drain(self, timeout_s: float) -> None:
+        """Stop admitting; wait up to timeout_s for open requests, then fail the rest."""
+        self.shutting_down = True
+        deadline = time.monotonic() + timeout_s
+        while self.client.states and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for state in list(self.client.states.values()):
+            state.run.fail(503, "the server is shutting down")
+        self.client.abort(list(self.client.states))
 
 
 def _sse(payload: dict) -> str:
@@ -269,20 +367,21 @@ def _error_response(error: APIError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status_code)
 
 
-def build_app(engine: LLMEngine, served_model_name: str, api_key: str | None = None) -> FastAPI:
-    """The FastAPI app; its lifespan starts and stops the engine thread."""
+def build_app(client: EngineCoreClient, tokenizer, served_model_name: str,
+              api_key: str | None = None) -> FastAPI:
+    """The FastAPI app; its lifespan connects to the engine core and disconnects."""
     metrics = ServerMetrics()
-    async_engine = AsyncEngine(engine, metrics)
-    metrics.bind(lambda: async_engine.stats)
-    server = OpenAIServer(engine, async_engine, served_model_name, api_key)
+    client.metrics = metrics
+    metrics.bind(client.snapshot)
+    server = OpenAIServer(client, tokenizer, served_model_name, api_key)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        async_engine.start()
+        await client.start()
         try:
             yield
         finally:
-            async_engine.shutdown()
+            await client.close()
 
     app = FastAPI(title="pagedrt", lifespan=lifespan)
     app.state.server = server
@@ -307,7 +406,7 @@ def build_app(engine: LLMEngine, served_model_name: str, api_key: str | None = N
 
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200 if async_engine.is_alive else 503)
+        return Response(status_code=200 if server.healthy else 503)
 
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:
@@ -317,8 +416,8 @@ def build_app(engine: LLMEngine, served_model_name: str, api_key: str | None = N
     async def models(request: Request) -> JSONResponse:
         server.check_auth(request)
         card = {"id": served_model_name, "object": "model", "created": int(time.time()),
-                "owned_by": "pagedrt", "root": engine.model_path,
-                "max_model_len": engine.max_model_len}
+                "owned_by": "pagedrt", "root": client.info.model_path,
+                "max_model_len": client.info.limits.max_model_len}
         return JSONResponse({"object": "list", "data": [card]})
 
     app.post("/v1/completions")(server.completions)
@@ -326,27 +425,7 @@ def build_app(engine: LLMEngine, served_model_name: str, api_key: str | None = N
     return app
 
 
-def run_server(args) -> int:
-    """`pagedrt serve`: load the model, then serve until interrupted ($PAGEDRT_NUM_THREADS is
-    applied by the `pagedrt` command for every subcommand)."""
-    import uvicorn
-
-    from pagedrt.config import EngineConfig
-    from pagedrt.entrypoints.cli import engine_kwargs
-
-    engine = LLMEngine(args.model, EngineConfig(**engine_kwargs(args)), dtype=args.dtype,
-                       device=args.device)
-    name = args.served_model_name or _default_model_name(args.model or engine.model_path)
-    app = build_app(engine, name, args.api_key)
-    print(f"pagedrt: serving {name!r} on http://{args.host}:{args.port} "
-          f"(device {engine.device}, max_model_len {engine.max_model_len}, "
-          f"{engine.kv_manager.num_blocks} KV blocks)", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=5,
-                log_level="info" if getattr(args, "verbose", False) else "warning")
-    return 0
-
-
-def _default_model_name(path: str) -> str:
+def default_model_name(path: str) -> str:
     """"SmolLM2-135M-Instruct" for .../SmolLM2-135M-Instruct.Q4_1.gguf; a folder's name."""
     name = os.path.basename(os.path.normpath(path))
     if name.endswith(".gguf"):

@@ -122,9 +122,10 @@ class StreamState:
                               "logprobs": None, "finish_reason": None}])
                 for i in range(self.num_choices)]
 
-    def update(self, prompt_index: int, out: RequestOutput) -> list[dict]:
-        """One chunk per choice that has new text, new logprobs or just finished."""
-        return [c for o in out.outputs if (c := self._choice_chunk(prompt_index, o)) is not None]
+    def update_one(self, prompt_index: int, o: CompletionOutput) -> list[dict]:
+        """A chunk for one choice if it has new text, new logprobs or just finished."""
+        chunk = self._choice_chunk(prompt_index, o)
+        return [] if chunk is None else [chunk]
 
     def _choice_chunk(self, prompt_index: int, o: CompletionOutput) -> dict | None:
         index = prompt_index * self.n + o.index

@@ -1,0 +1,331 @@
+"""The engine-core process of `pagedrt serve`: the LLMEngine in a busy loop, apart from HTTP.
+
+    API process i                              engine-core process
+    -------------                              -------------------
+    Add / Abort  --- zmq PUSH -> PULL (one) -->  drain commands between two steps
+                                                 engine.step()   (schedule, execute, update)
+    CoreOutputs  <-- zmq PULL (own) <- PUSH ---  one message per step per API process: every
+                                                 token sampled for its requests (TokenEvents),
+                                                 failed requests, now and then a stats snapshot
+    liveness: one multiprocessing Pipe per API process (and one for the launcher); end of
+    file on either side means the other process is gone.
+
+The engine never waits on a client: sends go to zmq's I/O thread, whose queue has no bound, so
+a slow API process costs memory, not steps. Detokenization, chat templates and SSE live in the
+API process; the core only detokenizes requests with stop strings (it must find them to stop).
+
+Faults: a ValueError from `add` fails that request only (400); an exception in a step fails
+the requests in flight (500), which are aborted, and the loop goes on. The process exits when
+any liveness pipe closes (a parent or API process died) or a Shutdown command arrives. See
+docs/design.md for the whole process layout.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import time
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import NamedTuple
+
+from pagedrt.config import EngineConfig
+from pagedrt.engine.validation import EngineLimits
+from pagedrt.sampling_params import SamplingParams
+
+logger = logging.getLogger("pagedrt.engine_core")
+
+# Seconds between two stats snapshots sent while busy (one is always sent on going idle).
+STATS_INTERVAL_S = 0.1
+# How long the idle loop sleeps in poll() before looking again (it wakes at once on input).
+_IDLE_POLL_MS = 200
+
+
+# ---------------------------------------------------------------- messages (plain data)
+class Add(NamedTuple):
+    """API -> core: queue a request (already validated and tokenized by the API process)."""
+
+    client_index: int
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+class Abort(NamedTuple):
+    """API -> core: stop these requests and free their blocks (unknown ids are ignored)."""
+
+    request_ids: list[str]
+
+
+class Failure(NamedTuple):
+    """A request the core could not run: its HTTP status (400 bad input, 500 server error)."""
+
+    request_id: str
+    status: int
+    message: str
+
+
+class CoreOutputs(NamedTuple):
+    """Core -> API: what one step produced for one API process's requests.
+
+    Attributes:
+        events: TokenEvent tuples (see pagedrt.engine.llm_engine.TokenEvent), in row order.
+        failures: requests that ended with an error.
+        stats: an `LLMEngine.stats()` snapshot, or None (sent every STATS_INTERVAL_S).
+    """
+
+    events: list
+    failures: list[Failure]
+    stats: dict | None
+
+
+@dataclass
+class CoreInfo:
+    """Core -> launcher and API processes, once the engine is built and warmed up."""
+
+    limits: EngineLimits
+    model_path: str
+    tokenizer_path: str | None  # folder the API process loads the tokenizer from
+    device: str
+    dtype: str
+    warm_up_s: float
+    pid: int = field(default_factory=os.getpid)
+
+
+@dataclass
+class CoreSpec:
+    """What the engine-core process is started with (pickled to it).
+
+    Attributes:
+        model, dtype, device, engine_config: as for `LLMEngine`.
+        input_address: zmq address the core binds its PULL socket to.
+        output_addresses: zmq address of each API process's PULL socket (index = client index).
+        warm_up: run every kind of step once before saying it is ready.
+    """
+
+    model: str | None
+    dtype: str
+    device: str
+    engine_config: EngineConfig
+    input_address: str
+    output_addresses: list[str]
+    warm_up: bool = True
+
+
+# ---------------------------------------------------------------- the process
+def run_engine_core(spec: CoreSpec, conns: list[Connection]) -> None:
+    """Process entry point: build the engine, report CoreInfo (or the error) on every pipe,
+    then serve until a pipe closes or a Shutdown arrives."""
+    # Ctrl-C reaches the whole process group: the launcher decides when the core stops
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        from pagedrt.engine.llm_engine import LLMEngine
+
+        start = time.perf_counter()
+        engine = LLMEngine(spec.model, spec.engine_config, dtype=spec.dtype, device=spec.device)
+        if spec.warm_up:
+            warm_up(engine)
+        core = EngineCore(engine, conns, spec.input_address, spec.output_addresses)
+        core.info.warm_up_s = time.perf_counter() - start
+    except BaseException as e:  # noqa: BLE001 - reported to the launcher, then exit non-zero
+        message = f"engine core failed to start: {e!r}\n{traceback.format_exc()}"
+        for conn in conns:
+            try:
+                conn.send(("error", message))
+            except OSError:
+                pass
+        raise SystemExit(1) from None
+    for conn in conns:
+        conn.send(("ready", core.info))
+    core.run()
+
+
+class EngineCore:
+    """The loop around one LLMEngine (any object with its add_validated_request, abort_request,
+    step, has_unfinished_requests, stats, requests, limits, model_path, tokenizer, device and
+    dtype will do: tests pass a stand-in). Sets `engine.token_events`.
+
+    Args:
+        engine: the engine, built and warmed up.
+        conns: liveness pipes; the loop ends when any of them closes.
+        input_address: zmq address to bind the command socket (PULL) to.
+        output_addresses: each API process's output socket (index = its client_index).
+    """
+
+    def __init__(self, engine, conns: list[Connection], input_address: str,
+                 output_addresses: list[str]) -> None:
+        import zmq
+
+        self.engine = engine
+        self.conns = conns
+        self.events: list = []
+        engine.token_events = self.events
+        tokenizer = engine.tokenizer
+        self.info = CoreInfo(
+            limits=engine.limits, model_path=engine.model_path,
+            tokenizer_path=None if tokenizer is None else tokenizer.name_or_path,
+            device=str(engine.device), dtype=str(engine.dtype).replace("torch.", ""),
+            warm_up_s=0.0)
+        self.zmq_context = zmq.Context(io_threads=1)
+        self.input = self.zmq_context.socket(zmq.PULL)
+        self.input.setsockopt(zmq.RCVHWM, 0)
+        self.input.bind(input_address)
+        self.outputs = []
+        for address in output_addresses:
+            sock = self.zmq_context.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, 0)  # no bound: never block the engine on a client
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.connect(address)
+            self.outputs.append(sock)
+        self.poller = zmq.Poller()
+        self.poller.register(self.input, zmq.POLLIN)
+        for conn in conns:
+            self.poller.register(conn.fileno(), zmq.POLLIN)
+        self.client_of: dict[str, int] = {}  # request_id -> API process index
+        self.failures: list[list[Failure]] = [[] for _ in self.outputs]
+        self._last_stats_time = 0.0
+        self._stopping = False
+
+    # ------------------------------------------------------------ loop
+    def run(self) -> None:
+        import zmq
+
+        engine = self.engine
+        try:
+            while not self._stopping:
+                busy = engine.has_unfinished_requests()
+                ready = dict(self.poller.poll(0 if busy else _IDLE_POLL_MS))
+                if len(ready) > (self.input in ready):  # a liveness pipe: its peer is gone
+                    logger.warning("a parent or API process is gone; engine core exits")
+                    return
+                if self.input in ready:
+                    while True:
+                        try:
+                            message = self.input.recv(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._apply(pickle.loads(message))
+                if engine.has_unfinished_requests():
+                    self._step()
+                now = time.monotonic()
+                stats_due = now - self._last_stats_time > STATS_INTERVAL_S
+                if self.events or any(self.failures) or (stats_due and busy):
+                    self._publish(stats_due)
+                elif not busy and stats_due and self._last_stats_time >= 0:
+                    self._publish(True)  # one snapshot on going idle, then quiet
+                    self._last_stats_time = -1.0
+        finally:
+            for sock in (self.input, *self.outputs):
+                sock.close(linger=0)
+            self.zmq_context.term()
+
+    def _apply(self, command) -> None:
+        engine = self.engine
+        if isinstance(command, Add):
+            rid = command.request_id
+            try:
+                engine.add_validated_request(rid, command.prompt_token_ids, command.params)
+            except ValueError as e:
+                self.failures[command.client_index].append(Failure(rid, 400, str(e)))
+                return
+            except Exception as e:
+                logger.exception("adding request %s failed", rid)
+                self.failures[command.client_index].append(
+                    Failure(rid, 500, f"adding the request failed: {e!r}"))
+                return
+            self.client_of[rid] = command.client_index
+            if self._last_stats_time < 0:
+                self._last_stats_time = 0.0  # busy again: snapshots resume
+        elif isinstance(command, Abort):
+            for rid in command.request_ids:
+                if self.client_of.pop(rid, None) is not None:
+                    engine.abort_request(rid)
+        elif command == "shutdown":
+            self._stopping = True
+        else:
+            logger.error("unknown command %r", command)
+
+    def _step(self) -> None:
+        try:
+            self.engine.step()
+        except Exception as e:
+            logger.exception("engine step failed; failing %d requests", len(self.client_of))
+            self.events.clear()
+            for rid, client in self.client_of.items():
+                self.engine.abort_request(rid)
+                self.failures[client].append(Failure(rid, 500, f"engine step failed: {e!r}"))
+            self.client_of.clear()
+
+    def _publish(self, with_stats: bool) -> None:
+        """Send this step's events and failures, one message per API process."""
+        import zmq
+
+        stats = None
+        if with_stats:
+            stats = self.engine.stats()
+            self._last_stats_time = time.monotonic()
+        events = self.events
+        if len(self.outputs) == 1:
+            per_client = [events]
+        else:
+            per_client = [[] for _ in self.outputs]
+            client_of = self.client_of
+            for event in events:
+                client = client_of.get(event[0])
+                if client is not None:
+                    per_client[client].append(event)
+        for client, sock in enumerate(self.outputs):
+            failures = self.failures[client]
+            if per_client[client] or failures or stats is not None:
+                message = CoreOutputs(per_client[client], failures, stats)
+                sock.send(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL), zmq.NOBLOCK,
+                          copy=False)
+            self.failures[client] = []
+        # requests whose last sample finished this step are no longer the core's
+        requests = self.engine.requests
+        for event in events:
+            if event[4] is not None and event[0] not in requests:
+                self.client_of.pop(event[0], None)
+        events.clear()
+
+
+# ---------------------------------------------------------------- warm-up
+def warm_up(engine) -> None:
+    """Run each kind of step the server will take once, so that no kernel variant or code path
+    is compiled or loaded while a client waits: a prefill, the same prompt again (a prefix-cache
+    hit: extend over cached blocks), decodes alone and batched with a chunked prefill,
+    sampled rows with top-k/top-p/min-p, penalties, seeds, logprobs and n = 2. Then the engine's
+    counters and peaks are reset (the warm-up blocks stay in the prefix cache, evictable)."""
+    limits = engine.limits
+    long_len = 512 if engine.device.type == "cuda" else 32
+    long_len = max(1, min(long_len, limits.max_model_len // 2 - 8,
+                          limits.kv_capacity_tokens // 8))
+    vocab = limits.vocab_size
+    prompt = [(7 + 13 * i) % vocab for i in range(long_len)]
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    sampled = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, max_tokens=4,
+                             ignore_eos=True, logprobs=2, seed=1, presence_penalty=0.5,
+                             frequency_penalty=0.5, repetition_penalty=1.1)
+    batches = [
+        [(prompt, greedy)],
+        [(prompt, greedy)],  # prefix-cache hit
+        [(prompt[: long_len // 2] + [1, 2, 3], greedy), (prompt[:3], sampled),
+         ([5] * 3, SamplingParams(temperature=1.0, n=2, max_tokens=3, ignore_eos=True))],
+    ]
+    for i, batch in enumerate(batches):
+        ids = []
+        for j, (tokens, params) in enumerate(batch):
+            rid = f"warm-up-{i}-{j}"
+            engine.add_validated_request(rid, list(tokens), params, stream=False)
+            ids.append(rid)
+        deadline = time.monotonic() + 600
+        while engine.has_unfinished_requests():
+            engine.step()
+            if time.monotonic() > deadline:
+                raise RuntimeError("warm-up did not finish in 600 s")
+    engine.reset_stats()

@@ -1,0 +1,249 @@
+"""`pagedrt serve`: start the engine-core process and the API process(es), watch them, stop them.
+
+    launcher (this process, the one `pagedrt serve` started)
+      |-- engine-core process    LLMEngine busy loop (engine_core.py)
+      |-- API process 0..N-1     FastAPI + uvicorn on one shared listening socket
+                                 (openai_server.py, core_client.py)
+
+Start-up: the core loads the model and warms up, then reports `CoreInfo`; only then does the
+launcher open the port (so clients are refused, not kept waiting, while the model loads) and
+start the API processes, which all accept on that one socket (the kernel spreads connections).
+
+Stop: SIGTERM or SIGINT to the launcher is passed to the API processes, which drain (see
+openai_server.py); once they are gone the core sees its pipes close and exits; anything still
+alive after `_STOP_TIMEOUT_S` in all is killed. If the core dies, the API processes fail their
+requests, answer 503 for a moment and exit with 1; the launcher then exits with 1 too (a
+supervisor such as systemd or Kubernetes restarts it: reloading a model in place would serve
+503s just as long and could not recover a device left in an error state). If an API process
+dies, the others are stopped and the launcher exits with 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+
+from pagedrt.entrypoints.engine_core import CoreInfo, CoreSpec, run_engine_core
+
+logger = logging.getLogger("pagedrt.launcher")
+
+# Seconds from SIGTERM until every process is gone (the API processes drain within it).
+_STOP_TIMEOUT_S = 9.0
+
+
+@dataclass
+class ApiSpec:
+    """What an API process needs besides the core's CoreInfo (pickled to it)."""
+
+    index: int
+    input_address: str
+    output_address: str
+    served_model_name: str
+    api_key: str | None
+    verbose: bool
+
+
+def run_server(args) -> int:
+    """Serve until stopped; returns the exit status (0 after SIGTERM/SIGINT, 1 after a crash,
+    2 if the port cannot be bound)."""
+    from pagedrt.config import EngineConfig
+    from pagedrt.entrypoints.cli import engine_kwargs
+    from pagedrt.entrypoints.openai_server import default_model_name
+
+    num_api = args.api_server_count
+    if num_api < 1:
+        raise ValueError(f"--api-server-count={num_api} must be >= 1")
+    config = EngineConfig(**engine_kwargs(args))
+    listener = _bind(args.host, args.port)  # fail now, before minutes of model loading
+    ctx = mp.get_context("spawn")
+    tmp = tempfile.mkdtemp(prefix="pagedrt-")
+    stop = {"signal": None}
+
+    def on_signal(signum, frame):
+        stop["signal"] = signum
+
+    old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    core = None
+    apis: list = []
+    try:
+        input_address = f"ipc://{tmp}/core-in"
+        output_addresses = [f"ipc://{tmp}/api-{i}-out" for i in range(num_api)]
+        pipes = [ctx.Pipe() for _ in range(num_api + 1)]  # [0]: the launcher's own
+        spec = CoreSpec(args.model, args.dtype, args.device, config, input_address,
+                        output_addresses, warm_up=not args.no_warm_up)
+        core = ctx.Process(target=run_engine_core, args=(spec, [p[1] for p in pipes]),
+                           name="pagedrt-engine-core")
+        core.start()
+        for _, core_end in pipes:
+            core_end.close()
+        conn = pipes[0][0]
+        info = _wait_ready(conn, core, stop)
+        if info is None:
+            return 0 if stop["signal"] is not None else 1
+        name = args.served_model_name or default_model_name(args.model or info.model_path)
+        listener.listen(2048)
+        for i in range(num_api):
+            api = ApiSpec(i, input_address, output_addresses[i], name, args.api_key,
+                          bool(getattr(args, "verbose", False)))
+            process = ctx.Process(target=run_api_process,
+                                  args=(api, info, listener, pipes[i + 1][0]),
+                                  name=f"pagedrt-api-{i}")
+            process.start()
+            pipes[i + 1][0].close()
+            apis.append(process)
+        listener.close()
+        limits = info.limits
+        print(f"pagedrt: serving {name!r} on http://{args.host}:{args.port} "
+              f"(device {info.device} {info.dtype}, max_model_len {limits.max_model_len}, "
+              f"{limits.num_blocks} KV blocks, {num_api} API process(es), engine core pid "
+              f"{info.pid}, ready in {info.warm_up_s:.1f} s)", flush=True)
+        return _supervise(core, apis, conn, stop)
+    finally:
+        for s, handler in old_handlers.items():
+            signal.signal(s, handler)
+        _stop_all(core, apis)
+        listener.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}; pick another --port "
+                         "or stop the process using it") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _wait_ready(conn: Connection, core, stop: dict) -> CoreInfo | None:
+    """The core's CoreInfo once it is ready; None if it died or a signal came first."""
+    while stop["signal"] is None:
+        if conn.poll(0.2):
+            try:
+                kind, payload = conn.recv()
+            except EOFError:
+                break
+            if kind == "ready":
+                return payload
+            print(f"pagedrt: {payload}", flush=True)
+            return None
+        if not core.is_alive():
+            break
+    if stop["signal"] is None:
+        print(f"pagedrt: the engine core exited with status {core.exitcode} before it was "
+              "ready", flush=True)
+    return None
+
+
+def _supervise(core, apis: list, conn: Connection, stop: dict) -> int:
+    """Wait until a signal or a process exit; returns the launcher's exit status."""
+    sentinels = {core.sentinel: core, **{p.sentinel: p for p in apis}}
+    while stop["signal"] is None:
+        done = wait(list(sentinels), timeout=0.2)
+        if done:
+            break
+    if stop["signal"] is not None:
+        logger.info("signal %s: stopping", stop["signal"])
+        for p in apis:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGTERM)
+        _join_all(apis, time.monotonic() + _STOP_TIMEOUT_S - 1.0)
+        return 0
+    if not core.is_alive():
+        # the API processes fail their requests, answer 503 briefly and exit on their own
+        print(f"pagedrt: the engine core died (exit status {core.exitcode}); stopping",
+              flush=True)
+        _join_all(apis, time.monotonic() + _STOP_TIMEOUT_S - 1.0)
+        return 1
+    dead = [p for p in apis if not p.is_alive()]
+    print(f"pagedrt: API process {dead[0].name} exited with status {dead[0].exitcode}; "
+          "stopping", flush=True)
+    for p in apis:
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGTERM)
+    _join_all(apis, time.monotonic() + _STOP_TIMEOUT_S - 1.0)
+    return 1
+
+
+def _join_all(processes: list, deadline: float) -> None:
+    for p in processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+
+
+def _stop_all(core, apis: list) -> None:
+    """Make sure nothing outlives the launcher (the core exits by itself once its pipes
+    close; anything still alive is terminated, then killed)."""
+    procs = [p for p in (*apis, core) if p is not None]
+    deadline = time.monotonic() + 2.0
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(1.0)
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
+
+
+# ---------------------------------------------------------------- API process
+def run_api_process(api: ApiSpec, info: CoreInfo, listener: socket.socket,
+                    conn: Connection) -> None:
+    """Entry point of one API process: tokenizer, app, uvicorn on the shared socket. Exits
+    with 1 if the engine core died, else 0."""
+    import asyncio
+
+    import uvicorn
+
+    from pagedrt.entrypoints.core_client import EngineCoreClient
+    from pagedrt.entrypoints.openai_server import DEAD_CORE_EXIT_DELAY_S, DRAIN_S, build_app
+
+    logging.basicConfig(level=logging.INFO if api.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    conn.recv()  # the core's "ready" (it is, or the launcher would not be here)
+    tokenizer = None
+    if info.tokenizer_path is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(info.tokenizer_path)
+    client = EngineCoreClient(conn, info, api.input_address, api.output_address, api.index)
+    app = build_app(client, tokenizer, api.served_model_name, api.api_key)
+    server_api = app.state.server
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if not server_api.shutting_down:
+                loop = asyncio.get_event_loop()
+                loop.call_soon_threadsafe(loop.create_task, server_api.drain(DRAIN_S))
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, log_level="info" if api.verbose else "warning",
+                            timeout_graceful_shutdown=DRAIN_S + 2.0, access_log=api.verbose)
+    server = Server(config)
+    exit_status = {"code": 0}
+
+    def on_core_death() -> None:
+        exit_status["code"] = 1
+
+        def stop() -> None:
+            server.should_exit = True
+
+        asyncio.get_running_loop().call_later(DEAD_CORE_EXIT_DELAY_S, stop)
+
+    client.on_death = on_core_death
+    server.run(sockets=[listener])
+    raise SystemExit(exit_status["code"])
