@@ -5,7 +5,8 @@ chunks of text "x" (chat: a role-only chunk first, then "x" deltas): the first a
 `first_token_delay_s`, each next one `token_delay_s` later, then a usage chunk (when asked
 for and `send_usage`) and [DONE]. A prompt's first token id selects a misbehaviour: in
 `fail_ids` -> HTTP 500, `error_event_ids` -> an error event after the first chunk,
-`slow_ids` -> the first chunk after `slow_delay_s`, `hang_ids` -> nothing for `hang_s`.
+`slow_ids` -> the first chunk after `slow_delay_s`, `hang_ids` -> nothing for `hang_s`,
+`truncate_ids` -> the stream ends after the first chunk, without [DONE].
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Behaviour:
     error_event_ids: set = dataclasses.field(default_factory=set)
     slow_ids: set = dataclasses.field(default_factory=set)
     hang_ids: set = dataclasses.field(default_factory=set)
+    truncate_ids: set = dataclasses.field(default_factory=set)
     send_usage: bool = True
     card: dict = dataclasses.field(default_factory=lambda: {"max_model_len": 4096})
 
@@ -113,6 +115,8 @@ def build_app(behaviour: Behaviour, seen: Seen) -> FastAPI:
                         yield "data: [DONE]\n\n"
                         return
                     yield _sse(chunk(i))
+                    if first_id in behaviour.truncate_ids:
+                        return
                 include = (body.get("stream_options") or {}).get("include_usage")
                 if include and behaviour.send_usage:
                     yield _sse({"id": "cmpl-fake", "choices": [], "usage": usage})

@@ -63,11 +63,11 @@ def run_bench(fake: FakeServer, tmp_path, *extra: str, num_prompts: int = 12,
 EVENTS_BYTES = (
     b': a comment line\n'
     b'data: {"choices": [{"text": "h\xc3\xa9"}]}\n\n'          # LF, a 2-byte UTF-8 character
-    b'event: message\r\ndata: {"a": 1}\r\nid: 7\r\n\r\n'       # CRLF, fields other than data
+    b'event: message\r\ndata: {"a":\r\ndata: 1}\r\nid: 7\r\n\r\n'  # CRLF, 2 data lines, id
     b'data:no-space\rdata:  two spaces\r\r'                     # CR, two data lines, one event
     b'data: [DONE]\n\n'
 )
-EVENTS = ['{"choices": [{"text": "hé"}]}', '{"a": 1}', 'no-space\n two spaces', '[DONE]']
+EVENTS = ['{"choices": [{"text": "hé"}]}', '{"a":\n1}', 'no-space\n two spaces', '[DONE]']
 
 
 def test_sse_parser_whole_stream():
@@ -232,15 +232,17 @@ def test_goodput_counts_exactly_the_requests_within_slo(tmp_path):
 
 def test_failures_are_counted_and_do_not_stop_the_run(tmp_path):
     ids = first_ids(12)
-    behaviour = Behaviour(fail_ids={ids[1], ids[5]}, error_event_ids={ids[7]})
+    behaviour = Behaviour(fail_ids={ids[1], ids[5]}, error_event_ids={ids[7]},
+                          truncate_ids={ids[10]})
     with FakeServer(behaviour) as fake:
         doc = run_bench(fake, tmp_path, "--request-rate", "inf")
     (s,) = doc["results"]
-    assert (s["completed"], s["failed"]) == (9, 3)
-    assert s["total_output_tokens"] == 9 * 6
+    assert (s["completed"], s["failed"]) == (8, 4)
+    assert s["total_output_tokens"] == 8 * 6
     assert s["errors"] == {"HTTP 500: injected failure": 2,
-                           "error event: injected error event": 1}
-    assert {r["index"] for r in s["requests"] if not r["success"]} == {1, 5, 7}
+                           "error event: injected error event": 1,
+                           "stream closed before data: [DONE]": 1}
+    assert {r["index"] for r in s["requests"] if not r["success"]} == {1, 5, 7, 10}
 
 
 def test_request_timeout_fails_the_request_and_the_run_ends(tmp_path):
@@ -259,7 +261,12 @@ def test_not_streamed_and_token_count_fallback(tmp_path):
     assert whole["completed"] == 4 and whole["total_output_tokens"] == 24
     assert whole["ttft_ms"]["mean"] is None and whole["itl_ms"]["mean"] is None
     assert whole["e2el_ms"]["median"] >= 20.0 + 5 * 5.0
+    assert whole["goodput"] is None and whole["good_requests"] is None  # TTFT SLO, no TTFT
     assert not fake.seen.bodies[-1]["stream"] and "stream_options" not in fake.seen.bodies[-1]
+    with FakeServer() as fake:
+        e2el = run_bench(fake, tmp_path, "--no-stream", "--goodput", "e2el:60000",
+                         num_prompts=4)["results"][0]
+    assert e2el["good_requests"] == 4
     with FakeServer(Behaviour(send_usage=False)) as fake:
         counted = run_bench(fake, tmp_path, num_prompts=4)["results"][0]
     assert counted["total_output_tokens"] == 24

@@ -154,7 +154,8 @@ def print_summary(s: dict) -> None:
         ("completed / failed requests", f"{s['completed']} / {s['failed']}"),
         ("duration (s)", f"{s['duration_s']:.2f}"),
         ("request throughput (req/s)", f"{s['request_throughput']:.2f}"),
-        (f"goodput (req/s) [{slo}]", f"{s['goodput']:.2f}"),
+        (f"goodput (req/s) [{slo}]", f"{s['goodput']:.2f}" if s["goodput"] is not None
+         else "- (no TTFT/TPOT unstreamed; --goodput e2el:MS)"),
         ("input token throughput (tok/s)", f"{s['input_throughput']:.1f}"),
         ("output token throughput (tok/s)", f"{s['output_throughput']:.1f}"),
         ("total token throughput (tok/s)", f"{s['total_token_throughput']:.1f}"),
@@ -175,18 +176,20 @@ def print_summary(s: dict) -> None:
               "(the server ignored ignore_eos?)")
 
 
+def _num(value: float | None, width: int, digits: int) -> str:
+    return f"{value:{width}.{digits}f}" if value is not None else f"{'-':>{width}}"
+
+
 def print_sweep(results: list[dict]) -> None:
     print(f"\n{'rate':>6} {'done':>6} {'fail':>5} {'req/s':>8} {'out tok/s':>10} "
           f"{'goodput':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9}")
 
-    def ms(value) -> str:
-        return f"{value:9.1f}" if value is not None else f"{'-':>9}"
-
     for s in results:
+        latencies = " ".join(_num(s[key][q], 9, 1) for key in ("ttft_ms", "tpot_ms")
+                             for q in ("median", "p99"))
         print(f"{s['request_rate']:>6} {s['completed']:>6} {s['failed']:>5} "
               f"{s['request_throughput']:>8.2f} {s['output_throughput']:>10.1f} "
-              f"{s['goodput']:>8.2f} {ms(s['ttft_ms']['median'])} {ms(s['ttft_ms']['p99'])} "
-              f"{ms(s['tpot_ms']['median'])} {ms(s['tpot_ms']['p99'])}")
+              f"{_num(s['goodput'], 8, 2)} {latencies}")
 
 
 def write_json(path: str, config: dict, results: list[dict]) -> None:
@@ -267,7 +270,9 @@ def main(argv: list[str]) -> int:
         except ValueError:
             if args.model is None:
                 raise
-    model = args.model or card["id"]
+    model = args.model or card.get("id")
+    if not model:
+        raise ValueError(f"the model card of {args.base_url}/v1/models has no id; pass --model")
     vocab_size = args.vocab_size or card.get("vocab_size") or DEFAULT_VOCAB_SIZE
     longest = (args.prefix_len + length_bounds(args.input_len, args.range_ratio)[1]
                + length_bounds(args.output_len, args.range_ratio)[1])
@@ -301,7 +306,7 @@ def main(argv: list[str]) -> int:
         offsets = arrival_offsets(len(specs), rate, rng)
         records = _run_with_progress(specs, offsets, cfg, args)
         summary = {"request_rate": rate_label(rate), "max_concurrency": args.max_concurrency,
-                   **summarize(records, slo)}
+                   **summarize(records, slo, stream=not args.no_stream)}
         print_summary(summary)
         if args.save_requests:
             summary["requests"] = [dataclasses.asdict(r) for r in records]

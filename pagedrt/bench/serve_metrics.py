@@ -91,14 +91,16 @@ def peak_concurrency(records: list[RequestRecord]) -> int:
     return peak
 
 
-def summarize(records: list[RequestRecord], slo_ms: dict[str, float]) -> dict:
-    """Throughputs (req/s, tok/s), latency statistics (ms) and goodput of one run."""
+def summarize(records: list[RequestRecord], slo_ms: dict[str, float], stream: bool = True) -> dict:
+    """Throughputs (req/s, tok/s), latency statistics (ms) and goodput of one run. Without
+    streaming there is no TTFT or TPOT: goodput is None unless the SLOs hold only e2el."""
     done = [r for r in records if r.success]
     duration = max((r.end_s for r in records), default=0.0)
     per_s = 1.0 / duration if duration > 0 else 0.0
     input_tokens = sum(r.prompt_len for r in done)
     output_tokens = sum(r.output_tokens for r in done)
-    good = sum(meets_slo(r, slo_ms) for r in done)
+    measurable = stream or set(slo_ms) <= {"e2el"}
+    good = sum(meets_slo(r, slo_ms) for r in done) if measurable else None
     errors = Counter(r.error for r in records if not r.success)
     tpots = [t for r in done if (t := tpot_s(r)) is not None]
     return {
@@ -114,7 +116,7 @@ def summarize(records: list[RequestRecord], slo_ms: dict[str, float]) -> dict:
         "total_token_throughput": (input_tokens + output_tokens) * per_s,
         "goodput_slo_ms": dict(slo_ms),
         "good_requests": good,
-        "goodput": good * per_s,
+        "goodput": good * per_s if good is not None else None,
         "peak_concurrent_requests": peak_concurrency(records),
         "short_outputs": sum(r.output_tokens < r.output_len for r in done),
         "output_tokens_counted_from_chunks": sum(r.output_tokens_from == "chunks" for r in done),
