@@ -326,9 +326,15 @@ def test_model_card_vocab_and_length_checks(tmp_path, capsys):
     (["--goodput", "ttft"], "METRIC:MS"),
     (["--request-rate", "0"], "--request-rate"),
     (["--base-url", "http://127.0.0.1:9"], "could not read the served model"),
+    (["--num-client-processes", "0"], "--num-client-processes 0"),
+    (["--num-client-processes", "4", "--max-concurrency", "2"], "--max-concurrency 2"),
+    (["--num-prompts", "0"], "--num-prompts 0"),
+    (["--min-token-id", "40000"], "--min-token-id 40000"),
 ])
 def test_bad_settings_are_clear_errors(argv, match, capsys):
-    assert cli.main(["bench", "serve", *argv]) == 2
+    with FakeServer() as fake:
+        assert cli.main(["bench", "serve", "--base-url", fake.url, *argv]) == 2
+        assert fake.seen.bodies == []  # refused before any request
     assert match in capsys.readouterr().err
 
 

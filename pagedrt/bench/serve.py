@@ -32,7 +32,13 @@ import shlex
 
 import numpy as np
 
-from pagedrt.bench.serve_client import ClientConfig, RequestSpec, run_clients, run_schedule
+from pagedrt.bench.serve_client import (
+    ClientConfig,
+    RequestSpec,
+    run_clients,
+    run_schedule,
+    split_concurrency,
+)
 from pagedrt.bench.serve_metrics import DEFAULT_GOODPUT, parse_goodput, summarize
 
 DEFAULT_VOCAB_SIZE = 32000
@@ -259,6 +265,7 @@ def main(argv: list[str]) -> int:
         raise ValueError(f"--request-timeout {args.request_timeout} must be > 0 seconds")
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ValueError(f"--max-concurrency {args.max_concurrency} must be >= 1 (or left out)")
+    split_concurrency(args.max_concurrency, args.num_client_processes)  # checks both
     chat = args.endpoint == "/v1/chat/completions"
     if chat and args.tokenizer is None:
         raise ValueError("--endpoint /v1/chat/completions sends text: give --tokenizer PATH "
@@ -294,16 +301,18 @@ def main(argv: list[str]) -> int:
                 s.prompt = tokenizer.decode(s.prompt)
         return specs
 
+    workloads = []  # (requests, send offsets) of each rate, all drawn before anything is sent
+    for i, rate in enumerate(rates):
+        rng = workload_rng(args.seed, i)
+        specs = make_specs(rng, args.num_prompts, args.output_len, args.range_ratio)
+        workloads.append((specs, arrival_offsets(len(specs), rate, rng)))
     # the probe: one output token, a prompt of the usual length from ids no rate draws
     probe(make_specs(workload_rng(args.seed, PROBE_STREAM), 1, 1, 0.0)[0], cfg)
     print(f"benchmarking {model!r} at {cfg.url}: {args.num_prompts} requests per rate, "
           f"input {args.input_len}, output {args.output_len}, range ratio {args.range_ratio}, "
           f"{args.num_client_processes} client process(es)")
     results = []
-    for i, rate in enumerate(rates):
-        rng = workload_rng(args.seed, i)
-        specs = make_specs(rng, args.num_prompts, args.output_len, args.range_ratio)
-        offsets = arrival_offsets(len(specs), rate, rng)
+    for rate, (specs, offsets) in zip(rates, workloads):
         records = _run_with_progress(specs, offsets, cfg, args)
         summary = {"request_rate": rate_label(rate), "max_concurrency": args.max_concurrency,
                    **summarize(records, slo, stream=not args.no_stream)}

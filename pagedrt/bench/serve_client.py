@@ -302,7 +302,9 @@ def _client_process(rank: int, specs, offsets_s, cfg, max_concurrency, ready, go
 
 def split_concurrency(max_concurrency: int | None, num_processes: int) -> list[int | None]:
     """Each process's share of the in-flight cap (None: no cap); shares differ by at most 1.
-    Raises ValueError when the cap is below the number of processes."""
+    Raises ValueError when there is no process or the cap is below the number of processes."""
+    if num_processes < 1:
+        raise ValueError(f"--num-client-processes {num_processes} must be >= 1")
     if max_concurrency is None:
         return [None] * num_processes
     if max_concurrency < num_processes:
@@ -321,8 +323,6 @@ def run_clients(specs: list[RequestSpec], offsets_s: list[float], cfg: ClientCon
     processes: request i goes to process i % num_processes at its own offset, and the
     in-flight cap is split between them. Returns the records sorted by request index.
     Ends by itself: every request is bounded by cfg.request_timeout_s."""
-    if num_processes < 1:
-        raise ValueError(f"--num-client-processes {num_processes} must be >= 1")
     caps = split_concurrency(max_concurrency, num_processes)
     if num_processes == 1:
         _raise_open_files_limit()
