@@ -1,1 +1,1 @@
-"""Benchmarks behind `pagedrt bench attention | memory | throughput | latency`."""
+"""Benchmarks behind `pagedrt bench attention | memory | throughput | latency | serve`."""

@@ -1,4 +1,5 @@
-"""PNG plots for `pagedrt bench throughput` results (matplotlib, no display needed)."""
+"""PNG plots for `pagedrt bench throughput` and `pagedrt bench serve` results (matplotlib, no
+display needed)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,34 @@ def plot_throughput(results: list[dict], out_dir: str, name: str) -> list[str]:
         fig.savefig(paths[-1], dpi=120)
         plt.close(fig)
     return paths
+
+
+def plot_serve(results: list[dict], path: str, title: str = "") -> str:
+    """Writes `path`: TTFT and TPOT (p50 and p99, ms) of `pagedrt bench serve` results against
+    the offered request rate, one point per rate in sweep order ("inf" = all at once).
+    A rate without the metric (not streamed, nothing completed) is left out. Returns path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [r["request_rate"] for r in results]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, name in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "tpot_ms", "TPOT")):
+        for q, style in (("median", "o-"), ("p99", "s--")):
+            points = [(i, r[key][q]) for i, r in enumerate(results) if r[key][q] is not None]
+            if points:
+                ax.plot(*zip(*points), style, label=f"{name} {'p50' if q == 'median' else q}")
+        ax.set_xticks(range(len(labels)), labels)
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel(f"{name} (ms)")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.suptitle(title or "bench serve: latency against request rate")
+    fig.tight_layout()
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
