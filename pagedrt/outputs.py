@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from pagedrt.engine.sampler import TokenLogprobs
 
 
 @dataclass
@@ -55,3 +58,23 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: dict = field(default_factory=dict)
+
+
+class TokenEvent(NamedTuple):
+    """One sampled token of one sequence, as the engine core reports it (plain data).
+
+    Attributes:
+        request_id: the request (all n samples share it).
+        sample_index: which of the n samples.
+        token_id: the token.
+        logprobs: its TokenLogprobs when the request asked for logprobs, else None.
+        finish_reason: "stop" or "length" when this token ended the sample, else None.
+        stop_reason: the stop string or stop token id that ended it, if any.
+    """
+
+    request_id: str
+    sample_index: int
+    token_id: int
+    logprobs: TokenLogprobs | None
+    finish_reason: str | None
+    stop_reason: int | str | None

@@ -8,10 +8,11 @@ import pickle
 import threading
 import time
 
+import msgspec
 import pytest
 import zmq
 
-from pagedrt.engine.llm_engine import LLMEngine, TokenEvent
+from pagedrt.engine.llm_engine import LLMEngine
 from pagedrt.engine.sampler import TokenLogprobs
 from pagedrt.engine.validation import EngineLimits
 from pagedrt.entrypoints.engine_core import (
@@ -23,6 +24,7 @@ from pagedrt.entrypoints.engine_core import (
     Failure,
     warm_up,
 )
+from pagedrt.outputs import TokenEvent
 from pagedrt.sampling_params import SamplingParams
 
 
@@ -38,6 +40,10 @@ def test_messages_round_trip_through_pickle():
     ]
     for message in messages:
         assert pickle.loads(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)) == message
+    # the per-step outputs travel as typed msgpack: they come back as the same NamedTuples
+    out = messages[2]
+    back = msgspec.msgpack.Decoder(CoreOutputs).decode(msgspec.msgpack.encode(out))
+    assert back == out and isinstance(back.events[0].logprobs, TokenLogprobs)
 
 
 def _collect(engine: LLMEngine) -> dict[tuple[str, int], list]:
@@ -159,7 +165,7 @@ def _receive_until(pull, done, timeout_s: float = 10.0) -> tuple[list, list]:
     deadline = time.monotonic() + timeout_s
     while not done(events, failures):
         assert pull.poll(int(max(0, deadline - time.monotonic()) * 1000)), (events, failures)
-        out: CoreOutputs = pickle.loads(pull.recv())
+        out = msgspec.msgpack.Decoder(CoreOutputs).decode(pull.recv())
         events += out.events
         failures += out.failures
     return events, failures

@@ -24,7 +24,6 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
@@ -33,13 +32,13 @@ from pagedrt.engine.detokenizer import IncrementalDetokenizer
 from pagedrt.engine.model_runner import ModelRunner
 from pagedrt.engine.profiling import StepClock
 from pagedrt.engine.request import PLACEHOLDER_TOKEN_ID, Request, RequestStatus
-from pagedrt.engine.sampler import Sampler, SamplerOutput, TokenLogprobs
+from pagedrt.engine.sampler import Sampler, SamplerOutput
 from pagedrt.engine.scheduler import Scheduler
 from pagedrt.engine.validation import EngineLimits, validate_prompt
 from pagedrt.kv.kv_cache import KVCache, kv_bytes_per_block, num_blocks_for_budget
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.models.loader import load_model
-from pagedrt.outputs import CompletionOutput, RequestOutput
+from pagedrt.outputs import CompletionOutput, RequestOutput, TokenEvent
 from pagedrt.sampling_params import SamplingParams
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
@@ -65,26 +64,6 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype not in _DTYPES:
         raise ValueError(f"dtype={dtype!r}; use 'auto' or one of {sorted(_DTYPES)}")
     return _DTYPES[dtype]
-
-
-class TokenEvent(NamedTuple):
-    """One sampled token of one sequence, as the engine core reports it (plain data).
-
-    Attributes:
-        request_id: the request (all n samples share it).
-        sample_index: which of the n samples.
-        token_id: the token.
-        logprobs: its TokenLogprobs when the request asked for logprobs, else None.
-        finish_reason: "stop" or "length" when this token ended the sample, else None.
-        stop_reason: the stop string or stop token id that ended it, if any.
-    """
-
-    request_id: str
-    sample_index: int
-    token_id: int
-    logprobs: TokenLogprobs | None
-    finish_reason: str | None
-    stop_reason: int | str | None
 
 
 @dataclass

@@ -186,11 +186,14 @@ class EngineCoreClient:
 
     # ------------------------------------------------------------ outputs
     async def _read_outputs(self) -> None:
+        import msgspec
+
+        decode = msgspec.msgpack.Decoder(CoreOutputs).decode
         pull = self._pull
         while True:
             message = await pull.recv(copy=False)
             try:
-                self._dispatch(pickle.loads(message.buffer))
+                self._dispatch(decode(message.buffer))
             except Exception:  # a bug here must not stop every other request's stream
                 logger.exception("dispatching engine outputs failed")
 
