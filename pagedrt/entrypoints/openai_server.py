@@ -332,7 +332,7 @@ def run_server(args) -> int:
     import uvicorn
 
     from pagedrt.config import EngineConfig
-    from pagedrt.entrypoints.cli import engine_kwargs
+    from pagedrt.entrypoints.engine_args import engine_kwargs
 
     engine = LLMEngine(args.model, EngineConfig(**engine_kwargs(args)), dtype=args.dtype,
                        device=args.device)
