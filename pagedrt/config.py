@@ -7,7 +7,8 @@ Both validate in `__post_init__` and raise `ValueError` naming the bad value and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import textwrap
+from dataclasses import dataclass, field, fields
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 
@@ -122,50 +123,61 @@ class ModelConfig:
             raise ValueError(f"config.json lacks the field {e.args[0]!r}") from None
 
 
+BLOCK_SIZES = (8, 16, 32)
+PREEMPTION_MODES = ("recompute", "swap")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine runs a model.
 
-    Attributes:
-        block_size: tokens per KV block (8, 16 or 32; 16 by default as in vLLM).
-        num_kv_blocks: explicit number of KV blocks; overrides the memory budgets below.
-        kv_cache_memory_bytes: KV budget in bytes on CPU (all layers, K and V).
-        gpu_memory_utilization: on CUDA, fraction of total device memory the whole process may
-            use; the KV cache gets what is left of it after weights and activations.
-        max_num_seqs: most requests in one step.
-        max_num_batched_tokens: most tokens (new query tokens, all requests) in one step; long
-            prompts are split into chunks (chunked prefill) to fit.
-        max_model_len: longest sequence (prompt + output) in tokens; None = the model's
-            max_position_embeddings.
-        enable_prefix_caching: reuse KV blocks of identical prefixes (hash chain of full blocks).
-        preemption_mode: "recompute" or "swap" when the KV cache runs out.
-        swap_space_bytes: size of the pinned CPU pool for swapped-out blocks.
-        enforce_eager: disable CUDA graphs.
-        async_scheduling: overlap the host work of step n+1 (schedule, prepare, launch) with
-            the device running step n; tokens reach the host one step later. None = on for
-            CUDA, off on CPU (where the model runs on the host anyway), unless the
-            environment variable PAGEDRT_ASYNC_SCHEDULING is set to 1 or 0.
-        attention_backend: "auto" (Triton on CUDA, torch on CPU), "torch" or "triton".
-        seed: seed of the engine's default generator (unseeded requests).
+    This is the one list of engine options: `LLM(**options)` takes these fields, and the
+    `pagedrt` command has one option per field (`pagedrt.entrypoints.engine_args` makes them
+    from the fields). Each field's metadata holds its "help" text and, where needed, its
+    "choices" and its command-line "flags" (default: --field-name). The Attributes section
+    below is made from the help texts.
     """
 
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    kv_cache_memory_bytes: int = 1 << 30
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int | None = None
-    enable_prefix_caching: bool = True
-    preemption_mode: str = "recompute"
-    swap_space_bytes: int = 1 << 30
-    enforce_eager: bool = False
-    async_scheduling: bool | None = None
-    attention_backend: str = "auto"
-    seed: int = 0
+    block_size: int = field(default=16, metadata={
+        "help": "tokens per KV block", "choices": BLOCK_SIZES})
+    num_kv_blocks: int | None = field(default=None, metadata={
+        "help": "explicit number of KV blocks; overrides the memory budgets below"})
+    kv_cache_memory_bytes: int = field(default=1 << 30, metadata={
+        "help": "KV budget in bytes on CPU (all layers, K and V)"})
+    gpu_memory_utilization: float = field(default=0.9, metadata={
+        "help": "on CUDA, fraction of total device memory the whole process may use; the KV "
+                "cache gets what is left of it after weights and activations"})
+    max_num_seqs: int = field(default=256, metadata={"help": "most requests in one step"})
+    max_num_batched_tokens: int = field(default=8192, metadata={
+        "help": "most tokens (new query tokens, all requests) in one step; long prompts are "
+                "split into chunks (chunked prefill) to fit"})
+    max_model_len: int | None = field(default=None, metadata={
+        "help": "longest sequence (prompt + output) in tokens; None = the model's "
+                "max_position_embeddings"})
+    enable_prefix_caching: bool = field(default=True, metadata={
+        "help": "reuse KV blocks of identical prefixes (hash chain of full blocks)",
+        "flags": ("--enable-prefix-caching", "--prefix-caching")})
+    preemption_mode: str = field(default="recompute", metadata={
+        "help": "what to do with a request when the KV cache runs out",
+        "choices": PREEMPTION_MODES})
+    swap_space_bytes: int = field(default=1 << 30, metadata={
+        "help": "size of the pinned CPU pool for swapped-out blocks"})
+    enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs"})
+    async_scheduling: bool | None = field(default=None, metadata={
+        "help": "overlap the host work of step n+1 (schedule, prepare, launch) with the device "
+                "running step n; tokens reach the host one step later. None = on for CUDA, off "
+                "on CPU (where the model runs on the host anyway), unless the environment "
+                "variable PAGEDRT_ASYNC_SCHEDULING is set to 1 or 0"})
+    attention_backend: str = field(default="auto", metadata={
+        "help": "attention kernels; auto = Triton on CUDA, torch on CPU",
+        "choices": ATTENTION_BACKENDS})
+    seed: int = field(default=0, metadata={
+        "help": "seed of the engine's default generator, used by requests without a seed",
+        "flags": ("--engine-seed",)})  # `pagedrt generate --seed` is the per-request seed
 
     def __post_init__(self) -> None:
-        if self.block_size not in (8, 16, 32):
+        if self.block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size={self.block_size} is not supported; use 8, 16 or 32")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks={self.num_kv_blocks} must be >= 1 (or None)")
@@ -183,13 +195,29 @@ class EngineConfig:
             )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len={self.max_model_len} must be >= 1 (or None)")
-        if self.preemption_mode not in ("recompute", "swap"):
+        if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(
                 f"preemption_mode={self.preemption_mode!r}; use 'recompute' or 'swap'"
             )
         if self.swap_space_bytes < 0:
             raise ValueError(f"swap_space_bytes={self.swap_space_bytes} must be >= 0")
-        if self.attention_backend not in ("auto", "torch", "triton"):
+        if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"attention_backend={self.attention_backend!r}; use 'auto', 'torch' or 'triton'"
             )
+
+
+def _attributes_section(cls: type) -> str:
+    """A Google-style Attributes section made from each field's metadata["help"]."""
+    lines = ["", "    Attributes:"]
+    for f in fields(cls):
+        text = f.metadata["help"]
+        if "choices" in f.metadata:
+            text += "; one of " + ", ".join(repr(c) for c in f.metadata["choices"])
+        lines += textwrap.wrap(f"{f.name}: {text} (default {f.default!r}).", width=96,
+                               initial_indent=" " * 8, subsequent_indent=" " * 12)
+    return "\n".join(lines) + "\n"
+
+
+if EngineConfig.__doc__:  # None under python -OO
+    EngineConfig.__doc__ = EngineConfig.__doc__.rstrip() + "\n" + _attributes_section(EngineConfig)

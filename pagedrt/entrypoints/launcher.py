@@ -55,7 +55,7 @@ def run_server(args) -> int:
     """Serve until stopped; returns the exit status (0 after SIGTERM/SIGINT, 1 after a crash,
     2 if the port cannot be bound)."""
     from pagedrt.config import EngineConfig
-    from pagedrt.entrypoints.cli import engine_kwargs
+    from pagedrt.entrypoints.engine_args import engine_kwargs
     from pagedrt.entrypoints.openai_server import default_model_name
 
     num_api = args.api_server_count

@@ -32,10 +32,8 @@ class LLM:
             follow the loaded weights).
         dtype: "auto" (bfloat16 on CUDA, float32 on CPU), "float32", "float16", "bfloat16".
         device: "auto" (CUDA when available), "cpu", "cuda", "cuda:N".
-        **engine_kwargs: any EngineConfig field (block_size, num_kv_blocks,
-            kv_cache_memory_bytes, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens,
-            max_model_len, enable_prefix_caching, preemption_mode, swap_space_bytes,
-            enforce_eager, attention_backend, seed).
+        **engine_kwargs: any `pagedrt.EngineConfig` field; its docstring lists them with
+            their defaults.
 
     Raises:
         ValueError: bad engine settings, unknown model path, unsupported architecture.

@@ -1,0 +1,56 @@
+"""Command-line options made from `EngineConfig`'s fields: one option per field.
+
+The field's type gives the option's type (a bool, or an Optional bool, is a --flag/--no-flag
+pair; `X | None` takes X), its default the option's default, its metadata the help text, the
+choices and the flags (default: --field-name). A field of a type this module cannot map
+(a tuple, a union of two types) raises TypeError when a parser is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+
+from pagedrt.config import EngineConfig
+
+_TYPES = typing.get_type_hints(EngineConfig)  # the annotations are strings (future import)
+
+
+def _option(f: dataclasses.Field) -> tuple[tuple[str, ...], str, dict]:
+    """(flags, dest, add_argument keywords) of one EngineConfig field."""
+    flags = tuple(f.metadata.get("flags", ("--" + f.name.replace("_", "-"),)))
+    dest = flags[0][2:].replace("-", "_")
+    hint = _TYPES[f.name]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        not_none = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(not_none) == 1:
+            hint = not_none[0]
+    kwargs: dict = {"dest": dest, "default": f.default,
+                    "help": f.metadata["help"].replace("%", "%%") + " (default: %(default)s)"}
+    if hint is bool:
+        kwargs["action"] = argparse.BooleanOptionalAction
+    elif hint in (int, float, str):
+        kwargs["type"] = hint
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+    else:
+        raise TypeError(f"EngineConfig.{f.name} has type {hint!r}, which has no command-line "
+                        "form; give it one in pagedrt/entrypoints/engine_args.py")
+    return flags, dest, kwargs
+
+
+def add_engine_config_args(p: argparse.ArgumentParser) -> None:
+    """One option per EngineConfig field, defaulting to the field's default. Its dest is the
+    name of its first flag (the field name but for seed: engine_seed); a caller changes a
+    default with `p.set_defaults(dest=value)`."""
+    group = p.add_argument_group("engine options (pagedrt.EngineConfig)")
+    for f in dataclasses.fields(EngineConfig):
+        flags, _, kwargs = _option(f)
+        group.add_argument(*flags, **kwargs)
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    """EngineConfig keyword arguments from options added by `add_engine_config_args`."""
+    return {f.name: getattr(args, _option(f)[1]) for f in dataclasses.fields(EngineConfig)}

@@ -1,0 +1,147 @@
+"""The `pagedrt` command's engine options: one per EngineConfig field, made from the fields."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+
+import pytest
+
+from pagedrt import LLM, EngineConfig
+from pagedrt.bench.common import add_model_args
+from pagedrt.entrypoints.cli import build_parser, main
+from pagedrt.entrypoints.engine_args import engine_kwargs
+
+# a valid value other than the default, for every EngineConfig field: a field added to
+# EngineConfig fails test_fields_have_test_values until it is given one here (and so is run
+# through the command line by test_every_field_round_trips)
+NON_DEFAULT = {
+    "block_size": 32, "num_kv_blocks": 7, "kv_cache_memory_bytes": 12345,
+    "gpu_memory_utilization": 0.5, "max_num_seqs": 3, "max_num_batched_tokens": 99,
+    "max_model_len": 77, "enable_prefix_caching": False, "preemption_mode": "swap",
+    "swap_space_bytes": 0, "enforce_eager": True, "async_scheduling": True,
+    "attention_backend": "torch", "seed": 42,
+}
+# the words before the engine options: one line of each command that takes them
+COMMANDS = (["generate", "hi"], ["serve"])
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    args, rest = build_parser().parse_known_args(argv)
+    assert not rest, rest
+    return args
+
+
+def config_of(argv: list[str]) -> EngineConfig:
+    return EngineConfig(**engine_kwargs(parse(argv)))
+
+
+def test_fields_have_test_values():
+    names = [f.name for f in dataclasses.fields(EngineConfig)]
+    assert sorted(NON_DEFAULT) == sorted(names)
+    for f in dataclasses.fields(EngineConfig):
+        assert NON_DEFAULT[f.name] != f.default, f.name
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(EngineConfig)])
+def test_every_field_round_trips(command, field):
+    """--field-name VALUE (or the flags in the field's metadata) -> engine_kwargs ->
+    EngineConfig has VALUE in that field and the defaults elsewhere."""
+    f = EngineConfig.__dataclass_fields__[field]
+    flag = f.metadata.get("flags", ("--" + field.replace("_", "-"),))[0]
+    value = NON_DEFAULT[field]
+    if isinstance(value, bool):
+        option = [flag if value else "--no-" + flag[2:]]
+    else:
+        option = [flag, str(value)]
+    assert config_of(command + option) == EngineConfig(**{field: value})
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
+def test_no_options_give_the_engine_defaults(command):
+    assert config_of(command) == EngineConfig()
+
+
+def test_existing_spellings_still_parse():
+    """Spellings used by scripts, tests, the README and the benchmarks before the options were
+    made from the fields."""
+    config = config_of([
+        "generate", "hi", "--block-size", "8", "--num-kv-blocks", "64",
+        "--kv-cache-memory-bytes", "4096", "--gpu-memory-utilization", "0.7",
+        "--max-num-seqs", "4", "--max-num-batched-tokens", "512", "--max-model-len", "1024",
+        "--no-prefix-caching", "--preemption-mode", "swap", "--swap-space-bytes", "0",
+        "--enforce-eager", "--attention-backend", "triton", "--engine-seed", "5",
+    ])
+    assert config == EngineConfig(
+        block_size=8, num_kv_blocks=64, kv_cache_memory_bytes=4096,
+        gpu_memory_utilization=0.7, max_num_seqs=4, max_num_batched_tokens=512,
+        max_model_len=1024, enable_prefix_caching=False, preemption_mode="swap",
+        swap_space_bytes=0, enforce_eager=True, attention_backend="triton", seed=5)
+
+
+def test_generate_seed_is_the_request_seed_not_the_engine_seed():
+    args = parse(["generate", "hi", "--seed", "3"])
+    assert args.seed == 3 and engine_kwargs(args)["seed"] == 0
+    args = parse(["generate", "hi", "--engine-seed", "4"])
+    assert args.seed is None and engine_kwargs(args)["seed"] == 4
+
+
+@pytest.mark.parametrize(("option", "expected"), [
+    ([], None), (["--async-scheduling"], True), (["--no-async-scheduling"], False),
+])
+def test_async_scheduling_flag(option, expected):
+    for command in COMMANDS:
+        assert engine_kwargs(parse(command + option))["async_scheduling"] is expected
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    (["--max-num-seqs", "0"], "max_num_seqs=0 must be >= 1"),
+    (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization=1.5 must be in (0, 1]"),
+    (["--num-kv-blocks", "0"], "num_kv_blocks=0 must be >= 1 (or None)"),
+])
+def test_bad_value_is_the_engine_config_error(option, message, capsys):
+    """EngineConfig's ValueError reaches the user as `pagedrt: error: ...`, exit code 2,
+    before any model is loaded."""
+    assert main(["generate", "hi", *option]) == 2
+    assert capsys.readouterr().err == f"pagedrt: error: {message}\n"
+
+
+@pytest.mark.parametrize(("option", "choices"), [
+    (["--block-size", "12"], "8, 16, 32"),
+    (["--preemption-mode", "evict"], "'recompute', 'swap'"),
+    (["--attention-backend", "flash"], "'auto', 'torch', 'triton'"),
+])
+def test_value_outside_the_choices_is_a_usage_error(option, choices, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "hi", *option])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{option[0]}: invalid choice: " in err and f"(choose from {choices})" in err
+
+
+def test_bench_engine_options_keep_their_defaults():
+    """The throughput and latency benchmarks take every engine option; their defaults are
+    EngineConfig's but for three larger batching settings, as before."""
+    p = argparse.ArgumentParser()
+    add_model_args(p)
+    args = p.parse_args([])
+    assert (args.preset, args.model, args.out) == ("qwen2-0.5b", None, "benchmarks/results")
+    assert EngineConfig(**engine_kwargs(args)) == EngineConfig(
+        gpu_memory_utilization=0.85, max_num_batched_tokens=16384, max_model_len=4096)
+    args = p.parse_args(["--enforce-eager", "--num-kv-blocks", "64", "--async-scheduling"])
+    kw = engine_kwargs(args)
+    assert kw["enforce_eager"] and kw["num_kv_blocks"] == 64 and kw["async_scheduling"]
+
+
+def test_engine_config_docstring_lists_every_field():
+    for f in dataclasses.fields(EngineConfig):
+        assert f"        {f.name}: " in EngineConfig.__doc__, f.name
+
+
+def test_llm_rejects_an_unknown_option_listing_the_fields():
+    names = sorted(f.name for f in dataclasses.fields(EngineConfig))
+    with pytest.raises(TypeError, match=re.escape(
+            f"unknown LLM argument(s) ['block_sizes']; engine options are {names}")):
+        LLM(None, block_sizes=16)
