@@ -30,6 +30,11 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee 
   --out "$model" 2>&1 | grep -v shards | tee -a "$log"
 
 if [ "${SKIP_OFFLINE:-0}" != 1 ]; then
+  if [ "${PRESET_TOO:-0}" = 1 ]; then  # the preset's own random weights, as in BENCHMARKS.md
+    timeout 300 python3 -m pagedrt.entrypoints.cli bench throughput --preset qwen2-0.5b \
+      --name preset_512_128 --out "$out" >> "$log" 2>&1
+    grep -h -A1 "^system" "$log" | tail -1
+  fi
   for w in "512 128" "128 512"; do
     set -- $w
     timeout 300 python3 -m pagedrt.entrypoints.cli bench throughput --model "$model" \
@@ -77,4 +82,21 @@ for n in ${API_SERVERS:-1}; do
   wait "$server"
   echo "server (api $n) exit status $?"
 done
+if [ -n "${PROFILE_API_SERVERS:-}" ]; then  # one burst under cProfile (figures not kept)
+  n=$PROFILE_API_SERVERS
+  url="http://127.0.0.1:8100"
+  PAGEDRT_PROFILE_DIR="$out/prof" python3 -m pagedrt.entrypoints.cli serve --model "$model" \
+    --port 8100 --api-server-count "$n" $engine_opts > "$out/serve_prof.log" 2>&1 &
+  server=$!
+  for _ in $(seq 1 240); do curl -sf "$url/health" > /dev/null && break; sleep 0.5; done
+  timeout 240 python3 -m pagedrt.entrypoints.cli bench serve --base-url "$url" --vocab-size 49152 \
+    --num-prompts 256 --input-len 128 --output-len 512 --request-rate inf \
+    --num-client-processes "$clients" --seed 9 > "$out/prof_bench.log" 2>&1
+  kill -TERM "$server"; wait "$server"
+  tail -3 "$out/serve_prof.log"
+  for f in "$out"/prof/*.prof; do
+    echo "== $f"; python3 -c "import pstats,sys; pstats.Stats(sys.argv[1]).sort_stats('tottime').print_stats(18)" "$f" 2>&1 | tail -24
+  done > "$out/prof_top.txt"
+fi
 python3 benchmarks/serve_summary.py "$out" 2>&1 | tee -a "$log"
+tar -czf "$out/results.tgz" -C "$out" --exclude results.tgz --exclude prof . 2>/dev/null

@@ -43,6 +43,11 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self.tokenizer = tokenizer
         self.params = params
+        # a fast tokenizer's Rust decoder, called directly: the same text as its `decode` with
+        # clean_up_tokenization_spaces=False, without the Python wrapper (~4 -> ~1.6 us a call;
+        # two calls per token, for every streamed token of the server)
+        rust = getattr(tokenizer, "_tokenizer", None)
+        self._rust_decode = rust.decode if hasattr(rust, "decode") else None
         context = list(prompt_token_ids[-_NUM_CONTEXT_TOKENS:])
         self._token_ids: list[int] = context  # context tokens + output tokens
         self._prefix_offset = 0
@@ -106,6 +111,8 @@ class IncrementalDetokenizer:
     def _decode(self, token_ids: list[int], skip_special_tokens: bool) -> str:
         if not token_ids:
             return ""
+        if self._rust_decode is not None:
+            return self._rust_decode(token_ids, skip_special_tokens=skip_special_tokens)
         return self.tokenizer.decode(
             token_ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
         )

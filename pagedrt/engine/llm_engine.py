@@ -478,10 +478,12 @@ class LLMEngine:
         self.counters["num_finished_requests"] += 1
 
     # ----------------------------------------------------------------- stats
-    def stats(self) -> dict:
-        """KV block usage, prefix cache, fragmentation, scheduling and throughput counters."""
+    def stats(self, detailed: bool = True) -> dict:
+        """KV block usage, prefix cache, fragmentation, scheduling and throughput counters;
+        detailed=False skips the fragmentation and ref-count histogram (see
+        KVCacheManager.usage), for a snapshot taken while serving."""
         live = [r for r in self.scheduler.running]
-        s = self.kv_manager.usage(live)
+        s = self.kv_manager.usage(live, detailed)
         c = dict(self.counters)
         busy = c["busy_time_s"] or float("nan")
         c["prompt_tokens_per_s"] = c["num_prompt_tokens"] / busy

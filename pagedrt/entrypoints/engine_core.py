@@ -27,6 +27,7 @@ docs/design.md for the whole process layout.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -149,7 +150,28 @@ def run_engine_core(spec: CoreSpec, conns: list[Connection]) -> None:
         raise SystemExit(1) from None
     for conn in conns:
         conn.send(("ready", core.info))
-    core.run()
+    with profiled("engine-core"):
+        core.run()
+
+
+@contextlib.contextmanager
+def profiled(name: str):
+    """cProfile the block into $PAGEDRT_PROFILE_DIR/NAME.prof when that variable is set (a
+    diagnostic of the served processes: benchmarks/serve_record.sh sets it for one run)."""
+    folder = os.environ.get("PAGEDRT_PROFILE_DIR")
+    if not folder:
+        yield
+        return
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        os.makedirs(folder, exist_ok=True)
+        profile.dump_stats(os.path.join(folder, f"{name}.prof"))
 
 
 class EngineCore:
@@ -199,19 +221,26 @@ class EngineCore:
         self.failures: list[list[Failure]] = [[] for _ in self.outputs]
         self._last_stats_time = 0.0
         self._stopping = False
+        # seconds spent per part of the loop, and steps run: logged when the loop ends
+        self.loop_time_s = {"poll": 0.0, "commands": 0.0, "step": 0.0, "publish": 0.0}
+        self.num_steps = 0
 
     # ------------------------------------------------------------ loop
     def run(self) -> None:
         import zmq
 
         engine = self.engine
+        clock = time.perf_counter
+        spent = self.loop_time_s
         try:
             while not self._stopping:
+                t0 = clock()
                 busy = engine.has_unfinished_requests()
                 ready = dict(self.poller.poll(0 if busy else _IDLE_POLL_MS))
                 if len(ready) > (self.input in ready):  # a liveness pipe: its peer is gone
                     logger.warning("a parent or API process is gone; engine core exits")
                     return
+                t1 = clock()
                 if self.input in ready:
                     while True:
                         try:
@@ -219,8 +248,11 @@ class EngineCore:
                         except zmq.Again:
                             break
                         self._apply(pickle.loads(message))
+                t2 = clock()
                 if engine.has_unfinished_requests():
                     self._step()
+                    self.num_steps += 1
+                t3 = clock()
                 now = time.monotonic()
                 stats_due = now - self._last_stats_time > STATS_INTERVAL_S
                 if self.events or any(self.failures) or (stats_due and busy):
@@ -228,7 +260,13 @@ class EngineCore:
                 elif not busy and stats_due and self._last_stats_time >= 0:
                     self._publish(True)  # one snapshot on going idle, then quiet
                     self._last_stats_time = -1.0
+                spent["poll"] += t1 - t0
+                spent["commands"] += t2 - t1
+                spent["step"] += t3 - t2
+                spent["publish"] += clock() - t3
         finally:
+            print(f"pagedrt engine core: {self.num_steps} steps; loop seconds "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in spent.items()), flush=True)
             for sock in (self.input, *self.outputs):
                 sock.close(linger=0)
             self.zmq_context.term()
@@ -276,7 +314,7 @@ class EngineCore:
 
         stats = None
         if with_stats:
-            stats = self.engine.stats()
+            stats = self.engine.stats(detailed=False)
             self._last_stats_time = time.monotonic()
         events = self.events
         if len(self.outputs) == 1:

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
-from pagedrt.entrypoints.engine_core import CoreInfo, CoreSpec, run_engine_core
+from pagedrt.entrypoints.engine_core import CoreInfo, CoreSpec, profiled, run_engine_core
 
 logger = logging.getLogger("pagedrt.launcher")
 
@@ -207,11 +207,13 @@ def run_api_process(api: ApiSpec, info: CoreInfo, listener: socket.socket,
     with 1 if the engine core died, else 0."""
     import asyncio
 
+    import torch
     import uvicorn
 
     from pagedrt.entrypoints.core_client import EngineCoreClient
     from pagedrt.entrypoints.openai_server import DEAD_CORE_EXIT_DELAY_S, DRAIN_S, build_app
 
+    torch.set_num_threads(1)  # no tensor math here: no idle OpenMP threads spinning on cores
     logging.basicConfig(level=logging.INFO if api.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     conn.recv()  # the core's "ready" (it is, or the launcher would not be here)
@@ -245,5 +247,6 @@ def run_api_process(api: ApiSpec, info: CoreInfo, listener: socket.socket,
         asyncio.get_running_loop().call_later(DEAD_CORE_EXIT_DELAY_S, stop)
 
     client.on_death = on_core_death
-    server.run(sockets=[listener])
+    with profiled(f"api-{api.index}"):
+        server.run(sockets=[listener])
     raise SystemExit(exit_status["code"])

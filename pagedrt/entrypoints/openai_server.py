@@ -335,8 +335,13 @@ class OpenAIServer:
                     await run.wait()
                     if run.gone:
                         return
-                    pieces = [_sse(chunk) for p, out in run.new_outputs()
-                              for chunk in stream.update_one(p, out)]
+                    pieces = []
+                    for p, out in run.new_outputs():
+                        fast = stream.text_sse(p, out)
+                        if fast is not None:
+                            pieces.append(fast)
+                        else:
+                            pieces += [_sse(chunk) for chunk in stream.update_one(p, out)]
                     if pieces:
                         yield "".join(pieces)
             for state in run.states:

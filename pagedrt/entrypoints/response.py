@@ -6,6 +6,7 @@ order). Logprobs come per generated token; tokens are shown as their own decoded
 
 from __future__ import annotations
 
+import json
 import time
 
 from pagedrt.engine.sampler import TokenLogprobs
@@ -108,6 +109,7 @@ class StreamState:
         self.num_sent_logprobs = [0] * self.num_choices
         self.text_offsets = [0] * self.num_choices
         self.finished = [False] * self.num_choices
+        self._sse_prefix: str | None = None
 
     def _chunk(self, choices: list[dict]) -> dict:
         return {"id": self.response_id, "object": "chat.completion.chunk" if self.kind == "chat"
@@ -121,6 +123,27 @@ class StreamState:
         return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
                               "logprobs": None, "finish_reason": None}])
                 for i in range(self.num_choices)]
+
+    def text_sse(self, prompt_index: int, o: CompletionOutput) -> str | None:
+        """The SSE event of the common chunk (new text, no logprobs, not finished) as one string
+        built from a template (about 3x cheaper than a dict through json.dumps; the server
+        writes one per stream per engine step); None for any other chunk (use `update_one`)."""
+        if o.finished or o.logprobs is not None or not o.delta_text:
+            return None
+        index = prompt_index * self.n + o.index
+        if self.finished[index]:
+            return None
+        if self._sse_prefix is None:
+            head = json.dumps({"id": self.response_id, "object": "chat.completion.chunk"
+                               if self.kind == "chat" else "text_completion",
+                               "created": self.created, "model": self.builder.model_name},
+                              ensure_ascii=False, separators=(",", ":"))
+            self._sse_prefix = "data: " + head[:-1] + ',"choices":[{"index":'
+        body = (',"logprobs":null,"finish_reason":null,"delta":{"content":' if self.kind == "chat"
+                else ',"logprobs":null,"finish_reason":null,"text":')
+        close = "}}]}\n\n" if self.kind == "chat" else "}]}\n\n"
+        return (f"{self._sse_prefix}{index}{body}"
+                f"{json.dumps(o.delta_text, ensure_ascii=False)}{close}")
 
     def update_one(self, prompt_index: int, o: CompletionOutput) -> list[dict]:
         """A chunk for one choice if it has new text, new logprobs or just finished."""
