@@ -12,6 +12,7 @@ The offline benchmark then runs on the same weights with `--model FOLDER`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 
@@ -29,10 +30,17 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab-size", type=int, default=None,
+                    help="override the preset's vocabulary (e.g. the tokenizer's, 49152 for "
+                         "SmolLM2's, so that every generated token has text)")
     args = ap.parse_args()
     from transformers import AutoConfig, AutoModelForCausalLM
 
     mc = get_preset(args.preset)
+    if args.vocab_size is not None:
+        mc = dataclasses.replace(mc, vocab_size=args.vocab_size,
+                                 bos_token_id=min(mc.bos_token_id or 0, args.vocab_size - 1),
+                                 eos_token_ids=(args.vocab_size - 1,))
     cfg = AutoConfig.for_model(
         _MODEL_TYPES[mc.architecture], vocab_size=mc.vocab_size, hidden_size=mc.hidden_size,
         intermediate_size=mc.intermediate_size, num_hidden_layers=mc.num_hidden_layers,

@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # Issue-13 figures in one device call: offline `LLM.generate` and `pagedrt serve` on the same
-# random-weight Qwen2-0.5B folder (SmolLM2's tokenizer), measured back to back. Run from the
-# repository root on the GPU machine, with the server's wheels in .whl/ and SmolLM2's tokenizer
-# folder in .tok/ (benchmarks/README.md, "Running on the lent H200"):
+# random-weight folder, measured back to back, plus the offline figures of record. Run from the
+# repository root on the GPU machine, with the server's wheels in .whl/, SmolLM2's tokenizer
+# folder in .tok/ and (for the guidellm cross-check) guidellm's wheels in .whl-guidellm/
+# (benchmarks/README.md, "Running on the lent H200"):
 #
-#   PAGEDRT_COMMIT=<hash> API_SERVERS="1 4" bash benchmarks/serve_record.sh   # results in $OUT
+#   PAGEDRT_COMMIT=<hash> bash benchmarks/serve_record.sh      # results in $OUT (or ./out)
 #
-# Steps: offline 256 x 512/128 and 256 x 128/512; then for each API-server count: a burst of 256
-# streams of each workload, the same not streamed, the first with twice the client processes,
-# a lone request (new prompt, then the same prompt again: a prefix-cache hit) on the idle
-# server, and a request-rate sweep. A summary table is printed last.
+# The served model: Qwen2-0.5B's shape with SmolLM2's 49,152-token vocabulary (every generated
+# token then has text, so a streamed chunk follows every token; the preset's 151,936 ids would
+# leave two thirds of the tokens without text in SmolLM2's tokenizer).
+# Steps: GPU smoke check; offline Qwen2-0.5B preset 256 x 512/128, batch-1 latency and the
+# nano-vllm workload (the figures of record); offline 256 x 512/128 and 256 x 128/512 on the
+# served folder; then the server (API_SERVERS: the default count when empty): a burst of 256
+# streams of each workload, the first with twice the client processes, both not streamed, a
+# lone request (new prompt, then the same prompt again: a prefix-cache hit), a request-rate
+# sweep, and guidellm on the first workload. A summary table is printed last.
 set -u
 out="${OUT:-out}"
 mkdir -p "$out"
@@ -21,34 +27,40 @@ if [ -d .whl ]; then
 else
   export PYTHONPATH="$PWD"
 fi
-model=/tmp/qwen2-0.5b-random
-clients="${CLIENTS:-4}"
+model=/tmp/qwen2-0.5b-v49152-random
+clients="${CLIENTS:-6}"
 engine_opts="--max-num-batched-tokens 16384 --max-model-len 4096 --gpu-memory-utilization 0.85"
-pagedrt() { python3 -m pagedrt.entrypoints.cli "$@"; }
+cli() { python3 -m pagedrt.entrypoints.cli "$@"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$log"
-[ -d "$model" ] || python3 benchmarks/make_random_folder.py --preset qwen2-0.5b --tokenizer .tok \
-  --out "$model" 2>&1 | grep -v shards | tee -a "$log"
+[ -d "$model" ] || python3 benchmarks/make_random_folder.py --preset qwen2-0.5b --vocab-size 49152 \
+  --tokenizer .tok --out "$model" 2>&1 | grep -v shards | tee -a "$log"
 
 if [ "${SKIP_OFFLINE:-0}" != 1 ]; then
-  if [ "${PRESET_TOO:-0}" = 1 ]; then  # the preset's own random weights, as in BENCHMARKS.md
-    timeout 300 python3 -m pagedrt.entrypoints.cli bench throughput --preset qwen2-0.5b \
-      --name preset_512_128 --out "$out" >> "$log" 2>&1
-    grep -h -A1 "^system" "$log" | tail -1
-  fi
+  timeout 200 python3 benchmarks/gpu_engine_check.py --smoke --out "$out" 2>&1 | tee -a "$log" \
+    | grep -E "PASS|FAIL|passed"
+  timeout 300 cli bench throughput --preset qwen2-0.5b --name preset_512_128 --out "$out" \
+    >> "$log" 2>&1
+  grep -h -A1 "^system" "$log" | tail -1
+  timeout 300 cli bench latency --preset qwen2-0.5b --name latency_qwen2 --out "$out" 2>&1 \
+    | tee -a "$log" | tail -4
+  timeout 300 cli bench throughput --preset qwen2-0.5b --workload nanovllm --name nanovllm_qwen2 \
+    --out "$out" >> "$log" 2>&1
+  grep -h -A1 "^system" "$log" | tail -1
   for w in "512 128" "128 512"; do
     set -- $w
-    timeout 300 python3 -m pagedrt.entrypoints.cli bench throughput --model "$model" \
-      --num-requests 256 --input-len "$1" --output-len "$2" --name "offline_${1}_${2}" \
-      --out "$out" >> "$log" 2>&1
-    grep -h -A1 "^system" "$log" | tail -2
+    timeout 300 cli bench throughput --model "$model" --num-requests 256 --input-len "$1" \
+      --output-len "$2" --name "offline_${1}_${2}" --out "$out" >> "$log" 2>&1
+    grep -h -A1 "^system" "$log" | tail -1
   done
 fi
 
-for n in ${API_SERVERS:-1}; do
-  port=$((8000 + n))
+for n in ${API_SERVERS:-default}; do
+  port=8000
   url="http://127.0.0.1:$port"
-  python3 -m pagedrt.entrypoints.cli serve --model "$model" --port "$port" \
-    --api-server-count "$n" $engine_opts > "$out/serve_api$n.log" 2>&1 &
+  count=""
+  [ "$n" = default ] || count="--api-server-count $n"
+  python3 -m pagedrt.entrypoints.cli serve --model "$model" --port "$port" $count $engine_opts \
+    > "$out/serve_api$n.log" 2>&1 &
   server=$!
   for _ in $(seq 1 240); do
     curl -sf "$url/health" > /dev/null && break
@@ -63,10 +75,10 @@ for n in ${API_SERVERS:-1}; do
   }
   bs burst_512_128 --num-prompts 256 --input-len 512 --output-len 128 --request-rate inf \
     --num-client-processes "$clients" --seed 1
-  bs burst_128_512 --num-prompts 256 --input-len 128 --output-len 512 --request-rate inf \
-    --num-client-processes "$clients" --seed 2
   bs burst_512_128_2x --num-prompts 256 --input-len 512 --output-len 128 --request-rate inf \
     --num-client-processes $((2 * clients)) --seed 3
+  bs burst_128_512 --num-prompts 256 --input-len 128 --output-len 512 --request-rate inf \
+    --num-client-processes "$clients" --seed 2
   bs nostream_512_128 --num-prompts 256 --input-len 512 --output-len 128 --request-rate inf \
     --num-client-processes "$clients" --no-stream --seed 4
   bs nostream_128_512 --num-prompts 256 --input-len 128 --output-len 512 --request-rate inf \
@@ -78,25 +90,15 @@ for n in ${API_SERVERS:-1}; do
     bs sweep --num-prompts 256 --input-len 512 --output-len 128 --request-rate 8,32,128,inf \
       --num-client-processes "$clients" --seed 7 --plot "$out/serve_api${n}_sweep.png"
   fi
+  if [ -d .whl-guidellm ] && [ "${GUIDELLM:-1}" = 1 ]; then
+    BASE_URL="$url" TOKENIZER=.tok OUT="$out/guidellm" timeout 300 \
+      bash benchmarks/guidellm_crosscheck.sh 2>&1 | tail -2 | tee -a "$log"
+  fi
   kill -TERM "$server"
   wait "$server"
   echo "server (api $n) exit status $?"
+  grep -h "engine core:" "$out/serve_api$n.log"
 done
-if [ -n "${PROFILE_API_SERVERS:-}" ]; then  # one burst under cProfile (figures not kept)
-  n=$PROFILE_API_SERVERS
-  url="http://127.0.0.1:8100"
-  PAGEDRT_PROFILE_DIR="$out/prof" python3 -m pagedrt.entrypoints.cli serve --model "$model" \
-    --port 8100 --api-server-count "$n" $engine_opts > "$out/serve_prof.log" 2>&1 &
-  server=$!
-  for _ in $(seq 1 240); do curl -sf "$url/health" > /dev/null && break; sleep 0.5; done
-  timeout 240 python3 -m pagedrt.entrypoints.cli bench serve --base-url "$url" --vocab-size 49152 \
-    --num-prompts 256 --input-len 128 --output-len 512 --request-rate inf \
-    --num-client-processes "$clients" --seed 9 > "$out/prof_bench.log" 2>&1
-  kill -TERM "$server"; wait "$server"
-  tail -3 "$out/serve_prof.log"
-  for f in "$out"/prof/*.prof; do
-    echo "== $f"; python3 -c "import pstats,sys; pstats.Stats(sys.argv[1]).sort_stats('tottime').print_stats(18)" "$f" 2>&1 | tail -24
-  done > "$out/prof_top.txt"
-fi
+python3 benchmarks/trace_summary.py "$out" 2>&1 | tee -a "$log"
 python3 benchmarks/serve_summary.py "$out" 2>&1 | tee -a "$log"
-tar -czf "$out/results.tgz" -C "$out" --exclude results.tgz --exclude prof . 2>/dev/null
+tar -czf /tmp/results.tgz -C "$out" . 2>/dev/null && mv /tmp/results.tgz "$out/results.tgz"

@@ -91,9 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=None)
     s.add_argument("--served-model-name", default=None)
-    s.add_argument("--api-server-count", type=int, default=1,
+    s.add_argument("--api-server-count", type=int, default=None,
                    help="HTTP front-end processes sharing the port (tokenize, detokenize, SSE); "
-                        "the engine runs in its own process either way")
+                        "the engine runs in its own process either way. Default: (CPU cores - "
+                        "2) / 2, between 1 and 8")
     s.add_argument("--no-warm-up", action="store_true",
                    help="skip running each kind of step once before the server says it is "
                         "ready (faster start, slower first requests)")

@@ -3,7 +3,7 @@
     GET  /v1/models            the served model
     POST /v1/completions       prompt (text, token ids, or a batch of either)
     POST /v1/chat/completions  messages, through the model's chat template
-    GET  /health               200 while the engine thread runs
+    GET  /health               200 while the engine core runs and no shutdown is under way
     GET  /metrics              Prometheus text format (see pagedrt.entrypoints.metrics)
 
 This module is the API process: it validates, tokenizes, applies chat templates, detokenizes
