@@ -58,3 +58,10 @@ def engine_core_pid(log_path: Path) -> int:
     match = re.search(r"engine core pid (\d+)", log_path.read_text())
     assert match, log_path.read_text()
     return int(match.group(1))
+
+
+def api_pids(log_path: Path) -> list[int]:
+    """The API processes' ids, from the launcher's "serving ..." line."""
+    match = re.search(r"API pids (\d+(?:,\d+)*)", log_path.read_text())
+    assert match, log_path.read_text()
+    return [int(p) for p in match.group(1).split(",")]

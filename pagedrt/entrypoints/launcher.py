@@ -106,7 +106,8 @@ def run_server(args) -> int:
         print(f"pagedrt: serving {name!r} on http://{args.host}:{args.port} "
               f"(device {info.device} {info.dtype}, max_model_len {limits.max_model_len}, "
               f"{limits.num_blocks} KV blocks, {num_api} API process(es), engine core pid "
-              f"{info.pid}, ready in {info.warm_up_s:.1f} s)", flush=True)
+              f"{info.pid}, API pids {','.join(str(p.pid) for p in apis)}, ready in "
+              f"{info.warm_up_s:.1f} s)", flush=True)
         return _supervise(core, apis, conn, stop)
     finally:
         for s, handler in old_handlers.items():

@@ -1,0 +1,84 @@
+"""`pagedrt serve --api-server-count 2`: two API processes on one port and one engine core give
+the answers of `LLM.generate`, and the death of one API process stops the whole server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+from server_process import api_pids, engine_core_pid, start_server, stop_server
+
+from pagedrt import LLM, SamplingParams
+
+ENGINE_ARGS = ["--num-kv-blocks", "256", "--max-model-len", "2048"]
+
+
+@pytest.fixture
+def two_api_server(smollm2_path, tmp_path):
+    log_path = tmp_path / "server.log"
+    proc, url = start_server([*ENGINE_ARGS, "--api-server-count", "2"], log_path)
+    try:
+        yield proc, url, log_path
+    finally:
+        stop_server(proc)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone too
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_two_api_processes_serve_the_answers_of_llm_generate(two_api_server, smollm2):
+    _, url, log_path = two_api_server
+    assert len(api_pids(log_path)) == 2
+    prompts = [f"Question {i}: what is {i} plus {i}?" for i in range(12)]
+    llm = LLM(smollm2, num_kv_blocks=256, max_model_len=2048)
+    expected = [o.outputs[0].text for o in llm.generate(
+        prompts, SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)]
+
+    async def one(client, prompt, stream):
+        if stream:
+            s = await client.completions.create(model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=10,
+                                                temperature=0, stream=True)
+            return "".join([c.choices[0].text async for c in s])
+        r = await client.completions.create(model="SmolLM2-135M-Instruct", prompt=prompt, max_tokens=10,
+                                            temperature=0)
+        return r.choices[0].text
+
+    async def run_all():
+        # a fresh connection per request: the kernel spreads them over both processes
+        texts = []
+        for stream in (True, False):
+            clients = [openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", timeout=120,
+                                          max_retries=0) for _ in prompts]
+            texts.append(await asyncio.wait_for(asyncio.gather(
+                *(one(c, p, stream) for c, p in zip(clients, prompts))), timeout=240))
+            for c in clients:
+                await c.close()
+        return texts
+
+    streamed, whole = asyncio.run(run_all())
+    assert streamed == expected and whole == expected
+
+
+def test_a_dead_api_process_stops_the_server(two_api_server):
+    proc, url, log_path = two_api_server
+    core = engine_core_pid(log_path)
+    first, second = api_pids(log_path)
+    os.kill(first, signal.SIGKILL)
+    assert proc.wait(timeout=20) == 1
+    deadline = time.monotonic() + 10
+    while _alive(core) or _alive(second):  # nothing left behind
+        assert time.monotonic() < deadline, (core, second)
+        time.sleep(0.1)
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{url}/health", timeout=2)
