@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedrt.bench.presets import PRESETS
-from pagedrt.engine.request import Request
+from pagedrt.core.request import Request
 from pagedrt.kv.kv_cache import kv_bytes_per_block
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.sampling_params import SamplingParams

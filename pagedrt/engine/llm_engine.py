@@ -28,13 +28,13 @@ from dataclasses import dataclass
 import torch
 
 from pagedrt.config import EngineConfig
+from pagedrt.core.request import PLACEHOLDER_TOKEN_ID, Request, RequestStatus
 from pagedrt.engine.detokenizer import IncrementalDetokenizer
 from pagedrt.engine.model_runner import ModelRunner
 from pagedrt.engine.profiling import StepClock
-from pagedrt.engine.request import PLACEHOLDER_TOKEN_ID, Request, RequestStatus
 from pagedrt.engine.sampler import Sampler, SamplerOutput
 from pagedrt.engine.scheduler import Scheduler
-from pagedrt.kv.kv_cache import KVCache, kv_bytes_per_block, num_blocks_for_budget
+from pagedrt.kv.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.models.loader import load_model
 from pagedrt.outputs import CompletionOutput, RequestOutput
@@ -122,16 +122,14 @@ class LLMEngine:
                 f"max_position_embeddings={mc.max_position_embeddings}"
             )
         backend = config.attention_backend
-        num_blocks = num_blocks_for_budget(mc, config, self.dtype, self.device)
-        per_block = kv_bytes_per_block(mc, config.block_size, self.dtype)
-        num_cpu_blocks = (
-            config.swap_space_bytes // per_block if config.preemption_mode == "swap" else 0)
+        kv_spec = KVCacheSpec.for_model(mc, config.block_size, self.dtype)
+        num_blocks = num_blocks_for_budget(kv_spec, config, self.device)
+        num_cpu_blocks = (config.swap_space_bytes // kv_spec.bytes_per_block
+                          if config.preemption_mode == "swap" else 0)
         self.kv_manager = KVCacheManager(
             num_blocks, config.block_size, config.enable_prefix_caching, num_cpu_blocks
         )
-        self.kv_cache = KVCache(
-            mc, num_blocks, config.block_size, num_cpu_blocks, self.dtype, self.device, backend
-        )
+        self.kv_cache = KVCache(kv_spec, num_blocks, num_cpu_blocks, self.device, backend)
         self.scheduler = Scheduler(config, self.kv_manager)
         self.model_runner = ModelRunner(
             self.model, self.kv_cache, self.kv_manager, self.device, backend,

@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from pagedrt.config import EngineConfig
-from pagedrt.engine.request import Request, RequestStatus
+from pagedrt.core.request import Request, RequestStatus
 from pagedrt.kv.kv_cache_manager import KVCacheManager, PendingCopies
 
 logger = logging.getLogger("pagedrt.scheduler")
@@ -124,7 +124,10 @@ class Scheduler:
                     break
                 self.swapped.pop(0)
                 self.kv.swap_in(req)
-                assert self.kv.allocate_slots(req, num_new) is not None, (
+                # allocated outside the assert: `python -O` strips asserts with their
+                # side effects
+                allocated = self.kv.allocate_slots(req, num_new)
+                assert allocated is not None, (
                     f"{req}: {num_new} tokens do not fit after swap-in")
                 self._start(req, num_new, out)
                 budget -= num_new

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pagedrt.engine.request import Request
+from pagedrt.core.request import Request
 from pagedrt.kv.block_pool import BlockPool, KVBlock, hash_token_blocks, root_hash
 
 
