@@ -18,7 +18,6 @@ import itertools
 import time
 
 import numpy as np
-import torch
 
 from pagedrt.sampling_params import SamplingParams
 
@@ -72,10 +71,9 @@ class Request:
         # does, made every step's per-request loops about 15% slower)
         self._prompt_array: np.ndarray | None = None  # see prompt_array
         self.output_token_ids: list[int] = []
-        # async scheduling: placeholders at the end of output_token_ids (0 or 1), and the row
-        # of that token in the in-flight step's sampled token ids
+        # async scheduling: 1 while the last of output_token_ids is a placeholder for a token
+        # still being sampled (the device side knows where it is), else 0
         self.num_pending_tokens = 0
-        self.pending_row = -1
         self.output_logprobs: list = []
         self.params = params
         self.priority = priority
@@ -95,7 +93,6 @@ class Request:
         self.group: list[Request] = [self]
         self.forked = params.n == 1
         self.stream = True  # report every step (see LLMEngine.add_request)
-        self.generator: torch.Generator | None = None
         self.detokenizer = None  # set by the engine: IncrementalDetokenizer
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
