@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from pagedrt.bench.presets import get_preset, random_model
-from pagedrt.kv.kv_cache import KVCache
+from pagedrt.kv.kv_cache import KVCache, KVCacheSpec
 from pagedrt.ops.attention import AttentionMetadata
 from pagedrt.ops.attention_extend_triton import paged_attention_extend_triton
 from pagedrt.ops.fused_triton import (
@@ -103,7 +103,7 @@ def main() -> None:
     # the whole model forward on the same tokens, and the LM head on 256 rows
     loaded = random_model(cfg, dt, dev)
     model = loaded.model
-    kv = KVCache(cfg, num_blocks, 16, 0, dt, dev, "auto")
+    kv = KVCache(KVCacheSpec.for_model(cfg, 16, dt), num_blocks, 0, dev, "auto")
     meta = AttentionMetadata(slot_mapping=slots, block_tables=tables, seq_lens=lens,
                              cu_seqlens_q=cu, max_query_len=seq, max_seq_len=seq, backend="auto")
     ids = torch.randint(0, 1000, (n,), device=dev)

@@ -70,7 +70,7 @@ def main() -> None:
         engine.add_request(f"p{i}", pr, params, stream=False)
     sched = engine.scheduler.schedule()
     runner = engine.model_runner
-    inputs = runner.prepare(sched)
+    inputs = runner.prepare(sched, runner.batch.apply(sched))
     res["prefill_tokens"] = sched.total_num_tokens
 
     def prefill():

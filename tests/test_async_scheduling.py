@@ -123,7 +123,7 @@ def test_abort_of_a_request_in_the_step_in_flight(tiny):
     for _ in range(5):
         engine.step()
     victim = engine.requests["2"]
-    assert engine.in_flight is not None and victim in engine.in_flight.requests
+    assert engine.in_flight is not None and "2" in engine.in_flight.plan.req_ids
     assert victim.num_pending_tokens == 1
     assert engine.abort_request("2")
     done = {}
@@ -159,7 +159,8 @@ def test_penalties_turn_the_overlap_off_while_they_run(tiny):
     engine.step()
     assert engine.in_flight is not None
     engine.add_request("penalised", prompts[0], params[0])
-    sampler = engine.sampler
+    runner = engine.model_runner
+    sampler = runner.sampler
     calls = []
 
     def checked(logits, rows, generator=None):
@@ -168,11 +169,11 @@ def test_penalties_turn_the_overlap_off_while_they_run(tiny):
             assert PLACEHOLDER_TOKEN_ID not in row.output_token_ids
         return type(sampler).__call__(sampler, logits, rows, generator)
 
-    engine.sampler = checked
+    runner.sampler = checked
     while "penalised" in engine.requests:
         engine.step()
     assert calls
-    engine.sampler = sampler
+    runner.sampler = sampler
     while engine.has_unfinished_requests():
         engine.step()
     assert_clean(llm)

@@ -67,7 +67,7 @@ def test_prefix_hit_and_last_token_always_computed():
     hits, n_hit = kv.get_computed_blocks(c)
     assert n_hit == 8 and [h.block_id for h in hits] == kv.block_ids("a")
     kv.allocate_slots(c, 2, hits)
-    assert c.num_computed_tokens == 8
+    assert c.num_computed_tokens == 0  # the scheduler counts the hits, not the KV manager
     assert kv.block_ids("c")[:2] == kv.block_ids("a")
     assert [kv.pool.blocks[i].ref_cnt for i in kv.block_ids("a")] == [2, 2]
     kv.check_integrity()
@@ -139,19 +139,25 @@ def test_fork_and_copy_on_write_of_partial_block():
     admit(kv, parent)
     child = make_request("c", list(range(6)))
     kv.fork(parent, child)
+    child.num_computed_tokens = parent.num_computed_tokens  # as the scheduler does
     shared = kv.block_ids("p")
     assert kv.block_ids("c") == shared and kv.pool.blocks[shared[1]].ref_cnt == 2
+    # the plan's block changes: the parent's admission; none for the fork (the device side
+    # copies the parent's table)
+    assert kv.take_block_changes() == {"p": (0, shared)}
     parent.output_token_ids.append(100)
     kv.allocate_slots(parent, 1)  # writes into the shared partial block -> copy
     pending = kv.take_pending_copies()
     assert len(pending.copy) == 1 and pending.copy[0][0] == shared[1]
     new_last = pending.copy[0][1]
     assert kv.block_ids("p") == [shared[0], new_last]
+    assert kv.take_block_changes() == {"p": (1, [new_last])}  # the copy replaces entry 1
     assert kv.pool.blocks[shared[1]].ref_cnt == 1  # now private to the child
     child.output_token_ids.append(200)
     kv.allocate_slots(child, 1)  # sole owner: writes in place, no copy
     assert not kv.take_pending_copies().copy
     assert kv.block_ids("c") == shared
+    assert kv.take_block_changes() == {}
     kv.check_integrity()
     kv.free(parent)
     kv.free(child)
@@ -206,6 +212,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.slots: dict[int, list] = {}  # device block id -> per slot, the prefix it encodes
         self.cpu_slots: dict[int, list] = {}
         self.kv_of_hash: dict[bytes, tuple] = {}
+        self.device_tables: dict[str, list[int]] = {}  # as the device side rebuilds them
         self.counter = 0
         self.unique = 1000  # token ids that no other prompt uses
 
@@ -238,9 +245,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
         new = self.kv.allocate_slots(req, req.num_tokens - n_hit, hits)
         if new is None:
             assert req.request_id not in self.kv.req_to_blocks
-            assert req.num_computed_tokens == 0
             return None, n_hit
-        assert req.num_computed_tokens == n_hit
+        assert req.num_computed_tokens == 0  # the scheduler counts the hits
+        self.device_tables[req.request_id] = []  # a new row: the change gives the whole table
+        self._mirror_changes()
         self._write(req, n_hit, req.num_tokens)
         req.num_computed_tokens = req.num_tokens
         self.live[req.request_id] = req
@@ -309,6 +317,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         child = make_request(self._new_id(), parent.prompt_token_ids)
         child.output_token_ids = list(parent.output_token_ids)
         self.kv.fork(parent, child)
+        child.num_computed_tokens = parent.num_computed_tokens  # as the scheduler does
+        self._mirror_changes()  # the parent's changes first, then its table is copied
+        self.device_tables[child.request_id] = list(self.device_tables[parent.request_id])
         self.live[child.request_id] = child
 
     @precondition(lambda self: self.live)
@@ -316,6 +327,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def free(self, data):
         rid = data.draw(st.sampled_from(sorted(self.live)))
         self.kv.free(self.live.pop(rid))
+        del self.device_tables[rid]
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -323,6 +335,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(sorted(self.live)))
         if self.kv.swap_out(self.live[rid]):
             self.swapped[rid] = self.live.pop(rid)
+            del self.device_tables[rid]
         self._apply_pending()
 
     @precondition(lambda self: self.swapped)
@@ -333,6 +346,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if self.kv.can_swap_in(req, 1):
             self.kv.swap_in(req)
             self.live[rid] = self.swapped.pop(rid)
+            self.device_tables[rid] = []  # a new row: the change gives the whole table
         self._apply_pending()
 
     # ----------------------------------------------------------------- invariants
@@ -343,19 +357,22 @@ class BlockManagerMachine(RuleBasedStateMachine):
             assert len(self.kv.req_to_blocks[req.request_id]) >= self.kv.blocks_for(
                 req.num_computed_tokens)
 
+    def _mirror_changes(self) -> None:
+        """Apply take_block_changes() to the mirror of the device side's block tables."""
+        for rid, (start, ids) in self.kv.take_block_changes().items():
+            assert rid in self.device_tables, f"a change {start, ids} for {rid} without a row"
+            assert start <= len(self.device_tables[rid]), (rid, start, self.device_tables[rid])
+            self.device_tables[rid] = self.device_tables[rid][:start] + ids
+
     @invariant()
-    def block_tables_kept_between_calls_match_the_blocks(self):
-        """block_tables() writes only what changed since its last call (rows kept across
-        rules that append, copy on write, swap and free): it must equal the ids padded by 0."""
-        rids = sorted(self.live, key=lambda r: hash(r) % 7)
-        if not rids:
-            return
-        table = self.kv.block_tables(rids)
-        width = max(len(self.kv.block_ids(r)) for r in rids)
-        assert table.shape == (len(rids), max(width, 1))
-        for row, rid in zip(table.tolist(), rids):
-            ids = self.kv.block_ids(rid)
-            assert row == ids + [0] * (table.shape[1] - len(ids)), (rid, row, ids)
+    def block_changes_rebuild_the_tables(self):
+        """The tables the device side rebuilds from take_block_changes() (a fork copying the
+        parent's, a swap-in or admission starting over) equal the KV manager's, across
+        appends, copy-on-write, swaps and frees."""
+        self._mirror_changes()
+        for rid in self.live:
+            assert self.device_tables[rid] == self.kv.block_ids(rid), (
+                rid, self.device_tables[rid], self.kv.block_ids(rid))
 
     @invariant()
     def every_request_reads_its_own_tokens(self):

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from pagedrt import LLM, SamplingParams
-from pagedrt.engine.scheduler import SchedulerOutput
 from pagedrt.kv.kv_cache import kv_bytes_per_block
 
 VOCAB = 384
@@ -144,7 +143,7 @@ def test_n_samples_and_priorities_under_pressure(tiny):
 def force_preempt(engine, request) -> None:
     """Preempt a running request between steps through the scheduler's own path."""
     assert request in engine.scheduler.running, request
-    engine.scheduler._preempt(request, SchedulerOutput())
+    engine.scheduler._preempt(request)
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
@@ -250,7 +249,7 @@ def test_chunked_prefill_matches_unchunked(tiny, chunk, scheduling):
             continue
         assert sched and all(n >= 1 for n in sched.num_new_tokens)
         assert sched.total_num_tokens <= chunk
-        ids = [r.request_id for r in sched.requests]
+        ids = sched.req_ids
         num_decodes = sum(remaining.get(i) == 1 for i in ids)
         if prefill_pending and num_decodes < chunk:
             assert any(remaining.get(i) != 1 for i in ids), (
@@ -278,7 +277,7 @@ def test_padded_steps_give_the_same_tokens(tiny, workload, padding):
 
     def spy(sched, *a, **kw):
         inputs = prepare(sched, *a, **kw)
-        sizes.append((sched.total_num_tokens, len(sched.requests), inputs.input_ids.shape[0],
+        sizes.append((sched.total_num_tokens, len(sched.req_ids), inputs.input_ids.shape[0],
                       inputs.meta.slot_mapping.shape[0]))
         return inputs
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedrt.bench.presets import PRESETS
-from pagedrt.engine.request import Request
+from pagedrt.core.request import Request
 from pagedrt.kv.kv_cache import kv_bytes_per_block
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.sampling_params import SamplingParams
@@ -69,6 +69,7 @@ def simulate(sequences: list[tuple[list[int], int]], block_size: int, caching: b
         for k in range(1, fork_n):
             child = Request(f"s{i}#{k}", prompt, req.params)
             kv.fork(req, child)
+            child.num_computed_tokens = req.num_computed_tokens
             reqs.append(child)
     for step in range(max(n for _, n in sequences)):
         for j, req in enumerate(reqs):

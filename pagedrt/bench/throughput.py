@@ -123,7 +123,7 @@ def trace_steps(engine) -> tuple[list, Callable[[], None]]:
         now = time.perf_counter()
         sched = engine.last_scheduler_output
         host_ms = {k: round(1e3 * (v - before.get(k, 0.0)), 3) for k, v in totals.items()}
-        trace.append([now - last[0], len(sched.requests), sched.total_num_tokens, None,
+        trace.append([now - last[0], len(sched.req_ids), sched.total_num_tokens, None,
                       host_ms])
         last[0] = now
         return out

@@ -2,6 +2,10 @@
 
     step():  schedule -> execute -> sample -> update
 
+`Scheduler.schedule` makes a `StepPlan`, `ModelRunner.execute` runs it (model and sampler),
+`ModelRunner.fetch` returns the `StepResult`, `Scheduler.update` writes it into the requests:
+plan and result are plain data (docs/design.md).
+
 Requests can be added and aborted between any two steps (iteration-level batching).
 
 Async scheduling (on by default on CUDA): the device runs step n while the host schedules and
@@ -21,21 +25,20 @@ from __future__ import annotations
 
 import gc
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from pagedrt.config import EngineConfig
+from pagedrt.core.plan import StepPlan
+from pagedrt.core.request import Request, RequestStatus
 from pagedrt.engine.detokenizer import IncrementalDetokenizer
-from pagedrt.engine.model_runner import ModelRunner
+from pagedrt.engine.model_runner import LaunchedStep, ModelRunner
 from pagedrt.engine.profiling import StepClock
-from pagedrt.engine.request import PLACEHOLDER_TOKEN_ID, Request, RequestStatus
-from pagedrt.engine.sampler import Sampler, SamplerOutput
 from pagedrt.engine.scheduler import Scheduler
 from pagedrt.engine.validation import EngineLimits, validate_prompt
-from pagedrt.kv.kv_cache import KVCache, kv_bytes_per_block, num_blocks_for_budget
+from pagedrt.kv.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.models.loader import load_model
 from pagedrt.outputs import CompletionOutput, RequestOutput, TokenEvent
@@ -68,35 +71,10 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 @dataclass
 class InFlightStep:
-    """A launched step whose sampled tokens have not been read on the host yet.
+    """A launched step whose sampled tokens the scheduler has not written yet."""
 
-    Attributes:
-        requests: the sequences sampled by the step, in row order.
-        indices: for each, the index in its `output_token_ids` of the placeholder to fill.
-        result: the sampler's output (token_ids [rows] int64 on the device); None if no row.
-        host_token_ids: [rows] int64 pinned host copy of the tokens (CUDA), filled when
-            `event` completes; None on CPU or without rows.
-        event: CUDA event recorded after the step's last work (that copy included); None on
-            CPU.
-        num_prompt_tokens: prompt tokens the step computed (counters).
-    """
-
-    requests: list[Request]
-    indices: list[int]
-    result: SamplerOutput | None
-    host_token_ids: torch.Tensor | None
-    event: torch.cuda.Event | None
-    num_prompt_tokens: int
-
-    def token_ids(self) -> list[int]:
-        """The sampled tokens as ints; waits for the device to finish the step."""
-        if self.event is not None:
-            self.event.synchronize()
-        if self.result is None:
-            return []
-        if self.host_token_ids is None:
-            return self.result.token_ids.tolist()
-        return self.host_token_ids.tolist()
+    plan: StepPlan
+    launched: LaunchedStep
 
 
 class LLMEngine:
@@ -123,38 +101,28 @@ class LLMEngine:
                 f"max_position_embeddings={mc.max_position_embeddings}"
             )
         backend = config.attention_backend
-        num_blocks = num_blocks_for_budget(mc, config, self.dtype, self.device)
-        per_block = kv_bytes_per_block(mc, config.block_size, self.dtype)
-        num_cpu_blocks = (
-            config.swap_space_bytes // per_block if config.preemption_mode == "swap" else 0)
+        kv_spec = KVCacheSpec.for_model(mc, config.block_size, self.dtype)
+        num_blocks = num_blocks_for_budget(kv_spec, config, self.device)
+        num_cpu_blocks = (config.swap_space_bytes // kv_spec.bytes_per_block
+                          if config.preemption_mode == "swap" else 0)
         self.kv_manager = KVCacheManager(
             num_blocks, config.block_size, config.enable_prefix_caching, num_cpu_blocks
         )
-        self.kv_cache = KVCache(
-            mc, num_blocks, config.block_size, num_cpu_blocks, self.dtype, self.device, backend
-        )
+        self.kv_cache = KVCache(kv_spec, num_blocks, num_cpu_blocks, self.device, backend)
         self.limits = EngineLimits(mc.vocab_size, self.max_model_len, num_blocks,
                                    config.block_size, config.max_num_seqs)
         self.scheduler = Scheduler(config, self.kv_manager)
         self.model_runner = ModelRunner(
-            self.model, self.kv_cache, self.kv_manager, self.device, backend,
+            self.model, self.kv_cache, self.device, backend,
             max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
             use_cuda_graphs=not config.enforce_eager,
-            max_num_batched_tokens=config.max_num_batched_tokens)
-        # two pinned buffers for the sampled token ids, used in turn (one step in flight);
-        # allocated now, since pinning later waits for the device (see ModelRunner)
-        self._token_buffers = [
-            torch.empty(2 * config.max_num_seqs, dtype=torch.int64,
-                        pin_memory=self.device.type == "cuda") for _ in range(2)]
-        self._num_launched = 0
-        self.sampler = Sampler()
-        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+            max_num_batched_tokens=config.max_num_batched_tokens, seed=config.seed)
         self.eos_token_ids = tuple(mc.eos_token_ids)
         if (not self.eos_token_ids and self.tokenizer is not None
                 and self.tokenizer.eos_token_id is not None):
             self.eos_token_ids = (self.tokenizer.eos_token_id,)
         self.requests: dict[str, Request] = {}  # request_id -> first sequence of the group
-        self.last_scheduler_output = None  # the plan of the latest step (tests inspect it)
+        self.last_scheduler_output: StepPlan | None = None  # the latest plan (tests read it)
         self.clock = StepClock(self.device)
         self.async_scheduling = config.async_scheduling
         if self.async_scheduling is None:  # PAGEDRT_ASYNC_SCHEDULING=0|1 overrides the default
@@ -226,7 +194,7 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         req = Request(request_id, token_ids, params, text, priority, self.eos_token_ids)
         req.stream = stream
-        self._init_sequence(req, 0)
+        self._init_sequence(req)
         self.requests[request_id] = req
         if params.reads_output_tokens:
             self._history_request_ids.add(request_id)
@@ -237,11 +205,9 @@ class LLMEngine:
         """See `pagedrt.engine.validation.validate_prompt` (raises ValueError)."""
         validate_prompt(token_ids, params, self.limits)
 
-    def _init_sequence(self, req: Request, sample_index: int) -> None:
-        req.sample_index = sample_index
-        if req.params.seed is not None:
-            g = torch.Generator(device=self.device)
-            req.generator = g.manual_seed(req.params.seed + sample_index)
+    def _init_sequence(self, req: Request) -> None:
+        """The host-side helpers of a sequence: its incremental detokenizer (in token-event
+        mode only for requests with stop strings, which the engine must find)."""
         if self.tokenizer is not None and (self.token_events is None or req.params.stop):
             req.detokenizer = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids,
                                                      req.params)
@@ -252,12 +218,7 @@ class LLMEngine:
         if head is None:
             return False
         self._history_request_ids.discard(request_id)
-        for seq in head.group:
-            if not seq.is_finished:
-                self.scheduler.finish(seq, RequestStatus.FINISHED_ABORTED)
-            if seq.num_pending_tokens:  # its token in flight is dropped with it
-                del seq.output_token_ids[-seq.num_pending_tokens:]
-                seq.num_pending_tokens = 0
+        self.scheduler.abort(head)
         return True
 
     def has_unfinished_requests(self) -> bool:
@@ -276,156 +237,60 @@ class LLMEngine:
         if self.in_flight is not None and (self._history_request_ids
                                            or not self.async_scheduling):
             # sampling will read every generated token: no placeholder may be left
-            outputs = self._update(self.in_flight)
+            outputs = self._finish_step(self.in_flight)
             self.in_flight = None
-        sched = self.last_scheduler_output = self.scheduler.schedule()
+        plan = self.last_scheduler_output = self.scheduler.schedule()
+        for parent_id in plan.forks:  # the scheduler forked these sequences
+            for child in self.requests[parent_id].group[1:]:
+                self._init_sequence(child)
         clock.mark("schedule")
-        launched = self._launch(sched, clock) if sched else None
+        step = self.model_runner.execute(plan, clock)  # with no request scheduled: rows only
+        launched = InFlightStep(plan, step) if step is not None else None
         previous, self.in_flight = self.in_flight, launched
         if previous is not None:
-            outputs += self._update(previous)
-        if (launched is not None and not self.scheduler.has_unfinished_requests()
-                and all(r.is_finished for r in launched.requests)):
+            outputs += self._finish_step(previous)
+        if launched is not None and not self.scheduler.has_unfinished_requests():
             # every row of the step in flight belongs to a request that just stopped: nothing
             # to report, but wait for it now so that the engine is idle when the work is done
-            outputs += self._update(launched)
+            outputs += self._finish_step(launched)
             self.in_flight = None
         if launched is not None and not self.async_scheduling:
-            outputs += self._update(launched)
+            outputs += self._finish_step(launched)
             self.in_flight = None
         clock.mark("update")
         if launched is not None:
             self.counters["num_steps"] += 1
-            self.counters["num_prompt_tokens"] += launched.num_prompt_tokens
+            self.counters["num_prompt_tokens"] += plan.num_prompt_tokens
         self.counters["busy_time_s"] += clock.total()
         return outputs
 
-    def _launch(self, sched, clock) -> InFlightStep:
-        """Run the model and the sampler on a scheduled step; returns before the device is
-        done. Each sampled sequence gets a placeholder token, filled by `_update`."""
-        prev = self.in_flight
-        prev_token_ids = prev.result.token_ids if prev is not None and prev.result else None
-        logits, sampled = self.model_runner.execute(sched, clock, prev_token_ids)
-        num_prompt_tokens = self._advance(sched)
-        logits, sampled = self._fork_groups(logits, sampled)
-        # a Request has every field of a SamplingRow: it serves as its own row
-        result = self.sampler(logits, sampled, self.generator) if sampled else None
-        indices = []
-        for row, req in enumerate(sampled):
-            indices.append(len(req.output_token_ids))
-            req.output_token_ids.append(PLACEHOLDER_TOKEN_ID)
-            req.num_pending_tokens = 1
-            req.pending_row = row
-        host, event = None, None
-        if self.device.type == "cuda":
-            if result is not None:
-                k = self._num_launched % 2
-                self._num_launched += 1
-                if self._token_buffers[k].numel() < len(sampled):
-                    self._token_buffers[k] = torch.empty(2 * len(sampled), dtype=torch.int64,
-                                                         pin_memory=True)
-                host = self._token_buffers[k][: len(sampled)]
-                host.copy_(result.token_ids, non_blocking=True)
-            # recorded for every step, sampled rows or not: waiting on it in `_update` is what
-            # makes the step's pinned input buffer free for reuse two steps later
-            event = torch.cuda.Event()
-            event.record()
-        clock.mark("sample")
-        return InFlightStep(sampled, indices, result, host, event, num_prompt_tokens)
-
-    def _advance(self, sched) -> int:
-        """Count the scheduled tokens as computed; returns how many were prompt (prefill)
-        tokens rather than decodes of the last sampled token."""
-        num_decode = 0
-        for req, num_new in zip(sched.requests, sched.num_new_tokens):
-            start = req.num_computed_tokens
-            # (num_tokens spelled out: this runs for every request of every step)
-            if (num_new == 1 and req.output_token_ids and start == len(req.prompt_token_ids)
-                    + len(req.output_token_ids) - 1):
-                num_decode += 1
-            req.num_computed_tokens = start + num_new
-        return sched.total_num_tokens - num_decode
-
-    def _fork_groups(self, logits: torch.Tensor, sampled: list[Request]):
-        """A request with n > 1 whose prefill just completed becomes n sequences sharing its
-        blocks; each samples its own first token from the same logits row."""
-        if all(r.forked for r in sampled):
-            return logits, sampled
-        rows, seqs = [], []
-        for i, req in enumerate(sampled):
-            rows.append(i)
-            seqs.append(req)
-            if req.forked:
-                continue
-            req.forked = True
-            for k in range(1, req.params.n):
-                child = Request(f"{req.request_id}#{k}", req.prompt_token_ids, req.params,
-                                req.prompt, req.priority, req.eos_token_ids, req.arrival_time)
-                child.forked = True
-                child.stream = req.stream
-                child.arrival_seq = req.arrival_seq
-                child.group = req.group
-                req.group.append(child)
-                self._init_sequence(child, k)
-                self.kv_manager.fork(req, child)
-                child.status = RequestStatus.RUNNING
-                self.scheduler.running.insert(self.scheduler.running.index(req) + k, child)
-                rows.append(i)
-                seqs.append(child)
-        return logits[torch.tensor(rows, device=logits.device)], seqs
-
-    def _update(self, step: InFlightStep) -> list[RequestOutput]:
-        """Write a launched step's tokens over their placeholders, check stop conditions,
-        finish requests; returns the outputs to report."""
-        now = time.monotonic()
-        token_ids = step.token_ids()
-        logprobs = step.result.logprobs if step.result is not None else None
-        touched: dict[str, Request] = {}
+    def _finish_step(self, step: InFlightStep) -> list[RequestOutput]:
+        """Read a launched step's tokens and hand them to the scheduler, which writes them and
+        finishes the sequences that `_check_stop` stops; returns the outputs to report (none
+        in token-event mode: the scheduler appended a TokenEvent per token instead)."""
+        result = self.model_runner.fetch(step.launched)
         events = self.token_events
-        num_generated = 0
-        for i, (req, index, token) in enumerate(zip(step.requests, step.indices, token_ids)):
-            if req.is_finished:
-                continue  # aborted, or stopped by the token before this one: drop the row
-            output_token_ids = req.output_token_ids
-            output_token_ids[index] = token
-            if index == len(output_token_ids) - 1:
-                req.num_pending_tokens = 0
-            if logprobs is not None and logprobs[i] is not None:
-                req.output_logprobs.append(logprobs[i])
-            if req.first_token_time is None:
-                req.first_token_time = now
-            req.last_token_time = now
-            num_generated += 1
-            status = None
-            # the full check only where it can stop the request or must see the text (a
-            # request never reaches max_model_len before max_tokens: validate_prompt)
-            if (token in req.stop_token_set or index + 1 >= req.params.max_tokens
-                    or (req.detokenizer is not None and (req.stream or req.params.stop))):
-                status = self._check_stop(req, token, index + 1)
-            if status is not None:
-                # a later step may have appended a placeholder already: it is not a token
-                del output_token_ids[index + 1:]
-                req.num_pending_tokens = 0
-                self.scheduler.finish(req, status)
-                if req.detokenizer is not None and not (req.stream or req.params.stop):
-                    req.detokenizer.update(output_token_ids)  # detokenize once, at the end
-            head = req.group[0]
-            if events is not None:
-                events.append(TokenEvent(
-                    head.request_id, req.sample_index, token,
-                    None if logprobs is None else logprobs[i],
-                    None if status is None else status._value_,
-                    None if status is None else req.stop_reason))
-                if status is not None and all(s.is_finished for s in head.group):
-                    self._retire(head)
-                continue
-            if head.stream or (status is not None and all(s.is_finished for s in head.group)):
-                touched[head.request_id] = head
+        heads, num_generated = self.scheduler.update(step.plan, result, self._check_stop,
+                                                     events)
         self.counters["num_generated_tokens"] += num_generated
-        return [self._make_output(head) for head in touched.values()]
+        if events is not None:
+            for head in heads:  # every sample finished
+                self._retire(head)
+            return []
+        self.counters["num_generated_tokens"] += num_generated
+        return [self._make_output(head) for head in heads]
 
     def _check_stop(self, req: Request, token: int, num_output: int) -> RequestStatus | None:
-        """Stop conditions after `token`, the request's `num_output`-th generated token."""
+        """Stop conditions after `token`, the request's `num_output`-th generated token; the
+        scheduler's `update` calls it and finishes the request on a status. Advances the
+        detokenizer (at the end only, for a request detokenized once)."""
+        status = self._stop_status(req, token, num_output)
+        if (status is not None and req.detokenizer is not None
+                and not (req.stream or req.params.stop)):
+            req.detokenizer.update(req.output_token_ids[:num_output])  # detokenize once
+        return status
+
+    def _stop_status(self, req: Request, token: int, num_output: int) -> RequestStatus | None:
         p = req.params
         stop_string = None
         if req.detokenizer is not None and (req.stream or p.stop):
@@ -512,5 +377,24 @@ class LLMEngine:
         self.kv_manager.stats = type(self.kv_manager.stats)()
 
     def check_integrity(self) -> None:
-        """Assert the block manager's invariants (see shared/DESIGN.md)."""
+        """Assert, between steps, the block manager's invariants (docs/design.md) and that the
+        device side's rows agree with the host: one row per running sequence (and per
+        sequence finished or preempted since the last plan, which the next plan drops), holding its
+        tokens (-1 where one is still being sampled), computed count and block table."""
         self.kv_manager.check_integrity()
+        batch = self.model_runner.batch
+        running = {seq.request_id: seq for seq in self.scheduler.running}
+        rows = set(batch.row_of)
+        assert set(running) <= rows <= set(running) | self.scheduler.ids_to_drop(), (
+            f"rows {sorted(rows)}, running {sorted(running)}, to drop "
+            f"{sorted(self.scheduler.ids_to_drop())}")
+        changed = self.kv_manager.has_block_changes
+        for req_id, seq in running.items():
+            token_ids, num_computed, block_ids = batch.row_view(req_id)
+            assert token_ids == seq.all_token_ids, (
+                f"{seq}: the row holds {token_ids}, the request {seq.all_token_ids}")
+            assert num_computed == seq.num_computed_tokens, (
+                f"{seq}: the row has {num_computed} computed tokens")
+            assert changed or block_ids == self.kv_manager.block_ids(req_id), (
+                f"{seq}: the row's block table {block_ids}, the KV manager's "
+                f"{self.kv_manager.block_ids(req_id)}")

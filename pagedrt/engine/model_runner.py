@@ -1,4 +1,6 @@
-"""ModelRunner: turns a SchedulerOutput into model inputs, runs the model, returns logits.
+"""ModelRunner: the device side of a step. Reads a StepPlan (never a `Request`), keeps its
+own rows per request (`InputBatch`), runs the model and the sampler; `fetch` returns the
+StepResult (docs/design.md).
 
 Inputs of one step, for requests r_0..r_{n-1} with query lengths q_i (new tokens):
 
@@ -19,11 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pagedrt.core.plan import StepPlan, StepResult
 from pagedrt.engine.cuda_graphs import CUDAGraphRunner
+from pagedrt.engine.input_batch import InputBatch
 from pagedrt.engine.profiling import NULL_CLOCK
-from pagedrt.engine.scheduler import SchedulerOutput
+from pagedrt.engine.sampler import Sampler, SamplerOutput
 from pagedrt.kv.kv_cache import KVCache
-from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.ops.attention import AttentionMetadata
 
 EAGER_TOKEN_PADDING = 64
@@ -47,19 +50,59 @@ class ModelInputs:
     meta: AttentionMetadata
     logits_indices: torch.Tensor | None  # [num_sampled] int64, rows of the hidden states to
     # sample; None: every row, in order (a decode step)
-    sampled_requests: list  # the requests those rows belong to
+    sampled_rows: np.ndarray  # [num_sampled] int64, the InputBatch rows those belong to
+    seq_lens: np.ndarray  # [n] int64, num_computed_tokens + num_new_tokens per request
+
+
+@dataclass
+class LaunchedStep:
+    """A step launched on the device whose sampled tokens may not be on the host yet.
+
+    Attributes:
+        step_id: the plan's.
+        req_ids: the sampled sequences in row order.
+        rows, epochs, positions: [num_sampled] int64: their InputBatch rows, the rows' epochs
+            at launch, and the slot of each sampled token in its row.
+        output: the sampler's output (token_ids [num_sampled] int64 on the device), or None.
+        host_token_ids: [num_sampled] int64 pinned host copy (CUDA), valid once `event` is
+            done; None on CPU.
+        event: CUDA event after the step's last work; None on CPU.
+    """
+
+    step_id: int
+    req_ids: list[str]
+    rows: np.ndarray
+    epochs: np.ndarray
+    positions: np.ndarray
+    output: SamplerOutput | None
+    host_token_ids: torch.Tensor | None
+    event: torch.cuda.Event | None
 
 
 class ModelRunner:
-    def __init__(self, model, kv_cache: KVCache, kv_manager: KVCacheManager, device, backend,
+    def __init__(self, model, kv_cache: KVCache, device, backend,
                  max_num_seqs: int = 256, max_model_len: int = 2048, use_cuda_graphs: bool = False,
-                 max_num_batched_tokens: int = 8192):
+                 max_num_batched_tokens: int = 8192, seed: int = 0):
+        """seed: of the generator of rows without their own (unseeded sampling)."""
         self.model = model
         self.kv_cache = kv_cache
-        self.kv = kv_manager
         self.device = torch.device(device)
         self.backend = backend
-        self.block_size = kv_manager.block_size
+        self.block_size = kv_cache.spec.block_size
+        max_blocks_per_seq = -(-max_model_len // self.block_size)
+        self.batch = InputBatch(max_model_len, self.device)
+        self.sampler = Sampler()
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        # the device tensor of the sampled ids of the latest launched step, which rows with a
+        # token still being sampled read their next input from (async scheduling)
+        self._last_sampled: torch.Tensor | None = None
+        self._last_step_id = -1
+        # two pinned buffers for the sampled token ids, used in turn (one step in flight);
+        # allocated now, since pinning later waits for the device
+        self._token_buffers = [
+            torch.empty(2 * max_num_seqs, dtype=torch.int64,
+                        pin_memory=self.device.type == "cuda") for _ in range(2)]
+        self._num_launched = 0
         self.graph_runner: CUDAGraphRunner | None = None
         # two pinned host buffers for the inputs, used in turn: with async scheduling the
         # copy out of one may still be queued while the next step's inputs are written
@@ -74,7 +117,7 @@ class ModelRunner:
                             ) * self.token_padding
         if self.device.type == "cuda":
             size = (3 * max_step_tokens + 6 * (max_num_seqs + 1)
-                    + max_num_seqs * kv_manager.blocks_for(max_model_len))
+                    + max_num_seqs * max_blocks_per_seq)
             self._staging = [torch.empty(size, dtype=torch.int64, pin_memory=True)
                              for _ in range(2)]
         self.gemm_warm_up_s = 0.0  # seconds spent in warm_up_gemms (at start-up on CUDA)
@@ -82,7 +125,7 @@ class ModelRunner:
             self.warm_up_gemms(max_step_tokens, max_num_seqs)
         if use_cuda_graphs and self.device.type == "cuda":
             self.graph_runner = CUDAGraphRunner(
-                model, kv_cache.layers, max_num_seqs, kv_manager.blocks_for(max_model_len),
+                model, kv_cache.layers, max_num_seqs, max_blocks_per_seq,
                 self.device, backend)
             self.graph_runner.capture()
 
@@ -117,42 +160,38 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
         self.gemm_warm_up_s = time.perf_counter() - start
 
-    def prepare(self, sched: SchedulerOutput,
-                prev_token_ids: torch.Tensor | None = None) -> ModelInputs:
-        """Build the step's input tensors with numpy and move them in one host-to-device copy.
+    def prepare(self, plan: StepPlan, rows: np.ndarray) -> ModelInputs:
+        """Build the step's input tensors with numpy from the plan and the InputBatch rows
+        (`rows`: [n] int64, those of plan.req_ids, from `InputBatch.apply`) and move them in
+        one host-to-device copy.
 
-        prev_token_ids: [rows] int64 on the device, the tokens sampled by the step still in
-        flight (async scheduling). A request whose last token is a placeholder takes its input
-        id from row `request.pending_row` of it, on the device, without waiting for the host.
+        A row whose last token is still being sampled by the previous step (async scheduling)
+        takes that input id from the previous step's sampled ids, on the device, without
+        waiting for the host.
         """
         bs = self.block_size
-        reqs = sched.requests
-        n = len(reqs)
-        q_lens = np.asarray(sched.num_new_tokens, dtype=np.int64)  # [n]
-        starts = np.fromiter((r.num_computed_tokens for r in reqs), np.int64, n)  # [n]
-        totals = np.fromiter((len(r.prompt_token_ids) + len(r.output_token_ids) for r in reqs),
-                             np.int64, n)  # [n] num_tokens (spelled out: per request per step)
+        batch = self.batch
+        n = len(rows)
+        q_lens = np.asarray(plan.num_new_tokens, dtype=np.int64)  # [n]
+        starts = np.asarray(plan.num_computed_tokens, dtype=np.int64)  # [n]
+        totals = batch.num_tokens[rows]  # [n] tokens of each row
         ends = starts + q_lens
         cu = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(q_lens, out=cu[1:])
         num_tokens = int(cu[-1])
-        block_tables = self.kv.block_tables([r.request_id for r in reqs])  # [n, width]
-        width = block_tables.shape[1]
+        width = max(int(batch.num_blocks[rows].max()), 1)
+        block_tables = batch.block_table[rows, :width]  # [n, width]
         if num_tokens == n:  # every request has one new token (decode)
-            # token s of each request, without a call per request (a placeholder's -1 is
-            # replaced on the device below)
-            input_ids = np.fromiter(
-                (r.prompt_token_ids[s] if s < len(r.prompt_token_ids)
-                 else r.output_token_ids[s - len(r.prompt_token_ids)]
-                 for r, s in zip(reqs, starts.tolist())), np.int64, n)
             positions = starts
-            rows = np.arange(n)
+            token_rows = rows
+            table_rows = np.arange(n)
         else:
-            input_ids = np.concatenate([r.token_array(s, e) for r, s, e in
-                                        zip(reqs, starts.tolist(), ends.tolist())])
-            rows = np.repeat(np.arange(n), q_lens)  # request of each token
-            positions = np.arange(num_tokens) - cu[rows] + starts[rows]
-        slot_mapping = block_tables[rows, positions // bs] * bs + positions % bs
+            table_rows = np.repeat(np.arange(n), q_lens)  # request of each token
+            positions = np.arange(num_tokens) - cu[table_rows] + starts[table_rows]
+            token_rows = rows[table_rows]
+        # (a token still being sampled reads -1 here; it is replaced on the device below)
+        input_ids = batch.token_ids[token_rows, positions].astype(np.int64)
+        slot_mapping = block_tables[table_rows, positions // bs] * bs + positions % bs
         num_padding = -num_tokens % self.token_padding
         if num_padding and num_tokens > n:
             # a step with prompt tokens runs eagerly: pad (see EAGER_TOKEN_PADDING); decode
@@ -160,15 +199,19 @@ class ModelRunner:
             input_ids = np.concatenate([input_ids, np.zeros(num_padding, np.int64)])
             positions = np.concatenate([positions, np.zeros(num_padding, np.int64)])
             slot_mapping = np.concatenate([slot_mapping, np.full(num_padding, -1, np.int64)])
-        is_sampled = ends == totals  # the step completes the request's known tokens
+        is_sampled = ends == totals  # the step completes the row's tokens
         sampled_idx = np.flatnonzero(is_sampled)
         logits_indices = cu[1:][sampled_idx] - 1
-        # placeholders (always a request's last token): (token index, row in prev_token_ids)
-        pending = np.flatnonzero(is_sampled & np.fromiter(
-            (r.num_pending_tokens for r in reqs), np.bool_, n))
-        pend_dst = cu[1:][pending] - 1
-        pend_src = np.fromiter((reqs[i].pending_row for i in pending.tolist()), np.int64,
-                               len(pending))
+        # tokens still being sampled (always a row's last token): (token index, row in the
+        # previous step's sampled ids)
+        pending = batch.pending[rows]
+        pend = np.flatnonzero(is_sampled & (pending >= 0))
+        pend_dst = cu[1:][pend] - 1
+        pend_src = pending[pend]
+        if len(pend):
+            assert (batch.pending_step[rows[pend]] == self._last_step_id).all(), (
+                f"tokens pending from steps {batch.pending_step[rows[pend]].tolist()}, "
+                f"the step in flight is {self._last_step_id}")
         # one staging buffer, one copy: the int64 parts, then the int32 ones packed two to an
         # int64 (viewed back as int32 on the device: no conversion kernels)
         #   [ids | positions | slots | logits | pending dst | pending src | cu, seq_lens, tables]
@@ -191,9 +234,9 @@ class ModelRunner:
             flat, [len(x) for x in parts])
         cu_t, lens_t, tables_t = torch.split(small_t.view(torch.int32)[: len(cu) + n + n * width],
                                              [n + 1, n, n * width])
-        if len(pending):
-            assert prev_token_ids is not None, "placeholder tokens but no step in flight"
-            ids_t.index_copy_(0, dst_t, prev_token_ids.index_select(0, src_t))
+        if len(pend):
+            assert self._last_sampled is not None, "tokens pending but no step in flight"
+            ids_t.index_copy_(0, dst_t, self._last_sampled.index_select(0, src_t))
         meta = AttentionMetadata(
             slot_mapping=slot_t,
             block_tables=tables_t.view(n, width),
@@ -208,22 +251,25 @@ class ModelRunner:
         return ModelInputs(
             input_ids=ids_t, positions=pos_t, meta=meta,
             logits_indices=None if all_rows else logit_t,
-            sampled_requests=reqs if all_rows else [reqs[i] for i in sampled_idx.tolist()],
+            sampled_rows=rows if all_rows else rows[sampled_idx], seq_lens=ends,
         )
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput, clock=NULL_CLOCK,
-                prev_token_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, list]:
-        """Apply pending block copies, run the model; returns (logits [num_sampled, vocab]
-        in the model's dtype, the sampled requests in row order). prev_token_ids: see
-        `prepare`."""
-        if sched.copies:
-            self.kv_cache.apply(sched.copies)
-        inputs = self.prepare(sched, prev_token_ids)
+    def execute(self, plan: StepPlan, clock=NULL_CLOCK) -> LaunchedStep | None:
+        """Bring the rows up to the plan; if it schedules anything, apply its block copies,
+        run the model and sample (forking rows as the plan says). Returns before the device
+        is done (`fetch` waits), or None for a plan that runs nothing."""
+        rows = self.batch.apply(plan)
+        if not plan:
+            return None
+        if plan.copies:
+            self.kv_cache.apply(plan.copies)
+        inputs = self.prepare(plan, rows)
+        self.batch.num_computed_tokens[rows] = inputs.seq_lens
         clock.mark("prepare")
         meta = inputs.meta
         if (self.graph_runner is not None and meta.is_decode_only
-                and self.graph_runner.can_run(len(sched.requests), meta.block_tables.shape[1])):
+                and self.graph_runner.can_run(len(rows), meta.block_tables.shape[1])):
             logits = self.graph_runner.run(inputs.input_ids, inputs.positions, meta.slot_mapping,
                                            meta.seq_lens, meta.block_tables)
             if inputs.logits_indices is not None:
@@ -234,4 +280,69 @@ class ModelRunner:
                 hidden = hidden[inputs.logits_indices]
             logits = self.model.compute_logits(hidden)
         clock.mark("forward")
-        return logits, inputs.sampled_requests
+        sampled_rows = inputs.sampled_rows
+        if plan.forks:
+            logits, sampled_rows = self._fork(plan, logits, sampled_rows)
+        # every scheduled row sampled, in order (a decode step): the plan has their ids
+        req_ids = plan.req_ids if sampled_rows is rows else None
+        return self._sample(plan.step_id, logits, sampled_rows, req_ids, clock)
+
+    def _fork(self, plan: StepPlan, logits: torch.Tensor,
+              sampled_rows: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        """Rows for the forked samples, each after its parent's, sampling from the parent's
+        logits row."""
+        batch = self.batch
+        index, new_rows = [], []
+        for i, row in enumerate(sampled_rows.tolist()):
+            index.append(i)
+            new_rows.append(row)
+            child_ids = plan.forks.get(batch.states[row].req_id, ())
+            for k, child_id in enumerate(child_ids, start=1):
+                index.append(i)
+                new_rows.append(batch.fork(row, child_id, k))
+        assert len(new_rows) == len(sampled_rows) + sum(map(len, plan.forks.values())), (
+            f"forks {plan.forks} of rows that the step does not sample")
+        return (logits[torch.tensor(index, device=logits.device)],
+                np.asarray(new_rows, dtype=np.int64))
+
+    def _sample(self, step_id: int, logits: torch.Tensor, rows: np.ndarray,
+                req_ids: list[str] | None, clock) -> LaunchedStep:
+        batch = self.batch
+        states = batch.states
+        sampling_rows = [states[r] for r in rows.tolist()]
+        output = self.sampler(logits, sampling_rows, self.generator) if len(rows) else None
+        positions = batch.append_sampled(rows, step_id)
+        host, event = None, None
+        if self.device.type == "cuda":
+            if output is not None:
+                k = self._num_launched % 2
+                self._num_launched += 1
+                if self._token_buffers[k].numel() < len(rows):
+                    self._token_buffers[k] = torch.empty(2 * len(rows), dtype=torch.int64,
+                                                         pin_memory=True)
+                host = self._token_buffers[k][: len(rows)]
+                host.copy_(output.token_ids, non_blocking=True)
+            # recorded for every step, sampled rows or not: waiting on it in `fetch` is what
+            # makes the step's pinned input buffer free for reuse two steps later
+            event = torch.cuda.Event()
+            event.record()
+        self._last_sampled = output.token_ids if output is not None else None
+        self._last_step_id = step_id
+        clock.mark("sample")
+        if req_ids is None:
+            req_ids = [s.req_id for s in sampling_rows]
+        return LaunchedStep(step_id, req_ids, rows, batch.epoch[rows], positions, output,
+                            host, event)
+
+    def fetch(self, step: LaunchedStep) -> StepResult:
+        """Wait for a launched step, write its sampled tokens into their rows and return
+        them."""
+        if step.event is not None:
+            step.event.synchronize()
+        if step.output is None:
+            return StepResult()
+        ids = step.output.token_ids if step.host_token_ids is None else step.host_token_ids
+        token_ids = ids.tolist()
+        self.batch.write_sampled(step.req_ids, step.rows, step.epochs, step.positions,
+                                 token_ids, step.step_id)
+        return StepResult(step.req_ids, token_ids, step.output.logprobs)

@@ -35,7 +35,8 @@ from pagedrt.sampling_params import SamplingParams
 @dataclass
 class SamplingRow:
     """What the sampler needs to know about one row of the logits batch (any object with
-    these attributes will do; the engine passes its `Request`s).
+    these attributes will do; the model runner passes the `RowState`s of its rows,
+    pagedrt/engine/input_batch.py, docs/design.md).
 
     Attributes:
         params: the request's sampling settings.
@@ -238,7 +239,8 @@ def _apply_min_tokens(
     row_idx, tok_idx = [], []
     vocab_size = logits.shape[1]
     for i, r in enumerate(rows):
-        if len(r.output_token_ids) >= r.params.min_tokens:
+        # min_tokens first: a row's output_token_ids may be built on each read
+        if not r.params.min_tokens or len(r.output_token_ids) >= r.params.min_tokens:
             continue
         stop_ids = set(r.params.stop_token_ids)
         if not r.params.ignore_eos:

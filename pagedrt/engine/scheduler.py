@@ -18,36 +18,38 @@ the request's last allowed token (`max_tokens`), so nothing follows it.
 
 Importance is (priority, arrival order): lower first. The scheduler never touches free lists;
 it asks the KVCacheManager, which answers None on shortage.
+
+The scheduler is the one writer of a request's progress (docs/design.md, "Who writes what"):
+
+    schedule()             status (admission, preemption); num_computed_tokens, advanced by
+                           the planned tokens once the plan is made (the next plan, made before
+                           this step's tokens are back under async scheduling, builds on it);
+                           a placeholder output token per sampled sequence; forks (n > 1)
+    update(plan, result)   the sampled ids over the placeholders, logprobs, token times, and
+                           finishing (the caller's stop check decides, update writes); a
+                           rollback of rejected tokens (speculative decoding) would go here
+    finish(), abort()      status and blocks of requests that end between steps
+
+What it hands the device side is a `StepPlan` (pagedrt/core/plan.py): plain data.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 from pagedrt.config import EngineConfig
-from pagedrt.engine.request import Request, RequestStatus
-from pagedrt.kv.kv_cache_manager import KVCacheManager, PendingCopies
+from pagedrt.core.plan import NewRequestData, StepPlan, StepResult
+from pagedrt.core.request import PLACEHOLDER_TOKEN_ID, Request, RequestStatus
+from pagedrt.kv.kv_cache_manager import KVCacheManager
+from pagedrt.outputs import TokenEvent
 
 logger = logging.getLogger("pagedrt.scheduler")
 
-
-@dataclass
-class SchedulerOutput:
-    """The plan for one step."""
-
-    requests: list[Request] = field(default_factory=list)  # in batch order
-    num_new_tokens: list[int] = field(default_factory=list)  # per request, >= 1
-    copies: PendingCopies = field(default_factory=PendingCopies)
-    preempted: list[Request] = field(default_factory=list)
-
-    @property
-    def total_num_tokens(self) -> int:
-        return sum(self.num_new_tokens)
-
-    def __bool__(self) -> bool:
-        return bool(self.requests)
+StopCheck = Callable[[Request, int, int], "RequestStatus | None"]
+"""(request, token, number of generated tokens with it) -> a finished status, or None."""
 
 
 class Scheduler:
@@ -61,6 +63,15 @@ class Scheduler:
         self.num_chunked_prefill_steps = 0
         self.peak_num_running = 0
         self.peak_num_used_blocks = 0
+        self._next_step_id = 0
+        # plans whose results `update` has not written yet: step_id -> (the sampled sequences
+        # in row order, the index of each one's placeholder in its output_token_ids)
+        self._sampled: dict[int, tuple[list[Request], list[int]]] = {}
+        # for the next plan: sequences finished since the last one that the device side may
+        # hold a row or a parked generator for, and sequences preempted since (between steps
+        # too, as tests do)
+        self._finished_req_ids: list[str] = []
+        self._preempted_req_ids: list[str] = []
 
     # ----------------------------------------------------------------- queues
     def add_request(self, request: Request) -> None:
@@ -72,15 +83,36 @@ class Scheduler:
 
     def finish(self, request: Request, status: RequestStatus) -> None:
         """Remove a request from every queue and free its blocks (finished or aborted)."""
+        if request.status is RequestStatus.RUNNING or request.num_preemptions:
+            self._finished_req_ids.append(request.request_id)
         for queue in (self.waiting, self.running, self.swapped):
             if request in queue:
                 queue.remove(request)
         request.status = status
         self.kv.free(request)
 
+    def ids_to_drop(self) -> set[str]:
+        """Sequences whose device-side rows the next plan drops (finished or preempted since
+        the last plan)."""
+        return set(self._finished_req_ids) | set(self._preempted_req_ids)
+
+    def abort(self, head: Request) -> None:
+        """Abort every sample of a request; a token still being sampled is dropped with it."""
+        for seq in head.group:
+            if not seq.is_finished:
+                self.finish(seq, RequestStatus.FINISHED_ABORTED)
+            if seq.num_pending_tokens:
+                del seq.output_token_ids[-seq.num_pending_tokens:]
+                seq.num_pending_tokens = 0
+
     # ----------------------------------------------------------------- schedule
-    def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+    def schedule(self) -> StepPlan:
+        """Plan one step (see the module docstring). Returns a StepPlan, empty (falsy) when
+        nothing can run; it still carries the rows to drop."""
+        plan = StepPlan(step_id=self._next_step_id)
+        self._next_step_id += 1
+        scheduled: list[Request] = []  # row order
+        num_new_tokens = plan.num_new_tokens
         max_tokens = self.config.max_num_batched_tokens
         self._chunked = False  # some request gets only part of its remaining tokens
 
@@ -88,6 +120,7 @@ class Scheduler:
         #    unfinished prefill chunks, most important first within each kind; blocks are then
         #    allocated most important first, preempting from the least important end.
         remaining, planned = self._plan_running(max_tokens)  # aligned with self.running
+        num_preempted_before = len(self._preempted_req_ids)
         allocate = self.kv.allocate_slots
         i = 0
         while i < len(self.running):
@@ -100,22 +133,23 @@ class Scheduler:
                 # the least important running request sits last; it is never one already
                 # scheduled this step, since those come before index i
                 victim = self.running[-1]
-                self._preempt(victim, out)
+                self._preempt(victim)
                 del planned[-1], remaining[-1]
                 if victim is req:
                     break
             else:
-                out.requests.append(req)
-                out.num_new_tokens.append(num_new)
+                scheduled.append(req)
+                num_new_tokens.append(num_new)
                 if num_new < remaining[i]:
                     self._chunked = True
                 i += 1
                 continue
             # req itself was preempted; the list shifted, i already points to the next one
-        budget = max_tokens - out.total_num_tokens
+        budget = max_tokens - sum(num_new_tokens)
+        num_running_scheduled = len(scheduled)
 
         # 2. swapped requests, then 3. waiting ones, only if nobody was preempted this step
-        if not out.preempted:
+        if len(self._preempted_req_ids) == num_preempted_before:
             while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
                 req = self.swapped[0]
                 num_new = min(req.num_tokens - req.num_computed_tokens, budget)
@@ -124,9 +158,12 @@ class Scheduler:
                     break
                 self.swapped.pop(0)
                 self.kv.swap_in(req)
-                assert self.kv.allocate_slots(req, num_new) is not None, (
+                # allocated outside the assert: `python -O` strips asserts with their
+                # side effects
+                allocated = self.kv.allocate_slots(req, num_new)
+                assert allocated is not None, (
                     f"{req}: {num_new} tokens do not fit after swap-in")
-                self._start(req, num_new, out)
+                self._start(req, num_new, scheduled, num_new_tokens)
                 budget -= num_new
             while (self.waiting and not self.swapped and budget > 0
                    and len(self.running) < self.config.max_num_seqs):
@@ -137,21 +174,88 @@ class Scheduler:
                 if self.kv.allocate_slots(req, num_new, hits) is None:
                     break
                 self.waiting.pop(0)
+                req.num_computed_tokens += num_hit_tokens  # the hits count as computed
                 self._chunked |= req.num_computed_tokens + num_new < req.num_tokens
                 if req.num_preemptions == 0:
                     req.num_cached_tokens = num_hit_tokens
-                self._start(req, num_new, out)
+                self._start(req, num_new, scheduled, num_new_tokens)
                 budget -= num_new
 
-        # copies queued by preemptions of a step that runs nothing wait for the next forward
-        if out.requests:
-            out.copies = self.kv.take_pending_copies()
+        if scheduled:
+            # copies queued by preemptions of a step that runs nothing wait for the next forward
+            plan.copies = self.kv.take_pending_copies()
+            changes = plan.block_changes = self.kv.take_block_changes()
+            for req in scheduled[num_running_scheduled:]:  # new to the device side: all of it
+                changes.pop(req.request_id, None)
+                plan.new_requests.append(NewRequestData(
+                    req.request_id, list(req.prompt_token_ids), req.output_token_ids[:],
+                    req.params, req.sample_index, req.eos_token_ids,
+                    self.kv.block_ids(req.request_id), req.num_computed_tokens))
+            self._advance(plan, scheduled)
+        plan.finished_req_ids, self._finished_req_ids = self._finished_req_ids, []
+        plan.preempted_req_ids, self._preempted_req_ids = self._preempted_req_ids, []
         if self._chunked:
             self.num_chunked_prefill_steps += 1
         self.peak_num_running = max(self.peak_num_running, len(self.running))
         used = self.kv.num_blocks - self.kv.num_free_blocks
         self.peak_num_used_blocks = max(self.peak_num_used_blocks, used)
-        return out
+        return plan
+
+    def _advance(self, plan: StepPlan, scheduled: list[Request]) -> None:
+        """Count the plan's tokens as computed, give each sequence the step samples for a
+        placeholder token, and fork the requests whose prompt the step completes (n > 1).
+
+        Done when the plan is made, not when its tokens are back: with async scheduling the
+        next plan is made while this step runs and builds on these counts. A rollback
+        (speculative decoding) would lower num_computed_tokens again in `update`."""
+        plan.req_ids = [req.request_id for req in scheduled]
+        starts = plan.num_computed_tokens = [req.num_computed_tokens for req in scheduled]
+        sampled: list[Request] = []
+        indices: list[int] = []
+        num_decode = 0
+        for req, num_new, start in zip(scheduled, plan.num_new_tokens, starts):
+            output_token_ids = req.output_token_ids
+            end = req.num_computed_tokens = start + num_new
+            # (num_tokens spelled out: this runs for every request of every step)
+            if end != len(req.prompt_token_ids) + len(output_token_ids):
+                continue  # a prefill chunk: nothing sampled
+            if num_new == 1 and output_token_ids:
+                num_decode += 1
+            sampled.append(req)
+            indices.append(len(output_token_ids))
+            output_token_ids.append(PLACEHOLDER_TOKEN_ID)
+            req.num_pending_tokens = 1
+            if not req.forked:
+                self._fork(req, plan, sampled, indices)
+        plan.num_prompt_tokens = sum(plan.num_new_tokens) - num_decode
+        self._sampled[plan.step_id] = (sampled, indices)
+
+    def _fork(self, req: Request, plan: StepPlan, sampled: list[Request],
+              indices: list[int]) -> None:
+        """Fork a request whose prompt is complete into its n samples: every child shares all
+        its blocks (copy-on-write later), has its computed count, and samples its own first
+        token from the parent's logits row (its row follows the parent's)."""
+        req.forked = True
+        child_ids = plan.forks[req.request_id] = []
+        position = self.running.index(req)
+        for k in range(1, req.params.n):
+            child = Request(f"{req.request_id}#{k}", req.prompt_token_ids, req.params,
+                            req.prompt, req.priority, req.eos_token_ids, req.arrival_time)
+            child.forked = True
+            child.stream = req.stream
+            child.arrival_seq = req.arrival_seq
+            child.sample_index = k
+            child.group = req.group
+            req.group.append(child)
+            self.kv.fork(req, child)
+            child.num_computed_tokens = req.num_computed_tokens
+            child.status = RequestStatus.RUNNING
+            self.running.insert(position + k, child)
+            child_ids.append(child.request_id)
+            sampled.append(child)
+            indices.append(0)
+            child.output_token_ids.append(PLACEHOLDER_TOKEN_ID)
+            child.num_pending_tokens = 1
 
     def _plan_running(self, budget: int) -> tuple[list[int], list[int]]:
         """Tokens left to compute and new tokens this step per running request (aligned with
@@ -178,13 +282,14 @@ class Scheduler:
                 budget -= planned[i]
         return remaining, planned
 
-    def _start(self, req: Request, num_new: int, out: SchedulerOutput) -> None:
+    def _start(self, req: Request, num_new: int, scheduled: list[Request],
+               num_new_tokens: list[int]) -> None:
         req.status = RequestStatus.RUNNING
         _insert_sorted(self.running, req)
-        out.requests.append(req)
-        out.num_new_tokens.append(num_new)
+        scheduled.append(req)
+        num_new_tokens.append(num_new)
 
-    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+    def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         req.num_preemptions += 1
         mode = self.config.preemption_mode
@@ -199,11 +304,71 @@ class Scheduler:
             req.status = RequestStatus.WAITING
             _insert_sorted(self.waiting, req)
         self.num_preemptions[mode.split()[0]] += 1
-        out.preempted.append(req)
+        self._preempted_req_ids.append(req.request_id)
         logger.info(
             "preempted %s by %s: no free KV block (%d of %d blocks free, %d running)",
             req.request_id, mode, self.kv.num_free_blocks, self.kv.num_blocks, len(self.running),
         )
+
+    # ----------------------------------------------------------------- update
+    def update(self, plan: StepPlan, result: StepResult, check_stop: StopCheck,
+               events: list[TokenEvent] | None = None) -> tuple[list[Request], int]:
+        """Write a step's sampled tokens over their placeholders, then finish the sequences
+        that `check_stop` stops (called only where a token can stop one: a stop or EOS token,
+        the last allowed token, or a request whose text is checked for stop strings).
+
+        Returns (the first samples of the requests to report: streamed ones that advanced and
+        those whose every sample is now finished; the number of tokens written). Rows of
+        sequences finished since the plan was made (aborted, or stopped by the token before)
+        are dropped.
+
+        events: when given (the engine core's token-event mode), a TokenEvent per written
+        token is appended to it, and only the requests whose every sample finished are
+        returned."""
+        sampled, indices = self._sampled.pop(plan.step_id)
+        token_ids = result.sampled_token_ids
+        assert len(token_ids) == len(sampled), (
+            f"step {plan.step_id}: {len(token_ids)} sampled tokens for {len(sampled)} rows")
+        logprobs = result.logprobs
+        now = time.monotonic()
+        touched: dict[str, Request] = {}
+        num_generated = 0
+        for i, (req, index, token) in enumerate(zip(sampled, indices, token_ids)):
+            if req.is_finished:
+                continue  # aborted, or stopped by the token before this one: drop the row
+            output_token_ids = req.output_token_ids
+            output_token_ids[index] = token
+            if index == len(output_token_ids) - 1:
+                req.num_pending_tokens = 0
+            if logprobs is not None and logprobs[i] is not None:
+                req.output_logprobs.append(logprobs[i])
+            if req.first_token_time is None:
+                req.first_token_time = now
+            req.last_token_time = now
+            num_generated += 1
+            status = None
+            # the full check only where it can stop the request or must see the text (a
+            # request never reaches max_model_len before max_tokens: validate_prompt)
+            if (token in req.stop_token_set or index + 1 >= req.params.max_tokens
+                    or (req.detokenizer is not None and (req.stream or req.params.stop))):
+                status = check_stop(req, token, index + 1)
+            if status is not None:
+                # a later step may have appended a placeholder already: it is not a token
+                del output_token_ids[index + 1:]
+                req.num_pending_tokens = 0
+                self.finish(req, status)
+            head = req.group[0]
+            if events is not None:
+                events.append(TokenEvent(
+                    head.request_id, req.sample_index, token,
+                    None if logprobs is None else logprobs[i],
+                    None if status is None else status._value_,
+                    None if status is None else req.stop_reason))
+                if status is not None and all(s.is_finished for s in head.group):
+                    touched[head.request_id] = head
+            elif head.stream or (status is not None and all(s.is_finished for s in head.group)):
+                touched[head.request_id] = head
+        return list(touched.values()), num_generated
 
 
 def _insert_sorted(queue: list[Request], req: Request) -> None:

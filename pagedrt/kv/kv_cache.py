@@ -1,8 +1,12 @@
 """The KV cache tensors: per layer K and V of shape
 [num_blocks, block_size, num_kv_heads, head_dim], plus the CPU pool used for swapping,
-and the block copies between them."""
+and the block copies between them. Built from a `KVCacheSpec`, so that a cache of another
+dtype (FP8) or with the KV heads of one tensor-parallel rank changes only the spec
+(docs/design.md)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -11,17 +15,59 @@ from pagedrt.kv.kv_cache_manager import PendingCopies
 from pagedrt.ops.attention import copy_blocks
 
 
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """The layout of the KV cache of one rank.
+
+    Attributes:
+        num_layers: decoder layers (one K and one V tensor each).
+        num_kv_heads: KV heads held by this rank.
+        head_dim: width of one head.
+        block_size: tokens per block.
+        dtype: element type of the cache (may differ from the model's).
+    """
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "num_kv_heads", "head_dim", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"KVCacheSpec.{name}={value!r}; it must be an int >= 1")
+
+    @classmethod
+    def for_model(cls, model_config: ModelConfig, block_size: int,
+                  dtype: torch.dtype) -> KVCacheSpec:
+        """The spec of a single-rank cache holding all of the model's KV heads."""
+        return cls(model_config.num_hidden_layers, model_config.num_key_value_heads,
+                   model_config.head_dim, block_size, dtype)
+
+    @property
+    def block_shape(self) -> tuple[int, int, int]:
+        """(block_size, num_kv_heads, head_dim): one block of one layer's K (or V)."""
+        return (self.block_size, self.num_kv_heads, self.head_dim)
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes of one block across all layers, K and V:
+        2 * num_layers * block_size * num_kv_heads * head_dim * element size."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return (2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim
+                * elem)
+
+
 def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of one block across all layers, K and V: 2 * layers * block_size * kv_heads * d."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    return (2 * model_config.num_hidden_layers * block_size * model_config.num_key_value_heads
-            * model_config.head_dim * elem)
+    """Bytes of one block of a single-rank cache of this model (`KVCacheSpec.bytes_per_block`)."""
+    return KVCacheSpec.for_model(model_config, block_size, dtype).bytes_per_block
 
 
 def num_blocks_for_budget(
-    model_config: ModelConfig,
+    spec: KVCacheSpec,
     engine_config: EngineConfig,
-    dtype: torch.dtype,
     device: torch.device,
     reserved_bytes: int = 0,
 ) -> int:
@@ -32,7 +78,7 @@ def num_blocks_for_budget(
     Raises:
         ValueError: the budget leaves no room for even one block.
     """
-    per_block = kv_bytes_per_block(model_config, engine_config.block_size, dtype)
+    per_block = spec.bytes_per_block
     if engine_config.num_kv_blocks is not None:
         return engine_config.num_kv_blocks
     if device.type == "cuda":
@@ -57,16 +103,17 @@ class KVCache:
 
     def __init__(
         self,
-        model_config: ModelConfig,
+        spec: KVCacheSpec,
         num_blocks: int,
-        block_size: int,
         num_cpu_blocks: int,
-        dtype: torch.dtype,
         device: torch.device,
         backend: str = "auto",
     ) -> None:
-        shape = (num_blocks, block_size, model_config.num_key_value_heads, model_config.head_dim)
-        n = model_config.num_hidden_layers
+        """K and V of `spec.num_layers` layers, each [num_blocks, *spec.block_shape] of
+        `spec.dtype` on `device`, and a CPU pool of `num_cpu_blocks` blocks."""
+        self.spec = spec
+        shape = (num_blocks, *spec.block_shape)
+        n, dtype = spec.num_layers, spec.dtype
         self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)]
         self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)]
         cpu_shape = (num_cpu_blocks, *shape[1:])

@@ -19,9 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from pagedrt.engine.request import Request
+from pagedrt.core.request import Request
 from pagedrt.kv.block_pool import BlockPool, KVBlock, hash_token_blocks, root_hash
 
 
@@ -62,12 +60,8 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         self._block_hashes: dict[str, list[bytes]] = {}  # hashes of the full blocks of a request
         self._num_cached_blocks: dict[str, int] = {}  # leading blocks already offered to the cache
-        # block tables as rows of one int32 array, written when a request's blocks change (see
-        # block_tables); row 0 stays empty for requests without blocks
-        self._table = np.zeros((64, 64), dtype=np.int32)
-        self._table_lens = np.zeros(64, dtype=np.int64)  # ids written in each row
-        self._table_rows: dict[str, int] = {}  # request id -> its row
-        self._free_table_rows = list(range(63, 0, -1))
+        # request id -> first index of its block table changed since the last step plan
+        self._changed: dict[str, int] = {}
         self.num_cpu_blocks = num_cpu_blocks
         self._free_cpu_blocks = list(range(num_cpu_blocks - 1, -1, -1))
         self.req_to_cpu_blocks: dict[str, list[int]] = {}
@@ -95,52 +89,26 @@ class KVCacheManager:
         """The request's block table as ids."""
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 
-    def block_tables(self, request_ids: list[str]) -> np.ndarray:
-        """Block tables of several requests, [len(request_ids), most blocks] int32, each row
-        padded with 0 past the request's blocks (a request without blocks: all 0).
+    def take_block_changes(self) -> dict[str, tuple[int, list[int]]]:
+        """The block-table changes since the last call, for the step plan: request id ->
+        (start, block ids): from index `start` on, the table is now those ids. Appends give
+        the new ids, a copy-on-write the replaced last entry on, a swap-in the whole table.
+        Tables freed or swapped out since are left out, and so are forked children's (the
+        device side copies the parent's)."""
+        changes = {}
+        for request_id, start in self._changed.items():
+            blocks = self.req_to_blocks[request_id]
+            changes[request_id] = (start, [b.block_id for b in blocks[start:]])
+        self._changed = {}
+        return changes
 
-        Every request with blocks keeps a row of one array, written when its blocks change
-        (`_sync_table_row`, once per block_size tokens in decode), so this is a row gather.
-        """
-        rows = [self._table_rows.get(request_id, 0) for request_id in request_ids]
-        width = max(int(self._table_lens[rows].max()), 1) if rows else 1
-        return self._table[rows, :width]
+    @property
+    def has_block_changes(self) -> bool:
+        """Some block table changed since the last `take_block_changes`."""
+        return bool(self._changed)
 
-    def _sync_table_row(self, request_id: str) -> None:
-        """Write the block ids appended to a request's table since its row was last written
-        (the row was cleared by `_drop_table_row` if the table changed otherwise)."""
-        blocks = self.req_to_blocks.get(request_id, ())
-        row = self._table_rows.get(request_id)
-        if row is None:
-            if not blocks:
-                return
-            row = self._table_row(request_id)
-        num_written, num_ids = int(self._table_lens[row]), len(blocks)
-        if num_written != num_ids:  # only grows: a changed table dropped the row first
-            if num_ids > self._table.shape[1]:
-                self._table = np.pad(self._table, ((0, 0), (0, num_ids)))
-            self._table[row, num_written:num_ids] = [b.block_id for b in blocks[num_written:]]
-            self._table_lens[row] = num_ids
-
-    def _table_row(self, request_id: str) -> int:
-        if not self._free_table_rows:  # double the rows
-            n = self._table.shape[0]
-            self._table = np.pad(self._table, ((0, n), (0, 0)))
-            self._table_lens = np.pad(self._table_lens, (0, n))
-            self._free_table_rows = list(range(2 * n - 1, n - 1, -1))
-        row = self._table_rows[request_id] = self._free_table_rows.pop()
-        return row
-
-    def _drop_table_row(self, request_id: str, release_row: bool = False) -> None:
-        """Clear the row of a request whose blocks changed other than by appending (copy-on-
-        write, swap) or were freed; `release_row` also gives the row back."""
-        row = self._table_rows.get(request_id)
-        if row is not None:
-            self._table[row, : self._table_lens[row]] = 0
-            self._table_lens[row] = 0
-            if release_row:
-                del self._table_rows[request_id]
-                self._free_table_rows.append(row)
+    def _note_change(self, request_id: str, start: int) -> None:
+        self._changed[request_id] = min(self._changed.get(request_id, start), start)
 
     # ----------------------------------------------------------------- prefix cache
     def _request_block_hashes(self, request: Request, num_full_blocks: int) -> list[bytes]:
@@ -183,8 +151,9 @@ class KVCacheManager:
         """Make room for `num_new_tokens` more tokens after the request's computed ones.
 
         `new_computed_blocks` (from `get_computed_blocks`, at admission) are taken as cache
-        hits and advance `request.num_computed_tokens`. Returns the newly allocated blocks, or
-        None when the pool is short, with no state changed.
+        hits: the new tokens come after them (the caller, the scheduler, then counts them in
+        `request.num_computed_tokens`; nothing here writes request state). Returns the newly
+        allocated blocks, or None when the pool is short, with no state changed.
         """
         assert num_new_tokens >= 1, f"num_new_tokens={num_new_tokens}"
         bs = self.block_size
@@ -210,22 +179,22 @@ class KVCacheManager:
             self.stats.prefix_cache_queries += request.num_tokens
             self.stats.prefix_cache_hits += len(hits) * self.block_size
             self.pool.touch(hits)
-            request.num_computed_tokens = num_computed
         elif self.enable_caching and request.num_computed_tokens == 0 and not blocks:
             self.stats.prefix_cache_queries += request.num_tokens
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        first_changed = len(blocks) - cow
         blocks.extend(hits)
         if cow:
             (copy,) = self.pool.get_new_blocks(1)
             shared = blocks[-1]
             self.pool.free_blocks([shared])
             blocks[-1] = copy
-            self._drop_table_row(request.request_id)
             self.pending.copy.append((shared.block_id, copy.block_id))
             self.stats.num_cow_copies += 1
         new_blocks = self.pool.get_new_blocks(num_new_blocks) or []
         blocks.extend(new_blocks)
-        self._sync_table_row(request.request_id)
+        if len(blocks) > first_changed:
+            self._note_change(request.request_id, first_changed)
         self._cache_full_blocks(request, num_computed + num_new_tokens)
         return new_blocks
 
@@ -243,19 +212,18 @@ class KVCacheManager:
         self._num_cached_blocks[request.request_id] = num_full
 
     def fork(self, parent: Request, child: Request) -> None:
-        """Give `child` the parent's blocks (one more reference each) and its token count."""
+        """Give `child` the parent's blocks (one more reference each). Records no block-table
+        change: the device side copies the parent's table when it forks the row."""
         blocks = self.req_to_blocks[parent.request_id]
         self.pool.touch(blocks)
         self.req_to_blocks[child.request_id] = list(blocks)
-        self._sync_table_row(child.request_id)
-        child.num_computed_tokens = parent.num_computed_tokens
         self._num_cached_blocks[child.request_id] = self._num_cached_blocks.get(
             parent.request_id, 0)
 
     def free(self, request: Request) -> None:
         """Release all of a request's blocks (device and CPU); idempotent."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
-        self._drop_table_row(request.request_id, release_row=True)
+        self._changed.pop(request.request_id, None)
         self.pool.free_blocks(list(reversed(blocks)))
         self._block_hashes.pop(request.request_id, None)
         self._num_cached_blocks.pop(request.request_id, None)
@@ -275,7 +243,7 @@ class KVCacheManager:
         cpu_blocks = [self._free_cpu_blocks.pop() for _ in blocks]
         self.pending.swap_out.extend(zip((b.block_id for b in blocks), cpu_blocks))
         self.req_to_cpu_blocks[request.request_id] = cpu_blocks
-        self._drop_table_row(request.request_id)
+        self._changed.pop(request.request_id, None)
         self.pool.free_blocks(list(reversed(self.req_to_blocks.pop(request.request_id))))
         self._num_cached_blocks.pop(request.request_id, None)
         self.stats.num_swapped_out_blocks += len(cpu_blocks)
@@ -294,8 +262,7 @@ class KVCacheManager:
         self.pending.swap_in.extend(zip(cpu_blocks, (b.block_id for b in blocks)))
         self._free_cpu_blocks.extend(reversed(cpu_blocks))
         self.req_to_blocks[request.request_id] = blocks
-        self._drop_table_row(request.request_id)
-        self._sync_table_row(request.request_id)
+        self._note_change(request.request_id, 0)
         self.stats.num_swapped_in_blocks += len(blocks)
         self._cache_full_blocks(request, request.num_computed_tokens)
 
@@ -354,7 +321,7 @@ class KVCacheManager:
         }
 
     def check_integrity(self) -> None:
-        """Assert the invariants of shared/DESIGN.md: states partition the pool, ref counts
+        """Assert the invariants of docs/design.md: states partition the pool, ref counts
         equal the number of block tables holding each block, CPU blocks are each owned once."""
         self.pool.check_integrity()
         holders = Counter(b.block_id for blocks in self.req_to_blocks.values() for b in blocks)
@@ -367,12 +334,6 @@ class KVCacheManager:
         free = self.pool.num_free_blocks - evictable
         in_use = sum(1 for b in self.pool.blocks if b.ref_cnt > 0)
         assert free + evictable + in_use == self.num_blocks, (free, evictable, in_use)
-        for request_id, blocks in self.req_to_blocks.items():
-            row = self._table_rows.get(request_id, 0)
-            kept = self._table[row, : self._table_lens[row]].tolist()
-            assert kept == [b.block_id for b in blocks], (
-                f"{request_id}: block table row {kept} but blocks {[b.block_id for b in blocks]}")
-        assert not self._table[0].any(), "row 0 (requests without blocks) is not empty"
         owned = [c for blocks in self.req_to_cpu_blocks.values() for c in blocks]
         assert len(owned) == len(set(owned)), "a CPU block is owned twice"
         assert len(owned) + len(self._free_cpu_blocks) == self.num_cpu_blocks, (

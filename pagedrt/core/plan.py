@@ -1,0 +1,114 @@
+"""The step plan and the step result: everything that crosses between the host-side core
+(scheduler, KV manager, requests) and the device side (model runner, sampler, KV cache) in one
+step. Both are plain data that pickles (ints, strings, lists, `SamplingParams`), never a live
+`Request`, so a step can be sent to another process. docs/design.md has the whole picture.
+
+    host (Scheduler.schedule)  --StepPlan-->  device (ModelRunner.execute)
+    host (Scheduler.update)    <--StepResult-- device (ModelRunner.fetch)
+
+The device side keeps a persistent row per request (`pagedrt/engine/input_batch.py`): a plan
+names the requests it sees for the first time (`new_requests`), and for the others only what
+changed (new token counts, block-id changes, block copies). A request's row is dropped when the
+plan lists it in `finished_req_ids` or `preempted_req_ids`.
+
+Tokens: the device side appends to a row the tokens it sampled itself, so a plan carries token
+ids only for requests new to the device side. A row whose last token was sampled by the
+previous step and is not on the host yet (async scheduling) takes it from that step's sampled
+ids on the device; the plan needs to say nothing about it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pagedrt.kv.kv_cache_manager import PendingCopies
+from pagedrt.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    """A request without a device-side row: admitted now, or resumed after a preemption.
+
+    Attributes:
+        req_id: the sequence's id (a forked sample's is "<request id>#<sample index>").
+        prompt_token_ids: the prompt.
+        output_token_ids: tokens generated so far (resumed requests), every one known.
+        sampling_params: the request's settings.
+        sample_index: which of the `n` samples this is; a seeded request's generator starts
+            from `seed + sample_index`.
+        eos_token_ids: the model's EOS ids (min_tokens suppresses them).
+        block_ids: the request's whole block table.
+        num_computed_tokens: tokens already in the KV cache before this step (prefix-cache
+            hits, or the computed tokens of a swapped request).
+    """
+
+    req_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    sampling_params: SamplingParams
+    sample_index: int
+    eos_token_ids: tuple[int, ...]
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class StepPlan:
+    """What one step computes, in row order (`Scheduler.schedule` makes it).
+
+    Attributes:
+        step_id: increases by one per plan.
+        req_ids: the scheduled sequences, in row order (running ones, then resumed and new).
+        num_new_tokens: tokens each computes this step (query length, >= 1).
+        num_computed_tokens: tokens each has in the KV cache before this step (the position of
+            its first new token).
+        new_requests: the scheduled sequences the device side has no row for.
+        block_changes: req_id -> (start, block_ids): from index `start` on, the request's block
+            table is `block_ids` (appended blocks; a copy-on-write or swap replaces entries).
+            Only requests whose table changed other than by the new requests' full tables.
+        copies: block copies to make before the forward (swap-outs, copy-on-write, swap-ins).
+        forks: parent req_id -> ids of the samples it forks into once this step completes its
+            prompt (n > 1); each child samples its own first token from the parent's logits
+            row, and its rows follow the parent's in the sampled order.
+        finished_req_ids: sequences finished or aborted since the last plan that have a row.
+        preempted_req_ids: sequences preempted by this plan (their rows are dropped first).
+        num_prompt_tokens: tokens of the step that are not decodes of the last sampled token
+            (counters).
+    """
+
+    step_id: int = 0
+    req_ids: list[str] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    block_changes: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
+    copies: PendingCopies = field(default_factory=PendingCopies)
+    forks: dict[str, list[str]] = field(default_factory=dict)
+    finished_req_ids: list[str] = field(default_factory=list)
+    preempted_req_ids: list[str] = field(default_factory=list)
+    num_prompt_tokens: int = 0
+
+    @property
+    def total_num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def __bool__(self) -> bool:
+        """True when the step runs the model (some request is scheduled)."""
+        return bool(self.req_ids)
+
+
+@dataclass
+class StepResult:
+    """What the device side returns for a step (`ModelRunner.fetch`).
+
+    Attributes:
+        req_ids: the sampled sequences in row order: every scheduled request whose step
+            completed its known tokens, each parent of `forks` followed by its children.
+        sampled_token_ids: one token id per entry of `req_ids`.
+        logprobs: one `TokenLogprobs` (or None, for a row that did not ask) per entry; None
+            when no row asked.
+    """
+
+    req_ids: list[str] = field(default_factory=list)
+    sampled_token_ids: list[int] = field(default_factory=list)
+    logprobs: list | None = None

@@ -1,0 +1,245 @@
+"""InputBatch: the device side's persistent per-request rows (docs/design.md, "Device side").
+
+The model runner never reads a `Request`: it keeps one row per sequence it knows, built from
+the step plans (pagedrt/core/plan.py) and from the tokens it samples itself, so that a decode
+step of 256 rows is a handful of numpy gathers instead of a Python call per request.
+
+    row r:  token_ids[r]    | prompt ............ | generated ... | -1 |   (int32)
+                            |<--------------- num_tokens[r] ------------>|
+                                                                  ^ a token still being
+                            sampled: pending[r] is its index in the sampled ids of step
+                            pending_step[r] (async scheduling), -1 once its value is written
+            block_table[r]  | b0 | b1 | ... | b(num_blocks[r]-1) | 0 ... |  (int32)
+            num_computed_tokens[r]: tokens in the KV cache after the latest step that ran it
+            states[r]: sampling settings, the seeded generator, the prompt (RowState)
+
+A row is created by `NewRequestData` (admission, resumption after preemption) or by a fork,
+changed by block-table changes and by sampling, and freed when a plan lists its request as
+finished or preempted. A preempted request's generator is kept until the request finishes, so
+a seeded request resumes its random stream where it stopped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pagedrt.core.plan import NewRequestData, StepPlan
+from pagedrt.core.request import PLACEHOLDER_TOKEN_ID
+from pagedrt.sampling_params import SamplingParams
+
+
+class RowState:
+    """The per-row settings the sampler reads (it has the attributes of `SamplingRow`).
+
+    Attributes:
+        req_id: the sequence's id.
+        params: its sampling settings.
+        generator: its RNG (seeded requests) on the device; None: the runner's default one.
+        prompt_token_ids: the prompt (repetition penalty).
+        eos_token_ids: the model's EOS ids (min_tokens).
+        sample_index: which of the request's n samples this is.
+    """
+
+    __slots__ = ("_batch", "eos_token_ids", "generator", "params", "prompt_token_ids",
+                 "req_id", "row", "sample_index")
+
+    def __init__(self, batch: InputBatch, row: int, req_id: str, params: SamplingParams,
+                 generator: torch.Generator | None, prompt_token_ids: list[int],
+                 eos_token_ids: tuple[int, ...], sample_index: int) -> None:
+        self._batch = batch
+        self.row = row
+        self.req_id = req_id
+        self.params = params
+        self.generator = generator
+        self.prompt_token_ids = prompt_token_ids
+        self.eos_token_ids = eos_token_ids
+        self.sample_index = sample_index
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """Tokens generated so far ([-1] for one still being sampled), from the row."""
+        b, r = self._batch, self.row
+        return b.token_ids[r, len(self.prompt_token_ids): b.num_tokens[r]].tolist()
+
+
+class InputBatch:
+    """Rows of every sequence the device side knows; see the module docstring."""
+
+    def __init__(self, max_model_len: int, device: torch.device, num_rows: int = 64) -> None:
+        self.max_model_len = max_model_len
+        self.device = device
+        self.token_ids = np.zeros((num_rows, max_model_len), dtype=np.int32)
+        self.num_tokens = np.zeros(num_rows, dtype=np.int64)
+        self.num_computed_tokens = np.zeros(num_rows, dtype=np.int64)
+        self.block_table = np.zeros((num_rows, 16), dtype=np.int32)
+        self.num_blocks = np.zeros(num_rows, dtype=np.int64)
+        self.pending = np.full(num_rows, -1, dtype=np.int64)
+        self.pending_step = np.full(num_rows, -1, dtype=np.int64)
+        # bumped whenever a row changes hands: a result read after its row was dropped (and
+        # maybe reused) must not write into it
+        self.epoch = np.zeros(num_rows, dtype=np.int64)
+        self.states: list[RowState | None] = [None] * num_rows
+        self.row_of: dict[str, int] = {}
+        self._free_rows = list(range(num_rows - 1, -1, -1))
+        # of preempted requests: (generator, pending, pending_step) of the dropped row
+        self._parked: dict[str, tuple[torch.Generator | None, int, int]] = {}
+
+    # ----------------------------------------------------------------- rows
+    def rows(self, req_ids: list[str]) -> np.ndarray:
+        """[len(req_ids)] int64 row of each id (KeyError for an id without a row)."""
+        return np.fromiter(map(self.row_of.__getitem__, req_ids), np.int64, len(req_ids))
+
+    def _take_row(self, req_id: str) -> int:
+        assert req_id not in self.row_of, f"{req_id} already has row {self.row_of[req_id]}"
+        if not self._free_rows:
+            n = len(self.states)
+            self.token_ids = np.pad(self.token_ids, ((0, n), (0, 0)))
+            self.block_table = np.pad(self.block_table, ((0, n), (0, 0)))
+            for name in ("num_tokens", "num_computed_tokens", "num_blocks", "epoch"):
+                setattr(self, name, np.pad(getattr(self, name), (0, n)))
+            self.pending = np.pad(self.pending, (0, n), constant_values=-1)
+            self.pending_step = np.pad(self.pending_step, (0, n), constant_values=-1)
+            self.states += [None] * n
+            self._free_rows = list(range(2 * n - 1, n - 1, -1))
+        row = self._free_rows.pop()
+        self.row_of[req_id] = row
+        self.epoch[row] += 1
+        return row
+
+    def _drop_row(self, req_id: str, preempted: bool) -> None:
+        """Free a request's row; a preempted one keeps its generator and where its token
+        still being sampled is, for when it resumes (`add_request`)."""
+        row = self.row_of.pop(req_id, None)
+        if row is None:
+            if not preempted:
+                self._parked.pop(req_id, None)
+            return
+        if preempted:
+            self._parked[req_id] = (self.states[row].generator, int(self.pending[row]),
+                                    int(self.pending_step[row]))
+        self.states[row] = None
+        self.block_table[row, : self.num_blocks[row]] = 0
+        self.num_tokens[row] = self.num_computed_tokens[row] = self.num_blocks[row] = 0
+        self.pending[row] = self.pending_step[row] = -1
+        self.epoch[row] += 1
+        self._free_rows.append(row)
+
+    def _set_blocks(self, row: int, start: int, block_ids: list[int]) -> None:
+        end = start + len(block_ids)
+        if end > self.block_table.shape[1]:
+            self.block_table = np.pad(self.block_table,
+                                      ((0, 0), (0, max(end, 2 * self.block_table.shape[1])
+                                                - self.block_table.shape[1])))
+        self.block_table[row, start:end] = block_ids
+        self.block_table[row, end: self.num_blocks[row]] = 0
+        self.num_blocks[row] = end
+
+    def _generator(self, params: SamplingParams, sample_index: int) -> torch.Generator | None:
+        if params.seed is None:
+            return None
+        return torch.Generator(device=self.device).manual_seed(params.seed + sample_index)
+
+    def add_request(self, new: NewRequestData) -> int:
+        """A row for a request the device side has not seen (or saw before a preemption)."""
+        row = self._take_row(new.req_id)
+        num_prompt = len(new.prompt_token_ids)
+        num_tokens = num_prompt + len(new.output_token_ids)
+        assert num_tokens <= self.max_model_len, (
+            f"{new.req_id}: {num_tokens} tokens > max_model_len={self.max_model_len}")
+        self.token_ids[row, :num_prompt] = new.prompt_token_ids
+        self.token_ids[row, num_prompt:num_tokens] = new.output_token_ids
+        self.num_tokens[row] = num_tokens
+        self.num_computed_tokens[row] = new.num_computed_tokens
+        self.num_blocks[row] = 0
+        self._set_blocks(row, 0, new.block_ids)
+        generator, pending, pending_step = self._parked.pop(new.req_id, (None, -1, -1))
+        if generator is None:
+            generator = self._generator(new.sampling_params, new.sample_index)
+        if new.output_token_ids and new.output_token_ids[-1] == PLACEHOLDER_TOKEN_ID:
+            # resumed right after a preemption, its last token still being sampled
+            assert pending >= 0, f"{new.req_id}: a token in flight, but none was parked"
+            self.pending[row], self.pending_step[row] = pending, pending_step
+        self.states[row] = RowState(self, row, new.req_id, new.sampling_params, generator,
+                                    new.prompt_token_ids, new.eos_token_ids, new.sample_index)
+        return row
+
+    def fork(self, parent_row: int, child_id: str, sample_index: int) -> int:
+        """A row for a forked sample: a copy of the parent's row (tokens, computed count,
+        block table) with its own generator."""
+        row = self._take_row(child_id)
+        p = self.states[parent_row]
+        n = int(self.num_tokens[parent_row])
+        self.token_ids[row, :n] = self.token_ids[parent_row, :n]
+        self.num_tokens[row] = n
+        self.num_computed_tokens[row] = self.num_computed_tokens[parent_row]
+        self.num_blocks[row] = 0
+        nb = int(self.num_blocks[parent_row])
+        self._set_blocks(row, 0, self.block_table[parent_row, :nb])
+        self.pending[row] = self.pending[parent_row]
+        self.pending_step[row] = self.pending_step[parent_row]
+        self.states[row] = RowState(self, row, child_id, p.params,
+                                    self._generator(p.params, sample_index),
+                                    p.prompt_token_ids, p.eos_token_ids, sample_index)
+        return row
+
+    def apply(self, plan: StepPlan) -> np.ndarray:
+        """Bring the rows up to the plan: drop finished and preempted requests, add the new
+        ones, write block-table changes. Returns the rows of `plan.req_ids` ([num scheduled]
+        int64); the step's computed counts come from the plan (`ModelRunner.prepare`)."""
+        for req_id in plan.finished_req_ids:
+            self._drop_row(req_id, preempted=False)
+        for req_id in plan.preempted_req_ids:
+            self._drop_row(req_id, preempted=True)
+        for new in plan.new_requests:
+            self.add_request(new)
+        row_of = self.row_of
+        for req_id, (start, block_ids) in plan.block_changes.items():
+            row = row_of[req_id]
+            assert start <= self.num_blocks[row], (
+                f"{req_id}: block change from index {start}, the row has {self.num_blocks[row]}")
+            self._set_blocks(row, start, block_ids)
+        return self.rows(plan.req_ids)
+
+    def append_sampled(self, rows: np.ndarray, step_id: int) -> np.ndarray:
+        """Each row gets one token slot for its token just sampled (row i of the step's
+        sampled ids), its value unknown on the host yet; returns the slots' positions."""
+        positions = self.num_tokens[rows]
+        assert not len(rows) or positions.max() < self.max_model_len, (
+            f"a row would pass max_model_len={self.max_model_len}")
+        self.token_ids[rows, positions] = PLACEHOLDER_TOKEN_ID
+        self.num_tokens[rows] = positions + 1
+        self.pending[rows] = np.arange(len(rows))
+        self.pending_step[rows] = step_id
+        return positions
+
+    def write_sampled(self, req_ids: list[str], rows: np.ndarray, epochs: np.ndarray,
+                      positions: np.ndarray, token_ids: list[int], step_id: int) -> None:
+        """The values of a step's sampled tokens (see `append_sampled`). A row dropped since
+        (finished or preempted) is skipped; a request resumed since in another row whose last
+        token is still this one gets it there."""
+        if not len(rows):
+            return
+        same = self.epoch[rows] == epochs
+        if not same.all():
+            for i in np.flatnonzero(~same).tolist():
+                row = self.row_of.get(req_ids[i])
+                if (row is not None and self.pending_step[row] == step_id
+                        and self.pending[row] == i):
+                    self.token_ids[row, self.num_tokens[row] - 1] = token_ids[i]
+                    self.pending[row] = self.pending_step[row] = -1
+            rows, positions = rows[same], positions[same]
+            token_ids = np.asarray(token_ids, dtype=np.int64)[same]
+        self.token_ids[rows, positions] = token_ids
+        done = rows[self.pending_step[rows] == step_id]
+        self.pending[done] = -1
+        self.pending_step[done] = -1
+
+    # ----------------------------------------------------------------- checks
+    def row_view(self, req_id: str) -> tuple[list[int], int, list[int]]:
+        """(token ids with -1 for a token still being sampled, num_computed_tokens, block ids)
+        of a request's row, for integrity checks and tests."""
+        row = self.row_of[req_id]
+        return (self.token_ids[row, : self.num_tokens[row]].tolist(),
+                int(self.num_computed_tokens[row]),
+                self.block_table[row, : self.num_blocks[row]].tolist())
