@@ -216,3 +216,19 @@ def test_half_precision_logits_greedy_without_upcast_equals_float32(dtype):
         out = Sampler()(logits, rows)
         assert torch.equal(out.token_ids, expected)
     assert Sampler()(logits, mixed).logprobs[1].token_id == int(expected[1])
+
+
+def test_tiny_temperatures_are_greedy_and_the_floor_samples_finitely():
+    """1e-40 would overflow logits / temperature to inf (NaN after the softmax): below
+    MIN_SAMPLING_TEMPERATURE (1e-5) rows are greedy; at the floor, sampling stays finite and
+    (with logits this far apart) picks the argmax."""
+    logits = _logits(4) * 100  # large logits: what overflows first
+    argmax = logits.argmax(-1)
+    for temperature in (1e-40, 5e-324, 9e-6):
+        out = Sampler()(logits, [_row(temperature=temperature, seed=i) for i in range(4)])
+        assert torch.equal(out.token_ids, argmax), temperature
+        mixed = [_row(temperature=temperature), _row(temperature=1.0, top_k=3, seed=1),
+                 _row(temperature=temperature, min_p=0.1), _row(temperature=temperature)]
+        assert torch.equal(Sampler()(logits, mixed).token_ids[[0, 2, 3]], argmax[[0, 2, 3]])
+    out = Sampler()(logits, [_row(temperature=1e-5, top_p=0.9, seed=i) for i in range(4)])
+    assert torch.equal(out.token_ids, argmax)

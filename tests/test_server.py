@@ -55,7 +55,7 @@ def greedy(llm: LLM, prompts: list[str], max_tokens: int) -> list:
 
 
 def metrics(server: str) -> dict[str, float]:
-    text = httpx.get(f"{server}/metrics", timeout=10).text
+    text = httpx.get(f"{server}/metrics", headers=AUTH, timeout=10).text
     values = {}
     for line in text.splitlines():
         match = re.match(r"^(pagedrt_\w+(?:\{[^}]*\})?) (\S+)$", line)
@@ -277,6 +277,22 @@ BAD_REQUESTS = [
     ("wrong api key", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]},
      {"Authorization": "Bearer nope"}, 401, None),
     ("models without key", "/v1/models", None, {}, 401, None),
+    ("metrics without key", "/metrics", None, {}, 401, None),
+    ("openapi.json without key", "/openapi.json", None, {}, 401, None),
+    ("temperature NaN", "/v1/completions", b'{"prompt": "hi", "temperature": NaN}', AUTH, 400,
+     "temperature"),
+    ("temperature Infinity", "/v1/chat/completions",
+     b'{"messages": [{"role": "user", "content": "hi"}], "temperature": Infinity}', AUTH, 400,
+     "temperature"),
+    ("repetition_penalty 1e400", "/v1/completions",
+     b'{"prompt": "hi", "repetition_penalty": 1e400}', AUTH, 400, "repetition_penalty"),
+    ("top_p -Infinity", "/v1/completions", b'{"prompt": "hi", "top_p": -Infinity}', AUTH, 400,
+     "top_p"),
+    ("too many prompts", "/v1/completions", {"prompt": ["hi"] * 300}, AUTH, 400, "prompt"),
+    ("prompt text far beyond max_model_len", "/v1/completions", {"prompt": "a " * 200_000},
+     AUTH, 400, "prompt"),
+    ("1 MB model name", "/v1/completions", {"prompt": "hi", "model": "m" * 2**20}, AUTH, 404,
+     "model"),
 ]
 
 
@@ -311,7 +327,7 @@ def test_openai_client_raises_typed_errors(client):
 
 # ---------------------------------------------------------------- metrics
 def test_metrics_exposes_the_series(server):
-    text = httpx.get(f"{server}/metrics", timeout=10).text
+    text = httpx.get(f"{server}/metrics", headers=AUTH, timeout=10).text
     for name in ("pagedrt_num_requests_running", "pagedrt_num_requests_waiting",
                  "pagedrt_kv_blocks_used", "pagedrt_kv_blocks_free", "pagedrt_kv_blocks_cached",
                  "pagedrt_kv_blocks_total", "pagedrt_prefix_cache_hit_rate",

@@ -123,7 +123,7 @@ def test_client_that_stops_reading_does_not_hold_back_another(fresh_server):
                                   "Write an endless poem."],
                        "max_tokens": 400, "n": 2, "logprobs": 5, "ignore_eos": True,
                        "stream": True}).encode()
-    stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+    stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                     b"application/json\r\nContent-Length: " + str(len(body)).encode()
                     + b"\r\n\r\n" + body)
     try:

@@ -43,6 +43,13 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
     n = len(token_ids)
     if n == 0:
         raise ValueError("prompt is empty; give at least one token")
+    # the length first: it costs nothing, the id check below reads every id
+    max_model_len = limits.max_model_len
+    if n > max_model_len:
+        raise ValueError(
+            f"prompt has {n} tokens, more than max_model_len={max_model_len}; "
+            "shorten it or raise max_model_len"
+        )
     vocab = limits.vocab_size
     # fast path in C (set of types, min, max): a Python loop here cost about 20 ms of host
     # time for 256 prompts of 512 tokens, before the first step could start
@@ -52,12 +59,6 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
                    None)
         if bad is not None:  # (an int subclass other than bool passes, as it always did)
             raise ValueError(f"prompt token id {bad!r} is not an int in [0, {vocab})")
-    max_model_len = limits.max_model_len
-    if n > max_model_len:
-        raise ValueError(
-            f"prompt has {n} tokens, more than max_model_len={max_model_len}; "
-            "shorten it or raise max_model_len"
-        )
     if n + params.max_tokens > max_model_len:
         raise ValueError(
             f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = "

@@ -89,7 +89,27 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--api-key", default=None)
+    s.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every path but /health "
+                        "(/metrics too); also turns /docs, /redoc and /openapi.json off")
+    s.add_argument("--allowed-hosts", default=None,
+                   help="comma-separated Host header values accepted, any port ('*.example.com' "
+                        "wildcards; '*' for any); default: localhost,127.0.0.1,[::1] for a "
+                        "loopback --host, '*' for any other")
+    s.add_argument("--allowed-origins", default=None,
+                   help="comma-separated origins browsers may call from (CORS); default none")
+    s.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024,
+                   help="largest request body in bytes; 413 beyond (default: %(default)s)")
+    s.add_argument("--max-prompts-per-request", type=int, default=256,
+                   help="most sequences (prompts x n) in one request; 400 beyond "
+                        "(default: %(default)s)")
+    s.add_argument("--read-timeout", type=float, default=30.0,
+                   help="seconds a client has to send a request's headers (else the "
+                        "connection is closed), and again its body (else 408) "
+                        "(default: %(default)s)")
+    s.add_argument("--shutdown-timeout", type=float, default=4.0,
+                   help="seconds open requests get to finish after SIGTERM before their "
+                        "streams end with an error event; 0: at once (default: %(default)s)")
     s.add_argument("--served-model-name", default=None)
     s.add_argument("--api-server-count", type=int, default=None,
                    help="HTTP front-end processes sharing the port (tokenize, detokenize, SSE); "

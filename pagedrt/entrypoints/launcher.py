@@ -9,9 +9,10 @@ Start-up: the core loads the model and warms up, then reports `CoreInfo`; only t
 launcher open the port (so clients are refused, not kept waiting, while the model loads) and
 start the API processes, which all accept on that one socket (the kernel spreads connections).
 
-Stop: SIGTERM or SIGINT to the launcher is passed to the API processes, which drain (see
-openai_server.py); once they are gone the core sees its pipes close and exits; anything still
-alive after `_STOP_TIMEOUT_S` in all is killed. If the core dies, the API processes fail their
+Stop: SIGTERM or SIGINT to the launcher is passed to the API processes, which drain for
+`--shutdown-timeout` seconds (see openai_server.py); once they are gone the core sees its pipes
+close and exits; anything still alive `_STOP_MARGIN_S` after the drain is killed (9 s in all
+by default). If the core dies, the API processes fail their
 requests, answer 503 for a moment and exit with 1; the launcher then exits with 1 too (a
 supervisor such as systemd or Kubernetes restarts it: reloading a model in place would serve
 503s just as long and could not recover a device left in an error state). If an API process
@@ -32,11 +33,12 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
 from pagedrt.entrypoints.engine_core import CoreInfo, CoreSpec, profiled, run_engine_core
+from pagedrt.entrypoints.guards import HttpOptions, default_allowed_hosts
 
 logger = logging.getLogger("pagedrt.launcher")
 
-# Seconds from SIGTERM until every process is gone (the API processes drain within it).
-_STOP_TIMEOUT_S = 9.0
+# Seconds from the end of the drain (--shutdown-timeout) until every process is gone.
+_STOP_MARGIN_S = 5.0
 
 
 @dataclass
@@ -47,8 +49,21 @@ class ApiSpec:
     input_address: str
     output_address: str
     served_model_name: str
-    api_key: str | None
+    http: HttpOptions
     verbose: bool
+
+
+def http_options(args) -> HttpOptions:
+    """HttpOptions from `pagedrt serve`'s options; raises ValueError for bad values."""
+    def names(value: str | None) -> tuple[str, ...]:
+        return tuple(x.strip() for x in (value or "").split(",") if x.strip())
+
+    hosts = names(args.allowed_hosts) or default_allowed_hosts(args.host)
+    return HttpOptions(allowed_hosts=hosts, allowed_origins=names(args.allowed_origins),
+                       api_key=args.api_key, max_request_bytes=args.max_request_bytes,
+                       read_timeout_s=args.read_timeout,
+                       shutdown_timeout_s=args.shutdown_timeout,
+                       max_prompts_per_request=args.max_prompts_per_request)
 
 
 def run_server(args) -> int:
@@ -64,6 +79,7 @@ def run_server(args) -> int:
     if num_api < 1:
         raise ValueError(f"--api-server-count={num_api} must be >= 1")
     config = EngineConfig(**engine_kwargs(args))
+    http = http_options(args)
     listener = _bind(args.host, args.port)  # fail now, before minutes of model loading
     ctx = mp.get_context("spawn")
     tmp = tempfile.mkdtemp(prefix="pagedrt-")
@@ -93,7 +109,7 @@ def run_server(args) -> int:
         name = args.served_model_name or default_model_name(args.model or info.model_path)
         listener.listen(2048)
         for i in range(num_api):
-            api = ApiSpec(i, input_address, output_addresses[i], name, args.api_key,
+            api = ApiSpec(i, input_address, output_addresses[i], name, http,
                           bool(getattr(args, "verbose", False)))
             process = ctx.Process(target=run_api_process,
                                   args=(api, info, listener, pipes[i + 1][0]),
@@ -108,7 +124,8 @@ def run_server(args) -> int:
               f"{limits.num_blocks} KV blocks, {num_api} API process(es), engine core pid "
               f"{info.pid}, API pids {','.join(str(p.pid) for p in apis)}, ready in "
               f"{info.warm_up_s:.1f} s)", flush=True)
-        return _supervise(core, apis, conn, stop)
+        return _supervise(core, apis, conn, stop,
+                          http.shutdown_timeout_s + _STOP_MARGIN_S)
     finally:
         for s, handler in old_handlers.items():
             signal.signal(s, handler)
@@ -158,8 +175,9 @@ def _wait_ready(conn: Connection, core, stop: dict) -> CoreInfo | None:
     return None
 
 
-def _supervise(core, apis: list, conn: Connection, stop: dict) -> int:
-    """Wait until a signal or a process exit; returns the launcher's exit status."""
+def _supervise(core, apis: list, conn: Connection, stop: dict, stop_timeout_s: float) -> int:
+    """Wait until a signal or a process exit; returns the launcher's exit status.
+    `stop_timeout_s`: seconds from then until the API processes must be gone."""
     sentinels = {core.sentinel: core, **{p.sentinel: p for p in apis}}
     while stop["signal"] is None:
         done = wait(list(sentinels), timeout=0.2)
@@ -170,13 +188,13 @@ def _supervise(core, apis: list, conn: Connection, stop: dict) -> int:
         for p in apis:
             if p.is_alive():
                 os.kill(p.pid, signal.SIGTERM)
-        _join_all(apis, time.monotonic() + _STOP_TIMEOUT_S - 1.0)
+        _join_all(apis, time.monotonic() + stop_timeout_s - 1.0)
         return 0
     if not core.is_alive():
         # the API processes fail their requests, answer 503 briefly and exit on their own
         print(f"pagedrt: the engine core died (exit status {core.exitcode}); stopping",
               flush=True)
-        _join_all(apis, time.monotonic() + _STOP_TIMEOUT_S - 1.0)
+        _join_all(apis, time.monotonic() + stop_timeout_s - 1.0)
         return 1
     dead = [p for p in apis if not p.is_alive()]
     print(f"pagedrt: API process {dead[0].name} exited with status {dead[0].exitcode}; "
@@ -184,7 +202,7 @@ def _supervise(core, apis: list, conn: Connection, stop: dict) -> int:
     for p in apis:
         if p.is_alive():
             os.kill(p.pid, signal.SIGTERM)
-    _join_all(apis, time.monotonic() + _STOP_TIMEOUT_S - 1.0)
+    _join_all(apis, time.monotonic() + stop_timeout_s - 1.0)
     return 1
 
 
@@ -221,7 +239,8 @@ def run_api_process(api: ApiSpec, info: CoreInfo, listener: socket.socket,
     import uvicorn
 
     from pagedrt.entrypoints.core_client import EngineCoreClient
-    from pagedrt.entrypoints.openai_server import DEAD_CORE_EXIT_DELAY_S, DRAIN_S, build_app
+    from pagedrt.entrypoints.guards import HeaderTimeoutProtocol
+    from pagedrt.entrypoints.openai_server import DEAD_CORE_EXIT_DELAY_S, build_app
 
     torch.set_num_threads(1)  # no tensor math here: no idle OpenMP threads spinning on cores
     logging.basicConfig(level=logging.INFO if api.verbose else logging.WARNING,
@@ -233,18 +252,22 @@ def run_api_process(api: ApiSpec, info: CoreInfo, listener: socket.socket,
 
         tokenizer = AutoTokenizer.from_pretrained(info.tokenizer_path)
     client = EngineCoreClient(conn, info, api.input_address, api.output_address, api.index)
-    app = build_app(client, tokenizer, api.served_model_name, api.api_key)
+    app = build_app(client, tokenizer, api.served_model_name, api.http)
     server_api = app.state.server
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
             if not server_api.shutting_down:
                 loop = asyncio.get_event_loop()
-                loop.call_soon_threadsafe(loop.create_task, server_api.drain(DRAIN_S))
+                loop.call_soon_threadsafe(loop.create_task,
+                                          server_api.drain(api.http.shutdown_timeout_s))
             super().handle_exit(sig, frame)
 
+    # uvicorn bounds header size and time only through our protocol (guards.py)
     config = uvicorn.Config(app, log_level="info" if api.verbose else "warning",
-                            timeout_graceful_shutdown=DRAIN_S + 2.0, access_log=api.verbose)
+                            http=HeaderTimeoutProtocol.configured(api.http.read_timeout_s),
+                            timeout_graceful_shutdown=api.http.shutdown_timeout_s + 2.0,
+                            access_log=api.verbose)
     server = Server(config)
     exit_status = {"code": 0}
 

@@ -20,7 +20,10 @@ Faults: if the engine core dies, every open request ends at once with a 503 (an 
 then `[DONE]`, on a stream), `/health` and new requests answer 503, and the process exits with
 status 1 `DEAD_CORE_EXIT_DELAY_S` later (the launcher then exits non-zero: restarting is left to
 the supervisor that started the server). SIGTERM stops admission (503), gives open requests
-`DRAIN_S` to finish, fails the rest with an error, and exits.
+`--shutdown-timeout` seconds to finish, fails the rest with an error, and exits.
+
+Hostile input: guards.py checks Host, API key, content type, body size and read times before
+a handler runs; prompt_input.py bounds prompt counts and lengths before tokenizing.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ import asyncio
 import json
 import logging
 import os
-import secrets
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -43,7 +45,9 @@ from starlette.exceptions import HTTPException
 from pagedrt.engine.detokenizer import IncrementalDetokenizer
 from pagedrt.engine.validation import validate_prompt
 from pagedrt.entrypoints.core_client import EngineCoreClient, RequestRun, RequestState
+from pagedrt.entrypoints.guards import HttpOptions, install_guards
 from pagedrt.entrypoints.metrics import CONTENT_TYPE, ServerMetrics
+from pagedrt.entrypoints.prompt_input import PromptInput
 from pagedrt.entrypoints.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -59,8 +63,6 @@ logger = logging.getLogger(__name__)
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
-# Seconds open requests get to finish after SIGTERM before they are failed.
-DRAIN_S = 4.0
 # Seconds the process keeps answering 503 after the engine core died, then exits with 1.
 DEAD_CORE_EXIT_DELAY_S = 3.0
 
@@ -175,10 +177,11 @@ class OpenAIServer:
     """Turns validated bodies into engine requests and engine outputs into OpenAI responses."""
 
     def __init__(self, client: EngineCoreClient, tokenizer, served_model_name: str,
-                 api_key: str | None) -> None:
+                 max_prompts_per_request: int = HttpOptions.max_prompts_per_request) -> None:
         self.client, self.tokenizer = client, tokenizer
         self.limits = client.info.limits
-        self.served_model_name, self.api_key = served_model_name, api_key
+        self.served_model_name = served_model_name
+        self.prompt_input = PromptInput(tokenizer, self.limits, max_prompts_per_request)
         self.builder = ResponseBuilder(tokenizer, served_model_name)
         self.shutting_down = False
 
@@ -187,16 +190,6 @@ class OpenAIServer:
         return self.client.alive and not self.shutting_down
 
     # ------------------------------------------------------------ checks
-    def check_auth(self, request: Request) -> None:
-        if self.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(),
-                                                                    self.api_key.encode()):
-            raise APIError(401, "missing or incorrect API key; send 'Authorization: Bearer KEY'",
-                           type="authentication_error", code="invalid_api_key")
-
     def check_available(self) -> None:
         if not self.client.alive:
             raise APIError(503, "the engine core process is not running", type="server_error",
@@ -206,30 +199,26 @@ class OpenAIServer:
                            code="service_unavailable")
 
     async def parse(self, request: Request, model_cls):
-        self.check_auth(request)
         self.check_available()
         try:
             body = model_cls.model_validate_json(await request.body())
         except ValidationError as e:
             raise api_error_from_validation(e) from None
         if body.model is not None and body.model != self.served_model_name:
-            raise APIError(404, f"the model {body.model!r} does not exist; this server serves "
+            name = body.model if len(body.model) <= 64 else body.model[:64] + "..."
+            raise APIError(404, f"the model {name!r} does not exist; this server serves "
                            f"{self.served_model_name!r}", param="model", code="model_not_found")
         return body
 
-    def _tokenize(self, text: str, field: str) -> list[int]:
-        if not text:
-            raise APIError(400, f"{field} is empty; give at least one token", param=field)
-        if self.tokenizer is None:
-            raise APIError(400, "this model has no tokenizer; send token ids", param=field)
-        return self.tokenizer.encode(text)
-
-    def _validate(self, prompts: list[list[int]], params: SamplingParams, field: str) -> None:
+    def _check_count(self, num_prompts: int, params: SamplingParams) -> None:
         max_num_seqs = self.limits.max_num_seqs
         if params.n > max_num_seqs:
             raise APIError(400, f"n={params.n} exceeds max_num_seqs={max_num_seqs}; ask for "
                            "fewer samples or start the server with a larger --max-num-seqs",
                            param="n")
+        self.prompt_input.check_count(num_prompts, params.n)
+
+    def _validate(self, prompts: list[list[int]], params: SamplingParams, field: str) -> None:
         for token_ids in prompts:
             try:
                 validate_prompt(token_ids, params, self.limits)
@@ -245,21 +234,23 @@ class OpenAIServer:
         if body.suffix:
             raise APIError(400, "suffix is not supported", param="suffix")
         prompt = body.prompt
-        if isinstance(prompt, str):
-            prompts = [self._tokenize(prompt, "prompt")]
-        elif not prompt:
-            raise APIError(400, "prompt is empty; give at least one token", param="prompt")
-        elif isinstance(prompt[0], str):
-            prompts = [self._tokenize(p, "prompt") for p in prompt]
-        elif isinstance(prompt[0], int):
-            prompts = [list(prompt)]
-        else:
-            prompts = [list(p) for p in prompt]
         max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's default
         try:
             params = body.to_sampling_params(max_tokens, body.logprobs)
         except ValueError as e:
             raise api_error_from_value_error(e, "prompt") from None
+        if not prompt:
+            raise APIError(400, "prompt is empty; give at least one token", param="prompt")
+        one = isinstance(prompt, str) or isinstance(prompt[0], int)
+        self._check_count(1 if one else len(prompt), params)
+        if isinstance(prompt, str):
+            prompts = await self.prompt_input.encode([prompt], "prompt")
+        elif isinstance(prompt[0], str):
+            prompts = await self.prompt_input.encode(prompt, "prompt")
+        elif isinstance(prompt[0], int):
+            prompts = [list(prompt)]
+        else:
+            prompts = [list(p) for p in prompt]
         self._validate(prompts, params, "prompt")
         return await self._respond(request, "completion", body, prompts, params, arrival_time)
 
@@ -273,13 +264,14 @@ class OpenAIServer:
             raise APIError(400, "this model has no chat template; use /v1/completions",
                            param="messages")
         conversation = [m.to_template_dict() for m in body.messages]
+        self.prompt_input.check_length(sum(len(m["content"]) for m in conversation), "messages")
         add_generation_prompt = body.add_generation_prompt is not False
         try:
             text = tok.apply_chat_template(conversation, tokenize=False,
                                            add_generation_prompt=add_generation_prompt)
         except Exception as e:  # noqa: BLE001 - a template may refuse a role order or name
             raise APIError(400, f"chat template failed: {e}", param="messages") from None
-        prompts = [self._tokenize(text, "messages")]
+        prompts = await self.prompt_input.encode([text], "messages")
         max_tokens = body.max_completion_tokens
         if max_tokens is None:
             max_tokens = body.max_tokens
@@ -299,6 +291,7 @@ class OpenAIServer:
             if error.param == "logprobs":
                 error.param = "top_logprobs"
             raise error from None
+        self._check_count(1, params)
         self._validate(prompts, params, "messages")
         return await self._respond(request, "chat", body, prompts, params, arrival_time)
 
@@ -373,12 +366,14 @@ def _error_response(error: APIError) -> JSONResponse:
 
 
 def build_app(client: EngineCoreClient, tokenizer, served_model_name: str,
-              api_key: str | None = None) -> FastAPI:
-    """The FastAPI app; its lifespan connects to the engine core and disconnects."""
+              options: HttpOptions | None = None) -> FastAPI:
+    """The FastAPI app behind the guards of `options` (guards.py); its lifespan connects to
+    the engine core and disconnects. With an API key, /docs, /redoc and /openapi.json are off."""
+    options = HttpOptions() if options is None else options
     metrics = ServerMetrics()
     client.metrics = metrics
     metrics.bind(client.snapshot)
-    server = OpenAIServer(client, tokenizer, served_model_name, api_key)
+    server = OpenAIServer(client, tokenizer, served_model_name, options.max_prompts_per_request)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -388,8 +383,10 @@ def build_app(client: EngineCoreClient, tokenizer, served_model_name: str,
         finally:
             await client.close()
 
-    app = FastAPI(title="pagedrt", lifespan=lifespan)
+    no_docs = {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="pagedrt", lifespan=lifespan, **(no_docs if options.api_key else {}))
     app.state.server = server
+    install_guards(app, options)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError) -> JSONResponse:
@@ -418,10 +415,9 @@ def build_app(client: EngineCoreClient, tokenizer, served_model_name: str,
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models")
-    async def models(request: Request) -> JSONResponse:
-        server.check_auth(request)
+    async def models() -> JSONResponse:
         card = {"id": served_model_name, "object": "model", "created": int(time.time()),
-                "owned_by": "pagedrt", "root": client.info.model_path,
+                "owned_by": "pagedrt", "root": served_model_name,  # no file system paths
                 "max_model_len": client.info.limits.max_model_len}
         return JSONResponse({"object": "list", "data": [card]})
 

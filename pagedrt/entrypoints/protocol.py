@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI API (the subset pagedrt serves) and its error shape.
 
-Bodies are validated strictly (a string is not a number, a bool is not an int), as OpenAI's own
-server does; unknown fields are ignored so that clients sending newer fields keep working.
+Bodies are validated strictly (a string is not a number, a bool is not an int, every float is
+finite), as OpenAI's own server does; unknown fields are ignored so that clients sending newer fields keep working.
 Every rejection becomes `APIError`, rendered as
 
     {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
@@ -65,7 +65,9 @@ def api_error_from_validation(e: ValidationError) -> APIError:
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    # NaN, Infinity and 1e400 (which JSON parsers read as infinity) are refused for every float
+    # here; SamplingParams refuses them again for the Python API.
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
 class StreamOptions(_Body):
