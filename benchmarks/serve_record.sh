@@ -30,31 +30,31 @@ fi
 model=/tmp/qwen2-0.5b-v49152-random
 clients="${CLIENTS:-6}"
 engine_opts="--max-num-batched-tokens 16384 --max-model-len 4096 --gpu-memory-utilization 0.85"
-cli() { python3 -m pagedrt.entrypoints.cli "$@"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$log"
 [ -d "$model" ] || python3 benchmarks/make_random_folder.py --preset qwen2-0.5b --vocab-size 49152 \
   --tokenizer .tok --out "$model" 2>&1 | grep -v shards | tee -a "$log"
 
 if [ "${SKIP_OFFLINE:-0}" != 1 ]; then
-  timeout 200 python3 benchmarks/gpu_engine_check.py --smoke --out "$out" 2>&1 | tee -a "$log" \
+  [ "${SKIP_SMOKE:-0}" = 1 ] || timeout 200 python3 benchmarks/gpu_engine_check.py --smoke --out "$out" 2>&1 | tee -a "$log" \
     | grep -E "PASS|FAIL|passed"
-  timeout 300 cli bench throughput --preset qwen2-0.5b --name preset_512_128 --out "$out" \
+  timeout 300 python3 -m pagedrt.entrypoints.cli bench throughput --preset qwen2-0.5b --name preset_512_128 --out "$out" \
     >> "$log" 2>&1
   grep -h -A1 "^system" "$log" | tail -1
-  timeout 300 cli bench latency --preset qwen2-0.5b --name latency_qwen2 --out "$out" 2>&1 \
+  timeout 300 python3 -m pagedrt.entrypoints.cli bench latency --preset qwen2-0.5b --name latency_qwen2 --out "$out" 2>&1 \
     | tee -a "$log" | tail -4
-  timeout 300 cli bench throughput --preset qwen2-0.5b --workload nanovllm --name nanovllm_qwen2 \
+  timeout 300 python3 -m pagedrt.entrypoints.cli bench throughput --preset qwen2-0.5b --workload nanovllm --name nanovllm_qwen2 \
     --out "$out" >> "$log" 2>&1
   grep -h -A1 "^system" "$log" | tail -1
   for w in "512 128" "128 512"; do
     set -- $w
-    timeout 300 cli bench throughput --model "$model" --num-requests 256 --input-len "$1" \
+    timeout 300 python3 -m pagedrt.entrypoints.cli bench throughput --model "$model" --num-requests 256 --input-len "$1" \
       --output-len "$2" --name "offline_${1}_${2}" --out "$out" >> "$log" 2>&1
     grep -h -A1 "^system" "$log" | tail -1
   done
 fi
 
 for n in ${API_SERVERS:-default}; do
+  [ "${SKIP_SERVE:-0}" = 1 ] && break
   port=8000
   url="http://127.0.0.1:$port"
   count=""
