@@ -37,6 +37,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee 
 if [ "${SKIP_OFFLINE:-0}" != 1 ]; then
   [ "${SKIP_SMOKE:-0}" = 1 ] || timeout 200 python3 benchmarks/gpu_engine_check.py --smoke --out "$out" 2>&1 | tee -a "$log" \
     | grep -E "PASS|FAIL|passed"
+  if [ "${RECORD_OFFLINE:-1}" = 1 ]; then
   timeout 300 python3 -m pagedrt.entrypoints.cli bench throughput --preset qwen2-0.5b --name preset_512_128 --out "$out" \
     >> "$log" 2>&1
   grep -h -A1 "^system" "$log" | tail -1
@@ -45,6 +46,7 @@ if [ "${SKIP_OFFLINE:-0}" != 1 ]; then
   timeout 300 python3 -m pagedrt.entrypoints.cli bench throughput --preset qwen2-0.5b --workload nanovllm --name nanovllm_qwen2 \
     --out "$out" >> "$log" 2>&1
   grep -h -A1 "^system" "$log" | tail -1
+  fi
   for w in "512 128" "128 512"; do
     set -- $w
     timeout 300 python3 -m pagedrt.entrypoints.cli bench throughput --model "$model" --num-requests 256 --input-len "$1" \
