@@ -135,9 +135,9 @@ def run_server(args) -> int:
 
 
 def default_api_server_count() -> int:
-    """(cores - 2) / 2 API processes, between 1 and 8: the engine core and the clients need
-    cores too. On the H200 host (16 cores), 256 streams of Qwen2-0.5B were served at 34k tok/s
-    by 4 API processes and 48k-113k by 8 (BENCHMARKS.md); a 2-core machine gets 1."""
+    """(cores - 2) / 2 API processes, between 1 and 8: the engine core and, on a benchmark
+    host, the clients need cores too (7 on the 16-core H200 host of BENCHMARKS.md's serving
+    figures); a 2-core machine gets 1."""
     return max(1, min(8, ((os.cpu_count() or 1) - 2) // 2))
 
 
