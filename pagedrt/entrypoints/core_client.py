@@ -70,12 +70,11 @@ class RequestState:
         "request_id",
         "run",
         "stop_reasons",
-        "stream",
         "token_ids",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], n: int, run: RequestRun,
-                 arrival_time: float, stream: bool) -> None:
+                 arrival_time: float) -> None:
         self.request_id, self.prompt_token_ids, self.run, self.n = (
             request_id, prompt_token_ids, run, n)
         self.token_ids: list[list[int]] = [[] for _ in range(n)]
@@ -86,7 +85,6 @@ class RequestState:
         self.arrival_time = arrival_time
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
-        self.stream = stream
 
     @property
     def finished(self) -> bool:
@@ -161,7 +159,8 @@ class EngineCoreClient:
         self._send(Add(self.client_index, state.request_id, state.prompt_token_ids, params))
 
     def abort(self, request_ids: list[str]) -> None:
-        """Stop requests that have not finished (blocks freed before the core's next step)."""
+        """Forget these requests; those that have not finished are stopped in the core (their
+        blocks freed before its next step). Every HTTP request ends with this call."""
         live = []
         for rid in request_ids:
             state = self.states.pop(rid, None)
@@ -170,10 +169,6 @@ class EngineCoreClient:
                 self._count_finished("abort", state.n - state.num_finished)
         if live and self.alive:
             self._send(Abort(live))
-
-    def release(self, request_id: str) -> None:
-        """Forget a finished request."""
-        self.states.pop(request_id, None)
 
     def _send(self, command) -> None:
         import zmq

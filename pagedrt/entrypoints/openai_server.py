@@ -81,7 +81,7 @@ class _Run:
         self.client, self.request, self.stream = client, request, stream
         self.prompts, self.params = prompts, params
         self.run = RequestRun()
-        self.states = [RequestState(f"{base_id}-{i}", p, params.n, self.run, arrival_time, stream)
+        self.states = [RequestState(f"{base_id}-{i}", p, params.n, self.run, arrival_time)
                        for i, p in enumerate(prompts)]
         self.detokenizers = [[None if tokenizer is None
                               else IncrementalDetokenizer(tokenizer, p, params)
@@ -309,8 +309,6 @@ class OpenAIServer:
                 await run.wait()
                 if run.gone:  # the client is gone; nobody reads this
                     return Response(status_code=499)
-        for state in run.states:
-            self.client.release(state.request_id)
         return JSONResponse(self.builder.full_response(kind, base_id, run.final_outputs(),
                                                        params.n))
 
@@ -321,14 +319,11 @@ class OpenAIServer:
         stream: StreamState = self.builder.stream(kind, base_id, run.params.n, len(run.prompts))
         try:
             async with run:
-                first = [_sse(chunk) for chunk in stream.start()]
-                if first:
-                    yield "".join(first)
-                while not run.finished:
-                    await run.wait()
-                    if run.gone:
-                        return
-                    pieces = []
+                pieces = [_sse(chunk) for chunk in stream.start()]
+                while True:
+                    # everything up to `done` is sent below, also what arrived while an
+                    # earlier write waited on the client
+                    done = run.finished
                     for p, out in run.new_outputs():
                         fast = stream.text_sse(p, out)
                         if fast is not None:
@@ -337,8 +332,12 @@ class OpenAIServer:
                             pieces += [_sse(chunk) for chunk in stream.update_one(p, out)]
                     if pieces:
                         yield "".join(pieces)
-            for state in run.states:
-                self.client.release(state.request_id)
+                        pieces = []
+                    if done:
+                        break
+                    await run.wait()
+                    if run.gone:
+                        return
             if include_usage:
                 yield _sse(stream.usage_chunk(run.final_outputs()))
         except APIError as e:
