@@ -7,6 +7,7 @@ reference's greedy token (teacher forcing) so that one near-tie cannot derail th
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -273,6 +274,32 @@ def test_llm_generate_matches_hf_generate(make, tmp_path) -> None:
             max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0,
         )
         assert out.outputs[0].token_ids == hf[0, len(prompt):].tolist()
+
+
+def test_qwen3_preset_is_what_its_hf_config_reads_as() -> None:
+    """The preset's fields, written as a Qwen3 config.json, read back to the same ModelConfig
+    (qk_norm, no qkv bias, explicit head_dim); at a small size, the benchmarks' HF twin
+    (`hf_model_like`) holds the same weights as the random model."""
+    from pagedrt.bench.common import hf_model_like
+    from pagedrt.bench.presets import get_preset, random_model
+
+    p = get_preset("qwen3-0.6b")
+    hf_cfg = Qwen3Config(
+        vocab_size=p.vocab_size, hidden_size=p.hidden_size, intermediate_size=p.intermediate_size,
+        num_hidden_layers=p.num_hidden_layers, num_attention_heads=p.num_attention_heads,
+        num_key_value_heads=p.num_key_value_heads, head_dim=p.head_dim, rms_norm_eps=p.rms_norm_eps,
+        rope_theta=p.rope_theta, max_position_embeddings=p.max_position_embeddings,
+        tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645,
+        architectures=["Qwen3ForCausalLM"])
+    assert ModelConfig.from_hf_config(hf_cfg.to_dict()) == p
+    small = dataclasses.replace(p, vocab_size=300, hidden_size=64, intermediate_size=96,
+                                num_hidden_layers=2, num_attention_heads=4, head_dim=32,
+                                num_key_value_heads=2)
+    torch.manual_seed(0)
+    loaded = random_model(small, torch.float32, CPU)
+    hf_model = hf_model_like(loaded, torch.float32, CPU, "eager")
+    assert isinstance(hf_model, HFQwen3)
+    compare_with_hf(loaded.model, hf_model, [list(range(3, 40)), [7, 1, 2]], num_decode_steps=4)
 
 
 # ---------------------------------------------------------------------------------------------
