@@ -20,7 +20,8 @@ import torch
 
 from pagedrt.bench.presets import get_preset
 
-_MODEL_TYPES = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama"}
+_MODEL_TYPES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+                "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}
 
 
 def main() -> None:
@@ -49,8 +50,10 @@ def main() -> None:
         max_position_embeddings=mc.max_position_embeddings,
         tie_word_embeddings=mc.tie_word_embeddings, bos_token_id=mc.bos_token_id,
         eos_token_id=list(mc.eos_token_ids), architectures=[mc.architecture])
-    if mc.architecture == "LlamaForCausalLM":
+    if mc.architecture in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
         cfg.attention_bias = mc.attention_bias
+    if mc.architecture == "MistralForCausalLM":
+        cfg.sliding_window = None
     torch.manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):

@@ -10,15 +10,18 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass, field, fields
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+from pagedrt.models.registry import supported_architectures
+
+SUPPORTED_ARCHITECTURES = supported_architectures()  # the keys of models.registry.MODEL_REGISTRY
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape of a Llama-family decoder (Llama, Qwen2).
+    """Shape of a Llama-family decoder (Llama, Qwen2, Qwen3, Mistral without sliding window).
 
     Attributes:
-        architecture: "LlamaForCausalLM" or "Qwen2ForCausalLM".
+        architecture: a key of `pagedrt.models.registry.MODEL_REGISTRY` (SUPPORTED_ARCHITECTURES):
+            "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM" or "MistralForCausalLM".
         vocab_size: number of token ids (rows of the embedding).
         hidden_size: model width.
         intermediate_size: width of the SwiGLU MLP.
@@ -26,12 +29,15 @@ class ModelConfig:
         num_attention_heads: query heads.
         num_key_value_heads: KV heads (GQA when smaller than num_attention_heads; it must
             divide it).
-        head_dim: width of one head; hidden_size // num_attention_heads unless the config says.
+        head_dim: width of one head; hidden_size // num_attention_heads unless the config says
+            (Qwen3 sets it independently: Qwen3-0.6B has 16 heads of 128 over hidden 1024).
         rms_norm_eps: epsilon of RMSNorm.
         rope_theta: RoPE base frequency (Su et al. 2021, "RoFormer").
         max_position_embeddings: longest context the model was trained for, in tokens.
         tie_word_embeddings: the LM head reuses the embedding matrix.
         attention_bias: q/k/v projections have a bias (Qwen2: True).
+        qk_norm: each query and key head goes through its own RMSNorm over head_dim (weights
+            `self_attn.q_norm` / `self_attn.k_norm`, [head_dim]) before RoPE (Qwen3: True).
         bos_token_id, eos_token_ids: special token ids (eos may be several).
         rope_scaling: the config's rope_scaling dict (Llama-3 style "llama3" is supported), or None.
     """
@@ -49,6 +55,7 @@ class ModelConfig:
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     attention_bias: bool = False
+    qk_norm: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     rope_scaling: dict | None = field(default=None, hash=False, compare=False)
@@ -80,7 +87,8 @@ class ModelConfig:
         """Build from a Hugging Face config.json dictionary.
 
         Raises:
-            ValueError: the architecture is not Llama or Qwen2, or a field is missing.
+            ValueError: the architecture is not in SUPPORTED_ARCHITECTURES, the config asks for
+                sliding-window attention, or a field is missing.
         """
         archs = cfg.get("architectures") or [cfg.get("model_type", "?")]
         arch = archs[0]
@@ -89,6 +97,7 @@ class ModelConfig:
                 f"unsupported architecture {arch!r} in config.json; pagedrt runs "
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}"
             )
+        _reject_sliding_window(arch, cfg)
         try:
             num_heads = cfg["num_attention_heads"]
             hidden = cfg["hidden_size"]
@@ -115,12 +124,41 @@ class ModelConfig:
                 max_position_embeddings=cfg.get("max_position_embeddings", 2048),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+                qk_norm=arch == "Qwen3ForCausalLM",
                 bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=eos_ids,
                 rope_scaling=rope_scaling,
             )
         except KeyError as e:
             raise ValueError(f"config.json lacks the field {e.args[0]!r}") from None
+
+
+def _reject_sliding_window(arch: str, cfg: dict) -> None:
+    """Raise if the config makes any layer attend over a sliding window (the paged attention
+    kernels and the KV manager attend over the whole sequence).
+
+    Mistral applies `sliding_window` to every layer unless it is null; a window at least
+    `max_position_embeddings` long never cuts anything and is accepted. Qwen2/Qwen3 apply it
+    only with `use_sliding_window`, to the layers marked "sliding_attention" in `layer_types`
+    (older configs: layers from `max_window_layers` on).
+    """
+    window = cfg.get("sliding_window")
+    max_pos = cfg.get("max_position_embeddings", 2048)
+    layer_types = cfg.get("layer_types") or []
+    if arch == "MistralForCausalLM":
+        sliding = window is not None and window < max_pos
+    elif layer_types:
+        sliding = "sliding_attention" in layer_types
+    else:
+        sliding = (bool(cfg.get("use_sliding_window")) and window is not None
+                   and cfg.get("max_window_layers", 0) < cfg.get("num_hidden_layers", 0))
+    if sliding:
+        raise ValueError(
+            f"{arch} config with sliding_window={window} (max_position_embeddings={max_pos}): "
+            "sliding-window attention is not supported yet (the attention kernels attend over "
+            "the whole sequence); pagedrt runs only configs without a window (sliding_window "
+            "null or >= max_position_embeddings; for Qwen, use_sliding_window false)"
+        )
 
 
 BLOCK_SIZES = (8, 16, 32)

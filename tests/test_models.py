@@ -7,19 +7,24 @@ reference's greedy token (teacher forcing) so that one near-tie cannot derail th
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 import os
 
 import gguf
 import pytest
 import torch
-from transformers import LlamaConfig, Qwen2Config
+from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 from transformers import LlamaForCausalLM as HFLlama
+from transformers import MistralForCausalLM as HFMistral
 from transformers import Qwen2ForCausalLM as HFQwen2
+from transformers import Qwen3ForCausalLM as HFQwen3
 from transformers.models.llama.modeling_llama import LlamaAttention as HFLlamaAttention
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding as HFRotary
 
-from pagedrt.config import ModelConfig
+from pagedrt import LLM, SamplingParams
+from pagedrt.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from pagedrt.models.llama import LlamaAttention
 from pagedrt.models.loader import ModelNotFoundError, load_model
 from pagedrt.ops.attention import AttentionMetadata
@@ -185,6 +190,34 @@ def _tiny_llama(tied: bool, rope_parameters: dict | None = None) -> torch.nn.Mod
     ))
 
 
+def _tiny_qwen3() -> torch.nn.Module:
+    # head_dim 32 while hidden / heads = 16: the explicit head_dim must be honoured
+    return HFQwen3(Qwen3Config(
+        vocab_size=500, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
+        initializer_range=0.1, tie_word_embeddings=True, rope_theta=1000000.0,
+    ))
+
+
+def _tiny_mistral(sliding_window: int | None = None) -> torch.nn.Module:
+    return HFMistral(MistralConfig(
+        vocab_size=500, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        initializer_range=0.1, sliding_window=sliding_window,
+    ))
+
+
+def _randomise_norms(hf_model: torch.nn.Module) -> torch.nn.Module:
+    """HF initialises RMSNorm weights to 1; random ones check that each norm weight is loaded
+    into the right place (q_norm vs k_norm, per layer)."""
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, p in hf_model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.5 * torch.rand(p.shape, generator=g))
+    return hf_model
+
+
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}
@@ -195,6 +228,8 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
     pytest.param(lambda: _tiny_llama(tied=True), id="llama-tied"),
     pytest.param(lambda: _tiny_llama(tied=False, rope_parameters=LLAMA3_ROPE),
                  id="llama-untied-llama3rope"),
+    pytest.param(lambda: _randomise_norms(_tiny_qwen3()), id="qwen3-qknorm-headdim32"),
+    pytest.param(_tiny_mistral, id="mistral-no-window"),
 ])
 def test_random_hf_folder_matches_transformers(make, tmp_path) -> None:
     torch.manual_seed(0)
@@ -203,11 +238,68 @@ def test_random_hf_folder_matches_transformers(make, tmp_path) -> None:
     loaded = load_model(str(tmp_path), torch.float32, CPU)
     assert loaded.tokenizer is None and loaded.model_path == str(tmp_path)
     cfg = loaded.model_config
+    assert cfg.architecture == type(hf_model).__name__
+    hf_cfg = hf_model.config
+    head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads
+    assert cfg.head_dim == head_dim
     assert cfg.tie_word_embeddings == hf_model.config.tie_word_embeddings
     assert cfg.attention_bias == isinstance(hf_model, HFQwen2)
+    assert cfg.qk_norm == isinstance(hf_model, HFQwen3)
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (37, 5)]
     compare_with_hf(loaded.model, hf_model, prompts, num_decode_steps=32)
+
+
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda: _randomise_norms(_tiny_qwen3()), id="qwen3"),
+    pytest.param(_tiny_mistral, id="mistral"),
+])
+def test_llm_generate_matches_hf_generate(make, tmp_path) -> None:
+    """Two prompts of different lengths through the engine (continuous batching, paged KV,
+    prefill and decode in one batch): the same greedy tokens as HF `generate`, prompt by
+    prompt."""
+    torch.manual_seed(0)
+    hf_model = make().eval()
+    hf_model.save_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), dtype="float32", device="cpu", block_size=BLOCK_SIZE,
+              num_kv_blocks=16)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 500, (n,), generator=g).tolist() for n in (21, 6)]
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.stats()["peak_batch_size"] == 2
+    for prompt, out in zip(prompts, outputs, strict=True):
+        hf = hf_model.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0,
+        )
+        assert out.outputs[0].token_ids == hf[0, len(prompt):].tolist()
+
+
+def test_qwen3_preset_is_what_its_hf_config_reads_as() -> None:
+    """The preset's fields, written as a Qwen3 config.json, read back to the same ModelConfig
+    (qk_norm, no qkv bias, explicit head_dim); at a small size, the benchmarks' HF twin
+    (`hf_model_like`) holds the same weights as the random model."""
+    from pagedrt.bench.common import hf_model_like
+    from pagedrt.bench.presets import get_preset, random_model
+
+    p = get_preset("qwen3-0.6b")
+    hf_cfg = Qwen3Config(
+        vocab_size=p.vocab_size, hidden_size=p.hidden_size, intermediate_size=p.intermediate_size,
+        num_hidden_layers=p.num_hidden_layers, num_attention_heads=p.num_attention_heads,
+        num_key_value_heads=p.num_key_value_heads, head_dim=p.head_dim, rms_norm_eps=p.rms_norm_eps,
+        rope_theta=p.rope_theta, max_position_embeddings=p.max_position_embeddings,
+        tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645,
+        architectures=["Qwen3ForCausalLM"])
+    assert ModelConfig.from_hf_config(hf_cfg.to_dict()) == p
+    small = dataclasses.replace(p, vocab_size=300, hidden_size=64, intermediate_size=96,
+                                num_hidden_layers=2, num_attention_heads=4, head_dim=32,
+                                num_key_value_heads=2)
+    torch.manual_seed(0)
+    loaded = random_model(small, torch.float32, CPU)
+    hf_model = hf_model_like(loaded, torch.float32, CPU, "eager")
+    assert isinstance(hf_model, HFQwen3)
+    compare_with_hf(loaded.model, hf_model, [list(range(3, 40)), [7, 1, 2]], num_decode_steps=4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,6 +355,46 @@ def test_unsupported_gguf_architecture(tmp_path, monkeypatch) -> None:
     with pytest.raises(ValueError, match="'gpt2'.*'llama', 'qwen2'"):
         load_model(path, torch.float32, CPU)
     assert os.listdir(tmp_path / "cache") == []  # no half-written cache entry left behind
+
+
+def test_unknown_architecture_lists_the_supported_ones(tmp_path) -> None:
+    _tiny_mistral().save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps({**config, "architectures": ["GPTNeoXForCausalLM"]}))
+    supported = ", ".join(SUPPORTED_ARCHITECTURES)
+    assert supported == ("LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                         "MistralForCausalLM")
+    with pytest.raises(ValueError, match=rf"'GPTNeoXForCausalLM'.*{supported}"):
+        load_model(str(tmp_path), torch.float32, CPU)
+    with pytest.raises(ValueError, match=rf"'GPTNeoXForCausalLM'.*{supported}"):
+        ModelConfig(architecture="GPTNeoXForCausalLM", vocab_size=8, hidden_size=8,
+                    intermediate_size=8, num_hidden_layers=1, num_attention_heads=1,
+                    num_key_value_heads=1, head_dim=8)
+
+
+def test_mistral_sliding_window_rejected(tmp_path) -> None:
+    _tiny_mistral(sliding_window=64).save_pretrained(tmp_path)  # < max_position_embeddings
+    with pytest.raises(ValueError, match=r"sliding_window=64 .*not supported yet"):
+        load_model(str(tmp_path), torch.float32, CPU)
+    config = json.loads((tmp_path / "config.json").read_text())
+    # a window covering every position changes nothing: accepted
+    assert ModelConfig.from_hf_config({**config, "sliding_window": 256}).architecture == (
+        "MistralForCausalLM")
+    assert ModelConfig.from_hf_config({**config, "sliding_window": None}).head_dim == 16
+
+
+def test_qwen_sliding_window_rejected() -> None:
+    config = Qwen3Config(num_hidden_layers=4, use_sliding_window=True, sliding_window=64,
+                         max_window_layers=2, architectures=["Qwen3ForCausalLM"]).to_dict()
+    assert config["layer_types"][2:] == ["sliding_attention"] * 2
+    with pytest.raises(ValueError, match=r"Qwen3ForCausalLM .*not supported yet"):
+        ModelConfig.from_hf_config(config)
+    legacy = {k: v for k, v in config.items() if k != "layer_types"}  # older config.json
+    with pytest.raises(ValueError, match=r"Qwen3ForCausalLM .*not supported yet"):
+        ModelConfig.from_hf_config(legacy)
+    # Qwen2/Qwen3 configs carry a sliding_window that is off without use_sliding_window
+    assert ModelConfig.from_hf_config({**legacy, "use_sliding_window": False}).qk_norm
 
 
 def test_unknown_model_path(tmp_path) -> None:

@@ -118,13 +118,16 @@ def write_results(out_dir: str, name: str, results: list[dict], extra: dict | No
     return path
 
 
+_HF_CONFIG_CLASSES = {"LlamaForCausalLM": "LlamaConfig", "Qwen2ForCausalLM": "Qwen2Config",
+                      "Qwen3ForCausalLM": "Qwen3Config", "MistralForCausalLM": "MistralConfig"}
+
+
 def hf_model_like(loaded, dtype, device, attn_implementation: str = "sdpa"):
     """An HF transformers model of the same architecture holding the same weights."""
     import transformers
 
     mc = loaded.model_config
-    cls_cfg = transformers.Qwen2Config if mc.architecture == "Qwen2ForCausalLM" else \
-        transformers.LlamaConfig
+    cls_cfg = getattr(transformers, _HF_CONFIG_CLASSES[mc.architecture])
     cfg = cls_cfg(
         vocab_size=mc.vocab_size, hidden_size=mc.hidden_size,
         intermediate_size=mc.intermediate_size, num_hidden_layers=mc.num_hidden_layers,
@@ -133,8 +136,10 @@ def hf_model_like(loaded, dtype, device, attn_implementation: str = "sdpa"):
         max_position_embeddings=mc.max_position_embeddings,
         tie_word_embeddings=mc.tie_word_embeddings,
     )
-    if mc.architecture == "LlamaForCausalLM":
+    if mc.architecture in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
         cfg.attention_bias = mc.attention_bias
+    if mc.architecture == "MistralForCausalLM":
+        cfg.sliding_window = None  # pagedrt runs Mistral only without a window
     cls = getattr(transformers, mc.architecture)
     with torch.device(device):
         hf = cls._from_config(cfg, dtype=dtype, attn_implementation=attn_implementation)

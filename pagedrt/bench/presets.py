@@ -19,6 +19,15 @@ PRESETS: dict[str, ModelConfig] = {
         max_position_embeddings=32768, tie_word_embeddings=True, attention_bias=True,
         bos_token_id=151643, eos_token_ids=(151643,),
     ),
+    # Qwen/Qwen3-0.6B config.json (head_dim 128 is set there, not hidden / heads = 64; q/k norm;
+    # no qkv bias; sliding window off)
+    "qwen3-0.6b": ModelConfig(
+        architecture="Qwen3ForCausalLM", vocab_size=151936, hidden_size=1024,
+        intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        max_position_embeddings=40960, tie_word_embeddings=True, attention_bias=False,
+        qk_norm=True, bos_token_id=151643, eos_token_ids=(151645,),
+    ),
     # meta-llama/Meta-Llama-3-8B config.json
     "llama3-8b": ModelConfig(
         architecture="LlamaForCausalLM", vocab_size=128256, hidden_size=4096,

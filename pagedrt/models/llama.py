@@ -1,6 +1,9 @@
-"""Llama-family decoder over packed tokens and a paged KV cache (Llama 2/3, SmolLM, Qwen2).
+"""Llama-family decoder over packed tokens and a paged KV cache (Llama 2/3, SmolLM, Qwen2,
+Qwen3, Mistral without sliding window).
 
-Qwen2 is the same network with a bias on the q/k/v projections (`config.attention_bias`).
+Qwen2 is the same network with a bias on the q/k/v projections (`config.attention_bias`);
+Qwen3 drops the bias and adds an RMSNorm over each query and key head before RoPE
+(`config.qk_norm`); Mistral's full-attention configs are Llama's network.
 There is no batch dimension: the tokens of all requests in a step are concatenated into
 `[num_tokens]`, and `AttentionMetadata` says where each request's tokens and cache blocks are.
 """
@@ -36,7 +39,9 @@ _STACKED_PARAMS = {
 
 
 class LlamaAttention(nn.Module):
-    """Multi-head attention with GQA and RoPE; K/V go through the paged cache."""
+    """Multi-head attention with GQA and RoPE; K/V go through the paged cache. With
+    `config.qk_norm`, `q_norm` and `k_norm` (RMSNorm, weight [head_dim]) normalise every query
+    and key head before RoPE, as in Qwen3."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -55,6 +60,11 @@ class LlamaAttention(nn.Module):
             config.rope_scaling,
         )
         self.scale = config.head_dim**-0.5
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
 
     def forward(
         self,
@@ -69,6 +79,9 @@ class LlamaAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)  # [T, num_heads, head_dim]
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, num_kv_heads, head_dim]
         v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:  # per head: rows of [T * heads, head_dim]
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
         k_cache, v_cache = kv_cache
         # on CUDA one kernel rotates q and k and writes k and v into the cache
         kv_written = self.rotary_emb.forward_and_write_kv(
@@ -148,7 +161,7 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama / Qwen2 causal LM. Parameters are created uninitialised (`torch.empty`) in the
+    """Llama / Qwen2 / Qwen3 / Mistral causal LM. Parameters are created uninitialised (`torch.empty`) in the
     current default dtype and device; fill them with `load_weights`."""
 
     def __init__(self, config: ModelConfig) -> None:

