@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -25,8 +26,12 @@ def start_server(extra_args: list[str], log_path: Path,
     port = free_port()
     cmd = [sys.executable, "-m", "pagedrt.entrypoints.cli", "serve", "--host", "127.0.0.1",
            "--port", str(port), "--device", "cpu", *extra_args]
+    # one torch thread in the engine core (unless the caller set another): SmolLM2's matmuls
+    # at these batch sizes gain nothing from two, and the test process and the API processes
+    # share the same few cores (ten times faster on a loaded 2-core machine, 2026-12-01)
+    env = {**os.environ, "PAGEDRT_NUM_THREADS": os.environ.get("PAGEDRT_NUM_THREADS", "1")}
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while True:

@@ -133,6 +133,9 @@ def run_engine_core(spec: CoreSpec, conns: list[Connection]) -> None:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         from pagedrt.engine.llm_engine import LLMEngine
+        from pagedrt.entrypoints.cli import set_num_threads_from_env
+
+        set_num_threads_from_env()  # a spawned process starts with torch's default again
 
         start = time.perf_counter()
         engine = LLMEngine(spec.model, spec.engine_config, dtype=spec.dtype, device=spec.device)
@@ -238,7 +241,8 @@ class EngineCore:
                 busy = engine.has_unfinished_requests()
                 ready = dict(self.poller.poll(0 if busy else _IDLE_POLL_MS))
                 if len(ready) > (self.input in ready):  # a liveness pipe: its peer is gone
-                    logger.warning("a parent or API process is gone; engine core exits")
+                    # a shutdown or a crash: the launcher reports which
+                    logger.info("a liveness pipe closed; the engine core exits")
                     return
                 t1 = clock()
                 if self.input in ready:
