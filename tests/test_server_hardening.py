@@ -231,17 +231,22 @@ def _health_while(url: str, fn) -> tuple[_HealthPoller, object]:
     return poller, result
 
 
+def _timed_post(url: str, body: bytes, timeout_s: float):
+    """A function posting `body` to /v1/completions: returns (response, seconds)."""
+
+    def post():
+        t0 = time.monotonic()
+        resp = httpx.post(f"{url}/v1/completions", content=body, headers=JSON, timeout=timeout_s)
+        return resp, time.monotonic() - t0
+
+    return post
+
+
 def test_20mb_prompt_is_refused_before_tokenizing_and_health_stays_fast(open_server):
     s = open_server
     quiet, _ = _health_while(s.url, lambda: time.sleep(2))
     body = json.dumps({"prompt": "hello " * (20_000_000 // 6)}).encode()
-
-    def post():
-        t0 = time.monotonic()
-        resp = httpx.post(f"{s.url}/v1/completions", content=body, headers=JSON, timeout=120)
-        return resp, time.monotonic() - t0
-
-    poller, (resp, elapsed) = _health_while(s.url, post)
+    poller, (resp, elapsed) = _health_while(s.url, _timed_post(s.url, body, 120))
     error = assert_error(resp, 400, param="prompt", code="context_length_exceeded")
     assert "characters" in error["message"]
     assert set(poller.statuses) == {200} and len(poller.latencies) >= 3
@@ -258,13 +263,7 @@ def test_long_prompts_are_tokenized_off_the_event_loop(open_server):
     s = open_server
     text = "hello " * 25_000
     body = json.dumps({"prompt": [f"{i} {text}" for i in range(32)]}).encode()
-
-    def post():
-        t0 = time.monotonic()
-        resp = httpx.post(f"{s.url}/v1/completions", content=body, headers=JSON, timeout=300)
-        return resp, time.monotonic() - t0
-
-    poller, (resp, elapsed) = _health_while(s.url, post)
+    poller, (resp, elapsed) = _health_while(s.url, _timed_post(s.url, body, 300))
     error = assert_error(resp, 400, param="prompt", code="context_length_exceeded")
     assert "tokens" in error["message"]
     print(f"\n/health latency while 32 x 150k characters were tokenized ({elapsed:.2f} s): "
