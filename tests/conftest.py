@@ -65,3 +65,14 @@ def scheduling(request, monkeypatch) -> str:
     pick it up through PAGEDRT_ASYNC_SCHEDULING; returns "sync" or "async"."""
     monkeypatch.setenv("PAGEDRT_ASYNC_SCHEDULING", "1" if request.param == "async" else "0")
     return request.param
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` (everything under tests/gpu/) skip on a machine without CUDA; on the
+    H200, `pytest -m gpu tests/gpu` runs them all."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
