@@ -67,7 +67,7 @@ for n in ${API_SERVERS:-default}; do
     > "$out/serve_api$n.log" 2>&1 &
   server=$!
   for _ in $(seq 1 240); do
-    curl -sf "$url/health" > /dev/null && break
+    grep -q "pagedrt: serving" "$out/serve_api$n.log" && curl -sf "$url/health" > /dev/null && break
     sleep 0.5
   done
   head -3 "$out/serve_api$n.log"
