@@ -15,7 +15,9 @@
 # served folder; then the server (API_SERVERS: the default count when empty): a burst of 256
 # streams of each workload, the first with twice the client processes, both not streamed, a
 # lone request (new prompt, then the same prompt again: a prefix-cache hit), a request-rate
-# sweep, and guidellm on the first workload. A summary table is printed last.
+# sweep, and guidellm on the first workload. A summary table is printed last. The engine core
+# writes its step timeline ($PAGEDRT_STEP_TRACE), summarized by
+# benchmarks/diagnostics/step_trace.py.
 set -u
 out="${OUT:-out}"
 mkdir -p "$out"
@@ -63,6 +65,7 @@ for n in ${API_SERVERS:-default}; do
   url="http://127.0.0.1:$port"
   count=""
   [ "$n" = default ] || count="--api-server-count $n"
+  PAGEDRT_STEP_TRACE="$out/step_trace_api$n.json" \
   python3 -m pagedrt.entrypoints.cli serve --model "$model" --port "$port" $count $engine_opts \
     > "$out/serve_api$n.log" 2>&1 &
   server=$!
@@ -126,5 +129,11 @@ for n in ${API_SERVERS:-default}; do
   grep -h "engine core:" "$out/serve_api$n.log"
 done
 python3 benchmarks/trace_summary.py "$out" 2>&1 | tee -a "$log"
+for f in "$out"/step_trace_api*.json; do
+  [ -f "$f" ] && python3 benchmarks/diagnostics/step_trace.py "$f" --steps 8 > "${f%.json}.txt" 2>&1
+done
 python3 benchmarks/serve_summary.py "$out" 2>&1 | tee -a "$log"
-tar -czf /tmp/results.tgz -C "$out" . 2>/dev/null && mv /tmp/results.tgz "$out/results.tgz"
+# $OUT brings back at most 8 files: everything in one archive, beside the two short summaries
+tar -czf /tmp/results.tgz -C "$out" . 2>/dev/null && mv /tmp/results.tgz "$out/results.tgz" \
+  && find "$out" -mindepth 1 -maxdepth 1 ! -name results.tgz ! -name cpu.txt \
+       ! -name 'step_trace_api*.txt' -exec rm -rf {} +
