@@ -110,12 +110,17 @@ class KVCache:
         backend: str = "auto",
     ) -> None:
         """K and V of `spec.num_layers` layers, each [num_blocks, *spec.block_shape] of
-        `spec.dtype` on `device`, and a CPU pool of `num_cpu_blocks` blocks."""
+        `spec.dtype` on `device`, and a CPU pool of `num_cpu_blocks` blocks.
+
+        The layers' K (and V) tensors are views of one [num_layers, num_blocks, ...] tensor,
+        so that a block copy in every layer is one indexing op (`gather_copy_blocks`)."""
         self.spec = spec
         shape = (num_blocks, *spec.block_shape)
         n, dtype = spec.num_layers, spec.dtype
-        self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)]
-        self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)]
+        self.k_all = torch.zeros((n, *shape), dtype=dtype, device=device)
+        self.v_all = torch.zeros((n, *shape), dtype=dtype, device=device)
+        self.k_caches = list(self.k_all.unbind(0))  # each contiguous
+        self.v_caches = list(self.v_all.unbind(0))
         cpu_shape = (num_cpu_blocks, *shape[1:])
         pin = device.type == "cuda"
         self.cpu_k = [torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin) for _ in range(n)]
@@ -126,6 +131,17 @@ class KVCache:
     @property
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return list(zip(self.k_caches, self.v_caches))
+
+    def gather_copy_blocks(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Every block dst[i] gets, in every layer, the contents block src[i] had before the
+        call (a dst may be another pair's src; dst ids must be distinct). Beam search copies
+        partial blocks between slots this way (docs/design.md, "Beam search").
+
+        Args:
+            src, dst: [num_pairs] int64 block ids on the cache's device.
+        """
+        self.k_all[:, dst] = self.k_all[:, src]
+        self.v_all[:, dst] = self.v_all[:, src]
 
     def apply(self, pending: PendingCopies) -> None:
         """Perform queued block copies: swap-outs first (their device blocks may be handed out
