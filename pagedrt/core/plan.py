@@ -140,8 +140,7 @@ class StepResult:
             the candidate it continues).
         logprobs: one `TokenLogprobs` (or None, for a row that did not ask) per entry; None
             when no row asked.
-        beams: one entry per beam search expanded this step, in the order of its first slot
-            in `req_ids`.
+        beams: one entry per beam search expanded this step.
     """
 
     req_ids: list[str] = field(default_factory=list)

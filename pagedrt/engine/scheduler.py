@@ -516,11 +516,12 @@ class Scheduler:
         slot's new beam: its parent's tokens and the candidate's token over the placeholder,
         and its block table re-parented by the KV manager, as the device side re-parented its
         rows. Returns the tokens written (W per search)."""
-        assert [h.request_id for h, _ in beams] == [b.req_id for b in result.beams], (
-            f"expanded {[b.req_id for b in result.beams]}, "
-            f"planned {[h.request_id for h, _ in beams]}")
+        expansions = {b.req_id: b for b in result.beams}
+        assert len(expansions) == len(beams) == len(result.beams), (
+            f"expanded {sorted(expansions)}, planned {[h.request_id for h, _ in beams]}")
         num_written = 0
-        for (head, index), expansion in zip(beams, result.beams):
+        for head, index in beams:
+            expansion = expansions[head.request_id]
             if head.is_finished:
                 continue  # aborted
             beam = head.beam
