@@ -15,6 +15,9 @@ efficiency = floor / measured time.
 
 --compare hf runs, on the same weights in the same process: HF `generate` (static batch,
 SDPA) and HF `generate_batch` (its continuous batching, attn_implementation "paged|sdpa").
+
+--beam-width W instead compares beam search of width W with n = W sampling of the same prompts
+and (with --compare hf) HF `generate(num_beams=W)` (pagedrt/bench/beam.py).
 """
 
 from __future__ import annotations
@@ -254,6 +257,19 @@ def run_hf_generate_batch(hf, prompts, params, name: str, workload: str) -> dict
             "num_requests": len(prompts), **row}
 
 
+def _main_beam(llm, loaded, args, prompts, name: str, workload: str) -> int:
+    from pagedrt.bench import beam
+
+    results = beam.run(llm, loaded, args, prompts, name, workload)
+    free_llm(llm)
+    if args.compare == "hf":
+        results.append(beam.run_hf_beam(loaded, prompts, args, f"{name} {workload}"))
+    path = write_results(args.out, args.name, results, {"beam_width": args.beam_width})
+    print(f"results: {path}")
+    print("\n".join(beam.summary(results, args.beam_width)))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="pagedrt bench throughput", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -271,12 +287,20 @@ def main(argv: list[str]) -> int:
     p.add_argument("--batch-sizes", default="",
                    help="also run the fixed workload with these numbers of requests (a sweep "
                         "for the throughput-vs-batch plot), e.g. 1,8,32,64,128")
+    p.add_argument("--beam-width", type=int, default=0,
+                   help="W > 0: beam search of width W against n = W sampling of the same "
+                        "prompts (and HF generate(num_beams=W) with --compare hf); fixed "
+                        "workload only")
     args = p.parse_args(argv)
+    if args.beam_width and args.workload != "fixed":
+        p.error("--beam-width runs the fixed workload only")
     loaded, name = load(args)
     device = next(loaded.model.parameters()).device
-    ceilings = device_ceilings(device)
     prompts, params, workload = make_workload(args)
     llm = make_llm(loaded, args)
+    if args.beam_width:
+        return _main_beam(llm, loaded, args, prompts, name, workload)
+    ceilings = device_ceilings(device)
     # warm-up: the same shapes and sampling settings on other token ids, 8 output tokens each
     # (compiles kernels, grows the allocator's pools); the timed runs below are steady state
     warm, warm_params, _ = make_workload(args, seed=3)

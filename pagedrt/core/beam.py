@@ -43,9 +43,6 @@ import numpy as np
 
 from pagedrt.sampling_params import BeamSearchParams
 
-# HF's stand-in score for "no hypothesis here" (its finished slots start at -1e9)
-_NO_SCORE = -1.0e9
-
 
 def num_beam_candidates(beam_width: int, num_stop_token_ids: int) -> int:
     """K, the candidates kept per step: max(2, 1 + number of EOS ids) * beam_width, so that
@@ -141,10 +138,16 @@ class BeamGroup:
         p = self.params
         width, stop = self.width, self.stop_token_ids
         at_max = num_generated >= p.max_tokens
-        hits = [at_max or t in stop for t in tokens]
-        running = [c for c, hit in enumerate(hits) if not hit][:width]
         new: list[tuple[int, Hypothesis]] = []
-        if self.improvable and not (p.early_stopping is True and len(self.finished) == width):
+        if not at_max and stop.isdisjoint(tokens[:width]):
+            # the common step: none of the first W ends, they all run on (no new hypothesis)
+            running = list(range(width))
+            hits = None
+        else:
+            hits = [at_max or t in stop for t in tokens]
+            running = [c for c, hit in enumerate(hits) if not hit][:width]
+        if hits is not None and self.improvable and not (
+                p.early_stopping is True and len(self.finished) == width):
             for c in range(width):
                 if hits[c]:
                     reason = "stop" if tokens[c] in stop else "length"
@@ -162,17 +165,13 @@ class BeamGroup:
         assert sorted(slot_candidates) == running, (
             f"the device continues candidates {slot_candidates}, the rules say {running} "
             f"(tokens {tokens}, stop ids {sorted(stop)})")
-        assert [slot_candidates.index(c) for c in running] == assign_slots(
-            [beams[c] for c in running]), (
-            f"slots {slot_candidates} for parents {[beams[c] for c in running]}")
         self.scores = [values[c] for c in slot_candidates]
-        if self.improvable:
+        # (while fewer than W are finished, HF compares with -1e9: the search can improve)
+        if self.improvable and len(self.finished) == width:
             length = (p.max_tokens if p.early_stopping == "never" and p.length_penalty > 0
                       else num_generated)
             best = beam_score(values[running[0]], length, p.length_penalty)
-            worst = (min(h.score for h in self.finished) if len(self.finished) == width
-                     else _NO_SCORE)
-            self.improvable = best > worst
+            self.improvable = best > min(h.score for h in self.finished)
         self.done = (not self.improvable
                      or (p.early_stopping is True and len(self.finished) == width))
         return new

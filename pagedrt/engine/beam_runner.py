@@ -84,41 +84,48 @@ class BeamRunner:
             block_tables: [num_scheduled, width] int32 on the device, the step's tables.
             token_ids: [num_sampled] int64 on the device: the slots' tokens are written here.
         """
-        groups: dict[str, list[tuple[int, int]]] = {}
-        for i in beam_index.tolist():
-            state = states[i]
-            groups.setdefault(state.beam_group, []).append((state.sample_index, i))
+        batch = self.batch
+        # the slots of each search, in slot order: sort by (search, slot)
+        beam_rows = sampled_rows[beam_index]
+        order = np.lexsort((batch.beam_slot[beam_rows], batch.beam_search[beam_rows]))
+        index, beam_rows = beam_index[order], beam_rows[order]
+        keys = batch.beam_search[beam_rows]
+        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+        widths = np.diff(np.r_[starts, len(keys)])
+        assert (batch.beam_slot[beam_rows] == np.arange(len(keys)) - np.repeat(starts, widths)
+                ).all(), f"beam slots sampled: {batch.beam_slot[beam_rows].tolist()}"
         buckets: dict[tuple[int, int], list] = {}
-        for group_id, members in groups.items():
-            members.sort()
-            state = states[members[0][1]]
-            width = state.params.n
-            assert [s for s, _ in members] == list(range(width)), (
-                f"search {group_id}: slots {[s for s, _ in members]} sampled, not all {width}")
-            stops = not state.params.ignore_eos
-            k = num_beam_candidates(width, len(state.eos_token_ids) if stops else 0)
-            buckets.setdefault((width, k), []).append(
-                (group_id, [i for _, i in members], stops, state.eos_token_ids))
+        eos = states[index[0]].eos_token_ids
+        for start, width, i in zip(starts.tolist(), widths.tolist(), index[starts].tolist()):
+            params = states[i].params
+            assert width == params.n, f"{width} slots of a search of width {params.n} sampled"
+            stops = not params.ignore_eos
+            k = num_beam_candidates(width, len(eos) if stops else 0)
+            buckets.setdefault((width, k), []).append((start, stops))
         parent_index = torch.arange(len(sampled_rows), device=self.device)
         launched = []
         for (width, k), members in buckets.items():
-            launched.append(self._expand(logits, sampled_rows, width, k, members,
-                                         scheduled_pos, block_tables, token_ids, parent_index))
+            starts_k = np.array([m[0] for m in members], dtype=np.int64)
+            group_index = index[starts_k[:, None] + np.arange(width)]  # [G, W]
+            stops = np.array([m[1] for m in members], dtype=np.int64)
+            launched.append(self._expand(logits, sampled_rows, width, k, group_index, stops,
+                                         eos, scheduled_pos, block_tables, token_ids,
+                                         parent_index))
         self.last_parent_index = parent_index
         return BeamLaunch(launched)
 
-    def _expand(self, logits, sampled_rows, width, k, members, scheduled_pos, block_tables,
-                token_ids, parent_index) -> _Bucket:
+    def _expand(self, logits, sampled_rows, width, k, index, stops, eos, scheduled_pos,
+                block_tables, token_ids, parent_index) -> _Bucket:
+        """Expand the searches of one (W, K): index [G, W] their slots' sampled positions,
+        stops [G] 1 where EOS ends a beam."""
         batch, bs = self.batch, self.block_size
-        index = np.array([m[1] for m in members], dtype=np.int64)  # [G, W] sampled positions
         rows = sampled_rows[index]
         positions = scheduled_pos[index]
         num_tokens = batch.num_tokens[rows[:, 0]]  # before this step's token is appended
         # partial-block copies: searches whose slots all ran in this step (not just forked)
         # and whose next token goes into a partly filled block
         copy = np.flatnonzero((positions >= 0).all(axis=1) & (num_tokens % bs != 0))
-        stops = np.array([m[2] for m in members], dtype=np.int64)
-        num_groups = len(members)
+        num_groups = len(index)
         parts = [index.ravel(), rows.ravel(), stops, copy, positions[copy].ravel(),
                  num_tokens[copy] // bs]
         flat = torch.from_numpy(np.concatenate(parts))
@@ -127,7 +134,6 @@ class BeamRunner:
         index_t, rows_t, stops_t, copy_t, pos_t, nblk_t = torch.split(
             flat, [len(p) for p in parts])
         index_t, rows_t = index_t.view(num_groups, width), rows_t.view(num_groups, width)
-        eos = members[0][3]
         stop_ids = self._stop_ids.get(eos)
         if stop_ids is None:
             stop_ids = self._stop_ids[eos] = torch.tensor(eos, dtype=torch.int64,
@@ -154,8 +160,9 @@ class BeamRunner:
             host_ints.copy_(ints, non_blocking=True)
             host_values.copy_(values, non_blocking=True)
             ints, values = host_ints, host_values
-        return _Bucket([m[0] for m in members], width, k, rows, batch.epoch[rows].copy(),
-                       num_tokens, values, ints)
+        names = batch.beam_search_ids
+        return _Bucket([names[key] for key in batch.beam_search[rows[:, 0]].tolist()], width, k,
+                       rows, batch.epoch[rows].copy(), num_tokens, values, ints)
 
     # ----------------------------------------------------------------- the next step
     def table_patch(self, rows: np.ndarray, pend: np.ndarray, starts: np.ndarray,
@@ -201,18 +208,24 @@ class BeamRunner:
         out = []
         batch, bs = self.batch, self.block_size
         for b in launch.buckets:
-            values = b.values.tolist()
-            ints = b.ints.tolist()
             k, w = b.num_candidates, b.width
+            ints = b.ints.numpy() if b.ints.device.type == "cpu" else b.ints.cpu().numpy()
+            values, ints_list = b.values.tolist(), ints.tolist()
             for g, group_id in enumerate(b.group_ids):
-                row = ints[g]
-                parents = row[2 * k + w:]
+                row = ints_list[g]
                 out.append(BeamStepResult(group_id, values[g], row[:k], row[k:2 * k],
                                           row[2 * k:2 * k + w]))
-                moved = [s for s in range(w) if parents[s] != s]
-                slot_rows = b.slot_rows[g]
-                if moved and (batch.epoch[slot_rows] == b.slot_epochs[g]).all():
-                    n = int(b.num_tokens[g])
-                    batch.reparent_rows(slot_rows[moved],
-                                        slot_rows[[parents[s] for s in moved]], n, n // bs)
+            # the moved slots of searches whose rows are still theirs, one numpy op per length
+            parents = ints[:, 2 * k + w:]  # [G, W] slot of each slot's parent
+            moved = (parents != np.arange(w)) & (
+                batch.epoch[b.slot_rows] == b.slot_epochs).all(axis=1, keepdims=True)
+            if not moved.any():
+                continue
+            groups, slots = np.nonzero(moved)
+            rows = b.slot_rows[groups, slots]
+            parent_rows = b.slot_rows[groups, parents[groups, slots]]
+            num_tokens = b.num_tokens[groups]
+            for n in np.unique(num_tokens).tolist():
+                same = num_tokens == n
+                batch.reparent_rows(rows[same], parent_rows[same], n, n // bs)
         return out

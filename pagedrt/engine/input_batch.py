@@ -14,6 +14,8 @@ step of 256 rows is a handful of numpy gathers instead of a Python call per requ
             states[r]: sampling settings, the seeded generator, the prompt (RowState)
             is_beam[r], beam_scores[r]: a beam slot, and its beam's cumulative
                             log-probability (on the device: written by the beam expansion)
+            beam_search[r], beam_slot[r]: its search (an int key of the search's request id,
+                            `beam_search_ids`) and its slot
 
 A row is created by `NewRequestData` (admission, resumption after preemption) or by a fork,
 changed by block-table changes and by sampling (a beam slot also by its expansion:
@@ -86,6 +88,12 @@ class InputBatch:
         self.epoch = np.zeros(num_rows, dtype=np.int64)
         self.is_beam = np.zeros(num_rows, dtype=np.bool_)
         self.beam_scores = torch.zeros(num_rows, dtype=torch.float32, device=device)
+        self.beam_search = np.zeros(num_rows, dtype=np.int64)
+        self.beam_slot = np.zeros(num_rows, dtype=np.int64)
+        # a search's request id -> [its int key, rows holding it]; key -> request id
+        self._beam_keys: dict[str, list[int]] = {}
+        self.beam_search_ids: dict[int, str] = {}
+        self._next_beam_key = 0
         self.states: list[RowState | None] = [None] * num_rows
         self.row_of: dict[str, int] = {}
         self._free_rows = list(range(num_rows - 1, -1, -1))
@@ -103,7 +111,8 @@ class InputBatch:
             n = len(self.states)
             self.token_ids = np.pad(self.token_ids, ((0, n), (0, 0)))
             self.block_table = np.pad(self.block_table, ((0, n), (0, 0)))
-            for name in ("num_tokens", "num_computed_tokens", "num_blocks", "epoch", "is_beam"):
+            for name in ("num_tokens", "num_computed_tokens", "num_blocks", "epoch", "is_beam",
+                         "beam_search", "beam_slot"):
                 setattr(self, name, np.pad(getattr(self, name), (0, n)))
             self.beam_scores = torch.cat([self.beam_scores, torch.zeros_like(self.beam_scores)])
             self.pending = np.pad(self.pending, (0, n), constant_values=-1)
@@ -130,7 +139,13 @@ class InputBatch:
         self.block_table[row, : self.num_blocks[row]] = 0
         self.num_tokens[row] = self.num_computed_tokens[row] = self.num_blocks[row] = 0
         self.pending[row] = self.pending_step[row] = -1
-        self.is_beam[row] = False
+        if self.is_beam[row]:
+            self.is_beam[row] = False
+            key = self.beam_search_ids[int(self.beam_search[row])]
+            entry = self._beam_keys[key]
+            entry[1] -= 1
+            if not entry[1]:
+                del self._beam_keys[key], self.beam_search_ids[entry[0]]
         self.epoch[row] += 1
         self._free_rows.append(row)
 
@@ -173,9 +188,20 @@ class InputBatch:
                                     new.prompt_token_ids, new.eos_token_ids, new.sample_index,
                                     new.beam_group)
         if new.beam_group is not None:
-            self.is_beam[row] = True
-            self.beam_scores[row] = new.beam_score
+            self._mark_beam(row, new.beam_group, new.sample_index, new.beam_score)
         return row
+
+    def _mark_beam(self, row: int, search_id: str, slot: int, score: float) -> None:
+        entry = self._beam_keys.get(search_id)
+        if entry is None:
+            entry = self._beam_keys[search_id] = [self._next_beam_key, 0]
+            self.beam_search_ids[self._next_beam_key] = search_id
+            self._next_beam_key += 1
+        entry[1] += 1
+        self.is_beam[row] = True
+        self.beam_search[row] = entry[0]
+        self.beam_slot[row] = slot
+        self.beam_scores[row] = score
 
     def fork(self, parent_row: int, child_id: str, sample_index: int) -> int:
         """A row for a forked sample: a copy of the parent's row (tokens, computed count,
@@ -197,8 +223,7 @@ class InputBatch:
                                     p.prompt_token_ids, p.eos_token_ids, sample_index,
                                     p.beam_group)
         if p.beam_group is not None:
-            self.is_beam[row] = True
-            self.beam_scores[row] = float("-inf")
+            self._mark_beam(row, p.beam_group, sample_index, float("-inf"))
         return row
 
     def reparent_rows(self, rows: np.ndarray, parent_rows: np.ndarray, num_tokens: int,

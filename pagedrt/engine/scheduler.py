@@ -136,6 +136,10 @@ class Scheduler:
         remaining, planned = self._plan_running(max_tokens)  # aligned with self.running
         num_preempted_before = len(self._preempted_req_ids)
         allocate = self.kv.allocate_slots
+        # decodes only, and a free block for each: no allocation can fail (a decode takes at
+        # most one block, new or copied), so a beam search's slots need no joint check
+        beams_fit = (len(self.running) <= self.kv.num_free_blocks
+                     and all(n <= 1 for n in planned))
         i = 0
         while i < len(self.running):
             num_new = planned[i]
@@ -143,7 +147,7 @@ class Scheduler:
                 i += 1
                 continue
             req = self.running[i]
-            if req.beam is not None and len(req.group) > 1:
+            if req.beam is not None and not beams_fit and len(req.group) > 1:
                 i = self._allocate_beams(i, planned, remaining, scheduled, num_new_tokens)
                 continue
             while allocate(req, num_new) is None:
@@ -385,8 +389,11 @@ class Scheduler:
         while j < len(running) and running[j].beam is beam:
             j += 1
         members = [k for k in range(i, j) if planned[k]]
-        need = self.kv.num_blocks_to_allocate([running[k] for k in members],
-                                              [planned[k] for k in members])
+        if all(planned[k] == 1 for k in members) and len(members) <= self.kv.num_free_blocks:
+            need = 0  # decodes: at most one block each (a new block or a copy-on-write)
+        else:
+            need = self.kv.num_blocks_to_allocate([running[k] for k in members],
+                                                  [planned[k] for k in members])
         while need > self.kv.num_free_blocks:
             head = running[i]
             num_preempted = self._preempt(running[-1])
@@ -539,17 +546,21 @@ class Scheduler:
                 self._finish_beam_search(head, index, events)
                 touched[head.request_id] = head
                 continue
-            parents = [expansion.beams[c] for c in candidates]
+            beams_of = expansion.beams
+            parents = [beams_of[c] for c in candidates]
+            moved = False
             for s, slot in enumerate(slots):
                 token = tokens[candidates[s]]
                 if parents[s] == s:
                     outputs[s][index] = token
                 else:  # a later placeholder (async scheduling) stays
+                    moved = True
                     slot.output_token_ids = outputs[parents[s]][:index] + [token] + outputs[s][
                         index + 1:]
-                if index == len(slot.output_token_ids) - 1:
+            if index == len(outputs[0]) - 1:  # (every slot has the same length)
+                for slot in slots:
                     slot.num_pending_tokens = 0
-            if slots[0].status is RequestStatus.RUNNING:  # not preempted since (then: no KV)
+            if moved and slots[0].status is RequestStatus.RUNNING:  # (preempted: no KV)
                 self.kv.reparent(slots, parents,
                                  (len(head.prompt_token_ids) + index) // self.kv.block_size)
         return num_written

@@ -243,13 +243,14 @@ class KVCacheManager:
 
         Records no block-table change: the device side re-parents its rows by the same rule.
         The prefix-cache hashes of the shared blocks follow them."""
-        tables = [self.req_to_blocks[r.request_id] for r in requests]
+        req_to_blocks = self.req_to_blocks
         released = []
         for i, p in enumerate(parents):
             if p == i:
                 continue
             assert parents[p] == p, f"slot {p} is a parent but moved to {parents[p]}"
-            own, src = tables[i], tables[p]
+            own = req_to_blocks[requests[i].request_id]
+            src = req_to_blocks[requests[p].request_id]
             assert len(own) >= num_blocks <= len(src), (
                 f"re-parenting {num_blocks} blocks of tables of {len(own)} and {len(src)}")
             # the tables share a prefix (a common ancestor's blocks) and differ after it
