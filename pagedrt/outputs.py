@@ -94,7 +94,8 @@ class BeamSearchSequence:
         cum_logprob: the sum of the generated tokens' log-probabilities.
         score: cum_logprob / (generated tokens ** length_penalty): what ranks the sequences
             (HF transformers' `sequences_scores`).
-        text: the decoded tokens, prompt included (as vLLM's `LLM.beam_search`).
+        text: the decoded tokens, prompt included (as vLLM's `LLM.beam_search`), special
+            tokens left out.
         finish_reason: "stop" (EOS) or "length" (max_tokens).
         stop_reason: always None (beam search has no stop strings).
     """
