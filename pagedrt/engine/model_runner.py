@@ -365,7 +365,10 @@ class ModelRunner:
         token_ids = torch.zeros(len(rows), dtype=torch.int64, device=logits.device)
         logprobs = None
         if len(other):
-            other_t = torch.from_numpy(other).to(logits.device)
+            other_t = torch.from_numpy(other)
+            if logits.device.type == "cuda":  # (pinned: a pageable copy waits for the stream)
+                other_t = other_t.pin_memory()
+            other_t = other_t.to(logits.device, non_blocking=True)
             sampled = self.sampler(logits.index_select(0, other_t),
                                    [sampling_rows[i] for i in other.tolist()], self.generator)
             token_ids.index_copy_(0, other_t, sampled.token_ids)
