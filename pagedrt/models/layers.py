@@ -136,8 +136,11 @@ class RotaryEmbedding(nn.Module):
         rope_type = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type"))
         if rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, rope_scaling)
+        elif rope_type == "linear":  # position interpolation: every frequency / factor
+            inv_freq = inv_freq / rope_scaling["factor"]
         elif rope_type not in (None, "default"):
-            raise ValueError(f"rope_scaling type {rope_type!r} is not supported; use 'llama3'")
+            raise ValueError(f"rope_scaling type {rope_type!r} is not supported; use 'llama3' "
+                             "or 'linear'")
         t = torch.arange(max_position, dtype=torch.int64).float()
         freqs = torch.outer(t, inv_freq)  # [max_position, head_dim // 2]
         cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)

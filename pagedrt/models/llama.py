@@ -1,9 +1,11 @@
 """Llama-family decoder over packed tokens and a paged KV cache (Llama 2/3, SmolLM, Qwen2,
-Qwen3, Mistral without sliding window).
+Qwen3, Mistral).
 
 Qwen2 is the same network with a bias on the q/k/v projections (`config.attention_bias`);
 Qwen3 drops the bias and adds an RMSNorm over each query and key head before RoPE
-(`config.qk_norm`); Mistral's full-attention configs are Llama's network.
+(`config.qk_norm`); Mistral is Llama's network with a sliding window on every layer (Qwen2/3
+configs with `use_sliding_window` on some): `config.layer_sliding_window(i)`, passed to the
+attention kernels.
 There is no batch dimension: the tokens of all requests in a step are concatenated into
 `[num_tokens]`, and `AttentionMetadata` says where each request's tokens and cache blocks are.
 """
@@ -41,11 +43,13 @@ _STACKED_PARAMS = {
 class LlamaAttention(nn.Module):
     """Multi-head attention with GQA and RoPE; K/V go through the paged cache. With
     `config.qk_norm`, `q_norm` and `k_norm` (RMSNorm, weight [head_dim]) normalise every query
-    and key head before RoPE, as in Qwen3."""
+    and key head before RoPE, as in Qwen3. Layer `layer_idx` attends over the window
+    `config.layer_sliding_window(layer_idx)` (None: the whole sequence)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer_idx: int = 0) -> None:
         super().__init__()
         self.head_dim = config.head_dim
+        self.sliding_window = config.layer_sliding_window(layer_idx)
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size, config.head_dim, config.num_attention_heads,
             config.num_key_value_heads, bias=config.attention_bias,
@@ -89,7 +93,7 @@ class LlamaAttention(nn.Module):
         if not kv_written:
             q, k = self.rotary_emb(positions, q, k)
         out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale,
-                              kv_written)  # [T, heads, d]
+                              kv_written, self.sliding_window)  # [T, heads, d]
         return self.o_proj(out.flatten(1))
 
 
@@ -112,9 +116,9 @@ class LlamaDecoderLayer(nn.Module):
     """Pre-norm block. The residual stream is carried separately so that each RMSNorm can fuse
     the add of the previous sub-block's output into itself."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, layer_idx: int = 0) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config)
+        self.self_attn = LlamaAttention(config, layer_idx)
         self.mlp = LlamaMLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -142,7 +146,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -161,8 +165,8 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama / Qwen2 / Qwen3 / Mistral causal LM. Parameters are created uninitialised (`torch.empty`) in the
-    current default dtype and device; fill them with `load_weights`."""
+    """Llama / Qwen2 / Qwen3 / Mistral causal LM. Parameters are created uninitialised
+    (`torch.empty`) in the current default dtype and device; fill them with `load_weights`."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
