@@ -106,11 +106,15 @@ class LLMEngine:
         num_cpu_blocks = (config.swap_space_bytes // kv_spec.bytes_per_block
                           if config.preemption_mode == "swap" else 0)
         self.kv_manager = KVCacheManager(
-            num_blocks, config.block_size, config.enable_prefix_caching, num_cpu_blocks
+            num_blocks, config.block_size, config.enable_prefix_caching, num_cpu_blocks,
+            sliding_window=mc.kv_sliding_window,
         )
         self.kv_cache = KVCache(kv_spec, num_blocks, num_cpu_blocks, self.device, backend)
-        self.limits = EngineLimits(mc.vocab_size, self.max_model_len, num_blocks,
-                                   config.block_size, config.max_num_seqs)
+        window = mc.kv_sliding_window  # blocks before it are given back as it moves
+        self.limits = EngineLimits(
+            mc.vocab_size, self.max_model_len, num_blocks, config.block_size,
+            config.max_num_seqs, None if window is None else
+            -(-(window - 1 + config.max_num_batched_tokens) // config.block_size) + 2)
         self.scheduler = Scheduler(config, self.kv_manager)
         self.model_runner = ModelRunner(
             self.model, self.kv_cache, self.device, backend,
@@ -395,6 +399,9 @@ class LLMEngine:
                 f"{seq}: the row holds {token_ids}, the request {seq.all_token_ids}")
             assert num_computed == seq.num_computed_tokens, (
                 f"{seq}: the row has {num_computed} computed tokens")
-            assert changed or block_ids == self.kv_manager.block_ids(req_id), (
+            # entries given back by a sliding window hold stale ids on the device: never read
+            released = self.kv_manager.num_released_blocks(req_id)
+            assert changed or block_ids[released:] == self.kv_manager.block_ids(req_id)[
+                released:], (
                 f"{seq}: the row's block table {block_ids}, the KV manager's "
-                f"{self.kv_manager.block_ids(req_id)}")
+                f"{self.kv_manager.block_ids(req_id)} ({released} released)")
