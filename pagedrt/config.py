@@ -77,7 +77,7 @@ class ModelConfig:
     sliding_window: int | None = None
     layer_types: tuple[str, ...] = ()
     rope_local_theta: float | None = None
-    query_pre_attn_scalar: float | None = None
+    query_pre_attn_scalar: int | None = None
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -254,7 +254,7 @@ def _gemma3_fields(cfg: dict) -> dict:
     return {"rope_theta": float(_rope_theta(cfg, full, 1_000_000.0)),
             "rope_scaling": _rope_scaling(cfg, full),
             "rope_local_theta": float(local_theta),
-            "query_pre_attn_scalar": float(cfg.get("query_pre_attn_scalar", 256))}
+            "query_pre_attn_scalar": int(cfg.get("query_pre_attn_scalar", 256))}
 
 
 BLOCK_SIZES = (8, 16, 32)

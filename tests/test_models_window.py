@@ -191,3 +191,35 @@ def test_model_config_window_errors() -> None:
         ModelConfig(**base, layer_types=("sliding_attention",) * 2)
     with pytest.raises(ValueError, match="sliding_window=0"):
         ModelConfig(**base, sliding_window=0, layer_types=("sliding_attention",) * 2)
+
+
+@pytest.mark.parametrize("name, hf_class", [("mistral-7b", "MistralConfig"),
+                                             ("gemma3-1b", "Gemma3TextConfig")])
+def test_windowed_presets_read_back_and_have_a_matching_hf_twin(name, hf_class) -> None:
+    """The preset written as its family's config.json reads back to itself; shrunk (two
+    layers, a 9-token window), the benchmarks' HF twin (`hf_model_like`) of the random model
+    gives the same logits."""
+    import dataclasses
+
+    import transformers
+
+    from pagedrt.bench.common import hf_config_fields, hf_model_like
+    from pagedrt.bench.presets import get_preset, random_model
+
+    p = get_preset(name)
+    hf_cfg = getattr(transformers, hf_class)(**hf_config_fields(p))
+    assert ModelConfig.from_hf_config(hf_cfg.to_dict()) == p
+    gemma = p.architecture == "Gemma3ForCausalLM"
+    small = dataclasses.replace(
+        p, vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=9,
+        max_position_embeddings=256,
+        layer_types=("sliding_attention", "full_attention" if gemma else "sliding_attention"))
+    torch.manual_seed(0)
+    loaded = random_model(small, torch.float32, CPU)
+    with torch.no_grad():  # N(0, 0.02) weights give near-flat logits: sharpen them
+        for n, param in loaded.model.named_parameters():
+            if "norm" not in n:
+                param.mul_(5.0)
+    hf_model = hf_model_like(loaded, torch.float32, CPU, "eager")
+    compare_with_hf(loaded.model, hf_model, [list(range(3, 40)), [7, 1, 2]], num_decode_steps=4)

@@ -119,7 +119,39 @@ def write_results(out_dir: str, name: str, results: list[dict], extra: dict | No
 
 
 _HF_CONFIG_CLASSES = {"LlamaForCausalLM": "LlamaConfig", "Qwen2ForCausalLM": "Qwen2Config",
-                      "Qwen3ForCausalLM": "Qwen3Config", "MistralForCausalLM": "MistralConfig"}
+                      "Qwen3ForCausalLM": "Qwen3Config", "MistralForCausalLM": "MistralConfig",
+                      "Gemma3ForCausalLM": "Gemma3TextConfig"}
+
+
+def hf_config_fields(mc) -> dict:
+    """The Hugging Face config.json fields of a ModelConfig, for its architecture's config
+    class (what `ModelConfig.from_hf_config` reads back to the same config)."""
+    fields = dict(
+        vocab_size=mc.vocab_size, hidden_size=mc.hidden_size,
+        intermediate_size=mc.intermediate_size, num_hidden_layers=mc.num_hidden_layers,
+        num_attention_heads=mc.num_attention_heads, num_key_value_heads=mc.num_key_value_heads,
+        head_dim=mc.head_dim, rms_norm_eps=mc.rms_norm_eps,
+        max_position_embeddings=mc.max_position_embeddings,
+        tie_word_embeddings=mc.tie_word_embeddings, bos_token_id=mc.bos_token_id,
+        eos_token_id=list(mc.eos_token_ids), architectures=[mc.architecture])
+    arch = mc.architecture
+    if arch == "Gemma3ForCausalLM":
+        full = {"rope_type": "default", **(mc.rope_scaling or {}), "rope_theta": mc.rope_theta}
+        local = {"rope_type": "default", "rope_theta": mc.rope_local_theta or mc.rope_theta}
+        return {**fields, "rope_parameters": {"full_attention": full,
+                                              "sliding_attention": local},
+                "sliding_window": mc.sliding_window or mc.max_position_embeddings,
+                "layer_types": list(mc.layer_types) or None,
+                "query_pre_attn_scalar": mc.query_pre_attn_scalar or mc.head_dim}
+    fields["rope_theta"] = mc.rope_theta
+    if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
+        fields["attention_bias"] = mc.attention_bias
+    if arch == "MistralForCausalLM":
+        fields["sliding_window"] = mc.sliding_window
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and mc.layer_types:
+        fields.update(use_sliding_window=True, sliding_window=mc.sliding_window,
+                      layer_types=list(mc.layer_types))
+    return fields
 
 
 def hf_model_like(loaded, dtype, device, attn_implementation: str = "sdpa"):
@@ -128,18 +160,7 @@ def hf_model_like(loaded, dtype, device, attn_implementation: str = "sdpa"):
 
     mc = loaded.model_config
     cls_cfg = getattr(transformers, _HF_CONFIG_CLASSES[mc.architecture])
-    cfg = cls_cfg(
-        vocab_size=mc.vocab_size, hidden_size=mc.hidden_size,
-        intermediate_size=mc.intermediate_size, num_hidden_layers=mc.num_hidden_layers,
-        num_attention_heads=mc.num_attention_heads, num_key_value_heads=mc.num_key_value_heads,
-        head_dim=mc.head_dim, rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta,
-        max_position_embeddings=mc.max_position_embeddings,
-        tie_word_embeddings=mc.tie_word_embeddings,
-    )
-    if mc.architecture in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
-        cfg.attention_bias = mc.attention_bias
-    if mc.architecture == "MistralForCausalLM":
-        cfg.sliding_window = None  # pagedrt runs Mistral only without a window
+    cfg = cls_cfg(**hf_config_fields(mc))
     cls = getattr(transformers, mc.architecture)
     with torch.device(device):
         hf = cls._from_config(cfg, dtype=dtype, attn_implementation=attn_implementation)

@@ -246,7 +246,7 @@ def gguf_model_config(reader) -> ModelConfig:
                                  "full_attention" for i in range(num_layers)),
             # llama.cpp's rule: head_dim, except for the 27B shape (62 layers), whose
             # config.json sets hidden / heads
-            "query_pre_attn_scalar": float(hidden // num_heads if num_layers == 62
+            "query_pre_attn_scalar": int(hidden // num_heads if num_layers == 62
                                            else head_dim),
         }
     return ModelConfig(
