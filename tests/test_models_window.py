@@ -182,9 +182,9 @@ def test_gemma3_config_refusals(field, value, match) -> None:
 
 
 def test_model_config_window_errors() -> None:
-    base = dict(architecture="MistralForCausalLM", vocab_size=8, hidden_size=8,
-                intermediate_size=8, num_hidden_layers=2, num_attention_heads=1,
-                num_key_value_heads=1, head_dim=8)
+    base = {"architecture": "MistralForCausalLM", "vocab_size": 8, "hidden_size": 8,
+            "intermediate_size": 8, "num_hidden_layers": 2, "num_attention_heads": 1,
+            "num_key_value_heads": 1, "head_dim": 8}
     with pytest.raises(ValueError, match="one of .* per layer"):
         ModelConfig(**base, sliding_window=4, layer_types=("sliding_attention",))
     with pytest.raises(ValueError, match="sliding_window is None"):

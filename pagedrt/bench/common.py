@@ -126,14 +126,15 @@ _HF_CONFIG_CLASSES = {"LlamaForCausalLM": "LlamaConfig", "Qwen2ForCausalLM": "Qw
 def hf_config_fields(mc) -> dict:
     """The Hugging Face config.json fields of a ModelConfig, for its architecture's config
     class (what `ModelConfig.from_hf_config` reads back to the same config)."""
-    fields = dict(
-        vocab_size=mc.vocab_size, hidden_size=mc.hidden_size,
-        intermediate_size=mc.intermediate_size, num_hidden_layers=mc.num_hidden_layers,
-        num_attention_heads=mc.num_attention_heads, num_key_value_heads=mc.num_key_value_heads,
-        head_dim=mc.head_dim, rms_norm_eps=mc.rms_norm_eps,
-        max_position_embeddings=mc.max_position_embeddings,
-        tie_word_embeddings=mc.tie_word_embeddings, bos_token_id=mc.bos_token_id,
-        eos_token_id=list(mc.eos_token_ids), architectures=[mc.architecture])
+    fields = {
+        "vocab_size": mc.vocab_size, "hidden_size": mc.hidden_size,
+        "intermediate_size": mc.intermediate_size, "num_hidden_layers": mc.num_hidden_layers,
+        "num_attention_heads": mc.num_attention_heads,
+        "num_key_value_heads": mc.num_key_value_heads,
+        "head_dim": mc.head_dim, "rms_norm_eps": mc.rms_norm_eps,
+        "max_position_embeddings": mc.max_position_embeddings,
+        "tie_word_embeddings": mc.tie_word_embeddings, "bos_token_id": mc.bos_token_id,
+        "eos_token_id": list(mc.eos_token_ids), "architectures": [mc.architecture]}
     arch = mc.architecture
     if arch == "Gemma3ForCausalLM":
         full = {"rope_type": "default", **(mc.rope_scaling or {}), "rope_theta": mc.rope_theta}
