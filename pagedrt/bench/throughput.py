@@ -65,16 +65,25 @@ def roofline(loaded, prompts, params, num_steps: int, ceilings: dict, dtype) -> 
     mc = loaded.model_config
     elem = torch.empty((), dtype=dtype).element_size()
     weight_bytes = sum(p.numel() for p in loaded.model.parameters()) * elem
-    kv_per_token = 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * elem
+    kv_per_layer_token = 2 * mc.num_key_value_heads * mc.head_dim * elem
+    windows = [mc.layer_sliding_window(i) for i in range(mc.num_hidden_layers)]
     kv_bytes = 0
     prefill_flops = 0.0
     n_params = sum(p.numel() for p in loaded.model.parameters())
     for prompt, p in zip(prompts, params):
         L, T = len(prompt), p.max_tokens
-        # decode step i reads the K/V of L + i tokens
-        kv_bytes += kv_per_token * (T * L + T * (T - 1) // 2)
-        attn = 4 * mc.num_hidden_layers * mc.num_attention_heads * mc.head_dim * L * L / 2
-        prefill_flops += 2 * n_params * L + attn
+        for w in windows:
+            # decode step i reads the K/V of L + i tokens, or of the layer's window
+            seen = T * L + T * (T - 1) // 2
+            pairs = L * L / 2  # (query, key) pairs of the causal prefill
+            if w is not None:
+                k = min(T, max(w - L, 0))  # steps before the context reaches w
+                seen = k * L + k * (k - 1) // 2 + (T - k) * w
+                if w < L:
+                    pairs = L * w - w * (w - 1) / 2
+            kv_bytes += kv_per_layer_token * seen
+            prefill_flops += 4 * mc.num_attention_heads * mc.head_dim * pairs
+        prefill_flops += 2 * n_params * L
     return ((num_steps * weight_bytes + kv_bytes) / ceilings["read_bytes_per_s"]
             + prefill_flops / ceilings["matmul_flop_per_s"])
 
