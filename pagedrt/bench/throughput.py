@@ -8,9 +8,9 @@ Workloads (random token ids, ignore_eos, so every request generates exactly its 
 Reports output tok/s, total tok/s, requests/s; a per-step trace of the timed run (wall time
 between steps, requests and tokens scheduled, device time of the model from CUDA events),
 summed for decode-only steps and steps with prefill; the mean step time split into schedule,
-prepare, forward, sample, update (a second pass with a device sync per phase); KV usage; and a
-roofline: floor = (bytes of weights read once per step + bytes of K/V read by decode
-attention) / measured read bandwidth + prefill FLOPs / measured bf16 matmul rate;
+prepare, forward, sample, update (a second pass with a device sync per phase); KV usage; and the
+honest roofline of `pagedrt.bench.roofline` (the least time any engine could take: work a
+minimal engine must do, against the run's measured read bandwidth and bf16 matmul rate);
 efficiency = floor / measured time.
 
 --compare hf runs, on the same weights in the same process: HF `generate` (static batch,
@@ -37,6 +37,7 @@ from pagedrt.bench.common import (
     sync,
     write_results,
 )
+from pagedrt.bench.roofline import RooflineModel, roofline_floor
 from pagedrt.sampling_params import SamplingParams
 
 
@@ -60,23 +61,13 @@ def make_workload(args, seed: int = 0) -> tuple[list[list[int]], list[SamplingPa
     return prompts, params, f"{args.num_requests}x{args.input_len}x{args.output_len}"
 
 
-def roofline(loaded, prompts, params, num_steps: int, ceilings: dict, dtype) -> float:
-    """Floor time in seconds (see the module docstring)."""
-    mc = loaded.model_config
+def roofline(loaded, prompts, params, ceilings: dict, dtype) -> dict:
+    """The honest floor of these requests (`pagedrt.bench.roofline`, formula in its
+    docstring): {"floor_s", "flops", "bytes", "compute_s", "memory_s", "bound", "steps"}."""
+    model = RooflineModel.from_module(loaded.model, loaded.model_config)
     elem = torch.empty((), dtype=dtype).element_size()
-    weight_bytes = sum(p.numel() for p in loaded.model.parameters()) * elem
-    kv_per_token = 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * elem
-    kv_bytes = 0
-    prefill_flops = 0.0
-    n_params = sum(p.numel() for p in loaded.model.parameters())
-    for prompt, p in zip(prompts, params):
-        L, T = len(prompt), p.max_tokens
-        # decode step i reads the K/V of L + i tokens
-        kv_bytes += kv_per_token * (T * L + T * (T - 1) // 2)
-        attn = 4 * mc.num_hidden_layers * mc.num_attention_heads * mc.head_dim * L * L / 2
-        prefill_flops += 2 * n_params * L + attn
-    return ((num_steps * weight_bytes + kv_bytes) / ceilings["read_bytes_per_s"]
-            + prefill_flops / ceilings["matmul_flop_per_s"])
+    return roofline_floor(model, [len(p) for p in prompts], [p.max_tokens for p in params],
+                          ceilings, elem)
 
 
 def timed_generate(llm, prompts, params) -> tuple[float, int, list]:
@@ -176,7 +167,7 @@ def run_pagedrt(llm, loaded, args, prompts, params, ceilings, name: str, workloa
         profile_decode(llm, make_workload(args, seed=2)[0], args, f"{name}_{args.name}")
     steps = max(engine.counters["num_steps"] - steps0, 1)
     split_ms = {k: 1e3 * v / steps for k, v in engine.clock.totals.items()}
-    floor = roofline(loaded, prompts, params, num_steps, ceilings, engine.dtype)
+    floor = roofline(loaded, prompts, params, ceilings, engine.dtype)
     return {
         "system": "pagedrt", "workload": f"{name} {workload}", "num_requests": len(prompts),
         "input_tokens": n_in, "output_tokens": n_out, "elapsed_s": elapsed,
@@ -187,7 +178,8 @@ def run_pagedrt(llm, loaded, args, prompts, params, ceilings, name: str, workloa
         "async_scheduling": engine.async_scheduling,
         "kv_num_blocks": stats["num_blocks"], "kv_peak_used_blocks": stats["peak_used_blocks"],
         "peak_batch_size": stats["peak_batch_size"], "num_preemptions": stats["num_preemptions"],
-        "roofline_floor_s": floor, "roofline_efficiency": floor / elapsed,
+        "roofline_floor_s": floor["floor_s"], "roofline_efficiency": floor["floor_s"] / elapsed,
+        "roofline": floor,
         "cuda_graphs": not args.enforce_eager,
     }
 
@@ -292,8 +284,8 @@ def main(argv: list[str]) -> int:
             "system": "pagedrt", "workload": f"{name} {sub_workload}", "num_requests": b,
             "output_tokens": n_out, "elapsed_s": elapsed, "output_tok_s": n_out / elapsed,
             "num_steps": steps, "ms_per_step": 1e3 * elapsed / steps,
-            "roofline_efficiency": roofline(loaded, sub_prompts, sub_params, steps, ceilings,
-                                            llm.llm_engine.dtype) / elapsed,
+            "roofline_efficiency": roofline(loaded, sub_prompts, sub_params, ceilings,
+                                            llm.llm_engine.dtype)["floor_s"] / elapsed,
         })
     free_llm(llm)
     if args.compare == "hf":
