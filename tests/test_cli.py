@@ -108,8 +108,8 @@ def test_async_scheduling_flag(option, expected):
     (["--num-kv-blocks", "0"], "num_kv_blocks=0 must be >= 1 (or None)"),
     (["--tensor-parallel-size", "0"], "tensor_parallel_size=0 must be an int >= 1"),
     (["-tp", "2", "--distributed-executor-backend", "uni"],
-     "distributed_executor_backend='uni' runs one rank in the engine's process, but "
-     "tensor_parallel_size=2; use 'mp' or 'auto'"),
+     ("distributed_executor_backend='uni' runs one rank in the engine's process, but "
+      "tensor_parallel_size=2; use 'mp' or 'auto'")),
 ])
 def test_bad_value_is_the_engine_config_error(option, message, capsys):
     """EngineConfig's ValueError reaches the user as `pagedrt: error: ...`, exit code 2,

@@ -278,7 +278,9 @@ class Executor:
         (root_cause) or a symptom (an end of file, a time-out); for a symptom, an error message
         queued behind it or the monitor's note of a process death says more, and wins."""
         if not root_cause:
-            reason, from_value_error = self._queued_error(reason, from_value_error)
+            queued = self._queued_error()
+            if queued is not None:
+                (reason, from_value_error), root_cause = queued, True
         health = self._health
         with health.lock:
             health.failed = True
@@ -297,7 +299,8 @@ class Executor:
         self._finalizer()
         raise ExecutorError(f"tensor-parallel worker failed: {reason}", from_value_error)
 
-    def _queued_error(self, reason: str, from_value_error: bool) -> tuple[str, bool]:
+    def _queued_error(self) -> tuple[str, bool] | None:
+        """(text, is_value_error) of an error message a remote rank sent, if one waits."""
         for r in self.remotes:
             try:
                 while r.conn.poll(0):
@@ -306,7 +309,7 @@ class Executor:
                         return message[3], message[2]
             except (EOFError, OSError):
                 continue
-        return reason, from_value_error
+        return None
 
 
 def _monitor(processes: list, health: _Health) -> None:

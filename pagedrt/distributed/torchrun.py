@@ -126,10 +126,13 @@ def _connect_rank0(device: torch.device, world_size: int) -> tuple[TPGroup, list
 
 
 def _close_peers() -> None:
-    """At exit: the other ranks see end of file and exit."""
+    """At exit: the other ranks see end of file and exit; the process group goes (left to the
+    interpreter's teardown, gloo's threads abort the process)."""
     if _rank0_peers is not None:
         for r in _rank0_peers[1]:
             r.conn.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
