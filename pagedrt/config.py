@@ -183,10 +183,11 @@ class EngineConfig:
     num_kv_blocks: int | None = field(default=None, metadata={
         "help": "explicit number of KV blocks; overrides the memory budgets below"})
     kv_cache_memory_bytes: int = field(default=1 << 30, metadata={
-        "help": "KV budget in bytes on CPU (all layers, K and V)"})
+        "help": "KV budget in bytes on CPU (all layers, K and V), per tensor-parallel rank"})
     gpu_memory_utilization: float = field(default=0.9, metadata={
-        "help": "on CUDA, fraction of total device memory the whole process may use; the KV "
-                "cache gets what is left of it after weights and activations"})
+        "help": "on CUDA, fraction of total device memory the whole process may use (each "
+                "tensor-parallel rank: of its own GPU); the KV cache gets what is left of it "
+                "after weights and activations"})
     max_num_seqs: int = field(default=256, metadata={"help": "most requests in one step"})
     max_num_batched_tokens: int = field(default=8192, metadata={
         "help": "most tokens (new query tokens, all requests) in one step; long prompts are "
@@ -201,7 +202,8 @@ class EngineConfig:
         "help": "what to do with a request when the KV cache runs out",
         "choices": PREEMPTION_MODES})
     swap_space_bytes: int = field(default=1 << 30, metadata={
-        "help": "size of the pinned CPU pool for swapped-out blocks"})
+        "help": "size of the pinned CPU pool for swapped-out blocks, per tensor-parallel "
+                "rank"})
     enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs"})
     async_scheduling: bool | None = field(default=None, metadata={
         "help": "overlap the host work of step n+1 (schedule, prepare, launch) with the device "

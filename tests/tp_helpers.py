@@ -91,3 +91,24 @@ def save_hf_folder(loaded, folder: str, tokenizer_dir: str | None = None) -> str
         for name in os.listdir(tokenizer_dir):
             shutil.copy(os.path.join(tokenizer_dir, name), folder)
     return folder
+
+
+def count_graph_replays(worker) -> list[int]:
+    """Make the rank count its CUDA-graph replays (read with `graph_replays`); returns the
+    batch sizes it captured graphs for ([] with graphs off)."""
+    runner = worker.model_runner.graph_runner
+    if runner is None:
+        return []
+    worker.graph_replays = 0
+    run = runner.run
+
+    def counted(*args, **kwargs):
+        worker.graph_replays += 1
+        return run(*args, **kwargs)
+
+    runner.run = counted
+    return sorted(runner.graphs)
+
+
+def graph_replays(worker) -> int:
+    return worker.graph_replays

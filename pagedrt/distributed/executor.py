@@ -176,6 +176,7 @@ class Executor:
         if self.remotes:
             self._send("execute", (plan,), NO_REPLY)
         if self.local is None:
+            clock.mark("send")  # the forward and the sampling show in "update" (fetch)
             return RemoteStep(plan.step_id) if plan else None
         return self._local_call(self.local.model_runner.execute, plan, clock)
 

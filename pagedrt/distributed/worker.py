@@ -42,7 +42,7 @@ import torch
 
 from pagedrt.config import EngineConfig, ModelConfig
 from pagedrt.core.plan import StepPlan, StepResult
-from pagedrt.distributed.group import ProcessGroupError, TPGroup, init_tp_group
+from pagedrt.distributed.group import SINGLE_RANK, ProcessGroupError, TPGroup, init_tp_group
 from pagedrt.models.weights import RandomWeights, SafetensorsWeights, TensorWeights
 
 NO_REPLY, RANK0_REPLIES, ALL_REPLY = 0, 1, 2
@@ -219,11 +219,16 @@ def run_worker_process(rank: int, world_size: int, device: str, init_method: str
     _exit_with_parent()
     set_num_threads_from_env()  # a spawned process starts with torch's default again
     dev = torch.device(device)
-    try:
-        tp = init_tp_group(rank, world_size, dev, init_method)
-    except ProcessGroupError as e:
-        send(conn, error_message(rank, e)[:3] + (str(e),))
-        raise SystemExit(1) from None
+    if world_size == 1:  # the model in a process of its own, split over nothing: no group
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        tp = SINGLE_RANK
+    else:
+        try:
+            tp = init_tp_group(rank, world_size, dev, init_method)
+        except ProcessGroupError as e:
+            send(conn, error_message(rank, e)[:3] + (str(e),))
+            raise SystemExit(1) from None
     status = serve(conn, tp, dev)
     # nothing to flush or save: skip the interpreter's teardown (seconds for torch on a busy
     # machine), so that a shut-down engine's workers are gone at once

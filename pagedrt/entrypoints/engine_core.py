@@ -276,8 +276,9 @@ class EngineCore:
         finally:
             print(f"pagedrt engine core: {self.num_steps} steps; loop seconds "
                   + ", ".join(f"{k} {v:.2f}" for k, v in spent.items()), flush=True)
-            for sock in (self.input, *self.outputs):
-                sock.close(linger=0)
+            self.input.close(linger=0)
+            for sock in self.outputs:  # after a fault, the failures just sent must get out
+                sock.close(linger=1000 if self.fatal is not None else 0)
             self.zmq_context.term()
 
     def _apply(self, command) -> None:
