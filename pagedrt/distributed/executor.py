@@ -96,7 +96,7 @@ class RemoteStep:
 class _Health:
     """Shared by an executor and its monitor thread (which must not hold the executor)."""
 
-    death: str | None = None  # why a worker process died, once one did
+    death: tuple[int, str] | None = None  # (rank, why) of the first worker process to die
     closing: bool = False  # the executor is stopping its workers: deaths are expected
     failed: bool = False  # a fault: stop the workers at once, without waiting for them
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -123,7 +123,6 @@ class Executor:
         self.model_path = model_path
         self.dead: str | None = None
         self.num_blocks = self.num_cpu_blocks = 0
-        self._release = release_on_shutdown
         self._health = _Health()
         self._closed = False
         processes = [r.process for r in remotes if r.process is not None]
@@ -229,7 +228,7 @@ class Executor:
         try:
             return fn(*args)
         except Exception as e:  # noqa: BLE001 - the ranks are out of step: stop them all
-            self._fail(f"rank 0 (this process) raised {e!r}", isinstance(e, ValueError))
+            self._fail(f"rank 0 (this process) raised {e!r}", isinstance(e, ValueError), 0)
 
     def _send(self, method, args: tuple, reply: int) -> None:
         data = pickle.dumps((method, args, reply), protocol=pickle.HIGHEST_PROTOCOL)
@@ -257,7 +256,7 @@ class Executor:
                 except (EOFError, OSError):
                     self._fail(f"rank {r.rank} exited")
                 if message[0] == "error":
-                    self._fail(message[3], message[2], root_cause=True)
+                    self._fail(message[3], message[2], message[1])
                 out[message[1]] = message[2]
                 pending.discard(message[1])
         return out
@@ -271,59 +270,64 @@ class Executor:
             except (EOFError, OSError):
                 self._fail(f"rank {r.rank} exited")
             if message is not None and message[0] == "error":
-                self._fail(message[3], message[2], root_cause=True)
+                self._fail(message[3], message[2], message[1])
 
     def _fail(self, reason: str, from_value_error: bool = False,
-              root_cause: bool = False) -> NoReturn:
-        """Stop every worker and raise ExecutorError. `reason` is a worker's own error message
-        (root_cause) or a symptom (an end of file, a time-out); for a symptom, an error message
-        queued behind it or the monitor's note of a process death says more, and wins."""
-        if not root_cause:
-            queued = self._queued_error()
-            if queued is not None:
-                (reason, from_value_error), root_cause = queued, True
+              error_rank: int | None = None) -> NoReturn:
+        """Stop every worker and raise ExecutorError with the root cause: `reason` is rank
+        `error_rank`'s own error message, or a symptom (an end of file, a time-out) when
+        `error_rank` is None. A worker process that died is the root cause, with its own error
+        message if it sent one: the errors of other ranks (a collective that lost its peer)
+        follow from it. Otherwise the lowest rank's error message, else `reason`."""
+        errors = {} if error_rank is None else {error_rank: (reason, from_value_error)}
+        errors.update(self._queued_errors())
         health = self._health
+        processes = [r.process for r in self.remotes if r.process is not None]
+        for _ in range(10):  # the monitor notes a death within a moment of the exit
+            with health.lock:
+                death = health.death
+            if death is not None or all(p.exitcode is None for p in processes):
+                break
+            time.sleep(0.1)
         with health.lock:
             health.failed = True
-            death = health.death
-        if not root_cause and death is None and self.worker_pids:
-            for _ in range(10):  # the monitor notes a death within a moment
-                time.sleep(0.1)
-                with health.lock:
-                    death = health.death
-                if death is not None:
-                    break
-        if not root_cause and death is not None:
-            reason = death
+        if death is not None:
+            dead_rank, text = death
+            reason, from_value_error = errors.get(dead_rank, (text, False))
+        elif errors:
+            reason, from_value_error = errors[min(errors)]
         self.dead = reason
         self._closed = True
         self._finalizer()
         raise ExecutorError(f"tensor-parallel worker failed: {reason}", from_value_error)
 
-    def _queued_error(self) -> tuple[str, bool] | None:
-        """(text, is_value_error) of an error message a remote rank sent, if one waits."""
+    def _queued_errors(self) -> dict[int, tuple[str, bool]]:
+        """rank -> (text, is_value_error) of the error messages the remote ranks have sent."""
+        errors = {}
         for r in self.remotes:
             try:
                 while r.conn.poll(0):
                     message = pickle.loads(r.conn.recv_bytes())
                     if message[0] == "error":
-                        return message[3], message[2]
+                        errors[message[1]] = (message[3], message[2])
             except (EOFError, OSError):
                 continue
-        return None
+        return errors
 
 
 def _monitor(processes: list, health: _Health) -> None:
-    """Thread: wait for any worker process to end; unless the executor is closing, note why
-    and kill the others (which may be blocked in a collective with the dead one)."""
-    sentinels = {p.sentinel: p for p in processes}
+    """Thread: wait for any worker process to end; unless the executor is closing, note which
+    and why (`health.death`: (rank, text)) and kill the others (which may be blocked in a
+    collective with the dead one)."""
+    sentinels = {p.sentinel: (rank, p) for rank, p in enumerate(processes)}
     ready = wait(list(sentinels))
     with health.lock:
         if health.closing:
             return
-        p = sentinels[ready[0]]
+        rank, p = sentinels[ready[0]]
         p.join(1.0)
-        health.death = f"worker process {p.name} (pid {p.pid}) exited with status {p.exitcode}"
+        text = f"worker process {p.name} (pid {p.pid}) exited with status {p.exitcode}"
+        health.death = (rank, text)
     _kill(processes)
 
 
