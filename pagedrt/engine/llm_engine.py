@@ -289,7 +289,6 @@ class LLMEngine:
             for head in heads:  # every sample finished
                 self._retire(head)
             return []
-        self.counters["num_generated_tokens"] += num_generated
         return [self._make_output(head) for head in heads]
 
     def _check_stop(self, req: Request, token: int, num_output: int) -> RequestStatus | None:

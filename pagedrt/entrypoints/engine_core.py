@@ -232,6 +232,11 @@ class EngineCore:
         # seconds spent per part of the loop, and steps run: logged when the loop ends
         self.loop_time_s = {"poll": 0.0, "commands": 0.0, "step": 0.0, "publish": 0.0}
         self.num_steps = 0
+        # $PAGEDRT_STEP_TRACE=FILE: a timeline of the served run, written as JSON at exit: per
+        # step [start s, end s, sequences, tokens], per request added [time s, prompt tokens]
+        # (time.perf_counter; a diagnostic for benchmarks/serve_record.sh)
+        self.trace_path = os.environ.get("PAGEDRT_STEP_TRACE")
+        self.trace: dict[str, list] = {"steps": [], "adds": []}
 
     # ------------------------------------------------------------ loop
     def run(self) -> None:
@@ -261,6 +266,10 @@ class EngineCore:
                 if engine.has_unfinished_requests():
                     self._step()
                     self.num_steps += 1
+                    if self.trace_path:
+                        plan = engine.last_scheduler_output
+                        self.trace["steps"].append([t2, clock(), len(plan.req_ids),
+                                                    plan.total_num_tokens])
                 t3 = clock()
                 now = time.monotonic()
                 stats_due = now - self._last_stats_time > STATS_INTERVAL_S
@@ -276,6 +285,11 @@ class EngineCore:
         finally:
             print(f"pagedrt engine core: {self.num_steps} steps; loop seconds "
                   + ", ".join(f"{k} {v:.2f}" for k, v in spent.items()), flush=True)
+            if self.trace_path:
+                import json
+
+                with open(self.trace_path, "w") as f:
+                    json.dump(self.trace, f)
             self.input.close(linger=0)
             for sock in self.outputs:  # after a fault, the failures just sent must get out
                 sock.close(linger=1000 if self.fatal is not None else 0)
@@ -296,6 +310,8 @@ class EngineCore:
                     Failure(rid, 500, f"adding the request failed: {e!r}"))
                 return
             self.client_of[rid] = command.client_index
+            if self.trace_path:
+                self.trace["adds"].append([time.perf_counter(), len(command.prompt_token_ids)])
             if self._last_stats_time < 0:
                 self._last_stats_time = 0.0  # busy again: snapshots resume
         elif isinstance(command, Abort):
