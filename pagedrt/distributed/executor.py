@@ -29,6 +29,7 @@ that error.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import tempfile
@@ -56,6 +57,8 @@ from pagedrt.distributed.worker import (
 from pagedrt.engine.profiling import NULL_CLOCK
 from pagedrt.models.loader import LoadedModel, load_model, load_tokenizer, resolve_checkpoint
 from pagedrt.models.weights import RandomWeights, TensorWeights
+
+logger = logging.getLogger("pagedrt.executor")
 
 WORKER_TIMEOUT_S = float(os.environ.get("PAGEDRT_WORKER_TIMEOUT_S", "600"))
 """Seconds the engine waits for a worker's answer (loading the model, capturing CUDA graphs, one
@@ -132,10 +135,6 @@ class Executor:
         self._finalizer = weakref.finalize(self, _stop, processes,
                                            [r.conn for r in remotes], self._health,
                                            release_on_shutdown)
-
-    @property
-    def spec(self) -> WorkerSpec:
-        return self._spec
 
     @property
     def model_config(self):
@@ -227,8 +226,9 @@ class Executor:
         self._poll_errors()
         try:
             return fn(*args)
-        except Exception as e:  # noqa: BLE001 - the ranks are out of step: stop them all
-            self._fail(f"rank 0 (this process) raised {e!r}", isinstance(e, ValueError), 0)
+        except Exception as e:  # the ranks are out of step: stop them all
+            logger.exception("tensor-parallel rank 0 (this process) failed")
+            self._fail(f"rank 0: {type(e).__name__}: {e}", isinstance(e, ValueError), 0)
 
     def _send(self, method, args: tuple, reply: int) -> None:
         data = pickle.dumps((method, args, reply), protocol=pickle.HIGHEST_PROTOCOL)
@@ -256,7 +256,7 @@ class Executor:
                 except (EOFError, OSError):
                     self._fail(f"rank {r.rank} exited")
                 if message[0] == "error":
-                    self._fail(message[3], message[2], message[1])
+                    self._fail(_logged(message), message[2], message[1])
                 out[message[1]] = message[2]
                 pending.discard(message[1])
         return out
@@ -270,7 +270,7 @@ class Executor:
             except (EOFError, OSError):
                 self._fail(f"rank {r.rank} exited")
             if message is not None and message[0] == "error":
-                self._fail(message[3], message[2], message[1])
+                self._fail(_logged(message), message[2], message[1])
 
     def _fail(self, reason: str, from_value_error: bool = False,
               error_rank: int | None = None) -> NoReturn:
@@ -309,10 +309,17 @@ class Executor:
                 while r.conn.poll(0):
                     message = pickle.loads(r.conn.recv_bytes())
                     if message[0] == "error":
-                        errors[message[1]] = (message[3], message[2])
+                        errors[message[1]] = (_logged(message), message[2])
             except (EOFError, OSError):
                 continue
         return errors
+
+
+def _logged(message: tuple) -> str:
+    """Log a worker's error message with its traceback; returns its one-line summary."""
+    if message[4]:
+        logger.error("tensor-parallel worker rank %d failed:\n%s", message[1], message[4])
+    return message[3]
 
 
 def _monitor(processes: list, health: _Health) -> None:

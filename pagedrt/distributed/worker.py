@@ -20,7 +20,8 @@ tokens from the same gathered logits. Only rank 0's tokens go back to the engine
                                                     init (torchrun ranks) / exit
 
 Messages are pickled tuples: to a worker (method, args, reply), `reply` one of NO_REPLY,
-RANK0_REPLIES, ALL_REPLY; back ("ok", rank, value) or ("error", rank, is_value_error, text).
+RANK0_REPLIES, ALL_REPLY; back ("ok", rank, value) or ("error", rank, is_value_error, summary,
+traceback).
 A worker that raises sends its traceback and exits: the ranks are out of step from then on, and
 the engine stops them all. A worker whose engine goes away (end of file on its connection, or
 its parent process gone) exits.
@@ -159,8 +160,11 @@ def send(conn: Connection, message: tuple) -> None:
 
 
 def error_message(rank: int, e: BaseException) -> tuple:
+    """("error", rank, is_value_error, "rank R: Type: message", the whole traceback): the
+    engine shows the short form (it may reach an HTTP client) and logs the traceback."""
     text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-    return ("error", rank, isinstance(e, ValueError), f"rank {rank}: {text}")
+    return ("error", rank, isinstance(e, ValueError), f"rank {rank}: {type(e).__name__}: {e}",
+            text)
 
 
 def serve(conn: Connection, tp: TPGroup, device: torch.device) -> int:
@@ -227,7 +231,7 @@ def run_worker_process(rank: int, world_size: int, device: str, init_method: str
         try:
             tp = init_tp_group(rank, world_size, dev, init_method)
         except ProcessGroupError as e:
-            send(conn, error_message(rank, e)[:3] + (str(e),))
+            send(conn, ("error", rank, True, str(e), ""))
             raise SystemExit(1) from None
     status = serve(conn, tp, dev)
     # nothing to flush or save: skip the interpreter's teardown (seconds for torch on a busy
