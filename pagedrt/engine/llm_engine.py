@@ -1,10 +1,12 @@
-"""LLMEngine: owns the model, the KV cache and the scheduler; `step()` runs one iteration.
+"""LLMEngine: owns the scheduler, the KV block manager and the requests, and drives the device
+side (model, KV cache, sampler) through an executor; `step()` runs one iteration.
 
     step():  schedule -> execute -> sample -> update
 
-`Scheduler.schedule` makes a `StepPlan`, `ModelRunner.execute` runs it (model and sampler),
-`ModelRunner.fetch` returns the `StepResult`, `Scheduler.update` writes it into the requests:
-plan and result are plain data (docs/design.md).
+`Scheduler.schedule` makes a `StepPlan`, the executor's `execute` runs it (`ModelRunner.execute`:
+model and sampler, in this process or on every tensor-parallel rank,
+pagedrt/distributed/executor.py), its `fetch` returns the `StepResult`, `Scheduler.update`
+writes it into the requests: plan and result are plain data (docs/design.md).
 
 Requests can be added and aborted between any two steps (iteration-level batching).
 
