@@ -4,7 +4,8 @@
 # (--distributed-executor-backend mp: the model in a spawned worker, plans sent to it, tokens
 # back), on the qwen2-0.5b and llama3-8b presets; then the GPU tests (tests/gpu/test_tp_gpu.py:
 # the worker path gives the in-process greedy tokens with CUDA graphs replayed and async
-# scheduling on; TP = 2 over NCCL is skipped on one GPU). About 3.5 minutes. From the
+# scheduling on; TP = 2 over NCCL is skipped on one GPU). At most 4 minutes (each step gets
+# what is left; the full log is $OUT/tp_h200.log). From the
 # repository root on the GPU machine:
 #
 #   PAGEDRT_COMMIT=<hash> bash benchmarks/tp_h200.sh      # JSON results under $OUT (or ./out)
@@ -16,19 +17,36 @@ out="${OUT:-out}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 log="$out/tp_h200.log"  # the full output of every step
-bench() { timeout 150 python3 -m pagedrt.entrypoints.cli bench "$@" --out "$out" >>"$log" 2>&1 \
-          || echo "FAILED (status $?): bench $*" | tee -a "$log"; }
+end=$((SECONDS + 230))  # every step gets at most what is left of the 4 minutes
+run() {  # run CAP_S COMMAND...: under a time-out of CAP_S or what is left, skipped near the end
+    local cap=$1; shift
+    local left=$((end - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left
+    if [ "$cap" -lt 15 ]; then echo "SKIPPED (out of time): $*" | tee -a "$log"; return; fi
+    timeout "$cap" "$@" >>"$log" 2>&1 || echo "FAILED or timed out (status $?): $*" | tee -a "$log"
+}
+bench() { run "$1" python3 -m pagedrt.entrypoints.cli bench "${@:2}" --out "$out"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+run 75 python3 -m pytest -q -m gpu tests/gpu/test_tp_gpu.py
+grep -E "passed|failed|error" "$log" | tail -1
+mp=(--distributed-executor-backend mp)
+for path in inproc mp; do  # each pair in-process then worker process, most wanted first
+    opt=(); [ "$path" = mp ] && opt=("${mp[@]}")
+    bench 60 throughput --preset qwen2-0.5b ${opt[@]+"${opt[@]}"} --name "tp_throughput_qwen2_$path"
+done
 for path in inproc mp; do
-    opt=(); [ "$path" = mp ] && opt=(--distributed-executor-backend mp)
-    bench throughput --preset qwen2-0.5b "${opt[@]}" --name "tp_throughput_qwen2_$path"
-    bench latency --preset qwen2-0.5b "${opt[@]}" --name "tp_latency_qwen2_$path"
-    bench throughput --preset llama3-8b --num-requests 128 "${opt[@]}" \
-        --name "tp_throughput_llama3_$path"
-    bench latency --preset llama3-8b --contexts 512 --num-tokens 64 "${opt[@]}" \
+    opt=(); [ "$path" = mp ] && opt=("${mp[@]}")
+    bench 40 latency --preset qwen2-0.5b ${opt[@]+"${opt[@]}"} --name "tp_latency_qwen2_$path"
+done
+for path in inproc mp; do
+    opt=(); [ "$path" = mp ] && opt=("${mp[@]}")
+    bench 45 latency --preset llama3-8b --contexts 512 --num-tokens 64 ${opt[@]+"${opt[@]}"} \
         --name "tp_latency_llama3_$path"
 done
-timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_tp_gpu.py 2>&1 | tee -a "$log" | tail -3
+for path in inproc mp; do
+    opt=(); [ "$path" = mp ] && opt=("${mp[@]}")
+    bench 60 throughput --preset llama3-8b --num-requests 128 --max-num-seqs 128 \
+        ${opt[@]+"${opt[@]}"} --name "tp_throughput_llama3_$path"
+done
 python3 - "$out" <<'EOF'
 import json, os, sys
 out = sys.argv[1]
