@@ -49,18 +49,17 @@ class RooflineModel:
 
     @classmethod
     def from_config(cls, mc: ModelConfig) -> RooflineModel:
-        """Parameter counts of a Llama-family decoder from its config alone (for presets and
-        recorded results; `from_module` counts a built model's parameters instead)."""
-        h, hd = mc.hidden_size, mc.head_dim
-        q, kv = mc.num_attention_heads * hd, mc.num_key_value_heads * hd
-        attn = h * q + 2 * h * kv + q * h
-        if mc.attention_bias:
-            attn += q + 2 * kv
-        if mc.qk_norm:
-            attn += 2 * hd
-        layer = attn + 3 * h * mc.intermediate_size + 2 * h  # SwiGLU MLP, two RMSNorms
-        return cls(mc.num_hidden_layers * layer + h, mc.vocab_size, h, mc.num_hidden_layers,
-                   mc.num_attention_heads, mc.num_key_value_heads, hd)
+        """Counts from the architecture's checkpoint shapes (`hf_weight_shapes` of its
+        registered class; no model is built)."""
+        import math
+
+        from pagedrt.models.registry import model_class
+
+        shapes = model_class(mc.architecture).hf_weight_shapes(mc)
+        body = sum(math.prod(shape) for name, shape in shapes.items()
+                   if "embed_tokens" not in name and "lm_head" not in name)
+        return cls(body, mc.vocab_size, mc.hidden_size, mc.num_hidden_layers,
+                   mc.num_attention_heads, mc.num_key_value_heads, mc.head_dim)
 
     @classmethod
     def from_module(cls, model, mc: ModelConfig) -> RooflineModel:
