@@ -260,6 +260,7 @@ def _gemma3_fields(cfg: dict) -> dict:
 BLOCK_SIZES = (8, 16, 32)
 PREEMPTION_MODES = ("recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+EXECUTOR_BACKENDS = ("auto", "uni", "mp")
 
 
 @dataclass(frozen=True)
@@ -278,10 +279,11 @@ class EngineConfig:
     num_kv_blocks: int | None = field(default=None, metadata={
         "help": "explicit number of KV blocks; overrides the memory budgets below"})
     kv_cache_memory_bytes: int = field(default=1 << 30, metadata={
-        "help": "KV budget in bytes on CPU (all layers, K and V)"})
+        "help": "KV budget in bytes on CPU (all layers, K and V), per tensor-parallel rank"})
     gpu_memory_utilization: float = field(default=0.9, metadata={
-        "help": "on CUDA, fraction of total device memory the whole process may use; the KV "
-                "cache gets what is left of it after weights and activations"})
+        "help": "on CUDA, fraction of total device memory the whole process may use (each "
+                "tensor-parallel rank: of its own GPU); the KV cache gets what is left of it "
+                "after weights and activations"})
     max_num_seqs: int = field(default=256, metadata={"help": "most requests in one step"})
     max_num_batched_tokens: int = field(default=8192, metadata={
         "help": "most tokens (new query tokens, all requests) in one step; long prompts are "
@@ -296,7 +298,8 @@ class EngineConfig:
         "help": "what to do with a request when the KV cache runs out",
         "choices": PREEMPTION_MODES})
     swap_space_bytes: int = field(default=1 << 30, metadata={
-        "help": "size of the pinned CPU pool for swapped-out blocks"})
+        "help": "size of the pinned CPU pool for swapped-out blocks, per tensor-parallel "
+                "rank"})
     enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs"})
     async_scheduling: bool | None = field(default=None, metadata={
         "help": "overlap the host work of step n+1 (schedule, prepare, launch) with the device "
@@ -309,6 +312,17 @@ class EngineConfig:
     seed: int = field(default=0, metadata={
         "help": "seed of the engine's default generator, used by requests without a seed",
         "flags": ("--engine-seed",)})  # `pagedrt generate --seed` is the per-request seed
+    tensor_parallel_size: int = field(default=1, metadata={
+        "help": "split the model over this many GPUs (CPU processes on CPU), one worker "
+                "process each, Megatron-style; it must divide the attention heads and divide "
+                "or be a multiple of the KV heads. Under torchrun it must equal WORLD_SIZE",
+        "flags": ("--tensor-parallel-size", "-tp")})
+    distributed_executor_backend: str = field(default="auto", metadata={
+        "help": "where the model runs: 'uni' in the engine's process (tensor_parallel_size 1 "
+                "only), 'mp' in worker processes (one per rank, also for 1), 'auto' = 'uni' "
+                "for 1 and 'mp' for more; a process started by torchrun drives the other "
+                "torchrun ranks whatever this says",
+        "choices": EXECUTOR_BACKENDS})
 
     def __post_init__(self) -> None:
         if self.block_size not in BLOCK_SIZES:
@@ -339,6 +353,17 @@ class EngineConfig:
             raise ValueError(
                 f"attention_backend={self.attention_backend!r}; use 'auto', 'torch' or 'triton'"
             )
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size!r} must be an int >= 1")
+        if self.distributed_executor_backend not in EXECUTOR_BACKENDS:
+            raise ValueError(
+                f"distributed_executor_backend={self.distributed_executor_backend!r}; use "
+                "'auto', 'uni' or 'mp'")
+        if self.distributed_executor_backend == "uni" and self.tensor_parallel_size > 1:
+            raise ValueError(
+                f"distributed_executor_backend='uni' runs one rank in the engine's process, but "
+                f"tensor_parallel_size={self.tensor_parallel_size}; use 'mp' or 'auto'")
 
 
 def _attributes_section(cls: type) -> str:

