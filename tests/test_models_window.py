@@ -223,3 +223,31 @@ def test_windowed_presets_read_back_and_have_a_matching_hf_twin(name, hf_class) 
                 param.mul_(5.0)
     hf_model = hf_model_like(loaded, torch.float32, CPU, "eager")
     compare_with_hf(loaded.model, hf_model, [list(range(3, 40)), [7, 1, 2]], num_decode_steps=4)
+
+
+def test_gemma3_windowed_tensor_parallel_matches_one_rank(monkeypatch) -> None:
+    """Gemma 3 (a local layer with a 12-token window, a global one) over 2 worker processes:
+    the logits of one rank at every position and decode step, and the same greedy tokens."""
+    import dataclasses
+
+    from test_tensor_parallel import assert_logits_match
+    from tiny_model import TINY_CONFIG, build_tiny_llama
+
+    monkeypatch.setenv("PAGEDRT_NUM_THREADS", "1")  # inherited by the spawned workers
+    config = dataclasses.replace(
+        TINY_CONFIG, architecture="Gemma3ForCausalLM", qk_norm=True, sliding_window=12,
+        layer_types=("sliding_attention", "full_attention"), rope_local_theta=10000.0,
+        rope_theta=1e6, query_pre_attn_scalar=16, tie_word_embeddings=True)
+    loaded = build_tiny_llama(seed=3, config=config)
+    prompts = [[3], list(range(5, 21)), list(range(40, 73))]
+    ref = LLM(loaded, num_kv_blocks=64, block_size=8)
+    llm = LLM(loaded, tensor_parallel_size=2, num_kv_blocks=64, block_size=8)
+    try:
+        assert_logits_match(llm, ref, prompts)
+        params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+        expected = [o.outputs[0].token_ids for o in ref.generate(prompts, params,
+                                                                 use_tqdm=False)]
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params,
+                                                             use_tqdm=False)] == expected
+    finally:
+        llm.llm_engine.shutdown()
