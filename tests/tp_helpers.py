@@ -85,6 +85,9 @@ def save_hf_folder(loaded, folder: str, tokenizer_dir: str | None = None) -> str
            "eos_token_id": list(fields.pop("eos_token_ids")) or None, **fields}
     for name in ("qk_norm", "rope_scaling"):
         cfg.pop(name)
+    for name in ("sliding_window", "layer_types", "rope_local_theta", "query_pre_attn_scalar"):
+        if not cfg[name]:  # unset (transformers refuses an empty layer_types)
+            cfg.pop(name)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(cfg, f)
     if tokenizer_dir is not None:
