@@ -47,12 +47,12 @@ def windowed_cache(seq_lens, q_lens, window, num_kv_heads, head_dim, block_size=
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(32, 8, 128), (4, 1, 256)],
                          ids=["mistral-7b", "gemma3"])
-@pytest.mark.parametrize("window", [4096, 4095, 512, 100000])
+@pytest.mark.parametrize("window", [4095, 512])  # mid-block; 32 blocks of 16
 def test_decode_kernel_long_context(heads, kv_heads, head_dim, window):
     from pagedrt.ops.attention_triton import paged_attention_decode_triton
 
     torch.manual_seed(window)
-    lens = [1, 511, 4097, 16384, 32768]
+    lens = [1, 511, 4097, 32768]  # the window longer than the context, and much shorter
     k, v, table, seq_lens = windowed_cache(lens, [1] * len(lens), window, kv_heads, head_dim)
     query = torch.randn(len(lens), heads, head_dim, device=CUDA).bfloat16()
     expected = ref.paged_attention_decode_reference(query, k, v, table, seq_lens, 0.1, window)
@@ -65,7 +65,7 @@ def test_decode_kernel_long_context(heads, kv_heads, head_dim, window):
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(32, 8, 128), (4, 1, 256)],
                          ids=["mistral-7b", "gemma3"])
-@pytest.mark.parametrize("window", [4096, 1000, 512])
+@pytest.mark.parametrize("window", [4096, 1000])
 def test_extend_kernel_chunks(heads, kv_heads, head_dim, window):
     from pagedrt.ops.attention_extend_triton import paged_attention_extend_triton
 
