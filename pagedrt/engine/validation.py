@@ -19,6 +19,9 @@ class EngineLimits(NamedTuple):
         num_blocks: KV blocks in the whole cache.
         block_size: tokens per KV block.
         max_num_seqs: most sequences in one step (bounds n).
+        max_blocks_per_seq: most blocks one sequence holds at once when that is less than its
+            whole length needs (a model whose every layer has a sliding window: the window
+            plus one step's tokens); None = every block of its length.
         num_eos_tokens: the model's EOS ids (a beam search keeps more candidates per EOS id).
         enable_prefix_caching: the engine's setting (a preempted beam search shares its
             blocks again only through the prefix cache).
@@ -29,6 +32,7 @@ class EngineLimits(NamedTuple):
     num_blocks: int
     block_size: int
     max_num_seqs: int
+    max_blocks_per_seq: int | None = None
     num_eos_tokens: int = 1
     enable_prefix_caching: bool = True
 
@@ -72,6 +76,8 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
             "lower max_tokens or shorten the prompt"
         )
     need = -(-(n + params.max_tokens) // limits.block_size)
+    if limits.max_blocks_per_seq is not None:
+        need = min(need, limits.max_blocks_per_seq)
     if need > limits.num_blocks:
         raise ValueError(
             f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) needs {need} KV blocks "
@@ -98,6 +104,8 @@ def _validate_beam_search(num_prompt: int, params: SamplingParams, limits: Engin
     total = -(-(num_prompt + params.max_tokens) // bs)
     shared = num_prompt // bs if limits.enable_prefix_caching else 0
     need = shared + width * (total - shared)
+    if limits.max_blocks_per_seq is not None:  # a sliding window bounds every slot's table
+        need = min(need, width * limits.max_blocks_per_seq)
     if need > limits.num_blocks:
         raise ValueError(
             f"beam_width={width} over a prompt of {num_prompt} tokens with max_tokens="

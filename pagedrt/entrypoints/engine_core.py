@@ -20,9 +20,11 @@ a slow API process costs memory, not steps. Detokenization, chat templates and S
 API process; the core only detokenizes requests with stop strings (it must find them to stop).
 
 Faults: a ValueError from `add` fails that request only (400); an exception in a step fails
-the requests in flight (500), which are aborted, and the loop goes on. The process exits when
-any liveness pipe closes (a parent or API process died) or a Shutdown command arrives. See
-docs/design.md for the whole process layout.
+the requests in flight (500), which are aborted, and the loop goes on, unless it is an
+`ExecutorError` (a tensor-parallel worker died or raised: the workers are gone), after which the
+failures are sent and the process exits with status 1. The process exits when any liveness pipe
+closes (a parent or API process died) or a Shutdown command arrives. See docs/design.md for the
+whole process layout.
 """
 
 from __future__ import annotations
@@ -155,6 +157,8 @@ def run_engine_core(spec: CoreSpec, conns: list[Connection]) -> None:
         conn.send(("ready", core.info))
     with profiled("engine-core"):
         core.run()
+    if core.fatal is not None:
+        raise SystemExit(1)
 
 
 @contextlib.contextmanager
@@ -224,6 +228,7 @@ class EngineCore:
         self.failures: list[list[Failure]] = [[] for _ in self.outputs]
         self._last_stats_time = 0.0
         self._stopping = False
+        self.fatal: str | None = None  # why the loop stopped after a fault it cannot outlive
         # seconds spent per part of the loop, and steps run: logged when the loop ends
         self.loop_time_s = {"poll": 0.0, "commands": 0.0, "step": 0.0, "publish": 0.0}
         self.num_steps = 0
@@ -285,8 +290,9 @@ class EngineCore:
 
                 with open(self.trace_path, "w") as f:
                     json.dump(self.trace, f)
-            for sock in (self.input, *self.outputs):
-                sock.close(linger=0)
+            self.input.close(linger=0)
+            for sock in self.outputs:  # after a fault, the failures just sent must get out
+                sock.close(linger=1000 if self.fatal is not None else 0)
             self.zmq_context.term()
 
     def _apply(self, command) -> None:
@@ -318,6 +324,8 @@ class EngineCore:
             logger.error("unknown command %r", command)
 
     def _step(self) -> None:
+        from pagedrt.distributed.executor import ExecutorError
+
         try:
             self.engine.step()
         except Exception as e:
@@ -327,6 +335,9 @@ class EngineCore:
                 self.engine.abort_request(rid)
                 self.failures[client].append(Failure(rid, 500, f"engine step failed: {e!r}"))
             self.client_of.clear()
+            if isinstance(e, ExecutorError):  # the model's workers are gone: so is the core
+                self.fatal = str(e)
+                self._stopping = True
 
     def _publish(self, with_stats: bool) -> None:
         """Send this step's events and failures, one message per API process."""

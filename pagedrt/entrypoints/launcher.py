@@ -221,6 +221,8 @@ def _supervise(core, apis: list, conn: Connection, stop: dict, stop_timeout_s: f
     while stop["signal"] is None:
         done = wait(list(sentinels), timeout=0.2)
         if done:
+            for sentinel in done:  # reap it: a process whose sentinel fired can still look
+                sentinels[sentinel].join(1.0)  # alive for a moment while it exits
             break
     if stop["signal"] is not None:
         logger.info("signal %s: stopping", stop["signal"])

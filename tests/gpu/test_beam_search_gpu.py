@@ -61,7 +61,7 @@ def _assert_same(got, want):
 def test_beam_search_cuda_matches_cpu_and_hf():
     want, _ = _run("cpu", num_kv_blocks=512)
     for async_scheduling in (True, False):
-        got, llm = _run(DEVICE, num_kv_blocks=512, async_scheduling=async_scheduling)
+        got, _ = _run(DEVICE, num_kv_blocks=512, async_scheduling=async_scheduling)
         _assert_same(got, want)
     hf = hf_model_like(_tiny("cpu"), torch.float32, torch.device("cpu"))
     prompts, params = _workload()
