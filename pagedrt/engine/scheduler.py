@@ -139,7 +139,7 @@ class Scheduler:
         # decodes only, and a free block for each: no allocation can fail (a decode takes at
         # most one block, new or copied), so a beam search's slots need no joint check
         beams_fit = (len(self.running) <= self.kv.num_free_blocks
-                     and all(n <= 1 for n in planned))
+                     and (not planned or max(planned) <= 1))
         i = 0
         while i < len(self.running):
             num_new = planned[i]
