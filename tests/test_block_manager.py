@@ -464,7 +464,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
             return False
         free_before = self.kv.num_free_blocks
         for slot in slots:
-            assert self.kv.allocate_slots(slot, 1) is not None
+            allocated = self.kv.allocate_slots(slot, 1)
+            assert allocated is not None
             self._write(slot, length, length + 1)
             slot.num_computed_tokens = length + 1
         taken = free_before - self.kv.num_free_blocks
