@@ -30,5 +30,8 @@ timeout 200 python3 -m pagedrt.entrypoints.cli bench throughput --preset qwen2-0
     > "$out/beam_bench.log" 2>&1
 status=$?
 cat "$out/beam_bench.log" >> "$log"
-[ "$status" -eq 0 ] || { echo "bench failed ($status): $out/beam_bench.log"; tail -20 "$out/beam_bench.log"; }
+if [ "$status" -ne 0 ]; then
+  echo "bench failed ($status): $out/beam_bench.log"
+  tail -20 "$out/beam_bench.log"
+fi
 grep -A8 "^system" "$out/beam_bench.log"

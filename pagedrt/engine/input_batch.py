@@ -19,8 +19,9 @@ step of 256 rows is a handful of numpy gathers instead of a Python call per requ
 
 A row is created by `NewRequestData` (admission, resumption after preemption) or by a fork,
 changed by block-table changes and by sampling (a beam slot also by its expansion:
-`reparent_rows`), and freed when a plan lists its request as finished or preempted. A preempted request's generator is kept until the request finishes, so
-a seeded request resumes its random stream where it stopped.
+`reparent_rows`), and freed when a plan lists its request as finished or preempted. A
+preempted request's generator is kept until the request finishes, so a seeded request resumes
+its random stream where it stopped.
 """
 
 from __future__ import annotations

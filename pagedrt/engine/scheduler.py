@@ -80,7 +80,6 @@ class Scheduler:
         # beam searches expanded: (slot 0, its placeholder's index))
         self._sampled: dict[int, tuple[list[Request], list[int],
                                        list[tuple[Request, int]]]] = {}
-
         # for the next plan: sequences finished since the last one that the device side may
         # hold a row or a parked generator for, and sequences preempted since (between steps
         # too, as tests do)
