@@ -38,7 +38,12 @@ from pagedrt.engine.model_runner import LaunchedStep, ModelRunner
 from pagedrt.engine.profiling import StepClock
 from pagedrt.engine.scheduler import Scheduler
 from pagedrt.engine.validation import EngineLimits, validate_prompt
-from pagedrt.kv.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
+from pagedrt.kv.kv_cache import (
+    KVCache,
+    KVCacheSpec,
+    num_blocks_for_budget,
+    resolve_kv_cache_dtype,
+)
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.models.loader import load_model
 from pagedrt.outputs import CompletionOutput, RequestOutput, TokenEvent
@@ -101,7 +106,8 @@ class LLMEngine:
                 f"max_position_embeddings={mc.max_position_embeddings}"
             )
         backend = config.attention_backend
-        kv_spec = KVCacheSpec.for_model(mc, config.block_size, self.dtype)
+        kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device, backend)
+        kv_spec = KVCacheSpec.for_model(mc, config.block_size, kv_dtype)
         num_blocks = num_blocks_for_budget(kv_spec, config, self.device)
         num_cpu_blocks = (config.swap_space_bytes // kv_spec.bytes_per_block
                           if config.preemption_mode == "swap" else 0)
@@ -344,9 +350,10 @@ class LLMEngine:
 
     # ----------------------------------------------------------------- stats
     def stats(self, detailed: bool = True) -> dict:
-        """KV block usage, prefix cache, fragmentation, scheduling and throughput counters;
-        detailed=False skips the fragmentation and ref-count histogram (see
-        KVCacheManager.usage), for a snapshot taken while serving."""
+        """KV block usage, the cache's element type ("kv_cache_dtype": "bfloat16",
+        "fp8_e4m3", ...) and bytes per token, prefix cache, fragmentation, scheduling and
+        throughput counters; detailed=False skips the fragmentation and ref-count histogram
+        (see KVCacheManager.usage), for a snapshot taken while serving."""
         live = [r for r in self.scheduler.running]
         s = self.kv_manager.usage(live, detailed)
         c = dict(self.counters)
@@ -355,7 +362,9 @@ class LLMEngine:
         c["generation_tokens_per_s"] = c["num_generated_tokens"] / busy
         s.update(c)
         sch = self.scheduler
+        spec = self.kv_cache.spec
         s.update({
+            "kv_cache_dtype": spec.dtype_name, "kv_cache_bytes_per_token": spec.bytes_per_token,
             "num_running": len(sch.running), "num_waiting": len(sch.waiting),
             "num_swapped": len(sch.swapped), "peak_batch_size": sch.peak_num_running,
             "peak_used_blocks": sch.peak_num_used_blocks,

@@ -1,0 +1,75 @@
+"""FP8 (float8 e4m3) KV cache: the quantization scheme and its torch reference.
+
+An FP8 cache stores K and V as `torch.float8_e4m3fn` (4 exponent bits, 3 mantissa bits, no
+infinities, largest finite value 448; OCP "FP8 Formats for Deep Learning", Micikevicius et
+al. 2022) and, beside each block, one float32 scale per token and KV head for K and one for V:
+
+    k_cache  [num_blocks, block_size, num_kv_heads, head_dim]  float8_e4m3fn
+    k_scales [num_blocks, num_kv_heads, block_size]             float32   (v likewise)
+
+    K[token, head, :] ~= k_cache[block, offset, head, :] * k_scales[block, head, offset]
+
+The scales are dynamic (computed from the token's own values as it is written; no calibration)
+and a power of two: the smallest 2^e with amax / 2^e <= 448, amax being the largest |value| of
+that token's head. Why a power of two: x * 2^-e is exact in fp32, so the torch reference, the
+Triton kernels on a GPU and the Triton interpreter quantize to the same bytes (a division by
+amax / 448 rounds differently on each), and dequantization is exact too. It costs nothing in
+accuracy: e4m3 is a floating-point format, so its relative precision (3 mantissa bits) does not
+depend on the scale; the scale only has to keep amax under 448 and the head's values above
+e4m3's subnormal range (2^-6 * 2^e, at least amax / 14,336 here). Why per token and KV head
+rather than one scale per layer: docs/design.md ("FP8 KV cache") gives the accuracy of both on
+SmolLM2.
+
+The scale layout puts one head's block_size scales next to each other, so the attention kernels
+read them for a tile of tokens in a few contiguous segments. At head_dim 128 the scales add
+4 / 128 = 3% to the cache's bytes (6% at head_dim 64).
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+SCALE_DTYPE = torch.float32
+
+# scale = 2^e with the smallest e such that amax / 2^e <= 448 = 1.75 * 2^8: for
+# amax = (1 + m) * 2^E, e = E - 8 when 1 + m <= 1.75, else E - 7. 0x600000 is the fp32
+# mantissa field of 1.75. e is clamped to fp32's normal range (amax == 0 gives 2^-126).
+_MANTISSA_1_75 = 0x600000
+_MIN_EXP, _MAX_EXP = -126, 127
+
+
+def fp8_scale(amax: torch.Tensor) -> torch.Tensor:
+    """Power-of-two scales for rows whose largest |value| is `amax` (float32, any shape):
+    the smallest 2^e with amax / 2^e <= 448. Same tensor shape, float32."""
+    bits = amax.float().contiguous().view(torch.int32)
+    exp = ((bits >> 23) & 0xFF) - 127 - 8 + ((bits & 0x7FFFFF) > _MANTISSA_1_75).int()
+    exp = exp.clamp(_MIN_EXP, _MAX_EXP)
+    return ((exp + 127) << 23).view(torch.float32)
+
+
+def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize rows of K or V, one scale per (token, head).
+
+    Args:
+        x: [num_tokens, num_kv_heads, head_dim], any float dtype.
+    Returns:
+        (values [num_tokens, num_kv_heads, head_dim] float8_e4m3fn,
+         scales [num_tokens, num_kv_heads] float32), with x ~= values * scales[..., None].
+    """
+    xf = x.float()
+    scales = fp8_scale(xf.abs().amax(dim=-1))
+    # 1 / 2^e is exact, and so is the product (no rounding before the cast to fp8)
+    values = (xf * (1.0 / scales)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return values, scales
+
+
+def dequantize_fp8(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """values [..., head_dim] float8_e4m3fn times scales [...] -> float32 [..., head_dim]."""
+    return values.float() * scales[..., None]
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    """Whether a cache of this dtype holds FP8 values with scales beside it."""
+    return dtype == FP8_DTYPE
