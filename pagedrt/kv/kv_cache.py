@@ -18,7 +18,7 @@ import torch
 
 from pagedrt.config import KV_CACHE_DTYPES, EngineConfig, ModelConfig
 from pagedrt.kv.kv_cache_manager import PendingCopies
-from pagedrt.ops.attention import KVCacheLayer, copy_blocks, uses_triton
+from pagedrt.ops.attention import KVCacheLayer, copy_blocks, triton_available
 from pagedrt.ops.fp8 import FP8_DTYPE, SCALE_DTYPE, is_fp8
 
 FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper: Triton's float8e4nv (fp8 e4m3) needs sm_89+
@@ -39,7 +39,8 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype,
                          "with a scale per token and KV head)")
     if kv_cache_dtype == "auto":
         return model_dtype
-    if device.type == "cuda" and uses_triton(backend, torch.empty(0, device=device)):
+    triton_kernels = backend == "triton" or (backend == "auto" and triton_available())
+    if device.type == "cuda" and triton_kernels:
         capability = torch.cuda.get_device_capability(device)
         if capability < FP8_MIN_CAPABILITY:
             name = torch.cuda.get_device_name(device)
