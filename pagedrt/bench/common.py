@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import subprocess
@@ -49,7 +50,13 @@ def make_llm(loaded, args, **overrides):
 
 
 def free_llm(llm) -> None:
+    """Drop the engine and give its device memory (KV cache, CUDA graphs) back, so that an
+    engine made next in this process sizes its cache from the same free memory. The engine
+    froze the objects alive when it started (`gc.freeze` in LLMEngine), which keeps its
+    reference cycles from ever being collected: unfreeze, then collect them."""
     del llm.llm_engine
+    gc.unfreeze()
+    gc.collect()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()

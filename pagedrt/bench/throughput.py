@@ -15,6 +15,10 @@ efficiency = floor / measured time.
 
 --compare hf runs, on the same weights in the same process: HF `generate` (static batch,
 SDPA) and HF `generate_batch` (its continuous batching, attn_implementation "paged|sdpa").
+--compare-kv-cache-dtype DTYPE runs the timed workload again on the same weights with that KV
+cache dtype (e.g. `--kv-cache-dtype fp8 --compare-kv-cache-dtype auto`): output tok/s and the
+KV blocks each cache fits, and their ratio. --skip-step-split and --warm-up-requests shorten a
+long run (no second, synchronizing pass; a warm-up of fewer requests).
 """
 
 from __future__ import annotations
@@ -60,12 +64,16 @@ def make_workload(args, seed: int = 0) -> tuple[list[list[int]], list[SamplingPa
     return prompts, params, f"{args.num_requests}x{args.input_len}x{args.output_len}"
 
 
-def roofline(loaded, prompts, params, num_steps: int, ceilings: dict, dtype) -> float:
-    """Floor time in seconds (see the module docstring)."""
+def roofline(loaded, prompts, params, num_steps: int, ceilings: dict, dtype,
+             kv_bytes_per_token: int | None = None) -> float:
+    """Floor time in seconds (see the module docstring). kv_bytes_per_token: of the engine's
+    cache (`KVCacheSpec.bytes_per_token`; an FP8 cache reads about half); None = the model
+    dtype's."""
     mc = loaded.model_config
     elem = torch.empty((), dtype=dtype).element_size()
     weight_bytes = sum(p.numel() for p in loaded.model.parameters()) * elem
-    kv_per_token = 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * elem
+    kv_per_token = kv_bytes_per_token or (
+        2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * elem)
     kv_bytes = 0
     prefill_flops = 0.0
     n_params = sum(p.numel() for p in loaded.model.parameters())
@@ -164,19 +172,22 @@ def run_pagedrt(llm, loaded, args, prompts, params, ceilings, name: str, workloa
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     n_in = sum(len(p) for p in prompts)
     stats = llm.stats()
-    # second pass on other token ids (no prefix-cache hits), synchronizing at each phase
-    # boundary, for the step-time split
-    other_prompts = make_workload(args, seed=1)[0]
-    engine.clock.enabled = True
-    engine.clock.reset()
-    steps0 = engine.counters["num_steps"]
-    llm.generate(other_prompts, params, use_tqdm=False)
-    engine.clock.enabled = False
+    split_ms = {}
+    if not args.skip_step_split:
+        # second pass on other token ids (no prefix-cache hits), synchronizing at each phase
+        # boundary, for the step-time split
+        other_prompts = make_workload(args, seed=1)[0]
+        engine.clock.enabled = True
+        engine.clock.reset()
+        steps0 = engine.counters["num_steps"]
+        llm.generate(other_prompts, params, use_tqdm=False)
+        engine.clock.enabled = False
+        steps = max(engine.counters["num_steps"] - steps0, 1)
+        split_ms = {k: 1e3 * v / steps for k, v in engine.clock.totals.items()}
     if args.profile:
         profile_decode(llm, make_workload(args, seed=2)[0], args, f"{name}_{args.name}")
-    steps = max(engine.counters["num_steps"] - steps0, 1)
-    split_ms = {k: 1e3 * v / steps for k, v in engine.clock.totals.items()}
-    floor = roofline(loaded, prompts, params, num_steps, ceilings, engine.dtype)
+    floor = roofline(loaded, prompts, params, num_steps, ceilings, engine.dtype,
+                     stats["kv_cache_bytes_per_token"])
     return {
         "system": "pagedrt", "workload": f"{name} {workload}", "num_requests": len(prompts),
         "input_tokens": n_in, "output_tokens": n_out, "elapsed_s": elapsed,
@@ -185,6 +196,8 @@ def run_pagedrt(llm, loaded, args, prompts, params, ceilings, name: str, workloa
         "ms_per_step": 1e3 * elapsed / num_steps, "step_split_ms": split_ms,
         "step_times": step_times, "step_trace": trace,
         "async_scheduling": engine.async_scheduling,
+        "kv_cache_dtype": stats["kv_cache_dtype"],
+        "kv_cache_bytes_per_token": stats["kv_cache_bytes_per_token"],
         "kv_num_blocks": stats["num_blocks"], "kv_peak_used_blocks": stats["peak_used_blocks"],
         "peak_batch_size": stats["peak_batch_size"], "num_preemptions": stats["num_preemptions"],
         "roofline_floor_s": floor, "roofline_efficiency": floor / elapsed,
@@ -271,17 +284,30 @@ def main(argv: list[str]) -> int:
     p.add_argument("--batch-sizes", default="",
                    help="also run the fixed workload with these numbers of requests (a sweep "
                         "for the throughput-vs-batch plot), e.g. 1,8,32,64,128")
+    p.add_argument("--compare-kv-cache-dtype", default="", choices=["", "auto", "fp8"],
+                   help="also run the timed workload with this KV cache dtype on the same "
+                        "weights (e.g. auto against --kv-cache-dtype fp8)")
+    p.add_argument("--skip-step-split", action="store_true",
+                   help="leave out the second, synchronizing pass that splits the step time")
+    p.add_argument("--warm-up-requests", type=int, default=None,
+                   help="requests in the warm-up run (default: as many as the workload)")
     args = p.parse_args(argv)
     loaded, name = load(args)
     device = next(loaded.model.parameters()).device
     ceilings = device_ceilings(device)
     prompts, params, workload = make_workload(args)
-    llm = make_llm(loaded, args)
-    # warm-up: the same shapes and sampling settings on other token ids, 8 output tokens each
-    # (compiles kernels, grows the allocator's pools); the timed runs below are steady state
-    warm, warm_params, _ = make_workload(args, seed=3)
-    llm.generate(warm, [dataclasses.replace(p, max_tokens=min(8, p.max_tokens))
-                        for p in warm_params], use_tqdm=False)
+
+    def warmed_llm(**overrides):
+        llm = make_llm(loaded, args, **overrides)
+        # warm-up: the same shapes and sampling settings on other token ids, 8 output tokens
+        # each (compiles kernels, grows the allocator's pools); the timed runs are steady state
+        warm, warm_params, _ = make_workload(args, seed=3)
+        n = args.warm_up_requests or len(warm)
+        llm.generate(warm[:n], [dataclasses.replace(p, max_tokens=min(8, p.max_tokens))
+                                for p in warm_params[:n]], use_tqdm=False)
+        return llm
+
+    llm = warmed_llm()
     results = [run_pagedrt(llm, loaded, args, prompts, params, ceilings, name, workload)]
     for b in [int(x) for x in args.batch_sizes.split(",") if x]:
         sub = argparse.Namespace(**{**vars(args), "num_requests": b})
@@ -292,10 +318,16 @@ def main(argv: list[str]) -> int:
             "system": "pagedrt", "workload": f"{name} {sub_workload}", "num_requests": b,
             "output_tokens": n_out, "elapsed_s": elapsed, "output_tok_s": n_out / elapsed,
             "num_steps": steps, "ms_per_step": 1e3 * elapsed / steps,
-            "roofline_efficiency": roofline(loaded, sub_prompts, sub_params, steps, ceilings,
-                                            llm.llm_engine.dtype) / elapsed,
+            "roofline_efficiency": roofline(
+                loaded, sub_prompts, sub_params, steps, ceilings, llm.llm_engine.dtype,
+                llm.llm_engine.kv_cache.spec.bytes_per_token) / elapsed,
         })
     free_llm(llm)
+    if args.compare_kv_cache_dtype:
+        llm = warmed_llm(kv_cache_dtype=args.compare_kv_cache_dtype)
+        results.append(run_pagedrt(llm, loaded, args, prompts, params, ceilings, name,
+                                   workload))
+        free_llm(llm)
     if args.compare == "hf":
         hf = hf_model_like(loaded, next(loaded.model.parameters()).dtype, device)
         if args.workload == "fixed":
@@ -316,6 +348,17 @@ def main(argv: list[str]) -> int:
         eff = f"{r['roofline_efficiency']:.0%}" if "roofline_efficiency" in r else ""
         shown = f"{rate:,.0f}" if rate else r.get("error", "?")[:40]
         print(f"{r['system']:<18} {r['workload']:<34} {shown:>10} {ratio:>9} {eff:>6}")
+    for r in results:
+        if "kv_cache_dtype" in r:
+            print(f"pagedrt KV cache {r['kv_cache_dtype']}: {r['output_tok_s']:,.0f} output tok/s,"
+                  f" {r['kv_num_blocks']} blocks ({r['kv_peak_used_blocks']} used at peak), "
+                  f"peak batch {r['peak_batch_size']}, {r['num_preemptions']} preemptions")
+    kv_rows = [r for r in results if "kv_cache_dtype" in r and r is not results[0]
+               and r["workload"] == results[0]["workload"]]
+    for r in kv_rows:
+        print(f"  {results[0]['kv_cache_dtype']} / {r['kv_cache_dtype']}: output tok/s "
+              f"{results[0]['output_tok_s'] / r['output_tok_s']:.2f}x, KV blocks "
+              f"{results[0]['kv_num_blocks'] / r['kv_num_blocks']:.2f}x")
     r0 = results[0]
     split = ", ".join(f"{k} {v:.2f}" for k, v in r0["step_split_ms"].items())
     st = r0["step_times"]
