@@ -124,7 +124,9 @@ def greedy_answers(loaded, prompts: list[str], max_tokens: int, **engine_kwargs)
     """Token ids of greedy answers to chat prompts (chat template applied)."""
     from pagedrt import LLM
 
-    llm = LLM(loaded, **{"max_num_seqs": len(prompts), **engine_kwargs})
+    blocks = len(prompts) * -(-engine_kwargs.get("max_model_len", 2048) // 16)  # all at once
+    llm = LLM(loaded, **{"max_num_seqs": len(prompts), "num_kv_blocks": blocks,
+                         **engine_kwargs})
     chats = [llm.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     outs = llm.generate(chats, params, use_tqdm=False)
