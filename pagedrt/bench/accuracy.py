@@ -15,8 +15,9 @@ key rotation (`pagedrt.ops.fp8`: keys stored as k @ H / sqrt(d), H Hadamard), wr
 stand-ins swapped in for the torch reference's writer (the attention that reads them is
 unchanged: a scale per token and head that happens to be constant per layer is a per-tensor
 scale; without rotation both sides skip it):
-  per-token-head, power of two  pagedrt's dynamic scales
-  per-token-head, amax / 448    exact (not power-of-two) dynamic scales
+  per-token-head, amax / 448    pagedrt's dynamic scales
+  per-token-head, 2^e           the smallest power of two >= amax / 448 (exact division, but
+                                the largest value is rounded instead of stored as 448)
   per-tensor 1.0                one scale for every layer, no calibration (vLLM's default
                                 when a checkpoint carries none)
   per-tensor calibrated         per layer, K and V: amax over the whole evaluation text / 448
@@ -156,10 +157,11 @@ def agreement(reference: list[list[int]], other: list[list[int]]) -> dict:
 
 
 # ---------------------------------------------------------------------- other scale schemes
-def _amax_over_448_quantizer(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic per-token-head scales amax / 448 (not rounded to a power of two)."""
+def _power_of_two_quantizer(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic per-token-head scales rounded up to a power of two: 2^ceil(log2(amax / 448))."""
     xf = x.float()
-    scales = (xf.abs().amax(-1) / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    amax = xf.abs().amax(-1).clamp_min(torch.finfo(torch.float32).tiny)
+    scales = torch.exp2(torch.ceil(torch.log2(amax / FP8_MAX)))
     return (xf / scales[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scales
 
 
@@ -232,9 +234,9 @@ def scale_schemes(loaded, token_ids: list[int], backend: str) -> dict:
         tag = "rotated K" if rotated else "no rotation"
         calibrated = calibrated_layer_scales(loaded, token_ids, backend, rotated)
         variants = {
-            "per-token-head 2^e": None,
-            "per-token-head amax/448": lambda: mock.patch.object(
-                attention_reference, "quantize_fp8", _amax_over_448_quantizer),
+            "per-token-head amax/448": None,
+            "per-token-head 2^e": lambda: mock.patch.object(
+                attention_reference, "quantize_fp8", _power_of_two_quantizer),
             "per-tensor 1.0": lambda: _per_tensor_scales(lambda i: (1.0, 1.0)),
             "per-tensor calibrated": lambda c=calibrated: _per_tensor_scales(lambda i: c[i]),
         }

@@ -16,20 +16,18 @@ H / sqrt(d) is orthogonal, rotate(q) . rotate(k) = q . k. Why: a key's energy si
 channels (SmolLM2: the largest channel's mean |k| is 4 to 10 times the mean), and those
 channels dominate q . k, so the 2^-4 relative rounding of e4m3 on them moves the attention
 scores far more than the same rounding spread evenly; the rotation spreads every channel over
-all of them (as QuaRot, Ashkboos et al. 2024, does for 4-bit caches). On SmolLM2 it takes the
-perplexity increase of an FP8 cache from 3.8% to 1.0% (docs/design.md, "FP8 KV cache"). Values
-are not rotated: their rounding averages out in the weighted sum (0.5% alone).
+all of them (as QuaRot, Ashkboos et al. 2024, does for 4-bit caches). On SmolLM2 it halves the
+KL divergence an FP8 cache adds to the next-token distributions (docs/design.md, "FP8 KV
+cache"). Values are not rotated: their rounding matters far less (V alone: a tenth of the KL).
 
-The scales are dynamic (computed from the token's own values as it is written; no calibration)
-and a power of two: the smallest 2^e with amax / 2^e <= 448, amax being the largest |value| of
-that token's head. Why a power of two: x * 2^-e is exact in fp32, so the torch reference, the
-Triton kernels on a GPU and the Triton interpreter quantize to the same bytes (a division by
-amax / 448 rounds differently on each), and dequantization is exact too. It costs nothing in
-accuracy: e4m3 is a floating-point format, so its relative precision (3 mantissa bits) does not
-depend on the scale; the scale only has to keep amax under 448 and the head's values above
-e4m3's subnormal range (2^-6 * 2^e, at least amax / 14,336 here). Why per token and KV head
-rather than one scale per layer: docs/design.md ("FP8 KV cache") gives the accuracy of both on
-SmolLM2.
+The scales are dynamic: computed from the token's own values as it is written (no
+calibration), scale = amax / 448 with amax the largest |value| of that token's head, so the
+largest value is stored exactly (as 448) and the others with e4m3's relative precision. The
+division is IEEE round-to-nearest everywhere (torch's `/`, `tl.math.div_rn` in the kernels,
+numpy's in Triton's interpreter), so the torch reference, the GPU kernels and the interpreter
+quantize to the same bytes. Why per token and KV head, and why amax / 448 rather than a power
+of two (which would make the division exact): docs/design.md, "FP8 KV cache", has the accuracy
+of each scheme on SmolLM2.
 
 The scale layout puts one head's block_size scales next to each other, so the attention kernels
 read them for a tile of tokens in a few contiguous segments. At head_dim 128 the scales add
@@ -44,20 +42,13 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 SCALE_DTYPE = torch.float32
 
-# scale = 2^e with the smallest e such that amax / 2^e <= 448 = 1.75 * 2^8: for
-# amax = (1 + m) * 2^E, e = E - 8 when 1 + m <= 1.75, else E - 7. 0x600000 is the fp32
-# mantissa field of 1.75. e is clamped to fp32's normal range (amax == 0 gives 2^-126).
-_MANTISSA_1_75 = 0x600000
-_MIN_EXP, _MAX_EXP = -126, 127
+FP32_TINY = torch.finfo(torch.float32).tiny  # the scale of an all-zero row (any works)
 
 
 def fp8_scale(amax: torch.Tensor) -> torch.Tensor:
-    """Power-of-two scales for rows whose largest |value| is `amax` (float32, any shape):
-    the smallest 2^e with amax / 2^e <= 448. Same tensor shape, float32."""
-    bits = amax.float().contiguous().view(torch.int32)
-    exp = ((bits >> 23) & 0xFF) - 127 - 8 + ((bits & 0x7FFFFF) > _MANTISSA_1_75).int()
-    exp = exp.clamp(_MIN_EXP, _MAX_EXP)
-    return ((exp + 127) << 23).view(torch.float32)
+    """Scales for rows whose largest |value| is `amax` (any shape): amax / 448 in float32,
+    at least FP32_TINY. Same tensor shape, float32."""
+    return (amax.float() / FP8_MAX).clamp_min(FP32_TINY)
 
 
 def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,8 +62,7 @@ def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     xf = x.float()
     scales = fp8_scale(xf.abs().amax(dim=-1))
-    # 1 / 2^e is exact, and so is the product (no rounding before the cast to fp8)
-    values = (xf * (1.0 / scales)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    values = (xf / scales[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return values, scales
 
 

@@ -42,21 +42,16 @@ def fp8_e4m3_bits(y):
 
 @triton.jit
 def fp8_row_scale(amax):
-    """(scale, 1 / scale): the power of two `pagedrt.ops.fp8.fp8_scale` gives for `amax`
-    (fp32, >= 0), and its exact reciprocal."""
-    bits = amax.to(tl.int32, bitcast=True)
-    exp = ((bits >> 23) & 0xFF) - 127 - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)
-    exp = tl.minimum(tl.maximum(exp, -126), 127)
-    scale = ((exp + 127) << 23).to(tl.float32, bitcast=True)
-    inv = ((127 - exp) << 23).to(tl.float32, bitcast=True)
-    return scale, inv
+    """The scales `pagedrt.ops.fp8.fp8_scale` gives for rows whose largest |value| is `amax`
+    (fp32, >= 0): amax / 448 correctly rounded, at least the smallest normal fp32."""
+    return tl.maximum(tl.math.div_rn(amax, 448.0), 1.1754943508222875e-38)
 
 
 @triton.jit
-def fp8_quantize(x, inv):
-    """fp8 bytes of fp32 `x` ([rows, cols]) times the rows' `inv` ([rows]), saturated at
-    +-448 (as `quantize_fp8`'s clamp)."""
-    y = x * inv[:, None]
+def fp8_quantize(x, scale):
+    """fp8 bytes of fp32 `x` ([rows, cols]) divided by the rows' `scale` ([rows]) with IEEE
+    round-to-nearest division, saturated at +-448 (as `quantize_fp8`)."""
+    x, scale = tl.broadcast(x, scale[:, None])
+    y = tl.math.div_rn(x, scale)
     y = tl.minimum(tl.maximum(y, -448.0), 448.0)
     return fp8_e4m3_bits(y)
-

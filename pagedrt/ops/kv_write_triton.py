@@ -61,14 +61,14 @@ def _write_kv_kernel(
         if KV_FP8:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-            k_scale, k_inv = fp8_row_scale(tl.max(tl.abs(k), 1))  # [BLOCK_H]
-            v_scale, v_inv = fp8_row_scale(tl.max(tl.abs(v), 1))
+            k_scale = fp8_row_scale(tl.max(tl.abs(k), 1))  # [BLOCK_H]
+            v_scale = fp8_row_scale(tl.max(tl.abs(v), 1))
             scale_dst = block * stride_sb + offs_h * stride_sh + offset
             h_mask = offs_h < num_kv_heads
             tl.store(k_scales_ptr + scale_dst, k_scale, mask=h_mask)
             tl.store(v_scales_ptr + scale_dst, v_scale, mask=h_mask)
-            tl.store(k_cache_ptr + dst, fp8_quantize(k, k_inv), mask=mask)
-            tl.store(v_cache_ptr + dst, fp8_quantize(v, v_inv), mask=mask)
+            tl.store(k_cache_ptr + dst, fp8_quantize(k, k_scale), mask=mask)
+            tl.store(v_cache_ptr + dst, fp8_quantize(v, v_scale), mask=mask)
         else:
             tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
             tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
