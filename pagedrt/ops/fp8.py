@@ -70,7 +70,8 @@ _HADAMARD: dict[tuple[int, str], torch.Tensor] = {}
 
 
 def hadamard_matrix(d: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The d x d Sylvester-Hadamard matrix (+-1 entries, symmetric, H @ H = d * I), float32.
+    """The d x d Sylvester-Hadamard matrix divided by sqrt(d) (entries +-1 / sqrt(d),
+    symmetric, orthogonal: H @ H = I), float64.
 
     Raises:
         ValueError: d is not a power of two (no such matrix).
@@ -80,18 +81,24 @@ def hadamard_matrix(d: int, device: torch.device | str = "cpu") -> torch.Tensor:
                          "head_dim")
     key = (d, str(device))
     if key not in _HADAMARD:
-        h = torch.ones(1, 1)
+        h = torch.ones(1, 1, dtype=torch.float64)
         while h.shape[0] < d:
             h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-        _HADAMARD[key] = h.to(device)
+        _HADAMARD[key] = (h * d**-0.5).to(device)  # orthonormal
     return _HADAMARD[key]
 
 
 def rotate(x: torch.Tensor) -> torch.Tensor:
-    """x [..., d] -> x @ H / sqrt(d) in float32 (orthogonal and symmetric: rotate(rotate(x))
-    is x up to rounding). How an FP8 cache stores keys and how queries meet them."""
+    """x [..., d] -> x @ H / sqrt(d), float32 (orthogonal and symmetric: rotate(rotate(x)) is
+    x up to rounding). How an FP8 cache stores keys and how queries meet them.
+
+    Computed in float64 and rounded once to float32: a float32 matmul's summation order
+    depends on the library's kernel choice for the batch shape (an eager step and a CUDA-graph
+    replay padded to a bucket differ), which would move a rounding-edge key to the next fp8
+    code; float64 sums round to the same float32 whatever the order (all but never).
+    """
     h = hadamard_matrix(x.shape[-1], x.device)
-    return (x.float() @ h) * x.shape[-1] ** -0.5
+    return (x.double() @ h).float()
 
 
 def dequantize_fp8(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
