@@ -40,13 +40,6 @@ def test_unknown_kv_cache_dtype_is_refused(value):
         resolve_kv_cache_dtype(value, torch.float32, torch.device("cpu"), "torch")
 
 
-def test_fp8_needs_a_power_of_two_head_dim():
-    with pytest.raises(ValueError, match="power-of-two head_dim.*is 80"):
-        resolve_kv_cache_dtype("fp8", torch.float32, torch.device("cpu"), "torch", head_dim=80)
-    assert resolve_kv_cache_dtype("fp8", torch.float32, torch.device("cpu"), "torch",
-                                  head_dim=128) == FP8_DTYPE
-
-
 def test_fp8_on_a_gpu_without_fp8_is_refused(monkeypatch):
     """The Triton kernels need compute capability 8.9 (e4m3 conversions); an A100 (8.0) gets
     a ValueError naming the GPU, its capability and what is supported. The torch backend

@@ -2,8 +2,7 @@
 quantizes the same way (`pagedrt.ops.fp8`).
 
 The writers must produce the reference's bytes and scales exactly (both divide with IEEE
-round-to-nearest, then round to e4m3 to nearest-even; keys are rotated by the same torch
-function before either quantizes them). The attention kernels
+round-to-nearest, then round to e4m3 to nearest-even). The attention kernels
 read fp8 caches filled by the reference writer: every unused slot holds the NaN byte 0x7F and
 a NaN scale, block tables are shuffled, and tokens differ in magnitude by up to 2^12 so that
 each has its own scale. Under the interpreter the kernels upcast K/V to fp32 before tl.dot
@@ -28,8 +27,9 @@ from pagedrt.models import layers
 from pagedrt.ops import attention
 from pagedrt.ops import attention_reference as ref
 from pagedrt.ops import attention_triton as tri
-from pagedrt.ops.fp8 import FP8_DTYPE, dequantize_fp8, fp8_scale, quantize_fp8, rotate
+from pagedrt.ops.fp8 import FP8_DTYPE, dequantize_fp8, fp8_scale, quantize_fp8
 from pagedrt.ops.fp8_triton import fp8_e4m3_bits, fp8_row_scale
+from pagedrt.ops.fused_triton import rotary_write_kv_triton
 
 NAN_BYTE = 0x7F  # float8_e4m3fn NaN
 
@@ -127,20 +127,10 @@ def fp8_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, spare_blocks=3, s
 
 
 def dequantized_caches(k_cache, v_cache, k_scales, v_scales):
-    """fp32 caches holding what the FP8 ones mean (NaN where the FP8 ones are unused): values
-    times scales, keys rotated back (`rotate` is its own inverse)."""
-    k = rotate(k_cache.float() * k_scales.transpose(1, 2)[..., None])
+    """fp32 caches holding what the FP8 ones mean (NaN where the FP8 ones are unused)."""
+    k = k_cache.float() * k_scales.transpose(1, 2)[..., None]
     v = v_cache.float() * v_scales.transpose(1, 2)[..., None]
     return k, v
-
-
-def test_rotation_is_orthogonal_and_its_own_inverse():
-    x = torch.randn(5, 3, 64) * 10
-    assert torch.allclose(rotate(rotate(x)), x, atol=1e-4)
-    q, k = torch.randn(7, 128), torch.randn(7, 128)
-    assert torch.allclose((rotate(q) * rotate(k)).sum(-1), (q * k).sum(-1), atol=1e-4)
-    with pytest.raises(ValueError, match="head_dim=80"):
-        rotate(torch.randn(2, 80))
 
 
 def assert_close(out, expected):
@@ -155,7 +145,7 @@ def edge_lens(block_size):
 
 def test_reference_attention_reads_what_was_written():
     """The reference over an FP8 cache = the reference over fp32 caches holding the
-    dequantized values, keys rotated back (the oracle's own dequantization and rotation)."""
+    dequantized values (the oracle's own dequantization)."""
     lens = [1, 17, 40]
     k_cache, v_cache, k_scales, v_scales, bt, seq_lens = fp8_paged_kv(lens, 2, 16, 8)
     k32, v32 = dequantized_caches(k_cache, v_cache, k_scales, v_scales)
@@ -163,13 +153,13 @@ def test_reference_attention_reads_what_was_written():
     out = ref.paged_attention_decode_reference(query, k_cache, v_cache, bt, seq_lens, 0.25,
                                                k_scales, v_scales)
     expected = ref.paged_attention_decode_reference(query, k32, v32, bt, seq_lens, 0.25)
-    assert_close(out, expected)  # fp32 rounding: rotated query against rotated back keys
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
     cu = torch.tensor([0, 1, 6, 20], dtype=torch.int32)
     query = torch.randn(20, 6, 16)
     out = ref.paged_attention_extend_reference(query, k_cache, v_cache, bt, cu, seq_lens, 0.25,
                                                k_scales, v_scales)
     expected = ref.paged_attention_extend_reference(query, k32, v32, bt, cu, seq_lens, 0.25)
-    assert_close(out, expected)  # fp32 rounding: rotated query against rotated back keys
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
 
 
 # every GQA group size 1..8 that the models use, each block size twice (the fp16/bf16/fp32
@@ -258,10 +248,46 @@ def test_write_kv_fp8_is_the_references_bytes(dtype, block_size):
     assert written == (num_tokens - 2) * num_kv_heads, "one scale per real token and head"
 
 
-def test_attention_layer_fp8_skips_the_fused_writer(monkeypatch):
-    """With the fused kernels on (forced here; CUDA in the engine) an FP8 cache is written by
-    RoPE alone then the FP8 writer (the fused RoPE + write kernel stores unrotated keys), and
-    the layer gives the torch path's output and cache."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim, num_heads, num_kv_heads", [(16, 4, 4), (64, 14, 2),
+                                                               (16, 9, 3)])
+def test_rotary_write_kv_fp8_is_rotary_then_reference_write(dtype, head_dim, num_heads,
+                                                            num_kv_heads):
+    """The fused RoPE + write kernel quantizes the key as rotated and rounded to its dtype,
+    giving the bytes and scales of `write_kv_reference` after the torch rotation."""
+    torch.manual_seed(head_dim + num_heads)
+    num_tokens, block_size, num_blocks = 7, 4, 6
+    rope = layers.RotaryEmbedding(head_dim, 512, base=10000.0)
+    q = torch.randn(num_tokens, num_heads, head_dim).to(dtype)
+    k = (torch.randn(num_tokens, num_kv_heads, head_dim) * 5).to(dtype)
+    v = torch.randn(num_tokens, num_kv_heads, head_dim).to(dtype)
+    positions = torch.randint(0, 512, (num_tokens,))
+    slots = torch.randperm(num_blocks * block_size)[:num_tokens]
+    slots[3] = -1
+    actual = _empty_fp8_cache(num_blocks, block_size, num_kv_heads, head_dim)
+    expected = [t.clone() for t in actual]
+    _, rotated_k = rope(positions, q.clone(), k.clone())
+    ref.write_kv_reference(rotated_k, v, *expected[:2], slots, *expected[2:])
+    rotary_write_kv_triton(positions, q, k, v, rope.cos_sin_cache, *actual[:2], slots,
+                           k_scales=actual[2], v_scales=actual[3])
+    if dtype == torch.float32:  # bit-exact
+        for got, want in zip(actual, expected):
+            assert torch.equal(got.float().nan_to_num(), want.float().nan_to_num())
+    # bf16: the interpreter's truncating fp32 -> bf16 cast (see test_fused_triton.py) can leave
+    # a rotated key one bf16 ulp off torch's; where that crosses an e4m3 rounding midpoint the
+    # byte moves by one code (at most 2^-3 relative). V is not rotated: always exact.
+    k_got, v_got = dequantized_caches(*actual)
+    k_want, v_want = dequantized_caches(*expected)
+    torch.testing.assert_close(k_got.nan_to_num(), k_want.nan_to_num(), rtol=2**-3, atol=1e-6)
+    same = (actual[0].view(torch.uint8) == expected[0].view(torch.uint8)).float().mean()
+    assert same > 0.95, f"only {same:.1%} of the key bytes are the reference's"
+    torch.testing.assert_close(v_got.nan_to_num(), v_want.nan_to_num(), rtol=0, atol=0)
+
+
+def test_attention_layer_fused_rope_and_fp8_write(monkeypatch):
+    """LlamaAttention with the fused kernels forced on (Triton attention, interpreter) over an
+    FP8 cache: the fused RoPE + quantizing write runs once and the layer gives the torch path's
+    output and cache."""
     from tiny_model import TINY_CONFIG
 
     from pagedrt.models.llama import LlamaAttention
@@ -285,16 +311,19 @@ def test_attention_layer_fp8_skips_the_fused_writer(monkeypatch):
         max_query_len=3, max_seq_len=3, backend="torch")
     with torch.no_grad():
         expected = attn(positions, x, ref_caches, meta)
+        calls = []
         monkeypatch.setattr(layers, "_use_fused", lambda t: True)
+        fused_kernel = layers._fused().rotary_write_kv_triton
         monkeypatch.setattr(layers._fused(), "rotary_write_kv_triton",
-                            lambda *a, **kw: pytest.fail("fused writer called for FP8"))
+                            lambda *a, **kw: calls.append(1) or fused_kernel(*a, **kw))
         meta.backend = "triton"
         actual = attn(positions, x, caches, meta)
+    assert calls == [1], "the fused RoPE + K/V write kernel did not run once"
     torch.testing.assert_close(actual[:5], expected[:5], rtol=1e-4, atol=1e-5)
     k_got, v_got = dequantized_caches(*caches)
     k_want, v_want = dequantized_caches(*ref_caches)
     torch.testing.assert_close(k_got.nan_to_num(), k_want.nan_to_num(), rtol=2**-3, atol=1e-6)
-    torch.testing.assert_close(v_got.nan_to_num(), v_want.nan_to_num(), rtol=2**-3, atol=1e-6)
+    torch.testing.assert_close(v_got.nan_to_num(), v_want.nan_to_num(), rtol=0, atol=0)
     assert caches.k_scales.isfinite().sum() == 5 * TINY_CONFIG.num_key_value_heads
 
 

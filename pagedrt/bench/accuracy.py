@@ -10,12 +10,10 @@ Two measures, each for the full-precision cache (the model's dtype) and --kv-cac
               common prefix with the full-precision cache's answer, and the position-wise
               agreement
 
---scales-experiment (torch backend) adds the other FP8 schemes, each with and without the
-key rotation (`pagedrt.ops.fp8`: keys stored as k @ H / sqrt(d), H Hadamard), written by
-stand-ins swapped in for the torch reference's writer (the attention that reads them is
+--scales-experiment (torch backend) adds the other FP8 scale schemes, written by stand-ins
+swapped in for the torch reference's quantizer or writer (the attention that reads them is
 unchanged: a scale per token and head that happens to be constant per layer is a per-tensor
-scale; without rotation both sides skip it):
-  per-token-head, amax / 448    pagedrt's dynamic scales
+scale):
   per-token-head, 2^e           the smallest power of two >= amax / 448 (exact division, but
                                 the largest value is rounded instead of stored as 448)
   per-tensor 1.0                one scale for every layer, no calibration (vLLM's default
@@ -42,7 +40,7 @@ import torch
 from pagedrt.bench.common import free_llm, write_results
 from pagedrt.config import KV_CACHE_DTYPES
 from pagedrt.kv.kv_cache import KVCache, KVCacheSpec, resolve_kv_cache_dtype
-from pagedrt.ops import attention_reference, fp8
+from pagedrt.ops import attention_reference
 from pagedrt.ops.attention import AttentionMetadata
 from pagedrt.ops.fp8 import FP8_DTYPE, FP8_MAX
 from pagedrt.sampling_params import SamplingParams
@@ -167,16 +165,14 @@ def _power_of_two_quantizer(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 def _per_tensor_writer(layer_scales: dict[int, tuple[float, float]]):
     """A stand-in for `write_kv_reference` that quantizes with one static scale per layer
-    (looked up by the K cache's data pointer) and stores it as every token's scale; keys go
-    through the reference's `rotate` (patched to the identity when rotation is off)."""
+    (looked up by the K cache's data pointer) and stores it as every token's scale."""
     def write(key, value, k_cache, v_cache, slot_mapping, k_scales=None, v_scales=None):
         block_size = k_cache.shape[1]
         valid = slot_mapping >= 0
         slots = slot_mapping[valid].long()
         blocks, offsets = slots // block_size, slots % block_size
         static = layer_scales[k_cache.data_ptr()]
-        for cache, scales, x, s in ((k_cache, k_scales, attention_reference.rotate(key[valid]),
-                                     static[0]),
+        for cache, scales, x, s in ((k_cache, k_scales, key[valid].float(), static[0]),
                                     (v_cache, v_scales, value[valid].float(), static[1])):
             values = (x / s).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
             cache.view(-1, *cache.shape[2:]).view(torch.uint8)[slots] = values.view(torch.uint8)
@@ -204,16 +200,14 @@ def _per_tensor_scales(kv_scale_of_layer):
 
 
 @torch.inference_mode()
-def calibrated_layer_scales(loaded, token_ids: list[int], backend: str,
-                            rotated: bool) -> list[tuple]:
+def calibrated_layer_scales(loaded, token_ids: list[int], backend: str) -> list[tuple]:
     """(amax K / 448, amax V / 448) per layer over the whole text, from a full-precision
-    pass (the oracle calibration of the per-tensor scheme); K rotated or not."""
+    pass (the oracle calibration of the per-tensor scheme)."""
     captured: list[tuple[float, float]] = []
     original = attention_reference.write_kv_reference
 
     def spy(key, value, k_cache, v_cache, slot_mapping, k_scales=None, v_scales=None):
-        k = fp8.rotate(key) if rotated else key
-        captured.append((k.abs().max().item(), value.abs().max().item()))
+        captured.append((key.abs().max().item(), value.abs().max().item()))
         return original(key, value, k_cache, v_cache, slot_mapping, k_scales, v_scales)
 
     dtype = next(loaded.model.parameters()).dtype
@@ -225,31 +219,16 @@ def calibrated_layer_scales(loaded, token_ids: list[int], backend: str,
 
 
 def scale_schemes(loaded, token_ids: list[int], backend: str) -> dict:
-    """name -> context manager factory under which an FP8 cache uses that scheme."""
-    def no_rotation():
-        return mock.patch.object(attention_reference, "rotate", lambda x: x.float())
-
-    schemes = {}
-    for rotated in (True, False):
-        tag = "rotated K" if rotated else "no rotation"
-        calibrated = calibrated_layer_scales(loaded, token_ids, backend, rotated)
-        variants = {
-            "per-token-head amax/448": None,
-            "per-token-head 2^e": lambda: mock.patch.object(
-                attention_reference, "quantize_fp8", _power_of_two_quantizer),
-            "per-tensor 1.0": lambda: _per_tensor_scales(lambda i: (1.0, 1.0)),
-            "per-tensor calibrated": lambda c=calibrated: _per_tensor_scales(lambda i: c[i]),
-        }
-        for name, variant in variants.items():
-            def context(variant=variant, rotated=rotated):
-                stack = contextlib.ExitStack()
-                if not rotated:
-                    stack.enter_context(no_rotation())
-                if variant is not None:
-                    stack.enter_context(variant())
-                return stack
-            schemes[f"fp8 {name}, {tag}"] = context
-    return schemes
+    """name -> context manager factory under which an FP8 cache uses that scale scheme."""
+    calibrated = calibrated_layer_scales(loaded, token_ids, backend)
+    return {
+        "fp8 per-token-head amax/448 (pagedrt)": contextlib.ExitStack,
+        "fp8 per-token-head 2^e": lambda: mock.patch.object(
+            attention_reference, "quantize_fp8", _power_of_two_quantizer),
+        "fp8 per-tensor 1.0 (uncalibrated)": lambda: _per_tensor_scales(lambda i: (1.0, 1.0)),
+        "fp8 per-tensor per layer, calibrated on the text": lambda: _per_tensor_scales(
+            lambda i: calibrated[i]),
+    }
 
 
 # ---------------------------------------------------------------------- the command

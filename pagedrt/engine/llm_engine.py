@@ -106,8 +106,7 @@ class LLMEngine:
                 f"max_position_embeddings={mc.max_position_embeddings}"
             )
         backend = config.attention_backend
-        kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device,
-                                          backend, mc.head_dim)
+        kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device, backend)
         kv_spec = KVCacheSpec.for_model(mc, config.block_size, kv_dtype)
         num_blocks = num_blocks_for_budget(kv_spec, config, self.device)
         num_cpu_blocks = (config.swap_space_bytes // kv_spec.bytes_per_block

@@ -4,8 +4,8 @@ and the block copies between them. Built from a `KVCacheSpec`, so that a cache o
 dtype (FP8) or with the KV heads of one tensor-parallel rank changes only the spec
 (docs/design.md).
 
-An FP8 cache (`kv_cache_dtype="fp8"`) holds float8_e4m3fn K (rotated) and V and, per layer,
-their scales [num_blocks, num_kv_heads, block_size] float32 (`pagedrt.ops.fp8`). Scales are indexed
+An FP8 cache (`kv_cache_dtype="fp8"`) holds float8_e4m3fn K and V and, per layer, their
+scales [num_blocks, num_kv_heads, block_size] float32 (`pagedrt.ops.fp8`). Scales are indexed
 by block like K and V, so everything that moves a block (copy-on-write, swap out and in) moves
 its scales with it, and a prefix-cached block keeps them.
 """
@@ -25,16 +25,13 @@ FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper: Triton's float8e4nv (fp8 e4m3) need
 
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype,
-                           device: torch.device, backend: str,
-                           head_dim: int | None = None) -> torch.dtype:
+                           device: torch.device, backend: str) -> torch.dtype:
     """The element type of the cache for `EngineConfig.kv_cache_dtype`: "auto" is the model's
     dtype, "fp8" float8_e4m3fn (the model still computes in `model_dtype`).
 
     Raises:
         ValueError: an unknown kv_cache_dtype, or "fp8" where the attention backend cannot
-            read it (the Triton kernels on a CUDA GPU older than compute capability 8.9), or
-            for a head_dim that is not a power of two (the FP8 cache rotates keys by a
-            Hadamard matrix, `pagedrt.ops.fp8`).
+            read it (the Triton kernels on a CUDA GPU older than compute capability 8.9).
     """
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported; use one of "
@@ -42,9 +39,6 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype,
                          "with a scale per token and KV head)")
     if kv_cache_dtype == "auto":
         return model_dtype
-    if head_dim is not None and head_dim & (head_dim - 1):
-        raise ValueError(f"kv_cache_dtype='fp8' needs a power-of-two head_dim (keys are stored "
-                         f"Hadamard-rotated); this model's is {head_dim}: use 'auto'")
     triton_kernels = backend == "triton" or (backend == "auto" and triton_available())
     if device.type == "cuda" and triton_kernels:
         capability = torch.cuda.get_device_capability(device)

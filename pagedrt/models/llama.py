@@ -84,10 +84,10 @@ class LlamaAttention(nn.Module):
             q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
         k_cache, v_cache, k_scales, v_scales = KVCacheLayer(*kv_cache)
-        # on CUDA one kernel rotates q and k and writes k and v into the cache; not into an
-        # FP8 cache, whose writer rotates the keys again (Hadamard) before quantizing them
-        kv_written = k_scales is None and self.rotary_emb.forward_and_write_kv(
-            positions, q, k, v, k_cache, v_cache, meta.slot_mapping, meta.backend)
+        # on CUDA one kernel rotates q and k and writes k and v (quantized, into an FP8 cache)
+        kv_written = self.rotary_emb.forward_and_write_kv(
+            positions, q, k, v, k_cache, v_cache, meta.slot_mapping, meta.backend,
+            k_scales=k_scales, v_scales=v_scales)
         if not kv_written:
             q, k = self.rotary_emb(positions, q, k)
         out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale,

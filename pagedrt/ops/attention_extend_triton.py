@@ -19,7 +19,7 @@ the chunk sits at position p_j = seq_len - q_len + j and sees keys 0 .. p_j:
 
 An FP8 cache (KV_FP8) is read as in the decode kernel (`attention_triton.py`): fp8 tiles
 converted in registers, each key's scale applied to its score column and each value's to its
-probability column, the queries rotated as the cached keys are.
+probability column.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedrt.ops.fp8 import is_fp8, rotate
+from pagedrt.ops.fp8 import is_fp8
 from pagedrt.ops.triton_utils import (
     LOG2E,
     check_index,
@@ -244,9 +244,7 @@ def paged_attention_extend_triton(
     group = num_heads // num_kv_heads
     upcast = interpreting(query)
     fp8 = is_fp8(k_cache.dtype)
-    if fp8:  # FP8 keys are stored rotated: meet them with the rotated query (pagedrt.ops.fp8)
-        query = rotate(query).to(query.dtype)
-    else:
+    if not fp8:
         k_scales = v_scales = out  # unused by the kernel
     defaults = _extend_launch_configs(head_dim, query.dtype, on_gpu=not upcast)
     configs = [{**defaults[0], **config}] if config else defaults

@@ -8,8 +8,7 @@ Cache layout (per layer): `k_cache`, `v_cache` of shape
 `[num_blocks, block_size, num_kv_heads, head_dim]`; slot `s` is block `s // block_size`,
 offset `s % block_size`. An FP8 cache (float8_e4m3fn) comes with `k_scales`, `v_scales` of
 shape `[num_blocks, num_kv_heads, block_size]` float32 (`pagedrt.ops.fp8`): the write
-quantizes `rotate(key)` and the value with `quantize_fp8`; the attention functions dequantize
-what they gather in fp32 and attend with `rotate(query)`.
+quantizes with `quantize_fp8`, the attention functions dequantize what they gather in fp32.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pagedrt.ops.fp8 import quantize_fp8, rotate
+from pagedrt.ops.fp8 import quantize_fp8
 
 
 def write_kv_reference(
@@ -30,8 +29,8 @@ def write_kv_reference(
     v_scales: torch.Tensor | None = None,
 ) -> None:
     """Write new K/V rows into their cache slots, in place. Negative slots are skipped.
-    With k_scales/v_scales (an FP8 cache), rows are quantized by `quantize_fp8` (keys after
-    `rotate`) and their scales written too."""
+    With k_scales/v_scales (an FP8 cache), rows are quantized by `quantize_fp8` and their
+    scales written too."""
     num_blocks, block_size = k_cache.shape[:2]
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()
@@ -42,9 +41,8 @@ def write_kv_reference(
         v_flat[slots] = value[valid].to(v_cache.dtype)
         return
     blocks, offsets = slots // block_size, slots % block_size
-    for flat, scales, x in ((k_flat, k_scales, rotate(key[valid])), (v_flat, v_scales,
-                                                                      value[valid])):
-        values, row_scales = quantize_fp8(x)  # [n, heads, head_dim], [n, heads]
+    for flat, scales, x in ((k_flat, k_scales, key), (v_flat, v_scales, value)):
+        values, row_scales = quantize_fp8(x[valid])  # [n, heads, head_dim], [n, heads]
         flat.view(torch.uint8)[slots] = values.view(torch.uint8)
         scales.transpose(1, 2)[blocks, offsets] = row_scales  # [num_blocks, slot, heads] view
 
@@ -125,8 +123,6 @@ def paged_attention_decode_reference(
     valid = torch.arange(k.shape[1], device=query.device)[None, :] < seq_lens[:, None]  # [S, L]
     k.masked_fill_(~valid[:, :, None, None], 0.0)
     v.masked_fill_(~valid[:, :, None, None], 0.0)
-    if k_scales is not None:  # FP8 keys are rotated: so is the query (in its own dtype)
-        query = rotate(query).to(query.dtype)
     q = query.float().view(num_seqs, num_kv_heads, group, head_dim)
     scores = torch.einsum("skgd,slkd->skgl", q, k) * scale  # [S, kv_heads, group, L]
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
@@ -168,10 +164,7 @@ def paged_attention_extend_reference(
         if q_end - q_start <= 1:
             continue
         k, v = _gather_kv(k_cache, v_cache, block_tables[i], seq_len, k_scales, v_scales)
-        q = query[q_start:q_end]
-        if k_scales is not None:  # FP8 keys are rotated: so is the query (in its own dtype)
-            q = rotate(q).to(query.dtype)
-        out[q_start:q_end] = _attend(q, k, v, scale)
+        out[q_start:q_end] = _attend(query[q_start:q_end], k, v, scale)
     return out
 
 

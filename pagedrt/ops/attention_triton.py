@@ -30,8 +30,7 @@ FP8 cache (KV_FP8, `pagedrt.ops.fp8`): K and V tiles are loaded as fp8 (half the
 bf16) and converted in registers to the query's dtype (exact: every e4m3 value is a bf16,
 fp16 and fp32 value). Their per-token scales are applied to the small [GROUP_PAD, BLOCK_N]
 tiles instead of the [BLOCK_N, HEAD_DIM] ones: q . (k * s_k) = (q . k) * s_k scales the score
-columns, and p @ (v * s_v) = (p * s_v) @ v scales the probability columns. The cache holds
-rotated keys, so the wrapper rotates the queries (one small matmul in torch) before launch.
+columns, and p @ (v * s_v) = (p * s_v) @ v scales the probability columns.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ import triton.language as tl
 
 from pagedrt.ops.attention_decode_naive_triton import paged_attention_decode_naive_triton
 from pagedrt.ops.attention_extend_triton import paged_attention_extend_triton
-from pagedrt.ops.fp8 import is_fp8, rotate
+from pagedrt.ops.fp8 import is_fp8
 from pagedrt.ops.kv_write_triton import copy_blocks_triton, write_kv_triton
 from pagedrt.ops.triton_utils import (
     LOG2E,
@@ -275,9 +274,7 @@ def paged_attention_decode_triton(
     else:
         part_out = part_lse = out  # unused by the kernel
     fp8 = is_fp8(k_cache.dtype)
-    if fp8:  # FP8 keys are stored rotated: meet them with the rotated query (pagedrt.ops.fp8)
-        query = rotate(query).to(query.dtype)
-    else:
+    if not fp8:
         k_scales = v_scales = part_lse  # unused by the kernel
     tuned = {**_decode_launch_config(head_dim), **(config or {})}
     # smaller fallbacks for GPUs with less shared memory (see launch_first_fitting)

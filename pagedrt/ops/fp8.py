@@ -7,27 +7,16 @@ al. 2022) and, beside each block, one float32 scale per token and KV head for K 
     k_cache  [num_blocks, block_size, num_kv_heads, head_dim]  float8_e4m3fn
     k_scales [num_blocks, num_kv_heads, block_size]             float32   (v likewise)
 
-    rotate(K)[token, head, :] ~= k_cache[block, offset, head, :] * k_scales[block, head, offset]
-    V[token, head, :]         ~= v_cache[block, offset, head, :] * v_scales[block, head, offset]
-
-Keys are stored rotated: `rotate(x) = x @ H / sqrt(head_dim)`, H the Sylvester-Hadamard matrix
-of +-1 entries, applied after RoPE; attention rotates each query the same way, and since
-H / sqrt(d) is orthogonal, rotate(q) . rotate(k) = q . k. Why: a key's energy sits in a few
-channels (SmolLM2: the largest channel's mean |k| is 4 to 10 times the mean), and those
-channels dominate q . k, so the 2^-4 relative rounding of e4m3 on them moves the attention
-scores far more than the same rounding spread evenly; the rotation spreads every channel over
-all of them (as QuaRot, Ashkboos et al. 2024, does for 4-bit caches). On SmolLM2 it halves the
-KL divergence an FP8 cache adds to the next-token distributions (docs/design.md, "FP8 KV
-cache"). Values are not rotated: their rounding matters far less (V alone: a tenth of the KL).
+    K[token, head, :] ~= k_cache[block, offset, head, :] * k_scales[block, head, offset]
 
 The scales are dynamic: computed from the token's own values as it is written (no
 calibration), scale = amax / 448 with amax the largest |value| of that token's head, so the
 largest value is stored exactly (as 448) and the others with e4m3's relative precision. The
 division is IEEE round-to-nearest everywhere (torch's `/`, `tl.math.div_rn` in the kernels,
 numpy's in Triton's interpreter), so the torch reference, the GPU kernels and the interpreter
-quantize to the same bytes. Why per token and KV head, and why amax / 448 rather than a power
-of two (which would make the division exact): docs/design.md, "FP8 KV cache", has the accuracy
-of each scheme on SmolLM2.
+quantize to the same bytes. Why per token and KV head, why amax / 448 rather than a power of
+two (which would make the division exact), and what a Hadamard rotation of the keys would add:
+docs/design.md, "FP8 KV cache", has the accuracy of each scheme on SmolLM2.
 
 The scale layout puts one head's block_size scales next to each other, so the attention kernels
 read them for a tile of tokens in a few contiguous segments. At head_dim 128 the scales add
@@ -64,41 +53,6 @@ def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scales = fp8_scale(xf.abs().amax(dim=-1))
     values = (xf / scales[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return values, scales
-
-
-_HADAMARD: dict[tuple[int, str], torch.Tensor] = {}
-
-
-def hadamard_matrix(d: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The d x d Sylvester-Hadamard matrix divided by sqrt(d) (entries +-1 / sqrt(d),
-    symmetric, orthogonal: H @ H = I), float64.
-
-    Raises:
-        ValueError: d is not a power of two (no such matrix).
-    """
-    if d < 1 or d & (d - 1):
-        raise ValueError(f"head_dim={d}: the FP8 cache's key rotation needs a power-of-two "
-                         "head_dim")
-    key = (d, str(device))
-    if key not in _HADAMARD:
-        h = torch.ones(1, 1, dtype=torch.float64)
-        while h.shape[0] < d:
-            h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-        _HADAMARD[key] = (h * d**-0.5).to(device)  # orthonormal
-    return _HADAMARD[key]
-
-
-def rotate(x: torch.Tensor) -> torch.Tensor:
-    """x [..., d] -> x @ H / sqrt(d), float32 (orthogonal and symmetric: rotate(rotate(x)) is
-    x up to rounding). How an FP8 cache stores keys and how queries meet them.
-
-    Computed in float64 and rounded once to float32: a float32 matmul's summation order
-    depends on the library's kernel choice for the batch shape (an eager step and a CUDA-graph
-    replay padded to a bucket differ), which would move a rounding-edge key to the next fp8
-    code; float64 sums round to the same float32 whatever the order (all but never).
-    """
-    h = hadamard_matrix(x.shape[-1], x.device)
-    return (x.double() @ h).float()
 
 
 def dequantize_fp8(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

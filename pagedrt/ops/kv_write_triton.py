@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedrt.ops.fp8 import is_fp8, rotate
+from pagedrt.ops.fp8 import is_fp8
 from pagedrt.ops.fp8_triton import fp8_quantize, fp8_row_scale
 from pagedrt.ops.triton_utils import (
     check_cache_pair,
@@ -96,8 +96,7 @@ def write_kv_triton(
         validate: check the above (ValueError); the model's attention layers pass False for
             tensors they built (see `pagedrt.ops.fused_triton`).
         k_scales, v_scales: with a float8_e4m3fn cache, [num_blocks, num_kv_heads, block_size]
-            float32, written with each token's scales; the keys are rotated (in torch, before
-            the kernel) and both quantized as `pagedrt.ops.fp8` describes. Else None.
+            float32, written with each token's scales (`pagedrt.ops.fp8`); else None.
     """
     if validate:
         block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
@@ -118,7 +117,6 @@ def write_kv_triton(
         return
     fp8 = is_fp8(k_cache.dtype)
     if fp8:  # the kernel stores the fp8 bytes it computes (see pagedrt.ops.fp8_triton)
-        key = rotate(key)  # FP8 keys are stored rotated (pagedrt.ops.fp8), float32
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     else:
         k_scales = v_scales = k_cache  # unused by the kernel
