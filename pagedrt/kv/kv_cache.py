@@ -17,11 +17,26 @@ from dataclasses import dataclass
 import torch
 
 from pagedrt.config import KV_CACHE_DTYPES, EngineConfig, ModelConfig
+from pagedrt.distributed.sharding import kv_heads_per_rank
 from pagedrt.kv.kv_cache_manager import PendingCopies
 from pagedrt.ops.attention import KVCacheLayer, copy_blocks, triton_available
 from pagedrt.ops.fp8 import FP8_DTYPE, SCALE_DTYPE, is_fp8
 
 FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper: Triton's float8e4nv (fp8 e4m3) needs sm_89+
+
+
+def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The element type for `EngineConfig.kv_cache_dtype`, not checked against a device:
+    "auto" is `model_dtype`, "fp8" float8_e4m3fn.
+
+    Raises:
+        ValueError: an unknown kv_cache_dtype.
+    """
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported; use one of "
+                         f"{KV_CACHE_DTYPES} ('auto' = the model's dtype, 'fp8' = float8 e4m3 "
+                         "with a scale per token and KV head)")
+    return model_dtype if kv_cache_dtype == "auto" else FP8_DTYPE
 
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype,
@@ -33,12 +48,9 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype,
         ValueError: an unknown kv_cache_dtype, or "fp8" where the attention backend cannot
             read it (the Triton kernels on a CUDA GPU older than compute capability 8.9).
     """
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported; use one of "
-                         f"{KV_CACHE_DTYPES} ('auto' = the model's dtype, 'fp8' = float8 e4m3 "
-                         "with a scale per token and KV head)")
-    if kv_cache_dtype == "auto":
-        return model_dtype
+    dtype = kv_cache_torch_dtype(kv_cache_dtype, model_dtype)
+    if dtype == model_dtype:
+        return dtype
     triton_kernels = backend == "triton" or (backend == "auto" and triton_available())
     if device.type == "cuda" and triton_kernels:
         capability = torch.cuda.get_device_capability(device)
@@ -78,10 +90,13 @@ class KVCacheSpec:
                 raise ValueError(f"KVCacheSpec.{name}={value!r}; it must be an int >= 1")
 
     @classmethod
-    def for_model(cls, model_config: ModelConfig, block_size: int,
-                  dtype: torch.dtype) -> KVCacheSpec:
-        """The spec of a single-rank cache holding all of the model's KV heads."""
-        return cls(model_config.num_hidden_layers, model_config.num_key_value_heads,
+    def for_model(cls, model_config: ModelConfig, block_size: int, dtype: torch.dtype,
+                  tp_size: int = 1) -> KVCacheSpec:
+        """The spec of the cache of one rank of `tp_size` (1: all of the model's KV heads):
+        num_key_value_heads / tp_size heads, or one (replicated) when there are more ranks than
+        KV heads (pagedrt/distributed/sharding.py)."""
+        return cls(model_config.num_hidden_layers,
+                   kv_heads_per_rank(model_config.num_key_value_heads, tp_size),
                    model_config.head_dim, block_size, dtype)
 
     @property
@@ -148,7 +163,7 @@ def num_blocks_for_budget(
         budget = int(total * engine_config.gpu_memory_utilization) - used - reserved_bytes
         what = f"gpu_memory_utilization={engine_config.gpu_memory_utilization}"
     else:
-        budget = engine_config.kv_cache_memory_bytes
+        budget = engine_config.kv_cache_memory_bytes  # per rank
         what = f"kv_cache_memory_bytes={engine_config.kv_cache_memory_bytes}"
     num_blocks = budget // per_block
     if num_blocks < 1:

@@ -17,6 +17,17 @@ the chunk sits at position p_j = seq_len - q_len + j and sees keys 0 .. p_j:
     loop 1: keys [0, p_first + 1) rounded down to BLOCK_N: no causal mask needed
     loop 2: the rest up to p_last: masked with key <= p_row
 
+With a sliding window W (WINDOW > 0, a constexpr; 0 compiles the kernel above unchanged) the
+row at p sees keys p - W + 1 .. p, and the tile's keys split into three ranges:
+
+    keys:   lo = max(p_first - W + 1, 0) ............................. p_last
+            [ lower band: masked ][ seen by every row: no mask ][ upper band: masked ]
+                                  ^ max(p_last - W + 1, lo), whole BLOCK_N tiles up to p_first
+
+Keys before lo, and the blocks holding only such keys, are never read (the KV manager may
+have given those blocks to another sequence). A row can see nothing in a lower-band tile, so
+that path keeps its running max at -inf safely (exp2 of -inf - 0 = 0, never -inf - -inf).
+
 An FP8 cache (KV_FP8) is read as in the decode kernel (`attention_triton.py`): fp8 tiles
 converted in registers, each key's scale applied to its score column and each value's to its
 probability column.
@@ -33,6 +44,7 @@ from pagedrt.ops.triton_utils import (
     LOG2E,
     check_index,
     check_paged_args,
+    check_sliding_window,
     interpreting,
     launch_first_fitting,
     next_pow2,
@@ -48,9 +60,11 @@ def _extend_tiles(
     offs_d,
     k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,  # used when KV_FP8
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
-    """Online-softmax update over keys [lo, hi); with CAUSAL_MASK, key <= pos[row] and < hi."""
+    """Online-softmax update over keys [lo, hi); with CAUSAL_MASK, key <= pos[row] and < hi,
+    and with WINDOW > 0 also key > pos[row] - WINDOW."""
     for tile_start in range(lo, hi, BLOCK_N):
         offs_n = tile_start + tl.arange(0, BLOCK_N)
         if CAUSAL_MASK:
@@ -84,10 +98,15 @@ def _extend_tiles(
             s = s * k_scale[None, :]
         if CAUSAL_MASK:
             visible = (offs_n[None, :] <= pos[:, None]) & (offs_n < hi)[None, :]
+            if WINDOW > 0:
+                visible = visible & (offs_n[None, :] > pos[:, None] - WINDOW)
             s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
+        m_ref = m_new  # what scores are taken relative to
+        if WINDOW > 0:  # a row may have seen no key yet: keep -inf - -inf out
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_ref[:, None])
+        alpha = tl.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
         if KV_FP8:
             p = p * v_scale[None, :]
@@ -122,6 +141,7 @@ def _extend_kernel(
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,  # fp8 caches with per-token scales
+    WINDOW: tl.constexpr = 0,  # sliding window in tokens; 0 = causal over the whole prefix
 ):
     kv_head = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -150,20 +170,33 @@ def _extend_kernel(
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         bt_row = block_tables_ptr + seq * stride_bt
         head_off = kv_head * stride_ch
-        # keys every row sees (no mask), then the diagonal band up to the last row's position
-        kv_unmasked = ((context + first_tok + 1) // BLOCK_N) * BLOCK_N
-        kv_end = context + tl.minimum(first_tok + TOKENS_PER_TILE, q_len)
+        kv_end = context + tl.minimum(first_tok + TOKENS_PER_TILE, q_len)  # p_last + 1
         scale_head_off = kv_head * stride_sh
+        if WINDOW > 0:
+            # lower band [lo, full_lo), keys every row sees [full_lo, kv_unmasked), upper band
+            p_first = context + first_tok
+            lo = tl.maximum(p_first - WINDOW + 1, 0)
+            full_lo = tl.maximum(kv_end - WINDOW, lo)
+            kv_unmasked = full_lo + (tl.maximum(p_first + 1 - full_lo, 0) // BLOCK_N) * BLOCK_N
+            acc, l_i, m_i = _extend_tiles(
+                acc, l_i, m_i, q, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
+                stride_cb, stride_cs, scale_log2, lo, full_lo, offs_d,
+                k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
+                BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW, KV_FP8)
+        else:
+            # keys every row sees (no mask), then the diagonal band up to the last row's position
+            full_lo = 0
+            kv_unmasked = ((context + first_tok + 1) // BLOCK_N) * BLOCK_N
         acc, l_i, m_i = _extend_tiles(
             acc, l_i, m_i, q, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
-            stride_cb, stride_cs, scale_log2, 0, kv_unmasked, offs_d,
+            stride_cb, stride_cs, scale_log2, full_lo, kv_unmasked, offs_d,
             k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
-            BLOCK_SIZE, BLOCK_N, False, UPCAST, DOT_PRECISION, KV_FP8)
+            BLOCK_SIZE, BLOCK_N, False, UPCAST, DOT_PRECISION, WINDOW, KV_FP8)
         acc, l_i, m_i = _extend_tiles(
             acc, l_i, m_i, q, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
             stride_cb, stride_cs, scale_log2, kv_unmasked, kv_end, offs_d,
             k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
-            BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, KV_FP8)
+            BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW, KV_FP8)
 
         out = acc / l_i[:, None]  # l_i >= 1: every row sees at least its own key
         tl.store(out_ptr + row_off[:, None] * stride_ot + head[:, None] * stride_oh
@@ -203,6 +236,7 @@ def paged_attention_extend_triton(
     config: dict | None = None,
     *,
     validate: bool = True,
+    sliding_window: int | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -221,6 +255,9 @@ def paged_attention_extend_triton(
         config: launch overrides for tuning ({"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}).
         validate: check the arguments' contract (ValueError); the model's attention layers
             pass False for tensors they built (see `pagedrt.ops.fused_triton`).
+        sliding_window: each query attends only to its last `sliding_window` positions (>= 1,
+            itself included); None = the whole prefix. Blocks before every query's window are
+            not read.
         k_scales, v_scales: an FP8 cache's scales, [num_blocks, num_kv_heads, block_size]
             float32 (`pagedrt.ops.fp8`); None for other caches.
     Returns:
@@ -228,6 +265,7 @@ def paged_attention_extend_triton(
     """
     if validate:
         check_paged_args(query, k_cache, v_cache, block_tables, seq_lens, k_scales, v_scales)
+        check_sliding_window(sliding_window)
         check_index("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), k_cache.device)
         num_seqs = seq_lens.shape[0]
         if cu_seqlens_q.shape[0] != num_seqs + 1 or block_tables.shape[0] < num_seqs:
@@ -265,6 +303,7 @@ def paged_attention_extend_triton(
             GROUP=group, TOKENS_PER_TILE=tokens_per_tile, BLOCK_M=block_m,
             BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_N=cfg["BLOCK_N"], UPCAST=upcast,
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
+            WINDOW=sliding_window or 0,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
 
