@@ -27,8 +27,10 @@ log="$out/fp8kv_h200.log"
 A=(${THROUGHPUT_A:-32 7680 512})
 B=(${THROUGHPUT_B:-64 4096 256})
 util="${KV_UTIL:-0.30}"
-bench() { timeout "$1" python3 -m pagedrt.entrypoints.cli bench "${@:2}" --out "$out" >>"$log" 2>&1 \
-          || echo "bench ${*:2:1} failed or timed out (rc $?): see $log"; }
+bench() {
+    timeout "$1" python3 -m pagedrt.entrypoints.cli bench "${@:2}" --out "$out" >>"$log" 2>&1 \
+        || echo "bench ${*:2:1} failed or timed out (rc $?): see $log"
+}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$log"
 bench 45 attention --kv-cache-dtype fp8 \
     --decode-shapes llama3-8b:64:4096,llama3-8b:8:32768,qwen2-0.5b:64:4096,qwen2-0.5b:16:16384
@@ -75,8 +77,9 @@ if acc:
     full, fp8 = acc["results"][0], acc["results"][1]
     g = fp8["greedy"]
     print(f"\nSmolLM2 bf16, FP8 vs bf16 cache: perplexity {full['perplexity']:.3f} -> "
-          f"{fp8['perplexity']:.3f} ({fp8['perplexity_ratio']:.4f}x), KL {fp8['kl_vs_full_mean']:.4f},"
-          f" top-1 {fp8['argmax_agreement']:.1%}; greedy {g['identical_answers']}/{g['num_prompts']}"
+          f"{fp8['perplexity']:.3f} ({fp8['perplexity_ratio']:.4f}x), "
+          f"KL {fp8['kl_vs_full_mean']:.4f}, top-1 {fp8['argmax_agreement']:.1%}; "
+          f"greedy {g['identical_answers']}/{g['num_prompts']}"
           f" identical, common prefix {g['mean_common_prefix_share']:.1%}, positions "
           f"{g['positionwise_agreement']:.1%}")
 EOF

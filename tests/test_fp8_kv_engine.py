@@ -196,3 +196,21 @@ def test_triton_fp8_engine_matches_torch_fp8_engine(tiny):
         outs[backend] = _tokens(llm.generate(prompts, params, use_tqdm=False))
     assert outs["triton"] == outs["torch"]
 
+
+
+def test_tensor_parallel_ranks_hold_fp8_caches(tiny):
+    """Two ranks (worker processes), each with an FP8 cache of its one KV head: the tokens of
+    one rank's FP8 cache (quantization is per KV head, so sharding the heads changes no
+    byte), and stats give the bytes of one rank's cache."""
+    prompts = _prompts(3, seed=11)
+    one = LLM(tiny, kv_cache_dtype="fp8", num_kv_blocks=64, block_size=8)
+    expected = _tokens(one.generate(prompts, GREEDY, use_tqdm=False))
+    two = LLM(tiny, kv_cache_dtype="fp8", tensor_parallel_size=2, num_kv_blocks=64,
+              block_size=8)
+    try:
+        assert _tokens(two.generate(prompts, GREEDY, use_tqdm=False)) == expected
+        stats = two.stats()
+        assert stats["kv_cache_dtype"] == "fp8_e4m3"
+        assert stats["kv_cache_bytes_per_token"] == 2 * 2 * 1 * (16 + 4)  # layers, K+V, 1 head
+    finally:
+        two.llm_engine.shutdown()

@@ -151,13 +151,13 @@ def test_reference_attention_reads_what_was_written():
     k32, v32 = dequantized_caches(k_cache, v_cache, k_scales, v_scales)
     query = torch.randn(3, 6, 16)
     out = ref.paged_attention_decode_reference(query, k_cache, v_cache, bt, seq_lens, 0.25,
-                                               k_scales, v_scales)
+                                               k_scales=k_scales, v_scales=v_scales)
     expected = ref.paged_attention_decode_reference(query, k32, v32, bt, seq_lens, 0.25)
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
     cu = torch.tensor([0, 1, 6, 20], dtype=torch.int32)
     query = torch.randn(20, 6, 16)
     out = ref.paged_attention_extend_reference(query, k_cache, v_cache, bt, cu, seq_lens, 0.25,
-                                               k_scales, v_scales)
+                                               k_scales=k_scales, v_scales=v_scales)
     expected = ref.paged_attention_extend_reference(query, k32, v32, bt, cu, seq_lens, 0.25)
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
 
@@ -176,7 +176,7 @@ def test_decode_fp8_matches_reference(group, block_size):
     query = torch.randn(len(lens), num_kv_heads * group, head_dim)
     scale = head_dim ** -0.5
     expected = ref.paged_attention_decode_reference(query, k_cache, v_cache, bt, seq_lens,
-                                                    scale, k_scales, v_scales)
+                                                    scale, k_scales=k_scales, v_scales=v_scales)
     # 1: no split; None: heuristic; 2: 65 -> 64 + a one-token partition; 8: empty partitions
     for num_splits in (1, None, 2, 8):
         out = tri.paged_attention_decode_triton(query, k_cache, v_cache, bt, seq_lens, scale,
@@ -192,7 +192,7 @@ def test_decode_fp8_half_queries_head_dim_64(query_dtype):
     k_cache, v_cache, k_scales, v_scales, bt, seq_lens = fp8_paged_kv(lens, 2, 64, 16, seed=9)
     query = torch.randn(len(lens), 14, 64).to(query_dtype)
     expected = ref.paged_attention_decode_reference(query, k_cache, v_cache, bt, seq_lens, 0.125,
-                                                    k_scales, v_scales)
+                                                    k_scales=k_scales, v_scales=v_scales)
     out = tri.paged_attention_decode_triton(query, k_cache, v_cache, bt, seq_lens, 0.125,
                                             num_splits=3, k_scales=k_scales, v_scales=v_scales)
     assert out.dtype == query_dtype
@@ -211,9 +211,37 @@ def test_extend_fp8_matches_reference(group, block_size):
     query = torch.randn(int(q_lens.sum()), num_kv_heads * group, head_dim)
     scale = head_dim ** -0.5
     expected = ref.paged_attention_extend_reference(query, k_cache, v_cache, bt, cu_seqlens_q,
-                                                    seq_lens, scale, k_scales, v_scales)
+                                                    seq_lens, scale, k_scales=k_scales,
+                                                    v_scales=v_scales)
     out = tri.paged_attention_extend_triton(query, k_cache, v_cache, bt, cu_seqlens_q, seq_lens,
                                             scale, k_scales=k_scales, v_scales=v_scales)
+    assert_close(out, expected)
+
+
+@pytest.mark.parametrize("window", [1, 7, 20])
+def test_fp8_with_sliding_window_matches_reference(window):
+    """A sliding window over an FP8 cache (decode, split and not, and extend): the kernels
+    skip the blocks before the window and read the rest's scales like the reference."""
+    num_kv_heads, head_dim, block_size = 2, 32, 8
+    lens = [1, 9, 17, 40, 65]
+    k_cache, v_cache, k_scales, v_scales, bt, seq_lens = fp8_paged_kv(
+        lens, num_kv_heads, head_dim, block_size, seed=window)
+    scales = {"k_scales": k_scales, "v_scales": v_scales}
+    query = torch.randn(len(lens), num_kv_heads * 4, head_dim)
+    expected = ref.paged_attention_decode_reference(query, k_cache, v_cache, bt, seq_lens, 0.2,
+                                                    sliding_window=window, **scales)
+    for num_splits in (1, 3):
+        out = tri.paged_attention_decode_triton(query, k_cache, v_cache, bt, seq_lens, 0.2,
+                                                num_splits=num_splits, sliding_window=window,
+                                                **scales)
+        assert_close(out, expected)
+    q_lens = torch.tensor([1, 5, 9, 1, 30])
+    cu = torch.cat([torch.zeros(1), q_lens.cumsum(0)]).to(torch.int32)
+    query = torch.randn(int(q_lens.sum()), num_kv_heads * 4, head_dim)
+    expected = ref.paged_attention_extend_reference(query, k_cache, v_cache, bt, cu, seq_lens,
+                                                    0.2, sliding_window=window, **scales)
+    out = tri.paged_attention_extend_triton(query, k_cache, v_cache, bt, cu, seq_lens, 0.2,
+                                            sliding_window=window, **scales)
     assert_close(out, expected)
 
 

@@ -115,7 +115,8 @@ def perplexity_row(logprobs: torch.Tensor, token_ids: list[int],
     if reference is not None:
         kl = (reference.exp() * (reference - logprobs)).sum(-1)
         row["kl_vs_full_mean"] = kl.mean().item()
-        row["argmax_agreement"] = (reference.argmax(-1) == logprobs.argmax(-1)).float().mean().item()
+        same = reference.argmax(-1) == logprobs.argmax(-1)
+        row["argmax_agreement"] = same.float().mean().item()
     return row
 
 

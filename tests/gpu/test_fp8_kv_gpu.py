@@ -164,7 +164,8 @@ def test_fp8_attention_on_gpu_matches_reference(group, query_dtype):
     tol = {"rtol": 2e-2, "atol": 2e-2} if query_dtype == torch.bfloat16 else {"rtol": 1e-4,
                                                                                "atol": 1e-4}
     expected = ref.paged_attention_decode_reference(query, caches[0], caches[1], tables,
-                                                    seq_lens, head_dim ** -0.5, *caches[2:])
+                                                    seq_lens, head_dim ** -0.5, k_scales=caches[2],
+                                                    v_scales=caches[3])
     for num_splits in (1, None, 8):
         out = tri.paged_attention_decode_triton(query, caches[0], caches[1], tables, seq_lens,
                                                 head_dim ** -0.5, num_splits=num_splits,
@@ -176,7 +177,8 @@ def test_fp8_attention_on_gpu_matches_reference(group, query_dtype):
                       device=CUDA)
     query = torch.randn(sum(q_lens), num_kv_heads * group, head_dim, device=CUDA).to(query_dtype)
     expected = ref.paged_attention_extend_reference(query, caches[0], caches[1], tables, cu,
-                                                    seq_lens, head_dim ** -0.5, *caches[2:])
+                                                    seq_lens, head_dim ** -0.5, k_scales=caches[2],
+                                                    v_scales=caches[3])
     out = tri.paged_attention_extend_triton(query, caches[0], caches[1], tables, cu, seq_lens,
                                             head_dim ** -0.5, k_scales=caches[2],
                                             v_scales=caches[3])
