@@ -53,8 +53,9 @@ def test_kv_cache_is_built_from_its_spec(tiny_model):
     half = KVCacheSpec(spec.num_layers, 1, spec.head_dim, 8, torch.float32)
     cache = KVCache(half, num_blocks=5, num_cpu_blocks=3, device=torch.device("cpu"))
     assert len(cache.layers) == 2
-    for k, v in cache.layers:
+    for k, v, k_scales, v_scales in cache.layers:
         assert k.shape == v.shape == (5, 8, 1, 16) and k.dtype == torch.float32
+        assert k_scales is None and v_scales is None  # scales only in an FP8 cache
     assert cache.cpu_k[0].shape == (3, 8, 1, 16)
     with pytest.raises(ValueError, match="num_kv_heads=0"):
         KVCacheSpec(2, 0, 16, 8, torch.float32)

@@ -43,6 +43,7 @@ from pagedrt.engine.model_runner import LaunchedStep
 from pagedrt.engine.profiling import StepClock
 from pagedrt.engine.scheduler import Scheduler
 from pagedrt.engine.validation import EngineLimits, validate_prompt
+from pagedrt.kv.kv_cache import KVCacheSpec, kv_cache_torch_dtype
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.outputs import CompletionOutput, RequestOutput, TokenEvent
 from pagedrt.sampling_params import SamplingParams
@@ -107,6 +108,10 @@ class LLMEngine:
         self.model_path = executor.model_path
         self.max_model_len = executor.max_model_len
         num_blocks, num_cpu_blocks = executor.num_blocks, executor.num_cpu_blocks
+        # the cache each rank holds (the ranks checked that their devices can hold it)
+        self.kv_spec = KVCacheSpec.for_model(
+            mc, config.block_size, kv_cache_torch_dtype(config.kv_cache_dtype, self.dtype),
+            config.tensor_parallel_size)
         self.kv_manager = KVCacheManager(
             num_blocks, config.block_size, config.enable_prefix_caching, num_cpu_blocks,
             sliding_window=mc.kv_sliding_window,
@@ -397,9 +402,10 @@ class LLMEngine:
 
     # ----------------------------------------------------------------- stats
     def stats(self, detailed: bool = True) -> dict:
-        """KV block usage, prefix cache, fragmentation, scheduling and throughput counters;
-        detailed=False skips the fragmentation and ref-count histogram (see
-        KVCacheManager.usage), for a snapshot taken while serving."""
+        """KV block usage, the cache's element type ("kv_cache_dtype": "bfloat16",
+        "fp8_e4m3", ...) and bytes per token, prefix cache, fragmentation, scheduling and
+        throughput counters; detailed=False skips the fragmentation and ref-count histogram
+        (see KVCacheManager.usage), for a snapshot taken while serving."""
         live = [r for r in self.scheduler.running]
         s = self.kv_manager.usage(live, detailed)
         c = dict(self.counters)
@@ -411,6 +417,8 @@ class LLMEngine:
             s.update(self._beam_block_stats())
         sch = self.scheduler
         s.update({
+            "kv_cache_dtype": self.kv_spec.dtype_name,
+            "kv_cache_bytes_per_token": self.kv_spec.bytes_per_token,
             "num_running": len(sch.running), "num_waiting": len(sch.waiting),
             "num_swapped": len(sch.swapped), "peak_batch_size": sch.peak_num_running,
             "peak_used_blocks": sch.peak_num_used_blocks,
