@@ -11,6 +11,7 @@ import textwrap
 from dataclasses import dataclass, field, fields
 
 from pagedrt.models.registry import supported_architectures
+from pagedrt.spec.config import SpeculativeConfig
 
 SUPPORTED_ARCHITECTURES = supported_architectures()  # the keys of models.registry.MODEL_REGISTRY
 
@@ -213,6 +214,13 @@ class EngineConfig:
     seed: int = field(default=0, metadata={
         "help": "seed of the engine's default generator, used by requests without a seed",
         "flags": ("--engine-seed",)})  # `pagedrt generate --seed` is the per-request seed
+    speculative_config: dict | None = field(default=None, hash=False, metadata={
+        "help": "speculative decoding with vLLM's names, e.g. {\"method\": \"ngram\", "
+                "\"num_speculative_tokens\": 5, \"prompt_lookup_min\": 2, "
+                "\"prompt_lookup_max\": 4} or {\"method\": \"draft_model\", \"model\": PATH, "
+                "\"num_speculative_tokens\": 4}; optional \"disable_by_batch_size\" (32): "
+                "speculate only while at most that many sequences are unfinished (a JSON object "
+                "on the command line; pagedrt.spec.config.SpeculativeConfig)"})
 
     def __post_init__(self) -> None:
         if self.block_size not in BLOCK_SIZES:
@@ -243,6 +251,15 @@ class EngineConfig:
             raise ValueError(
                 f"attention_backend={self.attention_backend!r}; use 'auto', 'torch' or 'triton'"
             )
+        if self.speculative_config is not None:
+            SpeculativeConfig.from_dict(self.speculative_config)  # raises ValueError if bad
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """`speculative_config` parsed and validated, or None (no speculative decoding)."""
+        if self.speculative_config is None:
+            return None
+        return SpeculativeConfig.from_dict(self.speculative_config)
 
 
 def _attributes_section(cls: type) -> str:

@@ -19,6 +19,14 @@ overlap off while they run.
 
     host:    | sched n+1 | launch n+1 | update n | sched n+2 | launch n+2 | update n+1 |
     device:  |  ... step n ...   |      step n+1       |          step n+2  ...
+
+Speculative decoding and async scheduling: a step that verifies drafts is read back at once
+(the next plan's positions depend on how many drafts were accepted), and a plan can give a
+sequence drafts only once its last token is on the host. So while speculation is on (few
+sequences, pagedrt/spec/config.py) the engine reads the step in flight before planning
+whenever some sequence's known tokens already end in an n-gram match (always, with a draft
+model): those steps run one after the other. Without a match the overlap stays, so text
+that does not repeat itself decodes as fast as without speculation.
 """
 
 from __future__ import annotations
@@ -43,10 +51,48 @@ from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.models.loader import load_model
 from pagedrt.outputs import CompletionOutput, RequestOutput, TokenEvent
 from pagedrt.sampling_params import SamplingParams
+from pagedrt.spec.draft_model import DraftModelProposer
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
            "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16}
+
+
+def spec_decode_stats(scheduler: Scheduler) -> dict:
+    """Speculative decoding counters (vLLM's names): drafts (sequence-steps that verified
+    drafts), draft and accepted tokens, acceptance rate = accepted / draft tokens, mean
+    accepted length = tokens per sequence-step that verified drafts = 1 + accepted / drafts
+    (the target's own token counts; an upper bound of k + 1), and steps that verified drafts."""
+    drafts, proposed = scheduler.num_spec_drafts, scheduler.num_spec_draft_tokens
+    accepted = scheduler.num_spec_accepted_tokens
+    return {
+        "spec_decode_num_steps": scheduler.num_spec_steps,
+        "spec_decode_num_drafts": drafts,
+        "spec_decode_num_draft_tokens": proposed,
+        "spec_decode_num_accepted_tokens": accepted,
+        "spec_decode_acceptance_rate": accepted / proposed if proposed else 0.0,
+        "spec_decode_mean_accepted_length": 1.0 + accepted / drafts if drafts else 0.0,
+    }
+
+
+def load_draft_model(model, dtype: torch.dtype, device: torch.device, target,
+                     max_model_len: int):
+    """The draft model of speculative decoding: a path (loaded in `dtype` on `device`) or a
+    LoadedModel (used as it is). Raises ValueError when its vocabulary size differs from the
+    target's (`target`: the target's ModelConfig; drafts are token ids) or it cannot hold
+    max_model_len positions."""
+    draft = load_model(model, dtype, device) if isinstance(model, str) else model
+    name = model if isinstance(model, str) else draft.model_path
+    mc = draft.model_config
+    if mc.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"draft model {name!r} has vocab_size={mc.vocab_size}, the target "
+            f"{target.vocab_size}; speculative decoding needs the same tokenizer")
+    if mc.max_position_embeddings < max_model_len:
+        raise ValueError(
+            f"draft model {name!r} has max_position_embeddings={mc.max_position_embeddings} < "
+            f"max_model_len={max_model_len}; lower max_model_len")
+    return draft
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -103,6 +149,16 @@ class LLMEngine:
         backend = config.attention_backend
         kv_spec = KVCacheSpec.for_model(mc, config.block_size, self.dtype)
         num_blocks = num_blocks_for_budget(kv_spec, config, self.device)
+        spec_config = config.speculative
+        draft = None
+        if spec_config is not None and spec_config.method == "draft_model":
+            draft = load_draft_model(spec_config.model, self.dtype, self.device, mc,
+                                     self.max_model_len)
+            draft_spec = KVCacheSpec.for_model(draft.model_config, config.block_size,
+                                               self.dtype)
+            if config.num_kv_blocks is None:  # the budget holds both caches, block for block
+                num_blocks = max(num_blocks * kv_spec.bytes_per_block
+                                 // (kv_spec.bytes_per_block + draft_spec.bytes_per_block), 1)
         num_cpu_blocks = (config.swap_space_bytes // kv_spec.bytes_per_block
                           if config.preemption_mode == "swap" else 0)
         self.kv_manager = KVCacheManager(
@@ -112,11 +168,19 @@ class LLMEngine:
         self.limits = EngineLimits(mc.vocab_size, self.max_model_len, num_blocks,
                                    config.block_size, config.max_num_seqs)
         self.scheduler = Scheduler(config, self.kv_manager)
+        draft_proposer = None
+        if draft is not None:
+            draft_proposer = DraftModelProposer(
+                draft.model, KVCache(draft_spec, num_blocks, 0, self.device, backend),
+                self.device, backend)
         self.model_runner = ModelRunner(
             self.model, self.kv_cache, self.device, backend,
             max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
             use_cuda_graphs=not config.enforce_eager,
-            max_num_batched_tokens=config.max_num_batched_tokens, seed=config.seed)
+            max_num_batched_tokens=config.max_num_batched_tokens, seed=config.seed,
+            num_speculative_tokens=spec_config.num_speculative_tokens if spec_config else 0,
+            spec_max_num_seqs=spec_config.disable_by_batch_size if spec_config else 0,
+            draft_proposer=draft_proposer)
         self.eos_token_ids = tuple(mc.eos_token_ids)
         if (not self.eos_token_ids and self.tokenizer is not None
                 and self.tokenizer.eos_token_id is not None):
@@ -235,8 +299,10 @@ class LLMEngine:
         clock = self.clock.start()
         outputs: list[RequestOutput] = []
         if self.in_flight is not None and (self._history_request_ids
-                                           or not self.async_scheduling):
-            # sampling will read every generated token: no placeholder may be left
+                                           or not self.async_scheduling
+                                           or self.scheduler.wants_known_tokens()):
+            # sampling will read every generated token (or drafts will follow them): no
+            # placeholder may be left
             outputs = self._finish_step(self.in_flight)
             self.in_flight = None
         plan = self.last_scheduler_output = self.scheduler.schedule()
@@ -254,7 +320,8 @@ class LLMEngine:
             # to report, but wait for it now so that the engine is idle when the work is done
             outputs += self._finish_step(launched)
             self.in_flight = None
-        if launched is not None and not self.async_scheduling:
+        if launched is not None and (not self.async_scheduling or plan.draft_token_ids):
+            # (a step that verified drafts decides where the next one starts)
             outputs += self._finish_step(launched)
             self.in_flight = None
         clock.mark("update")
@@ -277,7 +344,6 @@ class LLMEngine:
             for head in heads:  # every sample finished
                 self._retire(head)
             return []
-        self.counters["num_generated_tokens"] += num_generated
         return [self._make_output(head) for head in heads]
 
     def _check_stop(self, req: Request, token: int, num_output: int) -> RequestStatus | None:
@@ -364,6 +430,8 @@ class LLMEngine:
             "num_preemptions_swap": sch.num_preemptions["swap"],
             "num_chunked_prefill_steps": sch.num_chunked_prefill_steps,
         })
+        if sch.proposer is not None:
+            s.update(spec_decode_stats(sch))
         return s
 
     def reset_stats(self) -> None:
@@ -374,6 +442,8 @@ class LLMEngine:
         sch = self.scheduler
         sch.num_preemptions.clear()
         sch.num_chunked_prefill_steps = sch.peak_num_running = sch.peak_num_used_blocks = 0
+        sch.num_spec_steps = sch.num_spec_drafts = 0
+        sch.num_spec_draft_tokens = sch.num_spec_accepted_tokens = 0
         self.kv_manager.stats = type(self.kv_manager.stats)()
 
     def check_integrity(self) -> None:

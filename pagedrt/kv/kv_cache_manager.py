@@ -9,9 +9,11 @@ What it does for the scheduler:
   * copy-on-write: a sequence about to write into a partial block that another sequence holds
     too gets a private copy first; the (src, dst) pair is queued for the model runner;
   * `swap_out` / `swap_in`: move a preempted request's blocks to and from the CPU pool;
-  * `free`: drop a request's references (tail blocks first, so they are evicted first).
+  * `free`: drop a request's references (tail blocks first, so they are evicted first);
+  * `trim`: drop the blocks past a request's computed tokens (rejected speculative drafts).
 
-Block tables are append-only while a request runs; only copy-on-write replaces the last entry.
+Block tables are append-only while a request runs, but for copy-on-write, which replaces the
+last entry, and `trim`, which cuts the entries that only held rejected drafts.
 """
 
 from __future__ import annotations
@@ -210,6 +212,33 @@ class KVCacheManager:
         hashes = self._request_block_hashes(request, num_full)
         self.pool.cache_blocks(blocks[start:num_full], hashes[start:num_full])
         self._num_cached_blocks[request.request_id] = num_full
+
+    def trim(self, request: Request) -> None:
+        """Free the blocks past the request's computed tokens: speculative decoding's rollback
+        (`Scheduler.update`), once the scheduler has lowered `num_computed_tokens` by the
+        rejected drafts. Their slots in the kept last block are written over by later steps.
+        Returns without a change when no block lies past them.
+
+        No freed block is hashed: a block is hashed only once it is full of known tokens
+        (`_cache_full_blocks`), and drafts are not known tokens until accepted."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        if not blocks:
+            return
+        keep = self.blocks_for(request.num_computed_tokens)
+        if keep >= len(blocks):
+            return
+        assert self._num_cached_blocks.get(request.request_id, 0) <= keep, (
+            f"{request}: {self._num_cached_blocks[request.request_id]} blocks hashed, "
+            f"trimming to {keep}")
+        dropped = blocks[keep:]
+        del blocks[keep:]
+        self.pool.free_blocks(list(reversed(dropped)))
+        self._note_change(request.request_id, keep)
+
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Offer the request's blocks full of computed, known tokens to the prefix cache now
+        (after a step accepted drafts: several blocks may have filled at once)."""
+        self._cache_full_blocks(request, request.num_computed_tokens)
 
     def fork(self, parent: Request, child: Request) -> None:
         """Give `child` the parent's blocks (one more reference each). Records no block-table
