@@ -315,13 +315,11 @@ class LLMEngine:
         previous, self.in_flight = self.in_flight, launched
         if previous is not None:
             outputs += self._finish_step(previous)
-        if launched is not None and not self.scheduler.has_unfinished_requests():
-            # every row of the step in flight belongs to a request that just stopped: nothing
-            # to report, but wait for it now so that the engine is idle when the work is done
-            outputs += self._finish_step(launched)
-            self.in_flight = None
-        if launched is not None and (not self.async_scheduling or plan.draft_token_ids):
-            # (a step that verified drafts decides where the next one starts)
+        if launched is not None and (not self.scheduler.has_unfinished_requests()
+                                     or not self.async_scheduling or plan.draft_token_ids):
+            # read now: in sync mode; when every row belongs to a request that just stopped
+            # (nothing to report, but the engine is then idle when the work is done); and
+            # after a step that verified drafts (it decides where the next one starts)
             outputs += self._finish_step(launched)
             self.in_flight = None
         clock.mark("update")

@@ -34,6 +34,12 @@ _GAUGES = {
                                  "KV blocks free but still holding a cached prefix (evictable)."),
     "pagedrt_prefix_cache_hit_rate": (
         "prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / tokens looked up."),
+    "pagedrt_spec_decode_acceptance_rate": (
+        "spec_decode_acceptance_rate",
+        "Speculative decoding: draft tokens accepted / draft tokens verified."),
+    "pagedrt_spec_decode_mean_accepted_length": (
+        "spec_decode_mean_accepted_length",
+        "Speculative decoding: tokens per sequence-step with drafts (1 + accepted / drafts)."),
 }
 # series name (without _total) -> (stats key, help)
 _COUNTERS = {
@@ -42,6 +48,12 @@ _COUNTERS = {
     "pagedrt_generation_tokens": ("num_generated_tokens", "Tokens generated."),
     "pagedrt_prefix_cache_queries": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
     "pagedrt_prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens found in the prefix cache."),
+    "pagedrt_spec_decode_num_drafts": (
+        "spec_decode_num_drafts", "Speculative decoding: sequence-steps that verified drafts."),
+    "pagedrt_spec_decode_num_draft_tokens": (
+        "spec_decode_num_draft_tokens", "Speculative decoding: draft tokens verified."),
+    "pagedrt_spec_decode_num_accepted_tokens": (
+        "spec_decode_num_accepted_tokens", "Speculative decoding: draft tokens accepted."),
 }
 
 
