@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 
 import pytest
@@ -22,6 +23,7 @@ NON_DEFAULT = {
     "max_model_len": 77, "enable_prefix_caching": False, "preemption_mode": "swap",
     "swap_space_bytes": 0, "enforce_eager": True, "async_scheduling": True,
     "attention_backend": "torch", "seed": 42,
+    "speculative_config": {"method": "ngram", "num_speculative_tokens": 2},
 }
 # the words before the engine options: one line of each command that takes them
 COMMANDS = (["generate", "hi"], ["serve"])
@@ -54,6 +56,8 @@ def test_every_field_round_trips(command, field):
     value = NON_DEFAULT[field]
     if isinstance(value, bool):
         option = [flag if value else "--no-" + flag[2:]]
+    elif isinstance(value, dict):
+        option = [flag, json.dumps(value)]
     else:
         option = [flag, str(value)]
     assert config_of(command + option) == EngineConfig(**{field: value})

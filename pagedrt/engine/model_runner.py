@@ -439,14 +439,14 @@ class ModelRunner:
         if plan.forks:
             index, plain_rows = self._fork(plan, plain_rows)
             plain_index = [plain_index[i] for i in index]
-        plain = self._run_sampler(logits[torch.tensor(plain_index, dtype=torch.int64,
-                                                      device=device)], plain_rows)
+        plain = self._run_sampler(
+            logits[_to_device(torch.tensor(plain_index, dtype=torch.int64), device)], plain_rows)
         spec_rows = sampled_rows[is_spec]
         spec_drafts = num_drafts[is_spec]
         k = int(spec_drafts.max())
         t = np.arange(k + 1)
         gather = first[is_spec][:, None] + np.minimum(t[None, :], spec_drafts[:, None])
-        spec_logits = logits[torch.from_numpy(gather.reshape(-1)).to(device)].view(
+        spec_logits = logits[_to_device(torch.from_numpy(gather.reshape(-1)), device)].view(
             len(spec_rows), k + 1, -1)
         # the drafts, from where `_write_drafts` put them (past the row's tokens)
         cols = np.minimum(batch.num_tokens[spec_rows][:, None] + t[None, :k],
@@ -480,7 +480,7 @@ class ModelRunner:
         parts = [verified.token_ids[:, 0]]
         if plain is not None:
             parts.insert(0, plain.token_ids)
-        token_ids = torch.cat(parts)[torch.tensor(order, dtype=torch.int64, device=device)]
+        token_ids = torch.cat(parts)[_to_device(torch.tensor(order, dtype=torch.int64), device)]
         logprobs = None
         if (plain is not None and plain.logprobs is not None) or verified.logprobs is not None:
             merged = ([None] * num_plain if plain is None or plain.logprobs is None

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from pagedrt.engine.sampler import (
@@ -105,7 +104,7 @@ class RejectionSampler:
         argmax = processed.argmax(dim=-1).view(num_rows, width)
 
         t = torch.arange(width, device=device)
-        num_drafts_t = torch.as_tensor(num_drafts, dtype=torch.int64).to(device)
+        num_drafts_t = _to_device(num_drafts, torch.int64, device)
         valid = t[None, :k] < num_drafts_t[:, None]  # [S, K] real drafts
         accept = draft_token_ids == argmax[:, :k]
         candidate = argmax
@@ -114,7 +113,7 @@ class RejectionSampler:
             sampled_accept, sampled_candidate = _sample(
                 processed, position_rows, rows, draft_token_ids, num_drafts, valid,
                 default_generator, width)
-            is_greedy = torch.as_tensor(greedy, dtype=torch.bool).to(device)[:, None]
+            is_greedy = _to_device(greedy, torch.bool, device)[:, None]
             accept = torch.where(is_greedy, accept, sampled_accept)
             candidate = torch.where(is_greedy, candidate, sampled_candidate)
         accept &= valid
@@ -129,6 +128,14 @@ class RejectionSampler:
                                if rows[s].params.logprobs is not None else None
                                for s in range(num_rows)]
         return output
+
+
+def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Host values on `device` without waiting for the device (pinned, non-blocking)."""
+    host = torch.as_tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _position_rows(rows: list, draft_token_ids: torch.Tensor, num_drafts: list[int],
@@ -172,13 +179,3 @@ def _sample(processed: torch.Tensor, position_rows: list, rows: list,
     race.clamp_(min=torch.finfo(race.dtype).tiny)  # 0 / 0 would be NaN, which argmax picks
     candidate = (residual / race).argmax(dim=-1)
     return accept, candidate
-
-
-def pad_drafts(drafts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, list[int]]:
-    """[S, K] int64 tensor of draft lists padded with 0 (K = the longest), and their lengths."""
-    num = [len(d) for d in drafts]
-    k = max(num, default=0)
-    padded = np.zeros((len(drafts), k), dtype=np.int64)
-    for s, d in enumerate(drafts):
-        padded[s, : len(d)] = d
-    return torch.from_numpy(padded).to(device), num
