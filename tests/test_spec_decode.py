@@ -489,3 +489,63 @@ def test_engine_samples_follow_the_target_distribution(tiny):
     stat, df = _chi2(second, marginal)
     assert stat < _chi2_bound(df), (stat, df)
     assert_no_block_held(llm)
+
+
+def test_speculative_plans_and_results_cross_as_plain_data(tiny, scheduling):
+    """Plans with drafts and results with several tokens per sequence pickle with no Request
+    inside; a second model runner driven only by the unpickled plans verifies the drafts to the
+    same tokens (through chunked prefill, forks, copy-on-write and preemption)."""
+    import pickle
+
+    from test_boundary import _dumps, _llm, _mirror_runner, _workload
+
+    prompts, params = _workload()
+    prompts = [p + p[-6:] * 3 for p in prompts]  # repeated n-grams for the lookup to find
+    llm = _llm(tiny, "recompute", speculative_config=ngram(3, disable_by_batch_size=64))
+    engine = llm.llm_engine
+    runner, mirror = engine.model_runner, _mirror_runner(engine)
+    execute, fetch = runner.execute, runner.fetch
+    plans, results, launched = [], [], {}
+
+    def spy_execute(plan, *args, **kwargs):
+        received = pickle.loads(_dumps(plan))
+        assert received == plan
+        plans.append(received)
+        step = execute(plan, *args, **kwargs)
+        twin = mirror.execute(received)
+        if step is not None:
+            launched[id(step)] = twin
+        return step
+
+    def spy_fetch(step):
+        result = fetch(step)
+        received = pickle.loads(_dumps(result))
+        assert received == result and mirror.fetch(launched.pop(id(step))) == received
+        results.append(received)
+        return result
+
+    runner.execute, runner.fetch = spy_execute, spy_fetch
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert_no_block_held(llm)
+    assert any(p.draft_token_ids for p in plans) and any(p.preempted_req_ids for p in plans)
+    assert any(any(r.extra_token_ids.values()) for r in results), "no draft accepted"
+    greedy_rows = [i for i, p in enumerate(params) if p.greedy]
+    ample = LLM(tiny, num_kv_blocks=400, block_size=8).generate(prompts, params,
+                                                                 use_tqdm=False)
+    assert ([[c.token_ids for c in outs[i].outputs] for i in greedy_rows]
+            == [[c.token_ids for c in ample[i].outputs] for i in greedy_rows])
+
+
+def test_device_side_spec_modules_do_not_name_request():
+    """The rejection sampler and the draft model run on the device side: plans and rows,
+    never a Request (as test_boundary checks for the model runner)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "pagedrt" / "spec"
+    for name in ("rejection_sampler.py", "draft_model.py"):
+        tree = ast.parse((root / name).read_text())
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        names |= {a.asname or a.name for n in ast.walk(tree)
+                  if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert "Request" not in names, f"{name} names Request"
