@@ -549,3 +549,60 @@ def test_device_side_spec_modules_do_not_name_request():
         names |= {a.asname or a.name for n in ast.walk(tree)
                   if isinstance(n, ast.ImportFrom) for a in n.names}
         assert "Request" not in names, f"{name} names Request"
+
+
+def test_trim_frees_the_blocks_of_rejected_drafts_only():
+    """Block size 4: a sequence of 7 known tokens verifies 6 drafts (slots up to position 12,
+    4 blocks); 1 draft accepted leaves 8 computed tokens (2 blocks): the 3rd and 4th blocks,
+    holding no computed token, are freed; nothing hashed ever held a draft, and the block the
+    accepted token filled is hashed after the rollback."""
+    from pagedrt.core.request import Request
+    from pagedrt.kv.kv_cache_manager import KVCacheManager
+
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    req = Request("r", [1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=20))
+    assert kv.allocate_slots(req, 6) is not None
+    req.num_computed_tokens = 6
+    req.output_token_ids.append(9)  # the 7th token, known: the step computes it + 6 drafts
+    assert [b.block_id for b in kv.allocate_slots(req, 7)] == [2, 3]
+    req.num_computed_tokens = 13
+    assert kv.take_block_changes() == {"r": (0, [0, 1, 2, 3])}
+    hashed = [b.block_id for b in kv.pool.blocks if b.block_hash is not None]
+    assert hashed == [0]  # only the block full of known tokens (1..4)
+    req.output_token_ids += [7, 8]  # one draft accepted, then the target's token
+    req.num_computed_tokens = 8  # 7 known + 1 accepted
+    kv.trim(req)
+    kv.cache_computed_blocks(req)
+    assert kv.block_ids("r") == [0, 1]  # positions 0..7: two blocks
+    assert kv.take_block_changes() == {"r": (2, [])}
+    assert [b.block_id for b in kv.pool.blocks if b.block_hash is not None] == [0, 1]
+    assert kv.pool.blocks[2].ref_cnt == kv.pool.blocks[3].ref_cnt == 0
+    kv.check_integrity()
+    kv.trim(req)  # nothing past the computed tokens: no change
+    assert not kv.has_block_changes
+    kv.free(req)
+    assert kv.num_free_blocks == 8
+    kv.check_integrity()
+
+
+def test_metrics_export_the_speculative_counters(tiny):
+    from pagedrt.entrypoints.metrics import ServerMetrics
+
+    llm = make_llm(tiny, draft(2, tiny))
+    run(llm, PROMPTS[:2], greedy(12))
+    stats = llm.llm_engine.stats(detailed=False)  # the engine core's snapshot
+    metrics = ServerMetrics()
+    metrics.bind(lambda: stats)
+    text = metrics.render().decode()
+    for series, key in (("pagedrt_spec_decode_num_drafts_total", "spec_decode_num_drafts"),
+                        ("pagedrt_spec_decode_num_draft_tokens_total",
+                         "spec_decode_num_draft_tokens"),
+                        ("pagedrt_spec_decode_num_accepted_tokens_total",
+                         "spec_decode_num_accepted_tokens"),
+                        ("pagedrt_spec_decode_acceptance_rate", "spec_decode_acceptance_rate"),
+                        ("pagedrt_spec_decode_mean_accepted_length",
+                         "spec_decode_mean_accepted_length")):
+        line = next(x for x in text.splitlines() if x.startswith(series + " "))
+        assert float(line.split()[1]) == pytest.approx(stats[key]) and stats[key] > 0
+    llm.llm_engine.reset_stats()
+    assert llm.stats()["spec_decode_num_draft_tokens"] == 0

@@ -64,7 +64,8 @@ def hf_ms_per_token(hf, prompt: list[int], num_tokens: int) -> float:
 def spec_counters(engine) -> dict:
     sch = engine.scheduler
     return {"drafts": sch.num_spec_drafts, "draft_tokens": sch.num_spec_draft_tokens,
-            "accepted": sch.num_spec_accepted_tokens}
+            "accepted": sch.num_spec_accepted_tokens, "steps": sch.num_spec_steps,
+            "early_reads": sch.num_spec_early_reads}
 
 
 def time_one_request(llm, prompt: list[int], max_tokens: int) -> dict:

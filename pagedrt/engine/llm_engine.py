@@ -62,11 +62,13 @@ def spec_decode_stats(scheduler: Scheduler) -> dict:
     """Speculative decoding counters (vLLM's names): drafts (sequence-steps that verified
     drafts), draft and accepted tokens, acceptance rate = accepted / draft tokens, mean
     accepted length = tokens per sequence-step that verified drafts = 1 + accepted / drafts
-    (the target's own token counts; an upper bound of k + 1), and steps that verified drafts."""
+    (the target's own token counts; an upper bound of k + 1), steps that verified drafts, and
+    (async scheduling) steps read back before the next plan so that it could speculate."""
     drafts, proposed = scheduler.num_spec_drafts, scheduler.num_spec_draft_tokens
     accepted = scheduler.num_spec_accepted_tokens
     return {
         "spec_decode_num_steps": scheduler.num_spec_steps,
+        "spec_decode_num_early_reads": scheduler.num_spec_early_reads,
         "spec_decode_num_drafts": drafts,
         "spec_decode_num_draft_tokens": proposed,
         "spec_decode_num_accepted_tokens": accepted,
@@ -440,7 +442,7 @@ class LLMEngine:
         sch = self.scheduler
         sch.num_preemptions.clear()
         sch.num_chunked_prefill_steps = sch.peak_num_running = sch.peak_num_used_blocks = 0
-        sch.num_spec_steps = sch.num_spec_drafts = 0
+        sch.num_spec_steps = sch.num_spec_drafts = sch.num_spec_early_reads = 0
         sch.num_spec_draft_tokens = sch.num_spec_accepted_tokens = 0
         self.kv_manager.stats = type(self.kv_manager.stats)()
 

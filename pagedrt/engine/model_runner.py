@@ -439,8 +439,11 @@ class ModelRunner:
         if plan.forks:
             index, plain_rows = self._fork(plan, plain_rows)
             plain_index = [plain_index[i] for i in index]
-        plain = self._run_sampler(
-            logits[_to_device(torch.tensor(plain_index, dtype=torch.int64), device)], plain_rows)
+        plain = None
+        if plain_index:
+            plain = self._run_sampler(
+                logits[_to_device(torch.tensor(plain_index, dtype=torch.int64), device)],
+                plain_rows)
         spec_rows = sampled_rows[is_spec]
         spec_drafts = num_drafts[is_spec]
         k = int(spec_drafts.max())

@@ -91,6 +91,7 @@ class Scheduler:
         self.num_spec_drafts = 0  # (sequence, step) pairs with drafts verified
         self.num_spec_draft_tokens = 0
         self.num_spec_accepted_tokens = 0
+        self.num_spec_early_reads = 0  # async steps read before the next plan to speculate
 
     # ----------------------------------------------------------------- queues
     def add_request(self, request: Request) -> None:
@@ -142,7 +143,10 @@ class Scheduler:
         if not self.speculating():
             return False
         has_match = self.proposer.has_match
-        return any(req.output_token_ids and has_match(req) for req in self.running)
+        if any(req.output_token_ids and has_match(req) for req in self.running):
+            self.num_spec_early_reads += 1
+            return True
+        return False
 
     # ----------------------------------------------------------------- schedule
     def schedule(self) -> StepPlan:
