@@ -48,14 +48,17 @@ print("\n== speculative decoding (ngram k=5, n 2..4), SmolLM2-135M, H200 ==")
 rows = load("spec_batch1")
 on = [r for r in rows if r["speculation"] == "on"]
 off = {r["workload"]: r for r in rows if r["speculation"] == "off"}
-print(f"{'batch 1':<22} {'off tok/s':>9} {'on tok/s':>9} {'ratio':>6} {'accept':>7} "
-      f"{'mean len':>8} {'tokens':>6} {'same':>5}")
+print(f"{'batch 1':<9} {'off tok/s':>9} {'on tok/s':>9} {'ratio':>6} {'accept':>7} "
+      f"{'mean len':>8} {'tokens':>6} {'steps':>5} {'spec':>5} {'early':>5} {'same':>5}")
 for r in on:
     b = off[r["workload"]]
-    print(f"{r['kind'] + str(r['prompt']):<22} {b['decode_tok_s']:>9.0f} "
+    print(f"{r['kind'] + str(r['prompt']):<9} {b['decode_tok_s']:>9.0f} "
           f"{r['decode_tok_s']:>9.0f} {r['speedup_vs_off']:>5.2f}x "
           f"{r['acceptance_rate']:>7.2f} {r['mean_accepted_length']:>8.2f} "
-          f"{r['output_tokens']:>6} {str(r['same_tokens_as_off']):>5}")
+          f"{r['output_tokens']:>6} {r['steps_after_first']:>5} {r['spec_steps']:>5} "
+          f"{r['spec_early_reads']:>5} {str(r['same_tokens_as_off']):>5}")
+print("(steps: after the first token; spec: steps that verified drafts; early: async steps "
+      "read back before planning to speculate; same: greedy tokens equal to off)")
 for kind, target in (("repeat", 1.8), ("novel", 0.95)):
     ratios = [r["speedup_vs_off"] for r in on if r["kind"] == kind]
     if ratios:

@@ -75,7 +75,7 @@ NOVEL = [
 ]
 
 
-def with_typos(text: str, every: int = 6) -> str:
+def with_typos(text: str, every: int = 12) -> str:
     """`text` with two inner letters swapped in every `every`-th word of five letters or more
     (deterministic)."""
     words = text.split(" ")
