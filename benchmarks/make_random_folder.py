@@ -18,10 +18,12 @@ import shutil
 
 import torch
 
+from pagedrt.bench.common import hf_config_fields
 from pagedrt.bench.presets import get_preset
 
 _MODEL_TYPES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-                "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral"}
+                "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
+                "Gemma3ForCausalLM": "gemma3_text"}
 
 
 def main() -> None:
@@ -42,18 +44,7 @@ def main() -> None:
         mc = dataclasses.replace(mc, vocab_size=args.vocab_size,
                                  bos_token_id=min(mc.bos_token_id or 0, args.vocab_size - 1),
                                  eos_token_ids=(args.vocab_size - 1,))
-    cfg = AutoConfig.for_model(
-        _MODEL_TYPES[mc.architecture], vocab_size=mc.vocab_size, hidden_size=mc.hidden_size,
-        intermediate_size=mc.intermediate_size, num_hidden_layers=mc.num_hidden_layers,
-        num_attention_heads=mc.num_attention_heads, num_key_value_heads=mc.num_key_value_heads,
-        head_dim=mc.head_dim, rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta,
-        max_position_embeddings=mc.max_position_embeddings,
-        tie_word_embeddings=mc.tie_word_embeddings, bos_token_id=mc.bos_token_id,
-        eos_token_id=list(mc.eos_token_ids), architectures=[mc.architecture])
-    if mc.architecture in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
-        cfg.attention_bias = mc.attention_bias
-    if mc.architecture == "MistralForCausalLM":
-        cfg.sliding_window = None
+    cfg = AutoConfig.for_model(_MODEL_TYPES[mc.architecture], **hf_config_fields(mc))
     torch.manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):

@@ -1,5 +1,7 @@
 """The table of benchmarks/serve_record.sh: served against offline output tok/s, ITL against the
-engine's decode step, TTFT, from the JSON files of one run.
+engine's decode step, TTFT, from the JSON files of one run. A served row's name ends in
+"cX.XX": the fraction of a core each client process was busy (near 1: the load generator, not
+the server, set the pace).
 
     python3 benchmarks/serve_summary.py DIR
 """
@@ -20,7 +22,7 @@ def _offline(folder: str) -> dict[str, dict]:
         with open(path) as f:
             data = json.load(f)
         for r in data["results"]:
-            if r.get("system") == "pagedrt" and r.get("workload", "").startswith("fixed"):
+            if r.get("system") == "pagedrt":
                 found[key] = r
                 break
     return found
@@ -45,6 +47,8 @@ def main() -> None:
         with open(path) as f:
             data = json.load(f)
         workload = "512_128" if "512_128" in name else "128_512" if "128_512" in name else None
+        if workload and "sustained" in name:  # 1,024 requests, 256 at a time: offline's 1,024
+            workload = f"1024x_{workload}"
         base = offline.get(workload) if workload else None
         step = (base or {}).get("step_times", {}).get("decode_step_ms_median")
         for res in data.get("results", []):
@@ -52,7 +56,12 @@ def main() -> None:
             ratio = out / base["output_tok_s"] if base and out and res.get("num_requests",
                                                                           0) > 1 else None
             itl = res["itl_ms"]["median"]
-            print(f"{name:32s} {res.get('request_rate', '')!s:>5s} "
+            if res.get("client_cpu_s") is not None and res.get("duration_s"):
+                busy = res["client_cpu_s"] / res["duration_s"] / res["num_client_processes"]
+                name_col = f"{name} c{busy:.2f}"  # client processes' CPU busy fraction
+            else:
+                name_col = name
+            print(f"{name_col:32s} {res.get('request_rate', '')!s:>5s} "
                   f"{res['completed']:>4d} {_fmt(out):>10s} {_fmt(ratio, '.2f'):>9s} "
                   f"{_fmt(res['ttft_ms']['median'], '.1f'):>9s} "
                   f"{_fmt(res['ttft_ms']['p99'], '.1f'):>9s} {_fmt(itl, '.2f'):>8s} "

@@ -16,16 +16,20 @@ from pagedrt.spec.config import SpeculativeConfig
 SUPPORTED_ARCHITECTURES = supported_architectures()  # the keys of models.registry.MODEL_REGISTRY
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention")  # Hugging Face's names
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape of a Llama-family decoder (Llama, Qwen2, Qwen3, Mistral without sliding window).
+    """Shape of a decoder of the supported families (Llama, Qwen2, Qwen3, Mistral, Gemma 3).
 
     Attributes:
         architecture: a key of `pagedrt.models.registry.MODEL_REGISTRY` (SUPPORTED_ARCHITECTURES):
-            "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM" or "MistralForCausalLM".
+            "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM" or
+            "Gemma3ForCausalLM".
         vocab_size: number of token ids (rows of the embedding).
         hidden_size: model width.
-        intermediate_size: width of the SwiGLU MLP.
+        intermediate_size: width of the gated MLP (SwiGLU; GELU-tanh for Gemma 3).
         num_hidden_layers: decoder layers.
         num_attention_heads: query heads.
         num_key_value_heads: KV heads (GQA when smaller than num_attention_heads; it must
@@ -33,14 +37,25 @@ class ModelConfig:
         head_dim: width of one head; hidden_size // num_attention_heads unless the config says
             (Qwen3 sets it independently: Qwen3-0.6B has 16 heads of 128 over hidden 1024).
         rms_norm_eps: epsilon of RMSNorm.
-        rope_theta: RoPE base frequency (Su et al. 2021, "RoFormer").
+        rope_theta: RoPE base frequency (Su et al. 2021, "RoFormer"); for Gemma 3, that of the
+            full-attention (global) layers.
         max_position_embeddings: longest context the model was trained for, in tokens.
         tie_word_embeddings: the LM head reuses the embedding matrix.
         attention_bias: q/k/v projections have a bias (Qwen2: True).
         qk_norm: each query and key head goes through its own RMSNorm over head_dim (weights
-            `self_attn.q_norm` / `self_attn.k_norm`, [head_dim]) before RoPE (Qwen3: True).
+            `self_attn.q_norm` / `self_attn.k_norm`, [head_dim]) before RoPE (Qwen3, Gemma 3).
         bos_token_id, eos_token_ids: special token ids (eos may be several).
-        rope_scaling: the config's rope_scaling dict (Llama-3 style "llama3" is supported), or None.
+        rope_scaling: the config's rope_scaling dict ("llama3" and "linear" are supported), or
+            None; for Gemma 3 it applies to the global layers only.
+        sliding_window: window of the sliding-attention layers in tokens: a query at position p
+            sees keys p - sliding_window + 1 .. p. None when no layer has one.
+        layer_types: per layer "full_attention" or "sliding_attention" (Hugging Face's
+            `layer_types`); empty means every layer is full. Mistral with a window: every layer
+            sliding; Gemma 3: five sliding layers, then one full, repeated.
+        rope_local_theta: RoPE base of the sliding layers when it differs from rope_theta
+            (Gemma 3: 10000, against 1e6 for its global layers); None = rope_theta.
+        query_pre_attn_scalar: the softmax scale is query_pre_attn_scalar ** -0.5 (Gemma 3);
+            None = head_dim ** -0.5.
     """
 
     architecture: str
@@ -60,6 +75,10 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     rope_scaling: dict | None = field(default=None, hash=False, compare=False)
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: int | None = None
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -77,11 +96,40 @@ class ModelConfig:
                 f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
+        if self.layer_types:
+            if len(self.layer_types) != self.num_hidden_layers or not set(
+                    self.layer_types) <= set(LAYER_TYPES):
+                raise ValueError(
+                    f"layer_types={self.layer_types!r}: give one of {LAYER_TYPES} per layer "
+                    f"({self.num_hidden_layers}), or () for full attention everywhere")
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise ValueError("layer_types has sliding layers but sliding_window is None; "
+                                 "set the window in tokens")
+        if self.sliding_window is not None and (
+                not isinstance(self.sliding_window, int) or self.sliding_window < 1):
+            raise ValueError(f"ModelConfig.sliding_window={self.sliding_window!r}; give a "
+                             "number of tokens >= 1, or None")
 
     @property
     def num_queries_per_kv(self) -> int:
         """GQA group size: query heads served by one KV head."""
         return self.num_attention_heads // self.num_key_value_heads
+
+    def layer_sliding_window(self, layer: int) -> int | None:
+        """The window of decoder layer `layer` in tokens, or None when it attends to the whole
+        sequence."""
+        if self.layer_types and self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window
+        return None
+
+    @property
+    def kv_sliding_window(self) -> int | None:
+        """The window when every layer is windowed, else None. Only then can the KV manager
+        give back the blocks before it (no layer reads them again); with one full-attention
+        layer every block stays (docs/design.md, "Sliding window")."""
+        if self.layer_types and all(t == "sliding_attention" for t in self.layer_types):
+            return self.sliding_window
+        return None
 
     @classmethod
     def from_hf_config(cls, cfg: dict) -> ModelConfig:
@@ -89,7 +137,8 @@ class ModelConfig:
 
         Raises:
             ValueError: the architecture is not in SUPPORTED_ARCHITECTURES, the config asks for
-                sliding-window attention, or a field is missing.
+                something pagedrt does not run (Gemma 3 logit soft-capping, bidirectional
+                attention, an activation other than GELU-tanh), or a field is missing.
         """
         archs = cfg.get("architectures") or [cfg.get("model_type", "?")]
         arch = archs[0]
@@ -98,73 +147,121 @@ class ModelConfig:
                 f"unsupported architecture {arch!r} in config.json; pagedrt runs "
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}"
             )
-        _reject_sliding_window(arch, cfg)
+        gemma3 = arch == "Gemma3ForCausalLM"
         try:
             num_heads = cfg["num_attention_heads"]
             hidden = cfg["hidden_size"]
+            num_layers = cfg["num_hidden_layers"]
+            max_pos = cfg.get("max_position_embeddings", 2048)
             eos = cfg.get("eos_token_id")
             eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-            rope_theta = cfg.get("rope_theta")
-            rope_params = cfg.get("rope_parameters") or {}
-            if rope_theta is None:
-                rope_theta = rope_params.get("rope_theta", 10000.0)
-            rope_scaling = cfg.get("rope_scaling")
-            if rope_scaling is None and rope_params.get("rope_type", "default") != "default":
-                rope_scaling = rope_params
+            window, layer_types = _sliding_layers(arch, cfg, num_layers, max_pos)
+            if gemma3:
+                extra = _gemma3_fields(cfg)
+            else:
+                extra = {"rope_theta": float(_rope_theta(cfg, cfg.get("rope_parameters"))),
+                         "rope_scaling": _rope_scaling(cfg, cfg.get("rope_parameters"))}
             return cls(
                 architecture=arch,
                 vocab_size=cfg["vocab_size"],
                 hidden_size=hidden,
                 intermediate_size=cfg["intermediate_size"],
-                num_hidden_layers=cfg["num_hidden_layers"],
+                num_hidden_layers=num_layers,
                 num_attention_heads=num_heads,
                 num_key_value_heads=cfg.get("num_key_value_heads") or num_heads,
-                head_dim=cfg.get("head_dim") or hidden // num_heads,
+                head_dim=cfg.get("head_dim") or (256 if gemma3 else hidden // num_heads),
                 rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-                rope_theta=float(rope_theta),
-                max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                max_position_embeddings=max_pos,
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", gemma3)),
                 attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
-                qk_norm=arch == "Qwen3ForCausalLM",
+                qk_norm=arch in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
                 bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=eos_ids,
-                rope_scaling=rope_scaling,
+                sliding_window=window,
+                layer_types=layer_types,
+                **extra,
             )
         except KeyError as e:
             raise ValueError(f"config.json lacks the field {e.args[0]!r}") from None
 
 
-def _reject_sliding_window(arch: str, cfg: dict) -> None:
-    """Raise if the config makes any layer attend over a sliding window (the paged attention
-    kernels and the KV manager attend over the whole sequence).
+def _rope_theta(cfg: dict, rope_params: dict | None, default: float = 10000.0) -> float:
+    """rope_theta at the top level (older configs) or inside rope_parameters (newer ones)."""
+    theta = cfg.get("rope_theta")
+    return (rope_params or {}).get("rope_theta", default) if theta is None else theta
 
-    Mistral applies `sliding_window` to every layer unless it is null; a window at least
-    `max_position_embeddings` long never cuts anything and is accepted. Qwen2/Qwen3 apply it
-    only with `use_sliding_window`, to the layers marked "sliding_attention" in `layer_types`
-    (older configs: layers from `max_window_layers` on).
+
+def _rope_scaling(cfg: dict, rope_params: dict | None) -> dict | None:
+    """The config's rope_scaling, or rope_parameters when it names a non-default type."""
+    scaling = cfg.get("rope_scaling")
+    if scaling is None and (rope_params or {}).get("rope_type", "default") != "default":
+        scaling = rope_params
+    return scaling
+
+
+def _sliding_layers(arch: str, cfg: dict, num_layers: int,
+                    max_pos: int) -> tuple[int | None, tuple[str, ...]]:
+    """(sliding_window, layer_types) as Hugging Face's implementation of `arch` reads them.
+
+    Mistral: every layer attends over `sliding_window` unless it is null. Qwen2 / Qwen3: only
+    with `use_sliding_window`, the layers marked "sliding_attention" in `layer_types` (older
+    configs: those from `max_window_layers` on). Gemma 3: `layer_types`, or (older configs)
+    every `sliding_window_pattern`-th layer full (default 6), the rest sliding. A window of at
+    least max_position_embeddings never cuts anything and is dropped: those layers are full.
     """
     window = cfg.get("sliding_window")
-    max_pos = cfg.get("max_position_embeddings", 2048)
-    layer_types = cfg.get("layer_types") or []
+    layer_types = cfg.get("layer_types")
     if arch == "MistralForCausalLM":
-        sliding = window is not None and window < max_pos
-    elif layer_types:
-        sliding = "sliding_attention" in layer_types
+        layer_types = ["sliding_attention"] * num_layers
+    elif arch == "Gemma3ForCausalLM":
+        pattern = cfg.get("sliding_window_pattern", 6)
+        layer_types = layer_types or [
+            "sliding_attention" if (i + 1) % pattern else "full_attention"
+            for i in range(num_layers)]
+    elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+        if not cfg.get("use_sliding_window"):
+            window = None
+        layer_types = layer_types or [
+            "sliding_attention" if i >= cfg.get("max_window_layers", 28) else
+            "full_attention" for i in range(num_layers)]
     else:
-        sliding = (bool(cfg.get("use_sliding_window")) and window is not None
-                   and cfg.get("max_window_layers", 0) < cfg.get("num_hidden_layers", 0))
-    if sliding:
-        raise ValueError(
-            f"{arch} config with sliding_window={window} (max_position_embeddings={max_pos}): "
-            "sliding-window attention is not supported yet (the attention kernels attend over "
-            "the whole sequence); pagedrt runs only configs without a window (sliding_window "
-            "null or >= max_position_embeddings; for Qwen, use_sliding_window false)"
-        )
+        window = None
+    if window is None or window >= max_pos or "sliding_attention" not in (layer_types or ()):
+        return None, ()
+    return int(window), tuple(layer_types)
+
+
+def _gemma3_fields(cfg: dict) -> dict:
+    """Gemma 3's RoPE bases (global and local), scaling and query scale; refuses what pagedrt
+    does not run."""
+    for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if cfg.get(name) is not None:
+            raise ValueError(f"Gemma 3 config with {name}={cfg[name]}: logit soft-capping is "
+                             "not supported (Gemma 3 checkpoints set it to null)")
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError("Gemma 3 config with use_bidirectional_attention=true: pagedrt runs "
+                         "causal decoders only")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ValueError(f"Gemma 3 config with hidden_activation={act!r}: pagedrt runs "
+                         "'gelu_pytorch_tanh'")
+    params = cfg.get("rope_parameters") or {}
+    full, sliding = params.get("full_attention"), params.get("sliding_attention")
+    local_theta = cfg.get("rope_local_base_freq")
+    if local_theta is None:
+        local_theta = (sliding or {}).get("rope_theta", 10000.0)
+    if (sliding or {}).get("rope_type", "default") != "default":
+        raise ValueError(f"Gemma 3 local RoPE type {sliding['rope_type']!r} is not supported")
+    return {"rope_theta": float(_rope_theta(cfg, full, 1_000_000.0)),
+            "rope_scaling": _rope_scaling(cfg, full),
+            "rope_local_theta": float(local_theta),
+            "query_pre_attn_scalar": int(cfg.get("query_pre_attn_scalar", 256))}
 
 
 BLOCK_SIZES = (8, 16, 32)
 PREEMPTION_MODES = ("recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+EXECUTOR_BACKENDS = ("auto", "uni", "mp")
 
 
 @dataclass(frozen=True)
@@ -183,10 +280,11 @@ class EngineConfig:
     num_kv_blocks: int | None = field(default=None, metadata={
         "help": "explicit number of KV blocks; overrides the memory budgets below"})
     kv_cache_memory_bytes: int = field(default=1 << 30, metadata={
-        "help": "KV budget in bytes on CPU (all layers, K and V)"})
+        "help": "KV budget in bytes on CPU (all layers, K and V), per tensor-parallel rank"})
     gpu_memory_utilization: float = field(default=0.9, metadata={
-        "help": "on CUDA, fraction of total device memory the whole process may use; the KV "
-                "cache gets what is left of it after weights and activations"})
+        "help": "on CUDA, fraction of total device memory the whole process may use (each "
+                "tensor-parallel rank: of its own GPU); the KV cache gets what is left of it "
+                "after weights and activations"})
     max_num_seqs: int = field(default=256, metadata={"help": "most requests in one step"})
     max_num_batched_tokens: int = field(default=8192, metadata={
         "help": "most tokens (new query tokens, all requests) in one step; long prompts are "
@@ -201,7 +299,8 @@ class EngineConfig:
         "help": "what to do with a request when the KV cache runs out",
         "choices": PREEMPTION_MODES})
     swap_space_bytes: int = field(default=1 << 30, metadata={
-        "help": "size of the pinned CPU pool for swapped-out blocks"})
+        "help": "size of the pinned CPU pool for swapped-out blocks, per tensor-parallel "
+                "rank"})
     enforce_eager: bool = field(default=False, metadata={"help": "disable CUDA graphs"})
     async_scheduling: bool | None = field(default=None, metadata={
         "help": "overlap the host work of step n+1 (schedule, prepare, launch) with the device "
@@ -214,6 +313,17 @@ class EngineConfig:
     seed: int = field(default=0, metadata={
         "help": "seed of the engine's default generator, used by requests without a seed",
         "flags": ("--engine-seed",)})  # `pagedrt generate --seed` is the per-request seed
+    tensor_parallel_size: int = field(default=1, metadata={
+        "help": "split the model over this many GPUs (CPU processes on CPU), one worker "
+                "process each, Megatron-style; it must divide the attention heads and divide "
+                "or be a multiple of the KV heads. Under torchrun it must equal WORLD_SIZE",
+        "flags": ("--tensor-parallel-size", "-tp")})
+    distributed_executor_backend: str = field(default="auto", metadata={
+        "help": "where the model runs: 'uni' in the engine's process (tensor_parallel_size 1 "
+                "only), 'mp' in worker processes (one per rank, also for 1), 'auto' = 'uni' "
+                "for 1 and 'mp' for more; a process started by torchrun drives the other "
+                "torchrun ranks whatever this says",
+        "choices": EXECUTOR_BACKENDS})
     speculative_config: dict | None = field(default=None, hash=False, metadata={
         "help": "speculative decoding with vLLM's names, e.g. {\"method\": \"ngram\", "
                 "\"num_speculative_tokens\": 5, \"prompt_lookup_min\": 2, "
@@ -251,6 +361,17 @@ class EngineConfig:
             raise ValueError(
                 f"attention_backend={self.attention_backend!r}; use 'auto', 'torch' or 'triton'"
             )
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size!r} must be an int >= 1")
+        if self.distributed_executor_backend not in EXECUTOR_BACKENDS:
+            raise ValueError(
+                f"distributed_executor_backend={self.distributed_executor_backend!r}; use "
+                "'auto', 'uni' or 'mp'")
+        if self.distributed_executor_backend == "uni" and self.tensor_parallel_size > 1:
+            raise ValueError(
+                f"distributed_executor_backend='uni' runs one rank in the engine's process, but "
+                f"tensor_parallel_size={self.tensor_parallel_size}; use 'mp' or 'auto'")
         if self.speculative_config is not None:
             SpeculativeConfig.from_dict(self.speculative_config)  # raises ValueError if bad
 

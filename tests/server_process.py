@@ -21,8 +21,8 @@ def free_port() -> int:
 
 def start_server(extra_args: list[str], log_path: Path,
                  timeout_s: float = 180) -> tuple[subprocess.Popen, str]:
-    """Launch `pagedrt serve` on CPU with `extra_args`; returns (process, base URL) once
-    /health answers 200. Raises AssertionError with the log if it exits or times out."""
+    """Launch `pagedrt serve` on CPU with `extra_args`; returns (process, base URL) once the
+    launcher has printed its "serving" line and /health answers 200. Raises AssertionError with the log if it exits or times out."""
     port = free_port()
     cmd = [sys.executable, "-m", "pagedrt.entrypoints.cli", "serve", "--host", "127.0.0.1",
            "--port", str(port), "--device", "cpu", *extra_args]
@@ -37,11 +37,13 @@ def start_server(extra_args: list[str], log_path: Path,
     while True:
         if proc.poll() is not None:
             raise AssertionError(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
+        # ready: the launcher's "serving" line (printed once every API process accepts)
+        if "pagedrt: serving" in log_path.read_text(errors="replace"):
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    return proc, url
+            except httpx.HTTPError:
+                pass
         if time.monotonic() > deadline:
             stop_server(proc)
             raise AssertionError(f"server not healthy after {timeout_s} s:\n"

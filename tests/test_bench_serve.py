@@ -32,7 +32,7 @@ SUMMARY_KEYS = {
     "total_input_tokens", "total_output_tokens", "request_throughput", "input_throughput",
     "output_throughput", "total_token_throughput", "goodput_slo_ms", "good_requests",
     "goodput", "peak_concurrent_requests", "short_outputs", "output_tokens_counted_from_chunks",
-    "ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "errors"}
+    "ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "errors", "client_cpu_s", "num_client_processes"}
 CONFIG_KEYS = {
     "command", "date", "base_url", "endpoint", "model", "vocab_size", "stream", "num_prompts",
     "input_len", "output_len", "range_ratio", "prefix_len", "min_token_id", "seed",
@@ -190,6 +190,8 @@ def test_streamed_run_counts_and_latency_bounds(tmp_path):
     assert (s["completed"], s["failed"], s["num_requests"]) == (12, 0, 12)
     assert s["total_output_tokens"] == 12 * 6 and s["total_input_tokens"] == 12 * 16
     assert s["output_tokens_counted_from_chunks"] == 0 and s["short_outputs"] == 0
+    # the client's own CPU time: spent (parsing 72 chunks), below its wall time (it mostly waits)
+    assert 0.0 < s["client_cpu_s"] < s["duration_s"]
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
         assert set(s[key]) == STATS_KEYS
     for r in s["requests"]:

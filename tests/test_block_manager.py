@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from pagedrt.engine.request import Request
-from pagedrt.kv.block_pool import BlockPool, hash_block_tokens
+from pagedrt.kv.block_pool import NULL_BLOCK, BlockPool, hash_block_tokens
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.sampling_params import SamplingParams
 
@@ -201,11 +201,19 @@ class BlockManagerMachine(RuleBasedStateMachine):
     KV: a prefix hit never returns another prefix's KV and a fork never sees its sibling's
     writes. The KV of position p depends on every token up to p, so the shadow slot holds the
     whole prefix tokens[:p + 1]; copy-on-write and swaps copy shadow blocks as the device
-    would."""
+    would.
+
+    With WINDOW set (a model whose every layer has that sliding window), the manager gives
+    back blocks as windows move: each request must still read its own tokens over the window
+    of its next token, the entries before it are released (NULL_BLOCK), and a cache hit is
+    promised only while the holder still has the blocks inside the hit's window."""
+
+    WINDOW: int | None = None
 
     def __init__(self):
         super().__init__()
-        self.kv = KVCacheManager(num_blocks=12, block_size=BS, num_cpu_blocks=6)
+        self.kv = KVCacheManager(num_blocks=12, block_size=BS, num_cpu_blocks=6,
+                                 sliding_window=self.WINDOW)
         self.live: dict[str, Request] = {}
         self.swapped: dict[str, Request] = {}
         self.history: list[list[int]] = []  # prompts seen so far, for cache-hit rules
@@ -271,9 +279,15 @@ class BlockManagerMachine(RuleBasedStateMachine):
         holder = next((r for r in self.live.values()
                        if r.all_token_ids[: len(old)] == old
                        and r.num_computed_tokens >= len(old)), None)
+        expected = min(len(old) // BS, (len(tokens) - 1) // BS) * BS
+        if holder is not None and self.WINDOW is not None:
+            # the hit needs the blocks in the window of its next token; the holder may have
+            # given some back already (they are then cached only until evicted)
+            first_needed = max(expected - self.WINDOW + 1, 0) // BS
+            if self.kv.num_released_blocks(holder.request_id) > first_needed:
+                holder = None
         _req, n_hit = self._admit(tokens)
         if holder is not None:
-            expected = min(len(old) // BS, (len(tokens) - 1) // BS) * BS
             assert n_hit >= expected, f"hit {n_hit} tokens of {tokens}, expected >= {expected}"
 
     @rule(num_blocks=st.integers(1, 12))
@@ -371,15 +385,25 @@ class BlockManagerMachine(RuleBasedStateMachine):
         appends, copy-on-write, swaps and frees."""
         self._mirror_changes()
         for rid in self.live:
-            assert self.device_tables[rid] == self.kv.block_ids(rid), (
+            released = self.kv.num_released_blocks(rid)  # stale on the device: never read
+            assert self.device_tables[rid][released:] == self.kv.block_ids(rid)[released:], (
                 rid, self.device_tables[rid], self.kv.block_ids(rid))
 
     @invariant()
     def every_request_reads_its_own_tokens(self):
+        """Over every computed position, or with a window over that of the next token (the
+        entries before it released)."""
         for req in self.live.values():
             ids = self.kv.block_ids(req.request_id)
             tokens = req.all_token_ids
-            for p in range(req.num_computed_tokens):
+            first = 0
+            if self.WINDOW is not None:
+                first = max(req.num_computed_tokens - self.WINDOW + 1, 0)
+                table = self.kv.req_to_blocks[req.request_id]
+                released = self.kv.num_released_blocks(req.request_id)
+                assert released <= first // BS, (req.request_id, released, first)
+                assert all(b is NULL_BLOCK for b in table[:released])
+            for p in range(first, req.num_computed_tokens):
                 seen = self.slots.get(ids[p // BS], [None] * BS)[p % BS]
                 assert seen == tuple(tokens[: p + 1]), (
                     f"{req.request_id} position {p} reads the KV of {seen}, its tokens are "
@@ -414,3 +438,15 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
 TestBlockManagerMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+
+
+class WindowedBlockManagerMachine(BlockManagerMachine):
+    """The same rules for a model whose every layer has a 6-token window (blocks of 4: the
+    window ends mid-block)."""
+
+    WINDOW = 6
+
+
+TestWindowedBlockManagerMachine = WindowedBlockManagerMachine.TestCase
+TestWindowedBlockManagerMachine.settings = settings(max_examples=60, stateful_step_count=40,
+                                                    deadline=None)

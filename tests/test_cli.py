@@ -22,7 +22,8 @@ NON_DEFAULT = {
     "gpu_memory_utilization": 0.5, "max_num_seqs": 3, "max_num_batched_tokens": 99,
     "max_model_len": 77, "enable_prefix_caching": False, "preemption_mode": "swap",
     "swap_space_bytes": 0, "enforce_eager": True, "async_scheduling": True,
-    "attention_backend": "torch", "seed": 42,
+    "attention_backend": "torch", "seed": 42, "tensor_parallel_size": 2,
+    "distributed_executor_backend": "mp",
     "speculative_config": {"method": "ngram", "num_speculative_tokens": 2},
 }
 # the words before the engine options: one line of each command that takes them
@@ -85,6 +86,11 @@ def test_existing_spellings_still_parse():
         swap_space_bytes=0, enforce_eager=True, attention_backend="triton", seed=5)
 
 
+def test_tensor_parallel_size_has_vllms_short_flag():
+    for command in COMMANDS:
+        assert config_of(command + ["-tp", "4"]).tensor_parallel_size == 4
+
+
 def test_generate_seed_is_the_request_seed_not_the_engine_seed():
     args = parse(["generate", "hi", "--seed", "3"])
     assert args.seed == 3 and engine_kwargs(args)["seed"] == 0
@@ -104,6 +110,10 @@ def test_async_scheduling_flag(option, expected):
     (["--max-num-seqs", "0"], "max_num_seqs=0 must be >= 1"),
     (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization=1.5 must be in (0, 1]"),
     (["--num-kv-blocks", "0"], "num_kv_blocks=0 must be >= 1 (or None)"),
+    (["--tensor-parallel-size", "0"], "tensor_parallel_size=0 must be an int >= 1"),
+    (["-tp", "2", "--distributed-executor-backend", "uni"],
+     ("distributed_executor_backend='uni' runs one rank in the engine's process, but "
+      "tensor_parallel_size=2; use 'mp' or 'auto'")),
 ])
 def test_bad_value_is_the_engine_config_error(option, message, capsys):
     """EngineConfig's ValueError reaches the user as `pagedrt: error: ...`, exit code 2,

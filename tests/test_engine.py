@@ -219,8 +219,11 @@ def test_unknown_model_path():
 
 
 def test_stats_fields(llm, prompts):
-    llm.generate(prompts[:3], greedy(max_tokens=4), use_tqdm=False)
+    llm.llm_engine.reset_stats()
+    outs = llm.generate(prompts[:3], greedy(max_tokens=4), use_tqdm=False)
     s = llm.stats()
+    # each generated token counted once (it was counted twice outside token-event mode)
+    assert s["num_generated_tokens"] == sum(len(o.outputs[0].token_ids) for o in outs)
     for key in ("num_blocks", "num_free_blocks", "num_used_blocks", "num_generated_tokens",
                 "generation_tokens_per_s", "prompt_tokens_per_s", "peak_batch_size"):
         assert key in s, key

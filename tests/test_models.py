@@ -364,37 +364,13 @@ def test_unknown_architecture_lists_the_supported_ones(tmp_path) -> None:
     path.write_text(json.dumps({**config, "architectures": ["GPTNeoXForCausalLM"]}))
     supported = ", ".join(SUPPORTED_ARCHITECTURES)
     assert supported == ("LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-                         "MistralForCausalLM")
+                         "MistralForCausalLM, Gemma3ForCausalLM")
     with pytest.raises(ValueError, match=rf"'GPTNeoXForCausalLM'.*{supported}"):
         load_model(str(tmp_path), torch.float32, CPU)
     with pytest.raises(ValueError, match=rf"'GPTNeoXForCausalLM'.*{supported}"):
         ModelConfig(architecture="GPTNeoXForCausalLM", vocab_size=8, hidden_size=8,
                     intermediate_size=8, num_hidden_layers=1, num_attention_heads=1,
                     num_key_value_heads=1, head_dim=8)
-
-
-def test_mistral_sliding_window_rejected(tmp_path) -> None:
-    _tiny_mistral(sliding_window=64).save_pretrained(tmp_path)  # < max_position_embeddings
-    with pytest.raises(ValueError, match=r"sliding_window=64 .*not supported yet"):
-        load_model(str(tmp_path), torch.float32, CPU)
-    config = json.loads((tmp_path / "config.json").read_text())
-    # a window covering every position changes nothing: accepted
-    assert ModelConfig.from_hf_config({**config, "sliding_window": 256}).architecture == (
-        "MistralForCausalLM")
-    assert ModelConfig.from_hf_config({**config, "sliding_window": None}).head_dim == 16
-
-
-def test_qwen_sliding_window_rejected() -> None:
-    config = Qwen3Config(num_hidden_layers=4, use_sliding_window=True, sliding_window=64,
-                         max_window_layers=2, architectures=["Qwen3ForCausalLM"]).to_dict()
-    assert config["layer_types"][2:] == ["sliding_attention"] * 2
-    with pytest.raises(ValueError, match=r"Qwen3ForCausalLM .*not supported yet"):
-        ModelConfig.from_hf_config(config)
-    legacy = {k: v for k, v in config.items() if k != "layer_types"}  # older config.json
-    with pytest.raises(ValueError, match=r"Qwen3ForCausalLM .*not supported yet"):
-        ModelConfig.from_hf_config(legacy)
-    # Qwen2/Qwen3 configs carry a sliding_window that is off without use_sliding_window
-    assert ModelConfig.from_hf_config({**legacy, "use_sliding_window": False}).qk_norm
 
 
 def test_unknown_model_path(tmp_path) -> None:

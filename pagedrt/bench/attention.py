@@ -10,6 +10,12 @@ triton.testing.do_bench over CUDA-graph replays (so host overhead is excluded, a
 engine's graph-captured decode; the eager time of ours is recorded too); do_bench flushes
 L2 before every run. Writes DIR/attention.json and
 DIR/attention_bandwidth.png; prints a table last.
+
+With --window W (sliding-window attention, Mistral / Gemma 3 local layers) it runs the window
+comparison instead: decode and prefill at --context tokens (32768) with the last W visible,
+against the same context with full attention and against a W-token context with full
+attention (the kernels skip the blocks before the window, so the first two should be close).
+Writes DIR/attention_window.json.
 """
 
 from __future__ import annotations
@@ -93,27 +99,31 @@ def sdpa_decode_ms(num_seqs, context, num_heads, num_kv_heads, head_dim) -> floa
 
 
 def decode_row(name, num_seqs, context, num_heads, num_kv_heads, head_dim, peers=True,
-               sweep=False) -> dict:
+               sweep=False, window=None) -> dict:
+    """window: sliding window in tokens (the K/V bytes counted are those of the window)."""
     query, k_cache, v_cache, bt, seq_lens = paged_inputs(num_seqs, context, num_heads,
                                                          num_kv_heads, head_dim)
-    kv_bytes = 2 * num_seqs * context * num_kv_heads * head_dim * k_cache.element_size()
+    seen = min(context, window or context)  # tokens each query reads
+    kv_bytes = 2 * num_seqs * seen * num_kv_heads * head_dim * k_cache.element_size()
     scale = head_dim ** -0.5
-    auto_splits = tri.choose_num_splits(num_seqs, num_kv_heads, context,
+    auto_splits = tri.choose_num_splits(num_seqs, num_kv_heads, seen,
                                         torch.cuda.get_device_properties(0).multi_processor_count)
     row = {"kind": "decode", "shape": name, "num_seqs": num_seqs, "context": context,
            "num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
            "dtype": "bf16", "block_size": BLOCK_SIZE, "kv_bytes": kv_bytes,
-           "auto_splits": auto_splits}
+           "auto_splits": auto_splits, "window": window}
 
     def record(key, ms):
         row[f"{key}_ms"] = ms
         row[f"{key}_gbps"] = kv_bytes / (ms * 1e-3) / 1e9 if ms else None
 
     record("ours", bench_ms(lambda: tri.paged_attention_decode_triton(
-        query, k_cache, v_cache, bt, seq_lens, scale, max_seq_len=context)))
+        query, k_cache, v_cache, bt, seq_lens, scale, max_seq_len=context,
+        sliding_window=window)))
     row["ours_tok_per_s"] = num_seqs / (row["ours_ms"] * 1e-3)
     row["ours_eager_ms"] = bench_ms(lambda: tri.paged_attention_decode_triton(
-        query, k_cache, v_cache, bt, seq_lens, scale, max_seq_len=context), graph=False)
+        query, k_cache, v_cache, bt, seq_lens, scale, max_seq_len=context,
+        sliding_window=window), graph=False)
     if peers:
         record("split1", bench_ms(lambda: tri.paged_attention_decode_triton(
             query, k_cache, v_cache, bt, seq_lens, scale, num_splits=1)))
@@ -140,19 +150,27 @@ def decode_row(name, num_seqs, context, num_heads, num_kv_heads, head_dim, peers
     return row
 
 
-def extend_row(sweep=False, num_tokens=4096, num_heads=32, num_kv_heads=8, head_dim=128) -> dict:
+def extend_row(sweep=False, num_tokens=4096, num_heads=32, num_kv_heads=8, head_dim=128,
+               window=None, peers=True) -> dict:
+    """window: sliding window in tokens (FLOPs counted over the keys each query sees)."""
     query, k_cache, v_cache, bt, seq_lens = paged_inputs(1, num_tokens, num_heads, num_kv_heads,
                                                          head_dim)
     query = torch.randn(num_tokens, num_heads, head_dim, device="cuda", dtype=DTYPE)
     cu = torch.tensor([0, num_tokens], dtype=torch.int32, device="cuda")
     scale = head_dim ** -0.5
-    flops = 4 * num_tokens * num_tokens / 2 * head_dim * num_heads  # causal: half the matrix
+    pairs = num_tokens * num_tokens / 2  # causal: half the matrix
+    if window is not None and window < num_tokens:  # the pairs within the window
+        pairs = num_tokens * window - window * (window - 1) / 2
+    flops = 4 * pairs * head_dim * num_heads
     row = {"kind": "extend", "shape": f"prefill {num_tokens} tok {num_heads}/{num_kv_heads}x"
-           f"{head_dim}", "num_tokens": num_tokens, "dtype": "bf16", "block_size": BLOCK_SIZE,
-           "flops": flops}
+           f"{head_dim}" + (f" window {window}" if window else ""), "num_tokens": num_tokens,
+           "dtype": "bf16", "block_size": BLOCK_SIZE, "flops": flops, "window": window}
     ms = bench_ms(lambda: tri.paged_attention_extend_triton(
-        query, k_cache, v_cache, bt, cu, seq_lens, scale, max_query_len=num_tokens))
+        query, k_cache, v_cache, bt, cu, seq_lens, scale, max_query_len=num_tokens,
+        sliding_window=window))
     row["ours_ms"], row["ours_tflops"] = ms, flops / (ms * 1e-3) / 1e12
+    if not peers:
+        return row
     q = query.transpose(0, 1).unsqueeze(0)  # [1, H, T, D]
     k = torch.randn(1, num_kv_heads, num_tokens, head_dim, device="cuda", dtype=DTYPE)
     v = torch.randn_like(k)
@@ -237,16 +255,67 @@ def print_tables(results: list[dict]) -> None:
                   f"{r['ratio_vs_sdpa'] or 0:.2f}")
 
 
+WINDOW_BATCHES = [1, 8, 32]  # decode batch sizes of the window comparison
+
+
+def window_rows(window: int, context: int) -> list[dict]:
+    """Decode at `context` with the window, at `context` in full, and at a `window`-token
+    context in full (Mistral-7B's heads: 32/8 x 128, bf16); then the same three prefills."""
+    rows = []
+    for b in WINDOW_BATCHES:
+        for label, ctx, w in ((f"L{context} window {window}", context, window),
+                              (f"L{context} full", context, None),
+                              (f"L{window} full", window, None)):
+            row = decode_row(f"B{b} {label}", b, ctx, 32, 8, 128, peers=False, window=w)
+            row["group"] = "window"
+            rows.append(row)
+    for ctx, w in ((context, window), (context, None), (window, None)):
+        rows.append(extend_row(num_tokens=ctx, window=w, peers=False))
+    return rows
+
+
+def print_window_table(rows: list[dict]) -> None:
+    print(f"{'decode':34} {'split':>5} {'us':>9} {'GB/s (seen)':>12}")
+    for r in rows:
+        if r["kind"] == "decode":
+            print(f"{r['shape']:34} {r['auto_splits']:>5} {r['ours_ms'] * 1e3:9.1f} "
+                  f"{r['ours_gbps']:12.0f}")
+    print(f"{'prefill':34} {'':>5} {'ms':>9} {'TFLOP/s':>12}")
+    for r in rows:
+        if r["kind"] == "extend":
+            print(f"{r['shape']:34} {'':>5} {r['ours_ms']:9.3f} {r['ours_tflops']:12.0f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="paged attention kernel benchmark (CUDA)")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--sweep", action="store_true", help="also sweep split counts/configs")
+    parser.add_argument("--window", type=int, default=None,
+                        help="run the sliding-window comparison with this window (tokens) "
+                             "instead of the default set")
+    parser.add_argument("--context", type=int, default=32768,
+                        help="context of the --window comparison (tokens)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench attention needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.window is not None and not 1 <= args.window <= args.context:
+        parser.error(f"--window {args.window}: give 1 .. --context ({args.context}) tokens")
     torch.manual_seed(0)
+    if args.window is not None:
+        rows = window_rows(args.window, args.context)
+        os.makedirs(args.out, exist_ok=True)
+        doc = {"gpu": torch.cuda.get_device_name(0), "commit": args.commit,
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                   timespec="seconds"),
+               "command": "pagedrt bench attention " + " ".join(argv or sys.argv[1:]),
+               "torch": torch.__version__, "triton": __import__("triton").__version__,
+               "window": args.window, "context": args.context, "results": rows}
+        with open(os.path.join(args.out, "attention_window.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+        print_window_table(rows)
+        return 0
     results = []
     for shape in DECODE_SHAPES:
         row = decode_row(*shape, sweep=args.sweep)

@@ -30,29 +30,56 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="benchmarks/results", help="folder for JSON and PNG")
 
 
+def uses_workers(args) -> bool:
+    """Whether the engine will run the model in worker processes (tensor parallelism, the 'mp'
+    backend, or a torchrun launch) rather than in this process."""
+    from pagedrt.distributed.group import torchrun_env
+
+    return (args.tensor_parallel_size > 1 or args.distributed_executor_backend == "mp"
+            or torchrun_env() is not None)
+
+
 def load(args) -> tuple:
-    """(LoadedModel, name) for --model or --preset, in the resolved dtype and device."""
+    """(model, name) for --model or --preset: a LoadedModel in the resolved dtype and device,
+    or, when the model runs in worker processes (`uses_workers`), what they load it from (the
+    path, or the preset's RandomWeights: the same weights as the LoadedModel's), so that this
+    process holds no copy of the weights."""
     from pagedrt.engine.llm_engine import resolve_device, resolve_dtype
     from pagedrt.models.loader import load_model
+    from pagedrt.models.weights import RandomWeights
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
+    name = os.path.basename(args.model.rstrip("/")) if args.model else args.preset
+    if uses_workers(args):
+        return (args.model or RandomWeights(get_preset(args.preset))), name
     if args.model:
-        return load_model(args.model, dtype, device), os.path.basename(args.model.rstrip("/"))
-    return random_model(get_preset(args.preset), dtype, device), args.preset
+        return load_model(args.model, dtype, device), name
+    return random_model(get_preset(args.preset), dtype, device), name
 
 
-def make_llm(loaded, args, **overrides):
+def make_llm(model, args, **overrides):
     from pagedrt import LLM
 
-    return LLM(loaded, **{**engine_kwargs(args), **overrides})
+    return LLM(model, dtype=args.dtype, device=args.device,
+               **{**engine_kwargs(args), **overrides})
 
 
 def free_llm(llm) -> None:
+    engine = llm.llm_engine
+    local = engine.model_runner is not None
+    engine.shutdown()
     del llm.llm_engine
-    if torch.cuda.is_available():
+    if local and torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+
+
+def sync_engine(engine) -> None:
+    """Wait for the engine's device work, when its model runs in this process (a step run by
+    worker processes is done once the engine has its tokens)."""
+    if engine.model_runner is not None:
+        sync(engine.device)
 
 
 def sync(device) -> None:
@@ -119,7 +146,40 @@ def write_results(out_dir: str, name: str, results: list[dict], extra: dict | No
 
 
 _HF_CONFIG_CLASSES = {"LlamaForCausalLM": "LlamaConfig", "Qwen2ForCausalLM": "Qwen2Config",
-                      "Qwen3ForCausalLM": "Qwen3Config", "MistralForCausalLM": "MistralConfig"}
+                      "Qwen3ForCausalLM": "Qwen3Config", "MistralForCausalLM": "MistralConfig",
+                      "Gemma3ForCausalLM": "Gemma3TextConfig"}
+
+
+def hf_config_fields(mc) -> dict:
+    """The Hugging Face config.json fields of a ModelConfig, for its architecture's config
+    class (what `ModelConfig.from_hf_config` reads back to the same config)."""
+    fields = {
+        "vocab_size": mc.vocab_size, "hidden_size": mc.hidden_size,
+        "intermediate_size": mc.intermediate_size, "num_hidden_layers": mc.num_hidden_layers,
+        "num_attention_heads": mc.num_attention_heads,
+        "num_key_value_heads": mc.num_key_value_heads,
+        "head_dim": mc.head_dim, "rms_norm_eps": mc.rms_norm_eps,
+        "max_position_embeddings": mc.max_position_embeddings,
+        "tie_word_embeddings": mc.tie_word_embeddings, "bos_token_id": mc.bos_token_id,
+        "eos_token_id": list(mc.eos_token_ids), "architectures": [mc.architecture]}
+    arch = mc.architecture
+    if arch == "Gemma3ForCausalLM":
+        full = {"rope_type": "default", **(mc.rope_scaling or {}), "rope_theta": mc.rope_theta}
+        local = {"rope_type": "default", "rope_theta": mc.rope_local_theta or mc.rope_theta}
+        return {**fields, "rope_parameters": {"full_attention": full,
+                                              "sliding_attention": local},
+                "sliding_window": mc.sliding_window or mc.max_position_embeddings,
+                "layer_types": list(mc.layer_types) or None,
+                "query_pre_attn_scalar": mc.query_pre_attn_scalar or mc.head_dim}
+    fields["rope_theta"] = mc.rope_theta
+    if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
+        fields["attention_bias"] = mc.attention_bias
+    if arch == "MistralForCausalLM":
+        fields["sliding_window"] = mc.sliding_window
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and mc.layer_types:
+        fields.update(use_sliding_window=True, sliding_window=mc.sliding_window,
+                      layer_types=list(mc.layer_types))
+    return fields
 
 
 def hf_model_like(loaded, dtype, device, attn_implementation: str = "sdpa"):
@@ -128,18 +188,7 @@ def hf_model_like(loaded, dtype, device, attn_implementation: str = "sdpa"):
 
     mc = loaded.model_config
     cls_cfg = getattr(transformers, _HF_CONFIG_CLASSES[mc.architecture])
-    cfg = cls_cfg(
-        vocab_size=mc.vocab_size, hidden_size=mc.hidden_size,
-        intermediate_size=mc.intermediate_size, num_hidden_layers=mc.num_hidden_layers,
-        num_attention_heads=mc.num_attention_heads, num_key_value_heads=mc.num_key_value_heads,
-        head_dim=mc.head_dim, rms_norm_eps=mc.rms_norm_eps, rope_theta=mc.rope_theta,
-        max_position_embeddings=mc.max_position_embeddings,
-        tie_word_embeddings=mc.tie_word_embeddings,
-    )
-    if mc.architecture in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
-        cfg.attention_bias = mc.attention_bias
-    if mc.architecture == "MistralForCausalLM":
-        cfg.sliding_window = None  # pagedrt runs Mistral only without a window
+    cfg = cls_cfg(**hf_config_fields(mc))
     cls = getattr(transformers, mc.architecture)
     with torch.device(device):
         hf = cls._from_config(cfg, dtype=dtype, attn_implementation=attn_implementation)
@@ -151,22 +200,5 @@ def hf_model_like(loaded, dtype, device, attn_implementation: str = "sdpa"):
 
 
 def hf_state_dict(model, mc) -> dict:
-    """Our fused parameters split back into Hugging Face names."""
-    q = mc.num_attention_heads * mc.head_dim
-    kv = mc.num_key_value_heads * mc.head_dim
-    out = {}
-    for name, p in model.state_dict().items():
-        if "rotary_emb" in name:
-            continue
-        if ".qkv_proj." in name:
-            base, kind = name.split(".qkv_proj.")
-            for part, t in zip(("q_proj", "k_proj", "v_proj"), p.split([q, kv, kv], dim=0)):
-                out[f"{base}.{part}.{kind}"] = t
-        elif ".gate_up_proj." in name:
-            base, kind = name.split(".gate_up_proj.")
-            gate, up = p.chunk(2, dim=0)
-            out[f"{base}.gate_proj.{kind}"] = gate
-            out[f"{base}.up_proj.{kind}"] = up
-        else:
-            out[name] = p
-    return out
+    """Our fused parameters split back into Hugging Face names (`LlamaForCausalLM.hf_state_dict`)."""
+    return model.hf_state_dict()

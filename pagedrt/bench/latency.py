@@ -26,8 +26,10 @@ from pagedrt.bench.common import (
     load,
     make_llm,
     sync,
+    sync_engine,
     write_results,
 )
+from pagedrt.models.loader import LoadedModel
 from pagedrt.sampling_params import SamplingParams
 
 
@@ -36,13 +38,13 @@ def decode_ms_per_token(llm, prompt: list[int], num_tokens: int) -> float:
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=num_tokens + 1)
     engine.add_request("latency", prompt, params, stream=False)
     engine.step()  # prefill + first token
-    sync(engine.device)
+    sync_engine(engine)
     t = time.perf_counter()
     steps = 0
     while engine.has_unfinished_requests():
         engine.step()
         steps += 1
-    sync(engine.device)
+    sync_engine(engine)
     return 1e3 * (time.perf_counter() - t) / steps
 
 
@@ -182,23 +184,28 @@ def main(argv: list[str]) -> int:
         return 0
     args.max_model_len = max(args.max_model_len,
                              max(int(c) for c in args.contexts.split(",")) + args.num_tokens + 16)
-    loaded, name = load(args)
+    model, name = load(args)
+    if args.compare == "hf" and not isinstance(model, LoadedModel):
+        raise ValueError("--compare hf needs the model in this process: leave "
+                         "--tensor-parallel-size at 1 and the executor backend at auto or uni")
     contexts = [int(c) for c in args.contexts.split(",")]
     g = torch.Generator().manual_seed(0)
     prompts = {c: torch.randint(0, 10000, (c,), generator=g).tolist() for c in contexts}
     results = []
     for graphs in (True, False):
-        llm = make_llm(loaded, args, enforce_eager=not graphs)
+        llm = make_llm(model, args, enforce_eager=not graphs)
         decode_ms_per_token(llm, prompts[contexts[0]][:64], 8)  # warm-up
         for c in contexts:
             ms = decode_ms_per_token(llm, prompts[c], args.num_tokens)
             results.append({"system": "pagedrt", "workload": f"{name} batch1 ctx{c}",
                             "cuda_graphs": graphs, "ms_per_token": ms,
+                            "tensor_parallel_size": llm.llm_engine.executor.tp_size,
+                            "worker_processes": llm.llm_engine.model_runner is None,
                             "output_tok_s": 1e3 / ms})
         free_llm(llm)
     if args.compare == "hf":
-        hf = hf_model_like(loaded, next(loaded.model.parameters()).dtype,
-                           next(loaded.model.parameters()).device)
+        hf = hf_model_like(model, next(model.model.parameters()).dtype,
+                           next(model.model.parameters()).device)
         for c in contexts:
             ms = hf_ms_per_token(hf, prompts[c], min(args.num_tokens, 64))
             results.append({"system": "hf-generate", "workload": f"{name} batch1 ctx{c}",

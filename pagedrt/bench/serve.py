@@ -166,6 +166,9 @@ def print_summary(s: dict) -> None:
         ("output token throughput (tok/s)", f"{s['output_throughput']:.1f}"),
         ("total token throughput (tok/s)", f"{s['total_token_throughput']:.1f}"),
         ("peak concurrent requests", f"{s['peak_concurrent_requests']}"),
+        # near 1.0 per process: the load generator, not the server, sets the pace
+        ("client CPU busy (CPU s / wall s, per process)",
+         f"{s['client_cpu_s'] / max(s['duration_s'], 1e-9) / s['num_client_processes']:.2f}"),
     ]
     for label, value in rows:
         print(f"{label:<48} {value:>12}")
@@ -313,9 +316,11 @@ def main(argv: list[str]) -> int:
           f"{args.num_client_processes} client process(es)")
     results = []
     for rate, (specs, offsets) in zip(rates, workloads):
-        records = _run_with_progress(specs, offsets, cfg, args)
+        records, client_cpu_s = _run_with_progress(specs, offsets, cfg, args)
         summary = {"request_rate": rate_label(rate), "max_concurrency": args.max_concurrency,
-                   **summarize(records, slo, stream=not args.no_stream)}
+                   **summarize(records, slo, stream=not args.no_stream),
+                   "client_cpu_s": client_cpu_s,
+                   "num_client_processes": args.num_client_processes}
         print_summary(summary)
         if args.save_requests:
             summary["requests"] = [dataclasses.asdict(r) for r in records]

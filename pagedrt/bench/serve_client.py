@@ -1,6 +1,7 @@
 """The HTTP side of `pagedrt bench serve`: send timed requests to an OpenAI-compatible server.
 
-One event loop (asyncio + httpx) sends its requests at their arrival offsets, at most
+One event loop (asyncio + aiohttp, on uvloop where installed) sends its requests at their
+arrival offsets, at most
 `max_concurrency` at a time, and records per request the time to the first output chunk
 (TTFT), every gap between output chunks (ITL), the end-to-end latency and the output token
 count. With several client processes (multiprocessing, spawn) each runs its own loop over its
@@ -146,18 +147,18 @@ def _read_usage(record: RequestRecord, event: dict) -> None:
             record.prompt_len = int(usage["prompt_tokens"])
 
 
-async def _stream(client, spec: RequestSpec, cfg: ClientConfig, headers: dict,
+async def _stream(session, spec: RequestSpec, cfg: ClientConfig, headers: dict,
                   record: RequestRecord, sent: float) -> None:
-    async with client.stream("POST", cfg.url, json=build_payload(spec, cfg),
-                             headers=headers) as response:
-        if response.status_code != 200:
-            record.error = _http_error(response.status_code, await response.aread())
+    async with session.post(cfg.url, json=build_payload(spec, cfg),
+                            headers=headers) as response:
+        if response.status != 200:
+            record.error = _http_error(response.status, await response.read())
             return
         parser = SSEParser()
         last = None
         num_chunks = 0
         done = False
-        async for piece in response.aiter_bytes():
+        async for piece in response.content.iter_any():
             now = time.perf_counter()
             for data in parser.feed(piece):
                 if data.strip() == "[DONE]":
@@ -183,13 +184,15 @@ async def _stream(client, spec: RequestSpec, cfg: ClientConfig, headers: dict,
         record.success = True
 
 
-async def _whole(client, spec: RequestSpec, cfg: ClientConfig, headers: dict,
+async def _whole(session, spec: RequestSpec, cfg: ClientConfig, headers: dict,
                  record: RequestRecord) -> None:
-    response = await client.post(cfg.url, json=build_payload(spec, cfg), headers=headers)
-    if response.status_code != 200:
-        record.error = _http_error(response.status_code, response.content)
+    async with session.post(cfg.url, json=build_payload(spec, cfg),
+                            headers=headers) as response:
+        content = await response.read()
+    if response.status != 200:
+        record.error = _http_error(response.status, content)
         return
-    body = response.json()
+    body = json.loads(content)
     if "error" in body:
         record.error = f"error body: {_error_text(body)}"[:500]
         return
@@ -238,15 +241,14 @@ async def run_schedule(specs: list[RequestSpec], offsets_s: list[float], cfg: Cl
     """Send specs[i] at offsets_s[i] seconds after the start (or later, once fewer than
     `max_concurrency` requests are in flight); the records in the order of `specs`.
     `wait_for_start` is called after the client is set up, just before the clock starts."""
-    import httpx
+    import aiohttp
 
     num_connections = min(max_concurrency or len(specs), len(specs)) or 1
-    limits = httpx.Limits(max_connections=num_connections,
-                          max_keepalive_connections=num_connections)
-    timeout = httpx.Timeout(cfg.request_timeout_s)
+    connector = aiohttp.TCPConnector(limit=num_connections)
+    timeout = aiohttp.ClientTimeout(total=None)  # each request is bounded in send_request
     semaphore = asyncio.Semaphore(max_concurrency) if max_concurrency else None
 
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
         async def one(spec: RequestSpec) -> RequestRecord:
             if semaphore is None:
                 record = await send_request(client, spec, cfg, t0)
@@ -267,6 +269,16 @@ async def run_schedule(specs: list[RequestSpec], offsets_s: list[float], cfg: Cl
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(spec)))
         return list(await asyncio.gather(*tasks))
+
+
+def _run_loop(coro):
+    """Run `coro` on a fresh event loop: uvloop's where it is installed (a pagedrt dependency
+    on Linux and macOS), asyncio's otherwise."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 def _raise_open_files_limit() -> None:
@@ -293,11 +305,13 @@ def _client_process(rank: int, specs, offsets_s, cfg, max_concurrency, ready, go
             raise RuntimeError(f"client process {rank}: no start signal in {start_timeout_s} s")
 
     try:
-        records = asyncio.run(run_schedule(specs, offsets_s, cfg, max_concurrency,
-                                           wait_for_start))
-        results.put((rank, [dataclasses.asdict(r) for r in records], None))
+        cpu0 = time.process_time()
+        records = _run_loop(run_schedule(specs, offsets_s, cfg, max_concurrency,
+                                         wait_for_start))
+        cpu_s = time.process_time() - cpu0
+        results.put((rank, [dataclasses.asdict(r) for r in records], cpu_s, None))
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
-        results.put((rank, None, f"{type(e).__name__}: {e}"))
+        results.put((rank, None, 0.0, f"{type(e).__name__}: {e}"))
 
 
 def split_concurrency(max_concurrency: int | None, num_processes: int) -> list[int | None]:
@@ -318,16 +332,20 @@ def split_concurrency(max_concurrency: int | None, num_processes: int) -> list[i
 def run_clients(specs: list[RequestSpec], offsets_s: list[float], cfg: ClientConfig,
                 max_concurrency: int | None, num_processes: int = 1,
                 progress: Callable[[RequestRecord], None] | None = None,
-                ) -> list[RequestRecord]:
+                ) -> tuple[list[RequestRecord], float]:
     """Run the schedule in this process (num_processes=1) or spread over spawned client
     processes: request i goes to process i % num_processes at its own offset, and the
-    in-flight cap is split between them. Returns the records sorted by request index.
-    Ends by itself: every request is bounded by cfg.request_timeout_s."""
+    in-flight cap is split between them. Returns the records sorted by request index, and
+    the CPU seconds the client processes spent (user + system, summed over processes; to
+    show whether the client, not the server, limits a run). Ends by itself: every request is
+    bounded by cfg.request_timeout_s."""
     caps = split_concurrency(max_concurrency, num_processes)
     if num_processes == 1:
         _raise_open_files_limit()
-        return asyncio.run(run_schedule(specs, offsets_s, cfg, max_concurrency,
-                                        on_done=progress))
+        cpu0 = time.process_time()
+        records = _run_loop(run_schedule(specs, offsets_s, cfg, max_concurrency,
+                                         on_done=progress))
+        return records, time.process_time() - cpu0
     ctx = multiprocessing.get_context("spawn")
     ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     start_timeout_s = 120.0
@@ -344,17 +362,19 @@ def run_clients(specs: list[RequestSpec], offsets_s: list[float], cfg: ClientCon
         go.set()
         bound = (max(offsets_s, default=0.0) + cfg.request_timeout_s) * 2 + 60.0
         records: list[RequestRecord] = []
+        cpu_s = 0.0
         for _ in processes:
-            rank, rows, error = _get(results, processes, bound, "to finish")
+            rank, rows, process_cpu_s, error = _get(results, processes, bound, "to finish")
             if error is not None:
                 raise RuntimeError(f"client process {rank} failed: {error}")
             records.extend(RequestRecord(**row) for row in rows)
+            cpu_s += process_cpu_s
     finally:
         for p in processes:
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    return sorted(records, key=lambda r: r.index)
+    return sorted(records, key=lambda r: r.index), cpu_s
 
 
 def _get(q, processes, timeout_s: float, what: str):

@@ -8,9 +8,9 @@ Workloads (random token ids, ignore_eos, so every request generates exactly its 
 Reports output tok/s, total tok/s, requests/s; a per-step trace of the timed run (wall time
 between steps, requests and tokens scheduled, device time of the model from CUDA events),
 summed for decode-only steps and steps with prefill; the mean step time split into schedule,
-prepare, forward, sample, update (a second pass with a device sync per phase); KV usage; and a
-roofline: floor = (bytes of weights read once per step + bytes of K/V read by decode
-attention) / measured read bandwidth + prefill FLOPs / measured bf16 matmul rate;
+prepare, forward, sample, update (a second pass with a device sync per phase); KV usage; and the
+honest roofline of `pagedrt.bench.roofline` (the least time any engine could take: work a
+minimal engine must do, against the run's measured read bandwidth and bf16 matmul rate);
 efficiency = floor / measured time.
 
 --compare hf runs, on the same weights in the same process: HF `generate` (static batch,
@@ -44,8 +44,12 @@ from pagedrt.bench.common import (
     load,
     make_llm,
     sync,
+    sync_engine,
     write_results,
 )
+from pagedrt.bench.roofline import RooflineModel, roofline_floor
+from pagedrt.engine.llm_engine import resolve_device
+from pagedrt.models.loader import LoadedModel
 from pagedrt.sampling_params import SamplingParams
 
 
@@ -96,40 +100,30 @@ def text_workload(args, seed: int = 0) -> tuple[list[list[int]], list[SamplingPa
     return prompts, params, f"text{args.num_requests}x{args.output_len}"
 
 
-def roofline(loaded, prompts, params, num_steps: int, ceilings: dict, dtype) -> float:
-    """Floor time in seconds (see the module docstring)."""
-    mc = loaded.model_config
+def roofline(mc, prompts, params, ceilings: dict, dtype) -> dict:
+    """The honest floor of these requests on model `mc` (`pagedrt.bench.roofline`, formula in
+    its docstring): {"floor_s", "bound_s", "flops", "bytes", "steps", "compute_bound_steps"}."""
     elem = torch.empty((), dtype=dtype).element_size()
-    weight_bytes = sum(p.numel() for p in loaded.model.parameters()) * elem
-    kv_per_token = 2 * mc.num_hidden_layers * mc.num_key_value_heads * mc.head_dim * elem
-    kv_bytes = 0
-    prefill_flops = 0.0
-    n_params = sum(p.numel() for p in loaded.model.parameters())
-    for prompt, p in zip(prompts, params):
-        L, T = len(prompt), p.max_tokens
-        # decode step i reads the K/V of L + i tokens
-        kv_bytes += kv_per_token * (T * L + T * (T - 1) // 2)
-        attn = 4 * mc.num_hidden_layers * mc.num_attention_heads * mc.head_dim * L * L / 2
-        prefill_flops += 2 * n_params * L + attn
-    return ((num_steps * weight_bytes + kv_bytes) / ceilings["read_bytes_per_s"]
-            + prefill_flops / ceilings["matmul_flop_per_s"])
+    return roofline_floor(RooflineModel.from_config(mc), [len(p) for p in prompts],
+                          [p.max_tokens for p in params], ceilings, elem)
 
 
 def timed_generate(llm, prompts, params) -> tuple[float, int, list]:
     """(seconds, engine steps, outputs) of one offline run."""
     engine = llm.llm_engine
     base_steps = engine.counters["num_steps"]
-    sync(engine.device)
+    sync_engine(engine)
     t = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
-    sync(engine.device)
+    sync_engine(engine)
     return time.perf_counter() - t, engine.counters["num_steps"] - base_steps, outs
 
 
 def trace_steps(engine) -> tuple[list, Callable[[], None]]:
     """Wrap engine.step to record, per call, [seconds since the previous call returned,
     requests scheduled, tokens scheduled, device ms of the model (CUDA events around
-    ModelRunner.execute, read after the run; None on CPU), host ms of each phase of the call
+    the executor's execute, read after the run; None on CPU or with the model in worker
+    processes), host ms of each phase of the call
     ({"schedule", "prepare", "forward", "sample", "update"}, from the engine's StepClock without
     synchronizing: "forward" is the time to launch the model, "update" includes waiting for
     the previous step's tokens)]. With async scheduling the last call may schedule nothing
@@ -137,9 +131,9 @@ def trace_steps(engine) -> tuple[list, Callable[[], None]]:
     Returns (the list it appends to, a function that fills in the device times and unwraps)."""
     trace: list = []
     events: list = []
-    step, execute = engine.step, engine.model_runner.execute
+    step, execute = engine.step, engine.executor.execute
     last = [time.perf_counter()]
-    cuda = engine.device.type == "cuda"
+    cuda = engine.device.type == "cuda" and engine.model_runner is not None
 
     def traced_execute(*a, **kw):
         if not cuda:
@@ -167,9 +161,9 @@ def trace_steps(engine) -> tuple[list, Callable[[], None]]:
     def finish():
         for i, start, end in events:
             trace[i][3] = start.elapsed_time(end)
-        del engine.step, engine.model_runner.execute  # back to the class's methods
+        del engine.step, engine.executor.execute  # back to the class's methods
 
-    engine.step, engine.model_runner.execute = traced, traced_execute
+    engine.step, engine.executor.execute = traced, traced_execute
     return trace, finish
 
 
@@ -191,7 +185,7 @@ def summarize_trace(trace: list) -> dict:
     return out
 
 
-def run_pagedrt(llm, loaded, args, prompts, params, ceilings, name: str, workload: str) -> dict:
+def run_pagedrt(llm, args, prompts, params, ceilings, name: str, workload: str) -> dict:
     engine = llm.llm_engine
     trace, finish_trace = trace_steps(engine)
     elapsed, num_steps, outs = timed_generate(llm, prompts, params)
@@ -212,7 +206,7 @@ def run_pagedrt(llm, loaded, args, prompts, params, ceilings, name: str, workloa
         profile_decode(llm, make_workload(args, seed=2)[0], args, f"{name}_{args.name}")
     steps = max(engine.counters["num_steps"] - steps0, 1)
     split_ms = {k: 1e3 * v / steps for k, v in engine.clock.totals.items()}
-    floor = roofline(loaded, prompts, params, num_steps, ceilings, engine.dtype)
+    floor = roofline(engine.model_config, prompts, params, ceilings, engine.dtype)
     return {
         "system": "pagedrt", "workload": f"{name} {workload}", "num_requests": len(prompts),
         "input_tokens": n_in, "output_tokens": n_out, "elapsed_s": elapsed,
@@ -223,8 +217,11 @@ def run_pagedrt(llm, loaded, args, prompts, params, ceilings, name: str, workloa
         "async_scheduling": engine.async_scheduling,
         "kv_num_blocks": stats["num_blocks"], "kv_peak_used_blocks": stats["peak_used_blocks"],
         "peak_batch_size": stats["peak_batch_size"], "num_preemptions": stats["num_preemptions"],
-        "roofline_floor_s": floor, "roofline_efficiency": floor / elapsed,
+        "roofline_floor_s": floor["floor_s"], "roofline_efficiency": floor["floor_s"] / elapsed,
+        "roofline": floor,
         "cuda_graphs": not args.enforce_eager,
+        "tensor_parallel_size": engine.executor.tp_size,
+        "worker_processes": engine.model_runner is None,
     }
 
 
@@ -290,22 +287,33 @@ def run_hf_generate_batch(hf, prompts, params, name: str, workload: str) -> dict
             "num_requests": len(prompts), **row}
 
 
+def _tokenizer(model, in_process: bool):
+    """The model's tokenizer (the text workload's prompts), or None."""
+    if in_process:
+        return model.tokenizer
+    if not isinstance(model, str):
+        return None  # random weights: no tokenizer
+    from pagedrt.models.loader import load_tokenizer, resolve_checkpoint
+
+    return load_tokenizer(resolve_checkpoint(model).tokenizer_dir)
+
+
 def warm_up(llm, args) -> None:
     warm, warm_params, _ = make_workload(args, seed=3)
     llm.generate(warm, [dataclasses.replace(p, max_tokens=min(8, p.max_tokens))
                         for p in warm_params], use_tqdm=False)
 
 
-def compare_speculative(args, loaded, name, prompts, params, ceilings, workload) -> int:
+def compare_speculative(args, model, name, prompts, params, ceilings, workload) -> int:
     """The workload with speculation off, then on (--speculative-config), one engine each."""
     if args.speculative_config is None:
         raise ValueError("--compare-speculative needs --speculative-config JSON")
     results = []
     sweep = [int(x) for x in args.batch_sizes.split(",") if x]
     for label, overrides in (("off", {"speculative_config": None}), ("on", {})):
-        llm = make_llm(loaded, args, **overrides)
+        llm = make_llm(model, args, **overrides)
         warm_up(llm, args)
-        row = run_pagedrt(llm, loaded, args, prompts, params, ceilings, name, workload)
+        row = run_pagedrt(llm, args, prompts, params, ceilings, name, workload)
         row["speculation"] = label
         row["speculative_config"] = llm.llm_engine.config.speculative_config
         stats = llm.stats()
@@ -366,18 +374,25 @@ def main(argv: list[str]) -> int:
                    help="also run the fixed workload with these numbers of requests (a sweep "
                         "for the throughput-vs-batch plot), e.g. 1,8,32,64,128")
     args = p.parse_args(argv)
-    loaded, name = load(args)
-    args.tokenizer = loaded.tokenizer
-    device = next(loaded.model.parameters()).device
+    model, name = load(args)
+    in_process = isinstance(model, LoadedModel)
+    if args.compare == "hf" and not in_process:
+        raise ValueError("--compare hf needs the model in this process: leave "
+                         "--tensor-parallel-size at 1 and the executor backend at auto or uni")
+    device = (next(model.model.parameters()).device if in_process
+              else resolve_device(args.device))
+    args.tokenizer = _tokenizer(model, in_process)
     ceilings = device_ceilings(device)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # what the ceilings used is free for the KV cache
     prompts, params, workload = make_workload(args)
     if args.compare_speculative:
-        return compare_speculative(args, loaded, name, prompts, params, ceilings, workload)
-    llm = make_llm(loaded, args)
+        return compare_speculative(args, model, name, prompts, params, ceilings, workload)
+    llm = make_llm(model, args)
     # warm-up: the same shapes and sampling settings on other token ids, 8 output tokens each
     # (compiles kernels, grows the allocator's pools); the timed runs below are steady state
     warm_up(llm, args)
-    results = [run_pagedrt(llm, loaded, args, prompts, params, ceilings, name, workload)]
+    results = [run_pagedrt(llm, args, prompts, params, ceilings, name, workload)]
     for b in [int(x) for x in args.batch_sizes.split(",") if x]:
         sub = argparse.Namespace(**{**vars(args), "num_requests": b})
         sub_prompts, sub_params, sub_workload = make_workload(sub, seed=100 + b)
@@ -387,12 +402,13 @@ def main(argv: list[str]) -> int:
             "system": "pagedrt", "workload": f"{name} {sub_workload}", "num_requests": b,
             "output_tokens": n_out, "elapsed_s": elapsed, "output_tok_s": n_out / elapsed,
             "num_steps": steps, "ms_per_step": 1e3 * elapsed / steps,
-            "roofline_efficiency": roofline(loaded, sub_prompts, sub_params, steps, ceilings,
-                                            llm.llm_engine.dtype) / elapsed,
+            "roofline_efficiency": roofline(llm.llm_engine.model_config, sub_prompts,
+                                            sub_params, ceilings,
+                                            llm.llm_engine.dtype)["floor_s"] / elapsed,
         })
     free_llm(llm)
     if args.compare == "hf":
-        hf = hf_model_like(loaded, next(loaded.model.parameters()).dtype, device)
+        hf = hf_model_like(model, next(model.model.parameters()).dtype, device)
         if args.workload == "fixed":
             for bs in [int(b) for b in args.hf_batch_sizes.split(",") if b]:
                 n = min(len(prompts), bs)  # one static batch of bs requests

@@ -1,10 +1,12 @@
-"""LLMEngine: owns the model, the KV cache and the scheduler; `step()` runs one iteration.
+"""LLMEngine: owns the scheduler, the KV block manager and the requests, and drives the device
+side (model, KV cache, sampler) through an executor; `step()` runs one iteration.
 
     step():  schedule -> execute -> sample -> update
 
-`Scheduler.schedule` makes a `StepPlan`, `ModelRunner.execute` runs it (model and sampler),
-`ModelRunner.fetch` returns the `StepResult`, `Scheduler.update` writes it into the requests:
-plan and result are plain data (docs/design.md).
+`Scheduler.schedule` makes a `StepPlan`, the executor's `execute` runs it (`ModelRunner.execute`:
+model and sampler, in this process or on every tensor-parallel rank,
+pagedrt/distributed/executor.py), its `fetch` returns the `StepResult`, `Scheduler.update`
+writes it into the requests: plan and result are plain data (docs/design.md).
 
 Requests can be added and aborted between any two steps (iteration-level batching).
 
@@ -41,17 +43,15 @@ import torch
 from pagedrt.config import EngineConfig
 from pagedrt.core.plan import StepPlan
 from pagedrt.core.request import Request, RequestStatus
+from pagedrt.distributed.executor import ExecutorError, RemoteStep, create_executor
 from pagedrt.engine.detokenizer import IncrementalDetokenizer
-from pagedrt.engine.model_runner import LaunchedStep, ModelRunner
+from pagedrt.engine.model_runner import LaunchedStep
 from pagedrt.engine.profiling import StepClock
 from pagedrt.engine.scheduler import Scheduler
 from pagedrt.engine.validation import EngineLimits, validate_prompt
-from pagedrt.kv.kv_cache import KVCache, KVCacheSpec, num_blocks_for_budget
 from pagedrt.kv.kv_cache_manager import KVCacheManager
-from pagedrt.models.loader import load_model
 from pagedrt.outputs import CompletionOutput, RequestOutput, TokenEvent
 from pagedrt.sampling_params import SamplingParams
-from pagedrt.spec.draft_model import DraftModelProposer
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
            "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
@@ -75,26 +75,6 @@ def spec_decode_stats(scheduler: Scheduler) -> dict:
         "spec_decode_acceptance_rate": accepted / proposed if proposed else 0.0,
         "spec_decode_mean_accepted_length": 1.0 + accepted / drafts if drafts else 0.0,
     }
-
-
-def load_draft_model(model, dtype: torch.dtype, device: torch.device, target,
-                     max_model_len: int):
-    """The draft model of speculative decoding: a path (loaded in `dtype` on `device`) or a
-    LoadedModel (used as it is). Raises ValueError when its vocabulary size differs from the
-    target's (`target`: the target's ModelConfig; drafts are token ids) or it cannot hold
-    max_model_len positions."""
-    draft = load_model(model, dtype, device) if isinstance(model, str) else model
-    name = model if isinstance(model, str) else draft.model_path
-    mc = draft.model_config
-    if mc.vocab_size != target.vocab_size:
-        raise ValueError(
-            f"draft model {name!r} has vocab_size={mc.vocab_size}, the target "
-            f"{target.vocab_size}; speculative decoding needs the same tokenizer")
-    if mc.max_position_embeddings < max_model_len:
-        raise ValueError(
-            f"draft model {name!r} has max_position_embeddings={mc.max_position_embeddings} < "
-            f"max_model_len={max_model_len}; lower max_model_len")
-    return draft
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -122,7 +102,7 @@ class InFlightStep:
     """A launched step whose sampled tokens the scheduler has not written yet."""
 
     plan: StepPlan
-    launched: LaunchedStep
+    launched: LaunchedStep | RemoteStep
 
 
 class LLMEngine:
@@ -134,62 +114,47 @@ class LLMEngine:
         device: str | torch.device = "auto",
         loaded=None,
     ) -> None:
+        """model: a .gguf file, a Hugging Face folder, RandomWeights, or None (the default
+        model); loaded: a LoadedModel used instead (its whole model on one device).
+
+        Raises:
+            ValueError: bad settings, an unknown model, a tensor-parallel split the model does
+                not allow or a process group that cannot form (see create_executor).
+        """
         self.config = config = config or EngineConfig()
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        loaded = loaded or load_model(model, self.dtype, self.device)
-        self.model, self.model_config, self.tokenizer = (
-            loaded.model, loaded.model_config, loaded.tokenizer)
-        self.model_path = loaded.model_path
-        mc = self.model_config
-        self.max_model_len = config.max_model_len or mc.max_position_embeddings
-        if self.max_model_len > mc.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len={self.max_model_len} exceeds the model's "
-                f"max_position_embeddings={mc.max_position_embeddings}"
-            )
-        backend = config.attention_backend
-        kv_spec = KVCacheSpec.for_model(mc, config.block_size, self.dtype)
-        num_blocks = num_blocks_for_budget(kv_spec, config, self.device)
-        spec_config = config.speculative
-        draft = None
-        if spec_config is not None and spec_config.method == "draft_model":
-            draft = load_draft_model(spec_config.model, self.dtype, self.device, mc,
-                                     self.max_model_len)
-            draft_spec = KVCacheSpec.for_model(draft.model_config, config.block_size,
-                                               self.dtype)
-            if config.num_kv_blocks is None:  # the budget holds both caches, block for block
-                num_blocks = max(num_blocks * kv_spec.bytes_per_block
-                                 // (kv_spec.bytes_per_block + draft_spec.bytes_per_block), 1)
-        num_cpu_blocks = (config.swap_space_bytes // kv_spec.bytes_per_block
-                          if config.preemption_mode == "swap" else 0)
+        # the device side: one rank in this process, or tensor-parallel worker processes
+        self.executor = executor = create_executor(model, loaded, config, self.dtype,
+                                                   self.device)
+        self.model_config = mc = executor.model_config
+        self.tokenizer = executor.tokenizer
+        self.model_path = executor.model_path
+        self.max_model_len = executor.max_model_len
+        num_blocks, num_cpu_blocks = executor.num_blocks, executor.num_cpu_blocks
         self.kv_manager = KVCacheManager(
-            num_blocks, config.block_size, config.enable_prefix_caching, num_cpu_blocks
+            num_blocks, config.block_size, config.enable_prefix_caching, num_cpu_blocks,
+            sliding_window=mc.kv_sliding_window,
         )
-        self.kv_cache = KVCache(kv_spec, num_blocks, num_cpu_blocks, self.device, backend)
-        self.limits = EngineLimits(mc.vocab_size, self.max_model_len, num_blocks,
-                                   config.block_size, config.max_num_seqs)
+        window = mc.kv_sliding_window  # blocks before it are given back as it moves
+        self.limits = EngineLimits(
+            mc.vocab_size, self.max_model_len, num_blocks, config.block_size,
+            config.max_num_seqs, None if window is None else
+            -(-(window - 1 + config.max_num_batched_tokens) // config.block_size) + 2)
         self.scheduler = Scheduler(config, self.kv_manager)
-        draft_proposer = None
-        if draft is not None:
-            draft_proposer = DraftModelProposer(
-                draft.model, KVCache(draft_spec, num_blocks, 0, self.device, backend),
-                self.device, backend)
-        self.model_runner = ModelRunner(
-            self.model, self.kv_cache, self.device, backend,
-            max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-            use_cuda_graphs=not config.enforce_eager,
-            max_num_batched_tokens=config.max_num_batched_tokens, seed=config.seed,
-            num_speculative_tokens=spec_config.num_speculative_tokens if spec_config else 0,
-            spec_max_num_seqs=spec_config.disable_by_batch_size if spec_config else 0,
-            draft_proposer=draft_proposer)
+        # the rank in this process, when there is one (tests and benchmarks look inside)
+        local = executor.local
+        self.model_runner = None if local is None else local.model_runner
+        self.model = None if local is None else local.model
+        self.kv_cache = None if local is None else local.kv_cache
         self.eos_token_ids = tuple(mc.eos_token_ids)
         if (not self.eos_token_ids and self.tokenizer is not None
                 and self.tokenizer.eos_token_id is not None):
             self.eos_token_ids = (self.tokenizer.eos_token_id,)
         self.requests: dict[str, Request] = {}  # request_id -> first sequence of the group
         self.last_scheduler_output: StepPlan | None = None  # the latest plan (tests read it)
-        self.clock = StepClock(self.device)
+        # with the model in other processes there is no device here to synchronize with
+        self.clock = StepClock(self.device if local is not None else torch.device("cpu"))
         self.async_scheduling = config.async_scheduling
         if self.async_scheduling is None:  # PAGEDRT_ASYNC_SCHEDULING=0|1 overrides the default
             env = os.environ.get("PAGEDRT_ASYNC_SCHEDULING")
@@ -297,7 +262,21 @@ class LLMEngine:
 
         With async scheduling the update is that of the previous step, made after this one was
         launched (see the module docstring); outputs then trail the device by one step.
+
+        Raises:
+            ExecutorError: a tensor-parallel worker raised, died or hung; every request of
+                the engine has been ended (aborted, its blocks freed), and every later step
+                raises it again.
         """
+        try:
+            return self._step()
+        except ExecutorError:
+            self.in_flight = None
+            for request_id in list(self.requests):
+                self.abort_request(request_id)
+            raise
+
+    def _step(self) -> list[RequestOutput]:
         clock = self.clock.start()
         outputs: list[RequestOutput] = []
         if self.in_flight is not None and (self._history_request_ids
@@ -312,7 +291,7 @@ class LLMEngine:
             for child in self.requests[parent_id].group[1:]:
                 self._init_sequence(child)
         clock.mark("schedule")
-        step = self.model_runner.execute(plan, clock)  # with no request scheduled: rows only
+        step = self.executor.execute(plan, clock)  # with no request scheduled: rows only
         launched = InFlightStep(plan, step) if step is not None else None
         previous, self.in_flight = self.in_flight, launched
         if previous is not None:
@@ -335,7 +314,7 @@ class LLMEngine:
         """Read a launched step's tokens and hand them to the scheduler, which writes them and
         finishes the sequences that `_check_stop` stops; returns the outputs to report (none
         in token-event mode: the scheduler appended a TokenEvent per token instead)."""
-        result = self.model_runner.fetch(step.launched)
+        result = self.executor.fetch(step.launched)
         events = self.token_events
         heads, num_generated = self.scheduler.update(step.plan, result, self._check_stop,
                                                      events)
@@ -448,23 +427,38 @@ class LLMEngine:
 
     def check_integrity(self) -> None:
         """Assert, between steps, the block manager's invariants (docs/design.md) and that the
-        device side's rows agree with the host: one row per running sequence (and per
-        sequence finished or preempted since the last plan, which the next plan drops), holding its
-        tokens (-1 where one is still being sampled), computed count and block table."""
+        device side's rows agree with the host, on every tensor-parallel rank: one row per
+        running sequence (and per sequence finished or preempted since the last plan, which
+        the next plan drops), holding its tokens (-1 where one is still being sampled),
+        computed count and block table."""
         self.kv_manager.check_integrity()
-        batch = self.model_runner.batch
+        if self.executor.remotes:
+            snapshots = self.executor.row_snapshots()
+        else:
+            batch = self.model_runner.batch
+            snapshots = [{req_id: batch.row_view(req_id) for req_id in batch.row_of}]
         running = {seq.request_id: seq for seq in self.scheduler.running}
-        rows = set(batch.row_of)
-        assert set(running) <= rows <= set(running) | self.scheduler.ids_to_drop(), (
-            f"rows {sorted(rows)}, running {sorted(running)}, to drop "
-            f"{sorted(self.scheduler.ids_to_drop())}")
         changed = self.kv_manager.has_block_changes
-        for req_id, seq in running.items():
-            token_ids, num_computed, block_ids = batch.row_view(req_id)
-            assert token_ids == seq.all_token_ids, (
-                f"{seq}: the row holds {token_ids}, the request {seq.all_token_ids}")
-            assert num_computed == seq.num_computed_tokens, (
-                f"{seq}: the row has {num_computed} computed tokens")
-            assert changed or block_ids == self.kv_manager.block_ids(req_id), (
-                f"{seq}: the row's block table {block_ids}, the KV manager's "
-                f"{self.kv_manager.block_ids(req_id)}")
+        for rank, snapshot in enumerate(snapshots):
+            rows = set(snapshot)
+            assert set(running) <= rows <= set(running) | self.scheduler.ids_to_drop(), (
+                f"rank {rank}: rows {sorted(rows)}, running {sorted(running)}, to drop "
+                f"{sorted(self.scheduler.ids_to_drop())}")
+            for req_id, seq in running.items():
+                token_ids, num_computed, block_ids = snapshot[req_id]
+                assert token_ids == seq.all_token_ids, (
+                    f"rank {rank}, {seq}: the row holds {token_ids}, the request "
+                    f"{seq.all_token_ids}")
+                assert num_computed == seq.num_computed_tokens, (
+                    f"rank {rank}, {seq}: the row has {num_computed} computed tokens")
+                # entries given back by a sliding window hold stale ids there: never read
+                released = self.kv_manager.num_released_blocks(req_id)
+                assert changed or block_ids[released:] == self.kv_manager.block_ids(req_id)[
+                    released:], (
+                    f"rank {rank}, {seq}: the row's block table {block_ids}, the KV manager's "
+                    f"{self.kv_manager.block_ids(req_id)} ({released} released)")
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes (nothing to do for a model in this
+        process); the engine cannot step afterwards. Garbage collection does the same."""
+        self.executor.shutdown()

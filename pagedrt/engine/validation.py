@@ -18,6 +18,9 @@ class EngineLimits(NamedTuple):
         num_blocks: KV blocks in the whole cache.
         block_size: tokens per KV block.
         max_num_seqs: most sequences in one step (bounds n).
+        max_blocks_per_seq: most blocks one sequence holds at once when that is less than its
+            whole length needs (a model whose every layer has a sliding window: the window
+            plus one step's tokens); None = every block of its length.
     """
 
     vocab_size: int
@@ -25,6 +28,7 @@ class EngineLimits(NamedTuple):
     num_blocks: int
     block_size: int
     max_num_seqs: int
+    max_blocks_per_seq: int | None = None
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -66,6 +70,8 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
             "lower max_tokens or shorten the prompt"
         )
     need = -(-(n + params.max_tokens) // limits.block_size)
+    if limits.max_blocks_per_seq is not None:
+        need = min(need, limits.max_blocks_per_seq)
     if need > limits.num_blocks:
         raise ValueError(
             f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) needs {need} KV blocks "

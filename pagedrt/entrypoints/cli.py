@@ -140,6 +140,18 @@ def set_num_threads_from_env() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if os.environ.get("RANK", "0") != "0" and "LOCAL_RANK" in os.environ:
+        # started by torchrun, not as rank 0: a tensor-parallel worker of rank 0's engine,
+        # whatever the command (pagedrt/distributed/torchrun.py)
+        from pagedrt.distributed.torchrun import device_option, run_worker
+
+        logging.basicConfig(level=logging.WARNING)
+        try:
+            set_num_threads_from_env()
+            return run_worker(device_option(argv))
+        except ValueError as e:
+            print(f"pagedrt: error: {e}", file=sys.stderr)
+            return 2
     if len(argv) >= 2 and argv[0] == "bench" and argv[1] in BENCHES:
         # each benchmark has its own options (and --help): hand it the rest of the line
         logging.basicConfig(level=logging.WARNING)

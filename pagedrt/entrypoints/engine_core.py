@@ -20,9 +20,11 @@ a slow API process costs memory, not steps. Detokenization, chat templates and S
 API process; the core only detokenizes requests with stop strings (it must find them to stop).
 
 Faults: a ValueError from `add` fails that request only (400); an exception in a step fails
-the requests in flight (500), which are aborted, and the loop goes on. The process exits when
-any liveness pipe closes (a parent or API process died) or a Shutdown command arrives. See
-docs/design.md for the whole process layout.
+the requests in flight (500), which are aborted, and the loop goes on, unless it is an
+`ExecutorError` (a tensor-parallel worker died or raised: the workers are gone), after which the
+failures are sent and the process exits with status 1. The process exits when any liveness pipe
+closes (a parent or API process died) or a Shutdown command arrives. See docs/design.md for the
+whole process layout.
 """
 
 from __future__ import annotations
@@ -155,6 +157,8 @@ def run_engine_core(spec: CoreSpec, conns: list[Connection]) -> None:
         conn.send(("ready", core.info))
     with profiled("engine-core"):
         core.run()
+    if core.fatal is not None:
+        raise SystemExit(1)
 
 
 @contextlib.contextmanager
@@ -224,9 +228,15 @@ class EngineCore:
         self.failures: list[list[Failure]] = [[] for _ in self.outputs]
         self._last_stats_time = 0.0
         self._stopping = False
+        self.fatal: str | None = None  # why the loop stopped after a fault it cannot outlive
         # seconds spent per part of the loop, and steps run: logged when the loop ends
         self.loop_time_s = {"poll": 0.0, "commands": 0.0, "step": 0.0, "publish": 0.0}
         self.num_steps = 0
+        # $PAGEDRT_STEP_TRACE=FILE: a timeline of the served run, written as JSON at exit: per
+        # step [start s, end s, sequences, tokens], per request added [time s, prompt tokens]
+        # (time.perf_counter; a diagnostic for benchmarks/serve_record.sh)
+        self.trace_path = os.environ.get("PAGEDRT_STEP_TRACE")
+        self.trace: dict[str, list] = {"steps": [], "adds": []}
 
     # ------------------------------------------------------------ loop
     def run(self) -> None:
@@ -256,6 +266,10 @@ class EngineCore:
                 if engine.has_unfinished_requests():
                     self._step()
                     self.num_steps += 1
+                    if self.trace_path:
+                        plan = engine.last_scheduler_output
+                        self.trace["steps"].append([t2, clock(), len(plan.req_ids),
+                                                    plan.total_num_tokens])
                 t3 = clock()
                 now = time.monotonic()
                 stats_due = now - self._last_stats_time > STATS_INTERVAL_S
@@ -271,8 +285,14 @@ class EngineCore:
         finally:
             print(f"pagedrt engine core: {self.num_steps} steps; loop seconds "
                   + ", ".join(f"{k} {v:.2f}" for k, v in spent.items()), flush=True)
-            for sock in (self.input, *self.outputs):
-                sock.close(linger=0)
+            if self.trace_path:
+                import json
+
+                with open(self.trace_path, "w") as f:
+                    json.dump(self.trace, f)
+            self.input.close(linger=0)
+            for sock in self.outputs:  # after a fault, the failures just sent must get out
+                sock.close(linger=1000 if self.fatal is not None else 0)
             self.zmq_context.term()
 
     def _apply(self, command) -> None:
@@ -290,6 +310,8 @@ class EngineCore:
                     Failure(rid, 500, f"adding the request failed: {e!r}"))
                 return
             self.client_of[rid] = command.client_index
+            if self.trace_path:
+                self.trace["adds"].append([time.perf_counter(), len(command.prompt_token_ids)])
             if self._last_stats_time < 0:
                 self._last_stats_time = 0.0  # busy again: snapshots resume
         elif isinstance(command, Abort):
@@ -302,6 +324,8 @@ class EngineCore:
             logger.error("unknown command %r", command)
 
     def _step(self) -> None:
+        from pagedrt.distributed.executor import ExecutorError
+
         try:
             self.engine.step()
         except Exception as e:
@@ -311,6 +335,9 @@ class EngineCore:
                 self.engine.abort_request(rid)
                 self.failures[client].append(Failure(rid, 500, f"engine step failed: {e!r}"))
             self.client_of.clear()
+            if isinstance(e, ExecutorError):  # the model's workers are gone: so is the core
+                self.fatal = str(e)
+                self._stopping = True
 
     def _publish(self, with_stats: bool) -> None:
         """Send this step's events and failures, one message per API process."""

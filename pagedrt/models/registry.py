@@ -14,8 +14,8 @@ MODEL_REGISTRY: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": ("pagedrt.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("pagedrt.models.llama", "LlamaForCausalLM"),  # + qkv bias
     "Qwen3ForCausalLM": ("pagedrt.models.llama", "LlamaForCausalLM"),  # + q/k RMSNorm
-    # only without sliding-window attention (ModelConfig.from_hf_config rejects a real window)
-    "MistralForCausalLM": ("pagedrt.models.llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("pagedrt.models.llama", "LlamaForCausalLM"),  # + sliding window
+    "Gemma3ForCausalLM": ("pagedrt.models.gemma3", "Gemma3ForCausalLM"),  # text-only
 }
 
 

@@ -96,32 +96,37 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping, backend: str = "auto",
 
 def paged_attention_decode(
     query, k_cache, v_cache, block_tables, seq_lens, scale, backend: str = "auto",
-    validate: bool = True,
+    validate: bool = True, sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Decode attention (one query token per sequence); see the reference for shapes."""
+    """Decode attention (one query token per sequence); see the reference for shapes.
+
+    sliding_window: attend only to the last `sliding_window` tokens; None = all of them.
+    """
     if _use_triton(backend, query):
         return _triton_ops().paged_attention_decode_triton(
-            query, k_cache, v_cache, block_tables, seq_lens, scale, validate=validate)
+            query, k_cache, v_cache, block_tables, seq_lens, scale, validate=validate,
+            sliding_window=sliding_window)
     return ref.paged_attention_decode_reference(query, k_cache, v_cache, block_tables, seq_lens,
-                                                scale)
+                                                scale, sliding_window)
 
 
 def paged_attention_extend(
     query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, backend: str = "auto",
-    max_query_len: int | None = None, validate: bool = True,
+    max_query_len: int | None = None, validate: bool = True, sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed query chunks over cached prefixes; see the reference.
 
     max_query_len: longest query chunk, when the caller knows it (saves the Triton wrapper a
-    device-to-host read).
+    device-to-host read). sliding_window: each query attends only to its last
+    `sliding_window` positions; None = the whole prefix.
     """
     if _use_triton(backend, query):
         return _triton_ops().paged_attention_extend_triton(
             query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale,
-            max_query_len=max_query_len, validate=validate,
+            max_query_len=max_query_len, validate=validate, sliding_window=sliding_window,
         )
     return ref.paged_attention_extend_reference(
-        query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale
+        query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, sliding_window
     )
 
 
@@ -143,18 +148,21 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     kv_written: bool = False,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """What an attention layer calls: write the new K/V (unless `kv_written`: the caller's
-    fused RoPE kernel did), then decode or extend. The model builds every tensor here itself,
-    so the Triton wrappers skip their argument checks."""
+    fused RoPE kernel did), then decode or extend, over the last `sliding_window` positions of
+    each query when the layer has one. The model builds every tensor here itself, so the
+    Triton wrappers skip their argument checks."""
     if not kv_written:
         write_kv(key, value, k_cache, v_cache, meta.slot_mapping, meta.backend, validate=False)
     if meta.max_query_len == 1:  # decode only
         return paged_attention_decode(
             query, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, meta.backend,
-            validate=False,
+            validate=False, sliding_window=sliding_window,
         )
     return paged_attention_extend(
         query, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, scale,
         meta.backend, max_query_len=meta.max_query_len, validate=False,
+        sliding_window=sliding_window,
     )

@@ -16,6 +16,17 @@ the chunk sits at position p_j = seq_len - q_len + j and sees keys 0 .. p_j:
     tile:         [p_first ........ p_last]  (this program's tokens)
     loop 1: keys [0, p_first + 1) rounded down to BLOCK_N: no causal mask needed
     loop 2: the rest up to p_last: masked with key <= p_row
+
+With a sliding window W (WINDOW > 0, a constexpr; 0 compiles the kernel above unchanged) the
+row at p sees keys p - W + 1 .. p, and the tile's keys split into three ranges:
+
+    keys:   lo = max(p_first - W + 1, 0) ............................. p_last
+            [ lower band: masked ][ seen by every row: no mask ][ upper band: masked ]
+                                  ^ max(p_last - W + 1, lo), whole BLOCK_N tiles up to p_first
+
+Keys before lo, and the blocks holding only such keys, are never read (the KV manager may
+have given those blocks to another sequence). A row can see nothing in a lower-band tile, so
+that path keeps its running max at -inf safely (exp2 of -inf - 0 = 0, never -inf - -inf).
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from pagedrt.ops.triton_utils import (
     LOG2E,
     check_index,
     check_paged_args,
+    check_sliding_window,
     interpreting,
     launch_first_fitting,
     next_pow2,
@@ -42,9 +54,10 @@ def _extend_tiles(
     lo, hi,
     offs_d,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr,
 ):
-    """Online-softmax update over keys [lo, hi); with CAUSAL_MASK, key <= pos[row] and < hi."""
+    """Online-softmax update over keys [lo, hi); with CAUSAL_MASK, key <= pos[row] and < hi,
+    and with WINDOW > 0 also key > pos[row] - WINDOW."""
     for tile_start in range(lo, hi, BLOCK_N):
         offs_n = tile_start + tl.arange(0, BLOCK_N)
         if CAUSAL_MASK:
@@ -66,10 +79,15 @@ def _extend_tiles(
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
         if CAUSAL_MASK:
             visible = (offs_n[None, :] <= pos[:, None]) & (offs_n < hi)[None, :]
+            if WINDOW > 0:
+                visible = visible & (offs_n[None, :] > pos[:, None] - WINDOW)
             s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
+        m_ref = m_new  # what scores are taken relative to
+        if WINDOW > 0:  # a row may have seen no key yet: keep -inf - -inf out
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_ref[:, None])
+        alpha = tl.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -98,6 +116,7 @@ def _extend_kernel(
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    WINDOW: tl.constexpr = 0,  # sliding window in tokens; 0 = causal over the whole prefix
 ):
     kv_head = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -126,17 +145,29 @@ def _extend_kernel(
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         bt_row = block_tables_ptr + seq * stride_bt
         head_off = kv_head * stride_ch
-        # keys every row sees (no mask), then the diagonal band up to the last row's position
-        kv_unmasked = ((context + first_tok + 1) // BLOCK_N) * BLOCK_N
-        kv_end = context + tl.minimum(first_tok + TOKENS_PER_TILE, q_len)
+        kv_end = context + tl.minimum(first_tok + TOKENS_PER_TILE, q_len)  # p_last + 1
+        if WINDOW > 0:
+            # lower band [lo, full_lo), keys every row sees [full_lo, kv_unmasked), upper band
+            p_first = context + first_tok
+            lo = tl.maximum(p_first - WINDOW + 1, 0)
+            full_lo = tl.maximum(kv_end - WINDOW, lo)
+            kv_unmasked = full_lo + (tl.maximum(p_first + 1 - full_lo, 0) // BLOCK_N) * BLOCK_N
+            acc, l_i, m_i = _extend_tiles(
+                acc, l_i, m_i, q, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
+                stride_cb, stride_cs, scale_log2, lo, full_lo, offs_d,
+                BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW)
+        else:
+            # keys every row sees (no mask), then the diagonal band up to the last row's position
+            full_lo = 0
+            kv_unmasked = ((context + first_tok + 1) // BLOCK_N) * BLOCK_N
         acc, l_i, m_i = _extend_tiles(
             acc, l_i, m_i, q, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
-            stride_cb, stride_cs, scale_log2, 0, kv_unmasked, offs_d,
-            BLOCK_SIZE, BLOCK_N, False, UPCAST, DOT_PRECISION)
+            stride_cb, stride_cs, scale_log2, full_lo, kv_unmasked, offs_d,
+            BLOCK_SIZE, BLOCK_N, False, UPCAST, DOT_PRECISION, WINDOW)
         acc, l_i, m_i = _extend_tiles(
             acc, l_i, m_i, q, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
             stride_cb, stride_cs, scale_log2, kv_unmasked, kv_end, offs_d,
-            BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION)
+            BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW)
 
         out = acc / l_i[:, None]  # l_i >= 1: every row sees at least its own key
         tl.store(out_ptr + row_off[:, None] * stride_ot + head[:, None] * stride_oh
@@ -176,6 +207,7 @@ def paged_attention_extend_triton(
     config: dict | None = None,
     *,
     validate: bool = True,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention for packed query chunks over cached prefixes (K/V already written).
 
@@ -190,11 +222,15 @@ def paged_attention_extend_triton(
         config: launch overrides for tuning ({"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}).
         validate: check the arguments' contract (ValueError); the model's attention layers
             pass False for tensors they built (see `pagedrt.ops.fused_triton`).
+        sliding_window: each query attends only to its last `sliding_window` positions (>= 1,
+            itself included); None = the whole prefix. Blocks before every query's window are
+            not read.
     Returns:
         [num_tokens, num_heads, head_dim] in query's dtype.
     """
     if validate:
         check_paged_args(query, k_cache, v_cache, block_tables, seq_lens)
+        check_sliding_window(sliding_window)
         check_index("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), k_cache.device)
         num_seqs = seq_lens.shape[0]
         if cu_seqlens_q.shape[0] != num_seqs + 1 or block_tables.shape[0] < num_seqs:
@@ -227,6 +263,7 @@ def paged_attention_extend_triton(
             GROUP=group, TOKENS_PER_TILE=tokens_per_tile, BLOCK_M=block_m,
             BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_N=cfg["BLOCK_N"], UPCAST=upcast,
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+            WINDOW=sliding_window or 0,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
 

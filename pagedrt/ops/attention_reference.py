@@ -4,6 +4,12 @@ Every function here has the same signature as its Triton twin in `attention_trit
 They gather each sequence's keys and values through its block table and only ever touch the
 first `seq_lens[i]` slots, so stale or NaN data in unused slots cannot leak into the output.
 
+Sliding window (`sliding_window=W`, as in Mistral and Gemma 3's local layers): the query at
+position p sees keys p - W + 1 .. p, its last W positions (itself included). Keys before the
+window are neither gathered (extend) nor let into the arithmetic (decode zeroes them), so the
+blocks that hold them may have been handed to another sequence (docs/design.md, "Sliding
+window").
+
 Cache layout (per layer): `k_cache`, `v_cache` of shape
 `[num_blocks, block_size, num_kv_heads, head_dim]`; slot `s` is block `s // block_size`,
 offset `s % block_size`.
@@ -33,21 +39,28 @@ def write_kv_reference(
 
 
 def _gather_kv(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
+    k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, start: int,
+    end: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of one sequence, `[seq_len, num_kv_heads, head_dim]` each."""
+    """K and V of positions [start, end) of one sequence, `[end - start, num_kv_heads,
+    head_dim]` each; only the blocks holding those positions are read."""
     block_size = k_cache.shape[1]
-    num_blocks = (seq_len + block_size - 1) // block_size
-    blocks = block_table[:num_blocks].long()
-    k = k_cache[blocks].flatten(0, 1)[:seq_len]
-    v = v_cache[blocks].flatten(0, 1)[:seq_len]
+    first_block = start // block_size
+    num_blocks = (end + block_size - 1) // block_size
+    blocks = block_table[first_block:num_blocks].long()
+    offset = start - first_block * block_size
+    k = k_cache[blocks].flatten(0, 1)[offset:offset + end - start]
+    v = v_cache[blocks].flatten(0, 1)[offset:offset + end - start]
     return k, v
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal attention of the last `q_len` of `kv_len` positions, computed in fp32.
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+            first_key: int = 0, sliding_window: int | None = None) -> torch.Tensor:
+    """Causal attention of the last `q_len` positions over keys from position `first_key` on,
+    computed in fp32; with `sliding_window` W, each query sees only its last W positions.
 
-    q: [q_len, num_heads, head_dim]; k, v: [kv_len, num_kv_heads, head_dim].
+    q: [q_len, num_heads, head_dim]; k, v: [kv_len, num_kv_heads, head_dim], the keys of
+    positions first_key .. first_key + kv_len - 1 (the last query's position).
     Returns [q_len, num_heads, head_dim] in q's dtype.
     """
     q_len, num_heads, _ = q.shape
@@ -56,11 +69,13 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
     qf = q.float().transpose(0, 1)  # [num_heads, q_len, head_dim]
     kf = k.float().transpose(0, 1).repeat_interleave(group, dim=0)  # [num_heads, kv_len, d]
     vf = v.float().transpose(0, 1).repeat_interleave(group, dim=0)
-    mask = None
-    if q_len > 1:
-        # query i sits at absolute position kv_len - q_len + i and sees keys 0 .. that position
-        q_pos = torch.arange(kv_len - q_len, kv_len, device=q.device)[:, None]
-        mask = torch.arange(kv_len, device=q.device)[None, :] <= q_pos  # [q_len, kv_len]
+    end = first_key + kv_len  # one past the last query's position
+    # query i sits at position end - q_len + i and sees keys (pos - W, pos]
+    q_pos = torch.arange(end - q_len, end, device=q.device)[:, None]  # [q_len, 1]
+    k_pos = torch.arange(first_key, end, device=q.device)[None, :]  # [1, kv_len]
+    mask = k_pos <= q_pos  # [q_len, kv_len]
+    if sliding_window is not None:
+        mask &= k_pos > q_pos - sliding_window
     out = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, scale=scale)
     return out.transpose(0, 1).to(q.dtype)
 
@@ -72,11 +87,14 @@ def paged_attention_decode_reference(
     block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
     seq_lens: torch.Tensor,  # [num_seqs] int32, current token included
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
-    """One query token per sequence attending to all `seq_lens[i]` cached tokens.
+    """One query token per sequence attending to all `seq_lens[i]` cached tokens (the last
+    `sliding_window` of them when given).
 
     Batched: every sequence's blocks are gathered into a padded [num_seqs, L] view; slots at or
-    past seq_len are zeroed (so NaN there cannot spread) and their scores set to -inf.
+    past seq_len, and before the window, are zeroed (so NaN or another sequence's data there
+    cannot spread) and their scores set to -inf.
     """
     num_seqs, num_heads, head_dim = query.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -87,7 +105,10 @@ def paged_attention_decode_reference(
     # advanced indexing copies, so the gathered K/V can be zeroed in place past each seq_len
     k = k_cache[idx].flatten(1, 2).float()  # [num_seqs, L, num_kv_heads, head_dim]
     v = v_cache[idx].flatten(1, 2).float()
-    valid = torch.arange(k.shape[1], device=query.device)[None, :] < seq_lens[:, None]  # [S, L]
+    pos = torch.arange(k.shape[1], device=query.device)[None, :]  # [1, L]
+    valid = pos < seq_lens[:, None]  # [S, L]
+    if sliding_window is not None:
+        valid &= pos >= seq_lens[:, None] - sliding_window
     k.masked_fill_(~valid[:, :, None, None], 0.0)
     v.masked_fill_(~valid[:, :, None, None], 0.0)
     q = query.float().view(num_seqs, num_kv_heads, group, head_dim)
@@ -106,12 +127,14 @@ def paged_attention_extend_reference(
     cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32
     seq_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention for packed query chunks over cached prefixes.
 
     The query tokens of sequence i are the last `cu_seqlens_q[i+1] - cu_seqlens_q[i]` of its
     `seq_lens[i]` cached tokens (their K/V already written). This covers prefill, chunked
-    prefill, prefix-cache hits and decode (query length 1).
+    prefill, prefix-cache hits and decode (query length 1). With `sliding_window` W, each query
+    sees its last W positions; only keys from the first query's window on are gathered.
     """
     out = torch.empty_like(query)
     starts = cu_seqlens_q.tolist()
@@ -121,14 +144,19 @@ def paged_attention_extend_reference(
         rows = torch.tensor([starts[i] for i in decode_seqs], device=query.device)
         sel = torch.tensor(decode_seqs, device=query.device)
         out[rows] = paged_attention_decode_reference(
-            query[rows], k_cache, v_cache, block_tables[sel], seq_lens[sel], scale
+            query[rows], k_cache, v_cache, block_tables[sel], seq_lens[sel], scale,
+            sliding_window,
         )
     for i, seq_len in enumerate(lens):
         q_start, q_end = starts[i], starts[i + 1]
         if q_end - q_start <= 1:
             continue
-        k, v = _gather_kv(k_cache, v_cache, block_tables[i], seq_len)
-        out[q_start:q_end] = _attend(query[q_start:q_end], k, v, scale)
+        first_key = 0
+        if sliding_window is not None:  # the window of the chunk's first query
+            first_key = max(seq_len - (q_end - q_start) - sliding_window + 1, 0)
+        k, v = _gather_kv(k_cache, v_cache, block_tables[i], first_key, seq_len)
+        out[q_start:q_end] = _attend(query[q_start:q_end], k, v, scale, first_key,
+                                     sliding_window)
     return out
 
 

@@ -22,6 +22,13 @@ writes its normalised partial output and log-sum-exp, and `_decode_reduce_kernel
 the partitions weighted by exp(lse_i - max lse). Partitions past a short sequence's end are
 empty (lse = -inf, weight 0), so any num_splits is valid for any mix of lengths.
 
+Sliding window (WINDOW > 0, a constexpr: 0 compiles the full-attention kernel unchanged): the
+query at position seq_len - 1 sees keys [lo, seq_len) with lo = max(seq_len - WINDOW, 0), and
+the partitions split that range instead of [0, seq_len), so blocks before the window are never
+read (nor their block-table entries, which may be stale: the KV manager has given those blocks
+back to the pool, docs/design.md). A decode at context 32k with a 4k window reads what one at
+context 4k reads.
+
 Unused slots (past seq_len in the last block) and other sequences' blocks may hold NaN: every
 K/V load is masked with other=0 and every masked score is set to -inf before the softmax, so
 such data is never read into the arithmetic.
@@ -39,6 +46,7 @@ from pagedrt.ops.kv_write_triton import copy_blocks_triton, write_kv_triton
 from pagedrt.ops.triton_utils import (
     LOG2E,
     check_decode_args,
+    check_sliding_window,
     device_sms,
     interpreting,
     launch_first_fitting,
@@ -73,13 +81,17 @@ def _decode_kernel(
     SPLIT: tl.constexpr,
     UPCAST: tl.constexpr,  # interpreter: dot in fp32 (its bf16 dot is wrong)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 caches, else "tf32" (unused for 16-bit)
+    WINDOW: tl.constexpr = 0,  # sliding window in tokens; 0 = attend to every cached token
 ):
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
     seq = tl.program_id(2).to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + seq)
-    part_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * part_len
+    lo = 0  # first key position the query sees
+    if WINDOW > 0:
+        lo = tl.maximum(seq_len - WINDOW, 0)
+    part_len = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
+    start = lo + split * part_len
     end = tl.minimum(start + part_len, seq_len)
 
     offs_g = tl.arange(0, GROUP_PAD)
@@ -207,6 +219,7 @@ def paged_attention_decode_triton(
     config: dict | None = None,
     *,
     validate: bool = True,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Decode attention: one query token per sequence over its `seq_lens[i]` cached tokens.
 
@@ -222,11 +235,14 @@ def paged_attention_decode_triton(
         config: launch overrides for tuning ({"BLOCK_N", "num_warps", "num_stages"}).
         validate: check the arguments' contract (ValueError); the model's attention layers
             pass False for tensors they built (see `pagedrt.ops.fused_triton`).
+        sliding_window: attend only to the last `sliding_window` tokens (>= 1); None = all.
+            Blocks before the window are not read.
     Returns:
         [num_seqs, num_heads, head_dim] in query's dtype.
     """
     if validate:
         check_decode_args(query, k_cache, v_cache, block_tables, seq_lens)
+        check_sliding_window(sliding_window)
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -236,6 +252,8 @@ def paged_attention_decode_triton(
         return out
     if num_splits is None:
         max_context = max_seq_len or block_tables.shape[1] * block_size
+        if sliding_window is not None:  # the tokens a query reads
+            max_context = min(max_context, sliding_window)
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, device_sms(query))
     if num_splits < 1:
         raise ValueError(f"num_splits={num_splits}; must be >= 1")
@@ -266,6 +284,7 @@ def paged_attention_decode_triton(
             GROUP=group, GROUP_PAD=max(16, next_pow2(group)), BLOCK_SIZE=block_size,
             HEAD_DIM=head_dim, BLOCK_N=cfg["BLOCK_N"], SPLIT=split, UPCAST=upcast,
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+            WINDOW=sliding_window or 0,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
 

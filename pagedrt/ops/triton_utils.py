@@ -107,6 +107,15 @@ def check_decode_args(query, k_cache, v_cache, block_tables, seq_lens) -> tuple[
     return num_heads // num_kv_heads, num_kv_heads
 
 
+def check_sliding_window(sliding_window: int | None) -> None:
+    """A sliding window is None (full attention) or a positive number of tokens."""
+    if sliding_window is not None and (
+            isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
+            or sliding_window < 1):
+        raise ValueError(f"sliding_window={sliding_window!r}; give a number of tokens >= 1, "
+                         "or None for full attention")
+
+
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(int(n), 1))
 

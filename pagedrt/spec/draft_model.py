@@ -138,3 +138,25 @@ class DraftModelProposer:
             self.num_computed[req_id] = t
         table = torch.stack(drafts, dim=1).tolist()  # [S, max drafts]; one host sync
         return [table[s][: int(num_drafts[s])] for s in range(len(rows))]
+
+
+def load_draft_model(model, dtype: torch.dtype, device: torch.device, target,
+                     max_model_len: int):
+    """The draft model of speculative decoding: a path (loaded in `dtype` on `device`) or a
+    LoadedModel (used as it is). Raises ValueError when its vocabulary size differs from the
+    target's (`target`: the target's ModelConfig; drafts are token ids) or it cannot hold
+    max_model_len positions."""
+    from pagedrt.models.loader import load_model
+
+    draft = load_model(model, dtype, device) if isinstance(model, str) else model
+    name = model if isinstance(model, str) else draft.model_path
+    mc = draft.model_config
+    if mc.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"draft model {name!r} has vocab_size={mc.vocab_size}, the target "
+            f"{target.vocab_size}; speculative decoding needs the same tokenizer")
+    if mc.max_position_embeddings < max_model_len:
+        raise ValueError(
+            f"draft model {name!r} has max_position_embeddings={mc.max_position_embeddings} < "
+            f"max_model_len={max_model_len}; lower max_model_len")
+    return draft

@@ -1,0 +1,455 @@
+"""Tensor parallelism on CPU (gloo): sharded models against the whole model, the engine with
+worker processes against the engine in one process, faults, and the checks made before anything
+starts. Worker pools take seconds to start, so each is shared by the tests of one model; every
+worker runs one torch thread (PAGEDRT_NUM_THREADS=1, inherited by the spawned processes)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing
+import os
+import random
+import signal
+import socket
+
+import pytest
+import torch
+from tiny_model import TINY_CONFIG, build_tiny_llama
+from tp_helpers import greedy_logits, raise_on_rank
+
+from pagedrt import LLM, SamplingParams
+from pagedrt.distributed.executor import ExecutorError
+from pagedrt.distributed.sharding import check_devices, check_tensor_parallel, valid_tp_sizes
+from pagedrt.kv.kv_cache import KVCacheSpec
+from pagedrt.models.loader import build_model
+
+VOCAB = TINY_CONFIG.vocab_size
+NUM_DECODE_STEPS = 32
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """One torch thread here and in every worker process (spawned with this environment)."""
+    old_env = os.environ.get("PAGEDRT_NUM_THREADS")
+    old = torch.get_num_threads()
+    os.environ["PAGEDRT_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+    if old_env is None:
+        os.environ.pop("PAGEDRT_NUM_THREADS", None)
+    else:
+        os.environ["PAGEDRT_NUM_THREADS"] = old_env
+
+
+def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((ours - ref).abs().max() / ref.abs().max()).item()
+
+
+def assert_logits_match(tp_llm: LLM, ref_llm: LLM, prompts: list[list[int]]) -> None:
+    """Every rank of `tp_llm` decodes the same greedy tokens as the whole model in `ref_llm`
+    for NUM_DECODE_STEPS steps, with the same logits within 1e-4 relative at every prefill
+    position and every decode step; every rank holds the same (gathered) logits."""
+    [ref] = ref_llm.llm_engine.executor.collective_rpc(greedy_logits, prompts, NUM_DECODE_STEPS)
+    ranks = tp_llm.llm_engine.executor.collective_rpc(greedy_logits, prompts, NUM_DECODE_STEPS)
+    assert len(ranks) == tp_llm.llm_engine.executor.tp_size > 1
+    for rank, ours in enumerate(ranks):
+        for i, (o, r) in enumerate(zip(ours, ref)):
+            assert o.shape == r.shape == (len(prompts[i]) + NUM_DECODE_STEPS, r.shape[1])
+            assert torch.equal(o, ranks[0][i]), f"rank {rank} differs from rank 0"
+            decoded = slice(len(prompts[i]) - 1, -1)  # rows whose argmax was fed back
+            assert o[decoded].argmax(-1).tolist() == r[decoded].argmax(-1).tolist(), (
+                f"prompt {i}: greedy tokens differ")
+            assert rel_err(o, r) <= 1e-4, f"prompt {i} on rank {rank}: {rel_err(o, r):.2e}"
+
+
+def greedy(max_tokens: int = NUM_DECODE_STEPS, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+def tokens(outs) -> list[list[list[int]]]:
+    return [[c.token_ids for c in o.outputs] for o in outs]
+
+
+def assert_all_free(llm: LLM) -> None:
+    """No request left, every block free, every rank's rows agree with the host, and none is
+    left once the next (empty) plan has dropped those of the last finished requests."""
+    engine = llm.llm_engine
+    engine.check_integrity()
+    assert not engine.has_unfinished_requests() and not engine.requests
+    kv = engine.kv_manager
+    assert kv.num_free_blocks == kv.num_blocks and not kv.req_to_blocks
+    assert all(b.ref_cnt == 0 for b in kv.pool.blocks)
+    # the rows of the last requests to finish go with the next plan, on every rank
+    assert engine.step() == []
+    assert engine.executor.row_snapshots() == [{}] * engine.executor.tp_size
+
+
+# --------------------------------------------------------------------------- real SmolLM2
+@pytest.fixture(scope="module")
+def smollm2_tp3(smollm2_path):
+    """SmolLM2-135M (9 heads, 3 KV heads: one KV head and 3 query heads per rank) over 3
+    worker processes, fp32, loaded by each worker from the GGUF's cache entry."""
+    llm = LLM(smollm2_path, dtype="float32", device="cpu", tensor_parallel_size=3,
+              num_kv_blocks=128, max_num_batched_tokens=512)
+    yield llm
+    llm.llm_engine.shutdown()
+
+
+def test_smollm2_tp3_logits_match_one_rank(smollm2_tp3, smollm2):
+    tok = smollm2.tokenizer
+    prompts = [tok.encode("The history of the printing press begins"), tok.encode("1, 2, 3,")]
+    ref = LLM(smollm2, num_kv_blocks=64)
+    assert smollm2_tp3.llm_engine.executor.worker_pids  # the model is in other processes
+    assert smollm2_tp3.llm_engine.model_runner is None
+    assert_logits_match(smollm2_tp3, ref, prompts)
+
+
+def test_smollm2_tp3_engine_generates_the_text_of_one_rank(smollm2_tp3, smollm2):
+    """Through the engine (plans sent to 3 ranks, tokens back from rank 0): the tokens and
+    text of the engine with the model in one process."""
+    tok = smollm2.tokenizer
+    prompts = ["The capital of France is", "def fib(n):"]
+    params = SamplingParams(temperature=0.0, max_tokens=10)
+    ref = LLM(smollm2, num_kv_blocks=128, max_num_batched_tokens=512)
+    expected = ref.generate(prompts, params, use_tqdm=False)
+    outs = smollm2_tp3.generate(prompts, params, use_tqdm=False)
+    assert tokens(outs) == tokens(expected)
+    assert [o.outputs[0].text for o in outs] == [e.outputs[0].text for e in expected]
+    assert "Paris" in outs[0].outputs[0].text
+    assert tok is smollm2_tp3.get_tokenizer() or tok.vocab == smollm2_tp3.get_tokenizer().vocab
+    assert_all_free(smollm2_tp3)
+
+
+# --------------------------------------------------------------------------- random configs
+QWEN2_KV2 = dataclasses.replace(  # Qwen2: q/k/v bias, tied embeddings
+    TINY_CONFIG, architecture="Qwen2ForCausalLM", attention_bias=True, tie_word_embeddings=True,
+    num_attention_heads=4, num_key_value_heads=2, vocab_size=390)
+QWEN2_MQA = dataclasses.replace(QWEN2_KV2, num_key_value_heads=1, vocab_size=391,
+                                intermediate_size=96)
+
+
+def test_random_qwen2_with_a_replicated_kv_head_matches_one_rank():
+    """More ranks than KV heads (Qwen2 with q/k/v bias and tied embeddings, one KV head over
+    2 ranks): logits and greedy tokens of the engine as with one rank; each rank holds two
+    query heads and the KV head, and so does its cache; the vocabulary (391) does not split
+    evenly (the last rank's shard is padded)."""
+    loaded = build_tiny_llama(seed=1, config=QWEN2_MQA)
+    g = random.Random(0)
+    prompts = [[g.randrange(QWEN2_MQA.vocab_size) for _ in range(n)] for n in (1, 8, 17, 30)]
+    ref = LLM(loaded, num_kv_blocks=64, block_size=8)
+    llm = LLM(loaded, tensor_parallel_size=2, num_kv_blocks=64, block_size=8)
+    try:
+        assert llm.llm_engine.executor.collective_rpc(_num_heads) == [(2, 1, 1)] * 2
+        assert_logits_match(llm, ref, prompts)
+        expected = tokens(ref.generate(prompts, greedy(), use_tqdm=False))
+        assert tokens(llm.generate(prompts, greedy(), use_tqdm=False)) == expected
+        assert_all_free(llm)
+    finally:
+        llm.llm_engine.shutdown()
+
+
+def _num_heads(worker) -> tuple[int, int, int]:
+    attn = worker.model.model.layers[0].self_attn
+    return attn.num_heads, attn.num_kv_heads, worker.kv_cache.spec.num_kv_heads
+
+
+# --------------------------------------------------------------------------- engine scenarios
+def _workload():
+    """Prompts sharing a 16-token prefix (prefix-cache hits) and mixed lengths (chunked
+    prefill beside decodes), n = 4 seeded samples (forks, copy-on-write), n = 2 greedy,
+    logprobs, unseeded sampling; the engines below are small enough to preempt."""
+    rng = random.Random(3)
+    shared = [rng.randrange(VOCAB) for _ in range(16)]
+    prompts = [shared + [rng.randrange(VOCAB) for _ in range(rng.randint(2, 30))]
+               for _ in range(10)]
+    kinds = [SamplingParams(temperature=0.8, seed=11, max_tokens=16, ignore_eos=True, n=4),
+             SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, n=2),
+             SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2),
+             SamplingParams(temperature=1.0, top_k=20, max_tokens=16, ignore_eos=True)]
+    return prompts, [kinds[i % len(kinds)] for i in range(len(prompts))]
+
+
+def _engine_kwargs(mode: str, tp_size: int) -> dict:
+    # as many swap blocks on every rank as with one rank (a rank's blocks are smaller), so
+    # that both engines schedule alike
+    per_block = KVCacheSpec.for_model(TINY_CONFIG, 8, torch.float32, tp_size).bytes_per_block
+    return {"num_kv_blocks": 40, "block_size": 8, "max_num_batched_tokens": 32,
+            "preemption_mode": mode, "swap_space_bytes": 64 * per_block}
+
+
+@pytest.fixture(scope="module")
+def tp2_engines(tiny_model):
+    """The tiny Llama (4 heads, 2 KV heads) over 2 worker processes, twice: preemption by
+    recompute with steps one after the other, and by swap with async scheduling."""
+    llms = {"recompute": LLM(tiny_model, tensor_parallel_size=2, async_scheduling=False,
+                             **_engine_kwargs("recompute", 2)),
+            "swap": LLM(tiny_model, tensor_parallel_size=2, async_scheduling=True,
+                        **_engine_kwargs("swap", 2))}
+    yield llms
+    for llm in llms.values():
+        llm.llm_engine.shutdown()
+
+
+def test_tiny_tp2_logits_match_one_rank(tp2_engines, tiny_model):
+    prompts = [[3], list(range(5, 21)), list(range(40, 73))]  # 1 token, 2 blocks, one past 4
+    assert_logits_match(tp2_engines["recompute"], LLM(tiny_model, num_kv_blocks=64), prompts)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_engine_scenarios_give_the_tokens_of_one_rank(tp2_engines, tiny_model, mode):
+    """Mixed prefill/decode steps, prefix hits, forks with copy-on-write, n = 4 seeded,
+    preemption by `mode` and resumption: every token (sampled ones too: the schedule, and so
+    each row's random stream, is the same) and every logprob of the one-rank engine, every
+    rank's rows in step with the host after each step, every block free at the end."""
+    llm = tp2_engines[mode]
+    engine = llm.llm_engine
+    prompts, params = _workload()
+    ref = LLM(tiny_model, async_scheduling=mode == "swap", **_engine_kwargs(mode, 1))
+    expected = ref.generate(prompts, params, use_tqdm=False)
+    steps = 0
+    step = engine.step
+
+    def checked_step():
+        nonlocal steps
+        out = step()
+        steps += 1
+        if steps % 7 == 0:  # all ranks' rows against the host (one RPC per rank)
+            engine.check_integrity()
+        return out
+
+    engine.step = checked_step
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        del engine.step
+    assert tokens(outs) == tokens(expected)
+    for o, e in zip(outs, expected):
+        for c, d in zip(o.outputs, e.outputs):
+            if d.logprobs is not None:
+                assert [t.token_id for t in c.logprobs] == [t.token_id for t in d.logprobs]
+                assert all(abs(a.logprob - b.logprob) < 1e-4
+                           for a, b in zip(c.logprobs, d.logprobs))
+    stats, ref_stats = llm.stats(), ref.stats()
+    assert stats[f"num_preemptions_{mode}"] > 0
+    assert stats["num_preemptions"] == ref_stats["num_preemptions"]
+    assert stats["prefix_cache_hits"] == ref_stats["prefix_cache_hits"] > 0
+    assert stats["num_chunked_prefill_steps"] > 0
+    assert_all_free(llm)
+
+
+# --------------------------------------------------------------------------- faults
+def worker_processes() -> set[int]:
+    """Pids of this process's live worker processes (module fixtures keep some)."""
+    return {p.pid for p in multiprocessing.active_children() if "pagedrt-tp" in p.name}
+
+
+def _started_requests(llm: LLM, num_steps: int) -> None:
+    rng = random.Random(5)
+    for i in range(6):
+        prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(5, 40))]
+        llm.llm_engine.add_request(f"r{i}", prompt, greedy(200))
+    for _ in range(num_steps):
+        llm.llm_engine.step()
+
+
+def _assert_stopped(llm: LLM, pids: list[int]) -> None:
+    """Every worker process is gone, every request ended with its blocks freed, and the next
+    step fails at once with the same error."""
+    engine = llm.llm_engine
+    assert not any(p.pid in pids and p.is_alive() for p in multiprocessing.active_children())
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # reaped
+    assert not engine.requests and not engine.has_unfinished_requests()
+    engine.kv_manager.check_integrity()
+    assert engine.kv_manager.num_free_blocks == engine.kv_manager.num_blocks
+    with pytest.raises(ExecutorError, match="workers have stopped"):
+        engine.step()
+    with pytest.raises(ExecutorError):
+        llm.generate([[1, 2, 3]], greedy(4), use_tqdm=False)
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_worker_ends_the_requests_with_an_error(tiny_model):
+    llm = LLM(tiny_model, tensor_parallel_size=2, num_kv_blocks=64, block_size=8)
+    pids = llm.llm_engine.executor.worker_pids
+    _started_requests(llm, num_steps=3)
+    os.kill(pids[1], signal.SIGKILL)
+    with pytest.raises(ExecutorError, match=rf"pid {pids[1]}\) exited with status -9"):
+        for _ in range(1000):  # a step or two at most: the monitor kills rank 0 at once
+            llm.llm_engine.step()
+    _assert_stopped(llm, pids)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_raises_stops_them_all(tiny_model, caplog):
+    llm = LLM(tiny_model, tensor_parallel_size=2, num_kv_blocks=64, block_size=8)
+    executor = llm.llm_engine.executor
+    pids = executor.worker_pids
+    _started_requests(llm, num_steps=2)
+    with pytest.raises(ExecutorError, match="rank 1: RuntimeError: injected failure on rank 1$"):
+        executor.collective_rpc(raise_on_rank, 1)
+    assert "raise_on_rank" in caplog.text  # the traceback is logged, not in the message
+    assert "injected failure" in executor.dead
+    with pytest.raises(ExecutorError, match="injected failure"):
+        llm.llm_engine.step()
+    _assert_stopped(llm, pids)
+
+
+def test_a_process_group_that_cannot_form_is_a_value_error(tiny_model, monkeypatch):
+    """The store's port is taken: rank 0 cannot listen on it. The reason reaches the caller,
+    and no worker is left behind."""
+    before = worker_processes()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        monkeypatch.setenv("PAGEDRT_DIST_INIT_METHOD", f"tcp://127.0.0.1:{port}")
+        with pytest.raises(ValueError, match=r"process group \(gloo, tcp://127\.0\.0\.1:"
+                                             rf"{port}, rank 0 of 2\) failed to form: .*"):
+            LLM(tiny_model, tensor_parallel_size=2, num_kv_blocks=16)
+    assert worker_processes() == before
+
+
+# --------------------------------------------------------------------------- checks first
+def test_a_split_the_model_does_not_allow_is_refused_before_anything_starts(tiny_model):
+    before = worker_processes()
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=3 does not divide "
+                                         r"num_attention_heads=4; .* can use "
+                                         r"tensor_parallel_size 1, 2, 4$"):
+        LLM(tiny_model, tensor_parallel_size=3, num_kv_blocks=16)
+    assert worker_processes() == before
+
+
+def test_sharding_checks():
+    smollm2 = dataclasses.replace(TINY_CONFIG, num_attention_heads=9, num_key_value_heads=3,
+                                  intermediate_size=1536, head_dim=64, hidden_size=576)
+    assert valid_tp_sizes(smollm2) == [1, 3]  # 9 does not divide intermediate_size 1536
+    with pytest.raises(ValueError, match="tensor_parallel_size=9 does not divide "
+                                         "intermediate_size=1536"):
+        check_tensor_parallel(smollm2, 9)
+    odd_kv = dataclasses.replace(TINY_CONFIG, num_attention_heads=12, num_key_value_heads=4,
+                                 intermediate_size=120)
+    with pytest.raises(ValueError, match="tensor_parallel_size=6 neither divides "
+                                         "num_key_value_heads=4 nor is a multiple of it"):
+        check_tensor_parallel(odd_kv, 6)
+    assert valid_tp_sizes(odd_kv) == [1, 2, 4, 12]
+    with pytest.raises(ValueError, match="needs 4 GPUs, but 1 is visible"):
+        check_devices(4, "cuda", 0, 1)
+    with pytest.raises(ValueError, match="needs 2 GPUs from cuda:1 on, but 2 are visible"):
+        check_devices(2, "cuda", 1, 2)
+    check_devices(2, "cuda", 0, 2)
+    check_devices(8, "cpu", 0, 0)
+
+
+def test_kv_cache_spec_holds_the_heads_of_one_rank():
+    spec = KVCacheSpec.for_model
+    assert spec(TINY_CONFIG, 8, torch.float32, 2).num_kv_heads == 1
+    assert spec(TINY_CONFIG, 8, torch.float32, 4).num_kv_heads == 1  # replicated
+    assert spec(TINY_CONFIG, 8, torch.float32).num_kv_heads == 2
+    assert (spec(TINY_CONFIG, 8, torch.float32, 2).bytes_per_block * 2
+            == spec(TINY_CONFIG, 8, torch.float32).bytes_per_block)
+
+
+def test_torchrun_world_size_must_be_the_tensor_parallel_size(tiny_model, monkeypatch):
+    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match="torchrun started 2 processes .* "
+                                         "pass --tensor-parallel-size 2"):
+        LLM(tiny_model, num_kv_blocks=16)
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(ValueError, match="torchrun rank 1 built an engine: only rank 0 does"):
+        LLM(tiny_model, tensor_parallel_size=2, num_kv_blocks=16)
+
+
+def test_sharded_shapes_and_weight_loading_without_a_group():
+    """A shard built for rank r of N (no process group needed to build and load one) holds
+    rows / columns of the full weights where sharding.py says; the padded vocabulary rows of
+    the last rank are zero."""
+    from pagedrt.distributed.group import TPGroup
+
+    full = build_tiny_llama(seed=2, config=QWEN2_KV2)
+    weights = full.model.hf_state_dict()
+    d = QWEN2_KV2.head_dim
+    for rank in range(4):
+        shard = build_model(QWEN2_KV2, torch.float32, torch.device("cpu"), TPGroup(rank, 4))
+        shard.load_weights(weights.items())
+        attn = shard.model.layers[1].self_attn
+        q = weights["model.layers.1.self_attn.q_proj.weight"][rank * d:(rank + 1) * d]
+        kv_head = rank // 2  # 2 KV heads over 4 ranks: each on 2 ranks
+        k = weights["model.layers.1.self_attn.k_proj.weight"][kv_head * d:(kv_head + 1) * d]
+        v_bias = weights["model.layers.1.self_attn.v_proj.bias"][kv_head * d:(kv_head + 1) * d]
+        assert torch.equal(attn.qkv_proj.weight, torch.cat([q, k, weights[
+            "model.layers.1.self_attn.v_proj.weight"][kv_head * d:(kv_head + 1) * d]]))
+        assert torch.equal(attn.qkv_proj.bias[2 * d:], v_bias)
+        o = weights["model.layers.1.self_attn.o_proj.weight"]
+        assert torch.equal(attn.o_proj.weight, o[:, rank * d:(rank + 1) * d])
+        emb = shard.model.embed_tokens.weight  # 390 rows: 98 per rank, 96 on the last
+        rows = weights["model.embed_tokens.weight"][rank * 98:(rank + 1) * 98]
+        assert emb.shape[0] == 98 and torch.equal(emb[: rows.shape[0]], rows)
+        assert rank < 3 or (rows.shape[0] == 96 and not emb[96:].any())
+        assert shard.lm_head.weight is emb  # tied
+
+
+# --------------------------------------------------------------------------- torchrun
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(300)
+def test_two_torchrun_nodes_on_loopback_generate_the_text_of_one_rank(tmp_path, smollm2_path):
+    """`torchrun --nnodes 2 --node-rank R ... -m pagedrt.entrypoints.cli generate ...` twice on
+    this machine (two "nodes" over loopback, gloo), as the README shows: rank 0 prints the
+    answers, rank 1 serves as its worker and exits with it; the text is that of the same
+    model in one process. The model: the tiny Llama with SmolLM2's vocabulary size and
+    tokenizer, written as a Hugging Face folder."""
+    import subprocess
+    import sys
+
+    from tp_helpers import save_hf_folder
+
+    from pagedrt.models.loader import resolve_checkpoint
+
+    config = dataclasses.replace(TINY_CONFIG, vocab_size=49152, bos_token_id=1,
+                                 eos_token_ids=(2,))
+    folder = save_hf_folder(build_tiny_llama(seed=3, config=config), str(tmp_path / "model"),
+                            resolve_checkpoint(smollm2_path).tokenizer_dir)
+    prompts = ["Once upon a time", "The capital of France is"]
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=ROOT, PAGEDRT_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    env.pop("PAGEDRT_DIST_INIT_METHOD", None)
+    log_files = [open(tmp_path / f"node{rank}.log", "w+") for rank in (0, 1)]  # noqa: SIM115
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
+         str(rank), "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port",
+         str(port), "-m", "pagedrt.entrypoints.cli", "generate", *prompts, "--model", folder,
+         "--no-chat", "--max-tokens", "12", "--quiet", "--device", "cpu",
+         "--tensor-parallel-size", "2", "--num-kv-blocks", "64"],
+        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+        for rank, log in zip((0, 1), log_files)]
+    try:
+        for node in nodes:
+            node.wait(timeout=240)
+    finally:
+        for node in nodes:  # the agents and their workers (one session each)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.pid, signal.SIGKILL)
+    logs = []
+    for f in log_files:
+        f.seek(0)
+        logs.append(f.read())
+        f.close()
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(logs)
+    llm = LLM(folder, dtype="float32", device="cpu", num_kv_blocks=64)
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    for prompt, out in zip(prompts, llm.generate(prompts, params, use_tqdm=False)):
+        assert f">>> {prompt}\n{out.outputs[0].text.strip()}\n" in logs[0], logs[0]
+        assert len(out.outputs[0].token_ids) == 12
+    assert ">>>" not in logs[1]  # rank 1 only served
