@@ -606,3 +606,27 @@ def test_metrics_export_the_speculative_counters(tiny):
         assert float(line.split()[1]) == pytest.approx(stats[key]) and stats[key] > 0
     llm.llm_engine.reset_stats()
     assert llm.stats()["spec_decode_num_draft_tokens"] == 0
+
+
+@pytest.mark.timeout(300)
+def test_ngram_speculation_over_two_tensor_parallel_ranks(tiny):
+    """Plans with drafts go to both worker processes; they verify them alike and return the
+    tokens of one rank (greedy and seeded). A draft model is refused under tensor
+    parallelism (it is not sharded)."""
+    prompts = [p + p[-6:] * 3 for p in PROMPTS]
+    params = [greedy(20), SamplingParams(temperature=0.9, seed=4, max_tokens=20,
+                                         ignore_eos=True), greedy(14), greedy(9)]
+    spec = ngram(3)
+    expected = run(make_llm(tiny, spec), prompts, params)
+    llm = make_llm(tiny, spec, tensor_parallel_size=2)
+    try:
+        out = run(llm, prompts, params)
+        assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids
+                                                         for o in expected]
+        assert llm.stats()["spec_decode_num_accepted_tokens"] > 0
+        assert_no_block_held(llm)
+    finally:
+        llm.llm_engine.shutdown()
+    with pytest.raises(ValueError, match="tensor_parallel_size 1"):
+        make_llm(tiny, {"method": "draft_model", "num_speculative_tokens": 2,
+                        "model": "unused-path"}, tensor_parallel_size=2)
