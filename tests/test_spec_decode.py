@@ -630,3 +630,23 @@ def test_ngram_speculation_over_two_tensor_parallel_ranks(tiny):
     with pytest.raises(ValueError, match="tensor_parallel_size 1"):
         make_llm(tiny, {"method": "draft_model", "num_speculative_tokens": 2,
                         "model": "unused-path"}, tensor_parallel_size=2)
+
+
+def test_speculation_with_a_sliding_window(scheduling):
+    """A model whose every layer sees only the last 12 positions (blocks before the window go
+    back to the pool): drafts verified through the windowed attention give the greedy tokens
+    of plain decoding, with the target as its own draft (every draft accepted, so blocks fill
+    several tokens a step) and with n-gram drafts, in an ample and in a tight cache."""
+    from test_kv_window import WINDOWED
+
+    model = build_tiny_llama(seed=1, config=WINDOWED)
+    prompts = [list(range(20, 60)), [5, 9] * 10 + [11, 12, 13], [3] * 7]
+    params = greedy(30)
+    ref = [o.outputs[0].token_ids for o in run(make_llm(model), prompts, params)]
+    for spec in (draft(4, model), ngram(3)):
+        for blocks in (128, 10):
+            llm = make_llm(model, spec, num_kv_blocks=blocks)
+            out = run(llm, prompts, params)
+            assert [o.outputs[0].token_ids for o in out] == ref, (spec["method"], blocks)
+            assert llm.stats()["spec_decode_num_draft_tokens"] > 0
+            assert_no_block_held(llm)
