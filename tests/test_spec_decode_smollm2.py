@@ -78,7 +78,7 @@ def test_greedy_tokens_identical_with_ngram_speculation(smollm2, prompts, refere
         assert_cache_holds_no_rejected_token(llm, outs, base)
         if k == 5:
             assert s["spec_decode_mean_accepted_length"] > 2.0, s
-            for prompt, tokens in zip(prompts, expected):  # alone
+            for prompt, tokens in zip(prompts[:3], expected):  # alone (2 repeat, 1 not)
                 alone = run(llm, prompt, params)[0].outputs[0].token_ids
                 assert alone == tokens, tokenizer.decode(alone)
             assert_no_block_held(llm)
