@@ -650,3 +650,45 @@ def test_speculation_with_a_sliding_window(scheduling):
             assert [o.outputs[0].token_ids for o in out] == ref, (spec["method"], blocks)
             assert llm.stats()["spec_decode_num_draft_tokens"] > 0
             assert_no_block_held(llm)
+
+
+def test_server_warm_up_runs_with_speculation(tiny):
+    """The engine core's warm-up (penalties, min-p, logprobs, seeds, n = 2, a prefix hit)
+    through verification steps: penalties and logprobs see the drafts before each position."""
+    from pagedrt.entrypoints.engine_core import warm_up
+
+    llm = make_llm(tiny, draft(3, tiny), max_model_len=128)
+    engine = llm.llm_engine
+    accepted = []
+    update = engine.scheduler.update
+
+    def counted(*args, **kwargs):
+        out = update(*args, **kwargs)
+        accepted.append(engine.scheduler.num_spec_accepted_tokens)
+        return out
+
+    engine.scheduler.update = counted
+    warm_up(engine)
+    assert max(accepted) > 0
+    assert_no_block_held(llm)
+    assert engine.stats()["spec_decode_num_drafts"] == 0  # reset after the warm-up
+
+
+def test_penalties_and_min_tokens_see_the_drafts_before_each_position(tiny):
+    """Penalties count the drafts before a position as generated tokens, and min_tokens holds
+    a stop token back by position: greedy tokens equal plain decoding's."""
+    base = make_llm(tiny)
+    ref = run(base, PROMPTS, greedy(24))
+    stop = ref[0].outputs[0].token_ids[2]  # a token the first request would stop on early
+    params = [greedy(24, stop_token_ids=[stop], min_tokens=10),
+              greedy(24, repetition_penalty=1.5),
+              greedy(24, frequency_penalty=0.7, presence_penalty=0.4),
+              greedy(24, repetition_penalty=0.8)]
+    expected = [o.outputs[0].token_ids for o in run(base, PROMPTS, params)]
+    assert stop not in expected[0][:9]
+    for spec in (draft(3, tiny), ngram(3)):
+        llm = make_llm(tiny, spec)
+        got = [o.outputs[0].token_ids for o in run(llm, PROMPTS, params)]
+        assert got == expected, spec["method"]
+        assert llm.stats()["spec_decode_num_draft_tokens"] > 0
+        assert_no_block_held(llm)
