@@ -22,8 +22,8 @@ NON_DEFAULT = {
     "gpu_memory_utilization": 0.5, "max_num_seqs": 3, "max_num_batched_tokens": 99,
     "max_model_len": 77, "enable_prefix_caching": False, "preemption_mode": "swap",
     "swap_space_bytes": 0, "enforce_eager": True, "async_scheduling": True,
-    "attention_backend": "torch", "seed": 42, "tensor_parallel_size": 2,
-    "distributed_executor_backend": "mp",
+    "attention_backend": "torch", "kv_cache_dtype": "fp8", "seed": 42,
+    "tensor_parallel_size": 2, "distributed_executor_backend": "mp",
     "speculative_config": {"method": "ngram", "num_speculative_tokens": 2},
 }
 # the words before the engine options: one line of each command that takes them
@@ -126,6 +126,7 @@ def test_bad_value_is_the_engine_config_error(option, message, capsys):
     (["--block-size", "12"], "8, 16, 32"),
     (["--preemption-mode", "evict"], "'recompute', 'swap'"),
     (["--attention-backend", "flash"], "'auto', 'torch', 'triton'"),
+    (["--kv-cache-dtype", "int8"], "'auto', 'fp8'"),
 ])
 def test_value_outside_the_choices_is_a_usage_error(option, choices, capsys):
     with pytest.raises(SystemExit) as e:

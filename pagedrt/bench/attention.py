@@ -1,6 +1,14 @@
 """Paged-attention kernel benchmark on one CUDA GPU: decode bandwidth, decode scaling, prefill.
 
     PYTHONPATH=$PWD python3 benchmarks/bench_attention.py --out DIR [--commit HASH] [--sweep]
+    pagedrt bench attention --kv-cache-dtype fp8 [--decode-shapes llama3-8b:64:4096,...]
+
+With --kv-cache-dtype fp8 every row reads an FP8 cache (float8 e4m3 with a float32 scale per
+token and KV head, `pagedrt.ops.fp8`) and the same kernel over the bf16 cache it was quantized
+from is timed beside it (the "bf16" peer; SDPA and the naive kernel are left out); bandwidth
+counts the bytes actually read, scales included. --decode-shapes replaces the shape list and
+the sweeps with the named decode shapes (MODEL:NUM_SEQS:CONTEXT, MODEL a key of
+DECODE_HEADS) and the prefill row.
 
 Peers, in the same run: our decode kernel with the split-K heuristic; the same with
 num_splits=1; the naive v1 kernel (one program per query head); torch SDPA on contiguous
@@ -31,6 +39,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pagedrt.ops import attention_triton as tri
+from pagedrt.ops.fp8 import quantize_fp8
 
 DECODE_SHAPES = [  # (name, num_seqs, context, num_heads, num_kv_heads, head_dim)
     ("llama3-8b B64 L4096", 64, 4096, 32, 8, 128),
@@ -40,6 +49,7 @@ DECODE_SHAPES = [  # (name, num_seqs, context, num_heads, num_kv_heads, head_dim
 ]
 SCALING_BATCHES = [1, 2, 4, 8, 64, 256]
 CONTEXT_SWEEP = [1024, 4096, 16384, 32768]  # at batch 8, llama3-8b heads
+DECODE_HEADS = {"llama3-8b": (32, 8, 128), "qwen2-0.5b": (14, 2, 64)}  # q heads, kv heads, dim
 BLOCK_SIZE = 16
 DTYPE = torch.bfloat16
 
@@ -81,6 +91,34 @@ def paged_inputs(num_seqs, context, num_heads, num_kv_heads, head_dim):
     return query, k_cache, v_cache, bt, seq_lens
 
 
+def fp8_cache(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A bf16 cache [num_blocks, block_size, heads, dim] quantized as the engine writes it:
+    (float8_e4m3fn cache of the same shape, scales [num_blocks, heads, block_size] fp32)."""
+    num_blocks, block_size, heads, dim = cache.shape
+    values, scales = quantize_fp8(cache.view(-1, heads, dim))
+    return (values.view(cache.shape),
+            scales.view(num_blocks, block_size, heads).transpose(1, 2).contiguous())
+
+
+def parse_decode_shapes(spec: str) -> list[tuple]:
+    """"llama3-8b:64:4096,qwen2-0.5b:64:4096" -> DECODE_SHAPES-style tuples.
+
+    Raises:
+        ValueError: an entry is not MODEL:NUM_SEQS:CONTEXT with MODEL in DECODE_HEADS.
+    """
+    shapes = []
+    for entry in filter(None, spec.split(",")):
+        parts = entry.split(":")
+        if len(parts) != 3 or parts[0] not in DECODE_HEADS or not all(
+                p.isdigit() for p in parts[1:]):
+            raise ValueError(f"decode shape {entry!r}: expected MODEL:NUM_SEQS:CONTEXT with "
+                             f"MODEL one of {sorted(DECODE_HEADS)}")
+        model, num_seqs, context = parts[0], int(parts[1]), int(parts[2])
+        shapes.append((f"{model} B{num_seqs} L{context}", num_seqs, context,
+                       *DECODE_HEADS[model]))
+    return shapes
+
+
 def sdpa_decode_ms(num_seqs, context, num_heads, num_kv_heads, head_dim) -> float | None:
     q = torch.randn(num_seqs, num_heads, 1, head_dim, device="cuda", dtype=DTYPE)
     k = torch.randn(num_seqs, num_kv_heads, context, head_dim, device="cuda", dtype=DTYPE)
@@ -99,31 +137,53 @@ def sdpa_decode_ms(num_seqs, context, num_heads, num_kv_heads, head_dim) -> floa
 
 
 def decode_row(name, num_seqs, context, num_heads, num_kv_heads, head_dim, peers=True,
-               sweep=False, window=None) -> dict:
-    """window: sliding window in tokens (the K/V bytes counted are those of the window)."""
+               sweep=False, window=None, kv_cache_dtype="auto") -> dict:
+    """window: sliding window in tokens (the K/V bytes counted are those of the window).
+    kv_cache_dtype "fp8": an FP8 cache, timed against the bf16 cache it was quantized from."""
     query, k_cache, v_cache, bt, seq_lens = paged_inputs(num_seqs, context, num_heads,
                                                          num_kv_heads, head_dim)
     seen = min(context, window or context)  # tokens each query reads
-    kv_bytes = 2 * num_seqs * seen * num_kv_heads * head_dim * k_cache.element_size()
+    fp8 = kv_cache_dtype == "fp8"
+    bf16_bytes = 2 * num_seqs * seen * num_kv_heads * head_dim * k_cache.element_size()
+    scales = {}
+    if fp8:
+        bf16_k, bf16_v = k_cache, v_cache
+        k_cache, scales["k_scales"] = fp8_cache(bf16_k)
+        v_cache, scales["v_scales"] = fp8_cache(bf16_v)
+        # one byte per element plus a 4-byte scale per token and KV head, K and V
+        kv_bytes = 2 * num_seqs * seen * num_kv_heads * (head_dim + 4)
+    else:
+        kv_bytes = bf16_bytes
     scale = head_dim ** -0.5
     auto_splits = tri.choose_num_splits(num_seqs, num_kv_heads, seen,
                                         torch.cuda.get_device_properties(0).multi_processor_count)
     row = {"kind": "decode", "shape": name, "num_seqs": num_seqs, "context": context,
            "num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
-           "dtype": "bf16", "block_size": BLOCK_SIZE, "kv_bytes": kv_bytes,
-           "auto_splits": auto_splits, "window": window}
+           "dtype": "bf16", "kv_cache_dtype": "fp8_e4m3" if fp8 else "bf16",
+           "block_size": BLOCK_SIZE, "kv_bytes": kv_bytes, "auto_splits": auto_splits,
+           "window": window}
 
-    def record(key, ms):
+    def record(key, ms, nbytes=kv_bytes):
         row[f"{key}_ms"] = ms
-        row[f"{key}_gbps"] = kv_bytes / (ms * 1e-3) / 1e9 if ms else None
+        row[f"{key}_gbps"] = nbytes / (ms * 1e-3) / 1e9 if ms else None
 
     record("ours", bench_ms(lambda: tri.paged_attention_decode_triton(
         query, k_cache, v_cache, bt, seq_lens, scale, max_seq_len=context,
-        sliding_window=window)))
+        sliding_window=window, **scales)))
     row["ours_tok_per_s"] = num_seqs / (row["ours_ms"] * 1e-3)
     row["ours_eager_ms"] = bench_ms(lambda: tri.paged_attention_decode_triton(
         query, k_cache, v_cache, bt, seq_lens, scale, max_seq_len=context,
-        sliding_window=window), graph=False)
+        sliding_window=window, **scales), graph=False)
+    if fp8:  # the same kernel over the bf16 cache these values came from
+        record("bf16", bench_ms(lambda: tri.paged_attention_decode_triton(
+            query, bf16_k, bf16_v, bt, seq_lens, scale, max_seq_len=context,
+            sliding_window=window)), bf16_bytes)
+        row["bf16_kv_bytes"] = bf16_bytes
+        row["time_vs_bf16"] = row["ours_ms"] / row["bf16_ms"]
+        record("split1", bench_ms(lambda: tri.paged_attention_decode_triton(
+            query, k_cache, v_cache, bt, seq_lens, scale, num_splits=1,
+            sliding_window=window, **scales)))
+        peers = sweep = False
     if peers:
         record("split1", bench_ms(lambda: tri.paged_attention_decode_triton(
             query, k_cache, v_cache, bt, seq_lens, scale, num_splits=1)))
@@ -151,8 +211,9 @@ def decode_row(name, num_seqs, context, num_heads, num_kv_heads, head_dim, peers
 
 
 def extend_row(sweep=False, num_tokens=4096, num_heads=32, num_kv_heads=8, head_dim=128,
-               window=None, peers=True) -> dict:
-    """window: sliding window in tokens (FLOPs counted over the keys each query sees)."""
+               window=None, peers=True, kv_cache_dtype="auto") -> dict:
+    """window: sliding window in tokens (FLOPs counted over the keys each query sees).
+    kv_cache_dtype "fp8": an FP8 cache, timed against the bf16 cache it was quantized from."""
     query, k_cache, v_cache, bt, seq_lens = paged_inputs(1, num_tokens, num_heads, num_kv_heads,
                                                          head_dim)
     query = torch.randn(num_tokens, num_heads, head_dim, device="cuda", dtype=DTYPE)
@@ -162,9 +223,23 @@ def extend_row(sweep=False, num_tokens=4096, num_heads=32, num_kv_heads=8, head_
     if window is not None and window < num_tokens:  # the pairs within the window
         pairs = num_tokens * window - window * (window - 1) / 2
     flops = 4 * pairs * head_dim * num_heads
+    fp8 = kv_cache_dtype == "fp8"
     row = {"kind": "extend", "shape": f"prefill {num_tokens} tok {num_heads}/{num_kv_heads}x"
            f"{head_dim}" + (f" window {window}" if window else ""), "num_tokens": num_tokens,
-           "dtype": "bf16", "block_size": BLOCK_SIZE, "flops": flops, "window": window}
+           "dtype": "bf16", "kv_cache_dtype": "fp8_e4m3" if fp8 else "bf16",
+           "block_size": BLOCK_SIZE, "flops": flops, "window": window}
+    if fp8:
+        bf16_ms = bench_ms(lambda: tri.paged_attention_extend_triton(
+            query, k_cache, v_cache, bt, cu, seq_lens, scale, max_query_len=num_tokens,
+            sliding_window=window))
+        row["bf16_ms"], row["bf16_tflops"] = bf16_ms, flops / (bf16_ms * 1e-3) / 1e12
+        (k_cache, k_scales), (v_cache, v_scales) = fp8_cache(k_cache), fp8_cache(v_cache)
+        ms = bench_ms(lambda: tri.paged_attention_extend_triton(
+            query, k_cache, v_cache, bt, cu, seq_lens, scale, max_query_len=num_tokens,
+            sliding_window=window, k_scales=k_scales, v_scales=v_scales))
+        row["ours_ms"], row["ours_tflops"] = ms, flops / (ms * 1e-3) / 1e12
+        row["sdpa_ms"] = row["sdpa_tflops"] = row["ratio_vs_sdpa"] = None
+        return row
     ms = bench_ms(lambda: tri.paged_attention_extend_triton(
         query, k_cache, v_cache, bt, cu, seq_lens, scale, max_query_len=num_tokens,
         sliding_window=window))
@@ -211,7 +286,10 @@ def plot(results: list[dict], path: str) -> None:
     for ax, group, xkey in ((ax1, "scaling", "num_seqs"), (ax2, "context", "context")):
         rows = [r for r in results if r.get("group") == group]
         for key, label in (("ours", "ours (auto split-K)"), ("split1", "ours, num_splits=1"),
-                           ("naive", "naive v1"), ("sdpa", "torch SDPA, dense KV")):
+                           ("bf16", "ours, bf16 cache"), ("naive", "naive v1"),
+                           ("sdpa", "torch SDPA, dense KV")):
+            if not any(r.get(f"{key}_gbps") for r in rows):
+                continue  # not measured in this mode
             ax.plot([r[xkey] for r in rows], [(r.get(f"{key}_gbps") or 0) for r in rows],
                     marker="o", label=label)
         ax.set_xscale("log", base=2)
@@ -231,7 +309,23 @@ def _gb(row: dict, key: str) -> str:
     return f"{value:8.0f}" if value else f"{'-':>8}"
 
 
+def print_fp8_table(results: list[dict]) -> None:
+    print(f"{'decode shape, fp8 cache':26} {'split':>5} {'fp8 GB/s':>9} {'fp8 us':>8} "
+          f"{'bf16 GB/s':>9} {'bf16 us':>8} {'time fp8/bf16':>13}")
+    for r in results:
+        if r["kind"] == "decode":
+            print(f"{r['shape'][:26]:26} {r['auto_splits']:>5} {r['ours_gbps']:9.0f} "
+                  f"{r['ours_ms'] * 1e3:8.1f} {r['bf16_gbps']:9.0f} {r['bf16_ms'] * 1e3:8.1f} "
+                  f"{r['time_vs_bf16']:13.3f}")
+        else:
+            print(f"{r['shape']}: fp8 cache {r['ours_tflops']:.0f} TFLOP/s ({r['ours_ms']:.3f} "
+                  f"ms), bf16 cache {r['bf16_tflops']:.0f} TFLOP/s ({r['bf16_ms']:.3f} ms)")
+
+
 def print_tables(results: list[dict]) -> None:
+    if results and results[0].get("kv_cache_dtype") == "fp8_e4m3":
+        print_fp8_table(results)
+        return
     print(f"{'decode shape':26} {'split':>5} {'ours GB/s':>10} {'split1':>8} {'naive':>8} "
           f"{'sdpa':>8} {'ours us':>8} {'eager us':>8} {'tok/s':>10}")
     for r in results:
@@ -291,6 +385,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     parser.add_argument("--commit", default="unknown")
     parser.add_argument("--sweep", action="store_true", help="also sweep split counts/configs")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
+                        help="auto: bf16 caches; fp8: FP8 caches, each row timed against the "
+                             "bf16 cache too")
+    parser.add_argument("--decode-shapes", default="",
+                        help="only these decode shapes (and the prefill row), e.g. "
+                             "llama3-8b:64:4096,qwen2-0.5b:64:4096")
     parser.add_argument("--window", type=int, default=None,
                         help="run the sliding-window comparison with this window (tokens) "
                              "instead of the default set")
@@ -316,29 +416,34 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(doc, f, indent=1)
         print_window_table(rows)
         return 0
+    kv = args.kv_cache_dtype
+    shapes = parse_decode_shapes(args.decode_shapes) if args.decode_shapes else DECODE_SHAPES
     results = []
-    for shape in DECODE_SHAPES:
-        row = decode_row(*shape, sweep=args.sweep)
+    for shape in shapes:
+        row = decode_row(*shape, sweep=args.sweep, kv_cache_dtype=kv)
         row["group"] = "shape"
         results.append(row)
-    for b in SCALING_BATCHES:
-        row = decode_row(f"B{b} L512", b, 512, 32, 8, 128)
-        row["group"] = "scaling"
-        results.append(row)
-    for ctx in CONTEXT_SWEEP:
-        row = decode_row(f"B8 L{ctx}", 8, ctx, 32, 8, 128)
-        row["group"] = "context"
-        results.append(row)
-    results.append(extend_row(sweep=args.sweep))
+    if not args.decode_shapes:
+        for b in SCALING_BATCHES:
+            row = decode_row(f"B{b} L512", b, 512, 32, 8, 128, kv_cache_dtype=kv)
+            row["group"] = "scaling"
+            results.append(row)
+        for ctx in CONTEXT_SWEEP:
+            row = decode_row(f"B8 L{ctx}", 8, ctx, 32, 8, 128, kv_cache_dtype=kv)
+            row["group"] = "context"
+            results.append(row)
+    results.append(extend_row(sweep=args.sweep, kv_cache_dtype=kv))
     os.makedirs(args.out, exist_ok=True)
     doc = {"gpu": torch.cuda.get_device_name(0), "commit": args.commit,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": "python3 benchmarks/bench_attention.py " + " ".join(argv or sys.argv[1:]),
            "torch": torch.__version__, "triton": __import__("triton").__version__,
            "results": results}
-    with open(os.path.join(args.out, "attention.json"), "w") as f:
+    name = "attention" if kv == "auto" else f"attention_{kv}"
+    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
         json.dump(doc, f, indent=1)
-    plot(results, os.path.join(args.out, "attention_bandwidth.png"))
+    if not args.decode_shapes:
+        plot(results, os.path.join(args.out, f"{name}_bandwidth.png"))
     print_tables(results)
     return 0
 

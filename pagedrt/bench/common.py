@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import subprocess
@@ -66,10 +67,17 @@ def make_llm(model, args, **overrides):
 
 
 def free_llm(llm) -> None:
+    """Stop the engine (its worker processes, if any) and give its device memory (KV cache,
+    CUDA graphs) back, so that an engine made next in this process sizes its cache from the
+    same free memory. The engine froze the objects alive when it started (`gc.freeze` in
+    LLMEngine), which keeps its reference cycles from ever being collected: unfreeze, then
+    collect them."""
     engine = llm.llm_engine
     local = engine.model_runner is not None
     engine.shutdown()
-    del llm.llm_engine
+    del engine, llm.llm_engine
+    gc.unfreeze()
+    gc.collect()
     if local and torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()

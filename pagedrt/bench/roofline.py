@@ -73,12 +73,13 @@ class RooflineModel:
 
 
 def roofline_floor(m: RooflineModel, prompt_lens: list[int], output_lens: list[int],
-                   ceilings: dict, weight_bytes: int, kv_bytes: int | None = None) -> dict:
+                   ceilings: dict, weight_bytes: int, kv_bytes: float | None = None) -> dict:
     """The floor of the module docstring for requests of `prompt_lens[i]` prompt tokens and
     `output_lens[i]` generated tokens.
 
     ceilings: {"read_bytes_per_s", "matmul_flop_per_s"}. weight_bytes: bytes per weight
-    element (2 for bf16). kv_bytes: bytes per cached K or V element (default weight_bytes).
+    element (2 for bf16). kv_bytes: bytes per cached K or V element (default weight_bytes; an
+    FP8 cache's is 1 + 4 / head_dim, its scales included).
     Returns {"floor_s", "bound_s", "flops", "bytes", "steps", "compute_bound_steps"} (seconds,
     FLOPs and bytes summed over the steps).
 

@@ -24,6 +24,14 @@ SDPA) and HF `generate_batch` (its continuous batching, attn_implementation "pag
 --compare-speculative runs the workload with the engine's --speculative-config and without
 it, in the same process, and prints the ratio (speculation switches itself off while more than
 its disable_by_batch_size sequences are unfinished, so at 256 requests it should cost nothing).
+
+--beam-width W instead compares beam search of width W with n = W sampling of the same prompts
+and (with --compare hf) HF `generate(num_beams=W)` (pagedrt/bench/beam.py).
+
+--compare-kv-cache-dtype DTYPE runs the timed workload again on the same weights with that KV
+cache dtype (e.g. `--kv-cache-dtype fp8 --compare-kv-cache-dtype auto`): output tok/s and the
+KV blocks each cache fits, and their ratio. --skip-step-split and --warm-up-requests shorten a
+long run (no second, synchronizing pass; a warm-up of fewer requests).
 """
 
 from __future__ import annotations
@@ -100,12 +108,15 @@ def text_workload(args, seed: int = 0) -> tuple[list[list[int]], list[SamplingPa
     return prompts, params, f"text{args.num_requests}x{args.output_len}"
 
 
-def roofline(mc, prompts, params, ceilings: dict, dtype) -> dict:
+def roofline(mc, prompts, params, ceilings: dict, dtype, kv_cache_dtype: str = "auto") -> dict:
     """The honest floor of these requests on model `mc` (`pagedrt.bench.roofline`, formula in
-    its docstring): {"floor_s", "bound_s", "flops", "bytes", "steps", "compute_bound_steps"}."""
+    its docstring): {"floor_s", "bound_s", "flops", "bytes", "steps", "compute_bound_steps"}.
+    kv_cache_dtype "fp8": K/V read as one byte per element plus a 4-byte scale per token and
+    KV head (pagedrt.ops.fp8)."""
     elem = torch.empty((), dtype=dtype).element_size()
+    kv_elem = 1 + 4 / mc.head_dim if kv_cache_dtype == "fp8" else None
     return roofline_floor(RooflineModel.from_config(mc), [len(p) for p in prompts],
-                          [p.max_tokens for p in params], ceilings, elem)
+                          [p.max_tokens for p in params], ceilings, elem, kv_elem)
 
 
 def timed_generate(llm, prompts, params) -> tuple[float, int, list]:
@@ -194,19 +205,22 @@ def run_pagedrt(llm, args, prompts, params, ceilings, name: str, workload: str) 
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     n_in = sum(len(p) for p in prompts)
     stats = llm.stats()
-    # second pass on other token ids (no prefix-cache hits), synchronizing at each phase
-    # boundary, for the step-time split
-    other_prompts = make_workload(args, seed=1)[0]
-    engine.clock.enabled = True
-    engine.clock.reset()
-    steps0 = engine.counters["num_steps"]
-    llm.generate(other_prompts, params, use_tqdm=False)
-    engine.clock.enabled = False
+    split_ms = {}
+    if not args.skip_step_split:
+        # second pass on other token ids (no prefix-cache hits), synchronizing at each phase
+        # boundary, for the step-time split
+        other_prompts = make_workload(args, seed=1)[0]
+        engine.clock.enabled = True
+        engine.clock.reset()
+        steps0 = engine.counters["num_steps"]
+        llm.generate(other_prompts, params, use_tqdm=False)
+        engine.clock.enabled = False
+        steps = max(engine.counters["num_steps"] - steps0, 1)
+        split_ms = {k: 1e3 * v / steps for k, v in engine.clock.totals.items()}
     if args.profile:
         profile_decode(llm, make_workload(args, seed=2)[0], args, f"{name}_{args.name}")
-    steps = max(engine.counters["num_steps"] - steps0, 1)
-    split_ms = {k: 1e3 * v / steps for k, v in engine.clock.totals.items()}
-    floor = roofline(engine.model_config, prompts, params, ceilings, engine.dtype)
+    floor = roofline(engine.model_config, prompts, params, ceilings, engine.dtype,
+                     engine.config.kv_cache_dtype)
     return {
         "system": "pagedrt", "workload": f"{name} {workload}", "num_requests": len(prompts),
         "input_tokens": n_in, "output_tokens": n_out, "elapsed_s": elapsed,
@@ -215,6 +229,8 @@ def run_pagedrt(llm, args, prompts, params, ceilings, name: str, workload: str) 
         "ms_per_step": 1e3 * elapsed / num_steps, "step_split_ms": split_ms,
         "step_times": step_times, "step_trace": trace,
         "async_scheduling": engine.async_scheduling,
+        "kv_cache_dtype": stats["kv_cache_dtype"],
+        "kv_cache_bytes_per_token": stats["kv_cache_bytes_per_token"],
         "kv_num_blocks": stats["num_blocks"], "kv_peak_used_blocks": stats["peak_used_blocks"],
         "peak_batch_size": stats["peak_batch_size"], "num_preemptions": stats["num_preemptions"],
         "roofline_floor_s": floor["floor_s"], "roofline_efficiency": floor["floor_s"] / elapsed,
@@ -299,9 +315,12 @@ def _tokenizer(model, in_process: bool):
 
 
 def warm_up(llm, args) -> None:
+    """The same shapes and sampling settings on other token ids, 8 output tokens each
+    (compiles kernels, grows the allocator's pools); the timed runs are then steady state."""
     warm, warm_params, _ = make_workload(args, seed=3)
-    llm.generate(warm, [dataclasses.replace(p, max_tokens=min(8, p.max_tokens))
-                        for p in warm_params], use_tqdm=False)
+    n = args.warm_up_requests or len(warm)
+    llm.generate(warm[:n], [dataclasses.replace(p, max_tokens=min(8, p.max_tokens))
+                            for p in warm_params[:n]], use_tqdm=False)
 
 
 def compare_speculative(args, model, name, prompts, params, ceilings, workload) -> int:
@@ -354,6 +373,19 @@ def _acceptance(row: dict) -> float:
     return row.get("spec_decode_num_accepted_tokens", 0) / drafted if drafted else 0.0
 
 
+def _main_beam(llm, loaded, args, prompts, name: str, workload: str) -> int:
+    from pagedrt.bench import beam
+
+    results = beam.run(llm, loaded, args, prompts, name, workload)
+    free_llm(llm)
+    if args.compare == "hf":
+        results.append(beam.run_hf_beam(loaded, prompts, args, f"{name} {workload}"))
+    path = write_results(args.out, args.name, results, {"beam_width": args.beam_width})
+    print(f"results: {path}")
+    print("\n".join(beam.summary(results, args.beam_width)))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="pagedrt bench throughput", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -373,7 +405,20 @@ def main(argv: list[str]) -> int:
     p.add_argument("--batch-sizes", default="",
                    help="also run the fixed workload with these numbers of requests (a sweep "
                         "for the throughput-vs-batch plot), e.g. 1,8,32,64,128")
+    p.add_argument("--beam-width", type=int, default=0,
+                   help="W > 0: beam search of width W against n = W sampling of the same "
+                        "prompts (and HF generate(num_beams=W) with --compare hf); fixed "
+                        "workload only")
+    p.add_argument("--compare-kv-cache-dtype", default="", choices=["", "auto", "fp8"],
+                   help="also run the timed workload with this KV cache dtype on the same "
+                        "weights (e.g. auto against --kv-cache-dtype fp8)")
+    p.add_argument("--skip-step-split", action="store_true",
+                   help="leave out the second, synchronizing pass that splits the step time")
+    p.add_argument("--warm-up-requests", type=int, default=None,
+                   help="requests in the warm-up run (default: as many as the workload)")
     args = p.parse_args(argv)
+    if args.beam_width and args.workload != "fixed":
+        p.error("--beam-width runs the fixed workload only")
     model, name = load(args)
     in_process = isinstance(model, LoadedModel)
     if args.compare == "hf" and not in_process:
@@ -382,16 +427,22 @@ def main(argv: list[str]) -> int:
     device = (next(model.model.parameters()).device if in_process
               else resolve_device(args.device))
     args.tokenizer = _tokenizer(model, in_process)
+    if args.beam_width:
+        prompts, _, workload = make_workload(args)
+        return _main_beam(make_llm(model, args), model, args, prompts, name, workload)
     ceilings = device_ceilings(device)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # what the ceilings used is free for the KV cache
     prompts, params, workload = make_workload(args)
     if args.compare_speculative:
         return compare_speculative(args, model, name, prompts, params, ceilings, workload)
-    llm = make_llm(model, args)
-    # warm-up: the same shapes and sampling settings on other token ids, 8 output tokens each
-    # (compiles kernels, grows the allocator's pools); the timed runs below are steady state
-    warm_up(llm, args)
+
+    def warmed_llm(**overrides):
+        llm = make_llm(model, args, **overrides)
+        warm_up(llm, args)
+        return llm
+
+    llm = warmed_llm()
     results = [run_pagedrt(llm, args, prompts, params, ceilings, name, workload)]
     for b in [int(x) for x in args.batch_sizes.split(",") if x]:
         sub = argparse.Namespace(**{**vars(args), "num_requests": b})
@@ -402,11 +453,15 @@ def main(argv: list[str]) -> int:
             "system": "pagedrt", "workload": f"{name} {sub_workload}", "num_requests": b,
             "output_tokens": n_out, "elapsed_s": elapsed, "output_tok_s": n_out / elapsed,
             "num_steps": steps, "ms_per_step": 1e3 * elapsed / steps,
-            "roofline_efficiency": roofline(llm.llm_engine.model_config, sub_prompts,
-                                            sub_params, ceilings,
-                                            llm.llm_engine.dtype)["floor_s"] / elapsed,
+            "roofline_efficiency": roofline(
+                llm.llm_engine.model_config, sub_prompts, sub_params, ceilings,
+                llm.llm_engine.dtype, llm.llm_engine.config.kv_cache_dtype)["floor_s"] / elapsed,
         })
     free_llm(llm)
+    if args.compare_kv_cache_dtype:
+        llm = warmed_llm(kv_cache_dtype=args.compare_kv_cache_dtype)
+        results.append(run_pagedrt(llm, args, prompts, params, ceilings, name, workload))
+        free_llm(llm)
     if args.compare == "hf":
         hf = hf_model_like(model, next(model.model.parameters()).dtype, device)
         if args.workload == "fixed":
@@ -427,6 +482,17 @@ def main(argv: list[str]) -> int:
         eff = f"{r['roofline_efficiency']:.0%}" if "roofline_efficiency" in r else ""
         shown = f"{rate:,.0f}" if rate else r.get("error", "?")[:40]
         print(f"{r['system']:<18} {r['workload']:<34} {shown:>10} {ratio:>9} {eff:>6}")
+    for r in results:
+        if "kv_cache_dtype" in r:
+            print(f"pagedrt KV cache {r['kv_cache_dtype']}: {r['output_tok_s']:,.0f} output tok/s,"
+                  f" {r['kv_num_blocks']} blocks ({r['kv_peak_used_blocks']} used at peak), "
+                  f"peak batch {r['peak_batch_size']}, {r['num_preemptions']} preemptions")
+    kv_rows = [r for r in results if "kv_cache_dtype" in r and r is not results[0]
+               and r["workload"] == results[0]["workload"]]
+    for r in kv_rows:
+        print(f"  {results[0]['kv_cache_dtype']} / {r['kv_cache_dtype']}: output tok/s "
+              f"{results[0]['output_tok_s'] / r['output_tok_s']:.2f}x, KV blocks "
+              f"{results[0]['kv_num_blocks'] / r['kv_num_blocks']:.2f}x")
     r0 = results[0]
     split = ", ".join(f"{k} {v:.2f}" for k, v in r0["step_split_ms"].items())
     st = r0["step_times"]

@@ -58,7 +58,8 @@ class WorkerSpec:
         weights: the full weights, each rank keeps its slice; None for a worker given its
             model already built (the engine's own process, one rank).
         engine_config: block size, batching limits, memory budgets, CUDA graphs, seed.
-        dtype: of the weights and the KV cache.
+        dtype: of the weights (and of the KV cache unless engine_config.kv_cache_dtype says
+            otherwise).
         max_model_len: the engine's, in tokens.
     """
 
@@ -82,14 +83,16 @@ class Worker:
 
     def __init__(self, spec: WorkerSpec, tp: TPGroup, device: torch.device,
                  model: torch.nn.Module | None = None) -> None:
-        from pagedrt.kv.kv_cache import KVCacheSpec
+        from pagedrt.kv.kv_cache import KVCacheSpec, resolve_kv_cache_dtype
 
         self.spec = spec
         self.tp = tp
         self.device = torch.device(device)
         self.model = model
         cfg = spec.engine_config
-        self.kv_spec = KVCacheSpec.for_model(spec.model_config, cfg.block_size, spec.dtype,
+        kv_dtype = resolve_kv_cache_dtype(cfg.kv_cache_dtype, spec.dtype, self.device,
+                                          cfg.attention_backend)  # ValueError: not here
+        self.kv_spec = KVCacheSpec.for_model(spec.model_config, cfg.block_size, kv_dtype,
                                              tp.size)
         self.kv_cache = None
         self.model_runner = None

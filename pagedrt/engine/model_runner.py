@@ -15,6 +15,8 @@ drafts (speculative decoding: its last token and its j drafts, j + 1 logits rows
 the rejection sampler, pagedrt/spec/rejection_sampler.py). The drafts are written into the
 row's token ids past its last token (scratch until accepted); `fetch` appends the accepted
 ones and moves the row's computed count back over the rejected ones.
+Beam slots among the sampled rows are expanded by the `BeamRunner` instead of sampled
+(docs/design.md, "Beam search").
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 
 from pagedrt.core.plan import StepPlan, StepResult
 from pagedrt.core.request import PLACEHOLDER_TOKEN_ID
+from pagedrt.engine.beam_runner import BeamLaunch, BeamRunner
 from pagedrt.engine.cuda_graphs import CUDAGraphRunner
 from pagedrt.engine.input_batch import InputBatch
 from pagedrt.engine.profiling import NULL_CLOCK
@@ -79,6 +82,7 @@ class LaunchedStep:
         host_token_ids: [num_sampled] int64 pinned host copy (CUDA), valid once `event` is
             done; None on CPU.
         event: CUDA event after the step's last work; None on CPU.
+        beams: the beam searches expanded by the step, or None.
     """
 
     step_id: int
@@ -89,6 +93,7 @@ class LaunchedStep:
     output: SamplerOutput | None
     host_token_ids: torch.Tensor | None
     event: torch.cuda.Event | None
+    beams: BeamLaunch | None = None
     spec: tuple[list[int], RejectionOutput] | None = None
 
 
@@ -109,6 +114,8 @@ class ModelRunner:
         self.block_size = kv_cache.spec.block_size
         max_blocks_per_seq = -(-max_model_len // self.block_size)
         self.batch = InputBatch(max_model_len, self.device)
+        self.beam_runner = BeamRunner(self.batch, kv_cache, self.device)
+        self._last_num_sampled = 0  # rows sampled by the latest launched step
         self.sampler = Sampler()
         self.rejection_sampler = RejectionSampler()
         self.draft_proposer = draft_proposer
@@ -270,14 +277,18 @@ class ModelRunner:
                 input_ids = np.concatenate([input_ids, np.zeros(num_padding, np.int64)])
                 positions = np.concatenate([positions, np.zeros(num_padding, np.int64)])
                 slot_mapping = np.concatenate([slot_mapping, np.full(num_padding, -1, np.int64)])
+        # beam slots whose expansion is in flight: their block tables are re-parented on the
+        # device (async scheduling; see BeamRunner)
+        patch = self.beam_runner.table_patch(rows, pend, starts, self._last_num_sampled)
         # one staging buffer, one copy: the int64 parts, then the int32 ones packed two to an
         # int64 (viewed back as int32 on the device: no conversion kernels)
-        #   [ids | positions | slots | logits | pending dst | pending src | cu, seq_lens, tables]
+        #   [ids | positions | slots | logits | pending dst | pending src | cu, seq_lens, tables
+        #    | beam table patch]
         small = np.concatenate([cu, kernel_seq_lens, block_tables.ravel()]).astype(np.int32)
         if len(small) % 2:
             small = np.append(small, np.int32(0))
         parts = [input_ids, positions, slot_mapping, logits_indices, pend_dst, pend_src,
-                 small.view(np.int64)]
+                 small.view(np.int64)] + (patch or [])
         flat = torch.from_numpy(np.concatenate(parts))
         if self.device.type == "cuda":
             k = self._num_prepared % 2
@@ -288,10 +299,12 @@ class ModelRunner:
             staged = self._staging[k][: flat.numel()]
             staged.copy_(flat)
             flat = staged.to(self.device, non_blocking=True)
-        ids_t, pos_t, slot_t, logit_t, dst_t, src_t, small_t = torch.split(
+        ids_t, pos_t, slot_t, logit_t, dst_t, src_t, small_t, *patch_t = torch.split(
             flat, [len(x) for x in parts])
         cu_t, lens_t, tables_t = torch.split(small_t.view(torch.int32)[: len(cu) + n + n * width],
                                              [n + 1, n, n * width])
+        if patch_t:
+            self.beam_runner.apply_table_patch(tables_t.view(n, width), patch_t)
         if len(pend):
             assert self._last_sampled is not None, "tokens pending but no step in flight"
             ids_t.index_copy_(0, dst_t, self._last_sampled.index_select(0, src_t))
@@ -399,8 +412,7 @@ class ModelRunner:
             logits = logits[torch.tensor(index, device=logits.device)]
         # every scheduled row sampled, in order (a decode step): the plan has their ids
         req_ids = plan.req_ids if sampled_rows is rows else None
-        output = self._run_sampler(logits, sampled_rows)
-        return self._launch(plan.step_id, output, sampled_rows, req_ids, clock)
+        return self._sample(plan.step_id, logits, sampled_rows, req_ids, clock, rows, inputs)
 
     def _fork(self, plan: StepPlan, sampled_rows: np.ndarray) -> tuple[list[int], np.ndarray]:
         """Rows for the forked samples, each after its parent's, sampling from the parent's
@@ -432,6 +444,7 @@ class ModelRunner:
         is merged into one [num_sampled] tensor in row order (forks after their parent)."""
         batch = self.batch
         device = logits.device
+        assert not batch.is_beam[sampled_rows].any(), "a beam slot in a step with drafts"
         first = np.cumsum(num_drafts + 1) - (num_drafts + 1)  # first logits row of each
         is_spec = num_drafts > 0
         plain_rows = sampled_rows[~is_spec]
@@ -493,13 +506,36 @@ class ModelRunner:
             logprobs = [merged[j] for j in order]
         output = SamplerOutput(token_ids=token_ids, logprobs=logprobs)
         return self._launch(plan.step_id, output, np.asarray(rows_out, dtype=np.int64), None,
-                            clock, (spec_positions, verified))
+                            clock, spec=(spec_positions, verified))
 
-    def _launch(self, step_id: int, output: SamplerOutput | None, rows: np.ndarray,
-                req_ids: list[str] | None, clock,
-                spec: tuple[list[int], RejectionOutput] | None = None) -> LaunchedStep:
+    def _sample(self, step_id: int, logits: torch.Tensor, rows: np.ndarray,
+                req_ids: list[str] | None, clock, scheduled_rows: np.ndarray,
+                inputs: ModelInputs) -> LaunchedStep:
+        """Sample one token per row (expanding beam searches where rows are beam slots)."""
         batch = self.batch
         states = batch.states
+        sampling_rows = [states[r] for r in rows.tolist()]
+        is_beam = batch.is_beam[rows]
+        beams = None
+        if is_beam.any():
+            output, beams = self._sample_with_beams(logits, rows, sampling_rows, is_beam,
+                                                    scheduled_rows, inputs)
+        else:
+            output = self.sampler(logits, sampling_rows, self.generator) if len(rows) else None
+        if req_ids is None:
+            req_ids = [s.req_id for s in sampling_rows]
+        return self._launch(step_id, output, rows, req_ids, clock, beams=beams)
+
+    def _launch(self, step_id: int, output: SamplerOutput | None, rows: np.ndarray,
+                req_ids: list[str] | None, clock, beams: BeamLaunch | None = None,
+                spec: tuple[list[int], RejectionOutput] | None = None) -> LaunchedStep:
+        """Append a placeholder per sampled row, start the copy of its tokens to the host,
+        and return the step's handle (`fetch` reads it)."""
+        batch = self.batch
+        states = batch.states
+        if beams is None:
+            self.beam_runner.last_parent_index = None
+        self._last_num_sampled = len(rows)
         positions = batch.append_sampled(rows, step_id)
         host, event = None, None
         if self.device.type == "cuda":
@@ -521,7 +557,36 @@ class ModelRunner:
         if req_ids is None:
             req_ids = [states[r].req_id for r in rows.tolist()]
         return LaunchedStep(step_id, req_ids, rows, batch.epoch[rows], positions, output,
-                            host, event, spec)
+                            host, event, beams, spec)
+
+    def _sample_with_beams(self, logits: torch.Tensor, rows: np.ndarray, sampling_rows: list,
+                           is_beam: np.ndarray, scheduled_rows: np.ndarray,
+                           inputs: ModelInputs) -> tuple[SamplerOutput, BeamLaunch]:
+        """Sample the rows that are not beam slots, expand the searches of those that are;
+        one token per row either way (a slot's: the token of the candidate it continues)."""
+        beam_index = np.flatnonzero(is_beam)
+        other = np.flatnonzero(~is_beam)
+        token_ids = torch.zeros(len(rows), dtype=torch.int64, device=logits.device)
+        logprobs = None
+        if len(other):
+            other_t = torch.from_numpy(other)
+            if logits.device.type == "cuda":  # (pinned: a pageable copy waits for the stream)
+                other_t = other_t.pin_memory()
+            other_t = other_t.to(logits.device, non_blocking=True)
+            sampled = self.sampler(logits.index_select(0, other_t),
+                                   [sampling_rows[i] for i in other.tolist()], self.generator)
+            token_ids.index_copy_(0, other_t, sampled.token_ids)
+            if sampled.logprobs is not None:
+                logprobs = [None] * len(rows)
+                for i, entry in zip(other.tolist(), sampled.logprobs):
+                    logprobs[i] = entry
+        # each sampled row's position among the scheduled ones (-1: forked this step)
+        position_of = np.full(len(self.batch.is_beam), -1, dtype=np.int64)
+        position_of[scheduled_rows] = np.arange(len(scheduled_rows))
+        beams = self.beam_runner.sample(
+            logits, rows, sampling_rows, beam_index, position_of[rows],
+            inputs.meta.block_tables, token_ids)
+        return SamplerOutput(token_ids, logprobs), beams
 
     def fetch(self, step: LaunchedStep) -> StepResult:
         """Wait for a launched step, write its sampled tokens into their rows and return
@@ -536,6 +601,8 @@ class ModelRunner:
         self.batch.write_sampled(step.req_ids, step.rows, step.epochs, step.positions,
                                  token_ids, step.step_id)
         result = StepResult(step.req_ids, token_ids, step.output.logprobs)
+        if step.beams is not None:
+            result.beams = self.beam_runner.results(step.beams)
         if step.spec is not None:
             positions, verified = step.spec
             counts = verified.num_tokens.tolist()

@@ -62,7 +62,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run_server(args)
 
 
-BENCHES = ("attention", "memory", "throughput", "latency", "serve")
+BENCHES = ("accuracy", "attention", "memory", "throughput", "latency", "serve")
 
 
 def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:

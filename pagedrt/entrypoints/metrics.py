@@ -34,6 +34,9 @@ _GAUGES = {
                                  "KV blocks free but still holding a cached prefix (evictable)."),
     "pagedrt_prefix_cache_hit_rate": (
         "prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / tokens looked up."),
+    "pagedrt_kv_cache_bytes_per_token": (
+        "kv_cache_bytes_per_token",
+        "KV cache bytes per token: all layers, K and V (and an FP8 cache's scales)."),
     "pagedrt_spec_decode_acceptance_rate": (
         "spec_decode_acceptance_rate",
         "Speculative decoding: draft tokens accepted / draft tokens verified."),
@@ -71,6 +74,12 @@ class _StatsCollector:
             c = CounterMetricFamily(name, doc)
             c.add_metric([], float(stats.get(key, 0) or 0))
             yield c
+        if stats.get("kv_cache_dtype"):
+            info = GaugeMetricFamily(
+                "pagedrt_kv_cache_info", "The KV cache's element type and block size (always 1).",
+                labels=["kv_cache_dtype", "block_size"])
+            info.add_metric([stats["kv_cache_dtype"], str(stats.get("block_size", ""))], 1.0)
+            yield info
         finished = CounterMetricFamily("pagedrt_request_success", "Finished requests by reason.",
                                        labels=["finished_reason"])
         for reason, count in sorted(stats.get("server_finished", {}).items()):

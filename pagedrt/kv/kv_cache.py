@@ -2,7 +2,13 @@
 [num_blocks, block_size, num_kv_heads, head_dim], plus the CPU pool used for swapping,
 and the block copies between them. Built from a `KVCacheSpec`, so that a cache of another
 dtype (FP8) or with the KV heads of one tensor-parallel rank changes only the spec
-(docs/design.md)."""
+(docs/design.md).
+
+An FP8 cache (`kv_cache_dtype="fp8"`) holds float8_e4m3fn K and V and, per layer, their
+scales [num_blocks, num_kv_heads, block_size] float32 (`pagedrt.ops.fp8`). Scales are indexed
+by block like K and V, so everything that moves a block (copy-on-write, swap out and in) moves
+its scales with it, and a prefix-cached block keeps them.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +16,52 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedrt.config import EngineConfig, ModelConfig
+from pagedrt.config import KV_CACHE_DTYPES, EngineConfig, ModelConfig
 from pagedrt.distributed.sharding import kv_heads_per_rank
 from pagedrt.kv.kv_cache_manager import PendingCopies
-from pagedrt.ops.attention import copy_blocks
+from pagedrt.ops.attention import KVCacheLayer, copy_blocks, triton_available
+from pagedrt.ops.fp8 import FP8_DTYPE, SCALE_DTYPE, is_fp8
+
+FP8_MIN_CAPABILITY = (8, 9)  # Ada / Hopper: Triton's float8e4nv (fp8 e4m3) needs sm_89+
+
+
+def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The element type for `EngineConfig.kv_cache_dtype`, not checked against a device:
+    "auto" is `model_dtype`, "fp8" float8_e4m3fn.
+
+    Raises:
+        ValueError: an unknown kv_cache_dtype.
+    """
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported; use one of "
+                         f"{KV_CACHE_DTYPES} ('auto' = the model's dtype, 'fp8' = float8 e4m3 "
+                         "with a scale per token and KV head)")
+    return model_dtype if kv_cache_dtype == "auto" else FP8_DTYPE
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype,
+                           device: torch.device, backend: str) -> torch.dtype:
+    """The element type of the cache for `EngineConfig.kv_cache_dtype`: "auto" is the model's
+    dtype, "fp8" float8_e4m3fn (the model still computes in `model_dtype`).
+
+    Raises:
+        ValueError: an unknown kv_cache_dtype, or "fp8" where the attention backend cannot
+            read it (the Triton kernels on a CUDA GPU older than compute capability 8.9).
+    """
+    dtype = kv_cache_torch_dtype(kv_cache_dtype, model_dtype)
+    if dtype == model_dtype:
+        return dtype
+    triton_kernels = backend == "triton" or (backend == "auto" and triton_available())
+    if device.type == "cuda" and triton_kernels:
+        capability = torch.cuda.get_device_capability(device)
+        if capability < FP8_MIN_CAPABILITY:
+            name = torch.cuda.get_device_name(device)
+            raise ValueError(
+                f"kv_cache_dtype='fp8' with attention_backend={backend!r}: the Triton kernels "
+                f"need fp8 (e4m3) support, compute capability >= 8.9 (Ada, Hopper or newer); "
+                f"{name} is {capability[0]}.{capability[1]}. Supported here: "
+                "kv_cache_dtype='auto', or 'fp8' with attention_backend='torch'")
+    return FP8_DTYPE
 
 
 @dataclass(frozen=True)
@@ -25,7 +73,8 @@ class KVCacheSpec:
         num_kv_heads: KV heads held by this rank.
         head_dim: width of one head.
         block_size: tokens per block.
-        dtype: element type of the cache (may differ from the model's).
+        dtype: element type of the cache (may differ from the model's): float8_e4m3fn makes
+            an FP8 cache, with float32 scales per token and KV head beside K and V.
     """
 
     num_layers: int
@@ -56,12 +105,35 @@ class KVCacheSpec:
         return (self.block_size, self.num_kv_heads, self.head_dim)
 
     @property
-    def bytes_per_block(self) -> int:
-        """Bytes of one block across all layers, K and V:
-        2 * num_layers * block_size * num_kv_heads * head_dim * element size."""
+    def is_fp8(self) -> bool:
+        """Whether K and V are float8_e4m3fn with scales beside them."""
+        return is_fp8(self.dtype)
+
+    @property
+    def scales_shape(self) -> tuple[int, int]:
+        """(num_kv_heads, block_size): one block of one layer's K (or V) scales (FP8)."""
+        return (self.num_kv_heads, self.block_size)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes of one token across all layers, K and V: 2 * num_layers * num_kv_heads *
+        (head_dim * element size, plus a 4-byte scale in an FP8 cache)."""
         elem = torch.empty((), dtype=self.dtype).element_size()
-        return (2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim
-                * elem)
+        per_head = self.head_dim * elem
+        if self.is_fp8:
+            per_head += torch.empty((), dtype=SCALE_DTYPE).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * per_head
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes of one block across all layers, K and V (and an FP8 cache's scales):
+        block_size * bytes_per_token."""
+        return self.block_size * self.bytes_per_token
+
+    @property
+    def dtype_name(self) -> str:
+        """The cache's element type as stats and /metrics show it ("bfloat16", "fp8_e4m3")."""
+        return "fp8_e4m3" if self.is_fp8 else str(self.dtype).removeprefix("torch.")
 
 
 def kv_bytes_per_block(model_config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -102,8 +174,14 @@ def num_blocks_for_budget(
     return int(num_blocks)
 
 
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """fp8 tensors are moved as uint8 (index copies need no fp8 kernels that way)."""
+    return t.view(torch.uint8) if is_fp8(t.dtype) else t
+
+
 class KVCache:
-    """Device KV tensors per layer and a (pinned, on CUDA) CPU swap pool of the same layout."""
+    """Device KV tensors per layer (and an FP8 cache's scales) and a (pinned, on CUDA) CPU
+    swap pool of the same layout."""
 
     def __init__(
         self,
@@ -114,37 +192,83 @@ class KVCache:
         backend: str = "auto",
     ) -> None:
         """K and V of `spec.num_layers` layers, each [num_blocks, *spec.block_shape] of
-        `spec.dtype` on `device`, and a CPU pool of `num_cpu_blocks` blocks."""
+        `spec.dtype` on `device` (with an FP8 spec, scales [num_blocks, *spec.scales_shape]
+        float32 each), and a CPU pool of `num_cpu_blocks` blocks.
+
+        The layers' K (and V, and scale) tensors are views of one [num_layers, num_blocks, ...]
+        tensor, so that a block copy in every layer is one indexing op (`gather_copy_blocks`)."""
         self.spec = spec
-        shape = (num_blocks, *spec.block_shape)
         n, dtype = spec.num_layers, spec.dtype
-        self.k_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)]
-        self.v_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n)]
-        cpu_shape = (num_cpu_blocks, *shape[1:])
         pin = device.type == "cuda"
-        self.cpu_k = [torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin) for _ in range(n)]
-        self.cpu_v = [torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin) for _ in range(n)]
+
+        def tensors(shape, dtype, count, **where) -> list[torch.Tensor]:
+            return [torch.zeros(shape, dtype=dtype, **where) for _ in range(count)]
+
+        self.k_all = torch.zeros((n, num_blocks, *spec.block_shape), dtype=dtype, device=device)
+        self.v_all = torch.zeros((n, num_blocks, *spec.block_shape), dtype=dtype, device=device)
+        self.k_caches = list(self.k_all.unbind(0))  # each contiguous
+        self.v_caches = list(self.v_all.unbind(0))
+        self.cpu_k = tensors((num_cpu_blocks, *spec.block_shape), dtype, n, pin_memory=pin)
+        self.cpu_v = tensors((num_cpu_blocks, *spec.block_shape), dtype, n, pin_memory=pin)
+        num_scaled = n if spec.is_fp8 else 0  # no scale tensors for a cache of the model dtype
+        scales_shape = (num_scaled, num_blocks, *spec.scales_shape)
+        self.k_scales_all = torch.zeros(scales_shape, dtype=SCALE_DTYPE, device=device)
+        self.v_scales_all = torch.zeros(scales_shape, dtype=SCALE_DTYPE, device=device)
+        self.k_scales = list(self.k_scales_all.unbind(0))
+        self.v_scales = list(self.v_scales_all.unbind(0))
+        self.cpu_k_scales = tensors((num_cpu_blocks, *spec.scales_shape), SCALE_DTYPE,
+                                    num_scaled, pin_memory=pin)
+        self.cpu_v_scales = tensors((num_cpu_blocks, *spec.scales_shape), SCALE_DTYPE,
+                                    num_scaled, pin_memory=pin)
         self.device = device
         self.backend = backend
 
     @property
-    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return list(zip(self.k_caches, self.v_caches))
+    def layers(self) -> list[KVCacheLayer]:
+        """One `KVCacheLayer` per layer (scales None unless the cache is FP8)."""
+        if not self.spec.is_fp8:
+            return [KVCacheLayer(k, v) for k, v in zip(self.k_caches, self.v_caches)]
+        return [KVCacheLayer(*t) for t in zip(self.k_caches, self.v_caches, self.k_scales,
+                                              self.v_scales)]
+
+    def _device_and_cpu(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every (device tensor, CPU pool tensor) pair indexed by block, fp8 ones as bytes."""
+        device = self.k_caches + self.v_caches + self.k_scales + self.v_scales
+        cpu = self.cpu_k + self.cpu_v + self.cpu_k_scales + self.cpu_v_scales
+        return [(_as_bytes(d), _as_bytes(c)) for d, c in zip(device, cpu)]
+
+    def gather_copy_blocks(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Every block dst[i] gets, in every layer, the contents block src[i] had before the
+        call (a dst may be another pair's src; dst ids must be distinct). Beam search copies
+        partial blocks between slots this way (docs/design.md, "Beam search").
+
+        Args:
+            src, dst: [num_pairs] int64 block ids on the cache's device.
+        """
+        self.k_all[:, dst] = self.k_all[:, src]
+        self.v_all[:, dst] = self.v_all[:, src]
+        if self.spec.is_fp8:  # the scales travel with their blocks
+            self.k_scales_all[:, dst] = self.k_scales_all[:, src]
+            self.v_scales_all[:, dst] = self.v_scales_all[:, src]
 
     def apply(self, pending: PendingCopies) -> None:
-        """Perform queued block copies: swap-outs first (their device blocks may be handed out
-        again this step), then copy-on-write copies (a copy's source may be a block freed this
-        step and reused as a swap-in destination), then swap-ins."""
+        """Perform queued block copies, scales with their blocks: swap-outs first (their
+        device blocks may be handed out again this step), then copy-on-write copies (a copy's
+        source may be a block freed this step and reused as a swap-in destination), then
+        swap-ins."""
         if pending.swap_out:
             src = torch.tensor([s for s, _ in pending.swap_out], device=self.device)
             dst = torch.tensor([d for _, d in pending.swap_out])
-            for dev, cpu in zip(self.k_caches + self.v_caches, self.cpu_k + self.cpu_v):
+            for dev, cpu in self._device_and_cpu():
                 cpu[dst] = dev[src].to("cpu")
         if pending.copy:
             mapping = torch.tensor(pending.copy, dtype=torch.int64, device=self.device)
-            copy_blocks(self.k_caches, self.v_caches, mapping, self.backend)
+            copy_blocks([_as_bytes(t) for t in self.k_caches],
+                        [_as_bytes(t) for t in self.v_caches], mapping, self.backend)
+            if self.spec.is_fp8:
+                copy_blocks(self.k_scales, self.v_scales, mapping, self.backend)
         if pending.swap_in:
             src = torch.tensor([s for s, _ in pending.swap_in])
             dst = torch.tensor([d for _, d in pending.swap_in], device=self.device)
-            for dev, cpu in zip(self.k_caches + self.v_caches, self.cpu_k + self.cpu_v):
+            for dev, cpu in self._device_and_cpu():
                 dev[dst] = cpu[src].to(self.device, non_blocking=True)

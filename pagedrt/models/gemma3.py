@@ -36,7 +36,7 @@ from pagedrt.models.layers import (
     VocabParallelEmbedding,
 )
 from pagedrt.models.llama import LlamaForCausalLM
-from pagedrt.ops.attention import AttentionMetadata, paged_attention
+from pagedrt.ops.attention import AttentionMetadata, KVCacheLayer, paged_attention
 
 
 class GemmaRMSNorm(nn.Module):
@@ -94,7 +94,7 @@ class Gemma3Attention(nn.Module):
         self,
         positions: torch.Tensor,  # [T] int64
         hidden_states: torch.Tensor,  # [T, hidden_size]
-        kv_cache: tuple[torch.Tensor, torch.Tensor],  # 2 x [num_blocks, block_size, kv_heads, d]
+        kv_cache: KVCacheLayer,  # 2 x [num_blocks, block_size, kv_heads, d] (+ FP8 scales)
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden_size]
         qkv = self.qkv_proj(hidden_states)  # [T, (num_heads + 2 * num_kv_heads) * head_dim]
@@ -103,14 +103,15 @@ class Gemma3Attention(nn.Module):
         q = self.q_norm(q.reshape(-1, self.num_heads, self.head_dim))  # [T, heads, head_dim]
         k = self.k_norm(k.reshape(-1, self.num_kv_heads, self.head_dim))
         v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        k_cache, v_cache = kv_cache
-        # on CUDA one kernel rotates q and k and writes k and v into the cache
+        k_cache, v_cache, k_scales, v_scales = KVCacheLayer(*kv_cache)
+        # on CUDA one kernel rotates q and k and writes k and v (quantized, into an FP8 cache)
         kv_written = self.rotary_emb.forward_and_write_kv(
-            positions, q, k, v, k_cache, v_cache, meta.slot_mapping, meta.backend)
+            positions, q, k, v, k_cache, v_cache, meta.slot_mapping, meta.backend,
+            k_scales=k_scales, v_scales=v_scales)
         if not kv_written:
             q, k = self.rotary_emb(positions, q, k)
         out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, kv_written,
-                              self.sliding_window)  # [T, heads, head_dim]
+                              self.sliding_window, k_scales, v_scales)  # [T, heads, head_dim]
         return self.o_proj(out.flatten(1))
 
 

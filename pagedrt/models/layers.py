@@ -151,16 +151,19 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
         value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         slot_mapping: torch.Tensor, attention_backend: str,
+        k_scales: torch.Tensor | None = None, v_scales: torch.Tensor | None = None,
     ) -> bool:
         """Where the fused kernels run (CUDA, and Triton attention for `attention_backend`):
         rotate query and key in place and write the new key and value into their cache slots
         in one kernel (`fused_triton.rotary_write_kv_triton`), and return True. Otherwise do
         nothing and return False: the caller rotates with `forward` and attention writes K/V.
-        Shapes as `forward`; value like key; caches and slot_mapping as `ops.attention.write_kv`."""
+        Shapes as `forward`; value like key; caches, an FP8 cache's scales and slot_mapping
+        as `ops.attention.write_kv`."""
         if not (_use_fused(query) and uses_triton(attention_backend, query)):
             return False
         _fused().rotary_write_kv_triton(positions, query, key, value, self.cos_sin_cache,
-                                        k_cache, v_cache, slot_mapping, validate=False)
+                                        k_cache, v_cache, slot_mapping, validate=False,
+                                        k_scales=k_scales, v_scales=v_scales)
         return True
 
     def forward(

@@ -29,7 +29,7 @@ from pagedrt.models.layers import (
     SiluAndMul,
     VocabParallelEmbedding,
 )
-from pagedrt.ops.attention import AttentionMetadata, paged_attention
+from pagedrt.ops.attention import AttentionMetadata, KVCacheLayer, paged_attention
 
 # Hugging Face projection name -> (our fused parameter, shard id)
 _STACKED_PARAMS = {
@@ -77,7 +77,8 @@ class LlamaAttention(nn.Module):
         self,
         positions: torch.Tensor,  # [T] int64
         hidden_states: torch.Tensor,  # [T, hidden_size]
-        kv_cache: tuple[torch.Tensor, torch.Tensor],  # 2 x [num_blocks, block_size, kv_heads, d]
+        kv_cache: KVCacheLayer | tuple[torch.Tensor, torch.Tensor],  # (k_cache, v_cache[,
+        # k_scales, v_scales]): 2 x [num_blocks, block_size, kv_heads, d] (+ FP8 scales)
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden_size]
         qkv = self.qkv_proj(hidden_states)  # [T, (num_heads + 2 * num_kv_heads) * head_dim]
@@ -89,14 +90,16 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None:  # per head: rows of [T * heads, head_dim]
             q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
-        k_cache, v_cache = kv_cache
-        # on CUDA one kernel rotates q and k and writes k and v into the cache
+        k_cache, v_cache, k_scales, v_scales = KVCacheLayer(*kv_cache)
+        # on CUDA one kernel rotates q and k and writes k and v (quantized, into an FP8 cache)
         kv_written = self.rotary_emb.forward_and_write_kv(
-            positions, q, k, v, k_cache, v_cache, meta.slot_mapping, meta.backend)
+            positions, q, k, v, k_cache, v_cache, meta.slot_mapping, meta.backend,
+            k_scales=k_scales, v_scales=v_scales)
         if not kv_written:
             q, k = self.rotary_emb(positions, q, k)
         out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale,
-                              kv_written, self.sliding_window)  # [T, heads, d]
+                              kv_written, self.sliding_window, k_scales,
+                              v_scales)  # [T, heads, d]
         return self.o_proj(out.flatten(1))
 
 
@@ -132,7 +135,7 @@ class LlamaDecoderLayer(nn.Module):
         positions: torch.Tensor,
         hidden_states: torch.Tensor,
         residual: torch.Tensor | None,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: KVCacheLayer,
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
@@ -158,7 +161,7 @@ class LlamaModel(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[KVCacheLayer],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         hidden_states, residual = self.embed_tokens(input_ids), None
@@ -189,7 +192,7 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[KVCacheLayer],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Run the decoder over one step's packed tokens, writing their K/V into the cache.
@@ -197,8 +200,9 @@ class LlamaForCausalLM(nn.Module):
         Args:
             input_ids: [T] int64, the new tokens of all sequences, concatenated.
             positions: [T] int64, position of each token in its sequence.
-            kv_caches: one (k_cache, v_cache) per layer, each
-                [num_blocks, block_size, num_kv_heads, head_dim] in the model dtype.
+            kv_caches: one `KVCacheLayer` (or (k_cache, v_cache) pair) per layer, each cache
+                [num_blocks, block_size, num_kv_heads, head_dim] in the model dtype, or
+                float8_e4m3fn with its scales (`pagedrt.ops.fp8`).
             meta: slot_mapping, block tables, seq_lens and cu_seqlens_q of this step.
         Returns:
             [T, hidden_size] final hidden states (after the last norm), model dtype.

@@ -9,12 +9,31 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from pagedrt.ops import attention_reference as ref
 
 BACKENDS = ("auto", "torch", "triton")
+
+
+class KVCacheLayer(NamedTuple):
+    """One layer's paged KV cache, as the model's attention layers take it.
+
+    Attributes:
+        k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], the model's dtype
+            or float8_e4m3fn.
+        k_scales, v_scales: for a float8_e4m3fn cache, [num_blocks, num_kv_heads, block_size]
+            float32 (`pagedrt.ops.fp8`); None otherwise.
+
+    A plain `(k_cache, v_cache)` pair is accepted wherever this is: `KVCacheLayer(*pair)`.
+    """
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    k_scales: torch.Tensor | None = None
+    v_scales: torch.Tensor | None = None
 
 
 @dataclass
@@ -82,21 +101,23 @@ def uses_triton(backend: str, tensor: torch.Tensor) -> bool:
 
 
 def write_kv(key, value, k_cache, v_cache, slot_mapping, backend: str = "auto",
-             validate: bool = True) -> None:
+             validate: bool = True, k_scales=None, v_scales=None) -> None:
     """Write key/value `[num_tokens, num_kv_heads, head_dim]` into the caches by slot_mapping.
 
     See `attention_reference.write_kv_reference` for shapes. validate=False skips the Triton
     wrapper's argument checks (for tensors the model built; see `pagedrt.ops.fused_triton`).
+    k_scales, v_scales: an FP8 cache's scales (see `KVCacheLayer`), else None.
     """
     if _use_triton(backend, key):
         return _triton_ops().write_kv_triton(key, value, k_cache, v_cache, slot_mapping,
-                                             validate=validate)
-    return ref.write_kv_reference(key, value, k_cache, v_cache, slot_mapping)
+                                             validate=validate, k_scales=k_scales,
+                                             v_scales=v_scales)
+    return ref.write_kv_reference(key, value, k_cache, v_cache, slot_mapping, k_scales, v_scales)
 
 
 def paged_attention_decode(
     query, k_cache, v_cache, block_tables, seq_lens, scale, backend: str = "auto",
-    validate: bool = True, sliding_window: int | None = None,
+    validate: bool = True, sliding_window: int | None = None, k_scales=None, v_scales=None,
 ) -> torch.Tensor:
     """Decode attention (one query token per sequence); see the reference for shapes.
 
@@ -105,14 +126,15 @@ def paged_attention_decode(
     if _use_triton(backend, query):
         return _triton_ops().paged_attention_decode_triton(
             query, k_cache, v_cache, block_tables, seq_lens, scale, validate=validate,
-            sliding_window=sliding_window)
+            sliding_window=sliding_window, k_scales=k_scales, v_scales=v_scales)
     return ref.paged_attention_decode_reference(query, k_cache, v_cache, block_tables, seq_lens,
-                                                scale, sliding_window)
+                                                scale, sliding_window, k_scales, v_scales)
 
 
 def paged_attention_extend(
     query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, backend: str = "auto",
     max_query_len: int | None = None, validate: bool = True, sliding_window: int | None = None,
+    k_scales=None, v_scales=None,
 ) -> torch.Tensor:
     """Causal attention of packed query chunks over cached prefixes; see the reference.
 
@@ -124,9 +146,11 @@ def paged_attention_extend(
         return _triton_ops().paged_attention_extend_triton(
             query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale,
             max_query_len=max_query_len, validate=validate, sliding_window=sliding_window,
+            k_scales=k_scales, v_scales=v_scales,
         )
     return ref.paged_attention_extend_reference(
-        query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, sliding_window
+        query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, sliding_window,
+        k_scales, v_scales,
     )
 
 
@@ -149,20 +173,24 @@ def paged_attention(
     scale: float,
     kv_written: bool = False,
     sliding_window: int | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """What an attention layer calls: write the new K/V (unless `kv_written`: the caller's
     fused RoPE kernel did), then decode or extend, over the last `sliding_window` positions of
     each query when the layer has one. The model builds every tensor here itself, so the
-    Triton wrappers skip their argument checks."""
+    Triton wrappers skip their argument checks. k_scales, v_scales: an FP8 cache's scales
+    (see `KVCacheLayer`), else None."""
     if not kv_written:
-        write_kv(key, value, k_cache, v_cache, meta.slot_mapping, meta.backend, validate=False)
+        write_kv(key, value, k_cache, v_cache, meta.slot_mapping, meta.backend, validate=False,
+                 k_scales=k_scales, v_scales=v_scales)
     if meta.max_query_len == 1:  # decode only
         return paged_attention_decode(
             query, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, meta.backend,
-            validate=False, sliding_window=sliding_window,
+            validate=False, sliding_window=sliding_window, k_scales=k_scales, v_scales=v_scales,
         )
     return paged_attention_extend(
         query, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, scale,
         meta.backend, max_query_len=meta.max_query_len, validate=False,
-        sliding_window=sliding_window,
+        sliding_window=sliding_window, k_scales=k_scales, v_scales=v_scales,
     )

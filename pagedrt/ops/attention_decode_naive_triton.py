@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedrt.ops.fp8 import is_fp8
 from pagedrt.ops.triton_utils import LOG2E, check_decode_args
 
 
@@ -78,7 +79,11 @@ def paged_attention_decode_naive_triton(
     """The v1 baseline: one program per (sequence, query head), no GQA sharing, no split-K.
 
     Same arguments and result as `paged_attention_decode_triton`; kept for the benchmark.
+    Caches of fp16/bf16/fp32 only (ValueError for an FP8 cache).
     """
+    if is_fp8(k_cache.dtype):
+        raise ValueError(f"the naive decode kernel reads fp16/bf16/fp32 caches, not "
+                         f"{k_cache.dtype}; use paged_attention_decode_triton for an FP8 cache")
     group, _ = check_decode_args(query, k_cache, v_cache, block_tables, seq_lens)
     num_seqs, num_heads, head_dim = query.shape
     out = torch.empty_like(query)

@@ -27,6 +27,10 @@ row at p sees keys p - W + 1 .. p, and the tile's keys split into three ranges:
 Keys before lo, and the blocks holding only such keys, are never read (the KV manager may
 have given those blocks to another sequence). A row can see nothing in a lower-band tile, so
 that path keeps its running max at -inf safely (exp2 of -inf - 0 = 0, never -inf - -inf).
+
+An FP8 cache (KV_FP8) is read as in the decode kernel (`attention_triton.py`): fp8 tiles
+converted in registers, each key's scale applied to its score column and each value's to its
+probability column.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedrt.ops.fp8 import is_fp8
 from pagedrt.ops.triton_utils import (
     LOG2E,
     check_index,
@@ -53,8 +58,10 @@ def _extend_tiles(
     stride_cb, stride_cs, scale_log2,
     lo, hi,
     offs_d,
+    k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,  # used when KV_FP8
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """Online-softmax update over keys [lo, hi); with CAUSAL_MASK, key <= pos[row] and < hi,
     and with WINDOW > 0 also key > pos[row] - WINDOW."""
@@ -76,7 +83,19 @@ def _extend_tiles(
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
+        if KV_FP8:
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
+            scale_off = block * stride_sb + scale_head_off + offs_n % BLOCK_SIZE
+            if CAUSAL_MASK:
+                k_scale = tl.load(k_scales_ptr + scale_off, mask=n_mask, other=0.0)
+                v_scale = tl.load(v_scales_ptr + scale_off, mask=n_mask, other=0.0)
+            else:
+                k_scale = tl.load(k_scales_ptr + scale_off)
+                v_scale = tl.load(v_scales_ptr + scale_off)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+        if KV_FP8:
+            s = s * k_scale[None, :]
         if CAUSAL_MASK:
             visible = (offs_n[None, :] <= pos[:, None]) & (offs_n < hi)[None, :]
             if WINDOW > 0:
@@ -89,6 +108,8 @@ def _extend_tiles(
         p = tl.exp2(s - m_ref[:, None])
         alpha = tl.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if KV_FP8:
+            p = p * v_scale[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -103,9 +124,12 @@ def _extend_kernel(
     cu_seqlens_q_ptr,  # [num_seqs + 1] int32
     seq_lens_ptr,  # [num_seqs] int32
     out_ptr,  # [num_tokens, num_heads, head_dim]
+    k_scales_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; read when KV_FP8
+    v_scales_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; read when KV_FP8
     scale_log2,  # softmax scale * log2(e)
     stride_qt, stride_qh,
     stride_cb, stride_cs, stride_ch,
+    stride_sb, stride_sh,  # scale strides (block, head); the slot stride is 1
     stride_bt,
     stride_ot, stride_oh,
     GROUP: tl.constexpr,
@@ -116,6 +140,7 @@ def _extend_kernel(
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,  # fp8 caches with per-token scales
     WINDOW: tl.constexpr = 0,  # sliding window in tokens; 0 = causal over the whole prefix
 ):
     kv_head = tl.program_id(0)
@@ -146,6 +171,7 @@ def _extend_kernel(
         bt_row = block_tables_ptr + seq * stride_bt
         head_off = kv_head * stride_ch
         kv_end = context + tl.minimum(first_tok + TOKENS_PER_TILE, q_len)  # p_last + 1
+        scale_head_off = kv_head * stride_sh
         if WINDOW > 0:
             # lower band [lo, full_lo), keys every row sees [full_lo, kv_unmasked), upper band
             p_first = context + first_tok
@@ -155,7 +181,8 @@ def _extend_kernel(
             acc, l_i, m_i = _extend_tiles(
                 acc, l_i, m_i, q, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
                 stride_cb, stride_cs, scale_log2, lo, full_lo, offs_d,
-                BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW)
+                k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
+                BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW, KV_FP8)
         else:
             # keys every row sees (no mask), then the diagonal band up to the last row's position
             full_lo = 0
@@ -163,11 +190,13 @@ def _extend_kernel(
         acc, l_i, m_i = _extend_tiles(
             acc, l_i, m_i, q, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
             stride_cb, stride_cs, scale_log2, full_lo, kv_unmasked, offs_d,
-            BLOCK_SIZE, BLOCK_N, False, UPCAST, DOT_PRECISION, WINDOW)
+            k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
+            BLOCK_SIZE, BLOCK_N, False, UPCAST, DOT_PRECISION, WINDOW, KV_FP8)
         acc, l_i, m_i = _extend_tiles(
             acc, l_i, m_i, q, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
             stride_cb, stride_cs, scale_log2, kv_unmasked, kv_end, offs_d,
-            BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW)
+            k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
+            BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW, KV_FP8)
 
         out = acc / l_i[:, None]  # l_i >= 1: every row sees at least its own key
         tl.store(out_ptr + row_off[:, None] * stride_ot + head[:, None] * stride_oh
@@ -208,12 +237,16 @@ def paged_attention_extend_triton(
     *,
     validate: bool = True,
     sliding_window: int | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention for packed query chunks over cached prefixes (K/V already written).
 
     Args:
-        query: [num_tokens, num_heads, head_dim], the caches' dtype, head_dim contiguous.
-        k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], fp16/bf16/fp32.
+        query: [num_tokens, num_heads, head_dim], the caches' dtype (any of fp16/bf16/fp32
+            over an FP8 cache), head_dim contiguous.
+        k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], fp16/bf16/fp32,
+            or float8_e4m3fn with k_scales and v_scales.
         block_tables: [num_seqs, max_blocks_per_seq] int32.
         cu_seqlens_q: [num_seqs + 1] int32 prefix sums of the query lengths.
         seq_lens: [num_seqs] int32, cached tokens per sequence including this chunk.
@@ -225,11 +258,13 @@ def paged_attention_extend_triton(
         sliding_window: each query attends only to its last `sliding_window` positions (>= 1,
             itself included); None = the whole prefix. Blocks before every query's window are
             not read.
+        k_scales, v_scales: an FP8 cache's scales, [num_blocks, num_kv_heads, block_size]
+            float32 (`pagedrt.ops.fp8`); None for other caches.
     Returns:
         [num_tokens, num_heads, head_dim] in query's dtype.
     """
     if validate:
-        check_paged_args(query, k_cache, v_cache, block_tables, seq_lens)
+        check_paged_args(query, k_cache, v_cache, block_tables, seq_lens, k_scales, v_scales)
         check_sliding_window(sliding_window)
         check_index("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), k_cache.device)
         num_seqs = seq_lens.shape[0]
@@ -246,6 +281,9 @@ def paged_attention_extend_triton(
         max_query_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
     group = num_heads // num_kv_heads
     upcast = interpreting(query)
+    fp8 = is_fp8(k_cache.dtype)
+    if not fp8:
+        k_scales = v_scales = out  # unused by the kernel
     defaults = _extend_launch_configs(head_dim, query.dtype, on_gpu=not upcast)
     configs = [{**defaults[0], **config}] if config else defaults
 
@@ -255,18 +293,20 @@ def paged_attention_extend_triton(
         grid = (num_kv_heads, triton.cdiv(max_query_len, tokens_per_tile), num_seqs)
         _extend_kernel[grid](
             query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out,
+            k_scales, v_scales,
             scale * LOG2E,
             query.stride(0), query.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            k_scales.stride(0), k_scales.stride(1),
             block_tables.stride(0),
             out.stride(0), out.stride(1),
             GROUP=group, TOKENS_PER_TILE=tokens_per_tile, BLOCK_M=block_m,
             BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_N=cfg["BLOCK_N"], UPCAST=upcast,
-            DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+            DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
             WINDOW=sliding_window or 0,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
 
-    key = ("extend", str(query.device), query.dtype, head_dim, group, bool(config))
+    key = ("extend", str(query.device), query.dtype, head_dim, group, bool(config), fp8)
     launch_first_fitting(key, configs, launch)
     return out

@@ -12,13 +12,17 @@ window").
 
 Cache layout (per layer): `k_cache`, `v_cache` of shape
 `[num_blocks, block_size, num_kv_heads, head_dim]`; slot `s` is block `s // block_size`,
-offset `s % block_size`.
+offset `s % block_size`. An FP8 cache (float8_e4m3fn) comes with `k_scales`, `v_scales` of
+shape `[num_blocks, num_kv_heads, block_size]` float32 (`pagedrt.ops.fp8`): the write
+quantizes with `quantize_fp8`, the attention functions dequantize what they gather in fp32.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from pagedrt.ops.fp8 import quantize_fp8
 
 
 def write_kv_reference(
@@ -27,30 +31,58 @@ def write_kv_reference(
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor,  # [num_tokens] int64; < 0 means skip (padding)
+    k_scales: torch.Tensor | None = None,  # FP8 cache: [num_blocks, num_kv_heads, block_size]
+    v_scales: torch.Tensor | None = None,
 ) -> None:
-    """Write new K/V rows into their cache slots, in place. Negative slots are skipped."""
+    """Write new K/V rows into their cache slots, in place. Negative slots are skipped.
+    With k_scales/v_scales (an FP8 cache), rows are quantized by `quantize_fp8` and their
+    scales written too."""
     num_blocks, block_size = k_cache.shape[:2]
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()
     k_flat = k_cache.view(num_blocks * block_size, *k_cache.shape[2:])
     v_flat = v_cache.view(num_blocks * block_size, *v_cache.shape[2:])
-    k_flat[slots] = key[valid].to(k_cache.dtype)
-    v_flat[slots] = value[valid].to(v_cache.dtype)
+    if k_scales is None:
+        k_flat[slots] = key[valid].to(k_cache.dtype)
+        v_flat[slots] = value[valid].to(v_cache.dtype)
+        return
+    blocks, offsets = slots // block_size, slots % block_size
+    for flat, scales, x in ((k_flat, k_scales, key), (v_flat, v_scales, value)):
+        values, row_scales = quantize_fp8(x[valid])  # [n, heads, head_dim], [n, heads]
+        flat.view(torch.uint8)[slots] = values.view(torch.uint8)
+        scales.transpose(1, 2)[blocks, offsets] = row_scales  # [num_blocks, slot, heads] view
+
+
+def _dequantized(cache: torch.Tensor, scales: torch.Tensor | None,
+                 blocks: torch.Tensor) -> torch.Tensor:
+    """The cache's blocks `blocks` (any index shape) in fp32:
+    [*blocks.shape, block_size, num_kv_heads, head_dim], scaled when `scales` is given."""
+    out = cache[blocks].float()
+    if scales is not None:
+        out *= scales[blocks].transpose(-1, -2)[..., None]
+    return out
 
 
 def _gather_kv(
     k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, start: int,
-    end: int,
+    end: int, k_scales: torch.Tensor | None = None, v_scales: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of positions [start, end) of one sequence, `[end - start, num_kv_heads,
-    head_dim]` each; only the blocks holding those positions are read."""
+    head_dim]` each (fp32, dequantized, for an FP8 cache; the cache's dtype otherwise); only
+    the blocks holding those positions are read."""
     block_size = k_cache.shape[1]
     first_block = start // block_size
     num_blocks = (end + block_size - 1) // block_size
     blocks = block_table[first_block:num_blocks].long()
     offset = start - first_block * block_size
-    k = k_cache[blocks].flatten(0, 1)[offset:offset + end - start]
-    v = v_cache[blocks].flatten(0, 1)[offset:offset + end - start]
+    if k_scales is not None:
+        k = _dequantized(k_cache, k_scales, blocks).flatten(0, 1)
+        v = _dequantized(v_cache, v_scales, blocks).flatten(0, 1)
+    else:
+        k = k_cache[blocks].flatten(0, 1)
+        v = v_cache[blocks].flatten(0, 1)
+    k = k[offset:offset + end - start]
+    v = v[offset:offset + end - start]
     return k, v
 
 
@@ -88,6 +120,8 @@ def paged_attention_decode_reference(
     seq_lens: torch.Tensor,  # [num_seqs] int32, current token included
     scale: float,
     sliding_window: int | None = None,
+    k_scales: torch.Tensor | None = None,  # FP8 cache: [num_blocks, num_kv_heads, block_size]
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
     """One query token per sequence attending to all `seq_lens[i]` cached tokens (the last
     `sliding_window` of them when given).
@@ -103,8 +137,8 @@ def paged_attention_decode_reference(
     num_blocks = (max_len + block_size - 1) // block_size
     idx = block_tables[:, :num_blocks].long()
     # advanced indexing copies, so the gathered K/V can be zeroed in place past each seq_len
-    k = k_cache[idx].flatten(1, 2).float()  # [num_seqs, L, num_kv_heads, head_dim]
-    v = v_cache[idx].flatten(1, 2).float()
+    k = _dequantized(k_cache, k_scales, idx).flatten(1, 2)  # [num_seqs, L, kv_heads, head_dim]
+    v = _dequantized(v_cache, v_scales, idx).flatten(1, 2)
     pos = torch.arange(k.shape[1], device=query.device)[None, :]  # [1, L]
     valid = pos < seq_lens[:, None]  # [S, L]
     if sliding_window is not None:
@@ -128,6 +162,8 @@ def paged_attention_extend_reference(
     seq_lens: torch.Tensor,  # [num_seqs] int32
     scale: float,
     sliding_window: int | None = None,
+    k_scales: torch.Tensor | None = None,  # FP8 cache: [num_blocks, num_kv_heads, block_size]
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention for packed query chunks over cached prefixes.
 
@@ -145,7 +181,7 @@ def paged_attention_extend_reference(
         sel = torch.tensor(decode_seqs, device=query.device)
         out[rows] = paged_attention_decode_reference(
             query[rows], k_cache, v_cache, block_tables[sel], seq_lens[sel], scale,
-            sliding_window,
+            sliding_window, k_scales, v_scales,
         )
     for i, seq_len in enumerate(lens):
         q_start, q_end = starts[i], starts[i + 1]
@@ -154,7 +190,8 @@ def paged_attention_extend_reference(
         first_key = 0
         if sliding_window is not None:  # the window of the chunk's first query
             first_key = max(seq_len - (q_end - q_start) - sliding_window + 1, 0)
-        k, v = _gather_kv(k_cache, v_cache, block_tables[i], first_key, seq_len)
+        k, v = _gather_kv(k_cache, v_cache, block_tables[i], first_key, seq_len, k_scales,
+                          v_scales)
         out[q_start:q_end] = _attend(query[q_start:q_end], k, v, scale, first_key,
                                      sliding_window)
     return out
@@ -165,7 +202,8 @@ def copy_blocks_reference(
     v_caches: list[torch.Tensor],
     block_mapping: torch.Tensor,  # [num_pairs, 2] int64: (src block, dst block)
 ) -> None:
-    """Copy whole blocks src -> dst in every layer (copy-on-write), in place."""
+    """Copy whole blocks src -> dst in every layer (copy-on-write), in place; any tensors
+    indexed by block first (an FP8 cache's scales too)."""
     if block_mapping.numel() == 0:
         return
     src = block_mapping[:, 0].to(k_caches[0].device)

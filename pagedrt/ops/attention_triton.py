@@ -32,6 +32,12 @@ context 4k reads.
 Unused slots (past seq_len in the last block) and other sequences' blocks may hold NaN: every
 K/V load is masked with other=0 and every masked score is set to -inf before the softmax, so
 such data is never read into the arithmetic.
+
+FP8 cache (KV_FP8, `pagedrt.ops.fp8`): K and V tiles are loaded as fp8 (half the bytes of
+bf16) and converted in registers to the query's dtype (exact: every e4m3 value is a bf16,
+fp16 and fp32 value). Their per-token scales are applied to the small [GROUP_PAD, BLOCK_N]
+tiles instead of the [BLOCK_N, HEAD_DIM] ones: q . (k * s_k) = (q . k) * s_k scales the score
+columns, and p @ (v * s_v) = (p * s_v) @ v scales the probability columns.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import triton.language as tl
 
 from pagedrt.ops.attention_decode_naive_triton import paged_attention_decode_naive_triton
 from pagedrt.ops.attention_extend_triton import paged_attention_extend_triton
+from pagedrt.ops.fp8 import is_fp8
 from pagedrt.ops.kv_write_triton import copy_blocks_triton, write_kv_triton
 from pagedrt.ops.triton_utils import (
     LOG2E,
@@ -67,9 +74,12 @@ def _decode_kernel(
     out_ptr,  # [num_seqs, num_heads, head_dim]; written when not SPLIT
     part_out_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32; written when SPLIT
     part_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32 (log2 domain); written when SPLIT
+    k_scales_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; read when KV_FP8
+    v_scales_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; read when KV_FP8
     scale_log2,  # softmax scale * log2(e)
     stride_qs, stride_qh,
     stride_cb, stride_cs, stride_ch,
+    stride_sb, stride_sh,  # scale strides (block, head); the slot stride is 1
     stride_bt,
     stride_os, stride_oh,
     num_splits,
@@ -81,6 +91,7 @@ def _decode_kernel(
     SPLIT: tl.constexpr,
     UPCAST: tl.constexpr,  # interpreter: dot in fp32 (its bf16 dot is wrong)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 caches, else "tf32" (unused for 16-bit)
+    KV_FP8: tl.constexpr,  # fp8 caches with per-token scales
     WINDOW: tl.constexpr = 0,  # sliding window in tokens; 0 = attend to every cached token
 ):
     kv_head = tl.program_id(0)
@@ -117,7 +128,12 @@ def _decode_kernel(
                     other=0.0)
         if UPCAST:
             k = k.to(tl.float32)
+        if KV_FP8:
+            k = k.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+        if KV_FP8:
+            scale_off = block * stride_sb + kv_head * stride_sh + offs_n % BLOCK_SIZE
+            s = s * tl.load(k_scales_ptr + scale_off, mask=n_mask, other=0.0)[None, :]
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
@@ -127,6 +143,9 @@ def _decode_kernel(
                     other=0.0)
         if UPCAST:
             v = v.to(tl.float32)
+        if KV_FP8:
+            v = v.to(q.dtype)
+            p = p * tl.load(v_scales_ptr + scale_off, mask=n_mask, other=0.0)[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
@@ -220,12 +239,16 @@ def paged_attention_decode_triton(
     *,
     validate: bool = True,
     sliding_window: int | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention: one query token per sequence over its `seq_lens[i]` cached tokens.
 
     Args:
-        query: [num_seqs, num_heads, head_dim], the caches' dtype, head_dim contiguous.
-        k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], fp16/bf16/fp32.
+        query: [num_seqs, num_heads, head_dim], the caches' dtype (any of fp16/bf16/fp32 over
+            an FP8 cache), head_dim contiguous.
+        k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], fp16/bf16/fp32,
+            or float8_e4m3fn with k_scales and v_scales.
         block_tables: [num_seqs, max_blocks_per_seq] int32.
         seq_lens: [num_seqs] int32, >= 1 (the current token included).
         scale: softmax scale, usually head_dim ** -0.5.
@@ -237,11 +260,13 @@ def paged_attention_decode_triton(
             pass False for tensors they built (see `pagedrt.ops.fused_triton`).
         sliding_window: attend only to the last `sliding_window` tokens (>= 1); None = all.
             Blocks before the window are not read.
+        k_scales, v_scales: an FP8 cache's scales, [num_blocks, num_kv_heads, block_size]
+            float32 (`pagedrt.ops.fp8`); None for other caches.
     Returns:
         [num_seqs, num_heads, head_dim] in query's dtype.
     """
     if validate:
-        check_decode_args(query, k_cache, v_cache, block_tables, seq_lens)
+        check_decode_args(query, k_cache, v_cache, block_tables, seq_lens, k_scales, v_scales)
         check_sliding_window(sliding_window)
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
@@ -266,6 +291,9 @@ def paged_attention_decode_triton(
                                device=query.device)
     else:
         part_out = part_lse = out  # unused by the kernel
+    fp8 = is_fp8(k_cache.dtype)
+    if not fp8:
+        k_scales = v_scales = part_lse  # unused by the kernel
     tuned = {**_decode_launch_config(head_dim), **(config or {})}
     # smaller fallbacks for GPUs with less shared memory (see launch_first_fitting)
     configs = [tuned] if config else [
@@ -275,20 +303,22 @@ def paged_attention_decode_triton(
     def launch(cfg: dict) -> None:
         _decode_kernel[(num_kv_heads, num_splits, num_seqs)](
             query, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
+            k_scales, v_scales,
             scale * LOG2E,
             query.stride(0), query.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            k_scales.stride(0), k_scales.stride(1),
             block_tables.stride(0),
             out.stride(0), out.stride(1),
             num_splits,
             GROUP=group, GROUP_PAD=max(16, next_pow2(group)), BLOCK_SIZE=block_size,
             HEAD_DIM=head_dim, BLOCK_N=cfg["BLOCK_N"], SPLIT=split, UPCAST=upcast,
-            DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+            DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
             WINDOW=sliding_window or 0,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
 
-    key = ("decode", str(query.device), query.dtype, head_dim, group, bool(config))
+    key = ("decode", str(query.device), query.dtype, head_dim, group, bool(config), fp8)
     launch_first_fitting(key, configs, launch)
     if split:
         _decode_reduce_kernel[(num_heads, num_seqs)](

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedrt.ops.fp8 import is_fp8
+from pagedrt.ops.fp8_triton import fp8_quantize, fp8_row_scale
 from pagedrt.ops.kv_write_triton import write_kv_triton
 from pagedrt.ops.triton_utils import SUPPORTED_DTYPES, check_index, check_same, next_pow2
 
@@ -237,15 +239,19 @@ def _rotary_write_kv_kernel(
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache_ptr,  # same shape and strides as k_cache
     slot_mapping_ptr,  # [num_tokens], < 0 = no cache write (padding)
+    k_scales_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; written when KV_FP8
+    v_scales_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; written when KV_FP8
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_c,
     stride_cb, stride_cs, stride_ch,  # cache strides (block, slot, head)
+    stride_sb, stride_sh,  # scale strides (block, head); the slot stride is 1
     num_heads, num_kv_heads,
     HALF: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_HQ: tl.constexpr,
     BLOCK_HK: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block
+    KV_FP8: tl.constexpr,  # the caches are uint8 views of fp8 caches: quantize, store scales
 ):
     """One token: RoPE on its query and key heads (as `_rotary_kernel`), then its rotated key
     and its value into cache slot slot_mapping[token] (as `_write_kv_kernel`)."""
@@ -272,13 +278,34 @@ def _rotary_write_kv_kernel(
     if slot >= 0:
         dst = ((slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs
                + offs_h[:, None] * stride_ch + offs_d[None, :])
-        tl.store(k_cache_ptr + dst, k1.to(k_cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(k_cache_ptr + dst + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=mask)
         v1_ptr = v_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :]
         v1 = tl.load(v1_ptr, mask=mask, other=0.0)
         v2 = tl.load(v1_ptr + HALF, mask=mask, other=0.0)
-        tl.store(v_cache_ptr + dst, v1.to(v_cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(v_cache_ptr + dst + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        if KV_FP8:
+            # the key as rounded to its dtype (what the unfused path writes), then quantized
+            # new names: triton (3.6, compiled) refuses a variable retyped inside the runtime if
+            k1f = k1.to(tl.float32)
+            k2f = k2.to(tl.float32)
+            v1f = v1.to(tl.float32)
+            v2f = v2.to(tl.float32)
+            k_scale = fp8_row_scale(
+                tl.maximum(tl.max(tl.abs(k1f), 1), tl.max(tl.abs(k2f), 1)))  # [BLOCK_HK]
+            v_scale = fp8_row_scale(
+                tl.maximum(tl.max(tl.abs(v1f), 1), tl.max(tl.abs(v2f), 1)))
+            scale_dst = ((slot // BLOCK_SIZE) * stride_sb + offs_h * stride_sh
+                         + slot % BLOCK_SIZE)
+            h_mask = offs_h < num_kv_heads
+            tl.store(k_scales_ptr + scale_dst, k_scale, mask=h_mask)
+            tl.store(v_scales_ptr + scale_dst, v_scale, mask=h_mask)
+            tl.store(k_cache_ptr + dst, fp8_quantize(k1f, k_scale), mask=mask)
+            tl.store(k_cache_ptr + dst + HALF, fp8_quantize(k2f, k_scale), mask=mask)
+            tl.store(v_cache_ptr + dst, fp8_quantize(v1f, v_scale), mask=mask)
+            tl.store(v_cache_ptr + dst + HALF, fp8_quantize(v2f, v_scale), mask=mask)
+        else:
+            tl.store(k_cache_ptr + dst, k1.to(k_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(k_cache_ptr + dst + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(v_cache_ptr + dst, v1.to(v_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(v_cache_ptr + dst + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def rotary_write_kv_triton(
@@ -292,6 +319,8 @@ def rotary_write_kv_triton(
     slot_mapping: torch.Tensor,
     *,
     validate: bool = True,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`rotary_triton` then `write_kv_triton(key, value, k_cache, v_cache, slot_mapping)` in
     one kernel: a token's rotated key goes to its cache slot straight from registers, and a
@@ -303,10 +332,12 @@ def rotary_write_kv_triton(
         value: [num_tokens, num_kv_heads, head_dim], key's dtype, head_dim contiguous.
         k_cache, v_cache, slot_mapping: as `write_kv_triton` (negative slots are skipped).
         validate: check the above (ValueError); False skips the checks (see the module doc).
+        k_scales, v_scales: as `write_kv_triton` (an FP8 cache's scales, else None).
     """
     if validate:
         rotary_triton(positions[:0], query[:0], key[:0], cos_sin_cache)  # checks only
-        write_kv_triton(key[:0], value[:0], k_cache, v_cache, slot_mapping[:0])  # checks only
+        write_kv_triton(key[:0], value[:0], k_cache, v_cache, slot_mapping[:0],
+                        k_scales=k_scales, v_scales=v_scales)  # checks only
         if value.shape != key.shape or value.dtype != key.dtype:
             raise ValueError(f"value {tuple(value.shape)} {value.dtype} must match key "
                              f"{tuple(key.shape)} {key.dtype}")
@@ -318,15 +349,22 @@ def rotary_write_kv_triton(
     num_kv_heads = key.shape[1]
     if num_tokens > 0:
         half = head_dim // 2
+        fp8 = is_fp8(k_cache.dtype)
+        if fp8:  # the kernel stores the fp8 bytes it computes (see pagedrt.ops.fp8_triton)
+            k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+        else:
+            k_scales = v_scales = k_cache  # unused by the kernel
         _rotary_write_kv_kernel[(num_tokens,)](
             positions, query, key, value, cos_sin_cache, k_cache, v_cache, slot_mapping,
+            k_scales, v_scales,
             query.stride(0), query.stride(1), key.stride(0), key.stride(1),
             value.stride(0), value.stride(1), cos_sin_cache.stride(0),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            k_scales.stride(0), k_scales.stride(1),
             num_heads, num_kv_heads,
             HALF=half, BLOCK_D=next_pow2(half),
             BLOCK_HQ=next_pow2(num_heads), BLOCK_HK=next_pow2(num_kv_heads),
-            BLOCK_SIZE=k_cache.shape[1],
+            BLOCK_SIZE=k_cache.shape[1], KV_FP8=fp8,
             num_warps=_num_warps(next_pow2(num_heads) * next_pow2(half)),
         )
     return query, key

@@ -1,8 +1,10 @@
 """Triton kernels that move K/V rows: `write_kv_triton` (new tokens into their slots) and
 `copy_blocks_triton` (copy-on-write of whole blocks in every layer).
 
-Both are pure data movement: one program copies one contiguous row range with 16-byte loads
-(head_dim is the contiguous dim of every tensor involved).
+Both are data movement: one program copies one contiguous row range with 16-byte loads
+(head_dim is the contiguous dim of every tensor involved). Into an FP8 cache, the write
+quantizes each token's heads and stores their scales beside the block (`pagedrt.ops.fp8`);
+the copy moves bytes, so it copies FP8 blocks and their scales unchanged.
 """
 
 from __future__ import annotations
@@ -11,7 +13,15 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedrt.ops.triton_utils import check_cache_pair, check_index, check_same, next_pow2
+from pagedrt.ops.fp8 import is_fp8
+from pagedrt.ops.fp8_triton import fp8_quantize, fp8_row_scale
+from pagedrt.ops.triton_utils import (
+    check_cache_pair,
+    check_index,
+    check_kv_scales,
+    check_same,
+    next_pow2,
+)
 
 
 @triton.jit
@@ -21,13 +31,17 @@ def _write_kv_kernel(
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
     slot_mapping_ptr,  # [num_tokens] int64, < 0 = skip
+    k_scales_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; written when KV_FP8
+    v_scales_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; written when KV_FP8
     stride_kt, stride_kh,  # key strides (token, head); head_dim stride is 1
     stride_vt, stride_vh,
     stride_cb, stride_cs, stride_ch,  # cache strides (block, slot, head); same for k and v
+    stride_sb, stride_sh,  # scale strides (block, head); the slot stride is 1
     num_kv_heads,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,  # num_kv_heads rounded up to a power of two
+    KV_FP8: tl.constexpr,  # the caches are uint8 views of fp8 caches: quantize, store scales
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -44,8 +58,20 @@ def _write_kv_kernel(
         dst = block * stride_cb + offset * stride_cs + offs_h[:, None] * stride_ch + offs_d[None, :]
         k = tl.load(src_k, mask=mask)
         v = tl.load(src_v, mask=mask)
-        tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+        if KV_FP8:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+            k_scale = fp8_row_scale(tl.max(tl.abs(k), 1))  # [BLOCK_H]
+            v_scale = fp8_row_scale(tl.max(tl.abs(v), 1))
+            scale_dst = block * stride_sb + offs_h * stride_sh + offset
+            h_mask = offs_h < num_kv_heads
+            tl.store(k_scales_ptr + scale_dst, k_scale, mask=h_mask)
+            tl.store(v_scales_ptr + scale_dst, v_scale, mask=h_mask)
+            tl.store(k_cache_ptr + dst, fp8_quantize(k, k_scale), mask=mask)
+            tl.store(v_cache_ptr + dst, fp8_quantize(v, v_scale), mask=mask)
+        else:
+            tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def write_kv_triton(
@@ -56,20 +82,25 @@ def write_kv_triton(
     slot_mapping: torch.Tensor,
     *,
     validate: bool = True,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> None:
     """Write new K/V rows into their cache slots, in place; negative slots are skipped.
 
     Args:
         key, value: [num_tokens, num_kv_heads, head_dim], any float dtype (cast to the cache's),
             head_dim contiguous, same device as the caches.
-        k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], fp16/bf16/fp32,
-            identical shape, dtype and strides.
+        k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], fp16/bf16/fp32
+            or float8_e4m3fn, identical shape, dtype and strides.
         slot_mapping: [num_tokens] int64 (int32 accepted), slot = block * block_size + offset.
         validate: check the above (ValueError); the model's attention layers pass False for
             tensors they built (see `pagedrt.ops.fused_triton`).
+        k_scales, v_scales: with a float8_e4m3fn cache, [num_blocks, num_kv_heads, block_size]
+            float32, written with each token's scales (`pagedrt.ops.fp8`); else None.
     """
     if validate:
         block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
+        check_kv_scales(k_cache, k_scales, v_scales)
         for name, t in (("key", key), ("value", value)):
             if t.shape[1:] != (num_kv_heads, head_dim) or t.dim() != 3:
                 raise ValueError(f"{name} shape {tuple(t.shape)}; expected [num_tokens, "
@@ -84,12 +115,18 @@ def write_kv_triton(
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     if num_tokens == 0:
         return
+    fp8 = is_fp8(k_cache.dtype)
+    if fp8:  # the kernel stores the fp8 bytes it computes (see pagedrt.ops.fp8_triton)
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    else:
+        k_scales = v_scales = k_cache  # unused by the kernel
     _write_kv_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping,
+        key, value, k_cache, v_cache, slot_mapping, k_scales, v_scales,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        k_scales.stride(0), k_scales.stride(1),
         num_kv_heads,
-        BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_H=next_pow2(num_kv_heads),
+        BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_H=next_pow2(num_kv_heads), KV_FP8=fp8,
     )
 
 
@@ -122,10 +159,12 @@ def copy_blocks_triton(
 
     One launch per layer copies its K and V blocks together; copies are rare (a fork writing
     into a shared block), so per-layer launches cost less than gathering layer pointers.
+    The copy moves elements unchanged, so it serves any tensor indexed by block first (an FP8
+    cache's scales too); one-byte (fp8) tensors are moved as uint8.
 
     Args:
-        k_caches, v_caches: per layer [num_blocks, block_size, num_kv_heads, head_dim],
-            contiguous, all on one device.
+        k_caches, v_caches: per layer [num_blocks, ...] (e.g. [num_blocks, block_size,
+            num_kv_heads, head_dim]), contiguous, all on one device.
         block_mapping: [num_pairs, 2] int64 (src, dst) block ids; moved to the caches' device.
     """
     if len(k_caches) != len(v_caches):
@@ -141,6 +180,8 @@ def copy_blocks_triton(
         check_same(f"k_caches[{layer}]", k_cache, f"v_caches[{layer}]", v_cache)
         if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
             raise ValueError(f"layer {layer}: copy_blocks_triton needs contiguous caches")
+        if k_cache.element_size() == 1:  # the interpreter would convert fp8 on the way
+            k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
         block_numel = k_cache[0].numel()
         chunk = min(4096, next_pow2(block_numel))
         grid = (num_pairs, triton.cdiv(block_numel, chunk))

@@ -10,7 +10,10 @@ import torch
 import triton
 from triton.runtime.errors import OutOfResources
 
+from pagedrt.ops.fp8 import FP8_DTYPE, SCALE_DTYPE, is_fp8
+
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+CACHE_DTYPES = (*SUPPORTED_DTYPES, FP8_DTYPE)  # an FP8 cache comes with scales (fp8.py)
 LOG2E = 1.4426950408889634  # log2(e): the kernels use exp2, so scores are scaled by it
 
 
@@ -43,8 +46,8 @@ def check_cache(name: str, cache: torch.Tensor) -> None:
                          f"got shape {tuple(cache.shape)}")
     if cache.stride(-1) != 1:
         raise ValueError(f"{name}.stride(-1) is {cache.stride(-1)}; head_dim must be contiguous")
-    if cache.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"{name}.dtype is {cache.dtype}; supported: {SUPPORTED_DTYPES}")
+    if cache.dtype not in CACHE_DTYPES:
+        raise ValueError(f"{name}.dtype is {cache.dtype}; supported: {CACHE_DTYPES}")
 
 
 def check_same(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
@@ -83,11 +86,38 @@ def check_cache_pair(k_cache, v_cache) -> tuple[int, int, int]:
     return block_size, num_kv_heads, head_dim
 
 
-def check_paged_args(query, k_cache, v_cache, block_tables, seq_lens) -> tuple[int, int]:
-    """Contract shared by the decode and extend kernels: the caches, the query's dtype and
-    head layout, block_tables and seq_lens. Returns (num_kv_heads, head_dim)."""
+def check_kv_scales(k_cache, k_scales, v_scales) -> None:
+    """An FP8 cache's scales: both given, [num_blocks, num_kv_heads, block_size] float32 on the
+    cache's device, slot stride 1, identical strides; a cache of another dtype takes none."""
+    if not is_fp8(k_cache.dtype):
+        if k_scales is not None or v_scales is not None:
+            raise ValueError(f"k_scales / v_scales are for a {FP8_DTYPE} cache; this cache is "
+                             f"{k_cache.dtype}: pass None")
+        return
+    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+    expected = (num_blocks, num_kv_heads, block_size)
+    for name, t in (("k_scales", k_scales), ("v_scales", v_scales)):
+        if t is None:
+            raise ValueError(f"a {FP8_DTYPE} cache needs {name} [num_blocks, num_kv_heads, "
+                             f"block_size] = {list(expected)} {SCALE_DTYPE}")
+        if tuple(t.shape) != expected:
+            raise ValueError(f"{name} shape {tuple(t.shape)}; expected {expected} "
+                             "[num_blocks, num_kv_heads, block_size]")
+        check_index(name, t, 3, (SCALE_DTYPE,), k_cache.device)
+    if k_scales.stride() != v_scales.stride():
+        raise ValueError(
+            f"k_scales strides {k_scales.stride()} != v_scales strides {v_scales.stride()}")
+
+
+def check_paged_args(query, k_cache, v_cache, block_tables, seq_lens, k_scales=None,
+                     v_scales=None) -> tuple[int, int]:
+    """Contract shared by the decode and extend kernels: the caches (and an FP8 cache's
+    scales), the query's dtype (the cache's, or any supported one over an FP8 cache) and head
+    layout, block_tables and seq_lens. Returns (num_kv_heads, head_dim)."""
     _, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
-    check_index("query", query, 3, (k_cache.dtype,), k_cache.device)
+    check_kv_scales(k_cache, k_scales, v_scales)
+    query_dtypes = SUPPORTED_DTYPES if is_fp8(k_cache.dtype) else (k_cache.dtype,)
+    check_index("query", query, 3, query_dtypes, k_cache.device)
     _, num_heads, q_dim = query.shape
     if q_dim != head_dim or num_heads % num_kv_heads:
         raise ValueError(f"query shape {tuple(query.shape)}: head_dim must be {head_dim} and "
@@ -97,9 +127,11 @@ def check_paged_args(query, k_cache, v_cache, block_tables, seq_lens) -> tuple[i
     return num_kv_heads, head_dim
 
 
-def check_decode_args(query, k_cache, v_cache, block_tables, seq_lens) -> tuple[int, int]:
+def check_decode_args(query, k_cache, v_cache, block_tables, seq_lens, k_scales=None,
+                      v_scales=None) -> tuple[int, int]:
     """Contract of the decode kernels; returns (group size, num_kv_heads)."""
-    num_kv_heads, _ = check_paged_args(query, k_cache, v_cache, block_tables, seq_lens)
+    num_kv_heads, _ = check_paged_args(query, k_cache, v_cache, block_tables, seq_lens,
+                                       k_scales, v_scales)
     num_seqs, num_heads, _ = query.shape
     if block_tables.shape[0] < num_seqs or seq_lens.shape[0] < num_seqs:
         raise ValueError(f"block_tables has {block_tables.shape[0]} rows and seq_lens "
