@@ -692,3 +692,35 @@ def test_penalties_and_min_tokens_see_the_drafts_before_each_position(tiny):
         assert got == expected, spec["method"]
         assert llm.stats()["spec_decode_num_draft_tokens"] > 0
         assert_no_block_held(llm)
+
+
+def test_no_drafts_while_a_beam_search_runs(tiny, scheduling):
+    """Beam searches and speculating requests in one engine: no plan gives drafts while a
+    search is unfinished, sampled requests keep their greedy tokens, and the search gives the
+    result of an engine without speculation."""
+    from pagedrt.sampling_params import BeamSearchParams
+
+    beam = BeamSearchParams(beam_width=3, max_tokens=12, ignore_eos=True).to_sampling_params()
+    params = [greedy(30), beam, greedy(40), greedy(9)]
+    base = make_llm(tiny)
+    expected = run(base, PROMPTS, params)
+    llm = make_llm(tiny, draft(3, tiny))
+    engine = llm.llm_engine
+    seen = []
+    schedule = engine.scheduler.schedule
+
+    def recorded():
+        searching = any(r.beam is not None or r.params.beam_search is not None
+                        for q in (engine.scheduler.running, engine.scheduler.waiting)
+                        for r in q)
+        plan = schedule()
+        seen.append((searching, bool(plan.draft_token_ids)))
+        return plan
+
+    engine.scheduler.schedule = recorded
+    out = run(llm, PROMPTS, params)
+    assert [[c.token_ids for c in o.outputs] for o in out] == [
+        [c.token_ids for c in o.outputs] for o in expected]
+    assert not any(drafts for searching, drafts in seen if searching)
+    assert any(drafts for _, drafts in seen)  # after the search ended
+    assert_no_block_held(llm)
