@@ -724,3 +724,18 @@ def test_no_drafts_while_a_beam_search_runs(tiny, scheduling):
     assert not any(drafts for searching, drafts in seen if searching)
     assert any(drafts for _, drafts in seen)  # after the search ended
     assert_no_block_held(llm)
+
+
+def test_speculation_with_an_fp8_kv_cache(tiny):
+    """Drafts verified over an FP8 KV cache (its scales written with the drafts' K/V and
+    left behind by a rollback) give the greedy tokens of the same FP8 engine without
+    speculation."""
+    params = greedy(24)
+    ref = [o.outputs[0].token_ids
+           for o in run(make_llm(tiny, kv_cache_dtype="fp8"), PROMPTS, params)]
+    for spec in (draft(3, tiny), ngram(3)):
+        llm = make_llm(tiny, spec, kv_cache_dtype="fp8")
+        out = run(llm, PROMPTS, params)
+        assert [o.outputs[0].token_ids for o in out] == ref, spec["method"]
+        assert llm.stats()["spec_decode_num_accepted_tokens"] > 0
+        assert_no_block_held(llm)
