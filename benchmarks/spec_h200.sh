@@ -15,7 +15,8 @@
 #    unfinished sequences) against off. Target: >= 0.97x.
 # 3. the measurement behind the rule: speculation forced on at every batch size
 #    (disable_by_batch_size 4096) against off, at 8, 32, 64 and 128 concurrent requests.
-# Results (JSON) in $OUT; a summary table is printed last. About 3 minutes.
+# Results (JSON) in $OUT; a summary table is printed last. About 3 minutes; the three runs get
+# 40 / 30 / 30 % of $BUDGET_S (230 s by default; benchmarks/issues_h200.sh sets it).
 set -u
 out="${OUT:-out}"
 mkdir -p "$out"
@@ -25,15 +26,16 @@ model="${SMOLLM2_GGUF:?set SMOLLM2_GGUF to the SmolLM2-135M-Instruct GGUF file}"
 spec='{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
 always='{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4, "disable_by_batch_size": 4096}'
 cli="python3 -m pagedrt.entrypoints.cli"
+budget="${BUDGET_S:-230}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee -a "$log"
 
-timeout 100 $cli bench latency --model "$model" --prompts text --compare-speculative \
+timeout $((budget * 40 / 100)) $cli bench latency --model "$model" --prompts text --compare-speculative \
   --speculative-config "$spec" --num-tokens 512 --repeats 3 --name spec_batch1 --out "$out" \
   >> "$log" 2>&1 || echo "batch-1 run failed (exit $?), see $log"
-timeout 80 $cli bench throughput --model "$model" --workload text --num-requests 256 \
+timeout $((budget * 30 / 100)) $cli bench throughput --model "$model" --workload text --num-requests 256 \
   --output-len 256 --compare-speculative --speculative-config "$spec" --name spec_256 \
   --out "$out" >> "$log" 2>&1 || echo "256-request run failed (exit $?), see $log"
-timeout 80 $cli bench throughput --model "$model" --workload text --num-requests 16 \
+timeout $((budget * 30 / 100)) $cli bench throughput --model "$model" --workload text --num-requests 16 \
   --output-len 256 --compare-speculative --speculative-config "$always" \
   --batch-sizes 8,32,64,128 --name spec_sweep --out "$out" >> "$log" 2>&1 \
   || echo "sweep failed (exit $?), see $log"

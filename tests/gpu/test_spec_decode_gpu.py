@@ -72,9 +72,9 @@ def test_smollm2_ngram_on_cuda_matches_plain_decoding(smollm2_path, monkeypatch)
     loaded = load_model(smollm2_path, torch.float32, torch.device("cuda"))
     base = LLM(loaded, num_kv_blocks=512, block_size=16)
     prompts = [base.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
-    params = SamplingParams(temperature=0.0, max_tokens=96)
+    params = SamplingParams(temperature=0.0, max_tokens=64)
     ref = run(base, prompts, params)
-    for k in (3, 5):
+    for k in (5,):
         llm = LLM(loaded, num_kv_blocks=512, block_size=16, speculative_config={
             "method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2,
             "prompt_lookup_max": 4})
