@@ -103,8 +103,8 @@ def main() -> None:
     res["decode_step_wall_ms"] = statistics.median(host)
     gr = runner.graph_runner
     bs = next(s for s in gr.batch_sizes if s >= args.num_seqs)
-    res["decode_graph_replay_ms"] = cuda_ms(lambda: gr.graphs[bs].replay(), 30)
-    print(kernel_table(lambda: gr.graphs[bs].replay(),
+    res["decode_graph_replay_ms"] = cuda_ms(lambda: gr.graphs[1, bs].replay(), 30)
+    print(kernel_table(lambda: gr.graphs[1, bs].replay(),
                        os.path.join(args.out, "profile_decode_graph.txt"))[:5000])
     # host phases without sync (the clock syncs; here we time pure host work on a synced GPU)
     clock = engine.clock

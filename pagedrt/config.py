@@ -11,6 +11,7 @@ import textwrap
 from dataclasses import dataclass, field, fields
 
 from pagedrt.models.registry import supported_architectures
+from pagedrt.spec.config import SpeculativeConfig
 
 SUPPORTED_ARCHITECTURES = supported_architectures()  # the keys of models.registry.MODEL_REGISTRY
 
@@ -330,6 +331,13 @@ class EngineConfig:
                 "for 1 and 'mp' for more; a process started by torchrun drives the other "
                 "torchrun ranks whatever this says",
         "choices": EXECUTOR_BACKENDS})
+    speculative_config: dict | None = field(default=None, hash=False, metadata={
+        "help": "speculative decoding with vLLM's names, e.g. {\"method\": \"ngram\", "
+                "\"num_speculative_tokens\": 5, \"prompt_lookup_min\": 2, "
+                "\"prompt_lookup_max\": 4} or {\"method\": \"draft_model\", \"model\": PATH, "
+                "\"num_speculative_tokens\": 4}; optional \"disable_by_batch_size\" (32): "
+                "speculate only while at most that many sequences are unfinished (a JSON object "
+                "on the command line; pagedrt.spec.config.SpeculativeConfig)"})
 
     def __post_init__(self) -> None:
         if self.block_size not in BLOCK_SIZES:
@@ -376,6 +384,15 @@ class EngineConfig:
             raise ValueError(
                 f"distributed_executor_backend='uni' runs one rank in the engine's process, but "
                 f"tensor_parallel_size={self.tensor_parallel_size}; use 'mp' or 'auto'")
+        if self.speculative_config is not None:
+            SpeculativeConfig.from_dict(self.speculative_config)  # raises ValueError if bad
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """`speculative_config` parsed and validated, or None (no speculative decoding)."""
+        if self.speculative_config is None:
+            return None
+        return SpeculativeConfig.from_dict(self.speculative_config)
 
 
 def _attributes_section(cls: type) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 
 import pytest
@@ -23,6 +24,7 @@ NON_DEFAULT = {
     "swap_space_bytes": 0, "enforce_eager": True, "async_scheduling": True,
     "attention_backend": "torch", "kv_cache_dtype": "fp8", "seed": 42,
     "tensor_parallel_size": 2, "distributed_executor_backend": "mp",
+    "speculative_config": {"method": "ngram", "num_speculative_tokens": 2},
 }
 # the words before the engine options: one line of each command that takes them
 COMMANDS = (["generate", "hi"], ["serve"])
@@ -55,6 +57,8 @@ def test_every_field_round_trips(command, field):
     value = NON_DEFAULT[field]
     if isinstance(value, bool):
         option = [flag if value else "--no-" + flag[2:]]
+    elif isinstance(value, dict):
+        option = [flag, json.dumps(value)]
     else:
         option = [flag, str(value)]
     assert config_of(command + option) == EngineConfig(**{field: value})

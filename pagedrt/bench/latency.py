@@ -3,6 +3,13 @@ with and without CUDA graphs, and HF transformers `generate` on the same weights
 
 ms/token = time of the decode steps after the first token / their number: the prefill of the
 context is excluded, so the figure is the per-token cost a streaming user sees.
+
+--prompts text: real prompts instead (pagedrt/bench/text_prompts.py; needs a model with a
+tokenizer, --model): answers that repeat their prompt (typo correction of a paragraph, a
+docstring for a function) and answers that do not, one request at a time, greedy, up to
+--num-tokens tokens (EOS ends them). With --compare-speculative each prompt runs with the
+engine's --speculative-config and without it, in the same process, and the table gives
+decode tokens/s of both, their ratio, the acceptance rate and the mean accepted length.
 """
 
 from __future__ import annotations
@@ -56,15 +63,125 @@ def hf_ms_per_token(hf, prompt: list[int], num_tokens: int) -> float:
     return 1e3 * (timed(num_tokens + 1) - timed(1)) / num_tokens
 
 
+def spec_counters(engine) -> dict:
+    sch = engine.scheduler
+    return {"drafts": sch.num_spec_drafts, "draft_tokens": sch.num_spec_draft_tokens,
+            "accepted": sch.num_spec_accepted_tokens, "steps": sch.num_spec_steps,
+            "early_reads": sch.num_spec_early_reads}
+
+
+def time_one_request(llm, prompt: list[int], max_tokens: int) -> dict:
+    """One greedy request alone: decode tokens/s after the first token (and end to end),
+    its tokens, and the speculative counters it moved."""
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    before = spec_counters(engine) if engine.scheduler.proposer is not None else None
+    sync(engine.device)
+    t0 = time.perf_counter()
+    req = engine.add_request("text", prompt, params, stream=False)
+    engine.step()  # the prefill and the first token
+    sync(engine.device)
+    t1 = time.perf_counter()
+    steps = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        steps += 1
+    sync(engine.device)
+    t2 = time.perf_counter()
+    n = len(req.output_token_ids)
+    row = {"output_tokens": n, "steps_after_first": steps, "e2e_s": t2 - t0,
+           "decode_tok_s": (n - 1) / (t2 - t1) if n > 1 else 0.0,
+           "e2e_tok_s": n / (t2 - t0), "token_ids": list(req.output_token_ids)}
+    if before is not None:
+        after = spec_counters(engine)
+        moved = {k: after[k] - before[k] for k in after}
+        row.update({f"spec_{k}": v for k, v in moved.items()})
+        row["acceptance_rate"] = (moved["accepted"] / moved["draft_tokens"]
+                                  if moved["draft_tokens"] else 0.0)
+        row["mean_accepted_length"] = (1 + moved["accepted"] / moved["drafts"]
+                                       if moved["drafts"] else 0.0)
+    return row
+
+
+def run_text(args, loaded, name: str) -> tuple[list[dict], list[str]]:
+    """--prompts text: each prompt alone, `--repeats` times (the median run is kept), with
+    speculation off and on (--compare-speculative) or as configured."""
+    import statistics
+
+    from pagedrt.bench.text_prompts import as_prompts, text_prompts
+
+    configs = [("as configured", {})]
+    if args.compare_speculative:
+        if args.speculative_config is None:
+            raise ValueError("--compare-speculative needs --speculative-config JSON")
+        configs = [("off", {"speculative_config": None}), ("on", {})]
+    results = []
+    for label, overrides in configs:
+        llm = make_llm(loaded, args, **overrides)
+        kinds = text_prompts()
+        warm = as_prompts(llm, kinds["novel"][:1])[0]
+        time_one_request(llm, warm, 16)  # warm-up: kernels, allocator
+        for kind, messages in kinds.items():
+            for i, prompt in enumerate(as_prompts(llm, messages)):
+                runs = [time_one_request(llm, prompt, args.num_tokens)
+                        for _ in range(args.repeats)]
+                best = sorted(runs, key=lambda r: r["decode_tok_s"])[len(runs) // 2]
+                results.append({
+                    "system": "pagedrt", "workload": f"{name} text {kind}{i}",
+                    "kind": kind, "prompt": i, "speculation": label,
+                    "speculative_config": llm.llm_engine.config.speculative_config,
+                    "prompt_tokens": len(prompt), **best,
+                    "decode_tok_s_runs": [r["decode_tok_s"] for r in runs],
+                })
+        free_llm(llm)
+    lines = [(f"{'workload':<30} {'spec':>6} {'tokens':>6} {'tok/s':>8} {'vs off':>7} "
+              f"{'accept':>7} {'mean len':>8}")]
+    off = {r["workload"]: r for r in results if r["speculation"] == "off"}
+    ratios: dict[str, list[float]] = {}
+    for r in results:
+        base = off.get(r["workload"])
+        ratio = r["decode_tok_s"] / base["decode_tok_s"] if base and r is not base else None
+        if ratio is not None:
+            r["speedup_vs_off"] = ratio
+            ratios.setdefault(r["kind"], []).append(ratio)
+            r["same_tokens_as_off"] = r["token_ids"] == base["token_ids"]
+        lines.append(
+            f"{r['workload']:<30} {r['speculation']:>6} {r['output_tokens']:>6} "
+            f"{r['decode_tok_s']:>8.1f} {'' if ratio is None else f'{ratio:.2f}x':>7} "
+            f"{r.get('acceptance_rate', float('nan')):>7.2f} "
+            f"{r.get('mean_accepted_length', float('nan')):>8.2f}")
+    for kind, values in ratios.items():
+        lines.append(f"{kind}: speedup with speculation, geometric mean "
+                     f"{statistics.geometric_mean(values):.2f}x (min {min(values):.2f}x)")
+    return results, lines
+
+
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="pagedrt bench latency", description=__doc__)
+    p = argparse.ArgumentParser(prog="pagedrt bench latency", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     p.add_argument("--contexts", default="512,4096")
-    p.add_argument("--num-tokens", type=int, default=128, help="decode tokens timed")
+    p.add_argument("--num-tokens", type=int, default=128,
+                   help="decode tokens timed (--prompts text: the most tokens generated)")
     p.add_argument("--compare", default="")
     p.add_argument("--name", default="latency")
+    p.add_argument("--prompts", default="random", choices=["random", "text"],
+                   help="random token ids at --contexts, or real text prompts (see above)")
+    p.add_argument("--compare-speculative", action="store_true",
+                   help="--prompts text: run every prompt with --speculative-config and "
+                        "without it")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="--prompts text: runs per prompt and setting (the median is kept)")
     args = p.parse_args(argv)
     args.max_num_seqs = min(args.max_num_seqs, 8)
+    if args.prompts == "text":
+        loaded, name = load(args)
+        results, lines = run_text(args, loaded, name)
+        path = write_results(args.out, args.name, results)
+        print()
+        print("\n".join(lines))
+        print(f"results: {path}")
+        return 0
     args.max_model_len = max(args.max_model_len,
                              max(int(c) for c in args.contexts.split(",")) + args.num_tokens + 16)
     model, name = load(args)

@@ -16,6 +16,15 @@ efficiency = floor / measured time.
 --compare hf runs, on the same weights in the same process: HF `generate` (static batch,
 SDPA) and HF `generate_batch` (its continuous batching, attn_implementation "paged|sdpa").
 
+  text      --num-requests N real-text prompts (pagedrt/bench/text_prompts.py, in turn: answers
+            that repeat their prompt and answers that do not; needs --model with a tokenizer),
+            greedy, ignore_eos, output lengths uniform in [--output-len / 2, --output-len]
+            (seeded), all submitted at once
+
+--compare-speculative runs the workload with the engine's --speculative-config and without
+it, in the same process, and prints the ratio (speculation switches itself off while more than
+its disable_by_batch_size sequences are unfinished, so at 256 requests it should cost nothing).
+
 --beam-width W instead compares beam search of width W with n = W sampling of the same prompts
 and (with --compare hf) HF `generate(num_beams=W)` (pagedrt/bench/beam.py).
 
@@ -53,7 +62,10 @@ from pagedrt.sampling_params import SamplingParams
 
 
 def make_workload(args, seed: int = 0) -> tuple[list[list[int]], list[SamplingParams], str]:
-    """The requests; `seed` != 0 gives other token ids of the same lengths (no cache hits)."""
+    """The requests; `seed` != 0 gives other token ids of the same lengths (no cache hits;
+    the text workload puts `seed` distinct tokens before each prompt instead)."""
+    if args.workload == "text":
+        return text_workload(args, seed)
     if args.workload == "nanovllm":
         random.seed(0)
         n = 256
@@ -70,6 +82,30 @@ def make_workload(args, seed: int = 0) -> tuple[list[list[int]], list[SamplingPa
     params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=args.output_len)
               for _ in prompts]
     return prompts, params, f"{args.num_requests}x{args.input_len}x{args.output_len}"
+
+
+def text_workload(args, seed: int = 0) -> tuple[list[list[int]], list[SamplingParams], str]:
+    from pagedrt.bench.text_prompts import text_prompts
+
+    tokenizer = args.tokenizer
+    if tokenizer is None:
+        raise ValueError("--workload text needs a model with a tokenizer (--model)")
+    kinds = text_prompts()
+    messages = [m for pair in zip(kinds["repeat"], kinds["novel"]) for m in pair]
+    messages += kinds["novel"][len(kinds["repeat"]):]
+    if getattr(tokenizer, "chat_template", None):
+        messages = [tokenizer.apply_chat_template([{"role": "user", "content": m}],
+                                                  tokenize=False, add_generation_prompt=True)
+                    for m in messages]
+    encoded = [tokenizer.encode(m) for m in messages]
+    rng = random.Random(seed)
+    prompts, params = [], []
+    for i in range(args.num_requests):
+        prefix = [rng.randrange(100, 1000) for _ in range(seed and 8)]
+        prompts.append(prefix + encoded[i % len(encoded)])
+        params.append(SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=rng.randint(
+            max(args.output_len // 2, 1), args.output_len)))
+    return prompts, params, f"text{args.num_requests}x{args.output_len}"
 
 
 def roofline(mc, prompts, params, ceilings: dict, dtype, kv_cache_dtype: str = "auto") -> dict:
@@ -267,6 +303,76 @@ def run_hf_generate_batch(hf, prompts, params, name: str, workload: str) -> dict
             "num_requests": len(prompts), **row}
 
 
+def _tokenizer(model, in_process: bool):
+    """The model's tokenizer (the text workload's prompts), or None."""
+    if in_process:
+        return model.tokenizer
+    if not isinstance(model, str):
+        return None  # random weights: no tokenizer
+    from pagedrt.models.loader import load_tokenizer, resolve_checkpoint
+
+    return load_tokenizer(resolve_checkpoint(model).tokenizer_dir)
+
+
+def warm_up(llm, args) -> None:
+    """The same shapes and sampling settings on other token ids, 8 output tokens each
+    (compiles kernels, grows the allocator's pools); the timed runs are then steady state."""
+    warm, warm_params, _ = make_workload(args, seed=3)
+    n = args.warm_up_requests or len(warm)
+    llm.generate(warm[:n], [dataclasses.replace(p, max_tokens=min(8, p.max_tokens))
+                            for p in warm_params[:n]], use_tqdm=False)
+
+
+def compare_speculative(args, model, name, prompts, params, ceilings, workload) -> int:
+    """The workload with speculation off, then on (--speculative-config), one engine each."""
+    if args.speculative_config is None:
+        raise ValueError("--compare-speculative needs --speculative-config JSON")
+    results = []
+    sweep = [int(x) for x in args.batch_sizes.split(",") if x]
+    for label, overrides in (("off", {"speculative_config": None}), ("on", {})):
+        llm = make_llm(model, args, **overrides)
+        warm_up(llm, args)
+        row = run_pagedrt(llm, args, prompts, params, ceilings, name, workload)
+        row["speculation"] = label
+        row["speculative_config"] = llm.llm_engine.config.speculative_config
+        stats = llm.stats()
+        row.update({k: v for k, v in stats.items() if k.startswith("spec_decode")})
+        results.append(row)
+        for b in sweep:  # the same workload with b requests
+            sub = argparse.Namespace(**{**vars(args), "num_requests": b})
+            sub_prompts, sub_params, sub_workload = make_workload(sub, seed=100 + b)
+            before = dict(llm.stats())
+            elapsed, steps, outs = timed_generate(llm, sub_prompts, sub_params)
+            after = llm.stats()
+            n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+            results.append({
+                "system": "pagedrt", "workload": f"{name} {sub_workload}", "num_requests": b,
+                "speculation": label, "output_tokens": n_out, "elapsed_s": elapsed,
+                "output_tok_s": n_out / elapsed, "num_steps": steps,
+                **{k: after[k] - before[k] for k in after
+                   if k.startswith("spec_decode_num")}})
+        free_llm(llm)
+    off = {r["workload"]: r for r in results if r["speculation"] == "off"}
+    for r in results:
+        if r["speculation"] == "on" and r["workload"] in off:
+            r["throughput_vs_off"] = r["output_tok_s"] / off[r["workload"]]["output_tok_s"]
+    path = write_results(args.out, args.name, results, {"ceilings": ceilings})
+    print(f"\n{'workload':<34} {'spec':>5} {'out tok/s':>10} {'vs off':>7} {'steps':>6} "
+          f"{'spec steps':>10} {'accept':>7}")
+    for r in results:
+        ratio = f"{r['throughput_vs_off']:.3f}x" if "throughput_vs_off" in r else ""
+        print(f"{r['workload']:<34} {r['speculation']:>5} {r['output_tok_s']:>10,.0f} "
+              f"{ratio:>7} {r['num_steps']:>6} {r.get('spec_decode_num_steps', 0):>10} "
+              f"{_acceptance(r):>7.2f}")
+    print(f"results: {path}")
+    return 0
+
+
+def _acceptance(row: dict) -> float:
+    drafted = row.get("spec_decode_num_draft_tokens", 0)
+    return row.get("spec_decode_num_accepted_tokens", 0) / drafted if drafted else 0.0
+
+
 def _main_beam(llm, loaded, args, prompts, name: str, workload: str) -> int:
     from pagedrt.bench import beam
 
@@ -284,7 +390,9 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="pagedrt bench throughput", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
-    p.add_argument("--workload", default="fixed", choices=["fixed", "nanovllm"])
+    p.add_argument("--workload", default="fixed", choices=["fixed", "nanovllm", "text"])
+    p.add_argument("--compare-speculative", action="store_true",
+                   help="run the workload with --speculative-config and without it")
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=128)
@@ -318,6 +426,7 @@ def main(argv: list[str]) -> int:
                          "--tensor-parallel-size at 1 and the executor backend at auto or uni")
     device = (next(model.model.parameters()).device if in_process
               else resolve_device(args.device))
+    args.tokenizer = _tokenizer(model, in_process)
     if args.beam_width:
         prompts, _, workload = make_workload(args)
         return _main_beam(make_llm(model, args), model, args, prompts, name, workload)
@@ -325,15 +434,12 @@ def main(argv: list[str]) -> int:
     if device.type == "cuda":
         torch.cuda.empty_cache()  # what the ceilings used is free for the KV cache
     prompts, params, workload = make_workload(args)
+    if args.compare_speculative:
+        return compare_speculative(args, model, name, prompts, params, ceilings, workload)
 
     def warmed_llm(**overrides):
         llm = make_llm(model, args, **overrides)
-        # warm-up: the same shapes and sampling settings on other token ids, 8 output tokens
-        # each (compiles kernels, grows the allocator's pools); the timed runs are steady state
-        warm, warm_params, _ = make_workload(args, seed=3)
-        n = args.warm_up_requests or len(warm)
-        llm.generate(warm[:n], [dataclasses.replace(p, max_tokens=min(8, p.max_tokens))
-                                for p in warm_params[:n]], use_tqdm=False)
+        warm_up(llm, args)
         return llm
 
     llm = warmed_llm()

@@ -106,6 +106,10 @@ class StepPlan:
         preempted_req_ids: sequences preempted by this plan (their rows are dropped first).
         num_prompt_tokens: tokens of the step that are not decodes of the last sampled token
             (counters).
+        draft_token_ids: speculative decoding: req_id -> the draft tokens the step verifies
+            after the sequence's last token (its num_new_tokens is 1 + their number); -1
+            entries are proposed on the device side (draft model) in this step. Empty: no
+            sequence speculates.
     """
 
     step_id: int = 0
@@ -119,6 +123,7 @@ class StepPlan:
     finished_req_ids: list[str] = field(default_factory=list)
     preempted_req_ids: list[str] = field(default_factory=list)
     num_prompt_tokens: int = 0
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def total_num_tokens(self) -> int:
@@ -137,13 +142,20 @@ class StepResult:
         req_ids: the sampled sequences in row order: every scheduled request whose step
             completed its known tokens, each parent of `forks` followed by its children.
         sampled_token_ids: one token id per entry of `req_ids` (a beam slot's: the token of
-            the candidate it continues).
+            the candidate it continues; a sequence that verified drafts: its first new token).
         logprobs: one `TokenLogprobs` (or None, for a row that did not ask) per entry; None
             when no row asked.
         beams: one entry per beam search expanded this step.
+        extra_token_ids: speculative decoding: for every sequence of the plan's
+            `draft_token_ids`, its new tokens after the first: the accepted drafts but the
+            first, then the target model's own token (so 1 + len(...) tokens in all, and
+            len(...) drafts accepted); empty when the plan verified no drafts.
+        extra_logprobs: the TokenLogprobs of those tokens, per sequence that asked.
     """
 
     req_ids: list[str] = field(default_factory=list)
     sampled_token_ids: list[int] = field(default_factory=list)
     logprobs: list | None = None
     beams: list[BeamStepResult] = field(default_factory=list)
+    extra_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    extra_logprobs: dict[str, list] = field(default_factory=dict)

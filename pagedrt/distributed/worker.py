@@ -96,6 +96,7 @@ class Worker:
                                              tp.size)
         self.kv_cache = None
         self.model_runner = None
+        self.draft = None  # speculative decoding's draft model (LoadedModel), if any
         self._launched: dict = {}  # step_id -> LaunchedStep not fetched yet
 
     @property
@@ -119,9 +120,33 @@ class Worker:
                 torch.cuda.synchronize(self.device)
         cfg = spec.engine_config
         num_blocks = num_blocks_for_budget(self.kv_spec, cfg, self.device)
+        speculative = cfg.speculative
+        if speculative is not None and speculative.method == "draft_model":
+            num_blocks = self._load_draft(speculative.model, num_blocks)
         num_cpu_blocks = (cfg.swap_space_bytes // self.kv_spec.bytes_per_block
                           if cfg.preemption_mode == "swap" else 0)
         return num_blocks, num_cpu_blocks
+
+    def _load_draft(self, model, num_blocks: int) -> int:
+        """Load speculative decoding's draft model; returns the KV blocks left when the budget
+        holds both caches, block for block (pagedrt/spec/draft_model.py: the draft's cache has
+        as many blocks as the target's). Raises ValueError under tensor parallelism (the draft
+        is not sharded) or for a draft that does not fit the target (vocabulary, length)."""
+        from pagedrt.kv.kv_cache import KVCacheSpec
+        from pagedrt.spec.draft_model import load_draft_model
+
+        if self.tp.size != 1:
+            raise ValueError("speculative decoding with a draft model needs "
+                             f"tensor_parallel_size 1, not {self.tp.size}; use method 'ngram'")
+        spec = self.spec
+        self.draft = load_draft_model(model, spec.dtype, self.device, spec.model_config,
+                                      spec.max_model_len)
+        self.draft_kv_spec = KVCacheSpec.for_model(
+            self.draft.model_config, spec.engine_config.block_size, spec.dtype)
+        if spec.engine_config.num_kv_blocks is not None:
+            return num_blocks
+        target, draft = self.kv_spec.bytes_per_block, self.draft_kv_spec.bytes_per_block
+        return max(num_blocks * target // (target + draft), 1)
 
     def init_device_side(self, num_blocks: int, num_cpu_blocks: int) -> None:
         """The KV cache of `num_blocks` blocks (and `num_cpu_blocks` swap blocks) and the model
@@ -133,11 +158,23 @@ class Worker:
         cfg = self.spec.engine_config
         self.kv_cache = KVCache(self.kv_spec, num_blocks, num_cpu_blocks, self.device,
                                 cfg.attention_backend)
+        speculative = cfg.speculative
+        draft_proposer = None
+        if self.draft is not None:
+            from pagedrt.spec.draft_model import DraftModelProposer
+
+            draft_proposer = DraftModelProposer(
+                self.draft.model, KVCache(self.draft_kv_spec, num_blocks, 0, self.device,
+                                          cfg.attention_backend),
+                self.device, cfg.attention_backend)
         self.model_runner = ModelRunner(
             self.model, self.kv_cache, self.device, cfg.attention_backend,
             max_num_seqs=cfg.max_num_seqs, max_model_len=self.spec.max_model_len,
             use_cuda_graphs=not cfg.enforce_eager,
-            max_num_batched_tokens=cfg.max_num_batched_tokens, seed=cfg.seed)
+            max_num_batched_tokens=cfg.max_num_batched_tokens, seed=cfg.seed,
+            num_speculative_tokens=speculative.num_speculative_tokens if speculative else 0,
+            spec_max_num_seqs=speculative.disable_by_batch_size if speculative else 0,
+            draft_proposer=draft_proposer)
 
     # ------------------------------------------------------------ steps
     def execute(self, plan: StepPlan) -> None:

@@ -8,6 +8,12 @@ replays the smallest bucket >= b with rows b.. padded (slot -1: nothing written;
 All graphs share static input buffers and one memory pool. The attention kernels compute their
 split-K partitions from seq_lens on the device and take the block-table width as the bound,
 so one capture serves every context length up to max_model_len.
+
+Speculative decoding adds verification graphs: every sequence has the same query length
+q = k + 1 (its last token and k drafts; a sequence with fewer drafts is padded with tokens
+whose slot is -1, so their K/V are not written, and whose logits are not read), captured for
+the buckets up to the batch where speculation switches off. They run the extend attention
+kernel with cu_seqlens_q = 0, q, 2q, ... and seq_lens = context + q.
 """
 
 from __future__ import annotations
@@ -26,66 +32,97 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 
 class CUDAGraphRunner:
     def __init__(self, model, kv_layers, max_num_seqs: int, max_blocks_per_seq: int,
-                 device: torch.device, backend: str) -> None:
+                 device: torch.device, backend: str, verify_query_len: int = 0,
+                 verify_max_num_seqs: int = 0) -> None:
+        """verify_query_len: q = k + 1 of the verification graphs (0: none), captured for the
+        buckets up to the first one >= verify_max_num_seqs."""
         self.model = model
         self.kv_layers = kv_layers
         self.batch_sizes = graph_batch_sizes(max_num_seqs)
         self.max_bs = self.batch_sizes[-1]
         self.device = device
         self.backend = backend
+        self.verify_query_len = verify_query_len
+        self.verify_batch_sizes: list[int] = []
+        if verify_query_len > 1 and verify_max_num_seqs > 0:
+            top = next((b for b in self.batch_sizes if b >= verify_max_num_seqs), self.max_bs)
+            self.verify_batch_sizes = [b for b in self.batch_sizes if b <= top]
         n = self.max_bs
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        num_tokens = max(n, max(self.verify_batch_sizes, default=0) * verify_query_len)
+        self.input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(num_tokens, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((num_tokens,), -1, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
-        self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+        self.cu_seqlens_q = {1: torch.arange(n + 1, dtype=torch.int32, device=device)}
+        if self.verify_batch_sizes:
+            self.cu_seqlens_q[verify_query_len] = self.cu_seqlens_q[1] * verify_query_len
+        # (query length, bucket) -> graph, logits
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.logits: dict[tuple[int, int], torch.Tensor] = {}
         self.pool = None
 
-    def _meta(self, bs: int) -> AttentionMetadata:
+    def _meta(self, bs: int, q: int) -> AttentionMetadata:
         return AttentionMetadata(
-            slot_mapping=self.slot_mapping[:bs], block_tables=self.block_tables[:bs],
-            seq_lens=self.seq_lens[:bs], cu_seqlens_q=self.cu_seqlens_q[: bs + 1],
-            max_query_len=1, max_seq_len=self.block_tables.shape[1], backend=self.backend,
+            slot_mapping=self.slot_mapping[: bs * q], block_tables=self.block_tables[:bs],
+            seq_lens=self.seq_lens[:bs], cu_seqlens_q=self.cu_seqlens_q[q][: bs + 1],
+            max_query_len=q, max_seq_len=self.block_tables.shape[1], backend=self.backend,
         )
 
-    def _forward(self, bs: int) -> torch.Tensor:
-        hidden = self.model(self.input_ids[:bs], self.positions[:bs], self.kv_layers,
-                            self._meta(bs))
+    def _forward(self, bs: int, q: int) -> torch.Tensor:
+        hidden = self.model(self.input_ids[: bs * q], self.positions[: bs * q], self.kv_layers,
+                            self._meta(bs, q))
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture one graph per bucket, largest first (later ones reuse its memory pool)."""
-        self._forward(self.max_bs)  # compile and autotune the kernels outside capture
+        """Capture one graph per bucket, largest first (later ones reuse its memory pool):
+        the decode graphs, then the verification graphs."""
+        shapes = [(1, bs) for bs in reversed(self.batch_sizes)]
+        shapes += [(self.verify_query_len, bs) for bs in reversed(self.verify_batch_sizes)]
+        for q in {q for q, _ in shapes}:  # compile and autotune the kernels outside capture
+            self.seq_lens.fill_(q)  # a sequence's q tokens end at its seq_len
+            self._forward(max(bs for qq, bs in shapes if qq == q), q)
         torch.cuda.synchronize(self.device)
-        for bs in reversed(self.batch_sizes):
+        for q, bs in shapes:
             graph = torch.cuda.CUDAGraph()
-            self._forward(bs)  # warm-up on the capture's shapes
+            self.seq_lens.fill_(q)  # (outside the capture: a replay must not reset it)
+            self._forward(bs, q)  # warm-up on the capture's shapes
             with torch.cuda.graph(graph, pool=self.pool):
-                self.logits[bs] = self._forward(bs)
+                self.logits[q, bs] = self._forward(bs, q)
             if self.pool is None:
                 self.pool = graph.pool()
-            self.graphs[bs] = graph
+            self.graphs[q, bs] = graph
+        self.seq_lens.fill_(1)
         torch.cuda.synchronize(self.device)
 
-    def can_run(self, num_seqs: int, width: int) -> bool:
-        return bool(self.graphs) and num_seqs <= self.max_bs and width <= self.block_tables.shape[1]
+    def can_run(self, num_seqs: int, width: int, query_len: int = 1) -> bool:
+        """Whether a captured graph serves num_seqs sequences of query_len tokens each whose
+        block tables are `width` wide."""
+        if width > self.block_tables.shape[1]:
+            return False
+        if query_len == 1:
+            return (1, self.max_bs) in self.graphs and num_seqs <= self.max_bs
+        return (query_len == self.verify_query_len and bool(self.verify_batch_sizes)
+                and num_seqs <= self.verify_batch_sizes[-1])
 
     @torch.inference_mode()
-    def run(self, input_ids, positions, slot_mapping, seq_lens, block_tables) -> torch.Tensor:
-        """Replay for a decode batch (host or device tensors of b rows); returns [b, vocab]."""
-        b = input_ids.shape[0]
-        bs = next(s for s in self.batch_sizes if s >= b)
-        self.input_ids[:b].copy_(input_ids, non_blocking=True)
-        self.positions[:b].copy_(positions, non_blocking=True)
-        self.slot_mapping[:b].copy_(slot_mapping, non_blocking=True)
+    def run(self, input_ids, positions, slot_mapping, seq_lens, block_tables,
+            query_len: int = 1) -> torch.Tensor:
+        """Replay for b sequences of `query_len` tokens each (host or device tensors:
+        b * query_len tokens, b seq_lens and block-table rows); returns
+        [b * query_len, vocab]."""
+        b = seq_lens.shape[0]
+        q = query_len
+        sizes = self.batch_sizes if q == 1 else self.verify_batch_sizes
+        bs = next(s for s in sizes if s >= b)
+        self.input_ids[: b * q].copy_(input_ids, non_blocking=True)
+        self.positions[: b * q].copy_(positions, non_blocking=True)
+        self.slot_mapping[: b * q].copy_(slot_mapping, non_blocking=True)
         self.seq_lens[:b].copy_(seq_lens, non_blocking=True)
         if b < bs:
-            self.slot_mapping[b:bs].fill_(-1)
-            self.seq_lens[b:bs].fill_(1)
+            self.slot_mapping[b * q: bs * q].fill_(-1)
+            self.seq_lens[b:bs].fill_(q)
         self.block_tables[:b, : block_tables.shape[1]].copy_(block_tables, non_blocking=True)
-        self.graphs[bs].replay()
-        return self.logits[bs][:b]
+        self.graphs[q, bs].replay()
+        return self.logits[q, bs][: b * q]

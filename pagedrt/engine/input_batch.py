@@ -11,6 +11,7 @@ step of 256 rows is a handful of numpy gathers instead of a Python call per requ
                             pending_step[r] (async scheduling), -1 once its value is written
             block_table[r]  | b0 | b1 | ... | b(num_blocks[r]-1) | 0 ... |  (int32)
             num_computed_tokens[r]: tokens in the KV cache after the latest step that ran it
+                                    (a verification step: after `append_accepted`)
             states[r]: sampling settings, the seeded generator, the prompt (RowState)
             is_beam[r], beam_scores[r]: a beam slot, and its beam's cumulative
                             log-probability (on the device: written by the beam expansion)
@@ -287,6 +288,34 @@ class InputBatch:
         done = rows[self.pending_step[rows] == step_id]
         self.pending[done] = -1
         self.pending_step[done] = -1
+
+    def write_drafts(self, row: int, drafts: list[int]) -> None:
+        """Put a step's draft tokens past the row's tokens (scratch: num_tokens does not
+        count them; the model runner reads them as inputs, `append_accepted` keeps the
+        accepted ones)."""
+        n = int(self.num_tokens[row])
+        assert n + len(drafts) <= self.max_model_len, (
+            f"row {row}: {n} tokens + {len(drafts)} drafts > max_model_len={self.max_model_len}")
+        self.token_ids[row, n: n + len(drafts)] = drafts
+
+    def append_accepted(self, rows: np.ndarray, epochs: np.ndarray, positions: np.ndarray,
+                        extras: list[list[int]]) -> None:
+        """Rows that verified drafts: after the first new token (at `positions`, written by
+        `write_sampled`) come `extras` (the accepted drafts but the first, then the target's
+        token); the computed count moves back to cover only the accepted tokens:
+
+            before the step: computed p - 1 (the row's last token x at p - 1)
+            the step computed x and j drafts; a = len(extras) accepted
+            after:  tokens ... x d_1 .. d_a t  (num_tokens p + 1 + a), computed p + a
+
+        A row dropped since (finished, preempted) is skipped."""
+        for row, epoch, pos, extra in zip(rows.tolist(), epochs.tolist(), positions.tolist(),
+                                          extras):
+            if self.epoch[row] != epoch:
+                continue
+            self.token_ids[row, pos + 1: pos + 1 + len(extra)] = extra
+            self.num_tokens[row] = pos + 1 + len(extra)
+            self.num_computed_tokens[row] = pos + len(extra)
 
     # ----------------------------------------------------------------- checks
     def row_view(self, req_id: str) -> tuple[list[int], int, list[int]]:

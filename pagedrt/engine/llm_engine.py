@@ -21,6 +21,14 @@ overlap off while they run.
 
     host:    | sched n+1 | launch n+1 | update n | sched n+2 | launch n+2 | update n+1 |
     device:  |  ... step n ...   |      step n+1       |          step n+2  ...
+
+Speculative decoding and async scheduling: a step that verifies drafts is read back at once
+(the next plan's positions depend on how many drafts were accepted), and a plan can give a
+sequence drafts only once its last token is on the host. So while speculation is on (few
+sequences, pagedrt/spec/config.py) the engine reads the step in flight before planning
+whenever some sequence's known tokens already end in an n-gram match (always, with a draft
+model): those steps run one after the other. Without a match the overlap stays, so text
+that does not repeat itself decodes as fast as without speculation.
 """
 
 from __future__ import annotations
@@ -51,6 +59,25 @@ from pagedrt.sampling_params import SamplingParams
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
            "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16}
+
+
+def spec_decode_stats(scheduler: Scheduler) -> dict:
+    """Speculative decoding counters (vLLM's names): drafts (sequence-steps that verified
+    drafts), draft and accepted tokens, acceptance rate = accepted / draft tokens, mean
+    accepted length = tokens per sequence-step that verified drafts = 1 + accepted / drafts
+    (the target's own token counts; an upper bound of k + 1), steps that verified drafts, and
+    (async scheduling) steps read back before the next plan so that it could speculate."""
+    drafts, proposed = scheduler.num_spec_drafts, scheduler.num_spec_draft_tokens
+    accepted = scheduler.num_spec_accepted_tokens
+    return {
+        "spec_decode_num_steps": scheduler.num_spec_steps,
+        "spec_decode_num_early_reads": scheduler.num_spec_early_reads,
+        "spec_decode_num_drafts": drafts,
+        "spec_decode_num_draft_tokens": proposed,
+        "spec_decode_num_accepted_tokens": accepted,
+        "spec_decode_acceptance_rate": accepted / proposed if proposed else 0.0,
+        "spec_decode_mean_accepted_length": 1.0 + accepted / drafts if drafts else 0.0,
+    }
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -267,8 +294,10 @@ class LLMEngine:
         clock = self.clock.start()
         outputs: list[RequestOutput] = []
         if self.in_flight is not None and (self._history_request_ids
-                                           or not self.async_scheduling):
-            # sampling will read every generated token: no placeholder may be left
+                                           or not self.async_scheduling
+                                           or self.scheduler.wants_known_tokens()):
+            # sampling will read every generated token (or drafts will follow them): no
+            # placeholder may be left
             outputs = self._finish_step(self.in_flight)
             self.in_flight = None
         plan = self.last_scheduler_output = self.scheduler.schedule()
@@ -281,12 +310,11 @@ class LLMEngine:
         previous, self.in_flight = self.in_flight, launched
         if previous is not None:
             outputs += self._finish_step(previous)
-        if launched is not None and not self.scheduler.has_unfinished_requests():
-            # every row of the step in flight belongs to a request that just stopped: nothing
-            # to report, but wait for it now so that the engine is idle when the work is done
-            outputs += self._finish_step(launched)
-            self.in_flight = None
-        if launched is not None and not self.async_scheduling:
+        if launched is not None and (not self.scheduler.has_unfinished_requests()
+                                     or not self.async_scheduling or plan.draft_token_ids):
+            # read now: in sync mode; when every row belongs to a request that just stopped
+            # (nothing to report, but the engine is then idle when the work is done); and
+            # after a step that verified drafts (it decides where the next one starts)
             outputs += self._finish_step(launched)
             self.in_flight = None
         clock.mark("update")
@@ -427,6 +455,8 @@ class LLMEngine:
             "num_preemptions_swap": sch.num_preemptions["swap"],
             "num_chunked_prefill_steps": sch.num_chunked_prefill_steps,
         })
+        if sch.proposer is not None:
+            s.update(spec_decode_stats(sch))
         return s
 
     def _beam_block_stats(self) -> dict:
@@ -454,6 +484,8 @@ class LLMEngine:
         sch = self.scheduler
         sch.num_preemptions.clear()
         sch.num_chunked_prefill_steps = sch.peak_num_running = sch.peak_num_used_blocks = 0
+        sch.num_spec_steps = sch.num_spec_drafts = sch.num_spec_early_reads = 0
+        sch.num_spec_draft_tokens = sch.num_spec_accepted_tokens = 0
         self.kv_manager.stats = type(self.kv_manager.stats)()
 
     def check_integrity(self) -> None:

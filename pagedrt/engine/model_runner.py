@@ -10,8 +10,13 @@ Inputs of one step, for requests r_0..r_{n-1} with query lengths q_i (new tokens
     block_tables                         [n, max_blocks] padded with 0
 
 Logits are computed only for the last token of requests whose step completes their tokens
-(decodes, and the last chunk of a prefill). Beam slots among them are expanded by the
-`BeamRunner` instead of sampled (docs/design.md, "Beam search").
+(decodes, and the last chunk of a prefill), and for every token of a sequence that verifies
+drafts (speculative decoding: its last token and its j drafts, j + 1 logits rows, verified by
+the rejection sampler, pagedrt/spec/rejection_sampler.py). The drafts are written into the
+row's token ids past its last token (scratch until accepted); `fetch` appends the accepted
+ones and moves the row's computed count back over the rejected ones.
+Beam slots among the sampled rows are expanded by the `BeamRunner` instead of sampled
+(docs/design.md, "Beam search").
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import numpy as np
 import torch
 
 from pagedrt.core.plan import StepPlan, StepResult
+from pagedrt.core.request import PLACEHOLDER_TOKEN_ID
 from pagedrt.engine.beam_runner import BeamLaunch, BeamRunner
 from pagedrt.engine.cuda_graphs import CUDAGraphRunner
 from pagedrt.engine.input_batch import InputBatch
@@ -30,6 +36,7 @@ from pagedrt.engine.profiling import NULL_CLOCK
 from pagedrt.engine.sampler import Sampler, SamplerOutput
 from pagedrt.kv.kv_cache import KVCache
 from pagedrt.ops.attention import AttentionMetadata
+from pagedrt.spec.rejection_sampler import RejectionOutput, RejectionSampler
 
 EAGER_TOKEN_PADDING = 64
 """On CUDA, a step that runs eagerly (not a CUDA-graph replay) is padded to a multiple of this
@@ -54,6 +61,9 @@ class ModelInputs:
     # sample; None: every row, in order (a decode step)
     sampled_rows: np.ndarray  # [num_sampled] int64, the InputBatch rows those belong to
     seq_lens: np.ndarray  # [n] int64, num_computed_tokens + num_new_tokens per request
+    sampled_num_drafts: np.ndarray | None = None  # [num_sampled] int64, drafts each verifies
+    # (its logits rows: 1 + that many, in order); None: no draft this step
+    query_len: int = 0  # > 0: every sequence padded to this query length (verification graph)
 
 
 @dataclass
@@ -65,7 +75,10 @@ class LaunchedStep:
         req_ids: the sampled sequences in row order.
         rows, epochs, positions: [num_sampled] int64: their InputBatch rows, the rows' epochs
             at launch, and the slot of each sampled token in its row.
-        output: the sampler's output (token_ids [num_sampled] int64 on the device), or None.
+        output: the sampler's output (token_ids [num_sampled] int64 on the device: a row
+            that verified drafts has its first new token there), or None.
+        spec: speculative decoding: (indices into req_ids of the rows that verified drafts,
+            the rejection sampler's output for them), or None.
         host_token_ids: [num_sampled] int64 pinned host copy (CUDA), valid once `event` is
             done; None on CPU.
         event: CUDA event after the step's last work; None on CPU.
@@ -81,13 +94,19 @@ class LaunchedStep:
     host_token_ids: torch.Tensor | None
     event: torch.cuda.Event | None
     beams: BeamLaunch | None = None
+    spec: tuple[list[int], RejectionOutput] | None = None
 
 
 class ModelRunner:
     def __init__(self, model, kv_cache: KVCache, device, backend,
                  max_num_seqs: int = 256, max_model_len: int = 2048, use_cuda_graphs: bool = False,
-                 max_num_batched_tokens: int = 8192, seed: int = 0):
-        """seed: of the generator of rows without their own (unseeded sampling)."""
+                 max_num_batched_tokens: int = 8192, seed: int = 0,
+                 num_speculative_tokens: int = 0, spec_max_num_seqs: int = 0,
+                 draft_proposer=None):
+        """seed: of the generator of rows without their own (unseeded sampling).
+        num_speculative_tokens, spec_max_num_seqs: speculative decoding's k and the batch up
+        to which it runs (CUDA graphs for verification steps are captured up to there).
+        draft_proposer: the draft model (pagedrt/spec/draft_model.py) that fills -1 drafts."""
         self.model = model
         self.kv_cache = kv_cache
         self.device = torch.device(device)
@@ -98,6 +117,8 @@ class ModelRunner:
         self.beam_runner = BeamRunner(self.batch, kv_cache, self.device)
         self._last_num_sampled = 0  # rows sampled by the latest launched step
         self.sampler = Sampler()
+        self.rejection_sampler = RejectionSampler()
+        self.draft_proposer = draft_proposer
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         # the device tensor of the sampled ids of the latest launched step, which rows with a
         # token still being sampled read their next input from (async scheduling)
@@ -132,7 +153,8 @@ class ModelRunner:
         if use_cuda_graphs and self.device.type == "cuda":
             self.graph_runner = CUDAGraphRunner(
                 model, kv_cache.layers, max_num_seqs, max_blocks_per_seq,
-                self.device, backend)
+                self.device, backend, verify_query_len=num_speculative_tokens + 1,
+                verify_max_num_seqs=min(spec_max_num_seqs, max_num_seqs))
             self.graph_runner.capture()
 
     @torch.inference_mode()
@@ -166,7 +188,8 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
         self.gemm_warm_up_s = time.perf_counter() - start
 
-    def prepare(self, plan: StepPlan, rows: np.ndarray) -> ModelInputs:
+    def prepare(self, plan: StepPlan, rows: np.ndarray,
+                num_drafts: np.ndarray | None = None) -> ModelInputs:
         """Build the step's input tensors with numpy from the plan and the InputBatch rows
         (`rows`: [n] int64, those of plan.req_ids, from `InputBatch.apply`) and move them in
         one host-to-device copy.
@@ -174,6 +197,11 @@ class ModelRunner:
         A row whose last token is still being sampled by the previous step (async scheduling)
         takes that input id from the previous step's sampled ids, on the device, without
         waiting for the host.
+
+        num_drafts: [n] int64, drafts each row verifies (written past its tokens by
+        `_write_drafts`), or None. When every row is a decode (1 token + its drafts) and a
+        verification graph fits, every row is padded to q = k + 1 tokens (padding: id 0, the
+        row's first position, slot -1; see pagedrt/engine/cuda_graphs.py).
         """
         bs = self.block_size
         batch = self.batch
@@ -181,6 +209,8 @@ class ModelRunner:
         q_lens = np.asarray(plan.num_new_tokens, dtype=np.int64)  # [n]
         starts = np.asarray(plan.num_computed_tokens, dtype=np.int64)  # [n]
         totals = batch.num_tokens[rows]  # [n] tokens of each row
+        if num_drafts is not None:
+            totals = totals + num_drafts  # (the drafts sit past the row's tokens)
         ends = starts + q_lens
         cu = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(q_lens, out=cu[1:])
@@ -198,16 +228,17 @@ class ModelRunner:
         # (a token still being sampled reads -1 here; it is replaced on the device below)
         input_ids = batch.token_ids[token_rows, positions].astype(np.int64)
         slot_mapping = block_tables[table_rows, positions // bs] * bs + positions % bs
-        num_padding = -num_tokens % self.token_padding
-        if num_padding and num_tokens > n:
-            # a step with prompt tokens runs eagerly: pad (see EAGER_TOKEN_PADDING); decode
-            # steps are replays of graphs captured at padded batch sizes
-            input_ids = np.concatenate([input_ids, np.zeros(num_padding, np.int64)])
-            positions = np.concatenate([positions, np.zeros(num_padding, np.int64)])
-            slot_mapping = np.concatenate([slot_mapping, np.full(num_padding, -1, np.int64)])
         is_sampled = ends == totals  # the step completes the row's tokens
         sampled_idx = np.flatnonzero(is_sampled)
         logits_indices = cu[1:][sampled_idx] - 1
+        sampled_num_drafts = None
+        if num_drafts is not None:  # every token of a verifying row: x d_1 .. d_j
+            sampled_num_drafts = num_drafts[sampled_idx]
+            counts = sampled_num_drafts + 1
+            first = np.repeat(logits_indices - sampled_num_drafts, counts)
+            offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts,
+                                                               counts)
+            logits_indices = first + offsets
         # tokens still being sampled (always a row's last token): (token index, row in the
         # previous step's sampled ids)
         pending = batch.pending[rows]
@@ -218,6 +249,34 @@ class ModelRunner:
             assert (batch.pending_step[rows[pend]] == self._last_step_id).all(), (
                 f"tokens pending from steps {batch.pending_step[rows[pend]].tolist()}, "
                 f"the step in flight is {self._last_step_id}")
+            assert num_drafts is None or not num_drafts[pend].any(), (
+                "drafts after a token still being sampled")
+        query_len = self._verify_query_len(num_drafts, q_lens, ends, n, width)
+        kernel_seq_lens = ends
+        if query_len:
+            # pad every row to query_len tokens: token t of row i sits at i * query_len + t
+            where = (np.arange(num_tokens) - cu[table_rows]) + table_rows * query_len
+            padded = np.zeros(n * query_len, np.int64)
+            padded[where] = input_ids
+            input_ids = padded
+            padded = np.repeat(starts, query_len)
+            padded[where] = positions
+            positions = padded
+            padded = np.full(n * query_len, -1, np.int64)
+            padded[where] = slot_mapping
+            slot_mapping = padded
+            logits_indices = where[logits_indices]
+            pend_dst = where[pend_dst]
+            cu = np.arange(n + 1, dtype=np.int64) * query_len
+            kernel_seq_lens = starts + query_len
+        else:
+            num_padding = -num_tokens % self.token_padding
+            if num_padding and num_tokens > n:
+                # a step with prompt tokens runs eagerly: pad (see EAGER_TOKEN_PADDING); decode
+                # steps are replays of graphs captured at padded batch sizes
+                input_ids = np.concatenate([input_ids, np.zeros(num_padding, np.int64)])
+                positions = np.concatenate([positions, np.zeros(num_padding, np.int64)])
+                slot_mapping = np.concatenate([slot_mapping, np.full(num_padding, -1, np.int64)])
         # beam slots whose expansion is in flight: their block tables are re-parented on the
         # device (async scheduling; see BeamRunner)
         patch = self.beam_runner.table_patch(rows, pend, starts, self._last_num_sampled)
@@ -225,7 +284,7 @@ class ModelRunner:
         # int64 (viewed back as int32 on the device: no conversion kernels)
         #   [ids | positions | slots | logits | pending dst | pending src | cu, seq_lens, tables
         #    | beam table patch]
-        small = np.concatenate([cu, ends, block_tables.ravel()]).astype(np.int32)
+        small = np.concatenate([cu, kernel_seq_lens, block_tables.ravel()]).astype(np.int32)
         if len(small) % 2:
             small = np.append(small, np.int32(0))
         parts = [input_ids, positions, slot_mapping, logits_indices, pend_dst, pend_src,
@@ -254,38 +313,89 @@ class ModelRunner:
             block_tables=tables_t.view(n, width),
             seq_lens=lens_t,
             cu_seqlens_q=cu_t,
-            max_query_len=int(q_lens.max()),
-            max_seq_len=int(ends.max()),
+            max_query_len=query_len or int(q_lens.max()),
+            max_seq_len=int(kernel_seq_lens.max()),
             backend=self.backend,
         )
         # a decode step samples every row in order: its logits need no gather
-        all_rows = len(sampled_idx) == n == num_tokens
+        all_rows = len(sampled_idx) == n == num_tokens and not query_len
         return ModelInputs(
             input_ids=ids_t, positions=pos_t, meta=meta,
             logits_indices=None if all_rows else logit_t,
             sampled_rows=rows if all_rows else rows[sampled_idx], seq_lens=ends,
+            sampled_num_drafts=sampled_num_drafts, query_len=query_len,
         )
+
+    def _verify_query_len(self, num_drafts: np.ndarray | None, q_lens: np.ndarray,
+                          ends: np.ndarray, n: int, width: int) -> int:
+        """k + 1 when this step runs as a verification graph (every row a decode, 1 token and
+        its drafts, some drafts, a captured batch size, room for the padded positions), else
+        0."""
+        runner = self.graph_runner
+        if runner is None or num_drafts is None or not runner.verify_batch_sizes:
+            return 0
+        q = runner.verify_query_len
+        if (not num_drafts.any() or not (q_lens == num_drafts + 1).all()
+                or not runner.can_run(n, width, q)
+                or (ends - q_lens + q).max() > self.batch.max_model_len):
+            return 0
+        return q
+
+    def _write_drafts(self, plan: StepPlan, rows: np.ndarray) -> np.ndarray:
+        """Write the plan's drafts past each row's tokens (the draft model proposes the -1
+        ones now); returns [n] int64 drafts per row, aligned with plan.req_ids."""
+        batch = self.batch
+        num_drafts = np.zeros(len(rows), dtype=np.int64)
+        index = {req_id: i for i, req_id in enumerate(plan.req_ids)}
+        to_propose = []
+        for req_id, drafts in plan.draft_token_ids.items():
+            i = index[req_id]
+            row = int(rows[i])
+            assert batch.pending[row] < 0, f"{req_id}: drafts after a token being sampled"
+            num_drafts[i] = len(drafts)
+            if drafts[0] == PLACEHOLDER_TOKEN_ID:
+                to_propose.append(i)
+            else:
+                batch.write_drafts(row, drafts)
+        if to_propose:
+            assert self.draft_proposer is not None, "-1 drafts but no draft model"
+            idx = np.asarray(to_propose, dtype=np.int64)
+            proposed = self.draft_proposer.propose(batch, rows[idx], num_drafts[idx],
+                                                   [plan.req_ids[i] for i in to_propose])
+            for i, drafts in zip(to_propose, proposed):
+                batch.write_drafts(int(rows[i]), drafts)
+        return num_drafts
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan, clock=NULL_CLOCK) -> LaunchedStep | None:
         """Bring the rows up to the plan; if it schedules anything, apply its block copies,
-        run the model and sample (forking rows as the plan says). Returns before the device
-        is done (`fetch` waits), or None for a plan that runs nothing."""
+        run the model and sample (forking rows as the plan says; verifying drafts). Returns
+        before the device is done (`fetch` waits), or None for a plan that runs nothing."""
+        if self.draft_proposer is not None:
+            self.draft_proposer.forget(plan.finished_req_ids + plan.preempted_req_ids)
         rows = self.batch.apply(plan)
         if not plan:
             return None
         if plan.copies:
             self.kv_cache.apply(plan.copies)
-        inputs = self.prepare(plan, rows)
+            if self.draft_proposer is not None:
+                self.draft_proposer.apply_copies(plan.copies)
+        num_drafts = self._write_drafts(plan, rows) if plan.draft_token_ids else None
+        inputs = self.prepare(plan, rows, num_drafts)
         self.batch.num_computed_tokens[rows] = inputs.seq_lens
         clock.mark("prepare")
         meta = inputs.meta
+        width = meta.block_tables.shape[1]
         if (self.graph_runner is not None and meta.is_decode_only
-                and self.graph_runner.can_run(len(rows), meta.block_tables.shape[1])):
+                and self.graph_runner.can_run(len(rows), width)):
             logits = self.graph_runner.run(inputs.input_ids, inputs.positions, meta.slot_mapping,
                                            meta.seq_lens, meta.block_tables)
             if inputs.logits_indices is not None:
                 logits = logits[inputs.logits_indices]
+        elif inputs.query_len:
+            logits = self.graph_runner.run(inputs.input_ids, inputs.positions, meta.slot_mapping,
+                                           meta.seq_lens, meta.block_tables, inputs.query_len)
+            logits = logits[inputs.logits_indices]
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, meta)
             if inputs.logits_indices is not None:
@@ -293,16 +403,20 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden)
         clock.mark("forward")
         sampled_rows = inputs.sampled_rows
+        if inputs.sampled_num_drafts is not None:
+            return self._sample_speculative(plan, logits, sampled_rows,
+                                            inputs.sampled_num_drafts, clock)
+        index = None
         if plan.forks:
-            logits, sampled_rows = self._fork(plan, logits, sampled_rows)
+            index, sampled_rows = self._fork(plan, sampled_rows)
+            logits = logits[torch.tensor(index, device=logits.device)]
         # every scheduled row sampled, in order (a decode step): the plan has their ids
         req_ids = plan.req_ids if sampled_rows is rows else None
         return self._sample(plan.step_id, logits, sampled_rows, req_ids, clock, rows, inputs)
 
-    def _fork(self, plan: StepPlan, logits: torch.Tensor,
-              sampled_rows: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+    def _fork(self, plan: StepPlan, sampled_rows: np.ndarray) -> tuple[list[int], np.ndarray]:
         """Rows for the forked samples, each after its parent's, sampling from the parent's
-        logits row."""
+        logits row: (the logits row of each sampled row, the sampled rows)."""
         batch = self.batch
         index, new_rows = [], []
         for i, row in enumerate(sampled_rows.tolist()):
@@ -314,12 +428,90 @@ class ModelRunner:
                 new_rows.append(batch.fork(row, child_id, k))
         assert len(new_rows) == len(sampled_rows) + sum(map(len, plan.forks.values())), (
             f"forks {plan.forks} of rows that the step does not sample")
-        return (logits[torch.tensor(index, device=logits.device)],
-                np.asarray(new_rows, dtype=np.int64))
+        return index, np.asarray(new_rows, dtype=np.int64)
+
+    def _run_sampler(self, logits: torch.Tensor, rows: np.ndarray) -> SamplerOutput | None:
+        if not len(rows):
+            return None
+        states = self.batch.states
+        return self.sampler(logits, [states[r] for r in rows.tolist()], self.generator)
+
+    def _sample_speculative(self, plan: StepPlan, logits: torch.Tensor, sampled_rows: np.ndarray,
+                            num_drafts: np.ndarray, clock) -> LaunchedStep:
+        """Sample a step where some rows verify drafts: `logits` has 1 + num_drafts[i] rows per
+        sampled row i, in order. Rows without drafts (and forked children) go through the
+        plain sampler, the others through the rejection sampler; the first new token of each
+        is merged into one [num_sampled] tensor in row order (forks after their parent)."""
+        batch = self.batch
+        device = logits.device
+        assert not batch.is_beam[sampled_rows].any(), "a beam slot in a step with drafts"
+        first = np.cumsum(num_drafts + 1) - (num_drafts + 1)  # first logits row of each
+        is_spec = num_drafts > 0
+        plain_rows = sampled_rows[~is_spec]
+        plain_index = first[~is_spec].tolist()
+        if plan.forks:
+            index, plain_rows = self._fork(plan, plain_rows)
+            plain_index = [plain_index[i] for i in index]
+        plain = None
+        if plain_index:
+            plain = self._run_sampler(
+                logits[_to_device(torch.tensor(plain_index, dtype=torch.int64), device)],
+                plain_rows)
+        spec_rows = sampled_rows[is_spec]
+        spec_drafts = num_drafts[is_spec]
+        k = int(spec_drafts.max())
+        t = np.arange(k + 1)
+        gather = first[is_spec][:, None] + np.minimum(t[None, :], spec_drafts[:, None])
+        spec_logits = logits[_to_device(torch.from_numpy(gather.reshape(-1)), device)].view(
+            len(spec_rows), k + 1, -1)
+        # the drafts, from where `_write_drafts` put them (past the row's tokens)
+        cols = np.minimum(batch.num_tokens[spec_rows][:, None] + t[None, :k],
+                          batch.max_model_len - 1)
+        drafts = np.where(t[None, :k] < spec_drafts[:, None],
+                          batch.token_ids[spec_rows[:, None], cols], 0).astype(np.int64)
+        states = batch.states
+        verified = self.rejection_sampler(
+            spec_logits, [states[r] for r in spec_rows.tolist()],
+            _to_device(torch.from_numpy(drafts), device), spec_drafts.tolist(), self.generator)
+        # merge: plain outputs first, then the verified rows' first tokens, permuted into row
+        # order with every forked child after its parent
+        order, rows_out, spec_positions = [], [], []
+        p = 0
+        num_plain = len(plain_rows)
+        for i, row in enumerate(sampled_rows.tolist()):
+            if is_spec[i]:
+                s = len(spec_positions)
+                spec_positions.append(len(order))
+                order.append(num_plain + s)
+                rows_out.append(row)
+                continue
+            order.append(p)
+            rows_out.append(int(plain_rows[p]))
+            p += 1
+            while p < num_plain and batch.states[int(plain_rows[p])].req_id in (
+                    plan.forks.get(batch.states[row].req_id, ())):
+                order.append(p)
+                rows_out.append(int(plain_rows[p]))
+                p += 1
+        parts = [verified.token_ids[:, 0]]
+        if plain is not None:
+            parts.insert(0, plain.token_ids)
+        token_ids = torch.cat(parts)[_to_device(torch.tensor(order, dtype=torch.int64), device)]
+        logprobs = None
+        if (plain is not None and plain.logprobs is not None) or verified.logprobs is not None:
+            merged = ([None] * num_plain if plain is None or plain.logprobs is None
+                      else list(plain.logprobs))
+            merged += [None if lp is None else lp[0] for lp in (
+                verified.logprobs or [None] * len(spec_rows))]
+            logprobs = [merged[j] for j in order]
+        output = SamplerOutput(token_ids=token_ids, logprobs=logprobs)
+        return self._launch(plan.step_id, output, np.asarray(rows_out, dtype=np.int64), None,
+                            clock, spec=(spec_positions, verified))
 
     def _sample(self, step_id: int, logits: torch.Tensor, rows: np.ndarray,
                 req_ids: list[str] | None, clock, scheduled_rows: np.ndarray,
                 inputs: ModelInputs) -> LaunchedStep:
+        """Sample one token per row (expanding beam searches where rows are beam slots)."""
         batch = self.batch
         states = batch.states
         sampling_rows = [states[r] for r in rows.tolist()]
@@ -330,6 +522,18 @@ class ModelRunner:
                                                     scheduled_rows, inputs)
         else:
             output = self.sampler(logits, sampling_rows, self.generator) if len(rows) else None
+        if req_ids is None:
+            req_ids = [s.req_id for s in sampling_rows]
+        return self._launch(step_id, output, rows, req_ids, clock, beams=beams)
+
+    def _launch(self, step_id: int, output: SamplerOutput | None, rows: np.ndarray,
+                req_ids: list[str] | None, clock, beams: BeamLaunch | None = None,
+                spec: tuple[list[int], RejectionOutput] | None = None) -> LaunchedStep:
+        """Append a placeholder per sampled row, start the copy of its tokens to the host,
+        and return the step's handle (`fetch` reads it)."""
+        batch = self.batch
+        states = batch.states
+        if beams is None:
             self.beam_runner.last_parent_index = None
         self._last_num_sampled = len(rows)
         positions = batch.append_sampled(rows, step_id)
@@ -351,9 +555,9 @@ class ModelRunner:
         self._last_step_id = step_id
         clock.mark("sample")
         if req_ids is None:
-            req_ids = [s.req_id for s in sampling_rows]
+            req_ids = [states[r].req_id for r in rows.tolist()]
         return LaunchedStep(step_id, req_ids, rows, batch.epoch[rows], positions, output,
-                            host, event, beams)
+                            host, event, beams, spec)
 
     def _sample_with_beams(self, logits: torch.Tensor, rows: np.ndarray, sampling_rows: list,
                            is_beam: np.ndarray, scheduled_rows: np.ndarray,
@@ -386,7 +590,8 @@ class ModelRunner:
 
     def fetch(self, step: LaunchedStep) -> StepResult:
         """Wait for a launched step, write its sampled tokens into their rows and return
-        them."""
+        them (and, for rows that verified drafts, their further tokens, whose rows then move
+        their computed count back over the rejected drafts)."""
         if step.event is not None:
             step.event.synchronize()
         if step.output is None:
@@ -398,4 +603,25 @@ class ModelRunner:
         result = StepResult(step.req_ids, token_ids, step.output.logprobs)
         if step.beams is not None:
             result.beams = self.beam_runner.results(step.beams)
+        if step.spec is not None:
+            positions, verified = step.spec
+            counts = verified.num_tokens.tolist()
+            tokens = verified.token_ids.tolist()
+            extras = []
+            for s, i in enumerate(positions):
+                req_id = step.req_ids[i]
+                extra = result.extra_token_ids[req_id] = tokens[s][1: counts[s]]
+                extras.append(extra)
+                if verified.logprobs is not None and verified.logprobs[s] is not None:
+                    result.extra_logprobs[req_id] = verified.logprobs[s][1: counts[s]]
+            idx = np.asarray(positions, dtype=np.int64)
+            self.batch.append_accepted(step.rows[idx], step.epochs[idx], step.positions[idx],
+                                       extras)
         return result
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` without waiting for the device (pinned, non-blocking)."""
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)

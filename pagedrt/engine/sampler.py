@@ -114,8 +114,7 @@ class Sampler:
         want_logprobs = any(r.params.logprobs is not None for r in rows)
         raw_logprobs = torch.log_softmax(raw, dim=-1) if want_logprobs else None
 
-        logits = _apply_penalties(raw, rows)  # a new tensor if any row has penalties
-        logits = _apply_min_tokens(logits, rows, raw)
+        logits = processed_logits(raw, rows)
 
         greedy = [r.params.greedy for r in rows]
         if all(greedy):
@@ -142,19 +141,7 @@ class Sampler:
         Greedy rows are sampled too (at temperature 1) and overwritten by the caller; they draw
         noise from the default generator only, never from their own.
         """
-        vocab_size, device = logits.shape[1], logits.device
-        params = [r.params for r in rows]
-        temperature = _to_device([p.temperature if not p.greedy else 1.0 for p in params], device)
-        logits = logits / temperature.unsqueeze(1)
-
-        top_ks = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
-        top_ps = [p.top_p for p in params]
-        if any(k < vocab_size for k in top_ks) or any(p < 1.0 for p in top_ps):
-            logits = _apply_top_k_top_p(logits, top_ks, top_ps)
-        if any(p.min_p > 0.0 for p in params):
-            logits = _apply_min_p(logits, [p.min_p for p in params])
-
-        probs = torch.softmax(logits, dim=-1)
+        probs = sampling_probs(logits, rows)
         # q ~ Exp(1): one call for the whole batch, then seeded rows are redrawn from their own
         # generator so that their noise depends only on their seed and step.
         q = torch.empty_like(probs).exponential_(generator=default_generator)
@@ -164,6 +151,45 @@ class Sampler:
         # Exp(1) can round to 0; 0 / 0 would be NaN, which argmax would pick.
         q.clamp_(min=torch.finfo(q.dtype).tiny)
         return (probs / q).argmax(dim=-1)
+
+
+def processed_logits(raw: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Penalties, then min_tokens: the logits a greedy row takes the argmax of.
+
+    Args:
+        raw: [B, vocab] float32, not modified (a new tensor is returned where a row changes).
+    """
+    logits = _apply_penalties(raw, rows)  # a new tensor if any row has penalties
+    return _apply_min_tokens(logits, rows, raw)
+
+
+def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """The distribution a sampled row draws from: `processed_logits` / temperature, then
+    top-k, top-p and min-p, then softmax. Greedy rows get temperature 1 (their probabilities
+    are not used). Returns [B, vocab] float32.
+
+    Args:
+        logits: [B, vocab] float32 from `processed_logits`.
+    """
+    vocab_size, device = logits.shape[1], logits.device
+    params = [r.params for r in rows]
+    temperature = _to_device([p.temperature if not p.greedy else 1.0 for p in params], device)
+    logits = logits / temperature.unsqueeze(1)
+
+    top_ks = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+    top_ps = [p.top_p for p in params]
+    if any(k < vocab_size for k in top_ks) or any(p < 1.0 for p in top_ps):
+        logits = _apply_top_k_top_p(logits, top_ks, top_ps)
+    if any(p.min_p > 0.0 for p in params):
+        logits = _apply_min_p(logits, [p.min_p for p in params])
+    return torch.softmax(logits, dim=-1)
+
+
+def gather_logprobs(raw_logprobs: torch.Tensor, token_ids: torch.Tensor,
+                    rows: list[SamplingRow]) -> list[TokenLogprobs | None]:
+    """TokenLogprobs of `token_ids` ([B] int64) under `raw_logprobs` ([B, vocab]) for the rows
+    that asked (None elsewhere); one host sync."""
+    return _gather_logprobs(raw_logprobs, token_ids, rows)
 
 
 def _plain_greedy(p: SamplingParams) -> bool:

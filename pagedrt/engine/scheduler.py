@@ -16,6 +16,14 @@ With async scheduling (see `LLMEngine.step`) a request's last token may be a pla
 one still being sampled on the device: it is scheduled like any other token, except when it is
 the request's last allowed token (`max_tokens`), so nothing follows it.
 
+Speculative decoding (`EngineConfig.speculative_config`): while the engine holds at most
+`disable_by_batch_size` unfinished sequences, a decoding sequence whose last token is known
+gets up to k draft tokens from the proposer (pagedrt/spec/proposer.py), within the step's
+leftover token budget and never past `max_tokens`; its query is 1 + the drafts, and
+`num_computed_tokens` advances by all of them. Speculative tokens never preempt anyone: when
+their blocks do not fit, the sequence decodes one token. `update` then writes the accepted
+tokens and rolls back the rejected ones.
+
 Importance is (priority, arrival order): lower first. The scheduler never touches free lists;
 it asks the KVCacheManager, which answers None on shortage.
 
@@ -33,12 +41,13 @@ The scheduler is the one writer of a request's progress (docs/design.md, "Who wr
                            this step's tokens are back under async scheduling, builds on it);
                            a placeholder output token per sampled sequence; forks (n > 1, and
                            a beam search's slots)
-    update(plan, result)   the sampled ids over the placeholders, logprobs, token times, and
+    update(plan, result)   the sampled ids over the placeholders (and the further tokens of
+                           sequences that verified drafts), logprobs, token times, and
                            finishing (the caller's stop check decides, update writes); beam
                            searches: the expansion's bookkeeping (BeamGroup.step), the slots'
                            re-parenting (tokens, and block tables through the KV manager) and
-                           their end; a rollback of rejected tokens (speculative decoding)
-                           would go here
+                           their end; the rollback of rejected drafts: num_computed_tokens
+                           lowered, the blocks past it freed (`KVCacheManager.trim`)
     finish(), abort()      status and blocks of requests that end between steps
 
 What it hands the device side is a `StepPlan` (pagedrt/core/plan.py): plain data.
@@ -56,6 +65,7 @@ from pagedrt.core.plan import NewRequestData, StepPlan, StepResult
 from pagedrt.core.request import PLACEHOLDER_TOKEN_ID, Request, RequestStatus
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.outputs import TokenEvent
+from pagedrt.spec.proposer import make_host_proposer
 
 logger = logging.getLogger("pagedrt.scheduler")
 
@@ -85,6 +95,15 @@ class Scheduler:
         # too, as tests do)
         self._finished_req_ids: list[str] = []
         self._preempted_req_ids: list[str] = []
+        # speculative decoding: the proposer (None: off) and its counters
+        self.spec_config = config.speculative
+        self.proposer = (make_host_proposer(self.spec_config)
+                         if self.spec_config is not None else None)
+        self.num_spec_steps = 0  # steps that verified drafts
+        self.num_spec_drafts = 0  # (sequence, step) pairs with drafts verified
+        self.num_spec_draft_tokens = 0
+        self.num_spec_accepted_tokens = 0
+        self.num_spec_early_reads = 0  # async steps read before the next plan to speculate
 
     # ----------------------------------------------------------------- queues
     def add_request(self, request: Request) -> None:
@@ -103,6 +122,8 @@ class Scheduler:
                 queue.remove(request)
         request.status = status
         self.kv.free(request)
+        if self.proposer is not None:
+            self.proposer.drop(request.request_id)
 
     def ids_to_drop(self) -> set[str]:
         """Sequences whose device-side rows the next plan drops (finished or preempted since
@@ -117,6 +138,27 @@ class Scheduler:
             if seq.num_pending_tokens:
                 del seq.output_token_ids[-seq.num_pending_tokens:]
                 seq.num_pending_tokens = 0
+
+    # ----------------------------------------------------------------- speculation
+    def speculating(self) -> bool:
+        """Whether the next plan may give drafts (the switch-off rule: at most
+        `disable_by_batch_size` unfinished sequences; pagedrt/spec/config.py says why)."""
+        return (self.proposer is not None
+                and len(self.running) + len(self.waiting) + len(self.swapped)
+                <= self.spec_config.disable_by_batch_size)
+
+    def wants_known_tokens(self) -> bool:
+        """Whether the engine should read the step in flight before the next plan (async
+        scheduling) so that this plan can speculate: speculation is on and some decoding
+        sequence's known tokens already end in a match (n-gram; always, for a draft model).
+        Drafts follow a sequence's last token, so they need it on the host."""
+        if not self.speculating():
+            return False
+        has_match = self.proposer.has_match
+        if any(req.output_token_ids and has_match(req) for req in self.running):
+            self.num_spec_early_reads += 1
+            return True
+        return False
 
     # ----------------------------------------------------------------- schedule
     def schedule(self) -> StepPlan:
@@ -139,6 +181,14 @@ class Scheduler:
         # most one block, new or copied), so a beam search's slots need no joint check
         beams_fit = (len(self.running) <= self.kv.num_free_blocks
                      and (not planned or max(planned) <= 1))
+        # speculative decoding: drafts from the budget the plan leaves, most important first
+        # (none while a beam search is unfinished: its slots' joint block check assumes plain
+        # decodes, and a step that forks a search's slots must not verify drafts)
+        spec_budget = 0
+        if self.speculating() and not any(
+                r.beam is not None or r.params.beam_search is not None
+                for queue in (self.running, self.waiting, self.swapped) for r in queue):
+            spec_budget = max_tokens - sum(planned)
         i = 0
         while i < len(self.running):
             num_new = planned[i]
@@ -149,7 +199,15 @@ class Scheduler:
             if req.beam is not None and not beams_fit and len(req.group) > 1:
                 i = self._allocate_beams(i, planned, remaining, scheduled, num_new_tokens)
                 continue
+            drafts = None
+            if spec_budget > 0 and remaining[i] == 1 and not req.num_pending_tokens:
+                drafts = self._propose(req, spec_budget)
+                num_new += len(drafts)
             while allocate(req, num_new) is None:
+                if drafts:  # speculative tokens never preempt anyone: decode one token
+                    drafts = None
+                    num_new = planned[i]
+                    continue
                 # the least important running request sits last; it is never one already
                 # scheduled this step, since those come before index i
                 num_preempted = self._preempt(self.running[-1])
@@ -157,6 +215,9 @@ class Scheduler:
                 if req.status is not RequestStatus.RUNNING:  # req itself went
                     break
             else:
+                if drafts:
+                    plan.draft_token_ids[req.request_id] = drafts
+                    spec_budget -= len(drafts)
                 scheduled.append(req)
                 num_new_tokens.append(num_new)
                 if num_new < remaining[i]:
@@ -229,6 +290,15 @@ class Scheduler:
         self.peak_num_used_blocks = max(self.peak_num_used_blocks, used)
         return plan
 
+    def _propose(self, req: Request, budget: int) -> list[int]:
+        """Drafts for a decoding sequence whose last token is known: at most `budget`, and
+        none past max_tokens (the step yields up to 1 + drafts tokens)."""
+        num_output = len(req.output_token_ids)
+        max_num = min(budget, req.params.max_tokens - num_output - 1)
+        if not num_output or max_num <= 0:
+            return []
+        return self.proposer.propose(req, max_num)
+
     def _advance(self, plan: StepPlan, scheduled: list[Request]) -> None:
         """Count the plan's tokens as computed, give each sequence the step samples for a
         placeholder token, and fork the requests whose prompt the step completes (n > 1).
@@ -242,13 +312,16 @@ class Scheduler:
         indices: list[int] = []
         beams: list[tuple[Request, int]] = []
         num_decode = 0
+        drafts = plan.draft_token_ids
         for req, num_new, start in zip(scheduled, plan.num_new_tokens, starts):
             output_token_ids = req.output_token_ids
             end = req.num_computed_tokens = start + num_new
             # (num_tokens spelled out: this runs for every request of every step)
             if end != len(req.prompt_token_ids) + len(output_token_ids):
-                continue  # a prefill chunk: nothing sampled
-            if num_new == 1 and output_token_ids:
+                if not drafts or req.request_id not in drafts:
+                    continue  # a prefill chunk: nothing sampled
+                num_decode += num_new  # the last token and its drafts
+            elif num_new == 1 and output_token_ids:
                 num_decode += 1
             sampled.append(req)
             indices.append(len(output_token_ids))
@@ -468,6 +541,9 @@ class Scheduler:
         token_ids = result.sampled_token_ids
         assert len(token_ids) == len(sampled), (
             f"step {plan.step_id}: {len(token_ids)} sampled tokens for {len(sampled)} rows")
+        if plan.draft_token_ids:
+            return self._update_speculative(plan, result, sampled, indices, beams, check_stop,
+                                            events)
         logprobs = result.logprobs
         now = time.monotonic()
         touched: dict[str, Request] = {}
@@ -581,6 +657,87 @@ class Scheduler:
             for i, token in enumerate(hypothesis.token_ids):
                 events.append(TokenEvent(head.request_id, rank, token, None,
                                          hypothesis.finish_reason if i == last else None, None))
+
+
+    def _update_speculative(self, plan: StepPlan, result: StepResult, sampled: list[Request],
+                            indices: list[int], beams, check_stop: StopCheck,
+                            events: list[TokenEvent] | None) -> tuple[list[Request], int]:
+        """`update` for a step that verified drafts: a sequence may get several tokens, each
+        written, stop-checked and reported in turn (so stop strings, stop ids, max_tokens and
+        logprobs hold at the exact token), and its rejected drafts are rolled back:
+
+            before the step:  computed = start          tokens: ... x
+            the step:         computed = start + 1 + j   query:  x d1 .. dj  (j drafts)
+            a accepted:       computed = start + 1 + a   tokens: ... x d1 .. da t
+                              (t: the target's own token; the KV of d(a+1) .. dj is dropped,
+                              blocks holding only such slots are freed)
+
+        A sequence that stops at one of its tokens drops the tokens after it."""
+        token_ids = result.sampled_token_ids
+        logprobs = result.logprobs
+        all_drafts = plan.draft_token_ids
+        extras, extra_logprobs = result.extra_token_ids, result.extra_logprobs
+        self.num_spec_steps += 1
+        now = time.monotonic()
+        touched: dict[str, Request] = {}
+        num_generated = 0
+        if beams:  # (a search whose prompt this step completed; its slots never speculate)
+            num_generated = self._update_beams(beams, result, events, touched, now)
+        for i, (req, index, token) in enumerate(zip(sampled, indices, token_ids)):
+            if req.is_finished or req.beam is not None:
+                continue  # aborted, or stopped by the token before this one: drop the row
+            rid = req.request_id
+            drafts = all_drafts.get(rid)
+            tokens = [token]
+            lps = [None if logprobs is None else logprobs[i]]
+            if drafts is not None:
+                extra = extras.get(rid, [])
+                tokens += extra
+                lps += extra_logprobs.get(rid) or [None] * len(extra)
+                self.num_spec_drafts += 1
+                self.num_spec_draft_tokens += len(drafts)
+                self.num_spec_accepted_tokens += len(extra)
+            output_token_ids = req.output_token_ids
+            head = req.group[0]
+            status = None
+            for m, (tok, lp) in enumerate(zip(tokens, lps)):
+                position = index + m
+                if m == 0:
+                    output_token_ids[position] = tok
+                    if position == len(output_token_ids) - 1:
+                        req.num_pending_tokens = 0
+                else:
+                    output_token_ids.insert(position, tok)
+                if lp is not None:
+                    req.output_logprobs.append(lp)
+                if req.first_token_time is None:
+                    req.first_token_time = now
+                req.last_token_time = now
+                num_generated += 1
+                if (tok in req.stop_token_set or position + 1 >= req.params.max_tokens
+                        or (req.detokenizer is not None and (req.stream or req.params.stop))):
+                    status = check_stop(req, tok, position + 1)
+                if events is not None:
+                    events.append(TokenEvent(
+                        head.request_id, req.sample_index, tok, lp,
+                        None if status is None else status._value_,
+                        None if status is None else req.stop_reason))
+                if status is not None:
+                    del output_token_ids[position + 1:]
+                    req.num_pending_tokens = 0
+                    self.finish(req, status)
+                    break
+            if status is None and drafts is not None:
+                # rollback: the rejected drafts' KV is not the sequence's
+                req.num_computed_tokens -= len(drafts) - (len(tokens) - 1)
+                self.kv.trim(req)
+                self.kv.cache_computed_blocks(req)
+            if events is not None:
+                if status is not None and all(s.is_finished for s in head.group):
+                    touched[head.request_id] = head
+            elif head.stream or (status is not None and all(s.is_finished for s in head.group)):
+                touched[head.request_id] = head
+        return list(touched.values()), num_generated
 
 
 def _insert_sorted(queue: list[Request], req: Request) -> None:

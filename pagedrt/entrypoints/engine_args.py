@@ -1,7 +1,7 @@
 """Command-line options made from `EngineConfig`'s fields: one option per field.
 
 The field's type gives the option's type (a bool, or an Optional bool, is a --flag/--no-flag
-pair; `X | None` takes X), its default the option's default, its metadata the help text, the
+pair; `X | None` takes X; a dict is a JSON object, as vLLM's --speculative-config), its default the option's default, its metadata the help text, the
 choices and the flags (default: --field-name). A field of a type this module cannot map
 (a tuple, a union of two types) raises TypeError when a parser is built.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import types
 import typing
 
@@ -31,6 +32,9 @@ def _option(f: dataclasses.Field) -> tuple[tuple[str, ...], str, dict]:
                     "help": f.metadata["help"].replace("%", "%%") + " (default: %(default)s)"}
     if hint is bool:
         kwargs["action"] = argparse.BooleanOptionalAction
+    elif hint is dict:
+        kwargs["type"] = _json_object
+        kwargs["metavar"] = "JSON"
     elif hint in (int, float, str):
         kwargs["type"] = hint
         if "choices" in f.metadata:
@@ -54,3 +58,14 @@ def add_engine_config_args(p: argparse.ArgumentParser) -> None:
 def engine_kwargs(args: argparse.Namespace) -> dict:
     """EngineConfig keyword arguments from options added by `add_engine_config_args`."""
     return {f.name: getattr(args, _option(f)[1]) for f in dataclasses.fields(EngineConfig)}
+
+
+def _json_object(text: str) -> dict:
+    """A JSON object from the command line (argparse reports the ValueError's message)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e}): {text[:80]!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object {{...}}, got {text[:80]!r}")
+    return value

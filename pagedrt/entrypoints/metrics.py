@@ -37,6 +37,12 @@ _GAUGES = {
     "pagedrt_kv_cache_bytes_per_token": (
         "kv_cache_bytes_per_token",
         "KV cache bytes per token: all layers, K and V (and an FP8 cache's scales)."),
+    "pagedrt_spec_decode_acceptance_rate": (
+        "spec_decode_acceptance_rate",
+        "Speculative decoding: draft tokens accepted / draft tokens verified."),
+    "pagedrt_spec_decode_mean_accepted_length": (
+        "spec_decode_mean_accepted_length",
+        "Speculative decoding: tokens per sequence-step with drafts (1 + accepted / drafts)."),
 }
 # series name (without _total) -> (stats key, help)
 _COUNTERS = {
@@ -45,6 +51,12 @@ _COUNTERS = {
     "pagedrt_generation_tokens": ("num_generated_tokens", "Tokens generated."),
     "pagedrt_prefix_cache_queries": ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
     "pagedrt_prefix_cache_hits": ("prefix_cache_hits", "Prompt tokens found in the prefix cache."),
+    "pagedrt_spec_decode_num_drafts": (
+        "spec_decode_num_drafts", "Speculative decoding: sequence-steps that verified drafts."),
+    "pagedrt_spec_decode_num_draft_tokens": (
+        "spec_decode_num_draft_tokens", "Speculative decoding: draft tokens verified."),
+    "pagedrt_spec_decode_num_accepted_tokens": (
+        "spec_decode_num_accepted_tokens", "Speculative decoding: draft tokens accepted."),
 }
 
 

@@ -15,12 +15,14 @@ What it does for the scheduler:
     too gets a private copy first; the (src, dst) pair is queued for the model runner;
   * `swap_out` / `swap_in`: move a preempted request's blocks to and from the CPU pool;
   * `free`: drop a request's references (tail blocks first, so they are evicted first);
+  * `trim`: drop the blocks past a request's computed tokens (rejected speculative drafts);
   * sliding window (`sliding_window`, for a model whose every layer is windowed): blocks that
     no later query can see go back to the pool as the window moves, and prefix-cache hits
     need only the blocks inside the window of the first computed token.
 
 Block tables are append-only while a request runs; only copy-on-write replaces the last entry,
-and a sliding window replaces leading entries by `NULL_BLOCK`:
+`trim` cuts the entries that held only rejected drafts, and a sliding window replaces leading
+entries by `NULL_BLOCK`:
 
     positions:  0 ........................... p - W + 1 ........ p = num_computed_tokens
     table:     [NULL | NULL | ... | NULL | b_k | b_k+1 | ... | b_last]
@@ -289,6 +291,33 @@ class KVCacheManager:
                  if b is not NULL_BLOCK]  # a released block was cached before it left
         self.pool.cache_blocks([b for b, _ in pairs], [h for _, h in pairs])
         self._num_cached_blocks[request.request_id] = num_full
+
+    def trim(self, request: Request) -> None:
+        """Free the blocks past the request's computed tokens: speculative decoding's rollback
+        (`Scheduler.update`), once the scheduler has lowered `num_computed_tokens` by the
+        rejected drafts. Their slots in the kept last block are written over by later steps.
+        Returns without a change when no block lies past them.
+
+        No freed block is hashed: a block is hashed only once it is full of known tokens
+        (`_cache_full_blocks`), and drafts are not known tokens until accepted."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        if not blocks:
+            return
+        keep = self.blocks_for(request.num_computed_tokens)
+        if keep >= len(blocks):
+            return
+        assert self._num_cached_blocks.get(request.request_id, 0) <= keep, (
+            f"{request}: {self._num_cached_blocks[request.request_id]} blocks hashed, "
+            f"trimming to {keep}")
+        dropped = blocks[keep:]
+        del blocks[keep:]
+        self.pool.free_blocks(list(reversed(dropped)))
+        self._note_change(request.request_id, keep)
+
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Offer the request's blocks full of computed, known tokens to the prefix cache now
+        (after a step accepted drafts: several blocks may have filled at once)."""
+        self._cache_full_blocks(request, request.num_computed_tokens)
 
     def num_blocks_to_allocate(self, requests: list[Request], num_new_tokens: list[int]) -> int:
         """Blocks that `allocate_slots(request, n)` would take for each pair in turn (no prefix

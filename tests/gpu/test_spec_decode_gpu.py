@@ -1,0 +1,124 @@
+"""Speculative decoding on CUDA (Triton kernels, CUDA graphs, async scheduling): verification
+steps replay the verification graphs (q = k + 1, padded rows), and give the tokens of plain
+decoding; rejection sampling keeps the target distribution with device generators.
+Run on the H200: python3 -m pytest -m gpu tests/gpu/test_spec_decode_gpu.py"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_spec_decode import (
+    _chi2,
+    _chi2_bound,
+    assert_cache_holds_no_rejected_token,
+    assert_no_block_held,
+    run,
+)
+from test_spec_decode_smollm2 import QUESTIONS
+from tiny_model import build_tiny_llama
+
+from pagedrt import LLM, SamplingParams
+from pagedrt.engine.sampler import SamplingRow
+from pagedrt.models.loader import load_model
+from pagedrt.spec.rejection_sampler import RejectionSampler
+
+
+def _on_cuda(loaded):
+    return loaded._replace(model=loaded.model.to("cuda"))
+
+
+def _record_graph_query_lens(llm: LLM) -> list[int]:
+    """Wrap the graph runner's replay: the query length of every replay, in order."""
+    runner = llm.llm_engine.model_runner.graph_runner
+    assert runner is not None and runner.verify_batch_sizes
+    seen: list[int] = []
+    replay = runner.run
+
+    def recorded(*args, **kwargs):
+        seen.append(kwargs.get("query_len", args[5] if len(args) > 5 else 1))
+        return replay(*args, **kwargs)
+
+    runner.run = recorded
+    return seen
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_tiny_draft_equal_to_target_on_cuda_graphs(k, monkeypatch):
+    monkeypatch.setenv("PAGEDRT_ASYNC_SCHEDULING", "1")
+    tiny = _on_cuda(build_tiny_llama(seed=0))
+    prompts = [[1, 5, 9, 20, 7], list(range(3, 40)), list(range(100, 164)), [4] * 9]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    cpu = LLM(build_tiny_llama(seed=0), num_kv_blocks=128, block_size=16)
+    expected = [o.outputs[0].token_ids for o in cpu.generate(prompts, params, use_tqdm=False)]
+    base = LLM(tiny, num_kv_blocks=128, block_size=16)
+    llm = LLM(tiny, num_kv_blocks=128, block_size=16, speculative_config={
+        "method": "draft_model", "num_speculative_tokens": k, "model": tiny})
+    seen = _record_graph_query_lens(llm)
+    out = run(llm, prompts, params)
+    assert [o.outputs[0].token_ids for o in out] == expected
+    assert k + 1 in seen, "no verification graph was replayed"
+    s = llm.stats()
+    assert s["spec_decode_acceptance_rate"] == 1.0 and s["spec_decode_num_drafts"] > 0
+    run(base, prompts, params)
+    assert_no_block_held(llm)
+    assert_cache_holds_no_rejected_token(llm, out, base)
+
+
+def test_smollm2_ngram_on_cuda_matches_plain_decoding(smollm2_path, monkeypatch):
+    """fp32 on the GPU: n-gram speculation (verification graphs and eager mixed steps) gives
+    the greedy tokens of plain decoding, on prompts that repeat their input and not."""
+    monkeypatch.setenv("PAGEDRT_ASYNC_SCHEDULING", "1")
+    loaded = load_model(smollm2_path, torch.float32, torch.device("cuda"))
+    base = LLM(loaded, num_kv_blocks=512, block_size=16)
+    prompts = [base.apply_chat_template([{"role": "user", "content": q}]) for q in QUESTIONS]
+    params = SamplingParams(temperature=0.0, max_tokens=64)
+    ref = run(base, prompts, params)
+    for k in (5,):
+        llm = LLM(loaded, num_kv_blocks=512, block_size=16, speculative_config={
+            "method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2,
+            "prompt_lookup_max": 4})
+        seen = _record_graph_query_lens(llm)
+        out = run(llm, prompts, params)
+        assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in ref]
+        alone = run(llm, prompts[0], params)[0]
+        assert alone.outputs[0].token_ids == ref[0].outputs[0].token_ids
+        assert k + 1 in seen
+        assert llm.stats()["spec_decode_mean_accepted_length"] > 2.0
+        assert_no_block_held(llm)
+        assert_cache_holds_no_rejected_token(llm, out, base)
+
+
+def test_rejection_sampler_distribution_on_cuda():
+    g = torch.Generator(device="cuda").manual_seed(5)
+    num = 40000
+    logits = torch.randn(2, 8, device="cuda", generator=g) * 1.5
+    d1 = int(logits[0].argsort()[-2])
+    rows = [SamplingRow(SamplingParams(temperature=0.7, top_k=6))] * num
+    out = RejectionSampler()(logits.expand(num, 2, 8), rows,
+                             torch.full((num, 1), d1, device="cuda"), [1] * num,
+                             torch.Generator(device="cuda").manual_seed(0))
+    tokens, counts = out.token_ids.cpu().numpy(), out.num_tokens.cpu().numpy()
+    scaled = logits / 0.7
+    kth = scaled.topk(6, dim=-1).values[:, -1:]
+    probs = torch.softmax(scaled.masked_fill(scaled < kth, float("-inf")), -1)
+    probs = probs.double().cpu().numpy()
+    for t in range(2):
+        stat, df = _chi2(np.bincount(tokens[counts > t, t], minlength=8), probs[t])
+        assert stat < _chi2_bound(df), (t, stat, df)
+
+
+def test_seeded_sampling_reproducible_on_cuda(monkeypatch):
+    monkeypatch.setenv("PAGEDRT_ASYNC_SCHEDULING", "1")
+    tiny = _on_cuda(build_tiny_llama(seed=0))
+    other = _on_cuda(build_tiny_llama(seed=1))
+    prompts = [[1, 5, 9, 20, 7], list(range(3, 40))]
+    params = [SamplingParams(temperature=1.0, seed=3 + i, max_tokens=32, ignore_eos=True)
+              for i in range(2)]
+    runs = []
+    for _ in range(2):
+        llm = LLM(tiny, num_kv_blocks=64, block_size=16, speculative_config={
+            "method": "draft_model", "num_speculative_tokens": 3, "model": other})
+        runs.append([o.outputs[0].token_ids for o in run(llm, prompts, params)])
+        assert_no_block_held(llm)
+    assert runs[0] == runs[1]
