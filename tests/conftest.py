@@ -6,6 +6,11 @@ import os
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # Triton kernels run under the interpreter on CPU; it must be set before anything imports
+    # triton (test modules, tests/gpu/ included, are collected in alphabetical order)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from tiny_model import build_tiny_llama
 
 from pagedrt.models.loader import LoadedModel, ModelNotFoundError, default_model_path, load_model
