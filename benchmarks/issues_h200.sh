@@ -5,7 +5,7 @@
 # wheels in .whl/ and the SmolLM2 GGUF at $SMOLLM2_GGUF (benchmarks/README.md, "Running on the
 # lent H200"):
 #
-#   PAGEDRT_COMMIT=<hash> SCRIPTS="tp fp8kv" bash benchmarks/issues_h200.sh
+#   PAGEDRT_COMMIT=<hash> SCRIPTS="tp:150 fp8kv" bash benchmarks/issues_h200.sh   # NAME:CAP_S
 #
 # Each script's last lines (its table) are printed; everything is packed into results.tgz
 # ($OUT brings back at most 8 files).
@@ -27,9 +27,10 @@ if [ "${GPU_TESTS:-1}" = 1 ]; then
   echo "== pytest -m gpu tests/gpu (status $?)"
   grep -E "^(FAILED|ERROR)|passed|failed" "$out/gpu_tests.txt" | tail -12
 fi
-for name in ${SCRIPTS:-tp fp8kv window spec beam}; do
+for item in ${SCRIPTS:-tp fp8kv window spec beam}; do  # NAME or NAME:CAP_SECONDS
+  name=${item%%:*}; cap=${CAP:-250}; [ "$item" != "$name" ] && cap=${item#*:}
   mkdir -p "$out/$name"
-  OUT="$out/$name" timeout "${CAP:-250}" bash "benchmarks/${name}_h200.sh" \
+  OUT="$out/$name" BUDGET_S=$((cap - 12)) timeout "$cap" bash "benchmarks/${name}_h200.sh" \
     > "$out/$name/stdout.txt" 2>&1
   echo "== $name (status $?)"
   grep -v -i "warn" "$out/$name/stdout.txt" | tail -"${TAIL:-20}"

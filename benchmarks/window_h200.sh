@@ -20,7 +20,7 @@ out="${OUT:-out}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 log="$out/window_h200.log"  # the full output of every step
-end=$((SECONDS + 220))  # every step gets at most what is left; the table needs a few seconds
+end=$((SECONDS + ${BUDGET_S:-220}))  # every step gets at most what is left; the table needs a few seconds
 bench() {  # bench CAP_S ARGS...: under a time-out of CAP_S or what is left, skipped near the end
     local cap=$1; shift
     local left=$((end - SECONDS)); [ "$left" -lt "$cap" ] && cap=$left

@@ -1,15 +1,19 @@
 """pagedrt: a paged-attention runtime for LLM inference.
 
 Public API (compatible with vLLM's offline API):
-    LLM, SamplingParams, RequestOutput, CompletionOutput, EngineConfig, ModelConfig
+    LLM, SamplingParams, BeamSearchParams, RequestOutput, CompletionOutput, BeamSearchOutput,
+    BeamSearchSequence, EngineConfig, ModelConfig
 """
 
 from pagedrt.config import EngineConfig, ModelConfig
-from pagedrt.outputs import CompletionOutput, RequestOutput
-from pagedrt.sampling_params import SamplingParams
+from pagedrt.outputs import BeamSearchOutput, BeamSearchSequence, CompletionOutput, RequestOutput
+from pagedrt.sampling_params import BeamSearchParams, SamplingParams
 
 __all__ = [
     "LLM",
+    "BeamSearchOutput",
+    "BeamSearchParams",
+    "BeamSearchSequence",
     "CompletionOutput",
     "EngineConfig",
     "ModelConfig",

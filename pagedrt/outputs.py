@@ -21,6 +21,8 @@ class CompletionOutput:
         logprobs: per generated token, a dict {token_id: logprob} of the chosen and top tokens,
             when SamplingParams.logprobs was set.
         delta_text, delta_token_ids: what this step added (for streaming).
+        cumulative_logprob: a beam search's sequence: the sum of its tokens' log-probabilities
+            (None for sampling).
     """
 
     index: int
@@ -31,6 +33,7 @@ class CompletionOutput:
     logprobs: list[dict[int, float]] | None = None
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
+    cumulative_logprob: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -78,3 +81,36 @@ class TokenEvent(NamedTuple):
     logprobs: TokenLogprobs | None
     finish_reason: str | None
     stop_reason: int | str | None
+
+
+@dataclass
+class BeamSearchSequence:
+    """One sequence of a beam search's result (vLLM's shape, plus `score`).
+
+    Attributes:
+        tokens: the prompt's token ids, then the generated ones (an EOS that ended it
+            included).
+        logprobs: per-token logprobs; empty (not computed for beam search).
+        cum_logprob: the sum of the generated tokens' log-probabilities.
+        score: cum_logprob / (generated tokens ** length_penalty): what ranks the sequences
+            (HF transformers' `sequences_scores`).
+        text: the decoded tokens, prompt included (as vLLM's `LLM.beam_search`), special
+            tokens left out.
+        finish_reason: "stop" (EOS) or "length" (max_tokens).
+        stop_reason: always None (beam search has no stop strings).
+    """
+
+    tokens: list[int]
+    logprobs: list = field(default_factory=list)
+    cum_logprob: float = 0.0
+    score: float = 0.0
+    text: str | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class BeamSearchOutput:
+    """A beam search's result: its sequences, best first (vLLM's shape)."""
+
+    sequences: list[BeamSearchSequence]

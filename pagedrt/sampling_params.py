@@ -1,4 +1,5 @@
-"""SamplingParams: per-request decoding settings, with vLLM's names and defaults."""
+"""SamplingParams: per-request decoding settings, with vLLM's names and defaults; and
+BeamSearchParams, vLLM's settings of a beam search (docs/design.md, "Beam search")."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ class SamplingParams:
         logprobs: return the log-probabilities of this many top tokens per step (None: none).
         skip_special_tokens: drop special tokens from the output text.
         include_stop_str_in_output: keep the matched stop string in the text.
+        beam_search: run the request as a beam search of these settings instead of sampling
+            (`BeamSearchParams.to_sampling_params` fills in the rest); None: sampling.
 
     Raises:
         ValueError: from `__post_init__`, naming the field, the value and the allowed range;
@@ -57,6 +60,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    beam_search: BeamSearchParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -106,6 +110,38 @@ class SamplingParams:
             _check_int("logprobs", self.logprobs, 0)
             if self.logprobs > 20:
                 raise ValueError(f"logprobs={self.logprobs} must be at most 20")
+        if self.beam_search is not None:
+            self._check_beam_search()
+
+    def _check_beam_search(self) -> None:
+        """A beam search scores the model's own log-probabilities: nothing that samples,
+        penalizes or stops on anything but EOS and max_tokens goes with it."""
+        beam = self.beam_search
+        if not isinstance(beam, BeamSearchParams):
+            raise ValueError(  # noqa: TRY004 - API contract: bad params are a ValueError
+                f"beam_search={_short(beam)} must be a BeamSearchParams or None")
+        if (self.n, self.max_tokens, self.ignore_eos) != (
+                beam.beam_width, beam.max_tokens, beam.ignore_eos):
+            raise ValueError(
+                f"n={self.n}, max_tokens={self.max_tokens}, ignore_eos={self.ignore_eos} "
+                f"differ from beam_search's beam_width={beam.beam_width}, max_tokens="
+                f"{beam.max_tokens}, ignore_eos={beam.ignore_eos}; build the params with "
+                "BeamSearchParams.to_sampling_params()")
+        unsupported = [name for name, value, default in (
+            ("temperature", self.temperature, 0.0), ("top_p", self.top_p, 1.0),
+            ("min_p", self.min_p, 0.0), ("presence_penalty", self.presence_penalty, 0.0),
+            ("frequency_penalty", self.frequency_penalty, 0.0),
+            ("repetition_penalty", self.repetition_penalty, 1.0), ("seed", self.seed, None),
+            ("min_tokens", self.min_tokens, 0), ("stop", self.stop, []),
+            ("stop_token_ids", self.stop_token_ids, []), ("logprobs", self.logprobs, None))
+            if value != default]
+        if self.top_k not in (-1, 0):
+            unsupported.insert(2, "top_k")
+        if unsupported:
+            raise ValueError(
+                f"{unsupported[0]}={_short(getattr(self, unsupported[0]))} cannot go with beam "
+                f"search (it scores the model's log-probabilities and stops only at EOS or "
+                f"max_tokens); leave {', '.join(unsupported)} at the default")
 
     @property
     def greedy(self) -> bool:
@@ -119,6 +155,69 @@ class SamplingParams:
         async scheduling does not have on the host while a step is in flight."""
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)
+
+
+@dataclass(frozen=True)
+class BeamSearchParams:
+    """Settings of a beam search (vLLM's `BeamSearchParams`, plus HF's `early_stopping`).
+
+    The search follows HF transformers' beam search (`generate(num_beams=beam_width,
+    do_sample=False)`): each step expands every running beam, keeps the
+    `max(2, 1 + number of EOS ids) * beam_width` best continuations by cumulative
+    log-probability, finishes those among the first `beam_width` that end in EOS (or reach
+    max_tokens), and runs on with the best `beam_width` that do not. docs/design.md, "Beam
+    search", gives the rules and `pagedrt/core/beam.py` implements them.
+
+    Attributes:
+        beam_width: beams kept per step, and sequences returned (>= 1). Width 1 is greedy
+            decoding.
+        max_tokens: most tokens per sequence (>= 1).
+        ignore_eos: EOS does not end a beam; every sequence runs to max_tokens.
+        temperature: must be 0 (vLLM's default): beams are scored with the model's own
+            log-probabilities.
+        length_penalty: a finished sequence scores cumulative log-probability /
+            (generated tokens ** length_penalty) (HF's definition; 1.0 = mean log-probability,
+            0 = sum, > 0 favours longer sequences since log-probabilities are negative).
+        early_stopping: HF's: True stops once `beam_width` sequences are finished; False
+            (the default) also stops once the best running beam, scored at its current
+            length, cannot beat the worst finished one; "never" estimates the best running
+            score at max_tokens instead when length_penalty > 0.
+        include_stop_str_in_output: accepted for vLLM compatibility; beam search has no stop
+            strings.
+
+    Raises:
+        ValueError: from `__post_init__`, naming the field and the allowed values.
+    """
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        _check_int("beam_width", self.beam_width, 1)
+        _check_int("max_tokens", self.max_tokens, 1)
+        _check_number("temperature", self.temperature)
+        if self.temperature != 0:
+            raise ValueError(
+                f"temperature={_short(self.temperature)}: beam search is deterministic here "
+                "(beams are scored with the model's log-probabilities); use temperature=0")
+        _check_number("length_penalty", self.length_penalty)
+        if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
+            raise ValueError(f"early_stopping={_short(self.early_stopping)} must be True, False "
+                             "or 'never'")
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(  # noqa: TRY004 - API contract: bad params are a ValueError
+                    f"{name}={_short(getattr(self, name))} must be a bool")
+
+    def to_sampling_params(self) -> SamplingParams:
+        """The SamplingParams the engine runs this search with (n = beam_width, greedy)."""
+        return SamplingParams(n=self.beam_width, temperature=0.0, max_tokens=self.max_tokens,
+                              ignore_eos=self.ignore_eos, beam_search=self)
 
 
 def _check_int(name: str, value, minimum: int) -> None:

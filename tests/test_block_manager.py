@@ -8,6 +8,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from pagedrt.core.beam import assign_slots
 from pagedrt.engine.request import Request
 from pagedrt.kv.block_pool import NULL_BLOCK, BlockPool, hash_block_tokens
 from pagedrt.kv.kv_cache_manager import KVCacheManager
@@ -196,11 +197,13 @@ def test_pool_rejects_bad_size():
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
-    """Random allocate / append / fork / free / swap / cache hit / evict sequences keep every
+    """Random allocate / append / fork / free / swap / cache hit / evict sequences, and beam
+    searches (fork into W slots, then steps that prune beams and re-parent slots), keep every
     invariant. A shadow of the cache contents checks that every live request reads its own
-    KV: a prefix hit never returns another prefix's KV and a fork never sees its sibling's
-    writes. The KV of position p depends on every token up to p, so the shadow slot holds the
-    whole prefix tokens[:p + 1]; copy-on-write and swaps copy shadow blocks as the device
+    KV: a prefix hit never returns another prefix's KV, a fork never sees its sibling's
+    writes, and a re-parented beam slot reads its parent's history. The KV of position p
+    depends on every token up to p, so the shadow slot holds the whole prefix tokens[:p + 1];
+    copy-on-write, swaps and a beam's partial-block copy copy shadow blocks as the device
     would.
 
     With WINDOW set (a model whose every layer has that sliding window), the manager gives
@@ -223,6 +226,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.device_tables: dict[str, list[int]] = {}  # as the device side rebuilds them
         self.counter = 0
         self.unique = 1000  # token ids that no other prompt uses
+        # beam searches: slots in slot order, and the length they were forked at
+        self.beams: list[tuple[list[Request], int]] = []
+        self.in_beam: set[str] = set()
 
     def _new_id(self) -> str:
         self.counter += 1
@@ -246,6 +252,11 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for pos in range(start, end):
             block = self.slots.setdefault(ids[pos // BS], [None] * BS)
             block[pos % BS] = tuple(tokens[: pos + 1])
+
+    def _singles(self) -> list[Request]:
+        """Live requests outside beam searches (a search's slots move only together)."""
+        return sorted((r for r in self.live.values() if r.request_id not in self.in_beam),
+                      key=lambda r: r.request_id)
 
     def _admit(self, tokens: list[int]) -> tuple[Request | None, int]:
         req = make_request(self._new_id(), tokens)
@@ -312,10 +323,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for i in evictable_before[num_evicted:]:
             assert pool.blocks[i].block_hash is not None, f"block {i} evicted out of LRU order"
 
-    @precondition(lambda self: self.live)
+    @precondition(lambda self: self._singles())
     @rule(data=st.data(), token=st.integers(0, 3))
     def append(self, data, token):
-        req = data.draw(st.sampled_from(sorted(self.live.values(), key=lambda r: r.request_id)))
+        req = data.draw(st.sampled_from(self._singles()))
         req.output_token_ids.append(token)
         if self.kv.allocate_slots(req, 1) is not None:
             self._write(req, req.num_computed_tokens, req.num_computed_tokens + 1)
@@ -324,10 +335,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
             req.output_token_ids.pop()
             assert not self.kv.pending.copy
 
-    @precondition(lambda self: self.live)
+    @precondition(lambda self: self._singles())
     @rule(data=st.data())
     def fork(self, data):
-        parent = data.draw(st.sampled_from(sorted(self.live.values(), key=lambda r: r.request_id)))
+        parent = data.draw(st.sampled_from(self._singles()))
         child = make_request(self._new_id(), parent.prompt_token_ids)
         child.output_token_ids = list(parent.output_token_ids)
         self.kv.fork(parent, child)
@@ -336,17 +347,17 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.device_tables[child.request_id] = list(self.device_tables[parent.request_id])
         self.live[child.request_id] = child
 
-    @precondition(lambda self: self.live)
+    @precondition(lambda self: self._singles())
     @rule(data=st.data())
     def free(self, data):
-        rid = data.draw(st.sampled_from(sorted(self.live)))
+        rid = data.draw(st.sampled_from(self._singles())).request_id
         self.kv.free(self.live.pop(rid))
         del self.device_tables[rid]
 
-    @precondition(lambda self: self.live)
+    @precondition(lambda self: self._singles())
     @rule(data=st.data())
     def swap_out(self, data):
-        rid = data.draw(st.sampled_from(sorted(self.live)))
+        rid = data.draw(st.sampled_from(self._singles())).request_id
         if self.kv.swap_out(self.live[rid]):
             self.swapped[rid] = self.live.pop(rid)
             del self.device_tables[rid]
@@ -363,7 +374,131 @@ class BlockManagerMachine(RuleBasedStateMachine):
             self.device_tables[rid] = []  # a new row: the change gives the whole table
         self._apply_pending()
 
+    @rule(prefix=st.sampled_from([[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8]]),
+          tail=st.lists(st.integers(0, 3), min_size=1, max_size=9))
+    def admit_then_undo(self, prefix, tail):
+        """An admission undone before its KV is computed (a beam search that does not fit
+        whole): the blocks hashed at allocation lose their hashes (the cache invariant below
+        would see them holding no KV) and every reference goes back."""
+        req = make_request(self._new_id(), prefix + tail)
+        hits, n_hit = self.kv.get_computed_blocks(req)
+        free_before = self.kv.num_free_blocks
+        if self.kv.allocate_slots(req, req.num_tokens - n_hit, hits) is None:
+            return
+        self.kv.unallocate(req, n_hit // BS)
+        assert self.kv.num_free_blocks == free_before
+        assert req.request_id not in self.kv.take_block_changes()
+
+    # ----------------------------------------------------------------- beam search
+    @precondition(lambda self: self._singles())
+    @rule(data=st.data(), width=st.integers(2, 4))
+    def beam_fork(self, data, width):
+        """A request becomes slot 0 of a beam search of `width` slots sharing its blocks."""
+        parent = data.draw(st.sampled_from(self._singles()))
+        slots = [parent]
+        for _ in range(width - 1):
+            child = make_request(self._new_id(), parent.prompt_token_ids)
+            child.output_token_ids = list(parent.output_token_ids)
+            self.kv.fork(parent, child)
+            child.num_computed_tokens = parent.num_computed_tokens
+            self._mirror_changes()
+            self.device_tables[child.request_id] = list(self.device_tables[parent.request_id])
+            self.live[child.request_id] = child
+            slots.append(child)
+        self.beams.append((slots, parent.num_tokens))
+        self.in_beam.update(s.request_id for s in slots)
+
+    @precondition(lambda self: self.beams)
+    @rule(data=st.data(), num_steps=st.integers(1, 6))
+    def beam_steps(self, data, num_steps):
+        slots, _ = data.draw(st.sampled_from(self.beams))
+        for _ in range(num_steps):
+            if not self._beam_step(data, slots):
+                break
+
+    def _beam_step(self, data, slots: list[Request]) -> bool:
+        """One expansion: each new beam (best first) has a parent slot and a token; a parent's
+        first child keeps its slot, the others take pruned beams' slots (assign_slots). As
+        the engine does: the device copies the partial last block of a moved slot from its
+        parent's; the KV manager re-parents the tables (pruned blocks freed); then every slot
+        computes its new token, with room made for all of them first. False: no room."""
+        width = len(slots)
+        parents = data.draw(st.lists(st.integers(0, width - 1), min_size=width,
+                                     max_size=width))
+        tokens = data.draw(st.lists(st.integers(0, 3), min_size=width, max_size=width))
+        placed = assign_slots(parents)
+        slot_parent, slot_token = [0] * width, [0] * width
+        for rank, slot in enumerate(placed):
+            slot_parent[slot], slot_token[slot] = parents[rank], tokens[rank]
+        length = slots[0].num_tokens
+        assert all(s.num_tokens == s.num_computed_tokens == length for s in slots)
+        # room for the new tokens first: the engine never starts a step it cannot finish
+        # (the tables after re-parenting decide the copy-on-writes; a pruned beam's blocks
+        # come back first, so re-parenting never takes room)
+        self._apply_pending()
+        num_blocks = length // BS
+        tables = [self.kv.block_ids(s.request_id) for s in slots]
+        if length % BS:  # the device's copy, gather-first (a source is never a target)
+            contents = {s: list(self.slots.get(tables[slot_parent[s]][num_blocks],
+                                               [None] * BS))
+                        for s in range(width) if slot_parent[s] != s}
+        outputs = [list(s.output_token_ids) for s in slots]
+        for s, slot in enumerate(slots):
+            slot.output_token_ids = outputs[slot_parent[s]] + [slot_token[s]]
+        free_before = self.kv.num_free_blocks
+        self.kv.reparent(slots, slot_parent, num_blocks)
+        assert self.kv.num_free_blocks >= free_before
+        if length % BS:
+            for s, content in contents.items():
+                self.slots[tables[s][num_blocks]] = content
+        for s in range(width):
+            if slot_parent[s] != s:
+                rid = slots[s].request_id
+                self.device_tables[rid] = (self.device_tables[slots[slot_parent[s]].request_id]
+                                           [:num_blocks] + self.device_tables[rid][num_blocks:])
+        need = self.kv.num_blocks_to_allocate(slots, [1] * width)
+        if need > self.kv.num_free_blocks:  # no room: the slots wait (the engine would preempt)
+            for slot in slots:
+                slot.output_token_ids.pop()
+            # re-parented tables stay: they hold the histories now in the slots
+            return False
+        free_before = self.kv.num_free_blocks
+        for slot in slots:
+            allocated = self.kv.allocate_slots(slot, 1)
+            assert allocated is not None
+            self._write(slot, length, length + 1)
+            slot.num_computed_tokens = length + 1
+        taken = free_before - self.kv.num_free_blocks
+        # exact; with a window an upper bound (allocation first gives back blocks it left)
+        assert taken == need if self.WINDOW is None else taken <= need
+        # the invariants after every step, not only after the rule: a block hashed with a
+        # slot's history must be seen while that history is the slot's
+        self.every_request_reads_its_own_tokens()
+        self.block_changes_rebuild_the_tables()
+        self.cached_blocks_hold_their_tokens()
+        return True
+
+    @precondition(lambda self: self.beams)
+    @rule(data=st.data())
+    def beam_end(self, data):
+        entry = data.draw(st.sampled_from(self.beams))
+        self.beams.remove(entry)
+        for slot in entry[0]:
+            self.kv.free(self.live.pop(slot.request_id))
+            del self.device_tables[slot.request_id]
+            self.in_beam.discard(slot.request_id)
+
     # ----------------------------------------------------------------- invariants
+    @invariant()
+    def beam_memory_bound(self):
+        """A search holds at most the full blocks it was forked with plus W x (blocks of its
+        generated tail + 1)."""
+        for slots, forked_at in self.beams:
+            held = {b for s in slots for b in self.kv.block_ids(s.request_id)}
+            generated = slots[0].num_tokens - forked_at
+            limit = forked_at // BS + len(slots) * (-(-generated // BS) + 1)
+            assert len(held) <= limit, (held, limit)
+
     @invariant()
     def integrity(self):
         self.kv.check_integrity()

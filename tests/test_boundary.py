@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagedrt import LLM, SamplingParams
+from pagedrt import LLM, BeamSearchParams, SamplingParams
 from pagedrt.core.request import Request
 from pagedrt.engine.model_runner import ModelRunner
 from pagedrt.kv.kv_cache import KVCache, KVCacheSpec, kv_bytes_per_block
@@ -64,7 +64,7 @@ def test_kv_cache_is_built_from_its_spec(tiny_model):
 _SWAP_SCRIPT = """
 import random, torch
 from tiny_model import build_tiny_llama
-from pagedrt import LLM, SamplingParams
+from pagedrt import LLM, BeamSearchParams, SamplingParams
 from pagedrt.kv.kv_cache import kv_bytes_per_block
 
 assert False, "this script must run under python -O"
@@ -205,6 +205,53 @@ def test_plans_and_results_cross_as_plain_data(tiny, scheduling, mode):
     assert len(fixed) == 8
     assert ([[c.token_ids for c in outs[i].outputs] for i in fixed]
             == [[c.token_ids for c in ample[i].outputs] for i in fixed])
+
+
+def test_beam_searches_cross_as_plain_data(tiny, scheduling):
+    """Beam searches (widths 2 and 4) sharing steps with sampled requests, under preemption:
+    plans and results (with every search's candidates) pickle with no Request inside, and a
+    second model runner driven only by the unpickled plans expands the same candidates and
+    chooses the same slots (its rows, re-parented by the same rule, hold the same tokens)."""
+    prompts, params = _workload()
+    beams = [BeamSearchParams(beam_width=w, max_tokens=16).to_sampling_params() for w in (2, 4)]
+    params = [beams[i % 2] if i % 3 == 0 else p for i, p in enumerate(params)]
+    llm = _llm(tiny, "recompute")
+    engine = llm.llm_engine
+    runner = engine.model_runner
+    mirror = _mirror_runner(engine)
+    execute, fetch = runner.execute, runner.fetch
+    launched, results = {}, []
+
+    def spy_execute(plan, *args, **kwargs):
+        received = pickle.loads(_dumps(plan))
+        assert received == plan
+        step = execute(plan, *args, **kwargs)
+        twin = mirror.execute(received)
+        if step is not None:
+            launched[id(step)] = twin
+        return step
+
+    def spy_fetch(step):
+        result = fetch(step)
+        received = pickle.loads(_dumps(result))
+        assert received == result
+        assert mirror.fetch(launched.pop(id(step))) == received
+        results.append(received)
+        return result
+
+    runner.execute, runner.fetch = spy_execute, spy_fetch
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    engine.check_integrity()
+    assert sum(bool(r.beams) for r in results) > 10
+    assert llm.stats()["num_preemptions"] > 0
+    for row in set(runner.batch.row_of) & set(mirror.batch.row_of):
+        assert runner.batch.row_view(row) == mirror.batch.row_view(row)
+    ample = LLM(tiny, num_kv_blocks=400, block_size=8).generate(prompts, params,
+                                                                 use_tqdm=False)
+    for i, p in enumerate(params):
+        if p.beam_search is not None or p.greedy or p.seed is not None:
+            assert ([c.token_ids for c in outs[i].outputs]
+                    == [c.token_ids for c in ample[i].outputs]), i
 
 
 def test_sync_and_async_scheduling_give_the_same_tokens(tiny):

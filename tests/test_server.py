@@ -17,7 +17,7 @@ import openai
 import pytest
 from server_process import start_server, stop_server
 
-from pagedrt import LLM, SamplingParams
+from pagedrt import LLM, BeamSearchParams, SamplingParams
 
 API_KEY = "test-key"
 MODEL = "SmolLM2-135M-Instruct"
@@ -180,6 +180,31 @@ def test_logprobs_n_and_mixed_sampling_params(client, server):
                for t in content)
 
 
+def test_beam_search_streamed_or_not_matches_llm_beam_search(client, llm):
+    """use_beam_search (vLLM's extension): n beams, best first, as LLM.beam_search finds them;
+    a stream delivers them when the search ends."""
+    prompt = "The capital of France is"
+    (want,) = llm.beam_search([prompt], BeamSearchParams(beam_width=3, max_tokens=8))
+    tok = llm.get_tokenizer()
+    prompt_len = len(tok.encode(prompt))
+    texts = [tok.decode(s.tokens[prompt_len:], skip_special_tokens=True) for s in want.sequences]
+    extra = {"use_beam_search": True, "length_penalty": 1.0, "early_stopping": False}
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, n=3,
+                                  extra_body=extra)
+    assert [c.text for c in sorted(r.choices, key=lambda c: c.index)] == texts
+    assert r.usage.completion_tokens == sum(len(s.tokens) - prompt_len for s in want.sequences)
+    streamed = ["", "", ""]
+    for chunk in client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, n=3,
+                                           extra_body=extra, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] += c.text
+    assert streamed == texts
+    chat = client.chat.completions.create(
+        model=MODEL, max_tokens=6, n=2, messages=[{"role": "user", "content": "Hi"}],
+        extra_body={"use_beam_search": True})
+    assert len(chat.choices) == 2 and chat.choices[0].message.content
+
+
 def test_32_concurrent_streaming_clients_match_llm_generate(server, llm):
     prompts = [f"Fact number {i} about the number {i * 7}:" for i in range(32)]
     expected = [o.text for o in greedy(llm, prompts, 12)]
@@ -273,6 +298,20 @@ BAD_REQUESTS = [
     ("token id out of vocab", "/v1/completions", {"prompt": [10**9]}, AUTH, 400, "prompt"),
     ("bad params when streaming", "/v1/completions",
      {"prompt": "hi", "stream": True, "top_p": 2}, AUTH, 400, "top_p"),
+    ("beam search with top_p", "/v1/completions",
+     {"prompt": "hi", "use_beam_search": True, "top_p": 0.5}, AUTH, 400, "top_p"),
+    ("beam search with temperature", "/v1/completions",
+     {"prompt": "hi", "use_beam_search": True, "temperature": 0.7}, AUTH, 400, "temperature"),
+    ("beam search with logprobs", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "hi"}], "use_beam_search": True,
+      "logprobs": True}, AUTH, 400, "top_logprobs"),
+    ("beam width beyond max_num_seqs", "/v1/completions",
+     {"prompt": "hi", "use_beam_search": True, "n": 300}, AUTH, 400, "n"),
+    ("length_penalty without beam search", "/v1/completions",
+     {"prompt": "hi", "length_penalty": 2.0}, AUTH, 400, "length_penalty"),
+    ("early_stopping a number", "/v1/completions",
+     {"prompt": "hi", "use_beam_search": True, "early_stopping": 3}, AUTH, 400,
+     "early_stopping"),
     ("missing api key", "/v1/completions", {"prompt": "hi"}, {}, 401, None),
     ("wrong api key", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]},
      {"Authorization": "Bearer nope"}, 401, None),

@@ -18,7 +18,7 @@ import torch
 from tiny_model import TINY_CONFIG, build_tiny_llama
 from tp_helpers import greedy_logits, raise_on_rank
 
-from pagedrt import LLM, SamplingParams
+from pagedrt import LLM, BeamSearchParams, SamplingParams
 from pagedrt.distributed.executor import ExecutorError
 from pagedrt.distributed.sharding import check_devices, check_tensor_parallel, valid_tp_sizes
 from pagedrt.kv.kv_cache import KVCacheSpec
@@ -236,6 +236,28 @@ def test_engine_scenarios_give_the_tokens_of_one_rank(tp2_engines, tiny_model, m
     assert stats["num_preemptions"] == ref_stats["num_preemptions"]
     assert stats["prefix_cache_hits"] == ref_stats["prefix_cache_hits"] > 0
     assert stats["num_chunked_prefill_steps"] > 0
+    assert_all_free(llm)
+
+
+def test_beam_search_at_tp2_matches_one_rank(tp2_engines, tiny_model):
+    """Beam searches (widths 2 and 4, beside sampled requests, under preemption) on two ranks:
+    each rank expands and re-parents its own rows and cache shard alike, and the sequences
+    and scores are those of one rank."""
+    llm = tp2_engines["swap"]
+    prompts, params = _workload()
+    beams = [BeamSearchParams(beam_width=w, max_tokens=12).to_sampling_params() for w in (2, 4)]
+    params = [beams[i % 2] if i % 2 == 0 else p for i, p in enumerate(params)]
+    ref = LLM(tiny_model, async_scheduling=True, **_engine_kwargs("swap", 1))
+    expected = ref.generate(prompts, params, use_tqdm=False)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    for i, (o, e) in enumerate(zip(outs, expected)):
+        if params[i].beam_search is None:
+            continue
+        assert [c.token_ids for c in o.outputs] == [c.token_ids for c in e.outputs], i
+        assert all(abs(c.cumulative_logprob - d.cumulative_logprob) < 1e-4
+                   for c, d in zip(o.outputs, e.outputs))
+    llm.llm_engine.check_integrity()
+    assert llm.stats()["num_preemptions"] > 0
     assert_all_free(llm)
 
 

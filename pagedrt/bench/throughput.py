@@ -15,6 +15,10 @@ efficiency = floor / measured time.
 
 --compare hf runs, on the same weights in the same process: HF `generate` (static batch,
 SDPA) and HF `generate_batch` (its continuous batching, attn_implementation "paged|sdpa").
+
+--beam-width W instead compares beam search of width W with n = W sampling of the same prompts
+and (with --compare hf) HF `generate(num_beams=W)` (pagedrt/bench/beam.py).
+
 --compare-kv-cache-dtype DTYPE runs the timed workload again on the same weights with that KV
 cache dtype (e.g. `--kv-cache-dtype fp8 --compare-kv-cache-dtype auto`): output tok/s and the
 KV blocks each cache fits, and their ratio. --skip-step-split and --warm-up-requests shorten a
@@ -263,6 +267,19 @@ def run_hf_generate_batch(hf, prompts, params, name: str, workload: str) -> dict
             "num_requests": len(prompts), **row}
 
 
+def _main_beam(llm, loaded, args, prompts, name: str, workload: str) -> int:
+    from pagedrt.bench import beam
+
+    results = beam.run(llm, loaded, args, prompts, name, workload)
+    free_llm(llm)
+    if args.compare == "hf":
+        results.append(beam.run_hf_beam(loaded, prompts, args, f"{name} {workload}"))
+    path = write_results(args.out, args.name, results, {"beam_width": args.beam_width})
+    print(f"results: {path}")
+    print("\n".join(beam.summary(results, args.beam_width)))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="pagedrt bench throughput", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -280,6 +297,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--batch-sizes", default="",
                    help="also run the fixed workload with these numbers of requests (a sweep "
                         "for the throughput-vs-batch plot), e.g. 1,8,32,64,128")
+    p.add_argument("--beam-width", type=int, default=0,
+                   help="W > 0: beam search of width W against n = W sampling of the same "
+                        "prompts (and HF generate(num_beams=W) with --compare hf); fixed "
+                        "workload only")
     p.add_argument("--compare-kv-cache-dtype", default="", choices=["", "auto", "fp8"],
                    help="also run the timed workload with this KV cache dtype on the same "
                         "weights (e.g. auto against --kv-cache-dtype fp8)")
@@ -288,6 +309,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--warm-up-requests", type=int, default=None,
                    help="requests in the warm-up run (default: as many as the workload)")
     args = p.parse_args(argv)
+    if args.beam_width and args.workload != "fixed":
+        p.error("--beam-width runs the fixed workload only")
     model, name = load(args)
     in_process = isinstance(model, LoadedModel)
     if args.compare == "hf" and not in_process:
@@ -295,6 +318,9 @@ def main(argv: list[str]) -> int:
                          "--tensor-parallel-size at 1 and the executor backend at auto or uni")
     device = (next(model.model.parameters()).device if in_process
               else resolve_device(args.device))
+    if args.beam_width:
+        prompts, _, workload = make_workload(args)
+        return _main_beam(make_llm(model, args), model, args, prompts, name, workload)
     ceilings = device_ceilings(device)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # what the ceilings used is free for the KV cache

@@ -15,11 +15,20 @@ Tokens: the device side appends to a row the tokens it sampled itself, so a plan
 ids only for requests new to the device side. A row whose last token was sampled by the
 previous step and is not on the host yet (async scheduling) takes it from that step's sampled
 ids on the device; the plan needs to say nothing about it.
+
+Beam search (docs/design.md, "Beam search"): the device side also chooses, for every beam slot
+it samples, which candidate the slot continues, and applies that choice to its own rows (the
+slot's history and the shared prefix of its block table become its parent's; the slot's private
+partial last block gets the parent's contents). This is a pure function of the step's
+candidates, which `StepResult.beams` returns: the host replays it on the requests and the KV
+manager's tables, so that the next plan again describes rows both sides agree on. A plan names
+no re-parenting, as it names no sampled token.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from pagedrt.kv.kv_cache_manager import PendingCopies
 from pagedrt.sampling_params import SamplingParams
@@ -40,6 +49,8 @@ class NewRequestData:
         block_ids: the request's whole block table.
         num_computed_tokens: tokens already in the KV cache before this step (prefix-cache
             hits, or the computed tokens of a swapped request).
+        beam_group: for a beam slot, the request id of its search (its slot 0); else None.
+        beam_score: a beam slot's cumulative log-probability (0.0 before the first expansion).
     """
 
     req_id: str
@@ -50,6 +61,27 @@ class NewRequestData:
     eos_token_ids: tuple[int, ...]
     block_ids: list[int]
     num_computed_tokens: int
+    beam_group: str | None = None
+    beam_score: float = 0.0
+
+
+class BeamStepResult(NamedTuple):
+    """One beam search's expansion in a step (plain data).
+
+    Attributes:
+        req_id: the search's request id (its slot 0).
+        logprobs: [K] cumulative log-probabilities of the candidates, best first (float32
+            values).
+        beams: [K] the slot of each candidate's parent beam.
+        tokens: [K] each candidate's token.
+        slot_candidates: [W] per slot, the index of the candidate its beam now is.
+    """
+
+    req_id: str
+    logprobs: list[float]
+    beams: list[int]
+    tokens: list[int]
+    slot_candidates: list[int]
 
 
 @dataclass
@@ -104,11 +136,14 @@ class StepResult:
     Attributes:
         req_ids: the sampled sequences in row order: every scheduled request whose step
             completed its known tokens, each parent of `forks` followed by its children.
-        sampled_token_ids: one token id per entry of `req_ids`.
+        sampled_token_ids: one token id per entry of `req_ids` (a beam slot's: the token of
+            the candidate it continues).
         logprobs: one `TokenLogprobs` (or None, for a row that did not ask) per entry; None
             when no row asked.
+        beams: one entry per beam search expanded this step.
     """
 
     req_ids: list[str] = field(default_factory=list)
     sampled_token_ids: list[int] = field(default_factory=list)
     logprobs: list | None = None
+    beams: list[BeamStepResult] = field(default_factory=list)

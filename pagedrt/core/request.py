@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from pagedrt.core.beam import BeamGroup
 from pagedrt.sampling_params import SamplingParams
 
 _arrival_counter = itertools.count()
@@ -50,7 +51,8 @@ class Request:
 
     A request with `params.n > 1` is forked into n sequences (sharing the prompt's KV blocks)
     when its prefill completes; `sample_index` says which of the n samples a sequence is and
-    `group` holds all n of them (in order) on every member.
+    `group` holds all n of them (in order) on every member. A beam search forks the same way
+    into its W beam slots, which `beam` (the search's state) ties together.
     """
 
     def __init__(
@@ -91,6 +93,8 @@ class Request:
         self.stop_reason: int | str | None = None
         self.sample_index = 0
         self.group: list[Request] = [self]
+        # a beam search's shared state (pagedrt/core/beam.py), on every slot; None: sampling
+        self.beam: BeamGroup | None = None
         self.forked = params.n == 1
         self.stream = True  # report every step (see LLMEngine.add_request)
         self.detokenizer = None  # set by the engine: IncrementalDetokenizer
@@ -146,9 +150,10 @@ class Request:
         return self.status._value_ in _FINISHED_VALUES  # as status.finished, one call less
 
     @property
-    def sort_key(self) -> tuple[int, int]:
-        """Lower is more important: (priority, arrival order). Preemption takes the highest."""
-        return (self.priority, self.arrival_seq)
+    def sort_key(self) -> tuple[int, int, int]:
+        """Lower is more important: (priority, arrival order, sample index): the samples of a
+        request stay together, in order. Preemption takes the highest."""
+        return (self.priority, self.arrival_seq, self.sample_index)
 
     def __repr__(self) -> str:
         return (

@@ -12,11 +12,16 @@ step of 256 rows is a handful of numpy gathers instead of a Python call per requ
             block_table[r]  | b0 | b1 | ... | b(num_blocks[r]-1) | 0 ... |  (int32)
             num_computed_tokens[r]: tokens in the KV cache after the latest step that ran it
             states[r]: sampling settings, the seeded generator, the prompt (RowState)
+            is_beam[r], beam_scores[r]: a beam slot, and its beam's cumulative
+                            log-probability (on the device: written by the beam expansion)
+            beam_search[r], beam_slot[r]: its search (an int key of the search's request id,
+                            `beam_search_ids`) and its slot
 
 A row is created by `NewRequestData` (admission, resumption after preemption) or by a fork,
-changed by block-table changes and by sampling, and freed when a plan lists its request as
-finished or preempted. A preempted request's generator is kept until the request finishes, so
-a seeded request resumes its random stream where it stopped.
+changed by block-table changes and by sampling (a beam slot also by its expansion:
+`reparent_rows`), and freed when a plan lists its request as finished or preempted. A
+preempted request's generator is kept until the request finishes, so a seeded request resumes
+its random stream where it stopped.
 """
 
 from __future__ import annotations
@@ -38,15 +43,17 @@ class RowState:
         generator: its RNG (seeded requests) on the device; None: the runner's default one.
         prompt_token_ids: the prompt (repetition penalty).
         eos_token_ids: the model's EOS ids (min_tokens).
-        sample_index: which of the request's n samples this is.
+        sample_index: which of the request's n samples (or beam slots) this is.
+        beam_group: for a beam slot, the request id of its search; else None.
     """
 
-    __slots__ = ("_batch", "eos_token_ids", "generator", "params", "prompt_token_ids",
-                 "req_id", "row", "sample_index")
+    __slots__ = ("_batch", "beam_group", "eos_token_ids", "generator", "params",
+                 "prompt_token_ids", "req_id", "row", "sample_index")
 
     def __init__(self, batch: InputBatch, row: int, req_id: str, params: SamplingParams,
                  generator: torch.Generator | None, prompt_token_ids: list[int],
-                 eos_token_ids: tuple[int, ...], sample_index: int) -> None:
+                 eos_token_ids: tuple[int, ...], sample_index: int,
+                 beam_group: str | None = None) -> None:
         self._batch = batch
         self.row = row
         self.req_id = req_id
@@ -55,6 +62,7 @@ class RowState:
         self.prompt_token_ids = prompt_token_ids
         self.eos_token_ids = eos_token_ids
         self.sample_index = sample_index
+        self.beam_group = beam_group
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -79,6 +87,14 @@ class InputBatch:
         # bumped whenever a row changes hands: a result read after its row was dropped (and
         # maybe reused) must not write into it
         self.epoch = np.zeros(num_rows, dtype=np.int64)
+        self.is_beam = np.zeros(num_rows, dtype=np.bool_)
+        self.beam_scores = torch.zeros(num_rows, dtype=torch.float32, device=device)
+        self.beam_search = np.zeros(num_rows, dtype=np.int64)
+        self.beam_slot = np.zeros(num_rows, dtype=np.int64)
+        # a search's request id -> [its int key, rows holding it]; key -> request id
+        self._beam_keys: dict[str, list[int]] = {}
+        self.beam_search_ids: dict[int, str] = {}
+        self._next_beam_key = 0
         self.states: list[RowState | None] = [None] * num_rows
         self.row_of: dict[str, int] = {}
         self._free_rows = list(range(num_rows - 1, -1, -1))
@@ -96,8 +112,10 @@ class InputBatch:
             n = len(self.states)
             self.token_ids = np.pad(self.token_ids, ((0, n), (0, 0)))
             self.block_table = np.pad(self.block_table, ((0, n), (0, 0)))
-            for name in ("num_tokens", "num_computed_tokens", "num_blocks", "epoch"):
+            for name in ("num_tokens", "num_computed_tokens", "num_blocks", "epoch", "is_beam",
+                         "beam_search", "beam_slot"):
                 setattr(self, name, np.pad(getattr(self, name), (0, n)))
+            self.beam_scores = torch.cat([self.beam_scores, torch.zeros_like(self.beam_scores)])
             self.pending = np.pad(self.pending, (0, n), constant_values=-1)
             self.pending_step = np.pad(self.pending_step, (0, n), constant_values=-1)
             self.states += [None] * n
@@ -122,6 +140,13 @@ class InputBatch:
         self.block_table[row, : self.num_blocks[row]] = 0
         self.num_tokens[row] = self.num_computed_tokens[row] = self.num_blocks[row] = 0
         self.pending[row] = self.pending_step[row] = -1
+        if self.is_beam[row]:
+            self.is_beam[row] = False
+            key = self.beam_search_ids[int(self.beam_search[row])]
+            entry = self._beam_keys[key]
+            entry[1] -= 1
+            if not entry[1]:
+                del self._beam_keys[key], self.beam_search_ids[entry[0]]
         self.epoch[row] += 1
         self._free_rows.append(row)
 
@@ -161,12 +186,28 @@ class InputBatch:
             assert pending >= 0, f"{new.req_id}: a token in flight, but none was parked"
             self.pending[row], self.pending_step[row] = pending, pending_step
         self.states[row] = RowState(self, row, new.req_id, new.sampling_params, generator,
-                                    new.prompt_token_ids, new.eos_token_ids, new.sample_index)
+                                    new.prompt_token_ids, new.eos_token_ids, new.sample_index,
+                                    new.beam_group)
+        if new.beam_group is not None:
+            self._mark_beam(row, new.beam_group, new.sample_index, new.beam_score)
         return row
+
+    def _mark_beam(self, row: int, search_id: str, slot: int, score: float) -> None:
+        entry = self._beam_keys.get(search_id)
+        if entry is None:
+            entry = self._beam_keys[search_id] = [self._next_beam_key, 0]
+            self.beam_search_ids[self._next_beam_key] = search_id
+            self._next_beam_key += 1
+        entry[1] += 1
+        self.is_beam[row] = True
+        self.beam_search[row] = entry[0]
+        self.beam_slot[row] = slot
+        self.beam_scores[row] = score
 
     def fork(self, parent_row: int, child_id: str, sample_index: int) -> int:
         """A row for a forked sample: a copy of the parent's row (tokens, computed count,
-        block table) with its own generator."""
+        block table) with its own generator. A beam slot's copy has no beam yet (score
+        -inf), so its first expansion draws every candidate from the parent."""
         row = self._take_row(child_id)
         p = self.states[parent_row]
         n = int(self.num_tokens[parent_row])
@@ -180,8 +221,20 @@ class InputBatch:
         self.pending_step[row] = self.pending_step[parent_row]
         self.states[row] = RowState(self, row, child_id, p.params,
                                     self._generator(p.params, sample_index),
-                                    p.prompt_token_ids, p.eos_token_ids, sample_index)
+                                    p.prompt_token_ids, p.eos_token_ids, sample_index,
+                                    p.beam_group)
+        if p.beam_group is not None:
+            self._mark_beam(row, p.beam_group, sample_index, float("-inf"))
         return row
+
+    def reparent_rows(self, rows: np.ndarray, parent_rows: np.ndarray, num_tokens: int,
+                      num_blocks: int) -> None:
+        """Beam slots continue other slots' beams (docs/design.md, "Beam search"): each row
+        of `rows` takes the first `num_tokens` tokens and `num_blocks` block-table entries of
+        its parent row as they were before the call (its later entries, its own blocks, stay).
+        rows, parent_rows: [m] int64."""
+        self.token_ids[rows, :num_tokens] = self.token_ids[parent_rows, :num_tokens]
+        self.block_table[rows, :num_blocks] = self.block_table[parent_rows, :num_blocks]
 
     def apply(self, plan: StepPlan) -> np.ndarray:
         """Bring the rows up to the plan: drop finished and preempted requests, add the new

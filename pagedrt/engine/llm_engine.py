@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import gc
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from pagedrt.config import EngineConfig
+from pagedrt.core.beam import BeamGroup
 from pagedrt.core.plan import StepPlan
 from pagedrt.core.request import Request, RequestStatus
 from pagedrt.distributed.executor import ExecutorError, RemoteStep, create_executor
@@ -114,11 +116,6 @@ class LLMEngine:
             num_blocks, config.block_size, config.enable_prefix_caching, num_cpu_blocks,
             sliding_window=mc.kv_sliding_window,
         )
-        window = mc.kv_sliding_window  # blocks before it are given back as it moves
-        self.limits = EngineLimits(
-            mc.vocab_size, self.max_model_len, num_blocks, config.block_size,
-            config.max_num_seqs, None if window is None else
-            -(-(window - 1 + config.max_num_batched_tokens) // config.block_size) + 2)
         self.scheduler = Scheduler(config, self.kv_manager)
         # the rank in this process, when there is one (tests and benchmarks look inside)
         local = executor.local
@@ -129,6 +126,13 @@ class LLMEngine:
         if (not self.eos_token_ids and self.tokenizer is not None
                 and self.tokenizer.eos_token_id is not None):
             self.eos_token_ids = (self.tokenizer.eos_token_id,)
+        window = mc.kv_sliding_window  # blocks before it are given back as it moves
+        self.limits = EngineLimits(
+            mc.vocab_size, self.max_model_len, num_blocks, config.block_size,
+            config.max_num_seqs, None if window is None else
+            -(-(window - 1 + config.max_num_batched_tokens) // config.block_size) + 2,
+            num_eos_tokens=len(self.eos_token_ids),
+            enable_prefix_caching=config.enable_prefix_caching)
         self.requests: dict[str, Request] = {}  # request_id -> first sequence of the group
         self.last_scheduler_output: StepPlan | None = None  # the latest plan (tests read it)
         # with the model in other processes there is no device here to synchronize with
@@ -203,6 +207,9 @@ class LLMEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         req = Request(request_id, token_ids, params, text, priority, self.eos_token_ids)
         req.stream = stream
+        if params.beam_search is not None:  # reported once, when the search is done
+            req.beam = BeamGroup(params.beam_search, self.eos_token_ids)
+            req.stream = False
         self._init_sequence(req)
         self.requests[request_id] = req
         if params.reads_output_tokens:
@@ -217,6 +224,8 @@ class LLMEngine:
     def _init_sequence(self, req: Request) -> None:
         """The host-side helpers of a sequence: its incremental detokenizer (in token-event
         mode only for requests with stop strings, which the engine must find)."""
+        if req.beam is not None:  # beam slots change history: text is made at the end
+            return
         if self.tokenizer is not None and (self.token_events is None or req.params.stop):
             req.detokenizer = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids,
                                                      req.params)
@@ -332,6 +341,8 @@ class LLMEngine:
         return None
 
     def _make_output(self, head: Request) -> RequestOutput:
+        if head.beam is not None:
+            return self._make_beam_output(head)
         outs = []
         for seq in head.group:
             done = seq.is_finished
@@ -358,6 +369,31 @@ class LLMEngine:
                      "last_token_time": head.last_token_time},
         )
 
+    def _make_beam_output(self, head: Request) -> RequestOutput:
+        """A finished beam search: its hypotheses, best first (index = rank), detokenized
+        now."""
+        outs = []
+        for rank, hypothesis in enumerate(head.beam.finished):
+            text = ""
+            if self.tokenizer is not None:
+                detokenizer = IncrementalDetokenizer(self.tokenizer, head.prompt_token_ids,
+                                                     head.params)
+                detokenizer.update(hypothesis.token_ids)
+                detokenizer.get_delta(True)
+                text = detokenizer.output_text
+            outs.append(CompletionOutput(
+                index=rank, text=text, token_ids=list(hypothesis.token_ids),
+                finish_reason=hypothesis.finish_reason,
+                cumulative_logprob=hypothesis.cumulative_logprob))
+        self._retire(head)
+        return RequestOutput(
+            request_id=head.request_id, prompt=head.prompt,
+            prompt_token_ids=head.prompt_token_ids, outputs=outs, finished=True,
+            num_cached_tokens=head.num_cached_tokens,
+            metrics={"arrival_time": head.arrival_time, "first_token_time": head.first_token_time,
+                     "last_token_time": head.last_token_time},
+        )
+
     def _retire(self, head: Request) -> None:
         """Forget a request whose samples have all finished."""
         self.requests.pop(head.request_id, None)
@@ -377,6 +413,8 @@ class LLMEngine:
         c["prompt_tokens_per_s"] = c["num_prompt_tokens"] / busy
         c["generation_tokens_per_s"] = c["num_generated_tokens"] / busy
         s.update(c)
+        if detailed:
+            s.update(self._beam_block_stats())
         sch = self.scheduler
         s.update({
             "kv_cache_dtype": self.kv_spec.dtype_name,
@@ -390,6 +428,23 @@ class LLMEngine:
             "num_chunked_prefill_steps": sch.num_chunked_prefill_steps,
         })
         return s
+
+    def _beam_block_stats(self) -> dict:
+        """Blocks of the running beam searches (docs/design.md, "Beam search"): held (distinct
+        blocks), block-table entries (what the slots would hold without sharing), and shared
+        (held by two or more slots of one search)."""
+        kv = self.kv_manager
+        groups = {id(r.beam): r.group for r in self.scheduler.running
+                  if r.beam is not None and len(r.group) > 1}
+        held = refs = shared = 0
+        for group in groups.values():
+            counts = Counter(b.block_id for seq in group
+                             for b in kv.req_to_blocks.get(seq.request_id, ()))
+            held += len(counts)
+            refs += sum(counts.values())
+            shared += sum(1 for c in counts.values() if c > 1)
+        return {"num_beam_searches": len(groups), "num_beam_blocks": held,
+                "num_beam_block_refs": refs, "num_beam_shared_blocks": shared}
 
     def reset_stats(self) -> None:
         """Zero the counters, peaks and prefix-cache hit counts that `stats()` reports (the

@@ -10,7 +10,8 @@ Inputs of one step, for requests r_0..r_{n-1} with query lengths q_i (new tokens
     block_tables                         [n, max_blocks] padded with 0
 
 Logits are computed only for the last token of requests whose step completes their tokens
-(decodes, and the last chunk of a prefill).
+(decodes, and the last chunk of a prefill). Beam slots among them are expanded by the
+`BeamRunner` instead of sampled (docs/design.md, "Beam search").
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from pagedrt.core.plan import StepPlan, StepResult
+from pagedrt.engine.beam_runner import BeamLaunch, BeamRunner
 from pagedrt.engine.cuda_graphs import CUDAGraphRunner
 from pagedrt.engine.input_batch import InputBatch
 from pagedrt.engine.profiling import NULL_CLOCK
@@ -67,6 +69,7 @@ class LaunchedStep:
         host_token_ids: [num_sampled] int64 pinned host copy (CUDA), valid once `event` is
             done; None on CPU.
         event: CUDA event after the step's last work; None on CPU.
+        beams: the beam searches expanded by the step, or None.
     """
 
     step_id: int
@@ -77,6 +80,7 @@ class LaunchedStep:
     output: SamplerOutput | None
     host_token_ids: torch.Tensor | None
     event: torch.cuda.Event | None
+    beams: BeamLaunch | None = None
 
 
 class ModelRunner:
@@ -91,6 +95,8 @@ class ModelRunner:
         self.block_size = kv_cache.spec.block_size
         max_blocks_per_seq = -(-max_model_len // self.block_size)
         self.batch = InputBatch(max_model_len, self.device)
+        self.beam_runner = BeamRunner(self.batch, kv_cache, self.device)
+        self._last_num_sampled = 0  # rows sampled by the latest launched step
         self.sampler = Sampler()
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         # the device tensor of the sampled ids of the latest launched step, which rows with a
@@ -212,14 +218,18 @@ class ModelRunner:
             assert (batch.pending_step[rows[pend]] == self._last_step_id).all(), (
                 f"tokens pending from steps {batch.pending_step[rows[pend]].tolist()}, "
                 f"the step in flight is {self._last_step_id}")
+        # beam slots whose expansion is in flight: their block tables are re-parented on the
+        # device (async scheduling; see BeamRunner)
+        patch = self.beam_runner.table_patch(rows, pend, starts, self._last_num_sampled)
         # one staging buffer, one copy: the int64 parts, then the int32 ones packed two to an
         # int64 (viewed back as int32 on the device: no conversion kernels)
-        #   [ids | positions | slots | logits | pending dst | pending src | cu, seq_lens, tables]
+        #   [ids | positions | slots | logits | pending dst | pending src | cu, seq_lens, tables
+        #    | beam table patch]
         small = np.concatenate([cu, ends, block_tables.ravel()]).astype(np.int32)
         if len(small) % 2:
             small = np.append(small, np.int32(0))
         parts = [input_ids, positions, slot_mapping, logits_indices, pend_dst, pend_src,
-                 small.view(np.int64)]
+                 small.view(np.int64)] + (patch or [])
         flat = torch.from_numpy(np.concatenate(parts))
         if self.device.type == "cuda":
             k = self._num_prepared % 2
@@ -230,10 +240,12 @@ class ModelRunner:
             staged = self._staging[k][: flat.numel()]
             staged.copy_(flat)
             flat = staged.to(self.device, non_blocking=True)
-        ids_t, pos_t, slot_t, logit_t, dst_t, src_t, small_t = torch.split(
+        ids_t, pos_t, slot_t, logit_t, dst_t, src_t, small_t, *patch_t = torch.split(
             flat, [len(x) for x in parts])
         cu_t, lens_t, tables_t = torch.split(small_t.view(torch.int32)[: len(cu) + n + n * width],
                                              [n + 1, n, n * width])
+        if patch_t:
+            self.beam_runner.apply_table_patch(tables_t.view(n, width), patch_t)
         if len(pend):
             assert self._last_sampled is not None, "tokens pending but no step in flight"
             ids_t.index_copy_(0, dst_t, self._last_sampled.index_select(0, src_t))
@@ -285,7 +297,7 @@ class ModelRunner:
             logits, sampled_rows = self._fork(plan, logits, sampled_rows)
         # every scheduled row sampled, in order (a decode step): the plan has their ids
         req_ids = plan.req_ids if sampled_rows is rows else None
-        return self._sample(plan.step_id, logits, sampled_rows, req_ids, clock)
+        return self._sample(plan.step_id, logits, sampled_rows, req_ids, clock, rows, inputs)
 
     def _fork(self, plan: StepPlan, logits: torch.Tensor,
               sampled_rows: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
@@ -306,11 +318,20 @@ class ModelRunner:
                 np.asarray(new_rows, dtype=np.int64))
 
     def _sample(self, step_id: int, logits: torch.Tensor, rows: np.ndarray,
-                req_ids: list[str] | None, clock) -> LaunchedStep:
+                req_ids: list[str] | None, clock, scheduled_rows: np.ndarray,
+                inputs: ModelInputs) -> LaunchedStep:
         batch = self.batch
         states = batch.states
         sampling_rows = [states[r] for r in rows.tolist()]
-        output = self.sampler(logits, sampling_rows, self.generator) if len(rows) else None
+        is_beam = batch.is_beam[rows]
+        beams = None
+        if is_beam.any():
+            output, beams = self._sample_with_beams(logits, rows, sampling_rows, is_beam,
+                                                    scheduled_rows, inputs)
+        else:
+            output = self.sampler(logits, sampling_rows, self.generator) if len(rows) else None
+            self.beam_runner.last_parent_index = None
+        self._last_num_sampled = len(rows)
         positions = batch.append_sampled(rows, step_id)
         host, event = None, None
         if self.device.type == "cuda":
@@ -332,7 +353,36 @@ class ModelRunner:
         if req_ids is None:
             req_ids = [s.req_id for s in sampling_rows]
         return LaunchedStep(step_id, req_ids, rows, batch.epoch[rows], positions, output,
-                            host, event)
+                            host, event, beams)
+
+    def _sample_with_beams(self, logits: torch.Tensor, rows: np.ndarray, sampling_rows: list,
+                           is_beam: np.ndarray, scheduled_rows: np.ndarray,
+                           inputs: ModelInputs) -> tuple[SamplerOutput, BeamLaunch]:
+        """Sample the rows that are not beam slots, expand the searches of those that are;
+        one token per row either way (a slot's: the token of the candidate it continues)."""
+        beam_index = np.flatnonzero(is_beam)
+        other = np.flatnonzero(~is_beam)
+        token_ids = torch.zeros(len(rows), dtype=torch.int64, device=logits.device)
+        logprobs = None
+        if len(other):
+            other_t = torch.from_numpy(other)
+            if logits.device.type == "cuda":  # (pinned: a pageable copy waits for the stream)
+                other_t = other_t.pin_memory()
+            other_t = other_t.to(logits.device, non_blocking=True)
+            sampled = self.sampler(logits.index_select(0, other_t),
+                                   [sampling_rows[i] for i in other.tolist()], self.generator)
+            token_ids.index_copy_(0, other_t, sampled.token_ids)
+            if sampled.logprobs is not None:
+                logprobs = [None] * len(rows)
+                for i, entry in zip(other.tolist(), sampled.logprobs):
+                    logprobs[i] = entry
+        # each sampled row's position among the scheduled ones (-1: forked this step)
+        position_of = np.full(len(self.batch.is_beam), -1, dtype=np.int64)
+        position_of[scheduled_rows] = np.arange(len(scheduled_rows))
+        beams = self.beam_runner.sample(
+            logits, rows, sampling_rows, beam_index, position_of[rows],
+            inputs.meta.block_tables, token_ids)
+        return SamplerOutput(token_ids, logprobs), beams
 
     def fetch(self, step: LaunchedStep) -> StepResult:
         """Wait for a launched step, write its sampled tokens into their rows and return
@@ -345,4 +395,7 @@ class ModelRunner:
         token_ids = ids.tolist()
         self.batch.write_sampled(step.req_ids, step.rows, step.epochs, step.positions,
                                  token_ids, step.step_id)
-        return StepResult(step.req_ids, token_ids, step.output.logprobs)
+        result = StepResult(step.req_ids, token_ids, step.output.logprobs)
+        if step.beams is not None:
+            result.beams = self.beam_runner.results(step.beams)
+        return result

@@ -19,15 +19,26 @@ the request's last allowed token (`max_tokens`), so nothing follows it.
 Importance is (priority, arrival order): lower first. The scheduler never touches free lists;
 it asks the KVCacheManager, which answers None on shortage.
 
+Beam search (docs/design.md, "Beam search"): the W slots of a search move as one. They complete
+their tokens in the same step or none does (the device expands all W together); blocks for all
+of them are found before any is allocated; a preemption takes the whole search, always by
+recompute (a per-sequence swap would copy the blocks the slots share once per slot, and the
+prefix cache shares them again when the slots come back); a preempted search comes back whole
+(`_admit_beam_search`).
+
 The scheduler is the one writer of a request's progress (docs/design.md, "Who writes what"):
 
     schedule()             status (admission, preemption); num_computed_tokens, advanced by
                            the planned tokens once the plan is made (the next plan, made before
                            this step's tokens are back under async scheduling, builds on it);
-                           a placeholder output token per sampled sequence; forks (n > 1)
+                           a placeholder output token per sampled sequence; forks (n > 1, and
+                           a beam search's slots)
     update(plan, result)   the sampled ids over the placeholders, logprobs, token times, and
-                           finishing (the caller's stop check decides, update writes); a
-                           rollback of rejected tokens (speculative decoding) would go here
+                           finishing (the caller's stop check decides, update writes); beam
+                           searches: the expansion's bookkeeping (BeamGroup.step), the slots'
+                           re-parenting (tokens, and block tables through the KV manager) and
+                           their end; a rollback of rejected tokens (speculative decoding)
+                           would go here
     finish(), abort()      status and blocks of requests that end between steps
 
 What it hands the device side is a `StepPlan` (pagedrt/core/plan.py): plain data.
@@ -65,8 +76,10 @@ class Scheduler:
         self.peak_num_used_blocks = 0
         self._next_step_id = 0
         # plans whose results `update` has not written yet: step_id -> (the sampled sequences
-        # in row order, the index of each one's placeholder in its output_token_ids)
-        self._sampled: dict[int, tuple[list[Request], list[int]]] = {}
+        # in row order, the index of each one's placeholder in its output_token_ids, the
+        # beam searches expanded: (slot 0, its placeholder's index))
+        self._sampled: dict[int, tuple[list[Request], list[int],
+                                       list[tuple[Request, int]]]] = {}
         # for the next plan: sequences finished since the last one that the device side may
         # hold a row or a parked generator for, and sequences preempted since (between steps
         # too, as tests do)
@@ -122,6 +135,10 @@ class Scheduler:
         remaining, planned = self._plan_running(max_tokens)  # aligned with self.running
         num_preempted_before = len(self._preempted_req_ids)
         allocate = self.kv.allocate_slots
+        # decodes only, and a free block for each: no allocation can fail (a decode takes at
+        # most one block, new or copied), so a beam search's slots need no joint check
+        beams_fit = (len(self.running) <= self.kv.num_free_blocks
+                     and (not planned or max(planned) <= 1))
         i = 0
         while i < len(self.running):
             num_new = planned[i]
@@ -129,13 +146,15 @@ class Scheduler:
                 i += 1
                 continue
             req = self.running[i]
+            if req.beam is not None and not beams_fit and len(req.group) > 1:
+                i = self._allocate_beams(i, planned, remaining, scheduled, num_new_tokens)
+                continue
             while allocate(req, num_new) is None:
                 # the least important running request sits last; it is never one already
                 # scheduled this step, since those come before index i
-                victim = self.running[-1]
-                self._preempt(victim)
-                del planned[-1], remaining[-1]
-                if victim is req:
+                num_preempted = self._preempt(self.running[-1])
+                del planned[-num_preempted:], remaining[-num_preempted:]
+                if req.status is not RequestStatus.RUNNING:  # req itself went
                     break
             else:
                 scheduled.append(req)
@@ -168,6 +187,12 @@ class Scheduler:
             while (self.waiting and not self.swapped and budget > 0
                    and len(self.running) < self.config.max_num_seqs):
                 req = self.waiting[0]
+                if req.beam is not None and len(req.group) > 1:  # a preempted beam search
+                    num_used = self._admit_beam_search(budget, scheduled, num_new_tokens)
+                    if num_used is None:
+                        break
+                    budget -= num_used
+                    continue
                 hits, num_hit_tokens = self.kv.get_computed_blocks(req)
                 # the query length comes from the count after the cache hit
                 num_new = min(req.num_tokens - req.num_computed_tokens - num_hit_tokens, budget)
@@ -187,10 +212,13 @@ class Scheduler:
             changes = plan.block_changes = self.kv.take_block_changes()
             for req in scheduled[num_running_scheduled:]:  # new to the device side: all of it
                 changes.pop(req.request_id, None)
+                beam = req.beam
                 plan.new_requests.append(NewRequestData(
                     req.request_id, list(req.prompt_token_ids), req.output_token_ids[:],
                     req.params, req.sample_index, req.eos_token_ids,
-                    self.kv.block_ids(req.request_id), req.num_computed_tokens))
+                    self.kv.block_ids(req.request_id), req.num_computed_tokens,
+                    None if beam is None else req.group[0].request_id,
+                    0.0 if beam is None else beam.scores[req.sample_index]))
             self._advance(plan, scheduled)
         plan.finished_req_ids, self._finished_req_ids = self._finished_req_ids, []
         plan.preempted_req_ids, self._preempted_req_ids = self._preempted_req_ids, []
@@ -212,6 +240,7 @@ class Scheduler:
         starts = plan.num_computed_tokens = [req.num_computed_tokens for req in scheduled]
         sampled: list[Request] = []
         indices: list[int] = []
+        beams: list[tuple[Request, int]] = []
         num_decode = 0
         for req, num_new, start in zip(scheduled, plan.num_new_tokens, starts):
             output_token_ids = req.output_token_ids
@@ -223,18 +252,22 @@ class Scheduler:
                 num_decode += 1
             sampled.append(req)
             indices.append(len(output_token_ids))
+            if req.beam is not None and req.sample_index == 0:
+                beams.append((req, len(output_token_ids)))
             output_token_ids.append(PLACEHOLDER_TOKEN_ID)
             req.num_pending_tokens = 1
             if not req.forked:
                 self._fork(req, plan, sampled, indices)
         plan.num_prompt_tokens = sum(plan.num_new_tokens) - num_decode
-        self._sampled[plan.step_id] = (sampled, indices)
+        self._sampled[plan.step_id] = (sampled, indices, beams)
 
     def _fork(self, req: Request, plan: StepPlan, sampled: list[Request],
               indices: list[int]) -> None:
         """Fork a request whose prompt is complete into its n samples: every child shares all
         its blocks (copy-on-write later), has its computed count, and samples its own first
-        token from the parent's logits row (its row follows the parent's)."""
+        token from the parent's logits row (its row follows the parent's). A beam search
+        forks into its W slots the same way; its first expansion draws every candidate from
+        the parent (the children have no beam yet)."""
         req.forked = True
         child_ids = plan.forks[req.request_id] = []
         position = self.running.index(req)
@@ -246,6 +279,7 @@ class Scheduler:
             child.arrival_seq = req.arrival_seq
             child.sample_index = k
             child.group = req.group
+            child.beam = req.beam
             req.group.append(child)
             self.kv.fork(req, child)
             child.num_computed_tokens = req.num_computed_tokens
@@ -270,7 +304,7 @@ class Scheduler:
                 assert remaining[i] >= 1, f"{req} is running with nothing to compute"
         num_decodes = remaining.count(1)
         if num_decodes == len(remaining) and budget >= num_decodes:  # the common decode step
-            return remaining, list(remaining)
+            return remaining, list(remaining)  # (beam searches complete together here)
         planned = [0] * len(remaining)
         for i, num in enumerate(remaining):  # decodes
             if num == 1 and budget:
@@ -280,7 +314,100 @@ class Scheduler:
             if num > 1 and budget:
                 planned[i] = min(num, budget)
                 budget -= planned[i]
+        self._hold_beam_completions(planned, remaining)
         return remaining, planned
+
+    def _hold_beam_completions(self, planned: list[int], remaining: list[int]) -> None:
+        """The slots of a beam search complete their tokens in the same step (the device
+        expands them together) or none does: unless every slot completes, a slot that would
+        computes one token less (a decode: none) and waits for the others. (The slots of a
+        search always run together: preempted and admitted as one.) planned, remaining:
+        aligned with self.running; planned is changed in place."""
+        running = self.running
+        i = 0
+        while i < len(running):
+            beam = running[i].beam
+            if beam is None or len(running[i].group) == 1:
+                i += 1
+                continue
+            j = i + 1
+            while j < len(running) and running[j].beam is beam:
+                j += 1
+            if planned[i:j] != remaining[i:j]:
+                for k in range(i, j):
+                    if planned[k] == remaining[k] > 0:
+                        planned[k] -= 1
+            i = j
+
+    def _admit_beam_search(self, budget: int, scheduled: list[Request],
+                           num_new_tokens: list[int]) -> int | None:
+        """Bring back a preempted beam search, every slot at once (its slots lead the waiting
+        queue, in order): each gets its prefix-cache hits (the slots before it in this call
+        computing blocks the next ones hit) and at least one token, but not its last (the
+        slots complete together, in a later step). If a slot does not fit, the ones admitted
+        in this call are undone and nothing changes. Returns the tokens scheduled, or None."""
+        head = self.waiting[0]
+        slots = self.waiting[:len(head.group)]
+        assert [s.sample_index for s in slots] == list(range(len(head.group))) and all(
+            s.beam is head.beam for s in slots), f"{slots} are not the slots of {head}"
+        if budget < len(slots):
+            return None
+        bs = self.kv.block_size
+        admitted: list[tuple[Request, int, int]] = []  # (slot, hit tokens, new tokens)
+        left = budget
+        for k, slot in enumerate(slots):
+            hits, num_hit_tokens = self.kv.get_computed_blocks(slot)
+            num_left = slot.num_tokens - num_hit_tokens
+            if num_left == 1:  # compute the last cached block again: leave the last token
+                hits = hits[:-1]
+                num_hit_tokens -= bs
+                num_left += bs
+            num_new = min(num_left - 1, left - (len(slots) - 1 - k))
+            if self.kv.allocate_slots(slot, num_new, hits) is None:
+                for done, num_hit, _ in reversed(admitted):
+                    self.kv.unallocate(done, num_hit // bs)
+                return None
+            admitted.append((slot, num_hit_tokens, num_new))
+            left -= num_new
+        del self.waiting[:len(slots)]
+        for slot, num_hit_tokens, num_new in admitted:
+            slot.num_computed_tokens = num_hit_tokens
+            self._start(slot, num_new, scheduled, num_new_tokens)
+        self._chunked = True  # every slot leaves at least its last token for later
+        return budget - left
+
+    def _allocate_beams(self, i: int, planned: list[int], remaining: list[int],
+                        scheduled: list[Request], num_new_tokens: list[int]) -> int:
+        """Blocks for the slots of the beam search at self.running[i:] (together, slot order):
+        the least important running requests are preempted until all fit, or the search
+        itself is; only then is any slot allocated. Returns the index after the search's
+        slots (i itself if the search was preempted)."""
+        running = self.running
+        beam = running[i].beam
+        j = i + 1
+        while j < len(running) and running[j].beam is beam:
+            j += 1
+        members = [k for k in range(i, j) if planned[k]]
+        if all(planned[k] == 1 for k in members) and len(members) <= self.kv.num_free_blocks:
+            need = 0  # decodes: at most one block each (a new block or a copy-on-write)
+        else:
+            need = self.kv.num_blocks_to_allocate([running[k] for k in members],
+                                                  [planned[k] for k in members])
+        while need > self.kv.num_free_blocks:
+            head = running[i]
+            num_preempted = self._preempt(running[-1])
+            del planned[-num_preempted:], remaining[-num_preempted:]
+            if head.status is not RequestStatus.RUNNING:  # the search itself went
+                return i
+        for k in members:
+            allocated = self.kv.allocate_slots(running[k], planned[k])
+            assert allocated is not None, (
+                f"{running[k]}: {planned[k]} tokens do not fit after making room for {need}")
+            scheduled.append(running[k])
+            num_new_tokens.append(planned[k])
+            if planned[k] < remaining[k]:
+                self._chunked = True
+        return j
 
     def _start(self, req: Request, num_new: int, scheduled: list[Request],
                num_new_tokens: list[int]) -> None:
@@ -289,10 +416,22 @@ class Scheduler:
         scheduled.append(req)
         num_new_tokens.append(num_new)
 
-    def _preempt(self, req: Request) -> None:
+    def _preempt(self, req: Request) -> int:
+        """Preempt a running request (with a beam search: every running slot of it, by
+        recompute). Returns how many running sequences left, all from the end of
+        self.running when `req` is its last."""
+        beam = req.beam
+        if beam is None or len(req.group) == 1:
+            self._preempt_one(req, self.config.preemption_mode)
+            return 1
+        slots = [s for s in req.group if s.status is RequestStatus.RUNNING]
+        for slot in reversed(slots):  # least important first, as one by one would go
+            self._preempt_one(slot, "recompute")
+        return len(slots)
+
+    def _preempt_one(self, req: Request, mode: str) -> None:
         self.running.remove(req)
         req.num_preemptions += 1
-        mode = self.config.preemption_mode
         if mode == "swap" and self.kv.swap_out(req):
             req.status = RequestStatus.SWAPPED
             _insert_sorted(self.swapped, req)
@@ -325,7 +464,7 @@ class Scheduler:
         events: when given (the engine core's token-event mode), a TokenEvent per written
         token is appended to it, and only the requests whose every sample finished are
         returned."""
-        sampled, indices = self._sampled.pop(plan.step_id)
+        sampled, indices, beams = self._sampled.pop(plan.step_id)
         token_ids = result.sampled_token_ids
         assert len(token_ids) == len(sampled), (
             f"step {plan.step_id}: {len(token_ids)} sampled tokens for {len(sampled)} rows")
@@ -333,9 +472,13 @@ class Scheduler:
         now = time.monotonic()
         touched: dict[str, Request] = {}
         num_generated = 0
+        if beams:
+            num_generated = self._update_beams(beams, result, events, touched, now)
         for i, (req, index, token) in enumerate(zip(sampled, indices, token_ids)):
-            if req.is_finished:
-                continue  # aborted, or stopped by the token before this one: drop the row
+            if req.is_finished or req.beam is not None:
+                # aborted, or stopped by the token before this one: drop the row; a beam slot
+                # was written by _update_beams
+                continue
             output_token_ids = req.output_token_ids
             output_token_ids[index] = token
             if index == len(output_token_ids) - 1:
@@ -369,6 +512,75 @@ class Scheduler:
             elif head.stream or (status is not None and all(s.is_finished for s in head.group)):
                 touched[head.request_id] = head
         return list(touched.values()), num_generated
+
+    def _update_beams(self, beams: list[tuple[Request, int]], result: StepResult,
+                      events: list[TokenEvent] | None, touched: dict[str, Request],
+                      now: float) -> int:
+        """The expansions of a step's beam searches (docs/design.md, "Beam search"): HF's
+        bookkeeping (`BeamGroup.step`), then either the search's end (its slots finish; its
+        result is `beam.finished`, reported through `touched`, or as TokenEvents) or each
+        slot's new beam: its parent's tokens and the candidate's token over the placeholder,
+        and its block table re-parented by the KV manager, as the device side re-parented its
+        rows. Returns the tokens written (W per search)."""
+        expansions = {b.req_id: b for b in result.beams}
+        assert len(expansions) == len(beams) == len(result.beams), (
+            f"expanded {sorted(expansions)}, planned {[h.request_id for h, _ in beams]}")
+        num_written = 0
+        for head, index in beams:
+            expansion = expansions[head.request_id]
+            if head.is_finished:
+                continue  # aborted
+            beam = head.beam
+            slots = head.group
+            candidates, tokens = expansion.slot_candidates, expansion.tokens
+            new = beam.step(expansion.logprobs, expansion.beams, tokens, candidates, index + 1)
+            outputs = [slot.output_token_ids for slot in slots]
+            for c, hypothesis in new:
+                hypothesis.token_ids = outputs[expansion.beams[c]][:index] + [tokens[c]]
+            num_written += len(slots)
+            if head.first_token_time is None:
+                head.first_token_time = now
+            head.last_token_time = now
+            if beam.done:
+                self._finish_beam_search(head, index, events)
+                touched[head.request_id] = head
+                continue
+            beams_of = expansion.beams
+            parents = [beams_of[c] for c in candidates]
+            moved = False
+            for s, slot in enumerate(slots):
+                token = tokens[candidates[s]]
+                if parents[s] == s:
+                    outputs[s][index] = token
+                else:  # a later placeholder (async scheduling) stays
+                    moved = True
+                    slot.output_token_ids = outputs[parents[s]][:index] + [token] + outputs[s][
+                        index + 1:]
+            if index == len(outputs[0]) - 1:  # (every slot has the same length)
+                for slot in slots:
+                    slot.num_pending_tokens = 0
+            if moved and slots[0].status is RequestStatus.RUNNING:  # (preempted: no KV)
+                self.kv.reparent(slots, parents,
+                                 (len(head.prompt_token_ids) + index) // self.kv.block_size)
+        return num_written
+
+    def _finish_beam_search(self, head: Request, index: int,
+                            events: list[TokenEvent] | None) -> None:
+        """Finish every slot of a search that is done (their tokens from `index` on, only
+        placeholders, dropped); in token-event mode, send each hypothesis (best first: sample
+        index = rank) as one event per token."""
+        for slot in head.group:
+            del slot.output_token_ids[index:]
+            slot.num_pending_tokens = 0
+            if not slot.is_finished:
+                self.finish(slot, RequestStatus.FINISHED_STOPPED)
+        if events is None:
+            return
+        for rank, hypothesis in enumerate(head.beam.finished):
+            last = len(hypothesis.token_ids) - 1
+            for i, token in enumerate(hypothesis.token_ids):
+                events.append(TokenEvent(head.request_id, rank, token, None,
+                                         hypothesis.finish_reason if i == last else None, None))
 
 
 def _insert_sorted(queue: list[Request], req: Request) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from pagedrt.core.beam import num_beam_candidates
 from pagedrt.sampling_params import SamplingParams
 
 
@@ -21,6 +22,9 @@ class EngineLimits(NamedTuple):
         max_blocks_per_seq: most blocks one sequence holds at once when that is less than its
             whole length needs (a model whose every layer has a sliding window: the window
             plus one step's tokens); None = every block of its length.
+        num_eos_tokens: the model's EOS ids (a beam search keeps more candidates per EOS id).
+        enable_prefix_caching: the engine's setting (a preempted beam search shares its
+            blocks again only through the prefix cache).
     """
 
     vocab_size: int
@@ -29,6 +33,8 @@ class EngineLimits(NamedTuple):
     block_size: int
     max_num_seqs: int
     max_blocks_per_seq: int | None = None
+    num_eos_tokens: int = 1
+    enable_prefix_caching: bool = True
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -78,3 +84,31 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
             f"but the whole cache has {limits.num_blocks} blocks of "
             f"{limits.block_size} tokens; lower max_tokens or enlarge the KV cache"
         )
+    if params.beam_search is not None:
+        _validate_beam_search(n, params, limits)
+
+
+def _validate_beam_search(num_prompt: int, params: SamplingParams, limits: EngineLimits) -> None:
+    """A beam search's width against the step and vocabulary limits, and its blocks (all W
+    slots at their longest, sharing the prompt's full blocks) against the whole cache."""
+    beam = params.beam_search
+    width = beam.beam_width
+    if width > limits.max_num_seqs:
+        raise ValueError(f"beam_width={width} exceeds max_num_seqs={limits.max_num_seqs}; "
+                         "lower beam_width or raise max_num_seqs")
+    k = num_beam_candidates(width, 0 if beam.ignore_eos else limits.num_eos_tokens)
+    if k > limits.vocab_size:
+        raise ValueError(f"beam_width={width} keeps {k} candidates per step, more than the "
+                         f"vocabulary's {limits.vocab_size} tokens; lower beam_width")
+    bs = limits.block_size
+    total = -(-(num_prompt + params.max_tokens) // bs)
+    shared = num_prompt // bs if limits.enable_prefix_caching else 0
+    need = shared + width * (total - shared)
+    if limits.max_blocks_per_seq is not None:  # a sliding window bounds every slot's table
+        need = min(need, width * limits.max_blocks_per_seq)
+    if need > limits.num_blocks:
+        raise ValueError(
+            f"beam_width={width} over a prompt of {num_prompt} tokens with max_tokens="
+            f"{params.max_tokens} needs up to {need} KV blocks but the whole cache has "
+            f"{limits.num_blocks} blocks of {bs} tokens; lower beam_width or max_tokens or "
+            "enlarge the KV cache")

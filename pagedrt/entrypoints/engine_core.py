@@ -43,7 +43,7 @@ from typing import NamedTuple
 from pagedrt.config import EngineConfig
 from pagedrt.engine.validation import EngineLimits
 from pagedrt.outputs import TokenEvent
-from pagedrt.sampling_params import SamplingParams
+from pagedrt.sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger("pagedrt.engine_core")
 
@@ -377,8 +377,10 @@ def warm_up(engine) -> None:
     """Run each kind of step the server will take once, so that no kernel variant or code path
     is compiled or loaded while a client waits: a prefill, the same prompt again (a prefix-cache
     hit: extend over cached blocks), decodes alone and batched with a chunked prefill,
-    sampled rows with top-k/top-p/min-p, penalties, seeds, logprobs and n = 2. Then the engine's
-    counters and peaks are reset (the warm-up blocks stay in the prefix cache, evictable)."""
+    sampled rows with top-k/top-p/min-p, penalties, seeds, logprobs and n = 2, and a beam
+    search beside them (log-softmax, top-k and sort kernels, the partial-block copy). Then the
+    engine's counters and peaks are reset (the warm-up blocks stay in the prefix cache,
+    evictable)."""
     limits = engine.limits
     long_len = 512 if engine.device.type == "cuda" else 32
     long_len = max(1, min(long_len, limits.max_model_len // 2 - 8,
@@ -393,7 +395,8 @@ def warm_up(engine) -> None:
         [(prompt, greedy)],
         [(prompt, greedy)],  # prefix-cache hit
         [(prompt[: long_len // 2] + [1, 2, 3], greedy), (prompt[:3], sampled),
-         ([5] * 3, SamplingParams(temperature=1.0, n=2, max_tokens=3, ignore_eos=True))],
+         ([5] * 3, SamplingParams(temperature=1.0, n=2, max_tokens=3, ignore_eos=True)),
+         ([9] * 5, BeamSearchParams(beam_width=2, max_tokens=4).to_sampling_params())],
     ]
     for i, batch in enumerate(batches):
         ids = []

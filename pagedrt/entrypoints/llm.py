@@ -4,6 +4,8 @@
     llm = LLM()                                   # the default model (SmolLM2-135M-Instruct)
     outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=32))
     print(outs[0].outputs[0].text)
+    best = llm.beam_search(["Hello"], BeamSearchParams(beam_width=4, max_tokens=32))
+    print(best[0].sequences[0].text, best[0].sequences[0].cum_logprob)
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from collections.abc import Sequence
 from tqdm.auto import tqdm
 
 from pagedrt.config import EngineConfig
+from pagedrt.core.beam import beam_score
 from pagedrt.engine.llm_engine import LLMEngine
 from pagedrt.models.loader import LoadedModel
-from pagedrt.outputs import RequestOutput
-from pagedrt.sampling_params import SamplingParams
+from pagedrt.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
+from pagedrt.sampling_params import BeamSearchParams, SamplingParams
 
 PromptType = str | Sequence[int] | dict
 
@@ -103,6 +106,37 @@ class LLM:
                                          stream=False)
             ids.append(request_id)
         return self._run(ids, use_tqdm)
+
+    def beam_search(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        params: BeamSearchParams,
+        use_tqdm: bool = False,
+    ) -> list[BeamSearchOutput]:
+        """Beam search over every prompt, all in the engine's batches (vLLM's `LLM.beam_search`
+        names and return shape; HF transformers' rules, docs/design.md "Beam search").
+
+        Returns one BeamSearchOutput per prompt, in order, with `params.beam_width` sequences,
+        best (highest `score`) first. Raises ValueError (nothing queued) on bad input.
+        """
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(  # noqa: TRY004 - API contract: bad input is a ValueError
+                f"params must be a BeamSearchParams, got {type(params).__name__}")
+        outs = self.generate(prompts, params.to_sampling_params(), use_tqdm)
+        results = []
+        tok = self.llm_engine.tokenizer
+        for out in outs:
+            sequences = []
+            for o in out.outputs:
+                tokens = out.prompt_token_ids + o.token_ids
+                sequences.append(BeamSearchSequence(
+                    tokens=tokens, cum_logprob=o.cumulative_logprob,
+                    score=beam_score(o.cumulative_logprob, len(o.token_ids),
+                                     params.length_penalty),
+                    text=None if tok is None else tok.decode(tokens, skip_special_tokens=True),
+                    finish_reason=o.finish_reason))
+            results.append(BeamSearchOutput(sequences))
+        return results
 
     def chat(
         self,

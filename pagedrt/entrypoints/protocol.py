@@ -12,11 +12,12 @@ their `ValueError`s are mapped to 400 by `api_error_from_value_error`.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from pagedrt.sampling_params import SamplingParams
+from pagedrt.sampling_params import BeamSearchParams, SamplingParams
 
 
 class APIError(Exception):
@@ -35,6 +36,8 @@ class APIError(Exception):
 
 # "temperature=-1 must be >= 0": SamplingParams messages start with the field's name.
 _FIELD_RE = re.compile(r"^(\w+)=")
+# the body's name of a field named otherwise in the Python API
+_BODY_FIELDS = {"beam_width": "n"}
 
 
 def api_error_from_value_error(e: ValueError, prompt_field: str) -> APIError:
@@ -45,7 +48,7 @@ def api_error_from_value_error(e: ValueError, prompt_field: str) -> APIError:
     message = str(e)
     match = _FIELD_RE.match(message)
     if match:
-        return APIError(400, message, param=match.group(1))
+        return APIError(400, message, param=_BODY_FIELDS.get(match.group(1), match.group(1)))
     if "max_model_len" in message or "KV blocks" in message:
         return APIError(400, message, param=prompt_field, code="context_length_exceeded")
     return APIError(400, message, param=prompt_field)
@@ -78,7 +81,10 @@ class _SamplingRequest(_Body):
     """Fields shared by /v1/completions and /v1/chat/completions. None means the default.
 
     Besides OpenAI's fields, vLLM's extensions: top_k, min_p, repetition_penalty, min_tokens,
-    stop_token_ids, ignore_eos, skip_special_tokens, include_stop_str_in_output.
+    stop_token_ids, ignore_eos, skip_special_tokens, include_stop_str_in_output, and beam search
+    (use_beam_search with n as the beam width, every beam returned as a choice, best first;
+    length_penalty; early_stopping, HF's True / False / "never"). A beam search's choices
+    arrive together when it ends, streamed or not.
     """
 
     model: str | None = None
@@ -101,15 +107,32 @@ class _SamplingRequest(_Body):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
+    use_beam_search: bool | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | str | None = None
 
     def to_sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
-        """Raises ValueError (from SamplingParams) naming the field and its allowed range."""
+        """Raises ValueError (from SamplingParams or BeamSearchParams) naming the field and
+        its allowed range; with use_beam_search, naming a sampling field that cannot go with
+        it."""
         given = {name: getattr(self, name) for name in (
             "n", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
             "frequency_penalty", "repetition_penalty", "stop", "stop_token_ids", "min_tokens",
             "ignore_eos", "skip_special_tokens", "include_stop_str_in_output")}
         kwargs = {name: value for name, value in given.items() if value is not None}
-        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **kwargs)
+        if not self.use_beam_search:
+            for name in ("length_penalty", "early_stopping"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}={getattr(self, name)!r} needs use_beam_search=true")
+            return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **kwargs)
+        beam = BeamSearchParams(
+            beam_width=kwargs.pop("n", 1), max_tokens=max_tokens,
+            ignore_eos=kwargs.pop("ignore_eos", False),
+            temperature=kwargs.pop("temperature", 0.0),
+            length_penalty=1.0 if self.length_penalty is None else self.length_penalty,
+            early_stopping=False if self.early_stopping is None else self.early_stopping)
+        # the sampling fields left must be defaults: SamplingParams says which is not
+        return dataclasses.replace(beam.to_sampling_params(), logprobs=logprobs, **kwargs)
 
     @property
     def include_usage(self) -> bool:

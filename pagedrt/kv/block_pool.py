@@ -167,6 +167,15 @@ class BlockPool:
                     holders = cached[block_hash] = {}
                 holders[block.block_id] = block
 
+    def uncache(self, block: KVBlock) -> None:
+        """Drop an in-use block's hash (its KV was never computed: an admission undone)."""
+        assert block.ref_cnt > 0 and block.block_hash is not None, block
+        holders = self.cached_blocks[block.block_hash]
+        del holders[block.block_id]
+        if not holders:
+            del self.cached_blocks[block.block_hash]
+        block.block_hash = None
+
     def _evict(self, block: KVBlock) -> None:
         assert block.block_hash is not None
         holders = self.cached_blocks[block.block_hash]

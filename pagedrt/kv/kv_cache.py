@@ -193,7 +193,10 @@ class KVCache:
     ) -> None:
         """K and V of `spec.num_layers` layers, each [num_blocks, *spec.block_shape] of
         `spec.dtype` on `device` (with an FP8 spec, scales [num_blocks, *spec.scales_shape]
-        float32 each), and a CPU pool of `num_cpu_blocks` blocks."""
+        float32 each), and a CPU pool of `num_cpu_blocks` blocks.
+
+        The layers' K (and V, and scale) tensors are views of one [num_layers, num_blocks, ...]
+        tensor, so that a block copy in every layer is one indexing op (`gather_copy_blocks`)."""
         self.spec = spec
         n, dtype = spec.num_layers, spec.dtype
         pin = device.type == "cuda"
@@ -201,15 +204,18 @@ class KVCache:
         def tensors(shape, dtype, count, **where) -> list[torch.Tensor]:
             return [torch.zeros(shape, dtype=dtype, **where) for _ in range(count)]
 
-        self.k_caches = tensors((num_blocks, *spec.block_shape), dtype, n, device=device)
-        self.v_caches = tensors((num_blocks, *spec.block_shape), dtype, n, device=device)
+        self.k_all = torch.zeros((n, num_blocks, *spec.block_shape), dtype=dtype, device=device)
+        self.v_all = torch.zeros((n, num_blocks, *spec.block_shape), dtype=dtype, device=device)
+        self.k_caches = list(self.k_all.unbind(0))  # each contiguous
+        self.v_caches = list(self.v_all.unbind(0))
         self.cpu_k = tensors((num_cpu_blocks, *spec.block_shape), dtype, n, pin_memory=pin)
         self.cpu_v = tensors((num_cpu_blocks, *spec.block_shape), dtype, n, pin_memory=pin)
         num_scaled = n if spec.is_fp8 else 0  # no scale tensors for a cache of the model dtype
-        self.k_scales = tensors((num_blocks, *spec.scales_shape), SCALE_DTYPE, num_scaled,
-                                device=device)
-        self.v_scales = tensors((num_blocks, *spec.scales_shape), SCALE_DTYPE, num_scaled,
-                                device=device)
+        scales_shape = (num_scaled, num_blocks, *spec.scales_shape)
+        self.k_scales_all = torch.zeros(scales_shape, dtype=SCALE_DTYPE, device=device)
+        self.v_scales_all = torch.zeros(scales_shape, dtype=SCALE_DTYPE, device=device)
+        self.k_scales = list(self.k_scales_all.unbind(0))
+        self.v_scales = list(self.v_scales_all.unbind(0))
         self.cpu_k_scales = tensors((num_cpu_blocks, *spec.scales_shape), SCALE_DTYPE,
                                     num_scaled, pin_memory=pin)
         self.cpu_v_scales = tensors((num_cpu_blocks, *spec.scales_shape), SCALE_DTYPE,
@@ -230,6 +236,20 @@ class KVCache:
         device = self.k_caches + self.v_caches + self.k_scales + self.v_scales
         cpu = self.cpu_k + self.cpu_v + self.cpu_k_scales + self.cpu_v_scales
         return [(_as_bytes(d), _as_bytes(c)) for d, c in zip(device, cpu)]
+
+    def gather_copy_blocks(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Every block dst[i] gets, in every layer, the contents block src[i] had before the
+        call (a dst may be another pair's src; dst ids must be distinct). Beam search copies
+        partial blocks between slots this way (docs/design.md, "Beam search").
+
+        Args:
+            src, dst: [num_pairs] int64 block ids on the cache's device.
+        """
+        self.k_all[:, dst] = self.k_all[:, src]
+        self.v_all[:, dst] = self.v_all[:, src]
+        if self.spec.is_fp8:  # the scales travel with their blocks
+            self.k_scales_all[:, dst] = self.k_scales_all[:, src]
+            self.v_scales_all[:, dst] = self.v_scales_all[:, src]
 
     def apply(self, pending: PendingCopies) -> None:
         """Perform queued block copies, scales with their blocks: swap-outs first (their

@@ -5,7 +5,12 @@ What it does for the scheduler:
     tokens (automatic prefix caching), always leaving at least one token to compute;
   * `allocate_slots`: blocks for the next `num_new_tokens` tokens, or None (changing nothing)
     when the pool cannot supply them: the scheduler then preempts or waits;
-  * `fork`: share every block of a sequence with a new one (n > 1 samples);
+  * `fork`: share every block of a sequence with a new one (n > 1 samples, beam slots);
+  * `reparent`: beam search moves beams between slots: a slot takes its parent's full blocks
+    (by reference) and keeps its own partial last block, whose contents the device copies;
+    the blocks only the pruned beam held are freed at once;
+  * `num_blocks_to_allocate`: what `allocate_slots` would take for a set of sequences, so the
+    scheduler can make room for a beam search's slots before allocating any of them;
   * copy-on-write: a sequence about to write into a partial block that another sequence holds
     too gets a private copy first; the (src, dst) pair is queued for the model runner;
   * `swap_out` / `swap_in`: move a preempted request's blocks to and from the CPU pool;
@@ -285,6 +290,64 @@ class KVCacheManager:
         self.pool.cache_blocks([b for b, _ in pairs], [h for _, h in pairs])
         self._num_cached_blocks[request.request_id] = num_full
 
+    def num_blocks_to_allocate(self, requests: list[Request], num_new_tokens: list[int]) -> int:
+        """Blocks that `allocate_slots(request, n)` would take for each pair in turn (no prefix
+        hits: running sequences), copy-on-write included; changes nothing. With a sliding
+        window an upper bound: allocation first gives back the blocks the window left."""
+        bs = self.block_size
+        need = 0
+        refs: dict[int, int] = {}  # ref counts of shared last blocks as the copies go
+        for req, num_new in zip(requests, num_new_tokens, strict=True):
+            blocks = self.req_to_blocks.get(req.request_id, ())
+            need += max(self.blocks_for(req.num_computed_tokens + num_new) - len(blocks), 0)
+            if blocks and req.num_computed_tokens % bs:
+                last = blocks[-1]
+                ref = refs.get(last.block_id, last.ref_cnt)
+                if ref > 1:  # a copy-on-write: one block, and one holder less
+                    need += 1
+                    refs[last.block_id] = ref - 1
+        return need
+
+    def reparent(self, requests: list[Request], parents: list[int], num_blocks: int) -> None:
+        """Beam search: slot i continues the beam of slot parents[i] (docs/design.md, "Beam
+        search"). Its first `num_blocks` table entries (the full blocks of the history both
+        share) become the parent's, by reference; its entries from `num_blocks` on (its own
+        partial block, blocks appended since) stay. Blocks no table holds any more are freed at
+        once, tail first. A parent always keeps its own slot (parents[p] == p), so every table
+        read here is unchanged while others are written.
+
+        Records no block-table change: the device side re-parents its rows by the same rule.
+        The prefix-cache hashes of the shared blocks follow them."""
+        req_to_blocks = self.req_to_blocks
+        released = []
+        for i, p in enumerate(parents):
+            if p == i:
+                continue
+            assert parents[p] == p, f"slot {p} is a parent but moved to {parents[p]}"
+            own = req_to_blocks[requests[i].request_id]
+            src = req_to_blocks[requests[p].request_id]
+            assert len(own) >= num_blocks <= len(src), (
+                f"re-parenting {num_blocks} blocks of tables of {len(own)} and {len(src)}")
+            # the tables share a prefix (a common ancestor's blocks) and differ after it
+            start = num_blocks
+            while start and own[start - 1] is not src[start - 1]:
+                start -= 1
+            # (entries the sliding window gave back are NULL_BLOCK in both: never divergent)
+            self.pool.touch([b for b in src[start:num_blocks] if b is not NULL_BLOCK])
+            released.append([b for b in own[start:num_blocks] if b is not NULL_BLOCK])
+            rid = requests[i].request_id
+            assert self._changed.get(rid, num_blocks) >= num_blocks, (
+                f"{rid}: a block change from {self._changed[rid]} not yet planned")
+            self.req_to_blocks[rid] = src[:num_blocks] + own[num_blocks:]
+            pid = requests[p].request_id
+            self._num_cached_blocks[rid] = min(self._num_cached_blocks.get(pid, 0), num_blocks)
+            if pid in self._num_released:
+                self._num_released[rid] = self._num_released[pid]
+            hashes = self._block_hashes.get(pid)
+            self._block_hashes[rid] = list(hashes[:num_blocks]) if hashes else []
+        for blocks in released:
+            self.pool.free_blocks(list(reversed(blocks)))
+
     def fork(self, parent: Request, child: Request) -> None:
         """Give `child` the parent's blocks (one more reference each). Records no block-table
         change: the device side copies the parent's table when it forks the row."""
@@ -295,6 +358,18 @@ class KVCacheManager:
             parent.request_id, 0)
         if parent.request_id in self._num_released:
             self._num_released[child.request_id] = self._num_released[parent.request_id]
+
+    def unallocate(self, request: Request, num_hit_blocks: int) -> None:
+        """Undo an admission made in this plan, before any of its KV was computed: the blocks
+        after its first `num_hit_blocks` (prefix hits) hold nothing yet, so the hashes they
+        were given at allocation are dropped before the request's blocks are freed. Undo the
+        admissions of one plan in reverse order (a later one may hit an earlier one's
+        blocks)."""
+        for block in self.req_to_blocks.get(request.request_id, ())[num_hit_blocks:]:
+            if block.block_hash is not None:
+                assert block.ref_cnt == 1, f"{block} is shared; undo later admissions first"
+                self.pool.uncache(block)
+        self.free(request)
 
     def free(self, request: Request) -> None:
         """Release all of a request's blocks (device and CPU); idempotent."""

@@ -283,23 +283,24 @@ def _rotary_write_kv_kernel(
         v2 = tl.load(v1_ptr + HALF, mask=mask, other=0.0)
         if KV_FP8:
             # the key as rounded to its dtype (what the unfused path writes), then quantized
-            k1 = k1.to(tl.float32)
-            k2 = k2.to(tl.float32)
-            v1 = v1.to(tl.float32)
-            v2 = v2.to(tl.float32)
+            # new names: triton (3.6, compiled) refuses a variable retyped inside the runtime if
+            k1f = k1.to(tl.float32)
+            k2f = k2.to(tl.float32)
+            v1f = v1.to(tl.float32)
+            v2f = v2.to(tl.float32)
             k_scale = fp8_row_scale(
-                tl.maximum(tl.max(tl.abs(k1), 1), tl.max(tl.abs(k2), 1)))  # [BLOCK_HK]
+                tl.maximum(tl.max(tl.abs(k1f), 1), tl.max(tl.abs(k2f), 1)))  # [BLOCK_HK]
             v_scale = fp8_row_scale(
-                tl.maximum(tl.max(tl.abs(v1), 1), tl.max(tl.abs(v2), 1)))
+                tl.maximum(tl.max(tl.abs(v1f), 1), tl.max(tl.abs(v2f), 1)))
             scale_dst = ((slot // BLOCK_SIZE) * stride_sb + offs_h * stride_sh
                          + slot % BLOCK_SIZE)
             h_mask = offs_h < num_kv_heads
             tl.store(k_scales_ptr + scale_dst, k_scale, mask=h_mask)
             tl.store(v_scales_ptr + scale_dst, v_scale, mask=h_mask)
-            tl.store(k_cache_ptr + dst, fp8_quantize(k1, k_scale), mask=mask)
-            tl.store(k_cache_ptr + dst + HALF, fp8_quantize(k2, k_scale), mask=mask)
-            tl.store(v_cache_ptr + dst, fp8_quantize(v1, v_scale), mask=mask)
-            tl.store(v_cache_ptr + dst + HALF, fp8_quantize(v2, v_scale), mask=mask)
+            tl.store(k_cache_ptr + dst, fp8_quantize(k1f, k_scale), mask=mask)
+            tl.store(k_cache_ptr + dst + HALF, fp8_quantize(k2f, k_scale), mask=mask)
+            tl.store(v_cache_ptr + dst, fp8_quantize(v1f, v_scale), mask=mask)
+            tl.store(v_cache_ptr + dst + HALF, fp8_quantize(v2f, v_scale), mask=mask)
         else:
             tl.store(k_cache_ptr + dst, k1.to(k_cache_ptr.dtype.element_ty), mask=mask)
             tl.store(k_cache_ptr + dst + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=mask)

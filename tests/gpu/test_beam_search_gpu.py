@@ -1,0 +1,110 @@
+"""Beam search on CUDA (Triton attention, CUDA graphs, async scheduling: the table patch and
+the partial-block copies on the device) against the same engine on CPU and HF transformers'
+`generate(num_beams=W)` on CPU, fp32, the tiny random-weight Llama with two EOS ids."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+from tiny_model import TINY_CONFIG, build_tiny_llama
+
+from pagedrt import LLM, BeamSearchParams, SamplingParams
+from pagedrt.bench.common import hf_model_like
+
+EOS = (19, 207)
+DEVICE = "cuda"  # (the same checks pass on "cpu": set it to try them without a GPU)
+
+
+def _tiny(device: str):
+    loaded = build_tiny_llama(seed=0, config=dataclasses.replace(TINY_CONFIG, eos_token_ids=EOS))
+    return loaded._replace(model=loaded.model.to(device))
+
+
+def _workload():
+    rng = random.Random(5)
+    shared = [rng.randrange(384) for _ in range(16)]
+    prompts = [shared + [rng.randrange(384) for _ in range(rng.randint(1, 60))]
+               for _ in range(12)]
+    params = []
+    for i in range(len(prompts)):
+        if i % 4 == 3:
+            params.append(SamplingParams(n=2, temperature=0.0, max_tokens=40, ignore_eos=True))
+        else:
+            width = (1, 2, 4, 8)[i % 4 + (i // 4) % 2]
+            params.append(BeamSearchParams(beam_width=width, max_tokens=40,
+                                           length_penalty=(1.0, 0.5, 2.0)[i % 3],
+                                           early_stopping=(False, True, "never")[i % 3]
+                                           ).to_sampling_params())
+    return prompts, params
+
+
+def _run(device: str, **engine_kwargs):
+    prompts, params = _workload()
+    llm = LLM(_tiny(device), block_size=16, max_num_seqs=64, **engine_kwargs)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    kv = llm.llm_engine.kv_manager
+    assert kv.num_free_blocks == kv.num_blocks and not kv.req_to_blocks
+    return [[(o.token_ids, o.cumulative_logprob) for o in out.outputs] for out in outs], llm
+
+
+def _assert_same(got, want):
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert [t for t, _ in a] == [t for t, _ in b], i
+        for (_, x), (_, y) in zip(a, b):
+            if x is not None:
+                assert x == pytest.approx(y, rel=1e-5, abs=2e-4), i
+
+
+def test_beam_search_cuda_matches_cpu_and_hf():
+    want, _ = _run("cpu", num_kv_blocks=512)
+    for async_scheduling in (True, False):
+        got, _ = _run(DEVICE, num_kv_blocks=512, async_scheduling=async_scheduling)
+        _assert_same(got, want)
+    hf = hf_model_like(_tiny("cpu"), torch.float32, torch.device("cpu"))
+    prompts, params = _workload()
+    for prompt, p, ours in zip(prompts, params, want):
+        beam = p.beam_search
+        if beam is None or beam.beam_width == 1:
+            continue
+        ids = torch.tensor([prompt])
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), num_beams=beam.beam_width,
+                          num_return_sequences=beam.beam_width, do_sample=False,
+                          max_new_tokens=beam.max_tokens, length_penalty=beam.length_penalty,
+                          early_stopping=beam.early_stopping, eos_token_id=list(EOS),
+                          pad_token_id=EOS[0], output_scores=True, return_dict_in_generate=True)
+        for (tokens, _), seq in zip(ours, out.sequences.tolist()):
+            gen = seq[len(prompt):]
+            ends = [i for i, t in enumerate(gen) if t in EOS]
+            assert tokens == (gen[: ends[0] + 1] if ends else gen)
+
+
+def test_beam_search_cuda_under_preemption():
+    """A cache too small for every search: the same beams as with ample memory, on CUDA with
+    async scheduling (searches preempted whole and resumed)."""
+    want, _ = _run(DEVICE, num_kv_blocks=512)
+    got, llm = _run(DEVICE, num_kv_blocks=48, max_num_batched_tokens=256)
+    assert llm.stats()["num_preemptions"] > 0
+    _assert_same(got, want)
+
+
+def test_gather_copy_blocks_on_cuda():
+    """KVCache.gather_copy_blocks: every destination gets its source as it was before the
+    call, in every layer, also where a destination is another pair's source."""
+    from pagedrt.kv.kv_cache import KVCache, KVCacheSpec
+
+    spec = KVCacheSpec(3, 2, 64, 16, torch.bfloat16)
+    cache = KVCache(spec, num_blocks=10, num_cpu_blocks=0, device=torch.device(DEVICE))
+    cache.k_all.normal_()
+    cache.v_all.normal_()
+    before_k, before_v = cache.k_all.clone(), cache.v_all.clone()
+    src = torch.tensor([3, 3, 5, 7], device=DEVICE)
+    dst = torch.tensor([5, 6, 7, 9], device=DEVICE)
+    cache.gather_copy_blocks(src, dst)
+    for s, d in zip(src.tolist(), dst.tolist()):
+        assert torch.equal(cache.k_all[:, d], before_k[:, s])
+        assert torch.equal(cache.v_all[:, d], before_v[:, s])
+    assert torch.equal(cache.k_all[:, [0, 1, 2, 3, 4, 8]], before_k[:, [0, 1, 2, 3, 4, 8]])
+    assert cache.k_caches[1].data_ptr() == cache.k_all[1].data_ptr()
