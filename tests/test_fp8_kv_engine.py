@@ -214,3 +214,23 @@ def test_tensor_parallel_ranks_hold_fp8_caches(tiny):
         assert stats["kv_cache_bytes_per_token"] == 2 * 2 * 1 * (16 + 4)  # layers, K+V, 1 head
     finally:
         two.llm_engine.shutdown()
+
+
+def test_bench_throughput_compares_kv_cache_dtypes(smollm2_path, tmp_path):
+    """`pagedrt bench throughput --kv-cache-dtype fp8 --compare-kv-cache-dtype auto` runs the
+    workload on both caches of the same weights (a short run on CPU): one row each, with the
+    cache's dtype and blocks (the FP8 cache fits more in the same byte budget)."""
+    import json
+
+    from pagedrt.bench.throughput import main
+
+    assert main(["--model", smollm2_path, "--device", "cpu", "--dtype", "float32",
+                 "--num-requests", "2", "--input-len", "8", "--output-len", "2",
+                 "--kv-cache-dtype", "fp8", "--compare-kv-cache-dtype", "auto",
+                 "--kv-cache-memory-bytes", str(64 << 20), "--skip-step-split",
+                 "--warm-up-requests", "1", "--out", str(tmp_path), "--name", "t"]) == 0
+    rows = json.loads((tmp_path / "t.json").read_text())["results"]
+    fp8, full = rows
+    assert (fp8["kv_cache_dtype"], full["kv_cache_dtype"]) == ("fp8_e4m3", "float32")
+    assert fp8["output_tokens"] == full["output_tokens"] == 4
+    assert fp8["kv_num_blocks"] > 3 * full["kv_num_blocks"]  # 1 + 4/64 bytes against 4

@@ -245,6 +245,28 @@ def test_fp8_with_sliding_window_matches_reference(window):
     assert_close(out, expected)
 
 
+@pytest.mark.parametrize("query_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("window", [None, 7])
+def test_extend_fp8_half_queries(query_dtype, window):
+    """A 16-bit model's prefill over an FP8 cache: the kernels multiply in fp16 (the query
+    divided by 64, each value tile's scales over their largest), as on the GPU; values span
+    2^-6 .. 2^6 per token, so the per-tile scale normalisation is exercised."""
+    num_kv_heads, head_dim, block_size = 2, 64, 16
+    pairs = [(0, 1), (0, 33), (17, 5), (40, 16), (3, 1)]
+    k_cache, v_cache, k_scales, v_scales, bt, seq_lens = fp8_paged_kv(
+        [p + q for p, q in pairs], num_kv_heads, head_dim, block_size, seed=31)
+    q_lens = torch.tensor([q for _, q in pairs])
+    cu = torch.cat([torch.zeros(1), q_lens.cumsum(0)]).to(torch.int32)
+    query = (torch.randn(int(q_lens.sum()), 7 * num_kv_heads, head_dim) * 3).to(query_dtype)
+    scales = {"k_scales": k_scales, "v_scales": v_scales, "sliding_window": window}
+    expected = ref.paged_attention_extend_reference(query, k_cache, v_cache, bt, cu, seq_lens,
+                                                    0.125, **scales)
+    out = tri.paged_attention_extend_triton(query, k_cache, v_cache, bt, cu, seq_lens, 0.125,
+                                            **scales)
+    assert out.dtype == query_dtype and torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected, rtol=1e-2, atol=1e-2)
+
+
 def _empty_fp8_cache(num_blocks, block_size, num_kv_heads, head_dim):
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     caches = [torch.full(shape, NAN_BYTE, dtype=torch.uint8).view(FP8_DTYPE) for _ in range(2)]

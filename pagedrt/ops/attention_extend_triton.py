@@ -29,8 +29,8 @@ have given those blocks to another sequence). A row can see nothing in a lower-b
 that path keeps its running max at -inf safely (exp2 of -inf - 0 = 0, never -inf - -inf).
 
 An FP8 cache (KV_FP8) is read as in the decode kernel (`attention_triton.py`): fp8 tiles
-converted in registers, each key's scale applied to its score column and each value's to its
-probability column.
+converted in registers (to fp16 under a 16-bit query, F16_MMA), each key's scale applied to its
+score column and each value's, over the tile's largest, to its probability column.
 """
 
 from __future__ import annotations
@@ -108,9 +108,14 @@ def _extend_tiles(
         p = tl.exp2(s - m_ref[:, None])
         alpha = tl.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if KV_FP8:
-            p = p * v_scale[None, :]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        if KV_FP8:  # (see the decode kernel: p * s_v over the tile's largest s_v)
+            v_max = tl.max(v_scale, 0)
+            v_max = tl.where(v_max > 0, v_max, 1.0)
+            p_v = (p * (v_scale / v_max)[None, :]).to(v.dtype)
+            pv = tl.dot(p_v, v, input_precision=DOT_PRECISION) * v_max
+        else:
+            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
     return acc, l_i, m_i
 
@@ -141,6 +146,7 @@ def _extend_kernel(
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr,  # fp8 caches with per-token scales
+    F16_MMA: tl.constexpr,  # KV_FP8 with a 16-bit query: products in fp16 (decode kernel doc)
     WINDOW: tl.constexpr = 0,  # sliding window in tokens; 0 = causal over the whole prefix
 ):
     kv_head = tl.program_id(0)
@@ -164,6 +170,14 @@ def _extend_kernel(
                     + offs_d[None, :], mask=row_valid[:, None], other=0.0)
         if UPCAST:
             q = q.to(tl.float32)
+        # new names, not q retyped: compiled triton (3.6) refuses a variable retyped inside a
+        # runtime if
+        if F16_MMA:
+            q_mma = (q.to(tl.float32) * 0.015625).to(tl.float16)  # / 64, exact
+            score_scale = scale_log2 * 64.0
+        else:
+            q_mma = q
+            score_scale = scale_log2
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -179,8 +193,8 @@ def _extend_kernel(
             full_lo = tl.maximum(kv_end - WINDOW, lo)
             kv_unmasked = full_lo + (tl.maximum(p_first + 1 - full_lo, 0) // BLOCK_N) * BLOCK_N
             acc, l_i, m_i = _extend_tiles(
-                acc, l_i, m_i, q, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
-                stride_cb, stride_cs, scale_log2, lo, full_lo, offs_d,
+                acc, l_i, m_i, q_mma, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
+                stride_cb, stride_cs, score_scale, lo, full_lo, offs_d,
                 k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
                 BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW, KV_FP8)
         else:
@@ -188,13 +202,13 @@ def _extend_kernel(
             full_lo = 0
             kv_unmasked = ((context + first_tok + 1) // BLOCK_N) * BLOCK_N
         acc, l_i, m_i = _extend_tiles(
-            acc, l_i, m_i, q, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
-            stride_cb, stride_cs, scale_log2, full_lo, kv_unmasked, offs_d,
+            acc, l_i, m_i, q_mma, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
+            stride_cb, stride_cs, score_scale, full_lo, kv_unmasked, offs_d,
             k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
             BLOCK_SIZE, BLOCK_N, False, UPCAST, DOT_PRECISION, WINDOW, KV_FP8)
         acc, l_i, m_i = _extend_tiles(
-            acc, l_i, m_i, q, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
-            stride_cb, stride_cs, scale_log2, kv_unmasked, kv_end, offs_d,
+            acc, l_i, m_i, q_mma, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
+            stride_cb, stride_cs, score_scale, kv_unmasked, kv_end, offs_d,
             k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
             BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW, KV_FP8)
 
@@ -303,6 +317,7 @@ def paged_attention_extend_triton(
             GROUP=group, TOKENS_PER_TILE=tokens_per_tile, BLOCK_M=block_m,
             BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_N=cfg["BLOCK_N"], UPCAST=upcast,
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
+            F16_MMA=fp8 and query.dtype != torch.float32,
             WINDOW=sliding_window or 0,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )

@@ -37,7 +37,14 @@ FP8 cache (KV_FP8, `pagedrt.ops.fp8`): K and V tiles are loaded as fp8 (half the
 bf16) and converted in registers to the query's dtype (exact: every e4m3 value is a bf16,
 fp16 and fp32 value). Their per-token scales are applied to the small [GROUP_PAD, BLOCK_N]
 tiles instead of the [BLOCK_N, HEAD_DIM] ones: q . (k * s_k) = (q . k) * s_k scales the score
-columns, and p @ (v * s_v) = (p * s_v) @ v scales the probability columns.
+columns, and p @ (v * s_v) = (p * s_v) @ v scales the probability columns (divided by the
+tile's largest s_v, which multiplies the product instead, so that p * s_v stays in fp16's
+range). Over a 16-bit query the products run in fp16 (F16_MMA): e4m3 -> fp16 is one
+conversion per two values on Hopper, where e4m3 -> bf16 takes four (through fp16 and fp32),
+and those conversions, not memory, bounded a bf16-operand version of this kernel at about
+1.5 TB/s on the H200 (BENCHMARKS.md). Every e4m3 value is an fp16 value; the query is cast
+after a division by 64 (exact; the scores are multiplied back), which keeps any |q| below
+4 million finite.
 """
 
 from __future__ import annotations
@@ -92,6 +99,7 @@ def _decode_kernel(
     UPCAST: tl.constexpr,  # interpreter: dot in fp32 (its bf16 dot is wrong)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 caches, else "tf32" (unused for 16-bit)
     KV_FP8: tl.constexpr,  # fp8 caches with per-token scales
+    F16_MMA: tl.constexpr,  # KV_FP8 with a 16-bit query: products in fp16 (module doc)
     WINDOW: tl.constexpr = 0,  # sliding window in tokens; 0 = attend to every cached token
 ):
     kv_head = tl.program_id(0)
@@ -113,6 +121,9 @@ def _decode_kernel(
                 mask=g_mask[:, None], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
+    if F16_MMA:
+        q = (q.to(tl.float32) * 0.015625).to(tl.float16)  # / 64, exact
+        scale_log2 = scale_log2 * 64.0
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -145,8 +156,14 @@ def _decode_kernel(
             v = v.to(tl.float32)
         if KV_FP8:
             v = v.to(q.dtype)
-            p = p * tl.load(v_scales_ptr + scale_off, mask=n_mask, other=0.0)[None, :]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            v_scale = tl.load(v_scales_ptr + scale_off, mask=n_mask, other=0.0)
+            v_max = tl.max(v_scale, 0)
+            v_max = tl.where(v_max > 0, v_max, 1.0)
+            p_v = (p * (v_scale / v_max)[None, :]).to(v.dtype)
+            pv = tl.dot(p_v, v, input_precision=DOT_PRECISION) * v_max
+        else:
+            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
 
     has_tokens = l_i > 0  # False for an empty partition (and for padding rows never stored)
@@ -314,6 +331,7 @@ def paged_attention_decode_triton(
             GROUP=group, GROUP_PAD=max(16, next_pow2(group)), BLOCK_SIZE=block_size,
             HEAD_DIM=head_dim, BLOCK_N=cfg["BLOCK_N"], SPLIT=split, UPCAST=upcast,
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
+            F16_MMA=fp8 and query.dtype != torch.float32,
             WINDOW=sliding_window or 0,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
