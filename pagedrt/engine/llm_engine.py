@@ -389,13 +389,7 @@ class LLMEngine:
         finished = head.forked and all(s.is_finished for s in head.group)
         if finished:
             self._retire(head)
-        return RequestOutput(
-            request_id=head.request_id, prompt=head.prompt,
-            prompt_token_ids=head.prompt_token_ids, outputs=outs, finished=finished,
-            num_cached_tokens=head.num_cached_tokens,
-            metrics={"arrival_time": head.arrival_time, "first_token_time": head.first_token_time,
-                     "last_token_time": head.last_token_time},
-        )
+        return self._request_output(head, outs, finished)
 
     def _make_beam_output(self, head: Request) -> RequestOutput:
         """A finished beam search: its hypotheses, best first (index = rank), detokenized
@@ -414,9 +408,14 @@ class LLMEngine:
                 finish_reason=hypothesis.finish_reason,
                 cumulative_logprob=hypothesis.cumulative_logprob))
         self._retire(head)
+        return self._request_output(head, outs, True)
+
+    @staticmethod
+    def _request_output(head: Request, outs: list[CompletionOutput],
+                        finished: bool) -> RequestOutput:
         return RequestOutput(
             request_id=head.request_id, prompt=head.prompt,
-            prompt_token_ids=head.prompt_token_ids, outputs=outs, finished=True,
+            prompt_token_ids=head.prompt_token_ids, outputs=outs, finished=finished,
             num_cached_tokens=head.num_cached_tokens,
             metrics={"arrival_time": head.arrival_time, "first_token_time": head.first_token_time,
                      "last_token_time": head.last_token_time},
