@@ -92,7 +92,8 @@ def main() -> None:
         per_token = 2 * kvh * (d * k.element_size() + (4 if scales else 0))
         kv_bytes = num_seqs * ctx * per_token
         default_splits = choose_num_splits(num_seqs, kvh, ctx, device_sms(q))
-        default = {**_decode_launch_config(d), "splits": default_splits}
+        default = {**_decode_launch_config(d, 1 if kv_dtype == "fp8" else 2),
+                   "splits": default_splits}
         timings = []
         extra = [] if default_splits in (1, 2, 4, 8) else [
             (default["BLOCK_N"], default["num_warps"], default["num_stages"], default_splits)]

@@ -21,7 +21,7 @@ set -u
 out="${OUT:-out}"
 mkdir -p "$out"
 log="$out/spec_h200.log"
-export PYTHONPATH="$PWD"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 model="${SMOLLM2_GGUF:?set SMOLLM2_GGUF to the SmolLM2-135M-Instruct GGUF file}"
 spec='{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
 always='{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4, "disable_by_batch_size": 4096}'

@@ -98,7 +98,8 @@ def save_hf_folder(loaded, folder: str, tokenizer_dir: str | None = None) -> str
 
 def count_graph_replays(worker) -> list[int]:
     """Make the rank count its CUDA-graph replays (read with `graph_replays`); returns the
-    batch sizes it captured graphs for ([] with graphs off)."""
+    batch sizes it captured decode graphs for (query length 1), ascending ([] with graphs
+    off)."""
     runner = worker.model_runner.graph_runner
     if runner is None:
         return []
@@ -110,7 +111,7 @@ def count_graph_replays(worker) -> list[int]:
         return run(*args, **kwargs)
 
     runner.run = counted
-    return sorted(runner.graphs)
+    return sorted(bs for q, bs in runner.graphs if q == 1)
 
 
 def graph_replays(worker) -> int:

@@ -36,8 +36,13 @@ FP32_TINY = torch.finfo(torch.float32).tiny  # the scale of an all-zero row (any
 
 def fp8_scale(amax: torch.Tensor) -> torch.Tensor:
     """Scales for rows whose largest |value| is `amax` (any shape): amax / 448 in float32,
-    at least FP32_TINY. Same tensor shape, float32."""
-    return (amax.float() / FP8_MAX).clamp_min(FP32_TINY)
+    correctly rounded, at least FP32_TINY. Same tensor shape, float32.
+
+    The divisor is a tensor on amax's device, not a Python number: torch's CUDA division by a
+    host scalar multiplies by its reciprocal, which is off by one ulp for some amax (the
+    kernels divide, and the torch path is their oracle: tests/gpu/test_fp8_kv_gpu.py)."""
+    amax = amax.float()
+    return (amax / torch.full((), FP8_MAX, device=amax.device)).clamp_min(FP32_TINY)
 
 
 def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
