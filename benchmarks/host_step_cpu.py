@@ -9,7 +9,7 @@ compared old/new with it), not a benchmark of record.
 Sampling settings (one SamplingParams object per request, as an API server makes them):
   greedy     temperature 0
   nanovllm   temperature 0.6 (nano-vllm's bench.py)
-  filters    temperature 0.8, top_k 50, top_p 0.9, min_p 0.05
+  filters    temperature 0.8, top_k 20, top_p 0.9, min_p 0.05
   penalties  temperature 0.8, repetition 1.1, frequency 0.2, presence 0.1
   mixed      the four above in turn, and every third request min_tokens = max_tokens / 2
 --seeded gives every request a seed (a per-request generator).
@@ -40,7 +40,7 @@ from pagedrt.sampling_params import SamplingParams
 SAMPLING = {
     "greedy": {"temperature": 0.0},
     "nanovllm": {"temperature": 0.6},
-    "filters": {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "min_p": 0.05},
+    "filters": {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "min_p": 0.05},
     "penalties": {"temperature": 0.8, "repetition_penalty": 1.1, "frequency_penalty": 0.2,
                   "presence_penalty": 0.1},
 }
@@ -116,7 +116,7 @@ def main() -> None:
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--vocab-size", type=int, default=384)
+    p.add_argument("--vocab-size", type=int, default=64)
     p.add_argument("--async", dest="async_scheduling", action="store_true")
     p.add_argument("--sampling", default="greedy", choices=[*SAMPLING, "mixed"])
     p.add_argument("--seeded", action="store_true")
