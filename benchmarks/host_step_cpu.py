@@ -5,6 +5,7 @@ compared old/new with it), not a benchmark of record.
 
     PYTHONPATH=$PWD python benchmarks/host_step_cpu.py [--num-seqs 256] [--steps 200] [--async]
         [--sampling greedy|nanovllm|filters|penalties|mixed] [--seeded] [--repeat 3]
+        [--json FILE]
 
 Sampling settings (one SamplingParams object per request, as an API server makes them):
   greedy     temperature 0
@@ -27,6 +28,7 @@ processes on a shared machine), and the mean wall time per step of each phase of
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -121,15 +123,23 @@ def main() -> None:
     p.add_argument("--sampling", default="greedy", choices=[*SAMPLING, "mixed"])
     p.add_argument("--seeded", action="store_true")
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--json", default="", help="also write every repeat's figures here")
     args = p.parse_args()
     torch.set_num_threads(1)
+    results = []
     for _ in range(args.repeat):
         r = run(args)
+        results.append({"system": "host_step_cpu", "sampling": args.sampling,
+                        "seeded": args.seeded, "num_seqs": args.num_seqs,
+                        "async": args.async_scheduling, **r})
         phases = " ".join(f"{k} {v:.3f}" for k, v in r["phases_ms"].items())
         print(f"{args.sampling}{' seeded' if args.seeded else ''}, {args.num_seqs} rows "
               f"({'async' if args.async_scheduling else 'sync'}): median {r['median_ms']:.3f} ms "
               f"(p25 {r['p25_ms']:.3f}, p75 {r['p75_ms']:.3f}); CPU {r['cpu_ms']:.3f} ms/step; "
               f"phases {phases}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

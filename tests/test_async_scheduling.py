@@ -3,7 +3,7 @@
 On CPU the model runs synchronously, but the engine's host logic is the same as on CUDA:
 placeholders for tokens still being sampled, input ids read on the device from the previous
 step's samples, stop checks one step late, rows of stopped or aborted requests dropped, the
-overlap turned off for sampling that reads earlier tokens. Every scenario must give the same
+penalties counted on the device (no overlap turned off). Every scenario must give the same
 tokens as the same run with steps one after the other, and leave no block behind.
 (test_scheduler.py and test_prefix_caching.py also run every test in both modes.)
 """
