@@ -3,6 +3,11 @@ stages, split-K partitions) at the engine's decode shapes, with each setting che
 the PyTorch reference first. A tuning diagnostic for the H200, not a benchmark of record.
 
     PYTHONPATH=$PWD python3 benchmarks/decode_tune.py --out DIR [--quick]
+        [--cases llama3-8b:64:4096,qwen2-0.5b:64:2048] [--kv-cache-dtype auto|fp8|both]
+        [--small-grid]
+
+With `--kv-cache-dtype fp8` the cache is the bf16 one quantized per token and KV head
+(`pagedrt.ops.fp8`), and bandwidth counts the FP8 bytes plus their scales.
 
 Prints, per shape, the current default's time and the fastest settings; writes every timing to
 DIR/decode_tune.json. Block ids are a random permutation, as in a cache that has been in use.
@@ -25,24 +30,26 @@ from pagedrt.ops.attention_triton import (
     choose_num_splits,
     paged_attention_decode_triton,
 )
+from pagedrt.ops.fp8 import dequantize_fp8, quantize_fp8
 from pagedrt.ops.triton_utils import device_sms
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: TRITON_INTERPRET=1, no timing
 # (name, num_heads, num_kv_heads, head_dim)
 MODELS = {"qwen2-0.5b": (14, 2, 64), "llama3-8b": (32, 8, 128), "smollm2": (9, 3, 64)}
 
 
 def make_case(num_seqs, ctx, num_heads, num_kv_heads, head_dim, block_size=16, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
     blocks_per_seq = triton.cdiv(ctx, block_size)
     num_blocks = num_seqs * blocks_per_seq + 1
     dt = torch.bfloat16
-    q = torch.randn(num_seqs, num_heads, head_dim, device="cuda", dtype=dt, generator=g)
-    k = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, device="cuda", dtype=dt,
+    q = torch.randn(num_seqs, num_heads, head_dim, device=DEVICE, dtype=dt, generator=g)
+    k = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, device=DEVICE, dtype=dt,
                     generator=g)
     v = torch.randn_like(k)
-    perm = torch.randperm(num_blocks, device="cuda", generator=g)[: num_seqs * blocks_per_seq]
+    perm = torch.randperm(num_blocks, device=DEVICE, generator=g)[: num_seqs * blocks_per_seq]
     tables = perm.view(num_seqs, blocks_per_seq).to(torch.int32)
-    lens = torch.full((num_seqs,), ctx, dtype=torch.int32, device="cuda")
+    lens = torch.full((num_seqs,), ctx, dtype=torch.int32, device=DEVICE)
     return q, k, v, tables, lens
 
 
@@ -50,40 +57,65 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--cases", default=None,
+                   help="MODEL:NUM_SEQS:CTX,... (models: " + ", ".join(MODELS) + ")")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "both"])
+    p.add_argument("--small-grid", action="store_true",
+                   help="BLOCK_N 32/64/128 x warps 4/8 x stages 2/3, default splits only")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     cases = [("qwen2-0.5b", 256, 520), ("qwen2-0.5b", 256, 640), ("qwen2-0.5b", 256, 1024),
              ("qwen2-0.5b", 64, 640), ("qwen2-0.5b", 8, 4096), ("llama3-8b", 256, 640),
              ("smollm2", 256, 640)]
+    if args.cases:
+        cases = [(m, int(b), int(c)) for m, b, c in (x.split(":") for x in args.cases.split(","))]
     if args.quick:
         cases = cases[:2]
     grid = list(itertools.product([32, 64, 128], [2, 4, 8], [2, 3, 4], [1, 2, 4, 8]))
+    dtypes = ["auto", "fp8"] if args.kv_cache_dtype == "both" else [args.kv_cache_dtype]
     results, table = [], []
-    for model, num_seqs, ctx in cases:
+    for (model, num_seqs, ctx), kv_dtype in itertools.product(cases, dtypes):
         h, kvh, d = MODELS[model]
         q, k, v, bt, sl = make_case(num_seqs, ctx, h, kvh, d)
-        ref = paged_attention_decode_reference(q.float(), k.float(), v.float(), bt, sl,
-                                               d ** -0.5)
-        kv_bytes = 2 * num_seqs * ctx * kvh * d * 2
+        scales = {}
+        if kv_dtype == "fp8":  # the cache the engine would hold, and its own reference
+            (k, ks), (v, vs) = (quantize_fp8(x.flatten(0, 1)) for x in (k, v))
+            bs = 16  # make_case's block size
+            k, v = (x.view(-1, bs, kvh, d) for x in (k, v))
+            scales = {"k_scales": ks.view(-1, bs, kvh).transpose(1, 2).contiguous(),
+                      "v_scales": vs.view(-1, bs, kvh).transpose(1, 2).contiguous()}
+            kf = dequantize_fp8(k, scales["k_scales"].transpose(1, 2))
+            vf = dequantize_fp8(v, scales["v_scales"].transpose(1, 2))
+        else:
+            kf, vf = k.float(), v.float()
+        ref = paged_attention_decode_reference(q.float(), kf, vf, bt, sl, d ** -0.5)
+        per_token = 2 * kvh * (d * k.element_size() + (4 if scales else 0))
+        kv_bytes = num_seqs * ctx * per_token
         default_splits = choose_num_splits(num_seqs, kvh, ctx, device_sms(q))
         default = {**_decode_launch_config(d), "splits": default_splits}
         timings = []
         extra = [] if default_splits in (1, 2, 4, 8) else [
             (default["BLOCK_N"], default["num_warps"], default["num_stages"], default_splits)]
-        for bn, warps, stages, splits in grid + extra:
-            if model == "llama3-8b" and bn == 128:
+        run_grid = grid + extra
+        if args.small_grid:
+            run_grid = list(itertools.product([32, 64, 128], [4, 8], [2, 3], [default_splits]))
+            run_grid += [] if (default["BLOCK_N"], default["num_warps"], default["num_stages"],
+                               default_splits) in run_grid else [
+                (default["BLOCK_N"], default["num_warps"], default["num_stages"], default_splits)]
+        for bn, warps, stages, splits in run_grid:
+            if model == "llama3-8b" and bn == 128 and kv_dtype != "fp8":
                 continue
             cfg = {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
             try:
                 out = paged_attention_decode_triton(q, k, v, bt, sl, d ** -0.5, splits,
-                                                    config=cfg)
+                                                    config=cfg, **scales)
                 err = (out.float() - ref).abs().max().item()
                 if err > 2e-2:
                     timings.append({**cfg, "splits": splits, "error": err, "ms": None})
                     continue
                 ms = triton.testing.do_bench_cudagraph(functools.partial(
                     paged_attention_decode_triton, q, k, v, bt, sl, d ** -0.5, splits,
-                    config=cfg), rep=30)
+                    config=cfg, **scales), rep=30)
             except Exception as e:  # noqa: BLE001 - a config that does not fit: record it
                 timings.append({**cfg, "splits": splits, "failed": str(e)[:200]})
                 continue
@@ -93,18 +125,25 @@ def main() -> None:
         ok.sort(key=lambda t: t["ms"])
         d_t = next((t for t in ok if all(t[key] == default[key] for key in default)), None)
         results.append({"model": model, "num_seqs": num_seqs, "ctx": ctx, "kv_bytes": kv_bytes,
+                        "kv_cache_dtype": kv_dtype,
                         "default": default, "default_ms": d_t and d_t["ms"], "timings": ok,
                         "bad": [t for t in timings if not t.get("ms")]})
+        if not ok:
+            table.append(f"{model:11s} {kv_dtype:4s} B{num_seqs:<4d} ctx{ctx:<5d} no setting ran: "
+                         f"{results[-1]['bad'][:2]}")
+            print(table[-1], flush=True)
+            continue
         best = ok[0]
-        table.append(f"{model:11s} B{num_seqs:<4d} ctx{ctx:<5d} default {d_t and d_t['ms']*1e3:7.1f}"
-                     f" us ({d_t and d_t['tb_s']:.2f} TB/s) | best {best['ms']*1e3:7.1f} us "
+        dflt = f"{d_t['ms'] * 1e3:7.1f} us ({d_t['tb_s']:.2f} TB/s)" if d_t else "not run"
+        table.append(f"{model:11s} {kv_dtype:4s} B{num_seqs:<4d} ctx{ctx:<5d} default {dflt}"
+                     f" | best {best['ms']*1e3:7.1f} us "
                      f"({best['tb_s']:.2f} TB/s) BN{best['BLOCK_N']} w{best['num_warps']} "
                      f"s{best['num_stages']} sp{best['splits']} | next: " + ", ".join(
                          f"BN{t['BLOCK_N']}w{t['num_warps']}s{t['num_stages']}sp{t['splits']}"
                          f"={t['ms']*1e3:.1f}" for t in ok[1:5]))
         print(table[-1], flush=True)
     with open(os.path.join(args.out, "decode_tune.json"), "w") as f:
-        json.dump({"gpu": torch.cuda.get_device_name(), "results": results}, f, indent=1)
+        json.dump({"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "results": results}, f, indent=1)
     print("\n".join(table))
 
 
