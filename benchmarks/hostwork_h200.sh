@@ -14,14 +14,14 @@ out="${OUT:-out}"
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 log="$out/hostwork_h200.log"
-bench() { timeout 100 python3 -m pagedrt.entrypoints.cli bench "$@" --out "$out" >> "$log" 2>&1; }
+bench() { timeout "$cap" python3 -m pagedrt.entrypoints.cli bench "$@" --out "$out" >> "$log" 2>&1; }
 for s in greedy nanovllm filters penalties mixed; do
     timeout 40 python3 benchmarks/host_step_cpu.py --sampling "$s" --steps 150 --async \
         --json "$out/host_step_$s.json" | tee -a "$log"
 done
-bench throughput --preset qwen2-0.5b --workload nanovllm --name nanovllm_qwen2
-bench throughput --preset qwen2-0.5b --workload nanovllm --sampling penalties \
+cap=100 bench throughput --preset qwen2-0.5b --workload nanovllm --name nanovllm_qwen2
+cap=60 bench throughput --preset qwen2-0.5b --workload nanovllm --sampling penalties \
     --skip-step-split --warm-up-requests 32 --name nanovllm_qwen2_penalties
-bench throughput --preset qwen2-0.5b --workload nanovllm --sampling filters \
+cap=60 bench throughput --preset qwen2-0.5b --workload nanovllm --sampling filters \
     --skip-step-split --warm-up-requests 32 --name nanovllm_qwen2_filters
 python3 benchmarks/trace_summary.py "$out" 2>&1 | tee -a "$log"
