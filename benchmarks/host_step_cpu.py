@@ -1,20 +1,34 @@
 """Host time of an engine decode step on the CPU, with a stub model (no device work): the
-scheduler, the model runner's input preparation, the sampler's fast path and the update of 256
-requests. A diagnostic for keeping the per-step host work small (every change to the engine's
-hot path is compared old/new with it), not a benchmark of record.
+scheduler, the model runner's input preparation, the sampler and the update of 256 requests. A
+diagnostic for keeping the per-step host work small (every change to the engine's hot path is
+compared old/new with it), not a benchmark of record.
 
     PYTHONPATH=$PWD python benchmarks/host_step_cpu.py [--num-seqs 256] [--steps 200] [--async]
+        [--sampling greedy|nanovllm|filters|penalties|mixed] [--seeded] [--repeat 3]
+        [--json FILE]
 
-The stub model returns zeros as hidden states and one fixed random logits row per token, so
-greedy decoding picks tokens in microseconds; the engine around it is the real one. Prints the
-median and the 25th/75th percentiles of the wall time of `LLMEngine.step()` in ms over decode
-steps of `--num-seqs` rows, after every request has finished its prefill, and the mean CPU
-time of the process per step (less sensitive to other processes on a shared machine).
+Sampling settings (one SamplingParams object per request, as an API server makes them):
+  greedy     temperature 0
+  nanovllm   temperature 0.6 (nano-vllm's bench.py)
+  filters    temperature 0.8, top_k 20, top_p 0.9, min_p 0.05
+  penalties  temperature 0.8, repetition 1.1, frequency 0.2, presence 0.1
+  mixed      the four above in turn, and every third request min_tokens = max_tokens / 2
+--seeded gives every request a seed (a per-request generator).
+
+The stub model returns zeros as hidden states and one fixed random logits row per token; the
+engine around it is the real one. On this CPU the sampler's tensor ops run here too, on a
+--vocab-size-wide logits batch (small, so that they stay a small part of the figure; on a GPU
+they are launches). Prints, per repeat, the median and the 25th/75th percentiles of the wall
+time of `LLMEngine.step()` in ms over decode steps of `--num-seqs` rows, after every request
+has finished its prefill, the mean CPU time of the process per step (less sensitive to other
+processes on a shared machine), and the mean wall time per step of each phase of the step
+(`StepClock`: schedule, prepare, forward, sample, update).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -25,22 +39,32 @@ from pagedrt.engine.llm_engine import LLMEngine
 from pagedrt.models.loader import LoadedModel
 from pagedrt.sampling_params import SamplingParams
 
-STUB_CONFIG = ModelConfig(
-    architecture="LlamaForCausalLM", vocab_size=384, hidden_size=64, intermediate_size=128,
-    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-    max_position_embeddings=4096,
-)
+SAMPLING = {
+    "greedy": {"temperature": 0.0},
+    "nanovllm": {"temperature": 0.6},
+    "filters": {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "min_p": 0.05},
+    "penalties": {"temperature": 0.8, "repetition_penalty": 1.1, "frequency_penalty": 0.2,
+                  "presence_penalty": 0.1},
+}
+
+
+def stub_config(vocab_size: int) -> ModelConfig:
+    return ModelConfig(
+        architecture="LlamaForCausalLM", vocab_size=vocab_size, hidden_size=64,
+        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+    )
 
 
 class StubModel(torch.nn.Module):
     """The model interface the engine calls, with no work behind it."""
 
-    def __init__(self, config: ModelConfig, max_tokens: int = 16384) -> None:
+    def __init__(self, config: ModelConfig, max_tokens: int = 16384, max_rows: int = 1024) -> None:
         super().__init__()
         self.config = config
         self.dummy = torch.nn.Parameter(torch.zeros(1))
         gen = torch.Generator().manual_seed(0)
-        self.table = torch.randn(config.vocab_size, config.vocab_size, generator=gen)
+        self.table = torch.randn(max_rows, config.vocab_size, generator=gen) * 3
         self.hidden = torch.zeros(max_tokens, config.hidden_size)
 
     def forward(self, input_ids, positions, kv_layers, meta):
@@ -50,29 +74,33 @@ class StubModel(torch.nn.Module):
         return self.table[: hidden.shape[0]]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--num-seqs", type=int, default=256)
-    p.add_argument("--input-len", type=int, default=512)
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--async", dest="async_scheduling", action="store_true")
-    args = p.parse_args()
-    torch.set_num_threads(1)
+def request_params(args, i: int) -> SamplingParams:
+    kinds = list(SAMPLING) if args.sampling == "mixed" else [args.sampling]
+    max_tokens = args.steps + 64
+    kwargs = dict(SAMPLING[kinds[i % len(kinds)]])
+    if args.sampling == "mixed" and i % 3 == 0:
+        kwargs["min_tokens"] = max_tokens // 2
+    return SamplingParams(ignore_eos=True, max_tokens=max_tokens,
+                          seed=i if args.seeded else None, **kwargs)
+
+
+def run(args) -> dict:
+    config = stub_config(args.vocab_size)
     cfg = EngineConfig(num_kv_blocks=args.num_seqs * (args.input_len + args.steps + 64) // 16,
                        max_num_seqs=args.num_seqs, max_num_batched_tokens=8192,
                        async_scheduling=args.async_scheduling)
     engine = LLMEngine(config=cfg, device="cpu",
-                       loaded=LoadedModel(StubModel(STUB_CONFIG), STUB_CONFIG, None, "stub"))
+                       loaded=LoadedModel(StubModel(config), config, None, "stub"))
     gen = torch.Generator().manual_seed(0)
-    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=args.steps + 64)
     for i in range(args.num_seqs):
-        prompt = torch.randint(0, STUB_CONFIG.vocab_size, (args.input_len,), generator=gen)
-        engine.add_request(str(i), prompt.tolist(), params, stream=False)
+        prompt = torch.randint(0, config.vocab_size, (args.input_len,), generator=gen)
+        engine.add_request(str(i), prompt.tolist(), request_params(args, i), stream=False)
     while engine.scheduler.waiting or any(
             r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running):
         engine.step()
     for _ in range(10):
         engine.step()
+    engine.clock.reset()
     times, cpu_times = [], []
     for _ in range(args.steps):
         t, c = time.perf_counter(), time.process_time()
@@ -80,9 +108,38 @@ def main() -> None:
         times.append(1e3 * (time.perf_counter() - t))
         cpu_times.append(1e3 * (time.process_time() - c))
     q = statistics.quantiles(times, n=4)
-    print(f"decode step of {args.num_seqs} rows ({'async' if args.async_scheduling else 'sync'}):"
-          f" median {statistics.median(times):.3f} ms (p25 {q[0]:.3f}, p75 {q[2]:.3f}); "
-          f"CPU time {statistics.mean(cpu_times):.3f} ms per step")
+    return {"median_ms": statistics.median(times), "p25_ms": q[0], "p75_ms": q[2],
+            "cpu_ms": statistics.mean(cpu_times),
+            "phases_ms": {k: 1e3 * v / args.steps for k, v in engine.clock.totals.items()}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--num-seqs", type=int, default=256)
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--vocab-size", type=int, default=64)
+    p.add_argument("--async", dest="async_scheduling", action="store_true")
+    p.add_argument("--sampling", default="greedy", choices=[*SAMPLING, "mixed"])
+    p.add_argument("--seeded", action="store_true")
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--json", default="", help="also write every repeat's figures here")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    results = []
+    for _ in range(args.repeat):
+        r = run(args)
+        results.append({"system": "host_step_cpu", "sampling": args.sampling,
+                        "seeded": args.seeded, "num_seqs": args.num_seqs,
+                        "async": args.async_scheduling, **r})
+        phases = " ".join(f"{k} {v:.3f}" for k, v in r["phases_ms"].items())
+        print(f"{args.sampling}{' seeded' if args.seeded else ''}, {args.num_seqs} rows "
+              f"({'async' if args.async_scheduling else 'sync'}): median {r['median_ms']:.3f} ms "
+              f"(p25 {r['p25_ms']:.3f}, p75 {r['p75_ms']:.3f}); CPU {r['cpu_ms']:.3f} ms/step; "
+              f"phases {phases}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -60,10 +60,33 @@ from pagedrt.engine.llm_engine import resolve_device
 from pagedrt.models.loader import LoadedModel
 from pagedrt.sampling_params import SamplingParams
 
+SAMPLING_SETTINGS = {
+    "greedy": {"temperature": 0.0},
+    "nanovllm": {"temperature": 0.6},
+    "filters": {"temperature": 0.8, "top_k": 50, "top_p": 0.9, "min_p": 0.05},
+    "penalties": {"temperature": 0.8, "repetition_penalty": 1.1, "frequency_penalty": 0.2,
+                  "presence_penalty": 0.1},
+    "seeded": {"temperature": 0.6},  # and a seed per request
+}
+"""--sampling: settings that replace those of every request of the workload (the host work of
+a step depends on them; benchmarks/host_step_cpu.py measures it without a GPU)."""
+
 
 def make_workload(args, seed: int = 0) -> tuple[list[list[int]], list[SamplingParams], str]:
-    """The requests; `seed` != 0 gives other token ids of the same lengths (no cache hits;
-    the text workload puts `seed` distinct tokens before each prompt instead)."""
+    """The requests (with --sampling's settings, if given); `seed` != 0 gives other token ids
+    of the same lengths (no cache hits; the text workload puts `seed` distinct tokens before
+    each prompt instead)."""
+    prompts, params, name = _make_workload(args, seed)
+    settings = getattr(args, "sampling", "")
+    if settings:
+        params = [dataclasses.replace(p, **SAMPLING_SETTINGS[settings],
+                                      seed=i if settings == "seeded" else p.seed)
+                  for i, p in enumerate(params)]
+        name = f"{name} {settings}"
+    return prompts, params, name
+
+
+def _make_workload(args, seed: int = 0) -> tuple[list[list[int]], list[SamplingParams], str]:
     if args.workload == "text":
         return text_workload(args, seed)
     if args.workload == "nanovllm":
@@ -391,6 +414,11 @@ def main(argv: list[str]) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     p.add_argument("--workload", default="fixed", choices=["fixed", "nanovllm", "text"])
+    p.add_argument("--sampling", default="", choices=["", *SAMPLING_SETTINGS],
+                   help="replace every request's sampling settings: greedy; nanovllm "
+                        "(temperature 0.6); filters (0.8, top_k 50, top_p 0.9, min_p 0.05); "
+                        "penalties (0.8, repetition 1.1, frequency 0.2, presence 0.1); seeded "
+                        "(0.6, a seed per request)")
     p.add_argument("--compare-speculative", action="store_true",
                    help="run the workload with --speculative-config and without it")
     p.add_argument("--num-requests", type=int, default=256)

@@ -13,6 +13,9 @@ step of 256 rows is a handful of numpy gathers instead of a Python call per requ
             num_computed_tokens[r]: tokens in the KV cache after the latest step that ran it
                                     (a verification step: after `append_accepted`)
             states[r]: sampling settings, the seeded generator, the prompt (RowState)
+            sampling: the same settings as arrays and device tensors, with the penalties'
+                            per-row token counts on the device (SamplingState,
+                            pagedrt/engine/sampling_state.py): what the sampler reads
             is_beam[r], beam_scores[r]: a beam slot, and its beam's cumulative
                             log-probability (on the device: written by the beam expansion)
             beam_search[r], beam_slot[r]: its search (an int key of the search's request id,
@@ -32,6 +35,7 @@ import torch
 
 from pagedrt.core.plan import NewRequestData, StepPlan
 from pagedrt.core.request import PLACEHOLDER_TOKEN_ID
+from pagedrt.engine.sampling_state import SamplingState
 from pagedrt.sampling_params import SamplingParams
 
 
@@ -97,6 +101,7 @@ class InputBatch:
         self.beam_search_ids: dict[int, str] = {}
         self._next_beam_key = 0
         self.states: list[RowState | None] = [None] * num_rows
+        self.sampling = SamplingState(num_rows, device)
         self.row_of: dict[str, int] = {}
         self._free_rows = list(range(num_rows - 1, -1, -1))
         # of preempted requests: (generator, pending, pending_step) of the dropped row
@@ -120,6 +125,7 @@ class InputBatch:
             self.pending = np.pad(self.pending, (0, n), constant_values=-1)
             self.pending_step = np.pad(self.pending_step, (0, n), constant_values=-1)
             self.states += [None] * n
+            self.sampling.grow(2 * n)
             self._free_rows = list(range(2 * n - 1, n - 1, -1))
         row = self._free_rows.pop()
         self.row_of[req_id] = row
@@ -133,10 +139,12 @@ class InputBatch:
         if row is None:
             if not preempted:
                 self._parked.pop(req_id, None)
+                self.sampling.forget(req_id)
             return
         if preempted:
             self._parked[req_id] = (self.states[row].generator, int(self.pending[row]),
                                     int(self.pending_step[row]))
+        self.sampling.clear_row(row, req_id, preempted)
         self.states[row] = None
         self.block_table[row, : self.num_blocks[row]] = 0
         self.num_tokens[row] = self.num_computed_tokens[row] = self.num_blocks[row] = 0
@@ -189,6 +197,8 @@ class InputBatch:
         self.states[row] = RowState(self, row, new.req_id, new.sampling_params, generator,
                                     new.prompt_token_ids, new.eos_token_ids, new.sample_index,
                                     new.beam_group)
+        self.sampling.set_row(row, new.req_id, new.sampling_params, generator is not None,
+                              new.prompt_token_ids, new.output_token_ids, new.eos_token_ids)
         if new.beam_group is not None:
             self._mark_beam(row, new.beam_group, new.sample_index, new.beam_score)
         return row
@@ -224,6 +234,9 @@ class InputBatch:
                                     self._generator(p.params, sample_index),
                                     p.prompt_token_ids, p.eos_token_ids, sample_index,
                                     p.beam_group)
+        self.sampling.fork_row(parent_row, row, child_id, p.params,
+                               self.states[row].generator is not None, p.prompt_token_ids,
+                               p.eos_token_ids)
         if p.beam_group is not None:
             self._mark_beam(row, p.beam_group, sample_index, float("-inf"))
         return row

@@ -16,8 +16,8 @@ step n is not on the host when step n+1 is planned: the request gets a placehold
 (`PLACEHOLDER_TOKEN_ID`), step n+1 reads the real id on the device, and once step n's tokens
 reach the host (after step n+1 was launched) they replace the placeholders and the stop checks
 run. A request that stopped at step n has computed one token too many in step n+1; that row is
-dropped. Requests whose sampling reads the tokens generated so far (penalties) turn the
-overlap off while they run.
+dropped. Penalties need no host tokens either: the device side counts each row's sampled
+tokens on the device (pagedrt/engine/sampling_state.py), so they keep the overlap.
 
     host:    | sched n+1 | launch n+1 | update n | sched n+2 | launch n+2 | update n+1 |
     device:  |  ... step n ...   |      step n+1       |          step n+2  ...
@@ -174,7 +174,6 @@ class LLMEngine:
         # instead and returns no outputs; text is then made by the reader, and the engine
         # detokenizes only requests with stop strings (to find them).
         self.token_events: list[TokenEvent] | None = None
-        self._history_request_ids: set[str] = set()  # requests that sample from their outputs
         self.counters = {"num_steps": 0, "num_prompt_tokens": 0, "num_generated_tokens": 0,
                          "num_finished_requests": 0, "busy_time_s": 0.0}
         if self.device.type == "cuda":
@@ -239,8 +238,6 @@ class LLMEngine:
             req.stream = False
         self._init_sequence(req)
         self.requests[request_id] = req
-        if params.reads_output_tokens:
-            self._history_request_ids.add(request_id)
         self.scheduler.add_request(req)
         return req
 
@@ -262,7 +259,6 @@ class LLMEngine:
         head = self.requests.pop(request_id, None)
         if head is None:
             return False
-        self._history_request_ids.discard(request_id)
         self.scheduler.abort(head)
         return True
 
@@ -293,11 +289,9 @@ class LLMEngine:
     def _step(self) -> list[RequestOutput]:
         clock = self.clock.start()
         outputs: list[RequestOutput] = []
-        if self.in_flight is not None and (self._history_request_ids
-                                           or not self.async_scheduling
+        if self.in_flight is not None and (not self.async_scheduling
                                            or self.scheduler.wants_known_tokens()):
-            # sampling will read every generated token (or drafts will follow them): no
-            # placeholder may be left
+            # drafts will follow the generated tokens: no placeholder may be left
             outputs = self._finish_step(self.in_flight)
             self.in_flight = None
         plan = self.last_scheduler_output = self.scheduler.schedule()
@@ -424,7 +418,6 @@ class LLMEngine:
     def _retire(self, head: Request) -> None:
         """Forget a request whose samples have all finished."""
         self.requests.pop(head.request_id, None)
-        self._history_request_ids.discard(head.request_id)
         self.counters["num_finished_requests"] += 1
 
     # ----------------------------------------------------------------- stats

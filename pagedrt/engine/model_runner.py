@@ -431,10 +431,13 @@ class ModelRunner:
         return index, np.asarray(new_rows, dtype=np.int64)
 
     def _run_sampler(self, logits: torch.Tensor, rows: np.ndarray) -> SamplerOutput | None:
+        """Sample one token per row of `rows` ([B] int64, in logits order) from the batch's
+        persistent settings (`Sampler.sample_rows`); None for no row."""
         if not len(rows):
             return None
-        states = self.batch.states
-        return self.sampler(logits, [states[r] for r in rows.tolist()], self.generator)
+        batch = self.batch
+        return self.sampler.sample_rows(logits, batch.sampling, rows, batch.states,
+                                        batch.num_tokens, self.generator)
 
     def _sample_speculative(self, plan: StepPlan, logits: torch.Tensor, sampled_rows: np.ndarray,
                             num_drafts: np.ndarray, clock) -> LaunchedStep:
@@ -473,6 +476,7 @@ class ModelRunner:
         verified = self.rejection_sampler(
             spec_logits, [states[r] for r in spec_rows.tolist()],
             _to_device(torch.from_numpy(drafts), device), spec_drafts.tolist(), self.generator)
+        self._count_verified(spec_rows, verified, logits.shape[-1])
         # merge: plain outputs first, then the verified rows' first tokens, permuted into row
         # order with every forked child after its parent
         order, rows_out, spec_positions = [], [], []
@@ -508,22 +512,38 @@ class ModelRunner:
         return self._launch(plan.step_id, output, np.asarray(rows_out, dtype=np.int64), None,
                             clock, spec=(spec_positions, verified))
 
+    def _count_verified(self, spec_rows: np.ndarray, verified: RejectionOutput,
+                        vocab_size: int) -> None:
+        """Add the tokens of rows that verified drafts (accepted drafts and the target's
+        token) to the penalty counts of those with penalties (on the device)."""
+        sampling = self.batch.sampling
+        penalized = np.flatnonzero(sampling.penalized[spec_rows])
+        if not len(penalized):
+            return
+        sampling.flush(vocab_size)
+        device = verified.token_ids.device
+        index = _to_device(torch.from_numpy(np.concatenate(
+            [penalized, sampling.penalty_slot[spec_rows[penalized]]])), device)
+        pen_t, slots_t = index.split(len(penalized))
+        tokens = verified.token_ids[pen_t]  # [p, K + 1]
+        valid = (torch.arange(tokens.shape[1], device=device)[None, :]
+                 < verified.num_tokens[pen_t, None])
+        sampling.count(slots_t, tokens, valid)
+
     def _sample(self, step_id: int, logits: torch.Tensor, rows: np.ndarray,
                 req_ids: list[str] | None, clock, scheduled_rows: np.ndarray,
                 inputs: ModelInputs) -> LaunchedStep:
         """Sample one token per row (expanding beam searches where rows are beam slots)."""
         batch = self.batch
-        states = batch.states
-        sampling_rows = [states[r] for r in rows.tolist()]
         is_beam = batch.is_beam[rows]
         beams = None
         if is_beam.any():
-            output, beams = self._sample_with_beams(logits, rows, sampling_rows, is_beam,
+            states = batch.states
+            output, beams = self._sample_with_beams(logits, rows,
+                                                    [states[r] for r in rows.tolist()], is_beam,
                                                     scheduled_rows, inputs)
         else:
-            output = self.sampler(logits, sampling_rows, self.generator) if len(rows) else None
-        if req_ids is None:
-            req_ids = [s.req_id for s in sampling_rows]
+            output = self._run_sampler(logits, rows)
         return self._launch(step_id, output, rows, req_ids, clock, beams=beams)
 
     def _launch(self, step_id: int, output: SamplerOutput | None, rows: np.ndarray,
@@ -573,8 +593,7 @@ class ModelRunner:
             if logits.device.type == "cuda":  # (pinned: a pageable copy waits for the stream)
                 other_t = other_t.pin_memory()
             other_t = other_t.to(logits.device, non_blocking=True)
-            sampled = self.sampler(logits.index_select(0, other_t),
-                                   [sampling_rows[i] for i in other.tolist()], self.generator)
+            sampled = self._run_sampler(logits.index_select(0, other_t), rows[other])
             token_ids.index_copy_(0, other_t, sampled.token_ids)
             if sampled.logprobs is not None:
                 logprobs = [None] * len(rows)

@@ -27,8 +27,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
+from pagedrt.engine.sampling_state import (
+    FREQUENCY,
+    GREEDY,
+    MIN_P,
+    PRESENCE,
+    REPETITION,
+    TEMPERATURE,
+    TOP_K,
+    TOP_P,
+    SamplingState,
+    to_device,
+)
 from pagedrt.sampling_params import SamplingParams
 
 
@@ -142,15 +155,117 @@ class Sampler:
         noise from the default generator only, never from their own.
         """
         probs = sampling_probs(logits, rows)
-        # q ~ Exp(1): one call for the whole batch, then seeded rows are redrawn from their own
-        # generator so that their noise depends only on their seed and step.
-        q = torch.empty_like(probs).exponential_(generator=default_generator)
-        for i, row in enumerate(rows):
-            if row.generator is not None and not row.params.greedy:
-                q[i].exponential_(generator=row.generator)
-        # Exp(1) can round to 0; 0 / 0 would be NaN, which argmax would pick.
-        q.clamp_(min=torch.finfo(q.dtype).tiny)
-        return (probs / q).argmax(dim=-1)
+        seeded = [(i, row.generator) for i, row in enumerate(rows)
+                  if row.generator is not None and not row.params.greedy]
+        return _exponential_race(probs, seeded, default_generator)
+
+    def sample_rows(
+        self,
+        logits: torch.Tensor,
+        state: SamplingState,
+        rows: np.ndarray,
+        row_states: list,
+        num_tokens: np.ndarray,
+        default_generator: torch.Generator | None = None,
+    ) -> SamplerOutput:
+        """`__call__` for rows of the device side's persistent batch: the same tokens (the same
+        ops on the same values, the same draws), with each row's settings read from `state`
+        (pagedrt/engine/sampling_state.py) by tensor ops instead of built per request. Python
+        runs per row only for seeded rows (each draws from its own generator) and for the
+        logprobs of rows that ask for them. Rows with penalties add their sampled token to
+        their counts on the device.
+
+        Args:
+            logits: [B, vocab] float (any float dtype), any device. Not modified.
+            state: the rows' settings (the InputBatch's `sampling`).
+            rows: [B] int64 the rows, in logits order.
+            row_states: per row (indexed by row), an object with `generator` and `params`
+                (the InputBatch's `states`); read only for seeded rows and logprobs.
+            num_tokens: per row (indexed by row), its number of tokens (min_tokens).
+            default_generator: RNG of rows without their own; None means torch's global RNG.
+
+        Returns:
+            SamplerOutput with token_ids [B] int64 on logits.device.
+        """
+        if logits.dim() != 2 or logits.shape[0] != len(rows):
+            raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(rows)} rows")
+        if state.plain_greedy[rows].all():
+            return SamplerOutput(token_ids=logits.argmax(dim=-1))
+        vocab_size, device = logits.shape[1], logits.device
+        state.flush(vocab_size)
+        raw = logits.float()
+        want_logprobs = bool(state.wants_logprobs[rows].any())
+        raw_logprobs = torch.log_softmax(raw, dim=-1) if want_logprobs else None
+
+        # every index the step needs, in one copy: [rows | penalized i | their slots |
+        # min_tokens (i, token) pairs]
+        penalized = np.flatnonzero(state.penalized[rows])
+        slots = state.penalty_slot[rows[penalized]]
+        blocked = np.flatnonzero(
+            state.min_tokens[rows] > num_tokens[rows] - state.prompt_len[rows])
+        stop = state.stop_ids[rows[blocked]]  # [m, S], -1 pads
+        pair_i, pair_j = np.nonzero((stop >= 0) & (stop < vocab_size))
+        index = to_device(np.concatenate([rows, penalized, slots, blocked[pair_i],
+                                          stop[pair_i, pair_j]]), device)
+        rows_t, pen_t, slots_t, block_i, block_t = torch.split(
+            index, [len(rows), len(penalized), len(slots), len(pair_i), len(pair_i)])
+        params = state.device_params()[rows_t]  # [B, NUM_PARAMS]
+
+        logits = raw
+        if len(penalized):
+            x = _penalize(raw[pen_t], state.output_counts[slots_t].float(),
+                          state.prompt_seen[slots_t], params[pen_t, REPETITION, None],
+                          params[pen_t, FREQUENCY, None], params[pen_t, PRESENCE, None])
+            logits = raw.clone()
+            logits[pen_t] = x
+        if len(pair_i):
+            logits = logits.clone() if logits is raw else logits
+            logits[block_i, block_t] = float("-inf")
+
+        greedy = state.greedy[rows]
+        if greedy.all():
+            token_ids = logits.argmax(dim=-1)
+        else:
+            processed = logits
+            logits = logits / params[:, TEMPERATURE, None]
+            top_k = state.top_k[rows]
+            if ((top_k > 0) & (top_k < vocab_size)).any() or (
+                    state.params[rows, TOP_P] < 1.0).any():
+                k = params[:, TOP_K, None].long()
+                k = torch.where((k > 0) & (k < vocab_size), k, vocab_size)
+                logits = _apply_top_k_top_p(logits, k, params[:, TOP_P, None])
+            if (state.params[rows, MIN_P] > 0.0).any():
+                logits = _apply_min_p(logits, params[:, MIN_P, None])
+            probs = torch.softmax(logits, dim=-1)
+            seeded = [(i, row_states[r].generator)
+                      for i, r in zip(np.flatnonzero(state.seeded[rows]).tolist(),
+                                      rows[state.seeded[rows]].tolist())]
+            sampled = _exponential_race(probs, seeded, default_generator)
+            if greedy.any():
+                token_ids = torch.where(params[:, GREEDY] > 0, processed.argmax(dim=-1), sampled)
+            else:
+                token_ids = sampled
+
+        if len(penalized):
+            state.count(slots_t, token_ids[pen_t])
+        output = SamplerOutput(token_ids=token_ids)
+        if raw_logprobs is not None:
+            output.logprobs = _gather_logprobs(raw_logprobs, token_ids,
+                                               [row_states[r] for r in rows.tolist()])
+        return output
+
+
+def _exponential_race(probs: torch.Tensor, seeded: list[tuple[int, torch.Generator]],
+                      default_generator: torch.Generator | None) -> torch.Tensor:
+    """argmax of probs / q, q ~ Exp(1): one draw for the whole batch, then the `seeded` rows
+    (index, generator) are redrawn from their own generator so that their noise depends only
+    on their seed and step. probs: [B, vocab] float32. Returns [B] int64."""
+    q = torch.empty_like(probs).exponential_(generator=default_generator)
+    for i, generator in seeded:
+        q[i].exponential_(generator=generator)
+    # Exp(1) can round to 0; 0 / 0 would be NaN, which argmax would pick.
+    q.clamp_(min=torch.finfo(q.dtype).tiny)
+    return (probs / q).argmax(dim=-1)
 
 
 def processed_logits(raw: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -179,9 +294,10 @@ def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
     top_ks = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
     top_ps = [p.top_p for p in params]
     if any(k < vocab_size for k in top_ks) or any(p < 1.0 for p in top_ps):
-        logits = _apply_top_k_top_p(logits, top_ks, top_ps)
+        logits = _apply_top_k_top_p(logits, _to_device(top_ks, device, torch.int64).unsqueeze(1),
+                                    _to_device(top_ps, device).unsqueeze(1))
     if any(p.min_p > 0.0 for p in params):
-        logits = _apply_min_p(logits, [p.min_p for p in params])
+        logits = _apply_min_p(logits, _to_device([p.min_p for p in params], device).unsqueeze(1))
     return torch.softmax(logits, dim=-1)
 
 
@@ -236,14 +352,24 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Ten
     pres = _to_device([r.params.presence_penalty for r in sub], device).unsqueeze(1)
 
     index = _to_device(idx, device, torch.int64)
-    x = logits[index]  # [n, vocab]
-    seen = (output_counts > 0) | (prompt_counts > 0)
+    logits = logits.clone()
+    logits[index] = _penalize(logits[index], output_counts, prompt_counts > 0, rep, freq, pres)
+    return logits
+
+
+def _penalize(x: torch.Tensor, output_counts: torch.Tensor, prompt_seen: torch.Tensor,
+              rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor) -> torch.Tensor:
+    """The penalties of `_apply_penalties` on the rows that have them.
+
+    Args:
+        x: [n, vocab] float32 logits. output_counts: [n, vocab] float32. prompt_seen:
+            [n, vocab] bool. rep, freq, pres: [n, 1] float32. All on one device.
+    Returns a new [n, vocab] float32 tensor.
+    """
+    seen = (output_counts > 0) | prompt_seen
     penalty = torch.where(seen, rep, torch.ones_like(x))
     x = torch.where(x > 0, x / penalty, x * penalty)
-    x = x - freq * output_counts - pres * (output_counts > 0).float()
-    logits = logits.clone()
-    logits[index] = x
-    return logits
+    return x - freq * output_counts - pres * (output_counts > 0).float()
 
 
 def _token_counts(token_id_lists: list, vocab_size: int, device: torch.device) -> torch.Tensor:
@@ -283,9 +409,7 @@ def _apply_min_tokens(
     return logits
 
 
-def _apply_top_k_top_p(
-    logits: torch.Tensor, top_ks: list[int], top_ps: list[float]
-) -> torch.Tensor:
+def _apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """Top-k, then top-p (nucleus; Holtzman et al. 2019), with one descending sort for all rows.
 
     Top-k keeps the k first positions of the sorted row (exactly k tokens, ties broken by sort
@@ -294,12 +418,12 @@ def _apply_top_k_top_p(
 
     Args:
         logits: [B, vocab] float32 (already divided by temperature). Returns a new tensor.
+        k: [B, 1] int64 on the logits' device, in [1, vocab].
+        p: [B, 1] float32 on the logits' device, in (0, 1].
     """
-    device, vocab_size = logits.device, logits.shape[1]
-    k = _to_device(top_ks, device, torch.int64).unsqueeze(1)  # [B, 1]
-    p = _to_device(top_ps, device).unsqueeze(1)  # [B, 1]
+    vocab_size = logits.shape[1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)  # [B, vocab] each
-    positions = torch.arange(vocab_size, device=device).unsqueeze(0)  # [1, vocab]
+    positions = torch.arange(vocab_size, device=logits.device).unsqueeze(0)  # [1, vocab]
     sorted_logits = sorted_logits.masked_fill(positions >= k, float("-inf"))
     sorted_probs = torch.softmax(sorted_logits, dim=-1)
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # exclusive prefix sum
@@ -308,12 +432,12 @@ def _apply_top_k_top_p(
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
-def _apply_min_p(logits: torch.Tensor, min_ps: list[float]) -> torch.Tensor:
+def _apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """Min-p (Nguyen et al. 2024): drop tokens with probability < min_p * the top probability.
 
     Compared in log space: logit < max_logit + log(min_p). Rows with min_p = 0 keep everything.
+    min_p: [B, 1] float32 on the logits' device.
     """
-    min_p = _to_device(min_ps, logits.device).unsqueeze(1)  # [B, 1]
     threshold = logits.max(dim=-1, keepdim=True).values + torch.log(min_p)  # log(0) = -inf
     return logits.masked_fill(logits < threshold, float("-inf"))
 
