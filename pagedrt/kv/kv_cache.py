@@ -12,6 +12,7 @@ its scales with it, and a prefix-cached block keeps them.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -157,10 +158,10 @@ def num_blocks_for_budget(
     per_block = spec.bytes_per_block
     if engine_config.num_kv_blocks is not None:
         return engine_config.num_kv_blocks
+    others = ""
     if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        used = total - free
-        budget = int(total * engine_config.gpu_memory_utilization) - used - reserved_bytes
+        budget, others = _cuda_budget(engine_config.gpu_memory_utilization, device,
+                                      reserved_bytes, per_block)
         what = f"gpu_memory_utilization={engine_config.gpu_memory_utilization}"
     else:
         budget = engine_config.kv_cache_memory_bytes  # per rank
@@ -169,9 +170,36 @@ def num_blocks_for_budget(
     if num_blocks < 1:
         raise ValueError(
             f"{what} leaves {budget} bytes for the KV cache, less than one block "
-            f"({per_block} bytes); raise it or set num_kv_blocks"
+            f"({per_block} bytes){others}; raise it or set num_kv_blocks"
         )
     return int(num_blocks)
+
+
+RELEASE_WAIT_S = 10.0  # how long sizing waits for memory that other processes are giving back
+
+
+def _cuda_budget(utilization: float, device: torch.device, reserved_bytes: int,
+                 per_block: int) -> tuple[int, str]:
+    """(bytes left for the KV cache on `device`, a note on other processes' memory).
+
+    The device's used memory counts every process. A process that has just exited (the
+    worker of an engine shut down a moment ago, in the previous command of a script) may
+    still be giving its memory back: when the budget is below one block and other processes
+    hold memory, wait up to RELEASE_WAIT_S for it before giving up."""
+    deadline = time.monotonic() + RELEASE_WAIT_S
+    while True:
+        free, total = torch.cuda.mem_get_info(device)
+        used = total - free
+        budget = int(total * utilization) - used - reserved_bytes
+        others = used - torch.cuda.memory_reserved(device)
+        if budget >= per_block or others <= per_block or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    note = ""
+    if others > per_block:
+        note = (f", other processes hold about {others} bytes of this GPU (nvidia-smi lists "
+                f"them; an engine's worker processes are stopped by llm.llm_engine.shutdown())")
+    return budget, note
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
