@@ -4,11 +4,11 @@ and an error names the memory other processes hold."""
 
 import pytest
 import torch
+from tiny_model import TINY_CONFIG
 
 from pagedrt.config import EngineConfig
 from pagedrt.kv import kv_cache
 from pagedrt.kv.kv_cache import KVCacheSpec, num_blocks_for_budget
-from tiny_model import TINY_CONFIG
 
 GIB = 1 << 30
 

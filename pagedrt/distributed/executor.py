@@ -129,12 +129,14 @@ class Executor:
         self._health = _Health()
         self._closed = False
         processes = [r.process for r in remotes if r.process is not None]
+        monitor = None
         if processes:
-            threading.Thread(target=_monitor, args=(processes, self._health),
-                             name="pagedrt-worker-monitor", daemon=True).start()
+            monitor = threading.Thread(target=_monitor, args=(processes, self._health),
+                                       name="pagedrt-worker-monitor", daemon=True)
+            monitor.start()
         self._finalizer = weakref.finalize(self, _stop, processes,
                                            [r.conn for r in remotes], self._health,
-                                           release_on_shutdown)
+                                           release_on_shutdown, monitor)
 
     @property
     def model_config(self):
@@ -283,12 +285,22 @@ class Executor:
         errors.update(self._queued_errors())
         health = self._health
         processes = [r.process for r in self.remotes if r.process is not None]
-        for _ in range(10):  # the monitor notes a death within a moment of the exit
+        # A process that exited makes its sentinel ready at once, and the monitor names it
+        # within a moment; the end of file that brought us here can come first. Wait up to 3 s
+        # for the monitor while some process has exited, and a short grace when none has.
+        sentinels = [p.sentinel for p in processes]
+        start = time.monotonic()
+        grace_s = 0.5 if error_rank is None else 0.1
+        while True:
             with health.lock:
                 death = health.death
-            if death is not None or all(p.exitcode is None for p in processes):
+            elapsed = time.monotonic() - start
+            if death is not None or elapsed > 3.0:
                 break
-            time.sleep(0.1)
+            if wait(sentinels, timeout=0.02):
+                time.sleep(0.01)  # one has exited: the monitor is reaping it
+            elif elapsed > grace_s:
+                break
         with health.lock:
             health.failed = True
         if death is not None:
@@ -338,15 +350,21 @@ def _monitor(processes: list, health: _Health) -> None:
     _kill(processes)
 
 
-def _kill(processes: list) -> None:
+def _kill(processes: list, timeout_s: float = 10.0) -> None:
+    """SIGKILL the processes still running and reap them, waiting at most `timeout_s` in all.
+    A join can return before its process is reaped when another thread (the monitor) reaps it
+    at the same moment, so this waits for the exit code itself."""
     for p in processes:
-        if p.is_alive():
+        if p.exitcode is None:
             p.kill()
+    deadline = time.monotonic() + timeout_s
     for p in processes:
-        p.join(2.0)
+        while p.exitcode is None and time.monotonic() < deadline:
+            p.join(0.05)
 
 
-def _stop(processes: list, conns: list[Connection], health: _Health, release: bool) -> None:
+def _stop(processes: list, conns: list[Connection], health: _Health, release: bool,
+          monitor: threading.Thread | None = None) -> None:
     """Shut the remote ranks down (or release them: torchrun ranks wait for the next engine)
     and close the connections. After a fault the worker processes are killed at once (one may
     be blocked in a collective); otherwise those still alive after 5 s are."""
@@ -367,6 +385,8 @@ def _stop(processes: list, conns: list[Connection], health: _Health, release: bo
     for p in processes:
         p.join(max(0.0, deadline - time.monotonic()))
     _kill(processes)
+    if monitor is not None and monitor is not threading.current_thread():
+        monitor.join(5.0)  # it returns once a process has ended (all have, or are killed)
 
 
 # ---------------------------------------------------------------- construction
