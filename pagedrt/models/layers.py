@@ -36,9 +36,24 @@ linear layers of 1-4 rows through `pagedrt.ops.gemv_triton` where faster, on CUD
 which is always the path on CPU and the oracle the kernels are tested against."""
 
 
+SMALL_BATCH_FUSION = os.environ.get("PAGEDRT_FUSED_SMALL_BATCH", "1") != "0"
+"""With FUSED_OPS, also fold RMSNorm into the projection after it and SiLU-and-mul into the
+down projection for 1 to 4 CUDA rows (`pagedrt.ops.gemv_triton`), where timed faster than the
+unfused chain. `PAGEDRT_FUSED_SMALL_BATCH=0` (read at import) keeps the chain."""
+
+
 def _use_fused(x: torch.Tensor) -> bool:
     """Whether the fused Triton kernels should handle this tensor."""
     return FUSED_OPS and x.is_cuda and triton_available()
+
+
+def _small_batch_fusion(x: torch.Tensor, *weights: torch.Tensor) -> bool:
+    """Whether x [M, K] (M <= 4 rows, on CUDA) goes through a prologue-fused skinny matmul:
+    every weight in x's dtype."""
+    from pagedrt.ops.gemv_triton import ENABLED, MAX_ROWS
+
+    return (SMALL_BATCH_FUSION and ENABLED and x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS
+            and x.stride(-1) == 1 and _use_fused(x) and all(w.dtype == x.dtype for w in weights))
 
 
 @functools.lru_cache(maxsize=1)
@@ -91,6 +106,32 @@ class RMSNorm(nn.Module):
             return self._norm(x)
         residual = x + residual
         return self._norm(residual), residual
+
+    def forward_linear(self, x: torch.Tensor, residual: torch.Tensor | None,
+                       linear: LinearBase) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(linear(norm(x + residual)), x + residual)`; without a residual, `(linear(norm(x)),
+        x)`. x, residual: [num_tokens, hidden_size]. For 1 to 4 rows on CUDA one kernel does the
+        add, the norm and the matmul (`gemv_rmsnorm_triton`) where that was timed faster."""
+        def unfused():
+            if residual is None:
+                return linear(self(x)), x
+            h, new_residual = self(x, residual)
+            return linear(h), new_residual
+
+        if linear.weight.dim() != 2 or not _small_batch_fusion(x, self.weight, linear.weight):
+            return unfused()
+        from pagedrt.ops.gemv_triton import fused_or_unfused, gemv_rmsnorm_triton
+
+        bias = linear.bias
+
+        def fused(cfg):
+            y, new_residual = gemv_rmsnorm_triton(x, residual, self.weight, self.eps,
+                                                  linear.weight, bias, cfg)
+            return y, (x if new_residual is None else new_residual)
+
+        key = ("rmsnorm", tuple(linear.weight.shape), x.shape[0], x.dtype, bias is not None,
+               residual is not None, x.device.index)
+        return fused_or_unfused(key, unfused, fused)
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -294,6 +335,26 @@ class RowParallelLinear(LinearBase):
         if self.tp_size > 1:
             self.tp.all_reduce(y)
         return y
+
+    def forward_silu_mul(self, x: torch.Tensor, act: SiluAndMul) -> torch.Tensor:
+        """`self(act(x))` for x [num_tokens, 2 * input_size] (gate | up of this rank); for 1 to
+        4 rows on CUDA one kernel does the activation and the matmul (`gemv_silu_mul_triton`)
+        where that was timed faster."""
+        if not _small_batch_fusion(x, self.weight):
+            return self(act(x))
+        from pagedrt.ops.gemv_triton import fused_or_unfused, gemv_silu_mul_triton
+
+        bias = self.bias if self.tp_rank == 0 else None
+
+        def fused(cfg):
+            y = gemv_silu_mul_triton(x, self.weight, bias, cfg)
+            if self.tp_size > 1:
+                self.tp.all_reduce(y)
+            return y
+
+        key = ("silu_mul", tuple(self.weight.shape), x.shape[0], x.dtype, bias is not None,
+               x.device.index)
+        return fused_or_unfused(key, lambda: self(act(x)), fused)
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -81,7 +81,17 @@ class LlamaAttention(nn.Module):
         # k_scales, v_scales]): 2 x [num_blocks, block_size, kv_heads, d] (+ FP8 scales)
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden_size]
-        qkv = self.qkv_proj(hidden_states)  # [T, (num_heads + 2 * num_kv_heads) * head_dim]
+        return self.attend(positions, self.qkv_proj(hidden_states), kv_cache, meta)
+
+    def attend(
+        self,
+        positions: torch.Tensor,  # [T] int64
+        qkv: torch.Tensor,  # [T, (num_heads + 2 * num_kv_heads) * head_dim], qkv_proj's output
+        kv_cache: KVCacheLayer | tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, hidden_size]
+        """The attention after the QKV projection (the decoder layer may fuse that projection
+        with the norm before it)."""
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)  # [T, num_heads, head_dim]
@@ -115,7 +125,12 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, tp=tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        return self.down(self.gate_up_proj(x))
+
+    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """down(silu(gate) * up) of gate_up_proj's output [T, 2 * intermediate]; one kernel for
+        1 to 4 CUDA rows (RowParallelLinear.forward_silu_mul)."""
+        return self.down_proj.forward_silu_mul(gate_up, self.act_fn)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -138,14 +153,13 @@ class LlamaDecoderLayer(nn.Module):
         kv_cache: KVCacheLayer,
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states, kv_cache, meta)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+        # each norm with the projection after it: one kernel each for small CUDA batches
+        qkv, residual = self.input_layernorm.forward_linear(hidden_states, residual,
+                                                            self.self_attn.qkv_proj)
+        hidden_states = self.self_attn.attend(positions, qkv, kv_cache, meta)
+        gate_up, residual = self.post_attention_layernorm.forward_linear(
+            hidden_states, residual, self.mlp.gate_up_proj)
+        return self.mlp.down(gate_up), residual
 
 
 class LlamaModel(nn.Module):

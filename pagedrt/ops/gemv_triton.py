@@ -9,6 +9,15 @@ output columns for all M rows, fp32 accumulation, bias added in the epilogue.
 `linear` picks, once per (N, K, M, dtype), the faster of this kernel (over a few tile
 configs) and `torch.nn.functional.linear`, timed on the device outside CUDA-graph capture;
 under capture, a shape not yet timed falls back to torch.
+
+The same kernel takes an optional prologue on its input, which removes a kernel launch and a
+round trip of the activations per fused op (issue 16: at batch 1 a decode step is ~10 small
+kernels per layer, and each launch costs more than its bytes): `gemv_rmsnorm_triton` folds
+RMSNorm (with the residual add) into the projection after it (QKV, gate/up), and
+`gemv_silu_mul_triton` folds SwiGLU's silu(gate) * up into the down projection. Both round
+where the torch modules round, so they agree with the unfused chain up to the order of fp32
+sums; `fused_or_unfused` times them against that chain per shape, as `linear` does.
+docs/design.md ("Small-batch decode") has the layer picture.
 """
 
 from __future__ import annotations
@@ -29,40 +38,89 @@ CONFIGS = [(4, 512, 4), (8, 256, 4), (8, 512, 4), (16, 256, 4), (16, 512, 8), (3
 
 
 @triton.jit
+def _input_chunk(x_ptr, r_ptr, nw_ptr, row, stride_xm, stride_rm, offs_k, mask_k, rstd, half,
+                 PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """Row `row` of the matmul's input at columns offs_k, fp32, after the prologue, rounded
+    where the unfused torch modules round (pagedrt/ops/fused_triton.py's rules)."""
+    dt = x_ptr.dtype.element_ty
+    if PROLOGUE == 2:  # silu(gate) * up of x = [gate | up]
+        gate = tl.load(x_ptr + row * stride_xm + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + row * stride_xm + half + offs_k, mask=mask_k,
+                     other=0.0).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+        return (act * up).to(dt).to(tl.float32)
+    x = tl.load(x_ptr + row * stride_xm + offs_k, mask=mask_k, other=0.0)
+    if PROLOGUE == 1:  # RMSNorm of (x + residual), times the norm's weight
+        if HAS_RESIDUAL:
+            r = tl.load(r_ptr + row * stride_rm + offs_k, mask=mask_k, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(dt)
+        normed = (x.to(tl.float32) * rstd).to(dt)
+        nw = tl.load(nw_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        x = (nw * normed.to(tl.float32)).to(dt)
+    return x.to(tl.float32)
+
+
+@triton.jit
 def _gemv_kernel(
-    x_ptr,  # [M, K]
+    x_ptr,  # [M, K] (PROLOGUE 2: [M, 2K], gate | up)
     w_ptr,  # [N, K], K contiguous
     b_ptr,  # [N], read only when HAS_BIAS
     y_ptr,  # [M, N] contiguous
+    r_ptr,  # PROLOGUE 1 with HAS_RESIDUAL: residual [M, K]
+    nw_ptr,  # PROLOGUE 1: the RMSNorm weight [K]
+    new_r_ptr,  # PROLOGUE 1 with HAS_RESIDUAL: x + residual [M, K] contiguous, program 0 writes
     N, K,
-    stride_xm, stride_wn,
+    stride_xm, stride_wn, stride_rm,
+    eps,
     M: tl.constexpr,
     M_PAD: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PROLOGUE: tl.constexpr = 0,  # 0 none, 1 RMSNorm (+ residual add), 2 silu(gate) * up
+    HAS_RESIDUAL: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     offs_k0 = tl.arange(0, BLOCK_K)
+    offs_m = tl.arange(0, M_PAD)
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    # RMSNorm: every program first takes each row's 1/rms itself (x is small and in L2)
+    rstd_m = tl.zeros((M_PAD,), dtype=tl.float32)
+    if PROLOGUE == 1:
+        for m in tl.static_range(M):
+            ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                offs_k = k0 + offs_k0
+                mask_k = offs_k < K
+                x = tl.load(x_ptr + m * stride_xm + offs_k, mask=mask_k, other=0.0)
+                if HAS_RESIDUAL:
+                    r = tl.load(r_ptr + m * stride_rm + offs_k, mask=mask_k, other=0.0)
+                    x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+                    if pid == 0:
+                        tl.store(new_r_ptr + m * K + offs_k, x, mask=mask_k)
+                xf = x.to(tl.float32)
+                ss += xf * xf
+            rstd = tl.math.rsqrt(tl.sum(ss, axis=0) / K + eps)
+            rstd_m = tl.where(offs_m == m, rstd, rstd_m)
     if M == 1:
         # one row: keep the products per lane and reduce once at the end
+        rstd0 = tl.sum(tl.where(offs_m == 0, rstd_m, 0.0), axis=0)
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + offs_k0
             mask_k = offs_k < K
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
                         other=0.0)
-            x = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0)
-            acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
+            x = _input_chunk(x_ptr, r_ptr, nw_ptr, 0, stride_xm, stride_rm, offs_k, mask_k,
+                             rstd0, K, PROLOGUE, HAS_RESIDUAL)
+            acc2 += w.to(tl.float32) * x[None, :]
         acc1 = tl.sum(acc2, axis=1)  # [BLOCK_N]
         if HAS_BIAS:
             acc1 += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         tl.store(y_ptr + offs_n, acc1.to(y_ptr.dtype.element_ty), mask=mask_n)
     else:
-        offs_m = tl.arange(0, M_PAD)
         acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + offs_k0
@@ -70,8 +128,10 @@ def _gemv_kernel(
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
                         other=0.0).to(tl.float32)
             for m in tl.static_range(M):
-                x = tl.load(x_ptr + m * stride_xm + offs_k, mask=mask_k, other=0.0)
-                part = tl.sum(w * x.to(tl.float32)[None, :], axis=1)  # [BLOCK_N]
+                rstd = tl.sum(tl.where(offs_m == m, rstd_m, 0.0), axis=0)
+                x = _input_chunk(x_ptr, r_ptr, nw_ptr, m, stride_xm, stride_rm, offs_k,
+                                 mask_k, rstd, K, PROLOGUE, HAS_RESIDUAL)
+                part = tl.sum(w * x[None, :], axis=1)  # [BLOCK_N]
                 acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -109,9 +169,99 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_n, block_k, num_warps = config
     _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, bias if bias is not None else weight, y, n, k, x.stride(0), weight.stride(0),
+        x, weight, bias if bias is not None else weight, y, x, x, x, n, k, x.stride(0),
+        weight.stride(0), 0, 0.0,
         M=m, M_PAD=max(2, triton.next_power_of_2(m)), HAS_BIAS=bias is not None,
         BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
+    )
+    return y
+
+
+def _check_rows(x: torch.Tensor, k: int, weight: torch.Tensor, what: str) -> None:
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != k or weight.shape[1] != k // (
+            2 if what == "silu" else 1):
+        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} do not fit "
+                         f"the {what} prologue")
+    if not 1 <= x.shape[0] <= MAX_ROWS:
+        raise ValueError(f"x has {x.shape[0]} rows; this kernel serves 1 to {MAX_ROWS}")
+    if x.dtype != weight.dtype or x.device != weight.device:
+        raise ValueError(f"x is {x.dtype} on {x.device}, weight {weight.dtype} on "
+                         f"{weight.device}; they must match")
+    if x.stride(1) != 1 or not weight.is_contiguous():
+        raise ValueError("x's last dim and weight must be contiguous")
+
+
+def gemv_rmsnorm_triton(x: torch.Tensor, residual: torch.Tensor | None,
+                        norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                        bias: torch.Tensor | None = None,
+                        config: tuple[int, int, int] = (8, 256, 4),
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`linear(RMSNorm(x + residual), weight, bias)` in one kernel: the RMSNorm of
+    `pagedrt.models.layers.RMSNorm` (rounded where it rounds) is the matmul's prologue.
+
+    Args:
+        x: [M, K], M in 1..MAX_ROWS, last dim contiguous; fp16, bf16 or fp32.
+        residual: None or [M, K] like x (last dim contiguous).
+        norm_weight: [K], x's dtype. eps: the norm's epsilon.
+        weight: [N, K] contiguous, x's dtype; bias: [N] or None.
+        config: (BLOCK_N, BLOCK_K, num_warps).
+    Returns:
+        (y [M, N], new_residual [M, K] = x + residual in x's dtype, or None without residual).
+    Raises:
+        ValueError: shapes, dtypes or devices that do not match.
+    """
+    m, k = x.shape
+    _check_rows(x, k, weight, "rmsnorm")
+    if norm_weight.shape != (k,) or norm_weight.dtype != x.dtype:
+        raise ValueError(f"norm_weight is {norm_weight.dtype} {tuple(norm_weight.shape)}; "
+                         f"expected {x.dtype} ({k},)")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
+                                 or residual.stride(1) != 1):
+        raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} must be like x "
+                         f"{tuple(x.shape)} {x.dtype}, last dim contiguous")
+    n = weight.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    new_residual = torch.empty_like(x, memory_format=torch.contiguous_format) \
+        if residual is not None else None
+    block_n, block_k, num_warps = config
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, weight, bias if bias is not None else weight, y,
+        residual if residual is not None else x, norm_weight,
+        new_residual if new_residual is not None else x,
+        n, k, x.stride(0), weight.stride(0),
+        residual.stride(0) if residual is not None else 0, eps,
+        M=m, M_PAD=max(2, triton.next_power_of_2(m)), HAS_BIAS=bias is not None,
+        BLOCK_N=block_n, BLOCK_K=block_k, PROLOGUE=1, HAS_RESIDUAL=residual is not None,
+        num_warps=num_warps,
+    )
+    return y, new_residual
+
+
+def gemv_silu_mul_triton(x: torch.Tensor, weight: torch.Tensor,
+                         bias: torch.Tensor | None = None,
+                         config: tuple[int, int, int] = (8, 256, 4)) -> torch.Tensor:
+    """`linear(silu(x[:, :K]) * x[:, K:], weight, bias)` in one kernel: SwiGLU's activation
+    (rounded as `pagedrt.models.layers.SiluAndMul` rounds) is the matmul's prologue.
+
+    Args:
+        x: [M, 2K] (gate | up), M in 1..MAX_ROWS, last dim contiguous; fp16, bf16 or fp32.
+        weight: [N, K] contiguous, x's dtype; bias: [N] or None.
+        config: (BLOCK_N, BLOCK_K, num_warps).
+    Returns:
+        y [M, N] in x's dtype.
+    Raises:
+        ValueError: shapes, dtypes or devices that do not match.
+    """
+    m, k2 = x.shape
+    _check_rows(x, k2, weight, "silu")
+    n, k = weight.shape
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    block_n, block_k, num_warps = config
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, weight, bias if bias is not None else weight, y, x, x, x, n, k, x.stride(0),
+        weight.stride(0), 0, 0.0,
+        M=m, M_PAD=max(2, triton.next_power_of_2(m)), HAS_BIAS=bias is not None,
+        BLOCK_N=block_n, BLOCK_K=block_k, PROLOGUE=2, num_warps=num_warps,
     )
     return y
 
@@ -154,3 +304,33 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         _CHOICE[key] = _choose(x, weight, bias)
     cfg = _CHOICE[key]
     return F.linear(x, weight, bias) if cfg is None else gemv_triton(x, weight, bias, cfg)
+
+
+_FUSED_CHOICE: dict[tuple, tuple[int, int, int] | None] = {}  # key -> config, None = unfused
+
+
+def fused_or_unfused(key: tuple, unfused, fused):
+    """`fused(config)` with the config timed fastest for `key`, or `unfused()` where no config
+    beat it by 5% (timed once per key from a CUDA graph, outside capture; under capture an
+    untimed key runs `unfused()`). Both callables must compute the same thing: the layers
+    pass the plain module chain as `unfused` (pagedrt/models/layers.py)."""
+    if key not in _FUSED_CHOICE:
+        if torch.cuda.is_current_stream_capturing():
+            return unfused()
+        from triton.testing import do_bench_cudagraph
+
+        def timed(fn) -> float:
+            fn()  # compile outside the capture
+            return do_bench_cudagraph(fn, rep=10)
+
+        best, best_ms = None, timed(unfused)
+        for cfg in CONFIGS:
+            try:
+                ms = timed(lambda cfg=cfg: fused(cfg))
+            except Exception:  # noqa: BLE001, S112 - a config this GPU cannot run is skipped
+                continue
+            if ms < 0.95 * best_ms:
+                best, best_ms = cfg, ms
+        _FUSED_CHOICE[key] = best
+    cfg = _FUSED_CHOICE[key]
+    return unfused() if cfg is None else fused(cfg)

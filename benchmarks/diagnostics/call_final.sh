@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Device calls of 2026-12-01, session 4: two calls made one right after the other (the SmolLM2
+# GGUF travels in two parts, .gguf_parts/p1 and p2; the machine keeps /tmp between them).
+#   PART=A (carry .gguf_parts/p1 .base .commit): keep p1 in /tmp; GPU tests of the tensor-
+#     parallel, FP8-cache and fused small-batch paths; batch-1 latency with the small-batch
+#     fusion off (PAGEDRT_FUSED_SMALL_BATCH=0); baca7b5 against HEAD offline, alternated
+#     (benchmarks/paired_h200.sh, REPEATS=1; its HEAD latency run has the fusion on).
+#   PART=B (carry .gguf_parts/p2 .gguf_parts/md5 .whl .commit): join the GGUF; speculative
+#     decoding (benchmarks/spec_h200.sh), beam search (benchmarks/beam_h200.sh).
+# Tables printed last; everything packed into $OUT/results.tgz.
+set -u
+out="${OUT:-out}"; mkdir -p "$out/r"
+export PAGEDRT_COMMIT="$(cat .commit 2>/dev/null || echo head)"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl > /dev/null 2>&1 || echo "wheel install failed"
+  export PYTHONPATH="/tmp/site:$PWD"
+else
+  export PYTHONPATH="$PWD"
+fi
+cli="python3 -m pagedrt.entrypoints.cli"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+if [ "${PART:-A}" = A ]; then
+  cp .gguf_parts/p1 /tmp/p1
+  timeout "${TEST_CAP:-110}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/gpu/test_tp_gpu.py tests/gpu/test_fp8_kv_gpu.py tests/gpu/test_fused_small_batch_gpu.py \
+    > "$out/r/gpu_tests.txt" 2>&1
+  echo "== GPU tests (status $?)"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/r/gpu_tests.txt" | tail -8
+  PAGEDRT_FUSED_SMALL_BATCH=0 timeout 70 $cli bench latency --preset qwen2-0.5b \
+    --name head_lat_unfused --out "$out/r/paired" > "$out/r/lat_unfused.txt" 2>&1 \
+    || echo "unfused latency failed ($?)"
+  BASE=.base BASE_COMMIT=baca7b5 REPEATS=1 CAP=75 OUT="$out/r/paired" \
+    timeout "${PAIRED_CAP:-300}" bash benchmarks/paired_h200.sh > "$out/r/paired.txt" 2>&1
+  echo "== latency, fusion off (HEAD)"; grep -E "ctx|ms" "$out/r/lat_unfused.txt" | tail -4
+  echo "== paired"; tail -8 "$out/r/paired.txt"
+else
+  cat /tmp/p1 .gguf_parts/p2 > /tmp/smollm2.gguf
+  [ "$(md5sum /tmp/smollm2.gguf | cut -d' ' -f1)" = "$(cat .gguf_parts/md5)" ] || echo "GGUF md5 differs"
+  export SMOLLM2_GGUF=/tmp/smollm2.gguf
+  mkdir -p "$out/r/spec" "$out/r/beam"
+  OUT="$out/r/spec" BUDGET_S="${SPEC_CAP:-200}" timeout "${SPEC_CAP:-200}" \
+    bash benchmarks/spec_h200.sh > "$out/r/spec.txt" 2>&1
+  OUT="$out/r/beam" timeout "${BEAM_CAP:-200}" bash benchmarks/beam_h200.sh > "$out/r/beam.txt" 2>&1
+  echo "== spec"; grep -v -i warn "$out/r/spec.txt" | tail -22
+  echo "== beam"; grep -v -i warn "$out/r/beam.txt" | tail -14
+fi
+tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"

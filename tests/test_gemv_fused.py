@@ -1,0 +1,146 @@
+"""The skinny matmul with a fused prologue (pagedrt/ops/gemv_triton.py: RMSNorm with the
+residual add, or SiLU-and-mul) against the unfused torch modules it replaces, under the Triton
+interpreter on CPU; and the decoder layers' small-batch path end to end on the tiny model."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
+
+import pytest
+import torch
+
+from pagedrt.models import layers
+from pagedrt.models.layers import RMSNorm, SiluAndMul
+from pagedrt.ops import gemv_triton
+from pagedrt.ops.gemv_triton import CONFIGS, MAX_ROWS, gemv_rmsnorm_triton, gemv_silu_mul_triton
+from pagedrt.sampling_params import SamplingParams
+
+SOME_CONFIGS = [CONFIGS[0], CONFIGS[3], CONFIGS[-1]]
+
+
+def _norm(k: int, g: torch.Generator, dtype=torch.float32) -> RMSNorm:
+    norm = RMSNorm(k, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(1.0 + 0.3 * torch.randn(k, generator=g))
+    return norm.to(dtype)
+
+
+@pytest.mark.parametrize("config", SOME_CONFIGS, ids=[f"n{c[0]}k{c[1]}w{c[2]}" for c in SOME_CONFIGS])
+@pytest.mark.parametrize("m", range(1, MAX_ROWS + 1))
+def test_rmsnorm_prologue_matches_the_modules(m, config):
+    g = torch.Generator().manual_seed(m * 31 + config[0])
+    n, k = 70, 300  # neither a multiple of any tile
+    norm = _norm(k, g)
+    x, residual = torch.randn(m, k, generator=g), torch.randn(m, k, generator=g)
+    w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    for bias in (None, b):
+        y, new_residual = gemv_rmsnorm_triton(x, residual, norm.weight.data, norm.eps, w, bias,
+                                              config)
+        h, want_residual = norm(x, residual)
+        torch.testing.assert_close(new_residual, want_residual, rtol=0, atol=0)
+        torch.testing.assert_close(y, torch.nn.functional.linear(h, w, bias), rtol=1e-5,
+                                   atol=1e-4)
+        y, none = gemv_rmsnorm_triton(x, None, norm.weight.data, norm.eps, w, bias, config)
+        assert none is None
+        torch.testing.assert_close(y, torch.nn.functional.linear(norm(x), w, bias), rtol=1e-5,
+                                   atol=1e-4)
+
+
+@pytest.mark.parametrize("config", SOME_CONFIGS, ids=[f"n{c[0]}k{c[1]}w{c[2]}" for c in SOME_CONFIGS])
+@pytest.mark.parametrize("m", range(1, MAX_ROWS + 1))
+def test_silu_mul_prologue_matches_the_modules(m, config):
+    g = torch.Generator().manual_seed(m * 17 + config[0])
+    n, k = 50, 260
+    big = torch.randn(m, 2 * k + 8, generator=g)
+    x = big[:, : 2 * k]  # strided rows: a slice of a wider buffer
+    w, b = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    for bias in (None, b):
+        got = gemv_silu_mul_triton(x, w, bias, config)
+        want = torch.nn.functional.linear(SiluAndMul()(x), w, bias)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_half_precision_rounds_where_the_modules_round():
+    """bf16: the residual sum within one bf16 step (the interpreter's fp32 -> bf16 cast
+    truncates where the GPU rounds to nearest), and the output within a few bf16 ulps of the
+    modules' chain (which rounds the normed activations to bf16 before the matmul)."""
+    g = torch.Generator().manual_seed(3)
+    m, n, k = 3, 40, 256
+    norm = _norm(k, g, torch.bfloat16)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    residual = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    w = (torch.randn(n, k, generator=g) / 16).to(torch.bfloat16)
+    y, new_residual = gemv_rmsnorm_triton(x, residual, norm.weight.data, norm.eps, w, None,
+                                          (8, 128, 4))
+    h, want_residual = norm(x, residual)
+    torch.testing.assert_close(new_residual.float(), want_residual.float(), rtol=2**-7, atol=0)
+    want = h.float() @ w.float().T
+    torch.testing.assert_close(y.float(), want, rtol=2e-2, atol=2e-2)
+    gu = torch.randn(m, 2 * k, generator=g).to(torch.bfloat16)
+    got = gemv_silu_mul_triton(gu, w, None, (8, 128, 4)).float()
+    torch.testing.assert_close(got, SiluAndMul()(gu).float() @ w.float().T, rtol=2e-2,
+                               atol=2e-2)
+
+
+def test_bad_inputs():
+    x, w, nw = torch.randn(2, 8), torch.randn(4, 8), torch.ones(8)
+    with pytest.raises(ValueError, match="5 rows"):
+        gemv_rmsnorm_triton(torch.randn(5, 8), None, nw, 1e-6, w)
+    with pytest.raises(ValueError, match="norm_weight"):
+        gemv_rmsnorm_triton(x, None, torch.ones(9), 1e-6, w)
+    with pytest.raises(ValueError, match="residual"):
+        gemv_rmsnorm_triton(x, torch.randn(3, 8), nw, 1e-6, w)
+    with pytest.raises(ValueError, match="do not fit"):
+        gemv_silu_mul_triton(x, w)  # x must be [M, 2K] for a [N, K] weight
+    with pytest.raises(ValueError, match="must match"):
+        gemv_silu_mul_triton(torch.randn(2, 16), w.double())
+
+
+@pytest.fixture
+def fused_everywhere(monkeypatch):
+    """The layers take the fused path on CPU tensors (the interpreter runs the kernels), with
+    one config for every shape; counts the fused calls."""
+    calls = []
+
+    def always_fused(key, unfused, fused):
+        calls.append(key[0])
+        return fused((8, 128, 4))
+
+    monkeypatch.setattr(layers, "_small_batch_fusion",
+                        lambda x, *w: x.dim() == 2 and x.shape[0] <= MAX_ROWS)
+    monkeypatch.setattr(gemv_triton, "fused_or_unfused", always_fused)
+    return calls
+
+
+def _perturbed_norms(model):
+    g = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for name, p in model.model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+
+
+def test_decoder_small_batches_give_the_unfused_tokens(tiny_model, fused_everywhere,
+                                                       monkeypatch):
+    """Greedy decoding of 1 to 4 requests (decode steps of <= 4 rows run the fused path; the
+    prefill steps, larger, do not) gives the tokens and nearly the logprobs of the modules."""
+    from pagedrt.entrypoints.llm import LLM
+    from tests.tiny_model import build_tiny_llama
+
+    model = build_tiny_llama(seed=0)
+    _perturbed_norms(model.model)
+    prompts = [[5, 9, 200, 17], [1, 2, 3], [300, 301, 7, 8, 9, 10], [42]]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)
+    llm = LLM(model, num_kv_blocks=64, block_size=8)
+    for count in (1, 4):
+        fused_outs = llm.generate(prompts[:count], params, use_tqdm=False)
+        with monkeypatch.context() as m:
+            m.setattr(layers, "_small_batch_fusion", lambda x, *w: False)
+            plain_outs = llm.generate(prompts[:count], params, use_tqdm=False)
+        for f, p in zip(fused_outs, plain_outs, strict=True):
+            assert f.outputs[0].token_ids == p.outputs[0].token_ids
+            for lf, lp in zip(f.outputs[0].logprobs, p.outputs[0].logprobs, strict=True):
+                assert lf.token_id == lp.token_id and abs(lf.logprob - lp.logprob) < 1e-4
+    assert {"rmsnorm", "silu_mul"} <= set(fused_everywhere)
