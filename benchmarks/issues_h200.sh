@@ -12,13 +12,7 @@
 set -u
 out="${OUT:-out}"
 mkdir -p "$out"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl > /dev/null 2>&1 || echo "wheel install failed"
-  export PYTHONPATH="/tmp/site:$PWD"
-else
-  export PYTHONPATH="$PWD"
-fi
+. benchmarks/use_wheels.sh
 export SMOLLM2_GGUF="${SMOLLM2_GGUF:-/tmp/smollm2.gguf}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 if [ "${GPU_TESTS:-1}" = 1 ]; then

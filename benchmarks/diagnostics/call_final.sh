@@ -11,13 +11,7 @@
 set -u
 out="${OUT:-out}"; mkdir -p "$out/r"
 export PAGEDRT_COMMIT="$(cat .commit 2>/dev/null || echo head)"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl > /dev/null 2>&1 || echo "wheel install failed"
-  export PYTHONPATH="/tmp/site:$PWD"
-else
-  export PYTHONPATH="$PWD"
-fi
+. benchmarks/use_wheels.sh
 cli="python3 -m pagedrt.entrypoints.cli"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 if [ "${PART:-A}" = A ]; then

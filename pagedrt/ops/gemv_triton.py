@@ -139,6 +139,43 @@ def _gemv_kernel(
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & mask_n[None, :])
 
 
+def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+           gate_up: bool = False) -> None:
+    """ValueError unless x [M, K] (or [M, 2K] with `gate_up`) and weight [N, K] fit the
+    kernel: 1..MAX_ROWS rows, one dtype and device, contiguous last dims, bias [N] or None."""
+    width = weight.shape[-1] * (2 if gate_up else 1)
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != width:
+        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} do not "
+                         + ("fit the silu prologue (x is [M, 2K] for a [N, K] weight)"
+                            if gate_up else "multiply"))
+    if not 1 <= x.shape[0] <= MAX_ROWS:
+        raise ValueError(f"x has {x.shape[0]} rows; this kernel serves 1 to {MAX_ROWS}")
+    if x.dtype != weight.dtype or x.device != weight.device:
+        raise ValueError(f"x is {x.dtype} on {x.device}, weight {weight.dtype} on "
+                         f"{weight.device}; they must match")
+    if x.stride(1) != 1 or not weight.is_contiguous():
+        raise ValueError("x's last dim and weight must be contiguous")
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias has shape {tuple(bias.shape)}; expected ({weight.shape[0]},)")
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            config: tuple[int, int, int], prologue: int) -> torch.Tensor:
+    """y [M, N] = prologue(x) @ weight.T (+ bias) for the prologues without side inputs
+    (0: none, 2: silu(gate) * up); arguments already checked."""
+    m = x.shape[0]
+    n, k = weight.shape
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    block_n, block_k, num_warps = config
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, weight, bias if bias is not None else weight, y, x, x, x, n, k, x.stride(0),
+        weight.stride(0), 0, 0.0,
+        M=m, M_PAD=max(2, triton.next_power_of_2(m)), HAS_BIAS=bias is not None,
+        BLOCK_N=block_n, BLOCK_K=block_k, PROLOGUE=prologue, num_warps=num_warps,
+    )
+    return y
+
+
 def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 config: tuple[int, int, int] = (8, 256, 4)) -> torch.Tensor:
     """y = x @ weight.T (+ bias) with the skinny kernel.
@@ -153,42 +190,8 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     Raises:
         ValueError: shapes, dtypes or devices that do not match.
     """
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} do not multiply")
-    m, k = x.shape
-    n = weight.shape[0]
-    if not 1 <= m <= MAX_ROWS:
-        raise ValueError(f"x has {m} rows; this kernel serves 1 to {MAX_ROWS}")
-    if x.dtype != weight.dtype or x.device != weight.device:
-        raise ValueError(f"x is {x.dtype} on {x.device}, weight {weight.dtype} on "
-                         f"{weight.device}; they must match")
-    if x.stride(1) != 1 or not weight.is_contiguous():
-        raise ValueError("x's last dim and weight must be contiguous")
-    if bias is not None and bias.shape != (n,):
-        raise ValueError(f"bias has shape {tuple(bias.shape)}; expected ({n},)")
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_n, block_k, num_warps = config
-    _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, bias if bias is not None else weight, y, x, x, x, n, k, x.stride(0),
-        weight.stride(0), 0, 0.0,
-        M=m, M_PAD=max(2, triton.next_power_of_2(m)), HAS_BIAS=bias is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
-    )
-    return y
-
-
-def _check_rows(x: torch.Tensor, k: int, weight: torch.Tensor, what: str) -> None:
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != k or weight.shape[1] != k // (
-            2 if what == "silu" else 1):
-        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} do not fit "
-                         f"the {what} prologue")
-    if not 1 <= x.shape[0] <= MAX_ROWS:
-        raise ValueError(f"x has {x.shape[0]} rows; this kernel serves 1 to {MAX_ROWS}")
-    if x.dtype != weight.dtype or x.device != weight.device:
-        raise ValueError(f"x is {x.dtype} on {x.device}, weight {weight.dtype} on "
-                         f"{weight.device}; they must match")
-    if x.stride(1) != 1 or not weight.is_contiguous():
-        raise ValueError("x's last dim and weight must be contiguous")
+    _check(x, weight, bias)
+    return _launch(x, weight, bias, config, prologue=0)
 
 
 def gemv_rmsnorm_triton(x: torch.Tensor, residual: torch.Tensor | None,
@@ -210,8 +213,8 @@ def gemv_rmsnorm_triton(x: torch.Tensor, residual: torch.Tensor | None,
     Raises:
         ValueError: shapes, dtypes or devices that do not match.
     """
+    _check(x, weight, bias)
     m, k = x.shape
-    _check_rows(x, k, weight, "rmsnorm")
     if norm_weight.shape != (k,) or norm_weight.dtype != x.dtype:
         raise ValueError(f"norm_weight is {norm_weight.dtype} {tuple(norm_weight.shape)}; "
                          f"expected {x.dtype} ({k},)")
@@ -252,18 +255,8 @@ def gemv_silu_mul_triton(x: torch.Tensor, weight: torch.Tensor,
     Raises:
         ValueError: shapes, dtypes or devices that do not match.
     """
-    m, k2 = x.shape
-    _check_rows(x, k2, weight, "silu")
-    n, k = weight.shape
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_n, block_k, num_warps = config
-    _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, bias if bias is not None else weight, y, x, x, x, n, k, x.stride(0),
-        weight.stride(0), 0, 0.0,
-        M=m, M_PAD=max(2, triton.next_power_of_2(m)), HAS_BIAS=bias is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, PROLOGUE=2, num_warps=num_warps,
-    )
-    return y
+    _check(x, weight, bias, gate_up=True)
+    return _launch(x, weight, bias, config, prologue=2)
 
 
 _CHOICE: dict[tuple, tuple[int, int, int] | None] = {}  # shape key -> config, None = torch
