@@ -31,7 +31,7 @@ from pagedrt.ops.attention_triton import (
     paged_attention_decode_triton,
 )
 from pagedrt.ops.fp8 import dequantize_fp8, quantize_fp8
-from pagedrt.ops.triton_utils import device_sms
+from pagedrt.ops.triton_utils import device_sms, to_v_dim_major
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: TRITON_INTERPRET=1, no timing
 # (name, num_heads, num_kv_heads, head_dim)
@@ -86,6 +86,7 @@ def main() -> None:
                       "v_scales": vs.view(-1, bs, kvh).transpose(1, 2).contiguous()}
             kf = dequantize_fp8(k, scales["k_scales"].transpose(1, 2))
             vf = dequantize_fp8(v, scales["v_scales"].transpose(1, 2))
+            v = to_v_dim_major(v)  # as the engine stores an FP8 cache's V
         else:
             kf, vf = k.float(), v.float()
         ref = paged_attention_decode_reference(q.float(), kf, vf, bt, sl, d ** -0.5)

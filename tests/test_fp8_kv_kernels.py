@@ -30,6 +30,7 @@ from pagedrt.ops import attention_triton as tri
 from pagedrt.ops.fp8 import FP8_DTYPE, dequantize_fp8, fp8_scale, quantize_fp8
 from pagedrt.ops.fp8_triton import fp8_e4m3_bits, fp8_row_scale
 from pagedrt.ops.fused_triton import rotary_write_kv_triton
+from pagedrt.ops.triton_utils import to_v_dim_major
 
 NAN_BYTE = 0x7F  # float8_e4m3fn NaN
 
@@ -94,9 +95,11 @@ def test_quantize_round_trip_error():
     torch.testing.assert_close(back.abs().amax(-1), x.abs().amax(-1), rtol=1e-6, atol=0)
 
 
-def fp8_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, spare_blocks=3, seed=0):
+def fp8_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, spare_blocks=3, seed=0,
+                 v_dim_major=True):
     """FP8 caches with each sequence's K/V, written by the reference writer into shuffled
     blocks; unused slots keep NaN bytes and NaN scales. Tokens have magnitudes 2^-6 .. 2^6.
+    V is stored dim-major as in the engine unless `v_dim_major` is False.
 
     Returns k_cache, v_cache, k_scales, v_scales, block_tables [num_seqs, max_blocks] int32,
     seq_lens int32.
@@ -107,6 +110,8 @@ def fp8_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, spare_blocks=3, s
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     k_cache = torch.full(shape, NAN_BYTE, dtype=torch.uint8).view(FP8_DTYPE)
     v_cache = torch.full(shape, NAN_BYTE, dtype=torch.uint8).view(FP8_DTYPE)
+    if v_dim_major:
+        v_cache = to_v_dim_major(v_cache)
     k_scales = torch.full((num_blocks, num_kv_heads, block_size), float("nan"))
     v_scales = torch.full((num_blocks, num_kv_heads, block_size), float("nan"))
     perm = torch.randperm(num_blocks, generator=gen)
@@ -183,6 +188,38 @@ def test_decode_fp8_matches_reference(group, block_size):
                                                 num_splits=num_splits, k_scales=k_scales,
                                                 v_scales=v_scales)
         assert_close(out, expected)
+
+
+def test_v_layouts_give_the_same_attention():
+    """V in K's layout and dim-major (the engine's FP8 layout) read the same: decode (split and
+    not) and extend over an FP8 cache, and decode over an fp32 cache, whose kernels take V's
+    strides as given."""
+    lens = [1, 16, 17, 40]
+    caches = {layout: fp8_paged_kv(lens, 2, 32, 8, seed=4, v_dim_major=layout)
+              for layout in (False, True)}
+    assert torch.equal(caches[True][1].view(torch.uint8), caches[False][1].view(torch.uint8))
+    assert caches[True][1].stride(1) == 1 and caches[False][1].stride(-1) == 1
+    query = torch.randn(len(lens), 6, 32)
+    q_lens = torch.tensor([1, 3, 17, 2])
+    cu = torch.cat([torch.zeros(1), q_lens.cumsum(0)]).to(torch.int32)
+    prefill = torch.randn(int(q_lens.sum()), 6, 32)
+    outs = {}
+    for layout, (k, v, ks, vs, bt, seq_lens) in caches.items():
+        outs[layout] = [tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, 0.2,
+                                                          num_splits=n, k_scales=ks,
+                                                          v_scales=vs) for n in (1, 2)]
+        outs[layout].append(tri.paged_attention_extend_triton(prefill, k, v, bt, cu, seq_lens,
+                                                              0.2, k_scales=ks, v_scales=vs))
+    for a, b in zip(outs[True], outs[False]):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    k, v, ks, vs, bt, seq_lens = caches[False]
+    k32, v32 = dequantized_caches(k, v, ks, vs)
+    k32, v32 = k32.nan_to_num(), v32.nan_to_num()
+    expected = ref.paged_attention_decode_reference(query, k32, v32, bt, seq_lens, 0.2)
+    out = tri.paged_attention_decode_triton(query, k32, to_v_dim_major(v32), bt, seq_lens, 0.2,
+                                            num_splits=2)
+    assert_close(out, expected)
 
 
 @pytest.mark.parametrize("query_dtype", [torch.bfloat16, torch.float16])
@@ -270,6 +307,7 @@ def test_extend_fp8_half_queries(query_dtype, window):
 def _empty_fp8_cache(num_blocks, block_size, num_kv_heads, head_dim):
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     caches = [torch.full(shape, NAN_BYTE, dtype=torch.uint8).view(FP8_DTYPE) for _ in range(2)]
+    caches[1] = to_v_dim_major(caches[1])  # V as the engine stores it
     scales = [torch.full((num_blocks, num_kv_heads, block_size), float("nan")) for _ in range(2)]
     return caches + scales
 

@@ -7,7 +7,10 @@ dtype (FP8) or with the KV heads of one tensor-parallel rank changes only the sp
 An FP8 cache (`kv_cache_dtype="fp8"`) holds float8_e4m3fn K and V and, per layer, their
 scales [num_blocks, num_kv_heads, block_size] float32 (`pagedrt.ops.fp8`). Scales are indexed
 by block like K and V, so everything that moves a block (copy-on-write, swap out and in) moves
-its scales with it, and a prefix-cached block keeps them.
+its scales with it, and a prefix-cached block keeps them. Its V is stored dim-major
+([num_blocks, num_kv_heads, head_dim, block_size], `KVCacheSpec.v_dim_major`) and handed out
+as a view with the usual shape: kernels take V's strides, and a block is still one contiguous
+run, so block copies move it whole.
 """
 
 from __future__ import annotations
@@ -109,6 +112,14 @@ class KVCacheSpec:
     def is_fp8(self) -> bool:
         """Whether K and V are float8_e4m3fn with scales beside them."""
         return is_fp8(self.dtype)
+
+    @property
+    def v_dim_major(self) -> bool:
+        """Whether V is stored [num_blocks, num_kv_heads, head_dim, block_size] (tokens
+        contiguous) and handed out as a view with the usual logical shape: an FP8 cache's V.
+        Its decode kernel reads V in that order with wide loads and no shuffle of 8-bit data
+        before the P @ V product (docs/design.md, "FP8 KV cache")."""
+        return self.is_fp8
 
     @property
     def scales_shape(self) -> tuple[int, int]:
@@ -233,9 +244,15 @@ class KVCache:
             return [torch.zeros(shape, dtype=dtype, **where) for _ in range(count)]
 
         self.k_all = torch.zeros((n, num_blocks, *spec.block_shape), dtype=dtype, device=device)
-        self.v_all = torch.zeros((n, num_blocks, *spec.block_shape), dtype=dtype, device=device)
         self.k_caches = list(self.k_all.unbind(0))  # each contiguous
-        self.v_caches = list(self.v_all.unbind(0))
+        if spec.v_dim_major:  # stored [.., num_kv_heads, head_dim, block_size], seen as K is
+            bs, heads, dim = spec.block_shape
+            self.v_all = torch.zeros((n, num_blocks, heads, dim, bs), dtype=dtype, device=device)
+            self.v_caches = [v.permute(0, 3, 1, 2) for v in self.v_all.unbind(0)]
+        else:
+            self.v_all = torch.zeros((n, num_blocks, *spec.block_shape), dtype=dtype,
+                                     device=device)
+            self.v_caches = list(self.v_all.unbind(0))
         self.cpu_k = tensors((num_cpu_blocks, *spec.block_shape), dtype, n, pin_memory=pin)
         self.cpu_v = tensors((num_cpu_blocks, *spec.block_shape), dtype, n, pin_memory=pin)
         num_scaled = n if spec.is_fp8 else 0  # no scale tensors for a cache of the model dtype

@@ -85,6 +85,9 @@ def paged_attention_decode_naive_triton(
         raise ValueError(f"the naive decode kernel reads fp16/bf16/fp32 caches, not "
                          f"{k_cache.dtype}; use paged_attention_decode_triton for an FP8 cache")
     group, _ = check_decode_args(query, k_cache, v_cache, block_tables, seq_lens)
+    if v_cache.stride() != k_cache.stride():
+        raise ValueError(f"the naive decode kernel reads V in K's layout: v_cache strides "
+                         f"{v_cache.stride()} != k_cache strides {k_cache.stride()}")
     num_seqs, num_heads, head_dim = query.shape
     out = torch.empty_like(query)
     if num_seqs == 0:

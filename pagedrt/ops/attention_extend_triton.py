@@ -48,6 +48,7 @@ from pagedrt.ops.triton_utils import (
     interpreting,
     launch_first_fitting,
     next_pow2,
+    v_dim_major,
 )
 
 
@@ -59,9 +60,10 @@ def _extend_tiles(
     lo, hi,
     offs_d,
     k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,  # used when KV_FP8
+    v_head_off, stride_vb, stride_vs, stride_vd,  # V's own strides (block, slot, dim)
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr,
-    KV_FP8: tl.constexpr,
+    KV_FP8: tl.constexpr, V_DIM_MAJOR: tl.constexpr,
 ):
     """Online-softmax update over keys [lo, hi); with CAUSAL_MASK, key <= pos[row] and < hi,
     and with WINDOW > 0 also key > pos[row] - WINDOW."""
@@ -73,13 +75,22 @@ def _extend_tiles(
             kv_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + head_off
             k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None],
                         other=0.0)
-            v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None],
-                        other=0.0)
+            v_off = block * stride_vb + (offs_n % BLOCK_SIZE) * stride_vs + v_head_off
+            if V_DIM_MAJOR:  # tokens contiguous: load [HEAD_DIM, BLOCK_N], use its transpose
+                v = tl.trans(tl.load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * stride_vd,
+                                     mask=n_mask[None, :], other=0.0))
+            else:
+                v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :] * stride_vd,
+                            mask=n_mask[:, None], other=0.0)
         else:
             block = tl.load(bt_row + offs_n // BLOCK_SIZE).to(tl.int64)
             kv_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + head_off
             k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :])
-            v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :])
+            v_off = block * stride_vb + (offs_n % BLOCK_SIZE) * stride_vs + v_head_off
+            if V_DIM_MAJOR:
+                v = tl.trans(tl.load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * stride_vd))
+            else:
+                v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :] * stride_vd)
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
@@ -134,6 +145,7 @@ def _extend_kernel(
     scale_log2,  # softmax scale * log2(e)
     stride_qt, stride_qh,
     stride_cb, stride_cs, stride_ch,
+    stride_vb, stride_vs, stride_vh, stride_vd,  # V's strides (block, slot, head, dim)
     stride_sb, stride_sh,  # scale strides (block, head); the slot stride is 1
     stride_bt,
     stride_ot, stride_oh,
@@ -148,6 +160,7 @@ def _extend_kernel(
     KV_FP8: tl.constexpr,  # fp8 caches with per-token scales
     F16_MMA: tl.constexpr,  # KV_FP8 with a 16-bit query: products in fp16 (decode kernel doc)
     WINDOW: tl.constexpr = 0,  # sliding window in tokens; 0 = causal over the whole prefix
+    V_DIM_MAJOR: tl.constexpr = False,  # V tiles read as [HEAD_DIM, BLOCK_N] (stride_vs 1)
 ):
     kv_head = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -186,6 +199,7 @@ def _extend_kernel(
         head_off = kv_head * stride_ch
         kv_end = context + tl.minimum(first_tok + TOKENS_PER_TILE, q_len)  # p_last + 1
         scale_head_off = kv_head * stride_sh
+        v_head_off = kv_head * stride_vh
         if WINDOW > 0:
             # lower band [lo, full_lo), keys every row sees [full_lo, kv_unmasked), upper band
             p_first = context + first_tok
@@ -196,7 +210,8 @@ def _extend_kernel(
                 acc, l_i, m_i, q_mma, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
                 stride_cb, stride_cs, score_scale, lo, full_lo, offs_d,
                 k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
-                BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW, KV_FP8)
+                v_head_off, stride_vb, stride_vs, stride_vd,
+                BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW, KV_FP8, V_DIM_MAJOR)
         else:
             # keys every row sees (no mask), then the diagonal band up to the last row's position
             full_lo = 0
@@ -205,12 +220,14 @@ def _extend_kernel(
             acc, l_i, m_i, q_mma, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
             stride_cb, stride_cs, score_scale, full_lo, kv_unmasked, offs_d,
             k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
-            BLOCK_SIZE, BLOCK_N, False, UPCAST, DOT_PRECISION, WINDOW, KV_FP8)
+            v_head_off, stride_vb, stride_vs, stride_vd,
+            BLOCK_SIZE, BLOCK_N, False, UPCAST, DOT_PRECISION, WINDOW, KV_FP8, V_DIM_MAJOR)
         acc, l_i, m_i = _extend_tiles(
             acc, l_i, m_i, q_mma, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
             stride_cb, stride_cs, score_scale, kv_unmasked, kv_end, offs_d,
             k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
-            BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW, KV_FP8)
+            v_head_off, stride_vb, stride_vs, stride_vd,
+            BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW, KV_FP8, V_DIM_MAJOR)
 
         out = acc / l_i[:, None]  # l_i >= 1: every row sees at least its own key
         tl.store(out_ptr + row_off[:, None] * stride_ot + head[:, None] * stride_oh
@@ -260,7 +277,8 @@ def paged_attention_extend_triton(
         query: [num_tokens, num_heads, head_dim], the caches' dtype (any of fp16/bf16/fp32
             over an FP8 cache), head_dim contiguous.
         k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], fp16/bf16/fp32,
-            or float8_e4m3fn with k_scales and v_scales.
+            or float8_e4m3fn with k_scales and v_scales; v_cache may be a view of
+            [num_blocks, num_kv_heads, head_dim, block_size] storage (`v_dim_major`).
         block_tables: [num_seqs, max_blocks_per_seq] int32.
         cu_seqlens_q: [num_seqs + 1] int32 prefix sums of the query lengths.
         seq_lens: [num_seqs] int32, cached tokens per sequence including this chunk.
@@ -311,6 +329,7 @@ def paged_attention_extend_triton(
             scale * LOG2E,
             query.stride(0), query.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            *v_cache.stride(),
             k_scales.stride(0), k_scales.stride(1),
             block_tables.stride(0),
             out.stride(0), out.stride(1),
@@ -318,10 +337,12 @@ def paged_attention_extend_triton(
             BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_N=cfg["BLOCK_N"], UPCAST=upcast,
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
             F16_MMA=fp8 and query.dtype != torch.float32,
-            WINDOW=sliding_window or 0,
+            WINDOW=sliding_window or 0, V_DIM_MAJOR=dim_major,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
 
-    key = ("extend", str(query.device), query.dtype, head_dim, group, bool(config), fp8)
+    dim_major = v_dim_major(v_cache)
+    key = ("extend", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
+           dim_major)
     launch_first_fitting(key, configs, launch)
     return out

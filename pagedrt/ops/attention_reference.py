@@ -37,19 +37,17 @@ def write_kv_reference(
     """Write new K/V rows into their cache slots, in place. Negative slots are skipped.
     With k_scales/v_scales (an FP8 cache), rows are quantized by `quantize_fp8` and their
     scales written too."""
-    num_blocks, block_size = k_cache.shape[:2]
+    block_size = k_cache.shape[1]
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()
-    k_flat = k_cache.view(num_blocks * block_size, *k_cache.shape[2:])
-    v_flat = v_cache.view(num_blocks * block_size, *v_cache.shape[2:])
-    if k_scales is None:
-        k_flat[slots] = key[valid].to(k_cache.dtype)
-        v_flat[slots] = value[valid].to(v_cache.dtype)
+    blocks, offsets = slots // block_size, slots % block_size  # (any cache strides: V's may
+    if k_scales is None:                                        # be a dim-major view)
+        k_cache[blocks, offsets] = key[valid].to(k_cache.dtype)
+        v_cache[blocks, offsets] = value[valid].to(v_cache.dtype)
         return
-    blocks, offsets = slots // block_size, slots % block_size
-    for flat, scales, x in ((k_flat, k_scales, key), (v_flat, v_scales, value)):
+    for cache, scales, x in ((k_cache, k_scales, key), (v_cache, v_scales, value)):
         values, row_scales = quantize_fp8(x[valid])  # [n, heads, head_dim], [n, heads]
-        flat.view(torch.uint8)[slots] = values.view(torch.uint8)
+        cache.view(torch.uint8)[blocks, offsets] = values.view(torch.uint8)
         scales.transpose(1, 2)[blocks, offsets] = row_scales  # [num_blocks, slot, heads] view
 
 

@@ -44,7 +44,12 @@ conversion per two values on Hopper, where e4m3 -> bf16 takes four (through fp16
 and those conversions, not memory, bounded a bf16-operand version of this kernel at about
 1.5 TB/s on the H200 (BENCHMARKS.md). Every e4m3 value is an fp16 value; the query is cast
 after a division by 64 (exact; the scores are multiplied back), which keeps any |q| below
-4 million finite.
+4 million finite. An FP8 cache's V is stored dim-major (`KVCacheSpec.v_dim_major`: tokens
+contiguous within a block per head and dim); V_DIM_MAJOR loads its tiles as [HEAD_DIM,
+BLOCK_N] with 16-byte loads along tokens and hands the product their transpose. On the H200
+(benchmarks/diagnostics/fp8_decode_variants.py, 2026-12-01) this took Llama-3-8B heads at
+B64 L4096 from 263 to 182 us (bf16 cache: 245 us); with V in K's layout the 8-bit tile had to
+be reshuffled before the P @ V product.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ from pagedrt.ops.triton_utils import (
     interpreting,
     launch_first_fitting,
     next_pow2,
+    v_dim_major,
 )
 
 MIN_PARTITION_TOKENS = 256  # a split-K partition shorter than this costs more than it hides
@@ -75,7 +81,7 @@ MAX_SPLITS = 64
 def _decode_kernel(
     q_ptr,  # [num_seqs, num_heads, head_dim]
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim], strides stride_v*
     block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32
     seq_lens_ptr,  # [num_seqs] int32
     out_ptr,  # [num_seqs, num_heads, head_dim]; written when not SPLIT
@@ -86,6 +92,7 @@ def _decode_kernel(
     scale_log2,  # softmax scale * log2(e)
     stride_qs, stride_qh,
     stride_cb, stride_cs, stride_ch,
+    stride_vb, stride_vs, stride_vh, stride_vd,  # V's strides (block, slot, head, dim)
     stride_sb, stride_sh,  # scale strides (block, head); the slot stride is 1
     stride_bt,
     stride_os, stride_oh,
@@ -101,6 +108,7 @@ def _decode_kernel(
     KV_FP8: tl.constexpr,  # fp8 caches with per-token scales
     F16_MMA: tl.constexpr,  # KV_FP8 with a 16-bit query: products in fp16 (module doc)
     WINDOW: tl.constexpr = 0,  # sliding window in tokens; 0 = attend to every cached token
+    V_DIM_MAJOR: tl.constexpr = False,  # V tiles read as [HEAD_DIM, BLOCK_N] (stride_vs 1)
 ):
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
@@ -150,8 +158,13 @@ def _decode_kernel(
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None],
-                    other=0.0)
+        v_off = block * stride_vb + (offs_n % BLOCK_SIZE) * stride_vs + kv_head * stride_vh
+        if V_DIM_MAJOR:  # tokens contiguous: load [HEAD_DIM, BLOCK_N], use its transpose
+            v = tl.trans(tl.load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * stride_vd,
+                                 mask=n_mask[None, :], other=0.0))
+        else:
+            v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :] * stride_vd,
+                        mask=n_mask[:, None], other=0.0)
         if UPCAST:
             v = v.to(tl.float32)
         if KV_FP8:
@@ -268,7 +281,8 @@ def paged_attention_decode_triton(
         query: [num_seqs, num_heads, head_dim], the caches' dtype (any of fp16/bf16/fp32 over
             an FP8 cache), head_dim contiguous.
         k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], fp16/bf16/fp32,
-            or float8_e4m3fn with k_scales and v_scales.
+            or float8_e4m3fn with k_scales and v_scales; v_cache may be a view of
+            [num_blocks, num_kv_heads, head_dim, block_size] storage (`v_dim_major`).
         block_tables: [num_seqs, max_blocks_per_seq] int32.
         seq_lens: [num_seqs] int32, >= 1 (the current token included).
         scale: softmax scale, usually head_dim ** -0.5.
@@ -327,6 +341,7 @@ def paged_attention_decode_triton(
             scale * LOG2E,
             query.stride(0), query.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            *v_cache.stride(),
             k_scales.stride(0), k_scales.stride(1),
             block_tables.stride(0),
             out.stride(0), out.stride(1),
@@ -335,11 +350,13 @@ def paged_attention_decode_triton(
             HEAD_DIM=head_dim, BLOCK_N=cfg["BLOCK_N"], SPLIT=split, UPCAST=upcast,
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
             F16_MMA=fp8 and query.dtype != torch.float32,
-            WINDOW=sliding_window or 0,
+            WINDOW=sliding_window or 0, V_DIM_MAJOR=dim_major,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
 
-    key = ("decode", str(query.device), query.dtype, head_dim, group, bool(config), fp8)
+    dim_major = v_dim_major(v_cache)
+    key = ("decode", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
+           dim_major)
     launch_first_fitting(key, configs, launch)
     if split:
         _decode_reduce_kernel[(num_heads, num_seqs)](

@@ -237,13 +237,14 @@ def _rotary_write_kv_kernel(
     v_ptr,  # [num_tokens, num_kv_heads, head_dim]
     cos_sin_ptr,  # [max_position, head_dim]: cos | sin
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache_ptr,  # same shape and strides as k_cache
+    v_cache_ptr,  # k_cache's shape; strides stride_vc* (K's, or dim-major: `v_dim_major`)
     slot_mapping_ptr,  # [num_tokens], < 0 = no cache write (padding)
     k_scales_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; written when KV_FP8
     v_scales_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; written when KV_FP8
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_c,
-    stride_cb, stride_cs, stride_ch,  # cache strides (block, slot, head)
+    stride_cb, stride_cs, stride_ch,  # K cache strides (block, slot, head)
+    stride_vcb, stride_vcs, stride_vch, stride_vcd,  # V cache strides (block, slot, head, dim)
     stride_sb, stride_sh,  # scale strides (block, head); the slot stride is 1
     num_heads, num_kv_heads,
     HALF: tl.constexpr,
@@ -278,6 +279,9 @@ def _rotary_write_kv_kernel(
     if slot >= 0:
         dst = ((slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs
                + offs_h[:, None] * stride_ch + offs_d[None, :])
+        dst_v = ((slot // BLOCK_SIZE) * stride_vcb + (slot % BLOCK_SIZE) * stride_vcs
+                 + offs_h[:, None] * stride_vch + offs_d[None, :] * stride_vcd)
+        half_v = HALF * stride_vcd
         v1_ptr = v_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :]
         v1 = tl.load(v1_ptr, mask=mask, other=0.0)
         v2 = tl.load(v1_ptr + HALF, mask=mask, other=0.0)
@@ -299,13 +303,14 @@ def _rotary_write_kv_kernel(
             tl.store(v_scales_ptr + scale_dst, v_scale, mask=h_mask)
             tl.store(k_cache_ptr + dst, fp8_quantize(k1f, k_scale), mask=mask)
             tl.store(k_cache_ptr + dst + HALF, fp8_quantize(k2f, k_scale), mask=mask)
-            tl.store(v_cache_ptr + dst, fp8_quantize(v1f, v_scale), mask=mask)
-            tl.store(v_cache_ptr + dst + HALF, fp8_quantize(v2f, v_scale), mask=mask)
+            tl.store(v_cache_ptr + dst_v, fp8_quantize(v1f, v_scale), mask=mask)
+            tl.store(v_cache_ptr + dst_v + half_v, fp8_quantize(v2f, v_scale), mask=mask)
         else:
             tl.store(k_cache_ptr + dst, k1.to(k_cache_ptr.dtype.element_ty), mask=mask)
             tl.store(k_cache_ptr + dst + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=mask)
-            tl.store(v_cache_ptr + dst, v1.to(v_cache_ptr.dtype.element_ty), mask=mask)
-            tl.store(v_cache_ptr + dst + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(v_cache_ptr + dst_v, v1.to(v_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(v_cache_ptr + dst_v + half_v, v2.to(v_cache_ptr.dtype.element_ty),
+                     mask=mask)
 
 
 def rotary_write_kv_triton(
@@ -359,7 +364,7 @@ def rotary_write_kv_triton(
             k_scales, v_scales,
             query.stride(0), query.stride(1), key.stride(0), key.stride(1),
             value.stride(0), value.stride(1), cos_sin_cache.stride(0),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *v_cache.stride(),
             k_scales.stride(0), k_scales.stride(1),
             num_heads, num_kv_heads,
             HALF=half, BLOCK_D=next_pow2(half),

@@ -21,7 +21,15 @@ from pagedrt.ops.triton_utils import (
     check_kv_scales,
     check_same,
     next_pow2,
+    v_dim_major,
 )
+
+
+def block_storage(cache: torch.Tensor) -> torch.Tensor:
+    """The storage order of a cache indexed by block first: a dim-major V view
+    (`v_dim_major`) gives back its [num_blocks, num_kv_heads, head_dim, block_size] storage,
+    in which each block is one contiguous run as in every other cache tensor."""
+    return cache.permute(0, 2, 3, 1) if v_dim_major(cache) else cache
 
 
 @triton.jit
@@ -29,13 +37,14 @@ def _write_kv_kernel(
     key_ptr,  # [num_tokens, num_kv_heads, head_dim]
     value_ptr,  # [num_tokens, num_kv_heads, head_dim]
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim], strides stride_vc*
     slot_mapping_ptr,  # [num_tokens] int64, < 0 = skip
     k_scales_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; written when KV_FP8
     v_scales_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; written when KV_FP8
     stride_kt, stride_kh,  # key strides (token, head); head_dim stride is 1
     stride_vt, stride_vh,
-    stride_cb, stride_cs, stride_ch,  # cache strides (block, slot, head); same for k and v
+    stride_cb, stride_cs, stride_ch,  # K cache strides (block, slot, head)
+    stride_vcb, stride_vcs, stride_vch, stride_vcd,  # V cache strides (block, slot, head, dim)
     stride_sb, stride_sh,  # scale strides (block, head); the slot stride is 1
     num_kv_heads,
     BLOCK_SIZE: tl.constexpr,
@@ -56,6 +65,8 @@ def _write_kv_kernel(
         src_v = (value_ptr + token.to(tl.int64) * stride_vt
                  + offs_h[:, None] * stride_vh + offs_d[None, :])
         dst = block * stride_cb + offset * stride_cs + offs_h[:, None] * stride_ch + offs_d[None, :]
+        dst_v = (block * stride_vcb + offset * stride_vcs + offs_h[:, None] * stride_vch
+                 + offs_d[None, :] * stride_vcd)
         k = tl.load(src_k, mask=mask)
         v = tl.load(src_v, mask=mask)
         if KV_FP8:
@@ -68,10 +79,10 @@ def _write_kv_kernel(
             tl.store(k_scales_ptr + scale_dst, k_scale, mask=h_mask)
             tl.store(v_scales_ptr + scale_dst, v_scale, mask=h_mask)
             tl.store(k_cache_ptr + dst, fp8_quantize(k, k_scale), mask=mask)
-            tl.store(v_cache_ptr + dst, fp8_quantize(v, v_scale), mask=mask)
+            tl.store(v_cache_ptr + dst_v, fp8_quantize(v, v_scale), mask=mask)
         else:
             tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-            tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(v_cache_ptr + dst_v, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def write_kv_triton(
@@ -91,7 +102,8 @@ def write_kv_triton(
         key, value: [num_tokens, num_kv_heads, head_dim], any float dtype (cast to the cache's),
             head_dim contiguous, same device as the caches.
         k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], fp16/bf16/fp32
-            or float8_e4m3fn, identical shape, dtype and strides.
+            or float8_e4m3fn, identical shape and dtype; V's strides are K's or those of a
+            view of [num_blocks, num_kv_heads, head_dim, block_size] storage (`v_dim_major`).
         slot_mapping: [num_tokens] int64 (int32 accepted), slot = block * block_size + offset.
         validate: check the above (ValueError); the model's attention layers pass False for
             tensors they built (see `pagedrt.ops.fused_triton`).
@@ -123,7 +135,7 @@ def write_kv_triton(
     _write_kv_kernel[(num_tokens,)](
         key, value, k_cache, v_cache, slot_mapping, k_scales, v_scales,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), *v_cache.stride(),
         k_scales.stride(0), k_scales.stride(1),
         num_kv_heads,
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_H=next_pow2(num_kv_heads), KV_FP8=fp8,
@@ -178,8 +190,10 @@ def copy_blocks_triton(
     num_pairs = mapping.shape[0]
     for layer, (k_cache, v_cache) in enumerate(zip(k_caches, v_caches)):
         check_same(f"k_caches[{layer}]", k_cache, f"v_caches[{layer}]", v_cache)
+        k_cache, v_cache = block_storage(k_cache), block_storage(v_cache)
         if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-            raise ValueError(f"layer {layer}: copy_blocks_triton needs contiguous caches")
+            raise ValueError(f"layer {layer}: copy_blocks_triton needs caches whose blocks are "
+                             "contiguous (a dim-major V view counts)")
         if k_cache.element_size() == 1:  # the interpreter would convert fp8 on the way
             k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
         block_numel = k_cache[0].numel()

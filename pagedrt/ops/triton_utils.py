@@ -73,14 +73,32 @@ def check_head_dim(head_dim: int) -> None:
                          "(use backend='torch' for others)")
 
 
+def v_dim_major(v_cache: torch.Tensor) -> bool:
+    """Whether a V cache [num_blocks, block_size, num_kv_heads, head_dim] is a view of
+    [num_blocks, num_kv_heads, head_dim, block_size] storage (an FP8 cache's V, `KVCacheSpec`):
+    the tokens of a block are contiguous per (head, dim), so a tile of V is read with wide
+    loads along tokens, the order in which the P @ V product consumes it."""
+    return (v_cache.dim() == 4 and v_cache.shape[1] > 1
+            and v_cache.permute(0, 2, 3, 1).is_contiguous())
+
+
+def to_v_dim_major(cache: torch.Tensor) -> torch.Tensor:
+    """A copy of `cache` [num_blocks, block_size, num_kv_heads, head_dim] stored dim-major
+    ([num_blocks, num_kv_heads, head_dim, block_size]) and seen with the same shape: the layout
+    of an FP8 cache's V in the engine (`v_dim_major`)."""
+    return cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+
+
 def check_cache_pair(k_cache, v_cache) -> tuple[int, int, int]:
-    """K and V caches of one layer: the cache contract, identical shape, dtype, device and
-    strides, a supported head_dim. Returns (block_size, num_kv_heads, head_dim)."""
+    """K and V caches of one layer: the cache contract, identical shape, dtype and device, a
+    supported head_dim; V's strides are K's, or those of the dim-major layout (`v_dim_major`).
+    Returns (block_size, num_kv_heads, head_dim)."""
     check_cache("k_cache", k_cache)
     check_same("k_cache", k_cache, "v_cache", v_cache)
-    if k_cache.stride() != v_cache.stride():
+    if k_cache.stride() != v_cache.stride() and not v_dim_major(v_cache):
         raise ValueError(
-            f"k_cache strides {k_cache.stride()} != v_cache strides {v_cache.stride()}")
+            f"v_cache strides {v_cache.stride()} are neither k_cache's {k_cache.stride()} nor "
+            "those of a view of [num_blocks, num_kv_heads, head_dim, block_size] storage")
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     check_head_dim(head_dim)
     return block_size, num_kv_heads, head_dim

@@ -18,15 +18,18 @@ from pagedrt.models import layers
 from pagedrt.ops import attention_reference as ref
 from pagedrt.ops import attention_triton as tri
 from pagedrt.ops.fp8 import FP8_DTYPE
+from pagedrt.ops.triton_utils import to_v_dim_major
 
 CUDA = torch.device("cuda")
 
 
 def _fp8_caches(num_blocks, block_size, num_kv_heads, head_dim):
-    """NaN bytes and NaN scales everywhere: any slot the kernels should not read is NaN."""
+    """NaN bytes and NaN scales everywhere: any slot the kernels should not read is NaN. V is
+    stored dim-major, as the engine stores an FP8 cache's V (KVCacheSpec.v_dim_major)."""
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     caches = [torch.full(shape, 0x7F, dtype=torch.uint8, device=CUDA).view(FP8_DTYPE)
               for _ in range(2)]
+    caches[1] = to_v_dim_major(caches[1])
     scales = [torch.full((num_blocks, num_kv_heads, block_size), float("nan"), device=CUDA)
               for _ in range(2)]
     return caches + scales
