@@ -2,7 +2,8 @@
 # Device calls of 2026-12-01, session 4: two calls made one right after the other (the SmolLM2
 # GGUF travels in two parts, .gguf_parts/p1 and p2; the machine keeps /tmp between them).
 #   PART=A (carry .gguf_parts/p1 .base .commit): keep p1 in /tmp; GPU tests of the tensor-
-#     parallel, FP8-cache and fused small-batch paths; batch-1 latency with the small-batch
+#     parallel, FP8-cache and fused small-batch paths; the FP8 decode kernel (V dim-major)
+#     against bf16 (`bench attention --kv-cache-dtype fp8`); batch-1 latency with the small-batch
 #     fusion off (PAGEDRT_FUSED_SMALL_BATCH=0); baca7b5 against HEAD offline, alternated
 #     (benchmarks/paired_h200.sh, REPEATS=1; its HEAD latency run has the fusion on).
 #   PART=B (carry .gguf_parts/p2 .gguf_parts/md5 .whl .commit): join the GGUF; speculative
@@ -20,11 +21,15 @@ if [ "${PART:-A}" = A ]; then
     tests/gpu/test_tp_gpu.py tests/gpu/test_fp8_kv_gpu.py tests/gpu/test_fused_small_batch_gpu.py \
     > "$out/r/gpu_tests.txt" 2>&1
   echo "== GPU tests (status $?)"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/r/gpu_tests.txt" | tail -8
+  timeout 60 $cli bench attention --kv-cache-dtype fp8 --out "$out/r/fp8attn" \
+    --decode-shapes llama3-8b:64:4096,qwen2-0.5b:64:4096,qwen2-0.5b:64:2048 \
+    > "$out/r/fp8attn.txt" 2>&1 || echo "fp8 attention bench failed ($?)"
   PAGEDRT_FUSED_SMALL_BATCH=0 timeout 70 $cli bench latency --preset qwen2-0.5b \
     --name head_lat_unfused --out "$out/r/paired" > "$out/r/lat_unfused.txt" 2>&1 \
     || echo "unfused latency failed ($?)"
   BASE=.base BASE_COMMIT=baca7b5 REPEATS=1 CAP=75 OUT="$out/r/paired" \
     timeout "${PAIRED_CAP:-300}" bash benchmarks/paired_h200.sh > "$out/r/paired.txt" 2>&1
+  echo "== FP8 decode (V dim-major) against bf16"; tail -8 "$out/r/fp8attn.txt"
   echo "== latency, fusion off (HEAD)"; grep -E "ctx|ms" "$out/r/lat_unfused.txt" | tail -4
   echo "== paired"; tail -8 "$out/r/paired.txt"
 else
