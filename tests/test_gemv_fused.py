@@ -104,7 +104,7 @@ def fused_everywhere(monkeypatch):
     one config for every shape; counts the fused calls."""
     calls = []
 
-    def always_fused(key, unfused, fused):
+    def always_fused(key, unfused, fused, *_):
         calls.append(key[0])
         return fused((8, 128, 4))
 

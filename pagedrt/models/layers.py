@@ -131,7 +131,7 @@ class RMSNorm(nn.Module):
 
         key = ("rmsnorm", tuple(linear.weight.shape), x.shape[0], x.dtype, bias is not None,
                residual is not None, x.device.index)
-        return fused_or_unfused(key, unfused, fused)
+        return fused_or_unfused(key, unfused, fused, linear.weight, x.shape[0], bias is not None)
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -354,7 +354,8 @@ class RowParallelLinear(LinearBase):
 
         key = ("silu_mul", tuple(self.weight.shape), x.shape[0], x.dtype, bias is not None,
                x.device.index)
-        return fused_or_unfused(key, lambda: self(act(x)), fused)
+        return fused_or_unfused(key, lambda: self(act(x)), fused, self.weight, x.shape[0],
+                                bias is not None)
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -302,11 +302,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 _FUSED_CHOICE: dict[tuple, tuple[int, int, int] | None] = {}  # key -> config, None = unfused
 
 
-def fused_or_unfused(key: tuple, unfused, fused):
+FUSED_DEFAULT = (8, 256, 4)  # tried for every fused op, beside the plain matmul's choice
+
+
+def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int,
+                     has_bias: bool):
     """`fused(config)` with the config timed fastest for `key`, or `unfused()` where no config
     beat it by 5% (timed once per key from a CUDA graph, outside capture; under capture an
     untimed key runs `unfused()`). Both callables must compute the same thing: the layers
-    pass the plain module chain as `unfused` (pagedrt/models/layers.py)."""
+    pass the plain module chain as `unfused` (pagedrt/models/layers.py). The candidates are
+    the config `linear` chose for the same `weight` at `rows` rows and FUSED_DEFAULT: each one
+    is a Triton compilation at start-up (three prologues x three row counts per model)."""
     if key not in _FUSED_CHOICE:
         if torch.cuda.is_current_stream_capturing():
             return unfused()
@@ -316,8 +322,9 @@ def fused_or_unfused(key: tuple, unfused, fused):
             fn()  # compile outside the capture
             return do_bench_cudagraph(fn, rep=10)
 
-        best, best_ms = None, timed(unfused)
-        for cfg in CONFIGS:
+        best, best_ms = None, timed(unfused)  # (which also makes linear's choice)
+        plain = _CHOICE.get((weight.shape, rows, weight.dtype, has_bias, weight.device.index))
+        for cfg in dict.fromkeys(c for c in (plain, FUSED_DEFAULT) if c is not None):
             try:
                 ms = timed(lambda cfg=cfg: fused(cfg))
             except Exception:  # noqa: BLE001, S112 - a config this GPU cannot run is skipped
