@@ -26,8 +26,9 @@ Speculative decoding and async scheduling: a step that verifies drafts is read b
 (the next plan's positions depend on how many drafts were accepted), and a plan can give a
 sequence drafts only once its last token is on the host. So while speculation is on (few
 sequences, pagedrt/spec/config.py) the engine reads the step in flight before planning
-whenever some sequence's known tokens already end in an n-gram match (always, with a draft
-model): those steps run one after the other. Without a match the overlap stays, so text
+whenever some sequence not paused by the acceptance rule (pagedrt/spec/acceptance.py) has known
+tokens that already end in an n-gram match (always, with a draft model): those steps run one
+after the other. Without a match the overlap stays, so text
 that does not repeat itself decodes as fast as without speculation.
 """
 
