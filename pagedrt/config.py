@@ -335,8 +335,11 @@ class EngineConfig:
         "help": "speculative decoding with vLLM's names, e.g. {\"method\": \"ngram\", "
                 "\"num_speculative_tokens\": 5, \"prompt_lookup_min\": 2, "
                 "\"prompt_lookup_max\": 4} or {\"method\": \"draft_model\", \"model\": PATH, "
-                "\"num_speculative_tokens\": 4}; optional \"disable_by_batch_size\" (32): "
-                "speculate only while at most that many sequences are unfinished (a JSON object "
+                "\"num_speculative_tokens\": 4}; optional \"disable_by_batch_size\" (4): "
+                "speculate only while at most that many sequences are unfinished, and "
+                "\"min_mean_accepted_length\" (2.0): a sequence whose latest verification "
+                "steps gave fewer tokens each than that on average pauses speculation, with "
+                "exponential backoff (a JSON object "
                 "on the command line; pagedrt.spec.config.SpeculativeConfig)"})
 
     def __post_init__(self) -> None:

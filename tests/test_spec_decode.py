@@ -13,6 +13,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tiny_model import build_tiny_llama
 
 from pagedrt import LLM, EngineConfig, SamplingParams
@@ -23,7 +25,7 @@ from pagedrt.kv.kv_cache import KVCache, KVCacheSpec
 from pagedrt.ops.attention import AttentionMetadata
 from pagedrt.spec import rejection_sampler as rs
 from pagedrt.spec.config import SpeculativeConfig
-from pagedrt.spec.ngram import NgramIndex
+from pagedrt.spec.ngram import BULK_MIN_TOKENS, NgramIndex, NgramProposer
 
 BLOCK = 8
 
@@ -119,7 +121,10 @@ def assert_cache_holds_no_rejected_token(spec_llm: LLM, spec_outputs, base_llm: 
 # ------------------------------------------------------------------ configuration
 def test_config_names_defaults_and_errors():
     c = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3})
-    assert (c.prompt_lookup_min, c.prompt_lookup_max, c.disable_by_batch_size) == (5, 5, 32)
+    assert (c.prompt_lookup_min, c.prompt_lookup_max, c.disable_by_batch_size) == (5, 5, 4)
+    assert c.min_mean_accepted_length == 2.0
+    assert SpeculativeConfig.from_dict(ngram(3, min_mean_accepted_length=4)).to_dict()[
+        "min_mean_accepted_length"] == 4
     c = SpeculativeConfig.from_dict(ngram(3, lo=None, hi=4))
     assert (c.prompt_lookup_min, c.prompt_lookup_max) == (4, 4)
     bad = [
@@ -130,6 +135,11 @@ def test_config_names_defaults_and_errors():
         ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1}, "lookahead"),
         ({"method": "draft_model", "num_speculative_tokens": 2}, "model"),
         (ngram(2, disable_by_batch_size=0), "disable_by_batch_size"),
+        (ngram(2, min_mean_accepted_length=3.5), r"min_mean_accepted_length=3\.5 .*\[0, 3\]"),
+        (ngram(2, min_mean_accepted_length=-1), "min_mean_accepted_length"),
+        (ngram(2, min_mean_accepted_length=float("nan")), "min_mean_accepted_length"),
+        (ngram(2, min_mean_accepted_length="2"), "min_mean_accepted_length"),
+        (ngram(2, min_mean_accepted_length=True), "min_mean_accepted_length"),
         ("ngram", "dict"),
     ]
     for value, word in bad:
@@ -183,6 +193,54 @@ def test_ngram_index_extends_incrementally():
         if ends:
             assert whole.propose(5) == tokens[ends[0] + 1: ends[0] + 6]
             break
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), length=st.integers(0, 300), vocab=st.integers(1, 8),
+       min_n=st.integers(1, 4), extra_n=st.integers(0, 3))
+def test_bulk_index_proposes_what_the_token_by_token_index_did(seed, length, vocab, min_n,
+                                                                extra_n):
+    """Random sequences over a few ids (many repeats), indexed in random chunks (one-pass
+    chunks of >= BULK_MIN_TOKENS, before and after others, and token-by-token ones) against
+    one token at a time: the same table and, after every chunk, the same proposals."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, vocab, length).tolist()
+    one_by_one = NgramIndex(min_n, min_n + extra_n)
+    chunked = NgramIndex(min_n, min_n + extra_n)
+    i = num_bulk = 0
+    while i < len(tokens):
+        size = int(rng.choice([1, 2, 5, BULK_MIN_TOKENS, 40, 120]))
+        num_bulk += size >= BULK_MIN_TOKENS and i + 1 < len(tokens)
+        for token in tokens[i:i + size]:
+            one_by_one.extend([token])
+        chunked.extend(tokens[i:i + size])
+        i += size
+        assert chunked.tokens == one_by_one.tokens
+        assert chunked.first_end == one_by_one.first_end
+        for max_num in (1, 3, 8):
+            assert chunked.propose(max_num) == one_by_one.propose(max_num)
+    assert length < 100 or num_bulk  # (with 6 sizes, a long sequence has a one-pass chunk)
+
+
+def test_first_speculation_indexes_the_prompt_in_one_pass(monkeypatch):
+    """A sequence's first proposal indexes its whole prompt and output in one bulk pass; the
+    tokens of later steps are added one by one."""
+    from pagedrt.core.request import Request
+
+    calls = []
+    bulk = NgramIndex._extend_bulk
+    monkeypatch.setattr(NgramIndex, "_extend_bulk",
+                        lambda self, new: (calls.append(len(new)), bulk(self, new))[1])
+    rng = np.random.default_rng(1)
+    prompt = rng.integers(0, 50, 300).tolist()
+    req = Request("r", prompt + prompt[:20], SamplingParams(max_tokens=64))
+    req.output_token_ids.extend(prompt[20:23])
+    proposer = NgramProposer(5, 2, 4)
+    assert proposer.propose(req, 5) == prompt[23:28]
+    assert calls == [323]
+    req.output_token_ids.extend(prompt[23:26])
+    assert proposer.propose(req, 5) == prompt[26:31]
+    assert calls == [323] and BULK_MIN_TOKENS > 3
 
 
 # ------------------------------------------------------------------ rejection sampler
@@ -298,12 +356,14 @@ def test_draft_equal_to_target_accepts_every_draft(tiny, scheduling, k):
 @pytest.mark.parametrize("k", [2, 5])
 def test_disagreeing_draft_rolls_back_and_keeps_greedy_tokens(tiny, other_tiny, scheduling, k):
     """Most drafts rejected: every step rolls back, blocks of rejected slots are freed, and the
-    tokens are still those of plain greedy decoding; with preemption in a small cache too."""
+    tokens are still those of plain greedy decoding; with preemption in a small cache too.
+    (The per-sequence rule is off, so that every step verifies drafts.)"""
     base = make_llm(tiny)
     params = greedy(26)
     ref = [o.outputs[0].token_ids for o in run(base, PROMPTS, params)]
     for blocks in (160, 14):
-        llm = make_llm(tiny, draft(k, other_tiny), num_kv_blocks=blocks)
+        llm = make_llm(tiny, draft(k, other_tiny, min_mean_accepted_length=0),
+                       num_kv_blocks=blocks)
         out = run(llm, PROMPTS, params)
         assert [o.outputs[0].token_ids for o in out] == ref
         s = llm.stats()
@@ -364,15 +424,18 @@ def test_seeded_sampling_is_reproducible(tiny, other_tiny, scheduling):
     params = [SamplingParams(temperature=1.0, seed=11 + i, max_tokens=24, ignore_eos=True,
                              top_k=50 if i % 2 else -1, n=1 + (i == 1))
               for i in range(len(PROMPTS))]
+    # both switch-off rules off (5 sequences; a draft that often disagrees): every step
+    # verifies drafts
+    spec = draft(3, other_tiny, min_mean_accepted_length=0, disable_by_batch_size=8)
     runs = []
     for _ in range(2):
-        llm = make_llm(tiny, draft(3, other_tiny))
+        llm = make_llm(tiny, spec)
         runs.append([[c.token_ids for c in o.outputs] for o in run(llm, PROMPTS, params)])
         assert llm.stats()["spec_decode_num_accepted_tokens"] > 0
         assert_no_block_held(llm)
     assert runs[0] == runs[1]
     # a seeded request's tokens do not depend on what runs beside it
-    llm = make_llm(tiny, draft(3, other_tiny))
+    llm = make_llm(tiny, spec)
     alone = run(llm, PROMPTS[2], params[2])[0].outputs[0].token_ids
     assert alone == runs[0][2][0]
 
@@ -650,6 +713,64 @@ def test_speculation_with_a_sliding_window(scheduling):
             assert [o.outputs[0].token_ids for o in out] == ref, (spec["method"], blocks)
             assert llm.stats()["spec_decode_num_draft_tokens"] > 0
             assert_no_block_held(llm)
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_speculation_warm_up_runs_verification_and_leaves_no_state(tiny, method, monkeypatch):
+    """`ModelRunner.warm_up_speculation` (run at CUDA start-up; called by hand here): two
+    verification steps through the rejection sampler with a greedy and two sampled rows, the
+    second beside a prefill chunk (eager); afterwards no row, no penalty slot, no draft-model
+    state, the default generator where it was, no block held, the speculative counters at
+    zero, and the same tokens (greedy, unseeded and seeded sampling) as an engine that never
+    ran it."""
+    spec = ngram(3) if method == "ngram" else draft(3, tiny)
+    calls = []
+    verify = rs.RejectionSampler.__call__
+
+    def recorded(self, logits, rows, drafts, num_drafts, generator=None):
+        calls.append(([r.params.greedy for r in rows], list(num_drafts)))
+        return verify(self, logits, rows, drafts, num_drafts, generator)
+
+    monkeypatch.setattr(rs.RejectionSampler, "__call__", recorded)
+    params = [greedy(20), SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=20, ignore_eos=True,
+                             presence_penalty=0.5)]
+    prompts = [p + p[-6:] * 2 for p in PROMPTS[:3]]
+    expected = run(make_llm(tiny, spec), prompts, params)
+    llm = make_llm(tiny, spec)
+    runner = llm.llm_engine.model_runner
+    assert runner.spec_warm_up_s == 0.0  # not at start-up on CPU
+    state = runner.generator.get_state()
+    plans = []
+    execute = runner.execute
+
+    def spy(plan, *args):
+        plans.append(plan)
+        return execute(plan, *args)
+
+    monkeypatch.setattr(runner, "execute", spy)
+    calls.clear()
+    runner.warm_up_speculation()
+    assert calls == [([True, False, False], [3, 3, 3])] * 2
+    assert [len(p.req_ids) for p in plans] == [3, 4, 0]
+    chunk = plans[1].req_ids.index("spec-warm-up-chunk")
+    assert plans[1].num_new_tokens[chunk] == 2 and len(plans[2].finished_req_ids) == 4
+    assert runner.spec_warm_up_s > 0
+    assert not runner.batch.row_of and torch.equal(runner.generator.get_state(), state)
+    sampling = runner.batch.sampling
+    assert not sampling.penalized.any() and len(sampling._free_slots) == sampling._num_slots
+    assert runner.draft_proposer is None or not runner.draft_proposer.num_computed
+    assert runner._last_sampled is None and runner._last_step_id == -1
+    stats = llm.stats()
+    assert all(v == 0 for k, v in stats.items() if k.startswith("spec_decode")), stats
+    assert_no_block_held(llm)
+    out = run(llm, prompts, params)
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in expected]
+    assert llm.stats()["spec_decode_num_drafts"] > 0
+    llm.llm_engine.add_request("x", PROMPTS[0], greedy(4))
+    llm.llm_engine.step()
+    with pytest.raises(ValueError, match="before any request"):
+        runner.warm_up_speculation()
 
 
 def test_server_warm_up_runs_with_speculation(tiny):

@@ -67,12 +67,13 @@ def spec_counters(engine) -> dict:
     sch = engine.scheduler
     return {"drafts": sch.num_spec_drafts, "draft_tokens": sch.num_spec_draft_tokens,
             "accepted": sch.num_spec_accepted_tokens, "steps": sch.num_spec_steps,
-            "early_reads": sch.num_spec_early_reads}
+            "early_reads": sch.num_spec_early_reads, "pauses": sch.acceptance.num_pauses}
 
 
 def time_one_request(llm, prompt: list[int], max_tokens: int) -> dict:
     """One greedy request alone: decode tokens/s after the first token (and end to end),
-    its tokens, and the speculative counters it moved."""
+    the longest `engine.step()` call after the first (max_step_ms: a one-time stall shows
+    there), its tokens, and the speculative counters it moved."""
     engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     before = spec_counters(engine) if engine.scheduler.proposer is not None else None
@@ -83,13 +84,17 @@ def time_one_request(llm, prompt: list[int], max_tokens: int) -> dict:
     sync(engine.device)
     t1 = time.perf_counter()
     steps = 0
+    longest = 0.0
     while engine.has_unfinished_requests():
+        start = time.perf_counter()
         engine.step()
+        longest = max(longest, time.perf_counter() - start)
         steps += 1
     sync(engine.device)
     t2 = time.perf_counter()
     n = len(req.output_token_ids)
-    row = {"output_tokens": n, "steps_after_first": steps, "e2e_s": t2 - t0,
+    row = {"output_tokens": n, "steps_after_first": steps, "max_step_ms": 1e3 * longest,
+           "e2e_s": t2 - t0,
            "decode_tok_s": (n - 1) / (t2 - t1) if n > 1 else 0.0,
            "e2e_tok_s": n / (t2 - t0), "token_ids": list(req.output_token_ids)}
     if before is not None:

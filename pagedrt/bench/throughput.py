@@ -201,12 +201,24 @@ def trace_steps(engine) -> tuple[list, Callable[[], None]]:
     return trace, finish
 
 
+LONGEST_STEP_KEYS = ("max_step_ms", "max_step_index", "max_step_num_requests",
+                     "max_step_num_tokens", "step_ms_median")
+
+
 def summarize_trace(trace: list) -> dict:
     """Median and total step time (wall, and device time of the model) of decode-only steps
-    and of steps with prefill tokens."""
+    and of steps with prefill tokens; the longest step of all (max_step_ms, its index in the
+    trace max_step_index, and what it scheduled: a one-time stall, such as a kernel loaded on
+    first use, shows there) and the median of all (step_ms_median)."""
     import statistics
 
     out = {}
+    if trace:
+        walls = [r[0] for r in trace]
+        i = max(range(len(walls)), key=walls.__getitem__)
+        out.update(max_step_ms=1e3 * walls[i], max_step_index=i,
+                   max_step_num_requests=trace[i][1], max_step_num_tokens=trace[i][2],
+                   step_ms_median=1e3 * statistics.median(walls))
     for kind, rows in (("decode", [r for r in trace if r[1] and r[2] == r[1]]),
                        ("prefill", [r for r in trace if r[2] > r[1]])):
         wall = [r[0] for r in rows]
@@ -357,6 +369,8 @@ def compare_speculative(args, model, name, prompts, params, ceilings, workload) 
         warm_up(llm, args)
         row = run_pagedrt(llm, args, prompts, params, ceilings, name, workload)
         row["speculation"] = label
+        row.update({k: row["step_times"][k] for k in LONGEST_STEP_KEYS
+                    if k in row["step_times"]})
         row["speculative_config"] = llm.llm_engine.config.speculative_config
         stats = llm.stats()
         row.update({k: v for k, v in stats.items() if k.startswith("spec_decode")})
@@ -365,13 +379,17 @@ def compare_speculative(args, model, name, prompts, params, ceilings, workload) 
             sub = argparse.Namespace(**{**vars(args), "num_requests": b})
             sub_prompts, sub_params, sub_workload = make_workload(sub, seed=100 + b)
             before = dict(llm.stats())
+            trace, finish_trace = trace_steps(llm.llm_engine)
             elapsed, steps, outs = timed_generate(llm, sub_prompts, sub_params)
+            finish_trace()
             after = llm.stats()
             n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+            longest = summarize_trace(trace)
             results.append({
                 "system": "pagedrt", "workload": f"{name} {sub_workload}", "num_requests": b,
                 "speculation": label, "output_tokens": n_out, "elapsed_s": elapsed,
                 "output_tok_s": n_out / elapsed, "num_steps": steps,
+                **{k: longest[k] for k in LONGEST_STEP_KEYS if k in longest},
                 **{k: after[k] - before[k] for k in after
                    if k.startswith("spec_decode_num")}})
         free_llm(llm)
@@ -381,12 +399,13 @@ def compare_speculative(args, model, name, prompts, params, ceilings, workload) 
             r["throughput_vs_off"] = r["output_tok_s"] / off[r["workload"]]["output_tok_s"]
     path = write_results(args.out, args.name, results, {"ceilings": ceilings})
     print(f"\n{'workload':<34} {'spec':>5} {'out tok/s':>10} {'vs off':>7} {'steps':>6} "
-          f"{'spec steps':>10} {'accept':>7}")
+          f"{'spec steps':>10} {'accept':>7} {'max step ms':>11} {'median':>6}")
     for r in results:
         ratio = f"{r['throughput_vs_off']:.3f}x" if "throughput_vs_off" in r else ""
         print(f"{r['workload']:<34} {r['speculation']:>5} {r['output_tok_s']:>10,.0f} "
               f"{ratio:>7} {r['num_steps']:>6} {r.get('spec_decode_num_steps', 0):>10} "
-              f"{_acceptance(r):>7.2f}")
+              f"{_acceptance(r):>7.2f} {r.get('max_step_ms', float('nan')):>11.2f} "
+              f"{r.get('step_ms_median', float('nan')):>6.2f}")
     print(f"results: {path}")
     return 0
 

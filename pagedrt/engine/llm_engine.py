@@ -26,8 +26,9 @@ Speculative decoding and async scheduling: a step that verifies drafts is read b
 (the next plan's positions depend on how many drafts were accepted), and a plan can give a
 sequence drafts only once its last token is on the host. So while speculation is on (few
 sequences, pagedrt/spec/config.py) the engine reads the step in flight before planning
-whenever some sequence's known tokens already end in an n-gram match (always, with a draft
-model): those steps run one after the other. Without a match the overlap stays, so text
+whenever some sequence not paused by the acceptance rule (pagedrt/spec/acceptance.py) has known
+tokens that already end in an n-gram match (always, with a draft model): those steps run one
+after the other. Without a match the overlap stays, so text
 that does not repeat itself decodes as fast as without speculation.
 """
 
@@ -65,8 +66,9 @@ def spec_decode_stats(scheduler: Scheduler) -> dict:
     """Speculative decoding counters (vLLM's names): drafts (sequence-steps that verified
     drafts), draft and accepted tokens, acceptance rate = accepted / draft tokens, mean
     accepted length = tokens per sequence-step that verified drafts = 1 + accepted / drafts
-    (the target's own token counts; an upper bound of k + 1), steps that verified drafts, and
-    (async scheduling) steps read back before the next plan so that it could speculate."""
+    (the target's own token counts; an upper bound of k + 1), steps that verified drafts,
+    (async scheduling) steps read back before the next plan so that it could speculate, and
+    pauses of the per-sequence acceptance rule (pagedrt/spec/acceptance.py)."""
     drafts, proposed = scheduler.num_spec_drafts, scheduler.num_spec_draft_tokens
     accepted = scheduler.num_spec_accepted_tokens
     return {
@@ -77,6 +79,7 @@ def spec_decode_stats(scheduler: Scheduler) -> dict:
         "spec_decode_num_accepted_tokens": accepted,
         "spec_decode_acceptance_rate": accepted / proposed if proposed else 0.0,
         "spec_decode_mean_accepted_length": 1.0 + accepted / drafts if drafts else 0.0,
+        "spec_decode_num_pauses": scheduler.acceptance.num_pauses,
     }
 
 
@@ -478,6 +481,8 @@ class LLMEngine:
         sch.num_chunked_prefill_steps = sch.peak_num_running = sch.peak_num_used_blocks = 0
         sch.num_spec_steps = sch.num_spec_drafts = sch.num_spec_early_reads = 0
         sch.num_spec_draft_tokens = sch.num_spec_accepted_tokens = 0
+        if sch.acceptance is not None:
+            sch.acceptance.num_pauses = 0
         self.kv_manager.stats = type(self.kv_manager.stats)()
 
     def check_integrity(self) -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pagedrt.core.plan import StepPlan, StepResult
+from pagedrt.core.plan import NewRequestData, StepPlan, StepResult
 from pagedrt.core.request import PLACEHOLDER_TOKEN_ID
 from pagedrt.engine.beam_runner import BeamLaunch, BeamRunner
 from pagedrt.engine.cuda_graphs import CUDAGraphRunner
@@ -36,6 +36,7 @@ from pagedrt.engine.profiling import NULL_CLOCK
 from pagedrt.engine.sampler import Sampler, SamplerOutput
 from pagedrt.kv.kv_cache import KVCache
 from pagedrt.ops.attention import AttentionMetadata
+from pagedrt.sampling_params import SamplingParams
 from pagedrt.spec.rejection_sampler import RejectionOutput, RejectionSampler
 
 EAGER_TOKEN_PADDING = 64
@@ -147,15 +148,21 @@ class ModelRunner:
                     + max_num_seqs * max_blocks_per_seq)
             self._staging = [torch.empty(size, dtype=torch.int64, pin_memory=True)
                              for _ in range(2)]
+        self.max_num_seqs = max_num_seqs
+        self.num_speculative_tokens = num_speculative_tokens
+        self.spec_max_num_seqs = min(spec_max_num_seqs, max_num_seqs)
         self.gemm_warm_up_s = 0.0  # seconds spent in warm_up_gemms (at start-up on CUDA)
+        self.spec_warm_up_s = 0.0  # seconds in warm_up_speculation (start-up, CUDA, k > 0)
         if self.device.type == "cuda":
             self.warm_up_gemms(max_step_tokens, max_num_seqs)
         if use_cuda_graphs and self.device.type == "cuda":
             self.graph_runner = CUDAGraphRunner(
                 model, kv_cache.layers, max_num_seqs, max_blocks_per_seq,
                 self.device, backend, verify_query_len=num_speculative_tokens + 1,
-                verify_max_num_seqs=min(spec_max_num_seqs, max_num_seqs))
+                verify_max_num_seqs=self.spec_max_num_seqs)
             self.graph_runner.capture()
+        if self.device.type == "cuda" and num_speculative_tokens:
+            self.warm_up_speculation()
 
     @torch.inference_mode()
     def warm_up_gemms(self, max_step_tokens: int, max_num_seqs: int) -> None:
@@ -187,6 +194,105 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.gemm_warm_up_s = time.perf_counter() - start
+
+    @torch.inference_mode()
+    def warm_up_speculation(self) -> None:
+        """Run the verification path once at start-up, so that the first real verification
+        step costs what later ones do. Without it the first one loaded the rejection
+        sampler's kernels mid-run (about 97 ms on the H200; pagedrt/spec/config.py).
+
+        Two steps through `execute` and `fetch` on three throwaway rows of a few tokens: a
+        greedy row, a sampled one (top-k, top-p, min-p, logprobs) and a seeded one with
+        penalties and min_tokens, so the rejection sampler runs its greedy and sampling
+        paths. The first step verifies k drafts per row (a verification graph when captured);
+        the second verifies again beside a prefill chunk, which runs it eagerly. With a draft
+        model the drafts are proposed by it (its extend and decode passes). The LM head also
+        runs at every row count a verification step can take above `max_num_seqs` (up to
+        (k + 1) x the batch it speculates at), as `warm_up_gemms` does below.
+
+        What it leaves: nothing the host sees. The rows are dropped (a third plan lists them
+        as finished), the runner's default generator is put back as it was, and the host's
+        KV manager and counters are never touched; the K/V written into blocks 0.. are
+        those of free blocks, which a request writes before it reads. Sets `spec_warm_up_s`.
+        Does nothing without speculation (k = 0) or when max_model_len leaves no room for a
+        draft.
+
+        Raises:
+            ValueError: called while the runner holds rows (it runs before any request).
+        """
+        k = self.num_speculative_tokens
+        batch = self.batch
+        if batch.row_of:
+            raise ValueError(f"warm_up_speculation runs before any request, but "
+                             f"{len(batch.row_of)} rows are in use; call it at start-up")
+        if k < 1:
+            return
+        start = time.perf_counter()
+        vocab = self.model.config.vocab_size
+        num_blocks = self.kv_cache.k_all.shape[1]
+        num_known = 3  # 2 prompt tokens and 1 generated, the last one known
+        room = batch.max_model_len - num_known - 1  # drafts that fit the first step
+        if room < 1:
+            return
+        ids = [(7 + 13 * i) % vocab for i in range(num_known + 2 * k + 2)]
+        table_len = -(-min(num_known + 2 * k + 2, batch.max_model_len) // self.block_size)
+        blocks = [min(b, num_blocks - 1) for b in range(table_len)]
+        params = [
+            SamplingParams(temperature=0.0),
+            SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, logprobs=2),
+            SamplingParams(temperature=1.0, seed=0, repetition_penalty=1.1,
+                           presence_penalty=0.5, frequency_penalty=0.5, min_tokens=4),
+        ]
+        req_ids = [f"spec-warm-up-{i}" for i in range(len(params))]
+        placeholders = self.draft_proposer is not None  # the draft model fills -1 slots
+
+        def drafts(n: int) -> list[int]:
+            return [PLACEHOLDER_TOKEN_ID] * n if placeholders else ids[:n]
+
+        generator = self.generator  # warm-up draws must not move the real stream
+        self.generator = torch.Generator(device=self.device).manual_seed(0)
+        try:
+            j = min(k, room)
+            first = StepPlan(
+                step_id=0, req_ids=list(req_ids), num_new_tokens=[1 + j] * len(req_ids),
+                num_computed_tokens=[num_known - 1] * len(req_ids),
+                new_requests=[NewRequestData(r, ids[:2], [ids[2]], p, 0, (), list(blocks),
+                                             num_known - 1)
+                              for r, p in zip(req_ids, params)],
+                draft_token_ids={r: drafts(j) for r in req_ids})
+            self.fetch(self.execute(first))
+            # again, eagerly: a prefill chunk beside the rows (their drafts where they fit)
+            second = StepPlan(step_id=1, new_requests=[NewRequestData(
+                "spec-warm-up-chunk", ids[:3], [], params[0], 0, (), list(blocks), 0)])
+            for r in req_ids:
+                row = batch.row_of[r]
+                n = int(batch.num_tokens[row])
+                j = max(min(k, batch.max_model_len - n - 1), 0)
+                second.req_ids.append(r)
+                second.num_new_tokens.append(1 + j)
+                second.num_computed_tokens.append(n - 1)
+                if j:
+                    second.draft_token_ids[r] = drafts(j)
+            second.req_ids.append("spec-warm-up-chunk")
+            second.num_new_tokens.append(2)
+            second.num_computed_tokens.append(0)
+            self.fetch(self.execute(second))
+            self.execute(StepPlan(step_id=2, finished_req_ids=[*req_ids, "spec-warm-up-chunk"]))
+            # the LM head at the row counts of verification steps above warm_up_gemms' range
+            most = (k + 1) * self.spec_max_num_seqs
+            if most > self.max_num_seqs:
+                h = torch.zeros(most, self.model.config.hidden_size,
+                                dtype=next(self.model.parameters()).dtype, device=self.device)
+                for m in range(self.max_num_seqs + 1, most + 1):
+                    self.model.compute_logits(h[:m])
+        finally:
+            self.generator = generator
+            self._last_sampled = None
+            self._last_step_id = -1
+            self._last_num_sampled = 0
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.spec_warm_up_s = time.perf_counter() - start
 
     def prepare(self, plan: StepPlan, rows: np.ndarray,
                 num_drafts: np.ndarray | None = None) -> ModelInputs:

@@ -18,11 +18,13 @@ the request's last allowed token (`max_tokens`), so nothing follows it.
 
 Speculative decoding (`EngineConfig.speculative_config`): while the engine holds at most
 `disable_by_batch_size` unfinished sequences, a decoding sequence whose last token is known
-gets up to k draft tokens from the proposer (pagedrt/spec/proposer.py), within the step's
-leftover token budget and never past `max_tokens`; its query is 1 + the drafts, and
-`num_computed_tokens` advances by all of them. Speculative tokens never preempt anyone: when
-their blocks do not fit, the sequence decodes one token. `update` then writes the accepted
-tokens and rolls back the rejected ones.
+and whose speculation is not paused (the per-sequence acceptance rule,
+pagedrt/spec/acceptance.py) gets up to k draft tokens from the proposer
+(pagedrt/spec/proposer.py), within the step's leftover token budget and never past
+`max_tokens`; its query is 1 + the drafts, and `num_computed_tokens` advances by all of them.
+Speculative tokens never preempt anyone: when their blocks do not fit, the sequence decodes
+one token. `update` then writes the accepted tokens, rolls back the rejected ones and tells
+the acceptance rule how many were accepted.
 
 Importance is (priority, arrival order): lower first. The scheduler never touches free lists;
 it asks the KVCacheManager, which answers None on shortage.
@@ -65,6 +67,7 @@ from pagedrt.core.plan import NewRequestData, StepPlan, StepResult
 from pagedrt.core.request import PLACEHOLDER_TOKEN_ID, Request, RequestStatus
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.outputs import TokenEvent
+from pagedrt.spec.acceptance import AcceptanceRule
 from pagedrt.spec.proposer import make_host_proposer
 
 logger = logging.getLogger("pagedrt.scheduler")
@@ -95,10 +98,11 @@ class Scheduler:
         # too, as tests do)
         self._finished_req_ids: list[str] = []
         self._preempted_req_ids: list[str] = []
-        # speculative decoding: the proposer (None: off) and its counters
-        self.spec_config = config.speculative
-        self.proposer = (make_host_proposer(self.spec_config)
-                         if self.spec_config is not None else None)
+        # speculative decoding: the proposer (None: off), the per-sequence pauses, counters
+        self.spec_config = spec = config.speculative
+        self.proposer = make_host_proposer(spec) if spec is not None else None
+        self.acceptance = (AcceptanceRule(spec.min_mean_accepted_length)
+                           if spec is not None else None)
         self.num_spec_steps = 0  # steps that verified drafts
         self.num_spec_drafts = 0  # (sequence, step) pairs with drafts verified
         self.num_spec_draft_tokens = 0
@@ -124,6 +128,7 @@ class Scheduler:
         self.kv.free(request)
         if self.proposer is not None:
             self.proposer.drop(request.request_id)
+            self.acceptance.drop(request.request_id)
 
     def ids_to_drop(self) -> set[str]:
         """Sequences whose device-side rows the next plan drops (finished or preempted since
@@ -150,12 +155,16 @@ class Scheduler:
     def wants_known_tokens(self) -> bool:
         """Whether the engine should read the step in flight before the next plan (async
         scheduling) so that this plan can speculate: speculation is on and some decoding
-        sequence's known tokens already end in a match (n-gram; always, for a draft model).
-        Drafts follow a sequence's last token, so they need it on the host."""
+        sequence not paused by the acceptance rule has known tokens that already end in a
+        match (n-gram; always, for a draft model). Drafts follow a sequence's last token, so
+        they need it on the host."""
         if not self.speculating():
             return False
         has_match = self.proposer.has_match
-        if any(req.output_token_ids and has_match(req) for req in self.running):
+        may_speculate = self.acceptance.may_speculate
+        step_id = self._next_step_id  # the plan about to be made
+        if any(req.output_token_ids and may_speculate(req.request_id, step_id)
+               and has_match(req) for req in self.running):
             self.num_spec_early_reads += 1
             return True
         return False
@@ -201,7 +210,7 @@ class Scheduler:
                 continue
             drafts = None
             if spec_budget > 0 and remaining[i] == 1 and not req.num_pending_tokens:
-                drafts = self._propose(req, spec_budget)
+                drafts = self._propose(req, spec_budget, plan.step_id)
                 num_new += len(drafts)
             while allocate(req, num_new) is None:
                 if drafts:  # speculative tokens never preempt anyone: decode one token
@@ -290,12 +299,14 @@ class Scheduler:
         self.peak_num_used_blocks = max(self.peak_num_used_blocks, used)
         return plan
 
-    def _propose(self, req: Request, budget: int) -> list[int]:
-        """Drafts for a decoding sequence whose last token is known: at most `budget`, and
-        none past max_tokens (the step yields up to 1 + drafts tokens)."""
+    def _propose(self, req: Request, budget: int, step_id: int) -> list[int]:
+        """Drafts for a decoding sequence whose last token is known: at most `budget`, none
+        past max_tokens (the step yields up to 1 + drafts tokens), none while the acceptance
+        rule pauses the sequence."""
         num_output = len(req.output_token_ids)
         max_num = min(budget, req.params.max_tokens - num_output - 1)
-        if not num_output or max_num <= 0:
+        if (not num_output or max_num <= 0
+                or not self.acceptance.may_speculate(req.request_id, step_id)):
             return []
         return self.proposer.propose(req, max_num)
 
@@ -697,6 +708,7 @@ class Scheduler:
                 self.num_spec_drafts += 1
                 self.num_spec_draft_tokens += len(drafts)
                 self.num_spec_accepted_tokens += len(extra)
+                self.acceptance.record(rid, len(tokens), plan.step_id)
             output_token_ids = req.output_token_ids
             head = req.group[0]
             status = None

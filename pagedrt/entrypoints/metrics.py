@@ -57,6 +57,9 @@ _COUNTERS = {
         "spec_decode_num_draft_tokens", "Speculative decoding: draft tokens verified."),
     "pagedrt_spec_decode_num_accepted_tokens": (
         "spec_decode_num_accepted_tokens", "Speculative decoding: draft tokens accepted."),
+    "pagedrt_spec_decode_num_pauses": (
+        "spec_decode_num_pauses",
+        "Speculative decoding: pauses of a sequence whose drafts were mostly rejected."),
 }
 
 

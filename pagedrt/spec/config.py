@@ -5,19 +5,31 @@
     LLM(..., speculative_config={"method": "draft_model", "model": "small.gguf",
                                  "num_speculative_tokens": 4})
 
-The switch-off rule (`disable_by_batch_size`): a step speculates only while the engine holds
-at most that many unfinished sequences (running, waiting and swapped). Why a batch bound: a
-verification step computes 1 + k tokens per sequence where a decode step computes 1, and it
-must run synchronously (the next step's positions depend on how many drafts were accepted;
-docs/design.md). At batch 1 the forward pass costs about the same for 1 or 1 + k tokens (it is
-bound by reading the weights and by kernel launches), so every accepted draft is a token for
-free; at large batches a decode step already keeps the GPU's matmul units busy, the extra
-tokens cost their full price, and losing the async overlap adds the host's step time (1.0 to
-1.2 ms for a 256-row decode step on the H200, BENCHMARKS.md). The default, 32 sequences, keeps
-a verification step of k = 5 at 192 tokens, near the ~190 tokens per step below which the
-H200's bf16 matmuls are bound by reading the weights (measured 790 TFLOP/s over 4.15 TB/s, ~190
-FLOP per byte; a token costs 2 FLOP per 2-byte weight). `benchmarks/spec_h200.sh` measures
-speculation on against off at batch 1 and at 256 concurrent requests.
+Two switch-off rules. Why speculation can lose: a verification step computes 1 + k tokens per
+sequence where a decode step computes 1, and it must run synchronously (the next step's
+positions depend on how many drafts were accepted; docs/design.md). At batch 1 the forward pass
+costs about the same for 1 or 1 + k tokens (it is bound by reading the weights and by kernel
+launches), so every accepted draft is a token for free; as the batch grows, the extra tokens
+and the lost async overlap (the host's step time is no longer hidden) cost more than the
+accepted drafts give.
+
+1. `disable_by_batch_size`: a step speculates only while the engine holds at most that many
+   unfinished sequences (running, waiting and swapped). The default, 4, comes from a
+   measurement on the H200 with the real SmolLM2-135M (bf16, CUDA graphs, n-gram k = 5,
+   n 2..4, the text workload of `benchmarks/spec_h200.sh`): speculation forced on at every
+   batch size gave 0.85x the throughput of speculation off at 8 concurrent requests, 0.96x at
+   16, 0.62x at 32, 0.65x at 64 and 128 (BENCHMARKS.md, second runs of 2026-12-01), while
+   batch 1 gained 1.88x and 2.25x on text that repeats its prompt. Batches 2 and 4 were not in
+   that sweep; the script's forced-on sweep now runs 1, 2, 4, ..., 128 to check the bound.
+   With the former default, 32, 256 concurrent requests ran at 0.869x of off: the tail of the
+   run speculated at batches where it loses, and the first verification step paid a one-time
+   ~138 ms (the rejection sampler's kernels loaded on first use, ~97 ms, now run at start-up
+   by `ModelRunner.warm_up_speculation`; the n-gram index built token by token, ~28 ms, now
+   in one pass, pagedrt/spec/ngram.py).
+2. `min_mean_accepted_length`: per sequence, a sequence whose mean accepted length over its
+   latest verification steps falls below this bound pauses speculation, with exponential
+   backoff (pagedrt/spec/acceptance.py). On the same H200 run, the one batch-1 prompt that
+   lost (0.95x of off) had a mean accepted length of 1.76; those that gained had 3.6 to 5.9.
 """
 
 from __future__ import annotations
@@ -25,7 +37,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 SPECULATIVE_METHODS = ("ngram", "draft_model")
-DEFAULT_DISABLE_BY_BATCH_SIZE = 32
+DEFAULT_DISABLE_BY_BATCH_SIZE = 4  # measured; see the module docstring
+DEFAULT_MIN_MEAN_ACCEPTED_LENGTH = 2.0
 DEFAULT_PROMPT_LOOKUP = 5  # n-gram size when neither bound is given
 
 
@@ -45,7 +58,14 @@ class SpeculativeConfig:
             only); its vocabulary size must equal the target's. A `LoadedModel` (from
             `pagedrt.models.loader.load_model`) also works, as for `LLM(model=...)`.
         disable_by_batch_size: a step speculates only while the engine holds at most this many
-            unfinished sequences (default 32; see the module docstring for why).
+            unfinished sequences (default 4; see the module docstring for the measurement).
+        min_mean_accepted_length: a sequence whose mean accepted length (accepted drafts + 1
+            per verification step) over its latest verification steps is below this pauses
+            speculation for 8, 16, 32, ... (at most 256) engine steps
+            (pagedrt/spec/acceptance.py). A number in [0, num_speculative_tokens + 1]; 1 or
+            less never pauses. Default 2.0: on average at least one draft accepted per step
+            (with k = 1 that is every draft: lower it there to keep speculating through
+            occasional rejections).
     """
 
     method: str
@@ -54,6 +74,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int | None = None
     model: str | object | None = None
     disable_by_batch_size: int = DEFAULT_DISABLE_BY_BATCH_SIZE
+    min_mean_accepted_length: float = DEFAULT_MIN_MEAN_ACCEPTED_LENGTH
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
@@ -61,6 +82,13 @@ class SpeculativeConfig:
                              f"{', '.join(repr(m) for m in SPECULATIVE_METHODS)}")
         _check_int("num_speculative_tokens", self.num_speculative_tokens, 1)
         _check_int("disable_by_batch_size", self.disable_by_batch_size, 1)
+        bound, top = self.min_mean_accepted_length, self.num_speculative_tokens + 1
+        if (isinstance(bound, bool) or not isinstance(bound, (int, float))
+                or not 0 <= bound <= top):
+            raise ValueError(
+                f"speculative_config min_mean_accepted_length={bound!r} must be a number in "
+                f"[0, {top}] (num_speculative_tokens + 1 is the most tokens a verification "
+                f"step gives; 1 or less never pauses speculation)")
         if self.method == "ngram":
             lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
             if lo is None and hi is None:

@@ -11,14 +11,25 @@ that the answer copies). Host side: it reads the request's known tokens (prompt 
 never a placeholder or a draft), so drafts are plain token ids in the step plan.
 
 Cost: each sequence keeps, per n, a dict from n-gram to the position where it first ended,
-extended by the tokens added since the last call (n_max - n_min + 1 dict operations per token);
-a lookup is n_max - n_min + 1 dict reads. Indexes are built on first use, only while the engine
-speculates, and dropped when the sequence finishes.
+extended by the tokens added since the last call; a lookup is n_max - n_min + 1 dict reads.
+Indexes are built on first use, only while the engine speculates, and dropped when the
+sequence finishes. The first use indexes the whole prompt (and what was generated before
+speculation switched on) at once: per n, one pass that builds the n-gram tuples with `zip` over
+n shifted slices and the dict from them in reverse order (so each n-gram keeps its first
+end), with no Python loop per token; later calls add the few tokens each step accepted one by
+one (n_max - n_min + 1 dict operations per token). A catch-up of BULK_MIN_TOKENS or more
+tokens (a sequence that decoded without speculating for a while) takes the one-pass path too.
+Measured on one CPU core (Python 3.12), n 2..4, random ids: 1,000 tokens index in 0.25 ms in
+one pass against 0.64 ms token by token; the two break even near 16 new tokens.
 """
 
 from __future__ import annotations
 
 from pagedrt.core.request import Request
+
+BULK_MIN_TOKENS = 16
+"""`NgramIndex.extend` indexes this many new tokens or more in one pass per n, fewer one by
+one (the break-even measured on CPU; module docstring)."""
 
 
 class NgramIndex:
@@ -38,6 +49,10 @@ class NgramIndex:
         self.first_end: list[dict[tuple[int, ...], int]] = [{} for _ in range(min_n, max_n + 1)]
 
     def extend(self, new_tokens: list[int]) -> None:
+        """Index `new_tokens` (Python ints), which follow the tokens indexed so far."""
+        if len(new_tokens) >= BULK_MIN_TOKENS:
+            self._extend_bulk(new_tokens)
+            return
         tokens = self.tokens
         min_n = self.min_n
         for token in new_tokens:
@@ -48,6 +63,31 @@ class NgramIndex:
                 if end + 1 < n:
                     break
                 table.setdefault(tuple(tokens[end + 1 - n:]), end)
+
+    def _extend_bulk(self, new_tokens: list[int]) -> None:
+        """`extend` in one pass per n (see the module docstring): the n-grams ending at the
+        new positions, last one first, into a dict (a repeated n-gram keeps the value of its
+        last pair, which is its first end); merged under the existing entries, which are
+        earlier."""
+        tokens = self.tokens
+        start = len(tokens)
+        tokens.extend(new_tokens)
+        length = len(tokens)
+        for i in range(len(self.first_end)):
+            n = self.min_n + i
+            first = max(start, n - 1)  # end of the first new n-gram
+            if first >= length:
+                break
+            # element d of the n-gram ending at e is tokens[e - n + 1 + d], e from the last
+            rev = tokens[length - 1: first - n: -1] if first - n >= 0 else tokens[::-1]
+            grams = zip(*(rev[n - 1 - d: length - first + n - 1 - d] for d in range(n)))
+            fresh = dict(zip(grams, range(length - 1, first - 1, -1)))
+            table = self.first_end[i]
+            if not table:
+                self.first_end[i] = fresh
+                continue
+            for gram, end in fresh.items():
+                table.setdefault(gram, end)
 
     def match(self) -> int | None:
         """Position of the last token of the longest n-gram's first earlier occurrence that

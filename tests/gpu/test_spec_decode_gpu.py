@@ -122,3 +122,29 @@ def test_seeded_sampling_reproducible_on_cuda(monkeypatch):
         runs.append([o.outputs[0].token_ids for o in run(llm, prompts, params)])
         assert_no_block_held(llm)
     assert runs[0] == runs[1]
+
+
+def test_speculation_warm_up_runs_at_start_up_on_cuda(monkeypatch):
+    """CUDA start-up runs the verification path once (`warm_up_speculation`, after the GEMM
+    warm-up and graph capture): it took time and left no row and no block. Run again by hand:
+    its first step replays a verification graph (q = k + 1), its second runs eagerly beside a
+    prefill chunk, and both verify through the rejection sampler."""
+    tiny = _on_cuda(build_tiny_llama(seed=0))
+    llm = LLM(tiny, num_kv_blocks=128, block_size=16, speculative_config={
+        "method": "ngram", "num_speculative_tokens": 3})
+    runner = llm.llm_engine.model_runner
+    assert runner.spec_warm_up_s > 0 and runner.gemm_warm_up_s > 0
+    assert not runner.batch.row_of
+    assert_no_block_held(llm)
+    seen = _record_graph_query_lens(llm)
+    calls = []
+    verify = RejectionSampler.__call__
+
+    def recorded(self, logits, rows, drafts, num_drafts, generator=None):
+        calls.append(list(num_drafts))
+        return verify(self, logits, rows, drafts, num_drafts, generator)
+
+    monkeypatch.setattr(RejectionSampler, "__call__", recorded)
+    runner.warm_up_speculation()
+    assert seen == [4] and calls == [[3, 3, 3]] * 2
+    assert not runner.batch.row_of
