@@ -59,10 +59,15 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from itertools import repeat
+from typing import NamedTuple
+
+import numpy as np
 
 from pagedrt.config import EngineConfig
 from pagedrt.core.plan import NewRequestData, StepPlan, StepResult
 from pagedrt.core.request import PLACEHOLDER_TOKEN_ID, Request, RequestStatus
+from pagedrt.engine.running_rows import RunningRows
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.outputs import TokenEvent
 from pagedrt.spec.proposer import make_host_proposer
@@ -71,6 +76,30 @@ logger = logging.getLogger("pagedrt.scheduler")
 
 StopCheck = Callable[[Request, int, int], "RequestStatus | None"]
 """(request, token, number of generated tokens with it) -> a finished status, or None."""
+
+
+class SteadyDecode(NamedTuple):
+    """The running part of a steady decode plan (`Scheduler._steady_decode`): every running
+    sequence computes its one last token and samples the next.
+
+    Attributes:
+        rows: the running sequences (`RunningRows`), in row order.
+        outputs: their output_token_ids lists.
+        num_output: [n] int64 their output lengths before the plan: where each one's
+            placeholder goes.
+        computed: [n] int64 their num_computed_tokens before the plan.
+        num_finished: `Scheduler.num_finished` when the plan was made (`update` then knows
+            whether any of them may have finished since).
+    """
+
+    rows: RunningRows
+    outputs: list[list[int]]
+    num_output: np.ndarray
+    computed: np.ndarray
+    num_finished: int
+
+
+_IS_FINISHED = Request.is_finished.fget
 
 
 class Scheduler:
@@ -87,9 +116,15 @@ class Scheduler:
         self._next_step_id = 0
         # plans whose results `update` has not written yet: step_id -> (the sampled sequences
         # in row order, the index of each one's placeholder in its output_token_ids, the
-        # beam searches expanded: (slot 0, its placeholder's index))
+        # beam searches expanded: (slot 0, its placeholder's index), the plan's steady
+        # running part or None)
         self._sampled: dict[int, tuple[list[Request], list[int],
-                                       list[tuple[Request, int]]]] = {}
+                                       list[tuple[Request, int]], SteadyDecode | None]] = {}
+        # steady decode steps (docs/design.md, "Host work per step"): a snapshot of
+        # `running`, rebuilt when that list changes; False turns the path off (tests compare)
+        self.steady_decode = True
+        self._rows: RunningRows | None = None
+        self.num_finished = 0  # sequences finished so far (finish())
         # for the next plan: sequences finished since the last one that the device side may
         # hold a row or a parked generator for, and sequences preempted since (between steps
         # too, as tests do)
@@ -121,6 +156,7 @@ class Scheduler:
             if request in queue:
                 queue.remove(request)
         request.status = status
+        self.num_finished += 1
         self.kv.free(request)
         if self.proposer is not None:
             self.proposer.drop(request.request_id)
@@ -174,57 +210,21 @@ class Scheduler:
         # 1. running requests. The token budget goes to decodes first (one token each), then to
         #    unfinished prefill chunks, most important first within each kind; blocks are then
         #    allocated most important first, preempting from the least important end.
-        remaining, planned = self._plan_running(max_tokens)  # aligned with self.running
         num_preempted_before = len(self._preempted_req_ids)
-        allocate = self.kv.allocate_slots
-        # decodes only, and a free block for each: no allocation can fail (a decode takes at
-        # most one block, new or copied), so a beam search's slots need no joint check
-        beams_fit = (len(self.running) <= self.kv.num_free_blocks
-                     and (not planned or max(planned) <= 1))
         # speculative decoding: drafts from the budget the plan leaves, most important first
         # (none while a beam search is unfinished: its slots' joint block check assumes plain
         # decodes, and a step that forks a search's slots must not verify drafts)
-        spec_budget = 0
-        if self.speculating() and not any(
-                r.beam is not None or r.params.beam_search is not None
-                for queue in (self.running, self.waiting, self.swapped) for r in queue):
-            spec_budget = max_tokens - sum(planned)
-        i = 0
-        while i < len(self.running):
-            num_new = planned[i]
-            if num_new == 0:
-                i += 1
-                continue
-            req = self.running[i]
-            if req.beam is not None and not beams_fit and len(req.group) > 1:
-                i = self._allocate_beams(i, planned, remaining, scheduled, num_new_tokens)
-                continue
-            drafts = None
-            if spec_budget > 0 and remaining[i] == 1 and not req.num_pending_tokens:
-                drafts = self._propose(req, spec_budget)
-                num_new += len(drafts)
-            while allocate(req, num_new) is None:
-                if drafts:  # speculative tokens never preempt anyone: decode one token
-                    drafts = None
-                    num_new = planned[i]
-                    continue
-                # the least important running request sits last; it is never one already
-                # scheduled this step, since those come before index i
-                num_preempted = self._preempt(self.running[-1])
-                del planned[-num_preempted:], remaining[-num_preempted:]
-                if req.status is not RequestStatus.RUNNING:  # req itself went
-                    break
-            else:
-                if drafts:
-                    plan.draft_token_ids[req.request_id] = drafts
-                    spec_budget -= len(drafts)
-                scheduled.append(req)
-                num_new_tokens.append(num_new)
-                if num_new < remaining[i]:
-                    self._chunked = True
-                i += 1
-                continue
-            # req itself was preempted; the list shifted, i already points to the next one
+        speculate = self.speculating() and not any(
+            r.beam is not None or r.params.beam_search is not None
+            for queue in (self.running, self.waiting, self.swapped) for r in queue)
+        steady = None
+        if self.steady_decode and not speculate:
+            steady = self._steady_decode(max_tokens)
+        if steady is not None:  # the same plan as the loop below would make, in numpy
+            scheduled.extend(steady.rows.requests)
+            num_new_tokens.extend(repeat(1, len(scheduled)))
+        else:
+            self._schedule_running(plan, max_tokens, speculate, scheduled)
         budget = max_tokens - sum(num_new_tokens)
         num_running_scheduled = len(scheduled)
 
@@ -280,7 +280,7 @@ class Scheduler:
                     self.kv.block_ids(req.request_id), req.num_computed_tokens,
                     None if beam is None else req.group[0].request_id,
                     0.0 if beam is None else beam.scores[req.sample_index]))
-            self._advance(plan, scheduled)
+            self._advance(plan, scheduled, steady)
         plan.finished_req_ids, self._finished_req_ids = self._finished_req_ids, []
         plan.preempted_req_ids, self._preempted_req_ids = self._preempted_req_ids, []
         if self._chunked:
@@ -289,6 +289,82 @@ class Scheduler:
         used = self.kv.num_blocks - self.kv.num_free_blocks
         self.peak_num_used_blocks = max(self.peak_num_used_blocks, used)
         return plan
+
+    def _schedule_running(self, plan: StepPlan, max_tokens: int, speculate: bool,
+                          scheduled: list[Request]) -> None:
+        """Section 1 of `schedule`, one running request at a time: tokens (and drafts) per
+        request, blocks most important first, preemptions from the least important end."""
+        remaining, planned = self._plan_running(max_tokens)  # aligned with self.running
+        num_new_tokens = plan.num_new_tokens
+        allocate = self.kv.allocate_slots
+        # decodes only, and a free block for each: no allocation can fail (a decode takes at
+        # most one block, new or copied), so a beam search's slots need no joint check
+        beams_fit = (len(self.running) <= self.kv.num_free_blocks
+                     and (not planned or max(planned) <= 1))
+        spec_budget = max_tokens - sum(planned) if speculate else 0
+        i = 0
+        while i < len(self.running):
+            num_new = planned[i]
+            if num_new == 0:
+                i += 1
+                continue
+            req = self.running[i]
+            if req.beam is not None and not beams_fit and len(req.group) > 1:
+                i = self._allocate_beams(i, planned, remaining, scheduled, num_new_tokens)
+                continue
+            drafts = None
+            if spec_budget > 0 and remaining[i] == 1 and not req.num_pending_tokens:
+                drafts = self._propose(req, spec_budget)
+                num_new += len(drafts)
+            while allocate(req, num_new) is None:
+                if drafts:  # speculative tokens never preempt anyone: decode one token
+                    drafts = None
+                    num_new = planned[i]
+                    continue
+                # the least important running request sits last; it is never one already
+                # scheduled this step, since those come before index i
+                num_preempted = self._preempt(self.running[-1])
+                del planned[-num_preempted:], remaining[-num_preempted:]
+                if req.status is not RequestStatus.RUNNING:  # req itself went
+                    break
+            else:
+                if drafts:
+                    plan.draft_token_ids[req.request_id] = drafts
+                    spec_budget -= len(drafts)
+                scheduled.append(req)
+                num_new_tokens.append(num_new)
+                if num_new < remaining[i]:
+                    self._chunked = True
+                i += 1
+                continue
+            # req itself was preempted; the list shifted, i already points to the next one
+
+    def _steady_decode(self, max_tokens: int) -> SteadyDecode | None:
+        """Section 1 of `schedule` for a steady decode step, with per-row numpy: when every
+        running sequence has exactly its last token to compute and may still sample one, all
+        are forked and none is a beam slot, and the blocks they may need are free, the plan
+        schedules each for one token, which is what `_schedule_running` would plan, and
+        `KVCacheManager.allocate_decode` allocates what that loop would, in one call. Returns
+        None, having changed nothing, when the step is not such a step."""
+        running = self.running
+        n = len(running)
+        if not n or n > max_tokens:
+            return None
+        rows = self._rows
+        if rows is None or not rows.matches(running):
+            rows = self._rows = RunningRows(running)
+        if not rows.decodable:
+            return None
+        outputs, num_output, computed = rows.gather_counts()
+        # (the loop's `remaining` is num_tokens - num_computed_tokens; a sequence at
+        # max_tokens is one whose last token is still being sampled: nothing to schedule)
+        if not ((rows.num_prompt_tokens + num_output - computed == 1).all()
+                and (num_output < rows.max_tokens).all()):
+            return None
+        # (False: some allocation might fail and preempt; the loop decides those)
+        if not self.kv.allocate_decode(rows.requests, rows.req_ids, computed + 1):
+            return None
+        return SteadyDecode(rows, outputs, num_output, computed, self.num_finished)
 
     def _propose(self, req: Request, budget: int) -> list[int]:
         """Drafts for a decoding sequence whose last token is known: at most `budget`, and
@@ -299,21 +375,41 @@ class Scheduler:
             return []
         return self.proposer.propose(req, max_num)
 
-    def _advance(self, plan: StepPlan, scheduled: list[Request]) -> None:
+    def _advance(self, plan: StepPlan, scheduled: list[Request],
+                 steady: SteadyDecode | None) -> None:
         """Count the plan's tokens as computed, give each sequence the step samples for a
         placeholder token, and fork the requests whose prompt the step completes (n > 1).
+        The steady running part of a plan (`steady`: scheduled[:n], each a one-token step that
+        samples, none to fork) takes a loop of three writes per request.
 
         Done when the plan is made, not when its tokens are back: with async scheduling the
         next plan is made while this step runs and builds on these counts. A rollback
         (speculative decoding) would lower num_computed_tokens again in `update`."""
-        plan.req_ids = [req.request_id for req in scheduled]
-        starts = plan.num_computed_tokens = [req.num_computed_tokens for req in scheduled]
         sampled: list[Request] = []
         indices: list[int] = []
         beams: list[tuple[Request, int]] = []
-        num_decode = 0
+        num_decode = k = 0
+        req_ids: list[str] = []
+        starts: list[int] = []
+        if steady is not None:  # each computes its last token and samples: a decode if it has
+            rows = steady.rows  # generated before (else that token ends a prompt)
+            k = len(rows.requests)
+            req_ids += rows.req_ids
+            starts += steady.computed.tolist()
+            for req, output_token_ids, end in zip(rows.requests, steady.outputs,
+                                                  (steady.computed + 1).tolist()):
+                req.num_computed_tokens = end
+                output_token_ids.append(PLACEHOLDER_TOKEN_ID)
+                req.num_pending_tokens = 1
+            sampled += rows.requests
+            indices += steady.num_output.tolist()
+            num_decode = int(np.count_nonzero(steady.num_output))
+        rest = scheduled[k:]
+        req_ids += [req.request_id for req in rest]
+        starts += [req.num_computed_tokens for req in rest]
+        plan.req_ids, plan.num_computed_tokens = req_ids, starts
         drafts = plan.draft_token_ids
-        for req, num_new, start in zip(scheduled, plan.num_new_tokens, starts):
+        for req, num_new, start in zip(rest, plan.num_new_tokens[k:], starts[k:]):
             output_token_ids = req.output_token_ids
             end = req.num_computed_tokens = start + num_new
             # (num_tokens spelled out: this runs for every request of every step)
@@ -332,7 +428,7 @@ class Scheduler:
             if not req.forked:
                 self._fork(req, plan, sampled, indices)
         plan.num_prompt_tokens = sum(plan.num_new_tokens) - num_decode
-        self._sampled[plan.step_id] = (sampled, indices, beams)
+        self._sampled[plan.step_id] = (sampled, indices, beams, steady)
 
     def _fork(self, req: Request, plan: StepPlan, sampled: list[Request],
               indices: list[int]) -> None:
@@ -537,7 +633,7 @@ class Scheduler:
         events: when given (the engine core's token-event mode), a TokenEvent per written
         token is appended to it, and only the requests whose every sample finished are
         returned."""
-        sampled, indices, beams = self._sampled.pop(plan.step_id)
+        sampled, indices, beams, steady = self._sampled.pop(plan.step_id)
         token_ids = result.sampled_token_ids
         assert len(token_ids) == len(sampled), (
             f"step {plan.step_id}: {len(token_ids)} sampled tokens for {len(sampled)} rows")
@@ -550,7 +646,12 @@ class Scheduler:
         num_generated = 0
         if beams:
             num_generated = self._update_beams(beams, result, events, touched, now)
-        for i, (req, index, token) in enumerate(zip(sampled, indices, token_ids)):
+        rows = enumerate(zip(sampled, indices, token_ids))
+        if steady is not None and events is None:
+            num_written, one_by_one = self._write_quiet(steady, token_ids, now)
+            num_generated += num_written
+            rows = ((i, (sampled[i], indices[i], token_ids[i])) for i in one_by_one)
+        for i, (req, index, token) in rows:
             if req.is_finished or req.beam is not None:
                 # aborted, or stopped by the token before this one: drop the row; a beam slot
                 # was written by _update_beams
@@ -588,6 +689,43 @@ class Scheduler:
             elif head.stream or (status is not None and all(s.is_finished for s in head.group)):
                 touched[head.request_id] = head
         return list(touched.values()), num_generated
+
+    def _write_quiet(self, steady: SteadyDecode, token_ids: list[int],
+                     now: float) -> tuple[int, list[int]]:
+        """`update` for the running part of a steady plan, for the sequences that need nothing
+        else, in one loop of plain writes: each token over its placeholder, no token pending
+        where that placeholder was the last one (no later plan appended another), the token
+        time. Left to `update`'s loop (returned, with the plan's later rows, in row order):
+        the sequences that are not quiet (`RunningRows.quiet`), those whose token may stop
+        them (some running sequence's stop id, or their max_tokens), those getting their first
+        token (its time), and, when some sequence finished since the plan, the finished ones.
+        Returns (tokens written, indices of the rows left)."""
+        rows = steady.rows
+        k = len(rows.requests)
+        index = steady.num_output
+        left = ~rows.quiet | (index == 0) | (index + 1 >= rows.max_tokens)
+        stop_ids = rows.stop_token_ids
+        if len(stop_ids):
+            tokens = np.array(token_ids[:k], dtype=np.int64)
+            left |= (tokens[:, None] == stop_ids).any(axis=1)
+        if self.num_finished != steady.num_finished:
+            left |= np.fromiter(map(_IS_FINISHED, rows.requests), np.bool_, k)
+        one_by_one = np.flatnonzero(left).tolist() + list(range(k, len(token_ids)))
+        quiet = np.flatnonzero(~left)
+        requests, outputs = rows.requests, steady.outputs
+        tokens = token_ids
+        if len(quiet) < k:
+            picked = quiet.tolist()
+            requests = [requests[i] for i in picked]
+            outputs = [outputs[i] for i in picked]
+            tokens = [token_ids[i] for i in picked]
+            index = index[quiet]
+        for req, output_token_ids, i, token in zip(requests, outputs, index.tolist(), tokens):
+            output_token_ids[i] = token
+            if i == len(output_token_ids) - 1:
+                req.num_pending_tokens = 0
+            req.last_token_time = now
+        return len(quiet), one_by_one
 
     def _update_beams(self, beams: list[tuple[Request, int]], result: StepResult,
                       events: list[TokenEvent] | None, touched: dict[str, Request],
