@@ -69,13 +69,13 @@ def _outputs(outs) -> list:
 def _run(make_llm, steady: bool, arrivals, aborts, events: bool = False):
     """Drive an engine through the script; returns (per step: the plan as unpickled plain data
     with the pool's queues after it, and the step's outputs or events; the final tokens; prefix-cache counters; the number of
-    plans whose running part took the steady path)."""
+    plans whose running part took the steady path and of tokens `_write_quiet` wrote)."""
     llm = make_llm()
     engine = llm.llm_engine
     scheduler = engine.scheduler
     scheduler.steady_decode = steady
-    num_steady = 0
-    steady_decode = scheduler._steady_decode
+    num_steady = num_quiet = 0
+    steady_decode, write_quiet = scheduler._steady_decode, scheduler._write_quiet
 
     def counting(*args):
         nonlocal num_steady
@@ -83,7 +83,13 @@ def _run(make_llm, steady: bool, arrivals, aborts, events: bool = False):
         num_steady += result is not None
         return result
 
-    scheduler._steady_decode = counting
+    def counting_quiet(*args):
+        nonlocal num_quiet
+        result = write_quiet(*args)
+        num_quiet += result[0]
+        return result
+
+    scheduler._steady_decode, scheduler._write_quiet = counting, counting_quiet
     if events:
         engine.token_events = []
     trace, final = [], {}
@@ -117,20 +123,23 @@ def _run(make_llm, steady: bool, arrivals, aborts, events: bool = False):
     counters = (kv.stats.prefix_cache_queries, kv.stats.prefix_cache_hits,
                 kv.stats.num_cow_copies, kv.pool.num_evictions,
                 sorted(kv.pool.cached_blocks))
-    return trace, final, counters, num_steady
+    return trace, final, counters, (num_steady, num_quiet)
 
 
 def _compare(make_llm, arrivals, aborts, events: bool = False) -> int:
+    """Returns the number of steady plans; the steady run must have written some tokens with
+    `_write_quiet`."""
     general = _run(make_llm, False, arrivals, aborts, events)
     steady = _run(make_llm, True, arrivals, aborts, events)
-    assert general[3] == 0
+    assert general[3] == (0, 0)
+    assert steady[3][1] > 0, "no token written by _write_quiet"
     assert len(steady[0]) == len(general[0])
     for n, ((plan, out), (plan_ref, out_ref)) in enumerate(zip(steady[0], general[0])):
         assert plan == plan_ref, f"step {n}: the plans differ"
         assert out == out_ref, f"step {n}: the outputs differ"
     assert steady[1] == general[1]
     assert steady[2] == general[2]
-    return steady[3]
+    return steady[3][0]
 
 
 def _tiny_llm(tiny, **kw):
@@ -160,9 +169,16 @@ def test_with_ample_memory(tiny, prefix_caching):
     assert num_steady > 20
 
 
-def test_token_events(tiny):
-    """The engine core's token-event mode: the same events, in the same order."""
+@pytest.mark.parametrize("mixed", [True, False], ids=["mixed", "plain"])
+def test_token_events(tiny, mixed):
+    """The engine core's token-event mode: the same events, in the same order (plain: no
+    logprobs, so that most steps write every token in `_write_quiet`)."""
     arrivals, aborts = _script(seed=3, num_requests=16)
+    if not mixed:
+        arrivals = [(*a[:3], SamplingParams(temperature=a[3].temperature, seed=a[3].seed,
+                                            n=a[3].n, max_tokens=a[3].max_tokens,
+                                            stop_token_ids=a[3].stop_token_ids,
+                                            ignore_eos=True), *a[4:]) for a in arrivals]
     num_steady = _compare(_tiny_llm(tiny, num_kv_blocks=400), arrivals, aborts, events=True)
     assert num_steady > 20
 

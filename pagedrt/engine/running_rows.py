@@ -29,11 +29,11 @@ _STOP_SET = attrgetter("stop_token_set")
 
 
 def _quiet(req: Request) -> bool:
-    """Whether `update` writes this sequence's tokens with no per-token Python of its own
-    (but for a possible stop): not streamed, no stop strings to find in its text, no
+    """Whether `update` writes this sequence's tokens with nothing of its own to do per token
+    but a possible stop: no text to detokenize as it goes (streamed text, stop strings), no
     logprobs, not a beam slot. (One call per sequence when the running list changes.)"""
-    return (not req.stream and req.beam is None and req.params.logprobs is None
-            and not (req.detokenizer is not None and req.params.stop))
+    return (req.beam is None and req.params.logprobs is None
+            and not (req.detokenizer is not None and (req.stream or req.params.stop)))
 
 
 class RunningRows:
@@ -47,6 +47,10 @@ class RunningRows:
         stop_token_ids: [m] int64, sorted: every id in some sequence's `stop_token_set` (a
             token among them may stop its sequence; `update` checks those rows one by one).
         quiet: [n] bool, see `_quiet`.
+        streamed: [n] bool, reported every step (`Request.stream`; outside token-event mode
+            such a sequence is also written one by one).
+        head_ids, sample_indices: each one's request id (its group's first sequence's) and
+            sample index, for its TokenEvents.
         decodable: every sequence is forked (its n samples exist) and none is a beam slot:
             a step in which each computes one token needs no per-request decision.
     """
@@ -60,6 +64,9 @@ class RunningRows:
         self.stop_token_ids = np.array(sorted(frozenset().union(*map(_STOP_SET, running))),
                                        dtype=np.int64)
         self.quiet = np.fromiter(map(_quiet, running), np.bool_, n)
+        self.streamed = np.fromiter(map(attrgetter("stream"), running), np.bool_, n)
+        self.head_ids = [r.group[0].request_id for r in running]
+        self.sample_indices = [r.sample_index for r in running]
         self.decodable = all(map(attrgetter("forked"), running)) and all(
             r.beam is None for r in running)
 

@@ -647,8 +647,8 @@ class Scheduler:
         if beams:
             num_generated = self._update_beams(beams, result, events, touched, now)
         rows = enumerate(zip(sampled, indices, token_ids))
-        if steady is not None and events is None:
-            num_written, one_by_one = self._write_quiet(steady, token_ids, now)
+        if steady is not None:
+            num_written, one_by_one = self._write_quiet(steady, token_ids, now, events)
             num_generated += num_written
             rows = ((i, (sampled[i], indices[i], token_ids[i])) for i in one_by_one)
         for i, (req, index, token) in rows:
@@ -690,26 +690,33 @@ class Scheduler:
                 touched[head.request_id] = head
         return list(touched.values()), num_generated
 
-    def _write_quiet(self, steady: SteadyDecode, token_ids: list[int],
-                     now: float) -> tuple[int, list[int]]:
+    def _write_quiet(self, steady: SteadyDecode, token_ids: list[int], now: float,
+                     events: list[TokenEvent] | None) -> tuple[int, list[int]]:
         """`update` for the running part of a steady plan, for the sequences that need nothing
         else, in one loop of plain writes: each token over its placeholder, no token pending
         where that placeholder was the last one (no later plan appended another), the token
         time. Left to `update`'s loop (returned, with the plan's later rows, in row order):
         the sequences that are not quiet (`RunningRows.quiet`), those whose token may stop
         them (some running sequence's stop id, or their max_tokens), those getting their first
-        token (its time), and, when some sequence finished since the plan, the finished ones.
-        Returns (tokens written, indices of the rows left)."""
+        token (its time), and, when some sequence finished since the plan, the finished ones;
+        outside token-event mode also the streamed ones (reported every step). In token-event
+        mode each written token's TokenEvent is appended, and when any row is left every row
+        is (the events stay in row order). Returns (tokens written, indices of the rows
+        left)."""
         rows = steady.rows
         k = len(rows.requests)
         index = steady.num_output
         left = ~rows.quiet | (index == 0) | (index + 1 >= rows.max_tokens)
+        if events is None:
+            left |= rows.streamed
         stop_ids = rows.stop_token_ids
         if len(stop_ids):
             tokens = np.array(token_ids[:k], dtype=np.int64)
             left |= (tokens[:, None] == stop_ids).any(axis=1)
         if self.num_finished != steady.num_finished:
             left |= np.fromiter(map(_IS_FINISHED, rows.requests), np.bool_, k)
+        if events is not None and left.any():
+            return 0, list(range(len(token_ids)))
         one_by_one = np.flatnonzero(left).tolist() + list(range(k, len(token_ids)))
         quiet = np.flatnonzero(~left)
         requests, outputs = rows.requests, steady.outputs
@@ -725,6 +732,9 @@ class Scheduler:
             if i == len(output_token_ids) - 1:
                 req.num_pending_tokens = 0
             req.last_token_time = now
+        if events is not None:  # (every row is quiet here)
+            events += map(TokenEvent, rows.head_ids, rows.sample_indices, token_ids,
+                          repeat(None, k), repeat(None), repeat(None))
         return len(quiet), one_by_one
 
     def _update_beams(self, beams: list[tuple[Request, int]], result: StepResult,
