@@ -21,8 +21,9 @@ engine around it is the real one. On this CPU the sampler's tensor ops run here 
 they are launches). Prints, per repeat, the median and the 25th/75th percentiles of the wall
 time of `LLMEngine.step()` in ms over decode steps of `--num-seqs` rows, after every request
 has finished its prefill, the mean CPU time of the process per step (less sensitive to other
-processes on a shared machine), and the mean wall time per step of each phase of the step
-(`StepClock`: schedule, prepare, forward, sample, update).
+processes on a shared machine), and per phase of the step (`StepClock`: schedule, prepare,
+forward, sample, update) the mean wall time per step and, in brackets, the median (robust to
+the odd step slowed by other processes; `phases_median_ms` in the JSON).
 """
 
 from __future__ import annotations
@@ -101,16 +102,21 @@ def run(args) -> dict:
     for _ in range(10):
         engine.step()
     engine.clock.reset()
-    times, cpu_times = [], []
+    totals = engine.clock.totals
+    times, cpu_times, per_step = [], [], []
     for _ in range(args.steps):
+        before = dict(totals)
         t, c = time.perf_counter(), time.process_time()
         engine.step()
         times.append(1e3 * (time.perf_counter() - t))
         cpu_times.append(1e3 * (time.process_time() - c))
+        per_step.append({k: 1e3 * (v - before.get(k, 0.0)) for k, v in totals.items()})
     q = statistics.quantiles(times, n=4)
     return {"median_ms": statistics.median(times), "p25_ms": q[0], "p75_ms": q[2],
             "cpu_ms": statistics.mean(cpu_times),
-            "phases_ms": {k: 1e3 * v / args.steps for k, v in engine.clock.totals.items()}}
+            "phases_ms": {k: 1e3 * v / args.steps for k, v in totals.items()},
+            "phases_median_ms": {k: statistics.median(step.get(k, 0.0) for step in per_step)
+                                 for k in totals}}
 
 
 def main() -> None:
@@ -132,7 +138,8 @@ def main() -> None:
         results.append({"system": "host_step_cpu", "sampling": args.sampling,
                         "seeded": args.seeded, "num_seqs": args.num_seqs,
                         "async": args.async_scheduling, **r})
-        phases = " ".join(f"{k} {v:.3f}" for k, v in r["phases_ms"].items())
+        phases = " ".join(f"{k} {v:.3f} ({r['phases_median_ms'][k]:.3f})"
+                          for k, v in r["phases_ms"].items())
         print(f"{args.sampling}{' seeded' if args.seeded else ''}, {args.num_seqs} rows "
               f"({'async' if args.async_scheduling else 'sync'}): median {r['median_ms']:.3f} ms "
               f"(p25 {r['p25_ms']:.3f}, p75 {r['p75_ms']:.3f}); CPU {r['cpu_ms']:.3f} ms/step; "

@@ -352,7 +352,7 @@ class Scheduler:
             return None
         rows = self._rows
         if rows is None or not rows.matches(running):
-            rows = self._rows = RunningRows(running)
+            rows = self._rows = RunningRows(running, rows)
         if not rows.decodable:
             return None
         outputs, num_output, computed = rows.gather_counts()
@@ -733,8 +733,9 @@ class Scheduler:
                 req.num_pending_tokens = 0
             req.last_token_time = now
         if events is not None:  # (every row is quiet here)
-            events += map(TokenEvent, rows.head_ids, rows.sample_indices, token_ids,
-                          repeat(None, k), repeat(None), repeat(None))
+            head_ids, sample_indices = rows.event_keys()
+            events += map(TokenEvent, head_ids, sample_indices, token_ids, repeat(None, k),
+                          repeat(None), repeat(None))
         return len(quiet), one_by_one
 
     def _update_beams(self, beams: list[tuple[Request, int]], result: StepResult,
