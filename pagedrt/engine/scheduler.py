@@ -80,10 +80,13 @@ StopCheck = Callable[[Request, int, int], "RequestStatus | None"]
 
 class SteadyDecode(NamedTuple):
     """The running part of a steady decode plan (`Scheduler._steady_decode`): every running
-    sequence computes its one last token and samples the next.
+    sequence scheduled computes its one last token and samples the next; the others (async
+    scheduling: their last allowed token is being sampled) are not scheduled.
 
     Attributes:
-        rows: the running sequences (`RunningRows`), in row order.
+        rows: the running sequences (`RunningRows`).
+        picked: [n] int64 the rows scheduled, in row order; None: every row.
+        requests, req_ids: the scheduled sequences and their ids.
         outputs: their output_token_ids lists.
         num_output: [n] int64 their output lengths before the plan: where each one's
             placeholder goes.
@@ -93,10 +96,21 @@ class SteadyDecode(NamedTuple):
     """
 
     rows: RunningRows
+    picked: np.ndarray | None
+    requests: list[Request]
+    req_ids: list[str]
     outputs: list[list[int]]
     num_output: np.ndarray
     computed: np.ndarray
     num_finished: int
+
+    def take(self, values):
+        """The entries of a per-row array or list of `rows` for the scheduled rows."""
+        if self.picked is None:
+            return values
+        if isinstance(values, np.ndarray):
+            return values[self.picked]
+        return [values[i] for i in self.picked.tolist()]
 
 
 _IS_FINISHED = Request.is_finished.fget
@@ -221,7 +235,7 @@ class Scheduler:
         if self.steady_decode and not speculate:
             steady = self._steady_decode(max_tokens)
         if steady is not None:  # the same plan as the loop below would make, in numpy
-            scheduled.extend(steady.rows.requests)
+            scheduled.extend(steady.requests)
             num_new_tokens.extend(repeat(1, len(scheduled)))
         else:
             self._schedule_running(plan, max_tokens, speculate, scheduled)
@@ -341,11 +355,12 @@ class Scheduler:
 
     def _steady_decode(self, max_tokens: int) -> SteadyDecode | None:
         """Section 1 of `schedule` for a steady decode step, with per-row numpy: when every
-        running sequence has exactly its last token to compute and may still sample one, all
-        are forked and none is a beam slot, and the blocks they may need are free, the plan
-        schedules each for one token, which is what `_schedule_running` would plan, and
-        `KVCacheManager.allocate_decode` allocates what that loop would, in one call. Returns
-        None, having changed nothing, when the step is not such a step."""
+        running sequence is forked and none is a beam slot, each has exactly its last token to
+        compute or (async scheduling) its last allowed token in flight, and the blocks they
+        may need are free, the plan schedules each of the first kind for one token, which is
+        what `_schedule_running` would plan, and `KVCacheManager.allocate_decode` allocates
+        what that loop would, in one call. Returns None, having changed nothing, when the
+        step is not such a step."""
         running = self.running
         n = len(running)
         if not n or n > max_tokens:
@@ -356,15 +371,28 @@ class Scheduler:
         if not rows.decodable:
             return None
         outputs, num_output, computed = rows.gather_counts()
-        # (the loop's `remaining` is num_tokens - num_computed_tokens; a sequence at
-        # max_tokens is one whose last token is still being sampled: nothing to schedule)
-        if not ((rows.num_prompt_tokens + num_output - computed == 1).all()
-                and (num_output < rows.max_tokens).all()):
+        requests, req_ids, num_prompt = rows.requests, rows.req_ids, rows.num_prompt_tokens
+        picked = None
+        at_max = num_output >= rows.max_tokens
+        if at_max.any():  # (the loop's rule: a token in flight, and nothing to schedule)
+            if not all(requests[i].num_pending_tokens for i in np.flatnonzero(at_max).tolist()):
+                return None
+            picked = np.flatnonzero(~at_max)
+            if not len(picked):
+                return None
+            steady = SteadyDecode(rows, picked, [], [], [], num_output, computed, 0)
+            requests, req_ids, outputs = (steady.take(requests), steady.take(req_ids),
+                                          steady.take(outputs))
+            num_output, computed, num_prompt = (num_output[picked], computed[picked],
+                                                num_prompt[picked])
+        # (the loop's `remaining` is num_tokens - num_computed_tokens)
+        if not (num_prompt + num_output - computed == 1).all():
             return None
         # (False: some allocation might fail and preempt; the loop decides those)
-        if not self.kv.allocate_decode(rows.requests, rows.req_ids, computed + 1):
+        if not self.kv.allocate_decode(requests, req_ids, computed + 1):
             return None
-        return SteadyDecode(rows, outputs, num_output, computed, self.num_finished)
+        return SteadyDecode(rows, picked, requests, req_ids, outputs, num_output, computed,
+                            self.num_finished)
 
     def _propose(self, req: Request, budget: int) -> list[int]:
         """Drafts for a decoding sequence whose last token is known: at most `budget`, and
@@ -392,16 +420,15 @@ class Scheduler:
         req_ids: list[str] = []
         starts: list[int] = []
         if steady is not None:  # each computes its last token and samples: a decode if it has
-            rows = steady.rows  # generated before (else that token ends a prompt)
-            k = len(rows.requests)
-            req_ids += rows.req_ids
+            k = len(steady.requests)  # generated before (else that token ends a prompt)
+            req_ids += steady.req_ids
             starts += steady.computed.tolist()
-            for req, output_token_ids, end in zip(rows.requests, steady.outputs,
+            for req, output_token_ids, end in zip(steady.requests, steady.outputs,
                                                   (steady.computed + 1).tolist()):
                 req.num_computed_tokens = end
                 output_token_ids.append(PLACEHOLDER_TOKEN_ID)
                 req.num_pending_tokens = 1
-            sampled += rows.requests
+            sampled += steady.requests
             indices += steady.num_output.tolist()
             num_decode = int(np.count_nonzero(steady.num_output))
         rest = scheduled[k:]
@@ -704,22 +731,23 @@ class Scheduler:
         is (the events stay in row order). Returns (tokens written, indices of the rows
         left)."""
         rows = steady.rows
-        k = len(rows.requests)
+        k = len(steady.requests)
         index = steady.num_output
-        left = ~rows.quiet | (index == 0) | (index + 1 >= rows.max_tokens)
+        left = (~steady.take(rows.quiet) | (index == 0)
+                | (index + 1 >= steady.take(rows.max_tokens)))
         if events is None:
-            left |= rows.streamed
+            left |= steady.take(rows.streamed)
         stop_ids = rows.stop_token_ids
         if len(stop_ids):
             tokens = np.array(token_ids[:k], dtype=np.int64)
             left |= (tokens[:, None] == stop_ids).any(axis=1)
         if self.num_finished != steady.num_finished:
-            left |= np.fromiter(map(_IS_FINISHED, rows.requests), np.bool_, k)
+            left |= np.fromiter(map(_IS_FINISHED, steady.requests), np.bool_, k)
         if events is not None and left.any():
             return 0, list(range(len(token_ids)))
         one_by_one = np.flatnonzero(left).tolist() + list(range(k, len(token_ids)))
         quiet = np.flatnonzero(~left)
-        requests, outputs = rows.requests, steady.outputs
+        requests, outputs = steady.requests, steady.outputs
         tokens = token_ids
         if len(quiet) < k:
             picked = quiet.tolist()
@@ -733,7 +761,7 @@ class Scheduler:
                 req.num_pending_tokens = 0
             req.last_token_time = now
         if events is not None:  # (every row is quiet here)
-            head_ids, sample_indices = rows.event_keys()
+            head_ids, sample_indices = map(steady.take, rows.event_keys())
             events += map(TokenEvent, head_ids, sample_indices, token_ids, repeat(None, k),
                           repeat(None), repeat(None))
         return len(quiet), one_by_one
