@@ -70,8 +70,9 @@ def _outputs(outs) -> list:
 
 def _run(make_llm, steady: bool, arrivals, aborts, events: bool = False):
     """Drive an engine through the script; returns (per step: the plan as unpickled plain data
-    with the pool's queues after it, and the step's outputs or events; the final tokens; prefix-cache counters; the number of
-    plans whose running part took the steady path and of tokens `_write_quiet` wrote)."""
+    with the pool's queues after it, and the step's outputs or events; the final tokens;
+    prefix-cache counters; the number of plans whose running part took the steady path and
+    of tokens `_write_quiet` wrote)."""
     llm = make_llm()
     engine = llm.llm_engine
     scheduler = engine.scheduler

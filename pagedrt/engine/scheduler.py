@@ -113,9 +113,6 @@ class SteadyDecode(NamedTuple):
         return [values[i] for i in self.picked.tolist()]
 
 
-_IS_FINISHED = Request.is_finished.fget
-
-
 class Scheduler:
     def __init__(self, config: EngineConfig, kv_manager: KVCacheManager):
         self.config = config
@@ -139,6 +136,11 @@ class Scheduler:
         self.steady_decode = True
         self._rows: RunningRows | None = None
         self.num_finished = 0  # sequences finished so far (finish())
+        # those finished since the oldest steady plan whose results are not written yet,
+        # oldest first (`update` finds them among that plan's rows); num_finished counted
+        # the ones before the first
+        self._finished_log: list[Request] = []
+        self._finished_base = 0
         # for the next plan: sequences finished since the last one that the device side may
         # hold a row or a parked generator for, and sequences preempted since (between steps
         # too, as tests do)
@@ -171,6 +173,7 @@ class Scheduler:
                 queue.remove(request)
         request.status = status
         self.num_finished += 1
+        self._finished_log.append(request)
         self.kv.free(request)
         if self.proposer is not None:
             self.proposer.drop(request.request_id)
@@ -380,11 +383,12 @@ class Scheduler:
             picked = np.flatnonzero(~at_max)
             if not len(picked):
                 return None
-            steady = SteadyDecode(rows, picked, [], [], [], num_output, computed, 0)
-            requests, req_ids, outputs = (steady.take(requests), steady.take(req_ids),
-                                          steady.take(outputs))
-            num_output, computed, num_prompt = (num_output[picked], computed[picked],
-                                                num_prompt[picked])
+            keep = picked.tolist()
+            requests = [requests[i] for i in keep]
+            req_ids = [req_ids[i] for i in keep]
+            outputs = [outputs[i] for i in keep]
+            num_output, computed = num_output[picked], computed[picked]
+            num_prompt = num_prompt[picked]
         # (the loop's `remaining` is num_tokens - num_computed_tokens)
         if not (num_prompt + num_output - computed == 1).all():
             return None
@@ -661,6 +665,13 @@ class Scheduler:
         token is appended to it, and only the requests whose every sample finished are
         returned."""
         sampled, indices, beams, steady = self._sampled.pop(plan.step_id)
+        # keep the finished sequences that this plan or a later one not written yet may hold
+        stamps = [e[3].num_finished for e in self._sampled.values() if e[3] is not None]
+        if steady is not None:
+            stamps.append(steady.num_finished)
+        keep = min(stamps, default=self.num_finished)
+        del self._finished_log[:keep - self._finished_base]
+        self._finished_base = keep
         token_ids = result.sampled_token_ids
         assert len(token_ids) == len(sampled), (
             f"step {plan.step_id}: {len(token_ids)} sampled tokens for {len(sampled)} rows")
@@ -725,7 +736,7 @@ class Scheduler:
         time. Left to `update`'s loop (returned, with the plan's later rows, in row order):
         the sequences that are not quiet (`RunningRows.quiet`), those whose token may stop
         them (some running sequence's stop id, or their max_tokens), those getting their first
-        token (its time), and, when some sequence finished since the plan, the finished ones;
+        token (its time), and the sequences finished since the plan;
         outside token-event mode also the streamed ones (reported every step). In token-event
         mode each written token's TokenEvent is appended, and when any row is left every row
         is (the events stay in row order). Returns (tokens written, indices of the rows
@@ -741,8 +752,11 @@ class Scheduler:
         if len(stop_ids):
             tokens = np.array(token_ids[:k], dtype=np.int64)
             left |= (tokens[:, None] == stop_ids).any(axis=1)
-        if self.num_finished != steady.num_finished:
-            left |= np.fromiter(map(_IS_FINISHED, steady.requests), np.bool_, k)
+        for req in self._finished_log[steady.num_finished - self._finished_base:]:
+            try:  # (C-level identity scan; a few finish per step)
+                left[steady.requests.index(req)] = True
+            except ValueError:
+                pass  # not a row of this plan
         if events is not None and left.any():
             return 0, list(range(len(token_ids)))
         one_by_one = np.flatnonzero(left).tolist() + list(range(k, len(token_ids)))

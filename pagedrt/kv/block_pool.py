@@ -53,6 +53,8 @@ def hash_token_blocks(parent_hash: bytes, token_ids: np.ndarray | list[int],
     else:
         data = np.ascontiguousarray(token_ids, dtype=np.int64).tobytes()
     step = 8 * block_size
+    if len(data) == step:  # one block (a decode step's): no loop
+        return [hashlib.sha256(parent_hash + data).digest()]
     hashes = []
     for start in range(0, len(data) - step + 1, step):
         parent_hash = hashlib.sha256(parent_hash + data[start : start + step]).digest()

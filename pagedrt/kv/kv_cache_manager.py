@@ -15,7 +15,7 @@ What it does for the scheduler:
     too gets a private copy first; the (src, dst) pair is queued for the model runner;
   * `swap_out` / `swap_in`: move a preempted request's blocks to and from the CPU pool;
   * `allocate_decode`: `allocate_slots` for every request of a decode step, visiting only
-    those whose call can change anything (about one in block_size);
+    those whose call can change anything (one or two steps in block_size per request);
   * `free`: drop a request's references (tail blocks first, so they are evicted first);
   * `trim`: drop the blocks past a request's computed tokens (rejected speculative drafts);
   * sliding window (`sliding_window`, for a model whose every layer is windowed): blocks that
@@ -365,12 +365,14 @@ class KVCacheManager:
         same result, without a Python call per request: only the requests whose call can
         change anything are visited (a new block: the step's token is past the last slot; a
         copy-on-write: the partial last block is shared; blocks to hash for the prefix cache:
-        a block fills; blocks the sliding window gives back), about one in block_size.
+        a block fills; blocks the sliding window gives back): per request one or two steps in
+        block_size (a block fills, then the next token needs a new block; with async
+        scheduling the fill is hashed a step late, with the new block).
 
         requests: the step's running requests, each holding blocks; request_ids: their ids;
-        ends: [n] int64 each one's computed tokens after the step (`num_computed_tokens + 1`). Returns False, having
-        changed nothing, when fewer blocks are free than requests that may need one (the
-        caller then allocates one by one, preempting as needed).
+        ends: [n] int64 each one's computed tokens after the step (`num_computed_tokens` + 1).
+        Returns False, having changed nothing, when fewer blocks are free than requests that
+        may need one (the caller then allocates one by one, preempting as needed).
 
         Per request this reads one hint (`_headroom`, made on first use after any change of
         the request's blocks, hashes or released entries; such a change drops it): the end
