@@ -752,24 +752,17 @@ class Scheduler:
         if len(stop_ids):
             tokens = np.array(token_ids[:k], dtype=np.int64)
             left |= (tokens[:, None] == stop_ids).any(axis=1)
+        requests = steady.requests
         for req in self._finished_log[steady.num_finished - self._finished_base:]:
-            try:  # (C-level identity scan; a few finish per step)
-                left[steady.requests.index(req)] = True
-            except ValueError:
-                pass  # not a row of this plan
+            if req in requests:  # (C-level identity scans; a few finish per step)
+                left[requests.index(req)] = True
         if events is not None and left.any():
             return 0, list(range(len(token_ids)))
-        one_by_one = np.flatnonzero(left).tolist() + list(range(k, len(token_ids)))
-        quiet = np.flatnonzero(~left)
-        requests, outputs = steady.requests, steady.outputs
-        tokens = token_ids
-        if len(quiet) < k:
-            picked = quiet.tolist()
-            requests = [requests[i] for i in picked]
-            outputs = [outputs[i] for i in picked]
-            tokens = [token_ids[i] for i in picked]
-            index = index[quiet]
-        for req, output_token_ids, i, token in zip(requests, outputs, index.tolist(), tokens):
+        one_by_one = np.flatnonzero(left).tolist()
+        for req, output_token_ids, i, token, skip in zip(
+                requests, steady.outputs, index.tolist(), token_ids, left.tolist()):
+            if skip:
+                continue
             output_token_ids[i] = token
             if i == len(output_token_ids) - 1:
                 req.num_pending_tokens = 0
@@ -778,7 +771,7 @@ class Scheduler:
             head_ids, sample_indices = map(steady.take, rows.event_keys())
             events += map(TokenEvent, head_ids, sample_indices, token_ids, repeat(None, k),
                           repeat(None), repeat(None))
-        return len(quiet), one_by_one
+        return k - len(one_by_one), one_by_one + list(range(k, len(token_ids)))
 
     def _update_beams(self, beams: list[tuple[Request, int]], result: StepResult,
                       events: list[TokenEvent] | None, touched: dict[str, Request],
