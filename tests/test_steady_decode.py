@@ -23,8 +23,6 @@ import pytest
 import torch
 
 from pagedrt import LLM, SamplingParams
-from pagedrt.core.request import Request
-from pagedrt.engine.running_rows import RunningRows
 from pagedrt.kv.kv_cache import kv_bytes_per_block
 
 VOCAB = 384
@@ -277,32 +275,3 @@ def test_allocate_decode_is_allocate_slots_for_each(tiny, block_size):
         engine.step()
     assert num_checked > 20
 
-
-def test_running_rows_from_a_previous_snapshot():
-    """A snapshot made from the previous one (rows kept, joined sequences read) equals one
-    made from scratch, through random joins, leaves and moves."""
-    rng = random.Random(8)
-
-    def request(i: int) -> Request:
-        req = Request(f"q{i}", [1] * rng.randint(1, 50),
-                      SamplingParams(max_tokens=rng.randint(1, 90),
-                                     logprobs=rng.choice([None, 1]),
-                                     stop_token_ids=rng.sample(range(VOCAB), rng.randint(0, 3))),
-                      eos_token_ids=(2,))
-        req.stream = rng.random() < 0.5
-        return req
-
-    pool = [request(i) for i in range(60)]
-    running = pool[:30]
-    rows = RunningRows(running)
-    for _ in range(50):
-        running = [r for r in running if rng.random() > 0.1]
-        running += rng.sample(pool, 5)
-        if rng.random() < 0.2:
-            rng.shuffle(running)
-        rows = RunningRows(running, rows)
-        fresh = RunningRows(running)
-        assert rows.req_ids == fresh.req_ids and rows.decodable == fresh.decodable
-        assert rows.event_keys() == fresh.event_keys()
-        for name in ("num_prompt_tokens", "max_tokens", "quiet", "streamed", "stop_token_ids"):
-            assert getattr(rows, name).tolist() == getattr(fresh, name).tolist(), name

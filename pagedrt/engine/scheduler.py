@@ -370,7 +370,7 @@ class Scheduler:
             return None
         rows = self._rows
         if rows is None or not rows.matches(running):
-            rows = self._rows = RunningRows(running, rows)
+            rows = self._rows = RunningRows(running)
         if not rows.decodable:
             return None
         outputs, num_output, computed = rows.gather_counts()
