@@ -4,8 +4,8 @@ diagnostic for keeping the per-step host work small (every change to the engine'
 compared old/new with it), not a benchmark of record.
 
     PYTHONPATH=$PWD python benchmarks/host_step_cpu.py [--num-seqs 256] [--steps 200] [--async]
-        [--sampling greedy|nanovllm|filters|penalties|mixed] [--seeded] [--repeat 3]
-        [--json FILE]
+        [--sampling greedy|nanovllm|filters|penalties|mixed] [--seeded] [--churn]
+        [--repeat 3] [--json FILE]
 
 Sampling settings (one SamplingParams object per request, as an API server makes them):
   greedy     temperature 0
@@ -14,6 +14,9 @@ Sampling settings (one SamplingParams object per request, as an API server makes
   penalties  temperature 0.8, repetition 1.1, frequency 0.2, presence 0.1
   mixed      the four above in turn, and every third request min_tokens = max_tokens / 2
 --seeded gives every request a seed (a per-request generator).
+--churn: twice --num-seqs requests, each with max_tokens drawn from [16, --steps], so that
+sequences leave and waiting ones join (with their prefill) throughout the timed steps, as in
+nano-vllm's workload; the figures are then over every step, not decodes only.
 
 The stub model returns zeros as hidden states and one fixed random logits row per token; the
 engine around it is the real one. On this CPU the sampler's tensor ops run here too, on a
@@ -21,14 +24,16 @@ engine around it is the real one. On this CPU the sampler's tensor ops run here 
 they are launches). Prints, per repeat, the median and the 25th/75th percentiles of the wall
 time of `LLMEngine.step()` in ms over decode steps of `--num-seqs` rows, after every request
 has finished its prefill, the mean CPU time of the process per step (less sensitive to other
-processes on a shared machine), and the mean wall time per step of each phase of the step
-(`StepClock`: schedule, prepare, forward, sample, update).
+processes on a shared machine), and per phase of the step (`StepClock`: schedule, prepare,
+forward, sample, update) the mean wall time per step and, in brackets, the median (robust to
+the odd step slowed by other processes; `phases_median_ms` in the JSON).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import time
 
@@ -74,9 +79,9 @@ class StubModel(torch.nn.Module):
         return self.table[: hidden.shape[0]]
 
 
-def request_params(args, i: int) -> SamplingParams:
+def request_params(args, i: int, rng: random.Random) -> SamplingParams:
     kinds = list(SAMPLING) if args.sampling == "mixed" else [args.sampling]
-    max_tokens = args.steps + 64
+    max_tokens = rng.randint(16, args.steps) if args.churn else args.steps + 64
     kwargs = dict(SAMPLING[kinds[i % len(kinds)]])
     if args.sampling == "mixed" and i % 3 == 0:
         kwargs["min_tokens"] = max_tokens // 2
@@ -92,25 +97,31 @@ def run(args) -> dict:
     engine = LLMEngine(config=cfg, device="cpu",
                        loaded=LoadedModel(StubModel(config), config, None, "stub"))
     gen = torch.Generator().manual_seed(0)
-    for i in range(args.num_seqs):
+    rng = random.Random(0)
+    for i in range(args.num_seqs * (2 if args.churn else 1)):
         prompt = torch.randint(0, config.vocab_size, (args.input_len,), generator=gen)
-        engine.add_request(str(i), prompt.tolist(), request_params(args, i), stream=False)
-    while engine.scheduler.waiting or any(
-            r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running):
+        engine.add_request(str(i), prompt.tolist(), request_params(args, i, rng), stream=False)
+    while not args.churn and (engine.scheduler.waiting or any(
+            r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running)):
         engine.step()
-    for _ in range(10):
+    for _ in range(40 if args.churn else 10):  # (churn: past the first prefills)
         engine.step()
     engine.clock.reset()
-    times, cpu_times = [], []
+    totals = engine.clock.totals
+    times, cpu_times, per_step = [], [], []
     for _ in range(args.steps):
+        before = dict(totals)
         t, c = time.perf_counter(), time.process_time()
         engine.step()
         times.append(1e3 * (time.perf_counter() - t))
         cpu_times.append(1e3 * (time.process_time() - c))
+        per_step.append({k: 1e3 * (v - before.get(k, 0.0)) for k, v in totals.items()})
     q = statistics.quantiles(times, n=4)
     return {"median_ms": statistics.median(times), "p25_ms": q[0], "p75_ms": q[2],
             "cpu_ms": statistics.mean(cpu_times),
-            "phases_ms": {k: 1e3 * v / args.steps for k, v in engine.clock.totals.items()}}
+            "phases_ms": {k: 1e3 * v / args.steps for k, v in totals.items()},
+            "phases_median_ms": {k: statistics.median(step.get(k, 0.0) for step in per_step)
+                                 for k in totals}}
 
 
 def main() -> None:
@@ -122,6 +133,8 @@ def main() -> None:
     p.add_argument("--async", dest="async_scheduling", action="store_true")
     p.add_argument("--sampling", default="greedy", choices=[*SAMPLING, "mixed"])
     p.add_argument("--seeded", action="store_true")
+    p.add_argument("--churn", action="store_true",
+                   help="sequences leave and join during the timed steps (see above)")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--json", default="", help="also write every repeat's figures here")
     args = p.parse_args()
@@ -130,10 +143,12 @@ def main() -> None:
     for _ in range(args.repeat):
         r = run(args)
         results.append({"system": "host_step_cpu", "sampling": args.sampling,
-                        "seeded": args.seeded, "num_seqs": args.num_seqs,
+                        "seeded": args.seeded, "churn": args.churn, "num_seqs": args.num_seqs,
                         "async": args.async_scheduling, **r})
-        phases = " ".join(f"{k} {v:.3f}" for k, v in r["phases_ms"].items())
-        print(f"{args.sampling}{' seeded' if args.seeded else ''}, {args.num_seqs} rows "
+        phases = " ".join(f"{k} {v:.3f} ({r['phases_median_ms'][k]:.3f})"
+                          for k, v in r["phases_ms"].items())
+        print(f"{args.sampling}{' seeded' if args.seeded else ''}"
+              f"{', churn' if args.churn else ''}, {args.num_seqs} rows "
               f"({'async' if args.async_scheduling else 'sync'}): median {r['median_ms']:.3f} ms "
               f"(p25 {r['p25_ms']:.3f}, p75 {r['p75_ms']:.3f}); CPU {r['cpu_ms']:.3f} ms/step; "
               f"phases {phases}", flush=True)

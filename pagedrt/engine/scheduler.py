@@ -61,10 +61,15 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from itertools import repeat
+from typing import NamedTuple
+
+import numpy as np
 
 from pagedrt.config import EngineConfig
 from pagedrt.core.plan import NewRequestData, StepPlan, StepResult
 from pagedrt.core.request import PLACEHOLDER_TOKEN_ID, Request, RequestStatus
+from pagedrt.engine.running_rows import RunningRows
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.outputs import TokenEvent
 from pagedrt.spec.acceptance import AcceptanceRule
@@ -74,6 +79,41 @@ logger = logging.getLogger("pagedrt.scheduler")
 
 StopCheck = Callable[[Request, int, int], "RequestStatus | None"]
 """(request, token, number of generated tokens with it) -> a finished status, or None."""
+
+
+class SteadyDecode(NamedTuple):
+    """The running part of a steady decode plan (`Scheduler._steady_decode`): every running
+    sequence scheduled computes its one last token and samples the next; the others (async
+    scheduling: their last allowed token is being sampled) are not scheduled.
+
+    Attributes:
+        rows: the running sequences (`RunningRows`).
+        picked: [n] int64 the rows scheduled, in row order; None: every row.
+        requests, req_ids: the scheduled sequences and their ids.
+        outputs: their output_token_ids lists.
+        num_output: [n] int64 their output lengths before the plan: where each one's
+            placeholder goes.
+        computed: [n] int64 their num_computed_tokens before the plan.
+        num_finished: `Scheduler.num_finished` when the plan was made (`update` then knows
+            whether any of them may have finished since).
+    """
+
+    rows: RunningRows
+    picked: np.ndarray | None
+    requests: list[Request]
+    req_ids: list[str]
+    outputs: list[list[int]]
+    num_output: np.ndarray
+    computed: np.ndarray
+    num_finished: int
+
+    def take(self, values):
+        """The entries of a per-row array or list of `rows` for the scheduled rows."""
+        if self.picked is None:
+            return values
+        if isinstance(values, np.ndarray):
+            return values[self.picked]
+        return [values[i] for i in self.picked.tolist()]
 
 
 class Scheduler:
@@ -90,9 +130,20 @@ class Scheduler:
         self._next_step_id = 0
         # plans whose results `update` has not written yet: step_id -> (the sampled sequences
         # in row order, the index of each one's placeholder in its output_token_ids, the
-        # beam searches expanded: (slot 0, its placeholder's index))
+        # beam searches expanded: (slot 0, its placeholder's index), the plan's steady
+        # running part or None)
         self._sampled: dict[int, tuple[list[Request], list[int],
-                                       list[tuple[Request, int]]]] = {}
+                                       list[tuple[Request, int]], SteadyDecode | None]] = {}
+        # steady decode steps (docs/design.md, "Host work per step"): a snapshot of
+        # `running`, rebuilt when that list changes; False turns the path off (tests compare)
+        self.steady_decode = True
+        self._rows: RunningRows | None = None
+        self.num_finished = 0  # sequences finished so far (finish())
+        # those finished since the oldest steady plan whose results are not written yet,
+        # oldest first (`update` finds them among that plan's rows); num_finished counted
+        # the ones before the first
+        self._finished_log: list[Request] = []
+        self._finished_base = 0
         # for the next plan: sequences finished since the last one that the device side may
         # hold a row or a parked generator for, and sequences preempted since (between steps
         # too, as tests do)
@@ -125,6 +176,8 @@ class Scheduler:
             if request in queue:
                 queue.remove(request)
         request.status = status
+        self.num_finished += 1
+        self._finished_log.append(request)
         self.kv.free(request)
         if self.proposer is not None:
             self.proposer.drop(request.request_id)
@@ -183,57 +236,21 @@ class Scheduler:
         # 1. running requests. The token budget goes to decodes first (one token each), then to
         #    unfinished prefill chunks, most important first within each kind; blocks are then
         #    allocated most important first, preempting from the least important end.
-        remaining, planned = self._plan_running(max_tokens)  # aligned with self.running
         num_preempted_before = len(self._preempted_req_ids)
-        allocate = self.kv.allocate_slots
-        # decodes only, and a free block for each: no allocation can fail (a decode takes at
-        # most one block, new or copied), so a beam search's slots need no joint check
-        beams_fit = (len(self.running) <= self.kv.num_free_blocks
-                     and (not planned or max(planned) <= 1))
         # speculative decoding: drafts from the budget the plan leaves, most important first
         # (none while a beam search is unfinished: its slots' joint block check assumes plain
         # decodes, and a step that forks a search's slots must not verify drafts)
-        spec_budget = 0
-        if self.speculating() and not any(
-                r.beam is not None or r.params.beam_search is not None
-                for queue in (self.running, self.waiting, self.swapped) for r in queue):
-            spec_budget = max_tokens - sum(planned)
-        i = 0
-        while i < len(self.running):
-            num_new = planned[i]
-            if num_new == 0:
-                i += 1
-                continue
-            req = self.running[i]
-            if req.beam is not None and not beams_fit and len(req.group) > 1:
-                i = self._allocate_beams(i, planned, remaining, scheduled, num_new_tokens)
-                continue
-            drafts = None
-            if spec_budget > 0 and remaining[i] == 1 and not req.num_pending_tokens:
-                drafts = self._propose(req, spec_budget, plan.step_id)
-                num_new += len(drafts)
-            while allocate(req, num_new) is None:
-                if drafts:  # speculative tokens never preempt anyone: decode one token
-                    drafts = None
-                    num_new = planned[i]
-                    continue
-                # the least important running request sits last; it is never one already
-                # scheduled this step, since those come before index i
-                num_preempted = self._preempt(self.running[-1])
-                del planned[-num_preempted:], remaining[-num_preempted:]
-                if req.status is not RequestStatus.RUNNING:  # req itself went
-                    break
-            else:
-                if drafts:
-                    plan.draft_token_ids[req.request_id] = drafts
-                    spec_budget -= len(drafts)
-                scheduled.append(req)
-                num_new_tokens.append(num_new)
-                if num_new < remaining[i]:
-                    self._chunked = True
-                i += 1
-                continue
-            # req itself was preempted; the list shifted, i already points to the next one
+        speculate = self.speculating() and not any(
+            r.beam is not None or r.params.beam_search is not None
+            for queue in (self.running, self.waiting, self.swapped) for r in queue)
+        steady = None
+        if self.steady_decode and not speculate:
+            steady = self._steady_decode(max_tokens)
+        if steady is not None:  # the same plan as the loop below would make, in numpy
+            scheduled.extend(steady.requests)
+            num_new_tokens.extend(repeat(1, len(scheduled)))
+        else:
+            self._schedule_running(plan, max_tokens, speculate, scheduled)
         budget = max_tokens - sum(num_new_tokens)
         num_running_scheduled = len(scheduled)
 
@@ -289,7 +306,7 @@ class Scheduler:
                     self.kv.block_ids(req.request_id), req.num_computed_tokens,
                     None if beam is None else req.group[0].request_id,
                     0.0 if beam is None else beam.scores[req.sample_index]))
-            self._advance(plan, scheduled)
+            self._advance(plan, scheduled, steady)
         plan.finished_req_ids, self._finished_req_ids = self._finished_req_ids, []
         plan.preempted_req_ids, self._preempted_req_ids = self._preempted_req_ids, []
         if self._chunked:
@@ -298,6 +315,97 @@ class Scheduler:
         used = self.kv.num_blocks - self.kv.num_free_blocks
         self.peak_num_used_blocks = max(self.peak_num_used_blocks, used)
         return plan
+
+    def _schedule_running(self, plan: StepPlan, max_tokens: int, speculate: bool,
+                          scheduled: list[Request]) -> None:
+        """Section 1 of `schedule`, one running request at a time: tokens (and drafts) per
+        request, blocks most important first, preemptions from the least important end."""
+        remaining, planned = self._plan_running(max_tokens)  # aligned with self.running
+        num_new_tokens = plan.num_new_tokens
+        allocate = self.kv.allocate_slots
+        # decodes only, and a free block for each: no allocation can fail (a decode takes at
+        # most one block, new or copied), so a beam search's slots need no joint check
+        beams_fit = (len(self.running) <= self.kv.num_free_blocks
+                     and (not planned or max(planned) <= 1))
+        spec_budget = max_tokens - sum(planned) if speculate else 0
+        i = 0
+        while i < len(self.running):
+            num_new = planned[i]
+            if num_new == 0:
+                i += 1
+                continue
+            req = self.running[i]
+            if req.beam is not None and not beams_fit and len(req.group) > 1:
+                i = self._allocate_beams(i, planned, remaining, scheduled, num_new_tokens)
+                continue
+            drafts = None
+            if spec_budget > 0 and remaining[i] == 1 and not req.num_pending_tokens:
+                drafts = self._propose(req, spec_budget, plan.step_id)
+                num_new += len(drafts)
+            while allocate(req, num_new) is None:
+                if drafts:  # speculative tokens never preempt anyone: decode one token
+                    drafts = None
+                    num_new = planned[i]
+                    continue
+                # the least important running request sits last; it is never one already
+                # scheduled this step, since those come before index i
+                num_preempted = self._preempt(self.running[-1])
+                del planned[-num_preempted:], remaining[-num_preempted:]
+                if req.status is not RequestStatus.RUNNING:  # req itself went
+                    break
+            else:
+                if drafts:
+                    plan.draft_token_ids[req.request_id] = drafts
+                    spec_budget -= len(drafts)
+                scheduled.append(req)
+                num_new_tokens.append(num_new)
+                if num_new < remaining[i]:
+                    self._chunked = True
+                i += 1
+                continue
+            # req itself was preempted; the list shifted, i already points to the next one
+
+    def _steady_decode(self, max_tokens: int) -> SteadyDecode | None:
+        """Section 1 of `schedule` for a steady decode step, with per-row numpy: when every
+        running sequence is forked and none is a beam slot, each has exactly its last token to
+        compute or (async scheduling) its last allowed token in flight, and the blocks they
+        may need are free, the plan schedules each of the first kind for one token, which is
+        what `_schedule_running` would plan, and `KVCacheManager.allocate_decode` allocates
+        what that loop would, in one call. Returns None, having changed nothing, when the
+        step is not such a step."""
+        running = self.running
+        n = len(running)
+        if not n or n > max_tokens:
+            return None
+        rows = self._rows
+        if rows is None or not rows.matches(running):
+            rows = self._rows = RunningRows(running)
+        if not rows.decodable:
+            return None
+        outputs, num_output, computed = rows.gather_counts()
+        requests, req_ids, num_prompt = rows.requests, rows.req_ids, rows.num_prompt_tokens
+        picked = None
+        at_max = num_output >= rows.max_tokens
+        if at_max.any():  # (the loop's rule: a token in flight, and nothing to schedule)
+            if not all(requests[i].num_pending_tokens for i in np.flatnonzero(at_max).tolist()):
+                return None
+            picked = np.flatnonzero(~at_max)
+            if not len(picked):
+                return None
+            keep = picked.tolist()
+            requests = [requests[i] for i in keep]
+            req_ids = [req_ids[i] for i in keep]
+            outputs = [outputs[i] for i in keep]
+            num_output, computed = num_output[picked], computed[picked]
+            num_prompt = num_prompt[picked]
+        # (the loop's `remaining` is num_tokens - num_computed_tokens)
+        if not (num_prompt + num_output - computed == 1).all():
+            return None
+        # (False: some allocation might fail and preempt; the loop decides those)
+        if not self.kv.allocate_decode(requests, req_ids, computed + 1):
+            return None
+        return SteadyDecode(rows, picked, requests, req_ids, outputs, num_output, computed,
+                            self.num_finished)
 
     def _propose(self, req: Request, budget: int, step_id: int) -> list[int]:
         """Drafts for a decoding sequence whose last token is known: at most `budget`, none
@@ -310,21 +418,40 @@ class Scheduler:
             return []
         return self.proposer.propose(req, max_num)
 
-    def _advance(self, plan: StepPlan, scheduled: list[Request]) -> None:
+    def _advance(self, plan: StepPlan, scheduled: list[Request],
+                 steady: SteadyDecode | None) -> None:
         """Count the plan's tokens as computed, give each sequence the step samples for a
         placeholder token, and fork the requests whose prompt the step completes (n > 1).
+        The steady running part of a plan (`steady`: scheduled[:n], each a one-token step that
+        samples, none to fork) takes a loop of three writes per request.
 
         Done when the plan is made, not when its tokens are back: with async scheduling the
         next plan is made while this step runs and builds on these counts. A rollback
         (speculative decoding) would lower num_computed_tokens again in `update`."""
-        plan.req_ids = [req.request_id for req in scheduled]
-        starts = plan.num_computed_tokens = [req.num_computed_tokens for req in scheduled]
         sampled: list[Request] = []
         indices: list[int] = []
         beams: list[tuple[Request, int]] = []
-        num_decode = 0
+        num_decode = k = 0
+        req_ids: list[str] = []
+        starts: list[int] = []
+        if steady is not None:  # each computes its last token and samples: a decode if it has
+            k = len(steady.requests)  # generated before (else that token ends a prompt)
+            req_ids += steady.req_ids
+            starts += steady.computed.tolist()
+            for req, output_token_ids, end in zip(steady.requests, steady.outputs,
+                                                  (steady.computed + 1).tolist()):
+                req.num_computed_tokens = end
+                output_token_ids.append(PLACEHOLDER_TOKEN_ID)
+                req.num_pending_tokens = 1
+            sampled += steady.requests
+            indices += steady.num_output.tolist()
+            num_decode = int(np.count_nonzero(steady.num_output))
+        rest = scheduled[k:]
+        req_ids += [req.request_id for req in rest]
+        starts += [req.num_computed_tokens for req in rest]
+        plan.req_ids, plan.num_computed_tokens = req_ids, starts
         drafts = plan.draft_token_ids
-        for req, num_new, start in zip(scheduled, plan.num_new_tokens, starts):
+        for req, num_new, start in zip(rest, plan.num_new_tokens[k:], starts[k:]):
             output_token_ids = req.output_token_ids
             end = req.num_computed_tokens = start + num_new
             # (num_tokens spelled out: this runs for every request of every step)
@@ -343,7 +470,7 @@ class Scheduler:
             if not req.forked:
                 self._fork(req, plan, sampled, indices)
         plan.num_prompt_tokens = sum(plan.num_new_tokens) - num_decode
-        self._sampled[plan.step_id] = (sampled, indices, beams)
+        self._sampled[plan.step_id] = (sampled, indices, beams, steady)
 
     def _fork(self, req: Request, plan: StepPlan, sampled: list[Request],
               indices: list[int]) -> None:
@@ -548,7 +675,14 @@ class Scheduler:
         events: when given (the engine core's token-event mode), a TokenEvent per written
         token is appended to it, and only the requests whose every sample finished are
         returned."""
-        sampled, indices, beams = self._sampled.pop(plan.step_id)
+        sampled, indices, beams, steady = self._sampled.pop(plan.step_id)
+        # keep the finished sequences that this plan or a later one not written yet may hold
+        stamps = [e[3].num_finished for e in self._sampled.values() if e[3] is not None]
+        if steady is not None:
+            stamps.append(steady.num_finished)
+        keep = min(stamps, default=self.num_finished)
+        del self._finished_log[:keep - self._finished_base]
+        self._finished_base = keep
         token_ids = result.sampled_token_ids
         assert len(token_ids) == len(sampled), (
             f"step {plan.step_id}: {len(token_ids)} sampled tokens for {len(sampled)} rows")
@@ -561,7 +695,12 @@ class Scheduler:
         num_generated = 0
         if beams:
             num_generated = self._update_beams(beams, result, events, touched, now)
-        for i, (req, index, token) in enumerate(zip(sampled, indices, token_ids)):
+        rows = enumerate(zip(sampled, indices, token_ids))
+        if steady is not None:
+            num_written, one_by_one = self._write_quiet(steady, token_ids, now, events)
+            num_generated += num_written
+            rows = ((i, (sampled[i], indices[i], token_ids[i])) for i in one_by_one)
+        for i, (req, index, token) in rows:
             if req.is_finished or req.beam is not None:
                 # aborted, or stopped by the token before this one: drop the row; a beam slot
                 # was written by _update_beams
@@ -599,6 +738,51 @@ class Scheduler:
             elif head.stream or (status is not None and all(s.is_finished for s in head.group)):
                 touched[head.request_id] = head
         return list(touched.values()), num_generated
+
+    def _write_quiet(self, steady: SteadyDecode, token_ids: list[int], now: float,
+                     events: list[TokenEvent] | None) -> tuple[int, list[int]]:
+        """`update` for the running part of a steady plan, for the sequences that need nothing
+        else, in one loop of plain writes: each token over its placeholder, no token pending
+        where that placeholder was the last one (no later plan appended another), the token
+        time. Left to `update`'s loop (returned, with the plan's later rows, in row order):
+        the sequences that are not quiet (`RunningRows.quiet`), those whose token may stop
+        them (some running sequence's stop id, or their max_tokens), those getting their first
+        token (its time), and the sequences finished since the plan;
+        outside token-event mode also the streamed ones (reported every step). In token-event
+        mode each written token's TokenEvent is appended, and when any row is left every row
+        is (the events stay in row order). Returns (tokens written, indices of the rows
+        left)."""
+        rows = steady.rows
+        k = len(steady.requests)
+        index = steady.num_output
+        left = (~steady.take(rows.quiet) | (index == 0)
+                | (index + 1 >= steady.take(rows.max_tokens)))
+        if events is None:
+            left |= steady.take(rows.streamed)
+        stop_ids = rows.stop_token_ids
+        if len(stop_ids):
+            tokens = np.array(token_ids[:k], dtype=np.int64)
+            left |= (tokens[:, None] == stop_ids).any(axis=1)
+        requests = steady.requests
+        for req in self._finished_log[steady.num_finished - self._finished_base:]:
+            if req in requests:  # (C-level identity scans; a few finish per step)
+                left[requests.index(req)] = True
+        if events is not None and left.any():
+            return 0, list(range(len(token_ids)))
+        one_by_one = np.flatnonzero(left).tolist()
+        for req, output_token_ids, i, token, skip in zip(
+                requests, steady.outputs, index.tolist(), token_ids, left.tolist()):
+            if skip:
+                continue
+            output_token_ids[i] = token
+            if i == len(output_token_ids) - 1:
+                req.num_pending_tokens = 0
+            req.last_token_time = now
+        if events is not None:  # (every row is quiet here)
+            head_ids, sample_indices = map(steady.take, rows.event_keys())
+            events += map(TokenEvent, head_ids, sample_indices, token_ids, repeat(None, k),
+                          repeat(None), repeat(None))
+        return k - len(one_by_one), one_by_one + list(range(k, len(token_ids)))
 
     def _update_beams(self, beams: list[tuple[Request, int]], result: StepResult,
                       events: list[TokenEvent] | None, touched: dict[str, Request],

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -38,12 +39,22 @@ def root_hash(extra_keys: tuple = ()) -> bytes:
     return hashlib.sha256(pickle.dumps(tuple(extra_keys), protocol=5)).digest()
 
 
-def hash_token_blocks(parent_hash: bytes, token_ids: np.ndarray, block_size: int) -> list[bytes]:
+assert array("q").itemsize == 8, "array('q') must hold int64 for block hashes"
+
+
+def hash_token_blocks(parent_hash: bytes, token_ids: np.ndarray | list[int],
+                      block_size: int) -> list[bytes]:
     """Chained hashes of consecutive full blocks: block i hashes to
-    sha256(hash of block i-1 + its block_size token ids as int64 bytes), block 0's parent
-    being `parent_hash`. token_ids: [k * block_size] int64."""
-    data = np.ascontiguousarray(token_ids, dtype=np.int64).tobytes()
+    sha256(hash of block i-1 + its block_size token ids as int64 bytes, native order), block
+    0's parent being `parent_hash`. token_ids: [k * block_size] int64, or a list of ints
+    (a decode step's block: no numpy round trip; the same bytes)."""
+    if isinstance(token_ids, list):
+        data = array("q", token_ids).tobytes()
+    else:
+        data = np.ascontiguousarray(token_ids, dtype=np.int64).tobytes()
     step = 8 * block_size
+    if len(data) == step:  # one block (a decode step's): no loop
+        return [hashlib.sha256(parent_hash + data).digest()]
     hashes = []
     for start in range(0, len(data) - step + 1, step):
         parent_hash = hashlib.sha256(parent_hash + data[start : start + step]).digest()

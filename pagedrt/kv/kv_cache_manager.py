@@ -14,6 +14,8 @@ What it does for the scheduler:
   * copy-on-write: a sequence about to write into a partial block that another sequence holds
     too gets a private copy first; the (src, dst) pair is queued for the model runner;
   * `swap_out` / `swap_in`: move a preempted request's blocks to and from the CPU pool;
+  * `allocate_decode`: `allocate_slots` for every request of a decode step, visiting only
+    those whose call can change anything (one or two steps in block_size per request);
   * `free`: drop a request's references (tail blocks first, so they are evicted first);
   * `trim`: drop the blocks past a request's computed tokens (rejected speculative drafts);
   * sliding window (`sliding_window`, for a model whose every layer is windowed): blocks that
@@ -37,6 +39,9 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import repeat
+
+import numpy as np
 
 from pagedrt.core.request import Request
 from pagedrt.kv.block_pool import NULL_BLOCK, BlockPool, KVBlock, hash_token_blocks, root_hash
@@ -90,6 +95,10 @@ class KVCacheManager:
         self._num_cached_blocks: dict[str, int] = {}  # leading blocks already offered to the cache
         # request id -> first index of its block table changed since the last step plan
         self._changed: dict[str, int] = {}
+        # request id -> an end (computed + new tokens) below which `allocate_slots` without
+        # prefix hits changes nothing (see allocate_decode); dropped by every change of the
+        # request's table, hashes or released blocks, recomputed when next asked for
+        self._headroom: dict[str, int] = {}
         self.num_cpu_blocks = num_cpu_blocks
         self._free_cpu_blocks = list(range(num_cpu_blocks - 1, -1, -1))
         self.req_to_cpu_blocks: dict[str, list[int]] = {}
@@ -136,6 +145,7 @@ class KVCacheManager:
         released = blocks[done:end]
         blocks[done:end] = [NULL_BLOCK] * (end - done)
         self._num_released[request_id] = end
+        self._headroom.pop(request_id, None)
         self.pool.free_blocks(released)
 
     def take_block_changes(self) -> dict[str, tuple[int, list[int]]]:
@@ -169,8 +179,11 @@ class KVCacheManager:
         if num_hashed < num_full_blocks:
             bs = self.block_size
             parent = hashes[-1] if hashes else root_hash(request_extra_keys(request))
-            hashes += hash_token_blocks(
-                parent, request.token_array(num_hashed * bs, num_full_blocks * bs), bs)
+            start, end = num_hashed * bs, num_full_blocks * bs
+            num_prompt = len(request.prompt_token_ids)
+            tokens = (request.output_token_ids[start - num_prompt: end - num_prompt]
+                      if start >= num_prompt else request.token_array(start, end))
+            hashes += hash_token_blocks(parent, tokens, bs)
         return hashes
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
@@ -241,6 +254,7 @@ class KVCacheManager:
             if self.enable_caching and end // bs > self._num_cached_blocks.get(
                     request.request_id, 0):
                 self._cache_full_blocks(request, end)
+                self._headroom.pop(request.request_id, None)
             return []
         hits = new_computed_blocks or []
         num_computed = request.num_computed_tokens + len(hits) * self.block_size
@@ -260,6 +274,7 @@ class KVCacheManager:
                 self._num_released[request.request_id] = len(hits) - len(held_hits)
         elif self.enable_caching and request.num_computed_tokens == 0 and not blocks:
             self.stats.prefix_cache_queries += request.num_tokens
+        self._headroom.pop(request.request_id, None)
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
         first_changed = len(blocks) - cow
         blocks.extend(hits)
@@ -281,16 +296,21 @@ class KVCacheManager:
         """Hash every block that is full of known tokens once `num_tokens` are in the cache."""
         if not self.enable_caching:
             return
-        num_full = min(num_tokens, request.num_known_tokens) // self.block_size
-        start = self._num_cached_blocks.get(request.request_id, 0)
+        request_id = request.request_id
+        # (num_known_tokens spelled out: this runs for every block a decode fills)
+        num_known = (len(request.prompt_token_ids) + len(request.output_token_ids)
+                     - request.num_pending_tokens)
+        num_full = min(num_tokens, num_known) // self.block_size
+        start = self._num_cached_blocks.get(request_id, 0)
         if num_full <= start:
             return
-        blocks = self.req_to_blocks[request.request_id]
-        hashes = self._request_block_hashes(request, num_full)
-        pairs = [(b, h) for b, h in zip(blocks[start:num_full], hashes[start:num_full])
-                 if b is not NULL_BLOCK]  # a released block was cached before it left
-        self.pool.cache_blocks([b for b, _ in pairs], [h for _, h in pairs])
-        self._num_cached_blocks[request.request_id] = num_full
+        blocks = self.req_to_blocks[request_id][start:num_full]
+        hashes = self._request_block_hashes(request, num_full)[start:num_full]
+        if NULL_BLOCK in blocks:  # a released block was cached before it left
+            pairs = [(b, h) for b, h in zip(blocks, hashes) if b is not NULL_BLOCK]
+            blocks, hashes = [b for b, _ in pairs], [h for _, h in pairs]
+        self.pool.cache_blocks(blocks, hashes)
+        self._num_cached_blocks[request_id] = num_full
 
     def trim(self, request: Request) -> None:
         """Free the blocks past the request's computed tokens: speculative decoding's rollback
@@ -311,6 +331,7 @@ class KVCacheManager:
             f"trimming to {keep}")
         dropped = blocks[keep:]
         del blocks[keep:]
+        self._headroom.pop(request.request_id, None)
         self.pool.free_blocks(list(reversed(dropped)))
         self._note_change(request.request_id, keep)
 
@@ -318,6 +339,7 @@ class KVCacheManager:
         """Offer the request's blocks full of computed, known tokens to the prefix cache now
         (after a step accepted drafts: several blocks may have filled at once)."""
         self._cache_full_blocks(request, request.num_computed_tokens)
+        self._headroom.pop(request.request_id, None)
 
     def num_blocks_to_allocate(self, requests: list[Request], num_new_tokens: list[int]) -> int:
         """Blocks that `allocate_slots(request, n)` would take for each pair in turn (no prefix
@@ -337,6 +359,86 @@ class KVCacheManager:
                     refs[last.block_id] = ref - 1
         return need
 
+    def allocate_decode(self, requests: list[Request], request_ids: list[str],
+                        ends: np.ndarray) -> bool:
+        """`allocate_slots(request, 1)` for every request of a decode step, in order, with the
+        same result, without a Python call per request: only the requests whose call can
+        change anything are visited (a new block: the step's token is past the last slot; a
+        copy-on-write: the partial last block is shared; blocks to hash for the prefix cache:
+        a block fills; blocks the sliding window gives back): per request one or two steps in
+        block_size (a block fills, then the next token needs a new block; with async
+        scheduling the fill is hashed a step late, with the new block).
+
+        requests: the step's running requests, each holding blocks; request_ids: their ids;
+        ends: [n] int64 each one's computed tokens after the step (`num_computed_tokens` + 1).
+        Returns False, having changed nothing, when fewer blocks are free than requests that
+        may need one (the caller then allocates one by one, preempting as needed).
+
+        Per request this reads one hint (`_headroom`, made on first use after any change of
+        the request's blocks, hashes or released entries; such a change drops it): the end
+        from which a call may change something. A hint is conservative: it may name a request
+        whose call then changes nothing, never the reverse."""
+        n = len(requests)
+        headroom = np.fromiter(map(self._headroom.get, request_ids, repeat(-1)), np.int64, n)
+        for i in np.flatnonzero(headroom < 0).tolist():
+            headroom[i] = self._headroom_of(request_ids[i])
+        work = np.flatnonzero(ends >= headroom)
+        # one block at most each: a new one (the end passes the last slot, which is then full:
+        # no copy) or a copy of a shared partial last block
+        if len(work) > self.pool.num_free_blocks:
+            return False
+        if self.sliding_window is not None or not headroom[work].all():
+            # a window gives blocks back between allocations, a copy-on-write frees: one by one
+            for i in work.tolist():
+                allocated = self.allocate_slots(requests[i], 1)
+                assert allocated is not None, f"{requests[i]}: no block, {len(work)} were free"
+            return True
+        # exclusive last blocks, no window: the new blocks (taken in order, as one call each
+        # would), then the blocks that filled are hashed, in order; then each one's hint
+        bs = self.block_size
+        req_to_blocks = self.req_to_blocks
+        work_list, ends_of = work.tolist(), ends[work].tolist()
+        grow = []
+        for i, end in zip(work_list, ends_of):
+            blocks = req_to_blocks[request_ids[i]]
+            if end > len(blocks) * bs:
+                grow.append((request_ids[i], blocks))
+        for (request_id, blocks), block in zip(grow, self.pool.get_new_blocks(len(grow))):
+            self._note_change(request_id, len(blocks))
+            blocks.append(block)
+        hints = self._headroom
+        if self.enable_caching:
+            num_cached = self._num_cached_blocks
+            for i, end in zip(work_list, ends_of):
+                self._cache_full_blocks(requests[i], end)
+                request_id = request_ids[i]
+                hints[request_id] = min(len(req_to_blocks[request_id]) * bs + 1,
+                                        (num_cached.get(request_id, 0) + 1) * bs)
+        else:
+            for i in work_list:
+                hints[request_ids[i]] = len(req_to_blocks[request_ids[i]]) * bs + 1
+        return True
+
+    def _headroom_of(self, request_id: str) -> int:
+        """The least end (computed + new tokens) at which `allocate_slots` (no prefix hits)
+        may change anything for this request, from its state now; remembered unless it is 0
+        (no blocks, or a last block held by other sequences too, which can change without a
+        call for this request)."""
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks or blocks[-1].ref_cnt > 1:
+            return 0
+        bs = self.block_size
+        bound = len(blocks) * bs + 1  # a token past the last slot needs a new block
+        if self.enable_caching:  # the end reaches a block boundary: that block is hashed
+            bound = min(bound, (self._num_cached_blocks.get(request_id, 0) + 1) * bs)
+        if self.sliding_window is not None:
+            # the block after the released ones leaves the window of a computed count of
+            # (released + 1) * bs + window - 1, the count before a one-token step to that end
+            done = self._num_released.get(request_id, 0)
+            bound = min(bound, (done + 1) * bs + self.sliding_window)
+        self._headroom[request_id] = bound
+        return bound
+
     def reparent(self, requests: list[Request], parents: list[int], num_blocks: int) -> None:
         """Beam search: slot i continues the beam of slot parents[i] (docs/design.md, "Beam
         search"). Its first `num_blocks` table entries (the full blocks of the history both
@@ -348,6 +450,8 @@ class KVCacheManager:
         Records no block-table change: the device side re-parents its rows by the same rule.
         The prefix-cache hashes of the shared blocks follow them."""
         req_to_blocks = self.req_to_blocks
+        for req in requests:  # tables change, and parents' blocks gain holders
+            self._headroom.pop(req.request_id, None)
         released = []
         for i, p in enumerate(parents):
             if p == i:
@@ -382,6 +486,8 @@ class KVCacheManager:
         change: the device side copies the parent's table when it forks the row."""
         blocks = self.req_to_blocks[parent.request_id]
         self.pool.touch([b for b in blocks if b is not NULL_BLOCK])
+        self._headroom.pop(parent.request_id, None)  # its last block is shared now
+        self._headroom.pop(child.request_id, None)
         self.req_to_blocks[child.request_id] = list(blocks)
         self._num_cached_blocks[child.request_id] = self._num_cached_blocks.get(
             parent.request_id, 0)
@@ -404,6 +510,7 @@ class KVCacheManager:
         """Release all of a request's blocks (device and CPU); idempotent."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self._changed.pop(request.request_id, None)
+        self._headroom.pop(request.request_id, None)
         self.pool.free_blocks([b for b in reversed(blocks) if b is not NULL_BLOCK])
         self._block_hashes.pop(request.request_id, None)
         self._num_cached_blocks.pop(request.request_id, None)
@@ -428,6 +535,7 @@ class KVCacheManager:
         self.pending.swap_out.extend(zip((b.block_id for b in blocks), cpu_blocks))
         self.req_to_cpu_blocks[request.request_id] = cpu_blocks
         self._changed.pop(request.request_id, None)
+        self._headroom.pop(request.request_id, None)
         del self.req_to_blocks[request.request_id]
         self.pool.free_blocks(list(reversed(blocks)))
         self._num_cached_blocks.pop(request.request_id, None)
@@ -450,6 +558,7 @@ class KVCacheManager:
         released = self._num_released.get(request.request_id, 0)
         self.req_to_blocks[request.request_id] = [NULL_BLOCK] * released + blocks
         self._note_change(request.request_id, 0)
+        self._headroom.pop(request.request_id, None)
         self.stats.num_swapped_in_blocks += len(blocks)
         self._cache_full_blocks(request, request.num_computed_tokens)
 
