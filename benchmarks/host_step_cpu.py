@@ -5,7 +5,7 @@ compared old/new with it), not a benchmark of record.
 
     PYTHONPATH=$PWD python benchmarks/host_step_cpu.py [--num-seqs 256] [--steps 200] [--async]
         [--sampling greedy|nanovllm|filters|penalties|mixed] [--seeded] [--repeat 3]
-        [--json FILE]
+        [--n N | --beam-width W] [--json FILE]
 
 Sampling settings (one SamplingParams object per request, as an API server makes them):
   greedy     temperature 0
@@ -14,6 +14,14 @@ Sampling settings (one SamplingParams object per request, as an API server makes
   penalties  temperature 0.8, repetition 1.1, frequency 0.2, presence 0.1
   mixed      the four above in turn, and every third request min_tokens = max_tokens / 2
 --seeded gives every request a seed (a per-request generator).
+
+Groups (issue 20: beam search against n-sampling of the same shape): --beam-width W runs
+--num-seqs / W beam searches of width W (ignore_eos, so every search runs its max_tokens), and
+--n N the same number of prompts with n = N samples each at temperature 1 (as
+`pagedrt bench throughput --beam-width` does); either way --num-seqs rows per decode step. In
+these modes the stub's logits row depends on the row's input token (a fixed random row per
+token id), so that the beams of a search differ and their choice moves slots as a model's
+would.
 
 The stub model returns zeros as hidden states and one fixed random logits row per token; the
 engine around it is the real one. On this CPU the sampler's tensor ops run here too, on a
@@ -37,7 +45,7 @@ import torch
 from pagedrt.config import EngineConfig, ModelConfig
 from pagedrt.engine.llm_engine import LLMEngine
 from pagedrt.models.loader import LoadedModel
-from pagedrt.sampling_params import SamplingParams
+from pagedrt.sampling_params import BeamSearchParams, SamplingParams
 
 SAMPLING = {
     "greedy": {"temperature": 0.0},
@@ -57,24 +65,41 @@ def stub_config(vocab_size: int) -> ModelConfig:
 
 
 class StubModel(torch.nn.Module):
-    """The model interface the engine calls, with no work behind it."""
+    """The model interface the engine calls, with no work behind it. token_logits: each row's
+    logits are a fixed random row chosen by its input token (else by its position in the
+    batch)."""
 
-    def __init__(self, config: ModelConfig, max_tokens: int = 16384, max_rows: int = 1024) -> None:
+    def __init__(self, config: ModelConfig, max_tokens: int = 16384, max_rows: int = 1024,
+                 token_logits: bool = False) -> None:
         super().__init__()
         self.config = config
         self.dummy = torch.nn.Parameter(torch.zeros(1))
         gen = torch.Generator().manual_seed(0)
-        self.table = torch.randn(max_rows, config.vocab_size, generator=gen) * 3
+        self.token_logits = token_logits
+        rows = config.vocab_size if token_logits else max_rows
+        self.table = torch.randn(rows, config.vocab_size, generator=gen) * 3
         self.hidden = torch.zeros(max_tokens, config.hidden_size)
 
     def forward(self, input_ids, positions, kv_layers, meta):
-        return self.hidden[: input_ids.shape[0]]
+        hidden = self.hidden[: input_ids.shape[0]]
+        if self.token_logits:  # the input token rides in the hidden state's first element
+            hidden = hidden.clone()
+            hidden[:, 0] = input_ids.float()
+        return hidden
 
     def compute_logits(self, hidden):
+        if self.token_logits:
+            return self.table.index_select(0, hidden[:, 0].long())
         return self.table[: hidden.shape[0]]
 
 
 def request_params(args, i: int) -> SamplingParams:
+    if args.beam_width:
+        return BeamSearchParams(beam_width=args.beam_width, max_tokens=args.steps + 64,
+                                ignore_eos=True).to_sampling_params()
+    if args.n:
+        return SamplingParams(n=args.n, temperature=1.0, ignore_eos=True,
+                              max_tokens=args.steps + 64, seed=i if args.seeded else None)
     kinds = list(SAMPLING) if args.sampling == "mixed" else [args.sampling]
     max_tokens = args.steps + 64
     kwargs = dict(SAMPLING[kinds[i % len(kinds)]])
@@ -89,10 +114,12 @@ def run(args) -> dict:
     cfg = EngineConfig(num_kv_blocks=args.num_seqs * (args.input_len + args.steps + 64) // 16,
                        max_num_seqs=args.num_seqs, max_num_batched_tokens=8192,
                        async_scheduling=args.async_scheduling)
+    group = args.beam_width or args.n or 1
+    model = StubModel(config, token_logits=group > 1)
     engine = LLMEngine(config=cfg, device="cpu",
-                       loaded=LoadedModel(StubModel(config), config, None, "stub"))
+                       loaded=LoadedModel(model, config, None, "stub"))
     gen = torch.Generator().manual_seed(0)
-    for i in range(args.num_seqs):
+    for i in range(args.num_seqs // group):
         prompt = torch.randint(0, config.vocab_size, (args.input_len,), generator=gen)
         engine.add_request(str(i), prompt.tolist(), request_params(args, i), stream=False)
     while engine.scheduler.waiting or any(
@@ -122,18 +149,29 @@ def main() -> None:
     p.add_argument("--async", dest="async_scheduling", action="store_true")
     p.add_argument("--sampling", default="greedy", choices=[*SAMPLING, "mixed"])
     p.add_argument("--seeded", action="store_true")
+    p.add_argument("--n", type=int, default=0,
+                   help="n samples per prompt at temperature 1 (--num-seqs / n prompts)")
+    p.add_argument("--beam-width", type=int, default=0,
+                   help="beam search of this width (--num-seqs / width prompts)")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--json", default="", help="also write every repeat's figures here")
     args = p.parse_args()
+    if args.n and args.beam_width:
+        p.error("give --n or --beam-width, not both")
+    group = args.beam_width or args.n or 1
+    if args.num_seqs % group:
+        p.error(f"--num-seqs {args.num_seqs} is not a multiple of {group}")
+    mode = (f"beam {args.beam_width}" if args.beam_width else f"n={args.n}" if args.n
+            else args.sampling)
     torch.set_num_threads(1)
     results = []
     for _ in range(args.repeat):
         r = run(args)
-        results.append({"system": "host_step_cpu", "sampling": args.sampling,
+        results.append({"system": "host_step_cpu", "sampling": mode,
                         "seeded": args.seeded, "num_seqs": args.num_seqs,
                         "async": args.async_scheduling, **r})
         phases = " ".join(f"{k} {v:.3f}" for k, v in r["phases_ms"].items())
-        print(f"{args.sampling}{' seeded' if args.seeded else ''}, {args.num_seqs} rows "
+        print(f"{mode}{' seeded' if args.seeded else ''}, {args.num_seqs} rows "
               f"({'async' if args.async_scheduling else 'sync'}): median {r['median_ms']:.3f} ms "
               f"(p25 {r['p25_ms']:.3f}, p75 {r['p75_ms']:.3f}); CPU {r['cpu_ms']:.3f} ms/step; "
               f"phases {phases}", flush=True)
