@@ -29,8 +29,10 @@ engine around it is the real one. On this CPU the sampler's tensor ops run here 
 they are launches). Prints, per repeat, the median and the 25th/75th percentiles of the wall
 time of `LLMEngine.step()` in ms over decode steps of `--num-seqs` rows, after every request
 has finished its prefill, the mean CPU time of the process per step (less sensitive to other
-processes on a shared machine), and the mean wall time per step of each phase of the step
-(`StepClock`: schedule, prepare, forward, sample, update).
+processes on a shared machine), the mean wall time per step of each phase of the step
+(`StepClock`: schedule, prepare, forward, sample, update), and then, over 20 more steps, the
+tensor ops per step of each phase (views left out): on a GPU most of them are kernel launches,
+whose host cost this CPU run does not show.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import statistics
 import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pagedrt.config import EngineConfig, ModelConfig
 from pagedrt.engine.llm_engine import LLMEngine
@@ -135,9 +138,51 @@ def run(args) -> dict:
         times.append(1e3 * (time.perf_counter() - t))
         cpu_times.append(1e3 * (time.process_time() - c))
     q = statistics.quantiles(times, n=4)
+    phases = {k: 1e3 * v / args.steps for k, v in engine.clock.totals.items()}
     return {"median_ms": statistics.median(times), "p25_ms": q[0], "p75_ms": q[2],
-            "cpu_ms": statistics.mean(cpu_times),
-            "phases_ms": {k: 1e3 * v / args.steps for k, v in engine.clock.totals.items()}}
+            "cpu_ms": statistics.mean(cpu_times), "phases_ms": phases,
+            "tensor_ops": count_ops(engine, OP_COUNT_STEPS)}
+
+
+OP_COUNT_STEPS = 20
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the tensor ops dispatched (views and aliases left out: they launch nothing),
+    by the engine phase they ran in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+        self.current = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.current += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(engine, steps: int) -> dict[str, float]:
+    """Tensor ops per step by phase, over `steps` more steps (untimed: counting slows them).
+    On the CPU every one of them is host work; on a GPU most are kernel launches (about 5 to
+    10 us of host time each), so this is the figure that carries over."""
+    counter = _OpCounter()
+    clock = engine.clock
+    mark = clock.mark
+
+    def counted_mark(phase: str) -> None:
+        counter.counts[phase] = counter.counts.get(phase, 0) + counter.current
+        counter.current = 0
+        mark(phase)
+
+    clock.mark = counted_mark
+    try:
+        with counter:
+            for _ in range(steps):
+                engine.step()
+    finally:
+        del clock.mark
+    return {k: v / steps for k, v in counter.counts.items()}
 
 
 def main() -> None:
@@ -171,10 +216,11 @@ def main() -> None:
                         "seeded": args.seeded, "num_seqs": args.num_seqs,
                         "async": args.async_scheduling, **r})
         phases = " ".join(f"{k} {v:.3f}" for k, v in r["phases_ms"].items())
+        ops = " ".join(f"{k} {v:.0f}" for k, v in r["tensor_ops"].items())
         print(f"{mode}{' seeded' if args.seeded else ''}, {args.num_seqs} rows "
               f"({'async' if args.async_scheduling else 'sync'}): median {r['median_ms']:.3f} ms "
               f"(p25 {r['p25_ms']:.3f}, p75 {r['p75_ms']:.3f}); CPU {r['cpu_ms']:.3f} ms/step; "
-              f"phases {phases}", flush=True)
+              f"phases {phases}; tensor ops per step: {ops}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"results": results}, f, indent=1)

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pagedrt.core.beam import num_beam_candidates
 from pagedrt.core.plan import BeamStepResult
 from pagedrt.engine.beam_search import expand_beams
 from pagedrt.engine.input_batch import InputBatch
@@ -41,11 +40,14 @@ class _Bucket:
     group_ids: list[str]
     width: int
     num_candidates: int
+    vocab_size: int
     slot_rows: np.ndarray  # InputBatch rows
     slot_epochs: np.ndarray  # their epochs at launch
     num_tokens: np.ndarray  # [G] tokens of the history before the sampled token
-    values: torch.Tensor  # [G, K] float32 (pinned host copy on CUDA)
-    ints: torch.Tensor  # [G, 2K + 2W] int64: beams, tokens, slot candidates, slot parents
+    # [G, 2K + W] int64 (a pinned host buffer's rows on CUDA, valid once the step is done):
+    # the candidates' values (float32 bits as int32), their indices in the W x V scores
+    # (beam * V + token), the slots' candidates
+    out: torch.Tensor
 
 
 @dataclass
@@ -55,10 +57,41 @@ class BeamLaunch:
     buckets: list[_Bucket]
 
 
-class BeamRunner:
-    """Beam expansion and row bookkeeping for one ModelRunner (its InputBatch and KV cache)."""
+class _PinnedBuffers:
+    """Two pinned host int64 buffers used in turn, one per launched step (the one a step
+    used is free again once that step is fetched, before the step after next launches), cut
+    into slices as the step asks. Allocated up front and grown only past their size:
+    pinning memory (cudaHostAlloc) can wait for the device."""
 
-    def __init__(self, batch: InputBatch, kv_cache: KVCache, device: torch.device) -> None:
+    def __init__(self, size: int) -> None:
+        self.buffers = [torch.empty(size, dtype=torch.int64, pin_memory=True)
+                        for _ in range(2)]
+        self.turn = 0
+        self.used = 0
+
+    def next_step(self) -> None:
+        self.turn ^= 1
+        self.used = 0
+
+    def take(self, n: int) -> torch.Tensor:
+        buffer = self.buffers[self.turn]
+        if self.used + n > buffer.numel():  # (slices already handed out keep the old one)
+            buffer = self.buffers[self.turn] = torch.empty(
+                2 * (self.used + n), dtype=torch.int64, pin_memory=True)
+            self.used = 0
+        self.used += n
+        return buffer[self.used - n: self.used]
+
+
+class BeamRunner:
+    """Beam expansion and row bookkeeping for one ModelRunner (its InputBatch and KV cache).
+
+    Per step and (W, K) of the searches it expands: one host-to-device copy of the rows and
+    block ids, about 30 tensor ops (`expand_beams`, the slots' tokens and scores, the partial
+    blocks' copies), one device-to-host copy of the candidates; no host sync."""
+
+    def __init__(self, batch: InputBatch, kv_cache: KVCache, device: torch.device,
+                 max_num_seqs: int = 256) -> None:
         self.batch = batch
         self.kv_cache = kv_cache
         self.device = device
@@ -67,25 +100,33 @@ class BeamRunner:
         # (in that step's sampled rows) of the row whose history it continues (itself but for
         # re-parented beam slots); None when that step expanded no beam
         self.last_parent_index: torch.Tensor | None = None
-        self._stop_ids: dict[tuple[int, ...], torch.Tensor] = {}
+        self._stop_ids: dict[tuple[int, ...], np.ndarray] = {}
+        if device.type == "cuda":  # (5 rows each way cover width-2 searches with one EOS id)
+            self._inputs = _PinnedBuffers(5 * max_num_seqs)
+            self._outputs = _PinnedBuffers(5 * max_num_seqs)
 
     # ----------------------------------------------------------------- launch
-    def sample(self, logits: torch.Tensor, sampled_rows: np.ndarray, states: list,
-               beam_index: np.ndarray, scheduled_pos: np.ndarray, block_tables: torch.Tensor,
-               token_ids: torch.Tensor) -> BeamLaunch:
+    def sample(self, logits: torch.Tensor, sampled_rows: np.ndarray, beam_index: np.ndarray,
+               scheduled_pos: np.ndarray, token_ids: torch.Tensor | None,
+               eos_token_ids: tuple[int, ...]) -> tuple[torch.Tensor, BeamLaunch]:
         """Expand the searches whose slots are among a step's sampled rows.
 
         Args:
             logits: [num_sampled, V] of the sampled rows.
-            sampled_rows: [num_sampled] int64 their InputBatch rows; states: their RowStates.
+            sampled_rows: [num_sampled] int64 their InputBatch rows.
             beam_index: [b] int64 positions (in the sampled rows) of beam slots.
             scheduled_pos: [num_sampled] int64 each sampled row's position among the step's
                 scheduled rows (-1: forked this step).
-            block_tables: [num_scheduled, width] int32 on the device, the step's tables.
-            token_ids: [num_sampled] int64 on the device: the slots' tokens are written here.
+            token_ids: [num_sampled] int64 on the device, the other rows' sampled tokens: the
+                slots' are written here; None when every sampled row is a beam slot.
+            eos_token_ids: the model's EOS ids.
+        Returns:
+            (the token ids of every sampled row: token_ids, or a new tensor when it was None;
+             the launch).
         """
         batch = self.batch
-        # the slots of each search, in slot order: sort by (search, slot)
+        # the slots of each search, in slot order (the scheduler keeps them so: then this
+        # sort is the identity)
         beam_rows = sampled_rows[beam_index]
         order = np.lexsort((batch.beam_slot[beam_rows], batch.beam_search[beam_rows]))
         index, beam_rows = beam_index[order], beam_rows[order]
@@ -94,75 +135,101 @@ class BeamRunner:
         widths = np.diff(np.r_[starts, len(keys)])
         assert (batch.beam_slot[beam_rows] == np.arange(len(keys)) - np.repeat(starts, widths)
                 ).all(), f"beam slots sampled: {batch.beam_slot[beam_rows].tolist()}"
-        buckets: dict[tuple[int, int], list] = {}
-        eos = states[index[0]].eos_token_ids
-        for start, width, i in zip(starts.tolist(), widths.tolist(), index[starts].tolist()):
-            params = states[i].params
-            assert width == params.n, f"{width} slots of a search of width {params.n} sampled"
-            stops = not params.ignore_eos
-            k = num_beam_candidates(width, len(eos) if stops else 0)
-            buckets.setdefault((width, k), []).append((start, stops))
-        parent_index = torch.arange(len(sampled_rows), device=self.device)
+        assert (widths == batch.beam_width[beam_rows[starts]]).all(), (
+            f"{widths.tolist()} slots of searches of widths "
+            f"{batch.beam_width[beam_rows[starts]].tolist()} sampled")
+        stops = batch.beam_stops[beam_rows[starts]]
+        # K of each search (`pagedrt.core.beam.num_beam_candidates`)
+        num_candidates = np.maximum(2, 1 + len(eos_token_ids) * stops) * widths
+        if self.device.type == "cuda":
+            self._inputs.next_step()
+            self._outputs.next_step()
+        parent_index = None
         launched = []
-        for (width, k), members in buckets.items():
-            starts_k = np.array([m[0] for m in members], dtype=np.int64)
-            group_index = index[starts_k[:, None] + np.arange(width)]  # [G, W]
-            stops = np.array([m[1] for m in members], dtype=np.int64)
-            launched.append(self._expand(logits, sampled_rows, width, k, group_index, stops,
-                                         eos, scheduled_pos, block_tables, token_ids,
-                                         parent_index))
+        for width, k in sorted(set(zip(widths.tolist(), num_candidates.tolist()))):
+            member = (widths == width) & (num_candidates == k)
+            group_index = index[starts[member][:, None] + np.arange(width)]  # [G, W]
+            # the common decode step: one bucket, all sampled rows, in order
+            whole = group_index.size == len(sampled_rows) and (
+                group_index.ravel() == np.arange(len(sampled_rows))).all()
+            bucket, slot_tokens, slot_parent_index, index_t = self._expand(
+                logits, sampled_rows, width, k, group_index, stops[member], eos_token_ids,
+                scheduled_pos, whole)
+            launched.append(bucket)
+            if whole:
+                token_ids, parent_index = slot_tokens, slot_parent_index
+                continue
+            if token_ids is None:
+                token_ids = torch.zeros(len(sampled_rows), dtype=torch.int64,
+                                        device=self.device)
+            if parent_index is None:
+                parent_index = torch.arange(len(sampled_rows), device=self.device)
+            token_ids.index_copy_(0, index_t, slot_tokens)
+            parent_index.index_copy_(0, index_t, slot_parent_index)
         self.last_parent_index = parent_index
-        return BeamLaunch(launched)
+        return token_ids, BeamLaunch(launched)
+
+    def _stop_table(self, eos: tuple[int, ...], stops: np.ndarray) -> np.ndarray | None:
+        """[G, E] int64 each search's EOS ids (-1 for one that ignores EOS), or None when
+        none of them stops at EOS."""
+        if not len(eos) or not stops.any():
+            return None
+        row = self._stop_ids.get(eos)
+        if row is None:
+            row = self._stop_ids[eos] = np.array(eos, dtype=np.int64)
+        return np.where(stops[:, None], row, -1)
 
     def _expand(self, logits, sampled_rows, width, k, index, stops, eos, scheduled_pos,
-                block_tables, token_ids, parent_index) -> _Bucket:
+                whole: bool) -> tuple[_Bucket, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Expand the searches of one (W, K): index [G, W] their slots' sampled positions,
-        stops [G] 1 where EOS ends a beam."""
+        stops [G] True where EOS ends a beam; whole: index is every sampled row in order.
+        Returns (the bucket, and [G * W] int64 on the device: the slots' tokens, the sampled
+        position of each slot's parent, index)."""
         batch, bs = self.batch, self.block_size
+        num_groups = len(index)
         rows = sampled_rows[index]
-        positions = scheduled_pos[index]
         num_tokens = batch.num_tokens[rows[:, 0]]  # before this step's token is appended
         # partial-block copies: searches whose slots all ran in this step (not just forked)
-        # and whose next token goes into a partly filled block
-        copy = np.flatnonzero((positions >= 0).all(axis=1) & (num_tokens % bs != 0))
-        num_groups = len(index)
-        parts = [index.ravel(), rows.ravel(), stops, copy, positions[copy].ravel(),
-                 num_tokens[copy] // bs]
+        # and whose next token goes into a partly filled block: that block is each slot's
+        # own (its table entry is not re-parented on the device), so its id is the row's
+        copy = np.flatnonzero((scheduled_pos[index] >= 0).all(axis=1) & (num_tokens % bs != 0))
+        dst_blocks = batch.block_table[rows[copy], (num_tokens[copy] // bs)[:, None]]
+        stop_table = self._stop_table(eos, stops)
+        parts = [index.ravel(), rows.ravel(), dst_blocks.ravel()]
+        if len(copy) < num_groups:
+            parts.append(copy)
+        if stop_table is not None:
+            parts.append(stop_table.ravel())
+        sizes = [len(p) for p in parts]
         flat = torch.from_numpy(np.concatenate(parts))
-        if self.device.type == "cuda":
-            flat = flat.pin_memory().to(self.device, non_blocking=True)
-        index_t, rows_t, stops_t, copy_t, pos_t, nblk_t = torch.split(
-            flat, [len(p) for p in parts])
-        index_t, rows_t = index_t.view(num_groups, width), rows_t.view(num_groups, width)
-        stop_ids = self._stop_ids.get(eos)
-        if stop_ids is None:
-            stop_ids = self._stop_ids[eos] = torch.tensor(eos, dtype=torch.int64,
-                                                          device=self.device)
-        flat_rows = rows_t.reshape(-1)
-        out = expand_beams(logits.index_select(0, index_t.reshape(-1)),
-                           batch.beam_scores.index_select(0, flat_rows), k, stop_ids,
-                           stops_t.bool())
-        token_ids.index_copy_(0, index_t.reshape(-1), out.slot_tokens.reshape(-1))
-        batch.beam_scores.index_copy_(0, flat_rows, out.slot_scores.reshape(-1))
-        parent_index.index_copy_(0, index_t.reshape(-1),
-                                 index_t.gather(1, out.slot_parents).reshape(-1))
+        if self.device.type == "cuda":  # (pinned: a pageable copy waits for the stream)
+            staged = self._inputs.take(len(flat))
+            staged.copy_(flat)
+            flat = staged.to(self.device, non_blocking=True)
+        index_t, rows_t, dst_t, *rest = torch.split(flat, sizes)
+        copy_t = rest.pop(0) if len(copy) < num_groups else None
+        stop_t = rest.pop(0).view(num_groups, -1) if stop_table is not None else None
+        index_t = index_t.view(num_groups, width)
+        scores = batch.beam_scores.index_select(0, rows_t)
+        out = expand_beams(logits if whole else logits.index_select(0, index_t.view(-1)),
+                           scores, width, k, stop_t)
+        batch.beam_scores.index_copy_(0, rows_t, out.slot_scores.view(-1))
         if len(copy):
-            pos = pos_t.view(len(copy), width)
-            column = nblk_t.unsqueeze(1)  # the partial block's index in the tables
-            src = block_tables[pos.gather(1, out.slot_parents.index_select(0, copy_t)), column]
-            dst = block_tables[pos, column]
-            self.kv_cache.gather_copy_blocks(src.reshape(-1).long(), dst.reshape(-1).long())
-        ints = torch.cat([out.beams, out.tokens, out.slot_candidates, out.slot_parents], dim=1)
-        values = out.values
+            parents = out.slot_parents if copy_t is None else out.slot_parents.index_select(
+                0, copy_t)
+            dst_t = dst_t.view(len(copy), width)
+            self.kv_cache.gather_copy_blocks(dst_t.gather(1, parents).view(-1), dst_t.view(-1))
+        # one device-to-host copy: values (as int32 bits, widened), flat indices, choices
+        packed = torch.cat([out.values.view(torch.int32), out.flat, out.slot_candidates], dim=1)
         if self.device.type == "cuda":  # copied to the host as the step ends (fetch waits)
-            host_ints = torch.empty(ints.shape, dtype=torch.int64, pin_memory=True)
-            host_values = torch.empty(values.shape, dtype=torch.float32, pin_memory=True)
-            host_ints.copy_(ints, non_blocking=True)
-            host_values.copy_(values, non_blocking=True)
-            ints, values = host_ints, host_values
+            host = self._outputs.take(packed.numel()).view(packed.shape)
+            host.copy_(packed, non_blocking=True)
+            packed = host
         names = batch.beam_search_ids
-        return _Bucket([names[key] for key in batch.beam_search[rows[:, 0]].tolist()], width, k,
-                       rows, batch.epoch[rows].copy(), num_tokens, values, ints)
+        bucket = _Bucket([names[key] for key in batch.beam_search[rows[:, 0]].tolist()], width,
+                         k, logits.shape[1], rows, batch.epoch[rows].copy(), num_tokens, packed)
+        return (bucket, out.slot_tokens.view(-1),
+                index_t.gather(1, out.slot_parents).view(-1), index_t.view(-1))
 
     # ----------------------------------------------------------------- the next step
     def table_patch(self, rows: np.ndarray, pend: np.ndarray, starts: np.ndarray,
@@ -203,20 +270,22 @@ class BeamRunner:
 
     # ----------------------------------------------------------------- results
     def results(self, launch: BeamLaunch) -> list[BeamStepResult]:
-        """The step's candidates per search (its launch is done); re-parents the host copies
+        """The step's candidates, per (W, K) (its launch is done); re-parents the host copies
         of the slots' rows (unless a row changed hands since: the search was dropped)."""
         out = []
         batch, bs = self.batch, self.block_size
         for b in launch.buckets:
-            k, w = b.num_candidates, b.width
-            ints = b.ints.numpy() if b.ints.device.type == "cpu" else b.ints.cpu().numpy()
-            values, ints_list = b.values.tolist(), ints.tolist()
-            for g, group_id in enumerate(b.group_ids):
-                row = ints_list[g]
-                out.append(BeamStepResult(group_id, values[g], row[:k], row[k:2 * k],
-                                          row[2 * k:2 * k + w]))
+            k, w, vocab = b.num_candidates, b.width, b.vocab_size
+            packed = b.out.numpy() if b.out.device.type == "cpu" else b.out.cpu().numpy()
+            flat = packed[:, k:2 * k]
+            beams = flat // vocab
+            tokens = flat - beams * vocab
+            slot_candidates = packed[:, 2 * k:].copy()
+            out.append(BeamStepResult(
+                b.group_ids, packed[:, :k].astype(np.int32).view(np.float32), beams, tokens,
+                slot_candidates))
             # the moved slots of searches whose rows are still theirs, one numpy op per length
-            parents = ints[:, 2 * k + w:]  # [G, W] slot of each slot's parent
+            parents = np.take_along_axis(beams, slot_candidates, axis=1)  # [G, W]
             moved = (parents != np.arange(w)) & (
                 batch.epoch[b.slot_rows] == b.slot_epochs).all(axis=1, keepdims=True)
             if not moved.any():
