@@ -203,10 +203,8 @@ def step_searches(groups: list[BeamGroup], num_generated: list[int], values: np.
     finished), and only the scores do.
     """
     width = slot_candidates.shape[1]
-    slot_values = np.take_along_axis(values, slot_candidates, axis=1).tolist()
-    stop_ids: set[int] = set()
-    for g in groups:
-        stop_ids |= g.stop_token_ids
+    slot_values = values[np.arange(len(groups))[:, None], slot_candidates].tolist()
+    stop_ids = frozenset().union(*(g.stop_token_ids for g in groups))
     full = np.array([len(g.finished) == width or n >= g.params.max_tokens
                      for g, n in zip(groups, num_generated)], dtype=np.bool_)
     if stop_ids:

@@ -67,6 +67,9 @@ class NewRequestData:
     beam_score: float = 0.0
 
 
+BEAM_ARRAYS = ("logprobs", "beams", "tokens", "slot_candidates", "slot_parents", "slot_tokens")
+
+
 @dataclass(eq=False)
 class BeamStepResult:
     """The expansions of a step's beam searches of one width W and candidate count K, row i
@@ -78,6 +81,8 @@ class BeamStepResult:
         beams: [G, K] int64 the slot of each candidate's parent beam.
         tokens: [G, K] int64 each candidate's token.
         slot_candidates: [G, W] int64 per slot, the index of the candidate its beam now is.
+        slot_parents, slot_tokens: [G, W] int64 per slot, that candidate's parent slot and
+            token (beams and tokens at slot_candidates).
     """
 
     req_ids: list[str]
@@ -85,13 +90,15 @@ class BeamStepResult:
     beams: np.ndarray
     tokens: np.ndarray
     slot_candidates: np.ndarray
+    slot_parents: np.ndarray
+    slot_tokens: np.ndarray
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, BeamStepResult):
             return NotImplemented
         return self.req_ids == other.req_ids and all(
             np.array_equal(getattr(self, name), getattr(other, name))
-            for name in ("logprobs", "beams", "tokens", "slot_candidates"))
+            for name in BEAM_ARRAYS)
 
 
 @dataclass

@@ -44,9 +44,9 @@ class _Bucket:
     slot_rows: np.ndarray  # InputBatch rows
     slot_epochs: np.ndarray  # their epochs at launch
     num_tokens: np.ndarray  # [G] tokens of the history before the sampled token
-    # [G, 2K + W] int64 (a pinned host buffer's rows on CUDA, valid once the step is done):
+    # [G, 2K + 3W] int64 (a pinned host buffer's rows on CUDA, valid once the step is done):
     # the candidates' values (float32 bits as int32), their indices in the W x V scores
-    # (beam * V + token), the slots' candidates
+    # (beam * V + token), the slots' candidates, parents and tokens
     out: torch.Tensor
 
 
@@ -101,6 +101,7 @@ class BeamRunner:
         # re-parented beam slots); None when that step expanded no beam
         self.last_parent_index: torch.Tensor | None = None
         self._stop_ids: dict[tuple[int, ...], np.ndarray] = {}
+        self._columns = torch.arange(0, device=device)  # 0, 1, ... (grown as tables widen)
         if device.type == "cuda":  # (5 rows each way cover width-2 searches with one EOS id)
             self._inputs = _PinnedBuffers(5 * max_num_seqs)
             self._outputs = _PinnedBuffers(5 * max_num_seqs)
@@ -220,7 +221,8 @@ class BeamRunner:
             dst_t = dst_t.view(len(copy), width)
             self.kv_cache.gather_copy_blocks(dst_t.gather(1, parents).view(-1), dst_t.view(-1))
         # one device-to-host copy: values (as int32 bits, widened), flat indices, choices
-        packed = torch.cat([out.values.view(torch.int32), out.flat, out.slot_candidates], dim=1)
+        packed = torch.cat([out.values.view(torch.int32), out.flat, out.slot_candidates,
+                            out.slot_parents, out.slot_tokens], dim=1)
         if self.device.type == "cuda":  # copied to the host as the step ends (fetch waits)
             host = self._outputs.take(packed.numel()).view(packed.shape)
             host.copy_(packed, non_blocking=True)
@@ -242,9 +244,11 @@ class BeamRunner:
                 the step in flight still samples; starts: [n] their computed tokens.
             num_last_sampled: rows the step in flight samples.
         Returns:
-            [position in that step's sampled rows -> scheduled position ([num_last_sampled]),
-             positions of the slots to patch, their index in that step's sampled rows, the
-             number of leading table entries to take from the parent], or None.
+            [positions of the slots to patch, their index in that step's sampled rows, the
+             number of leading table entries to take from the parent] and, unless every row
+             that step sampled is scheduled now at the same position (a plain decode step),
+             [position in that step's sampled rows -> scheduled position
+             ([num_last_sampled])]; or None.
         """
         if self.last_parent_index is None or not len(pend):
             return None
@@ -254,19 +258,27 @@ class BeamRunner:
         if not len(slots):
             return None
         pending = self.batch.pending[rows]
-        scheduled_of = np.zeros(num_last_sampled, dtype=np.int64)
-        scheduled_of[pending[pend]] = pend
-        return [scheduled_of, slots, pending[slots], num_blocks]
+        patch = [slots, pending[slots], num_blocks]
+        if len(pend) != num_last_sampled or (pending[pend] != pend).any():
+            scheduled_of = np.zeros(num_last_sampled, dtype=np.int64)
+            scheduled_of[pending[pend]] = pend
+            patch.append(scheduled_of)
+        return patch
 
     def apply_table_patch(self, block_tables: torch.Tensor, patch: list[torch.Tensor]) -> None:
         """Each patched slot's first entries become its parent's (`table_patch`, on the
-        device). block_tables: [n, width] int32, changed in place."""
-        scheduled_of, slots, sampled, num_blocks = patch
-        parents = scheduled_of.index_select(0, self.last_parent_index.index_select(0, sampled))
+        device; 5 or 6 tensor ops). block_tables: [n, width] int32, changed in place."""
+        slots, sampled, num_blocks, *scheduled_of = patch
+        parents = self.last_parent_index.index_select(0, sampled)
+        if scheduled_of:
+            parents = scheduled_of[0].index_select(0, parents)
         width = block_tables.shape[1]
-        take = torch.arange(width, device=block_tables.device) < num_blocks.unsqueeze(1)
-        block_tables[slots] = torch.where(take, block_tables.index_select(0, parents),
-                                          block_tables.index_select(0, slots))
+        if self._columns.numel() < width or self._columns.device != block_tables.device:
+            self._columns = torch.arange(2 * width, device=block_tables.device)
+        take = self._columns[:width] < num_blocks.unsqueeze(1)  # [m, width]
+        # entry (i, j) of the new tables is entry j of row source[i, j]
+        source = torch.where(take, parents.unsqueeze(1), slots.unsqueeze(1))
+        block_tables.index_copy_(0, slots, block_tables.gather(0, source))
 
     # ----------------------------------------------------------------- results
     def results(self, launch: BeamLaunch) -> list[BeamStepResult]:
@@ -279,13 +291,12 @@ class BeamRunner:
             packed = b.out.numpy() if b.out.device.type == "cpu" else b.out.cpu().numpy()
             flat = packed[:, k:2 * k]
             beams = flat // vocab
-            tokens = flat - beams * vocab
-            slot_candidates = packed[:, 2 * k:].copy()
+            choice = packed[:, 2 * k:].copy()  # (not a view of a buffer used again)
+            parents = choice[:, w:2 * w]
             out.append(BeamStepResult(
-                b.group_ids, packed[:, :k].astype(np.int32).view(np.float32), beams, tokens,
-                slot_candidates))
+                b.group_ids, packed[:, :k].astype(np.int32).view(np.float32), beams,
+                flat - beams * vocab, choice[:, :w], parents, choice[:, 2 * w:]))
             # the moved slots of searches whose rows are still theirs, one numpy op per length
-            parents = np.take_along_axis(beams, slot_candidates, axis=1)  # [G, W]
             moved = (parents != np.arange(w)) & (
                 batch.epoch[b.slot_rows] == b.slot_epochs).all(axis=1, keepdims=True)
             if not moved.any():

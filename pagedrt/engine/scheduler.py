@@ -65,7 +65,7 @@ import numpy as np
 
 from pagedrt.config import EngineConfig
 from pagedrt.core.beam import step_searches
-from pagedrt.core.plan import NewRequestData, StepPlan, StepResult
+from pagedrt.core.plan import BEAM_ARRAYS, NewRequestData, StepPlan, StepResult
 from pagedrt.core.request import PLACEHOLDER_TOKEN_ID, Request, RequestStatus
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.outputs import TokenEvent
@@ -616,34 +616,31 @@ class Scheduler:
                 searches = [searches[i] for i in live]
                 expansion = dataclasses.replace(
                     expansion, req_ids=[expansion.req_ids[i] for i in live],
-                    **{name: getattr(expansion, name)[live]
-                       for name in ("logprobs", "beams", "tokens", "slot_candidates")})
+                    **{name: getattr(expansion, name)[live] for name in BEAM_ARRAYS})
             if not searches:
                 continue
-            candidates = expansion.slot_candidates
-            width = candidates.shape[1]
+            width = expansion.slot_candidates.shape[1]
             new = step_searches([head.beam for head, _ in searches],
                                 [index + 1 for _, index in searches], expansion.logprobs,
-                                expansion.beams, expansion.tokens, candidates)
-            parents = np.take_along_axis(expansion.beams, candidates, axis=1)  # [G, W]
-            slot_tokens = np.take_along_axis(expansion.tokens, candidates, axis=1).tolist()
-            moved = (parents != np.arange(width)).any(axis=1).tolist()
-            parents = parents.tolist()
+                                expansion.beams, expansion.tokens, expansion.slot_candidates)
+            moved = (expansion.slot_parents != np.arange(width)).any(axis=1).tolist()
+            parents, slot_tokens = expansion.slot_parents.tolist(), expansion.slot_tokens.tolist()
             num_written += len(searches) * width
             for g, (head, index) in enumerate(searches):
                 slots = head.group
-                if g in new:
-                    outputs = [slot.output_token_ids for slot in slots]
-                    beams_of, tokens = expansion.beams[g].tolist(), expansion.tokens[g]
-                    for c, hypothesis in new[g]:
-                        hypothesis.token_ids = outputs[beams_of[c]][:index] + [int(tokens[c])]
                 if head.first_token_time is None:
                     head.first_token_time = now
                 head.last_token_time = now
-                if head.beam.done:
-                    self._finish_beam_search(head, index, events)
-                    touched[head.request_id] = head
-                    continue
+                if new and g in new:  # (only these can gain hypotheses, or be done)
+                    outputs = [slot.output_token_ids for slot in slots]
+                    beams_of = expansion.beams[g].tolist()
+                    for c, hypothesis in new[g]:
+                        hypothesis.token_ids = outputs[beams_of[c]][:index] + [
+                            int(expansion.tokens[g, c])]
+                    if head.beam.done:
+                        self._finish_beam_search(head, index, events)
+                        touched[head.request_id] = head
+                        continue
                 tokens = slot_tokens[g]
                 if not moved[g]:
                     for slot, token in zip(slots, tokens):

@@ -223,8 +223,9 @@ class KVCache:
         `spec.dtype` on `device` (with an FP8 spec, scales [num_blocks, *spec.scales_shape]
         float32 each), and a CPU pool of `num_cpu_blocks` blocks.
 
-        The layers' K (and V, and scale) tensors are views of one [num_layers, num_blocks, ...]
-        tensor, so that a block copy in every layer is one indexing op (`gather_copy_blocks`)."""
+        The layers' K and V tensors are views of one [2, num_layers, num_blocks, ...] tensor
+        (K then V; scales alike), so that a block copy in every layer is one gather and one
+        scatter (`gather_copy_blocks`)."""
         self.spec = spec
         n, dtype = spec.num_layers, spec.dtype
         pin = device.type == "cuda"
@@ -232,16 +233,17 @@ class KVCache:
         def tensors(shape, dtype, count, **where) -> list[torch.Tensor]:
             return [torch.zeros(shape, dtype=dtype, **where) for _ in range(count)]
 
-        self.k_all = torch.zeros((n, num_blocks, *spec.block_shape), dtype=dtype, device=device)
-        self.v_all = torch.zeros((n, num_blocks, *spec.block_shape), dtype=dtype, device=device)
+        self.kv_all = torch.zeros((2, n, num_blocks, *spec.block_shape), dtype=dtype,
+                                  device=device)
+        self.k_all, self.v_all = self.kv_all.unbind(0)
         self.k_caches = list(self.k_all.unbind(0))  # each contiguous
         self.v_caches = list(self.v_all.unbind(0))
         self.cpu_k = tensors((num_cpu_blocks, *spec.block_shape), dtype, n, pin_memory=pin)
         self.cpu_v = tensors((num_cpu_blocks, *spec.block_shape), dtype, n, pin_memory=pin)
         num_scaled = n if spec.is_fp8 else 0  # no scale tensors for a cache of the model dtype
-        scales_shape = (num_scaled, num_blocks, *spec.scales_shape)
-        self.k_scales_all = torch.zeros(scales_shape, dtype=SCALE_DTYPE, device=device)
-        self.v_scales_all = torch.zeros(scales_shape, dtype=SCALE_DTYPE, device=device)
+        scales_shape = (2, num_scaled, num_blocks, *spec.scales_shape)
+        self.kv_scales_all = torch.zeros(scales_shape, dtype=SCALE_DTYPE, device=device)
+        self.k_scales_all, self.v_scales_all = self.kv_scales_all.unbind(0)
         self.k_scales = list(self.k_scales_all.unbind(0))
         self.v_scales = list(self.v_scales_all.unbind(0))
         self.cpu_k_scales = tensors((num_cpu_blocks, *spec.scales_shape), SCALE_DTYPE,
@@ -273,11 +275,10 @@ class KVCache:
         Args:
             src, dst: [num_pairs] int64 block ids on the cache's device.
         """
-        self.k_all[:, dst] = self.k_all[:, src]
-        self.v_all[:, dst] = self.v_all[:, src]
+        kv = _as_bytes(self.kv_all)
+        kv.index_copy_(2, dst, kv.index_select(2, src))
         if self.spec.is_fp8:  # the scales travel with their blocks
-            self.k_scales_all[:, dst] = self.k_scales_all[:, src]
-            self.v_scales_all[:, dst] = self.v_scales_all[:, src]
+            self.kv_scales_all.index_copy_(2, dst, self.kv_scales_all.index_select(2, src))
 
     def apply(self, pending: PendingCopies) -> None:
         """Perform queued block copies, scales with their blocks: swap-outs first (their
