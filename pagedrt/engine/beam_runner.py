@@ -22,15 +22,17 @@ Block ids:  slot s  | shared full blocks (the parent's) ............ | own parti
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from pagedrt.core.plan import BeamStepResult
-from pagedrt.engine.beam_search import expand_beams
+from pagedrt.engine.beam_search import choose_slots, top_candidates
 from pagedrt.engine.input_batch import InputBatch
 from pagedrt.kv.kv_cache import KVCache
+from pagedrt.ops.attention import uses_triton
 
 
 @dataclass
@@ -91,10 +93,15 @@ class BeamRunner:
     blocks' copies), one device-to-host copy of the candidates; no host sync."""
 
     def __init__(self, batch: InputBatch, kv_cache: KVCache, device: torch.device,
-                 max_num_seqs: int = 256) -> None:
+                 max_num_seqs: int = 256, backend: str = "auto") -> None:
+        """backend: the attention backend; where it runs Triton kernels, so does the choice
+        among the candidates (`pagedrt/ops/beam_triton.py`), unless the environment variable
+        PAGEDRT_BEAM_KERNEL is 0 (then the torch ops of `choose_slots`, as on CPU)."""
         self.batch = batch
         self.kv_cache = kv_cache
         self.device = device
+        self.backend = backend
+        self.use_kernel = os.environ.get("PAGEDRT_BEAM_KERNEL", "1") != "0"
         self.block_size = kv_cache.spec.block_size
         # [sampled rows of the latest launched step] int64 on the device: per row, the index
         # (in that step's sampled rows) of the row whose history it continues (itself but for
@@ -145,28 +152,23 @@ class BeamRunner:
         if self.device.type == "cuda":
             self._inputs.next_step()
             self._outputs.next_step()
+        num_sampled = len(sampled_rows)
         parent_index = None
         launched = []
         for width, k in sorted(set(zip(widths.tolist(), num_candidates.tolist()))):
             member = (widths == width) & (num_candidates == k)
             group_index = index[starts[member][:, None] + np.arange(width)]  # [G, W]
             # the common decode step: one bucket, all sampled rows, in order
-            whole = group_index.size == len(sampled_rows) and (
-                group_index.ravel() == np.arange(len(sampled_rows))).all()
-            bucket, slot_tokens, slot_parent_index, index_t = self._expand(
+            whole = group_index.size == num_sampled and (
+                group_index.ravel() == np.arange(num_sampled)).all()
+            if not whole and token_ids is None:
+                token_ids = torch.zeros(num_sampled, dtype=torch.int64, device=self.device)
+            if not whole and parent_index is None:
+                parent_index = torch.arange(num_sampled, device=self.device)
+            bucket, token_ids, parent_index = self._expand(
                 logits, sampled_rows, width, k, group_index, stops[member], eos_token_ids,
-                scheduled_pos, whole)
+                scheduled_pos, token_ids, parent_index, whole)
             launched.append(bucket)
-            if whole:
-                token_ids, parent_index = slot_tokens, slot_parent_index
-                continue
-            if token_ids is None:
-                token_ids = torch.zeros(len(sampled_rows), dtype=torch.int64,
-                                        device=self.device)
-            if parent_index is None:
-                parent_index = torch.arange(len(sampled_rows), device=self.device)
-            token_ids.index_copy_(0, index_t, slot_tokens)
-            parent_index.index_copy_(0, index_t, slot_parent_index)
         self.last_parent_index = parent_index
         return token_ids, BeamLaunch(launched)
 
@@ -181,11 +183,13 @@ class BeamRunner:
         return np.where(stops[:, None], row, -1)
 
     def _expand(self, logits, sampled_rows, width, k, index, stops, eos, scheduled_pos,
-                whole: bool) -> tuple[_Bucket, torch.Tensor, torch.Tensor, torch.Tensor]:
+                token_ids, parent_index, whole: bool
+                ) -> tuple[_Bucket, torch.Tensor, torch.Tensor]:
         """Expand the searches of one (W, K): index [G, W] their slots' sampled positions,
         stops [G] True where EOS ends a beam; whole: index is every sampled row in order.
-        Returns (the bucket, and [G * W] int64 on the device: the slots' tokens, the sampled
-        position of each slot's parent, index)."""
+        Writes the slots' tokens into token_ids and their parents' sampled positions into
+        parent_index ([num_sampled] int64 on the device; made here when `whole`). Returns
+        (the bucket, token_ids, parent_index)."""
         batch, bs = self.batch, self.block_size
         num_groups = len(index)
         rows = sampled_rows[index]
@@ -196,8 +200,13 @@ class BeamRunner:
         copy = np.flatnonzero((scheduled_pos[index] >= 0).all(axis=1) & (num_tokens % bs != 0))
         dst_blocks = batch.block_table[rows[copy], (num_tokens[copy] // bs)[:, None]]
         stop_table = self._stop_table(eos, stops)
+        kernel = self.use_kernel and uses_triton(self.backend, logits)
         parts = [index.ravel(), rows.ravel(), dst_blocks.ravel()]
-        if len(copy) < num_groups:
+        if kernel:  # each search's row among the copied ones, or -1
+            copy_of = np.full(num_groups, -1, dtype=np.int64)
+            copy_of[copy] = np.arange(len(copy))
+            parts.append(copy_of)
+        elif len(copy) < num_groups:
             parts.append(copy)
         if stop_table is not None:
             parts.append(stop_table.ravel())
@@ -208,30 +217,47 @@ class BeamRunner:
             staged.copy_(flat)
             flat = staged.to(self.device, non_blocking=True)
         index_t, rows_t, dst_t, *rest = torch.split(flat, sizes)
-        copy_t = rest.pop(0) if len(copy) < num_groups else None
+        copy_t = rest.pop(0) if kernel or len(copy) < num_groups else None
         stop_t = rest.pop(0).view(num_groups, -1) if stop_table is not None else None
-        index_t = index_t.view(num_groups, width)
+        index_t, dst_t = index_t.view(num_groups, width), dst_t.view(len(copy), width)
         scores = batch.beam_scores.index_select(0, rows_t)
-        out = expand_beams(logits if whole else logits.index_select(0, index_t.view(-1)),
-                           scores, width, k, stop_t)
-        batch.beam_scores.index_copy_(0, rows_t, out.slot_scores.view(-1))
+        values, flat = top_candidates(
+            logits if whole else logits.index_select(0, index_t.view(-1)), scores, width, k)
+        if kernel:  # the rest in one kernel
+            from pagedrt.ops.beam_triton import beam_choose_triton  # (triton is optional)
+
+            if whole:
+                token_ids = torch.empty(len(sampled_rows), dtype=torch.int64,
+                                        device=self.device)
+                parent_index = torch.empty_like(token_ids)
+            packed, src_t = beam_choose_triton(
+                values, flat, logits.shape[1], stop_t, index_t, rows_t.view(num_groups, width),
+                copy_t, dst_t, token_ids, batch.beam_scores, parent_index)
+        else:
+            out = choose_slots(values, flat, logits.shape[1], width, stop_t)
+            batch.beam_scores.index_copy_(0, rows_t, out.slot_scores.view(-1))
+            parents = index_t.gather(1, out.slot_parents).view(-1)  # as sampled positions
+            if whole:
+                token_ids, parent_index = out.slot_tokens.view(-1), parents
+            else:
+                token_ids.index_copy_(0, index_t.view(-1), out.slot_tokens.view(-1))
+                parent_index.index_copy_(0, index_t.view(-1), parents)
+            if len(copy):
+                src_t = dst_t.gather(1, out.slot_parents if copy_t is None
+                                     else out.slot_parents.index_select(0, copy_t))
+            # values (as int32 bits, widened), flat indices, the slots' choices
+            packed = torch.cat([values.view(torch.int32), flat, out.slot_candidates,
+                                out.slot_parents, out.slot_tokens], dim=1)
         if len(copy):
-            parents = out.slot_parents if copy_t is None else out.slot_parents.index_select(
-                0, copy_t)
-            dst_t = dst_t.view(len(copy), width)
-            self.kv_cache.gather_copy_blocks(dst_t.gather(1, parents).view(-1), dst_t.view(-1))
-        # one device-to-host copy: values (as int32 bits, widened), flat indices, choices
-        packed = torch.cat([out.values.view(torch.int32), out.flat, out.slot_candidates,
-                            out.slot_parents, out.slot_tokens], dim=1)
-        if self.device.type == "cuda":  # copied to the host as the step ends (fetch waits)
+            self.kv_cache.gather_copy_blocks(src_t.view(-1), dst_t.view(-1))
+        if self.device.type == "cuda":  # one copy to the host as the step ends (fetch waits)
             host = self._outputs.take(packed.numel()).view(packed.shape)
             host.copy_(packed, non_blocking=True)
             packed = host
         names = batch.beam_search_ids
         bucket = _Bucket([names[key] for key in batch.beam_search[rows[:, 0]].tolist()], width,
                          k, logits.shape[1], rows, batch.epoch[rows].copy(), num_tokens, packed)
-        return (bucket, out.slot_tokens.view(-1),
-                index_t.gather(1, out.slot_parents).view(-1), index_t.view(-1))
+        return bucket, token_ids, parent_index
 
     # ----------------------------------------------------------------- the next step
     def table_patch(self, rows: np.ndarray, pend: np.ndarray, starts: np.ndarray,

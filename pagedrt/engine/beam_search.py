@@ -46,7 +46,8 @@ class BeamExpansion(NamedTuple):
 def expand_beams(logits: torch.Tensor, scores: torch.Tensor, width: int, num_candidates: int,
                  stop_token_ids: torch.Tensor | None) -> BeamExpansion:
     """One expansion of G searches of W beams (see the module docstring), in about 20 tensor
-    ops whatever G (each a kernel launch on a GPU), none of which waits for the device.
+    ops whatever G (each a kernel launch on a GPU), none of which waits for the device:
+    `choose_slots(*top_candidates(...))`.
 
     Args:
         logits: [G * W, V] any float dtype: search g's slot s in row g * W + s.
@@ -58,19 +59,34 @@ def expand_beams(logits: torch.Tensor, scores: torch.Tensor, width: int, num_can
     Returns:
         BeamExpansion, every tensor on logits.device.
     """
+    values, flat = top_candidates(logits, scores, width, num_candidates)
+    return choose_slots(values, flat, logits.shape[1], width, stop_token_ids)
+
+
+def top_candidates(logits: torch.Tensor, scores: torch.Tensor, width: int,
+                   num_candidates: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K best candidates of each search (arguments as `expand_beams`): values [G, K]
+    float32, best first, and their indices in the search's W x V scores ([G, K] int64,
+    beam * V + token). 3 or 4 tensor ops."""
     num_rows, vocab = logits.shape
     num_groups = num_rows // width
     assert num_groups * width == num_rows and width <= num_candidates <= width * vocab, (
         f"{num_rows} rows of searches of width {width}, K={num_candidates}, V={vocab}")
     # (in place on the float32 log-probabilities: the same values as HF's out-of-place sum)
     cumulative = torch.log_softmax(logits.float(), dim=-1).add_(scores.unsqueeze(1))
-    values, flat = cumulative.view(num_groups, width * vocab).topk(num_candidates, dim=1)
-    beams = torch.div(flat, vocab, rounding_mode="floor")  # [G, K]
+    return cumulative.view(num_groups, width * vocab).topk(num_candidates, dim=1)
+
+
+def choose_slots(values: torch.Tensor, flat: torch.Tensor, vocab_size: int, width: int,
+                 stop_token_ids: torch.Tensor | None) -> BeamExpansion:
+    """The running beams among `top_candidates`' and their slots (arguments as
+    `expand_beams`; `pagedrt/ops/beam_triton.py` does the same in one kernel)."""
+    beams = torch.div(flat, vocab_size, rounding_mode="floor")  # [G, K]
     if stop_token_ids is None:  # the first W run on
         running = None
         parents = beams[:, :width]
     else:
-        tokens = flat.remainder(vocab)
+        tokens = flat.remainder(vocab_size)
         ends = (tokens.unsqueeze(2) == stop_token_ids.unsqueeze(1)).sum(2)  # [G, K] 0 or 1
         # candidates that run on first, in their order (a stable sort of the flags)
         running = torch.sort(ends, dim=1, stable=True).indices[:, :width]
@@ -80,7 +96,7 @@ def expand_beams(logits: torch.Tensor, scores: torch.Tensor, width: int, num_can
     slot_candidates = slot_rank if running is None else running.gather(1, slot_rank)
     slot_flat = flat.gather(1, slot_candidates)
     return BeamExpansion(values, flat, slot_candidates, beams.gather(1, slot_candidates),
-                         slot_flat.remainder(vocab), values.gather(1, slot_candidates))
+                         slot_flat.remainder(vocab_size), values.gather(1, slot_candidates))
 
 
 _LOWER: dict[tuple[int, torch.device], torch.Tensor] = {}

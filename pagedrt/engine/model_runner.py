@@ -114,7 +114,7 @@ class ModelRunner:
         self.block_size = kv_cache.spec.block_size
         max_blocks_per_seq = -(-max_model_len // self.block_size)
         self.batch = InputBatch(max_model_len, self.device)
-        self.beam_runner = BeamRunner(self.batch, kv_cache, self.device, max_num_seqs)
+        self.beam_runner = BeamRunner(self.batch, kv_cache, self.device, max_num_seqs, backend)
         self._last_num_sampled = 0  # rows sampled by the latest launched step
         self.sampler = Sampler()
         self.rejection_sampler = RejectionSampler()
