@@ -5,7 +5,7 @@ compared old/new with it), not a benchmark of record.
 
     PYTHONPATH=$PWD python benchmarks/host_step_cpu.py [--num-seqs 256] [--steps 200] [--async]
         [--sampling greedy|nanovllm|filters|penalties|mixed] [--seeded] [--repeat 3]
-        [--n N | --beam-width W] [--json FILE]
+        [--n N | --beam-width W] [--cpu-clock] [--json FILE]
 
 Sampling settings (one SamplingParams object per request, as an API server makes them):
   greedy     temperature 0
@@ -32,7 +32,13 @@ has finished its prefill, the mean CPU time of the process per step (less sensit
 processes on a shared machine), the mean wall time per step of each phase of the step
 (`StepClock`: schedule, prepare, forward, sample, update), and then, over 20 more steps, the
 tensor ops per step of each phase (views left out): on a GPU most of them are kernel launches,
-whose host cost this CPU run does not show.
+whose host cost this CPU run does not show. --cpu-clock measures the step and its phases in this
+thread's CPU time instead of wall time (steadier on a machine shared with other work; torch
+runs on this thread alone here).
+
+On the CPU the sample phase also does the tensor ops' work, which a GPU does: for beam search
+that includes copying every slot's partial KV block each step (`KVCache.gather_copy_blocks`,
+about half of that phase here with the stub's 2 layers).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pagedrt.config import EngineConfig, ModelConfig
+from pagedrt.engine import profiling
 from pagedrt.engine.llm_engine import LLMEngine
 from pagedrt.models.loader import LoadedModel
 from pagedrt.sampling_params import BeamSearchParams, SamplingParams
@@ -113,6 +120,8 @@ def request_params(args, i: int) -> SamplingParams:
 
 
 def run(args) -> dict:
+    clock = time.thread_time if args.cpu_clock else time.perf_counter
+    profiling.time = _CpuClock if args.cpu_clock else time  # the engine's StepClock
     config = stub_config(args.vocab_size)
     cfg = EngineConfig(num_kv_blocks=args.num_seqs * (args.input_len + args.steps + 64) // 16,
                        max_num_seqs=args.num_seqs, max_num_batched_tokens=8192,
@@ -133,9 +142,9 @@ def run(args) -> dict:
     engine.clock.reset()
     times, cpu_times = [], []
     for _ in range(args.steps):
-        t, c = time.perf_counter(), time.process_time()
+        t, c = clock(), time.process_time()
         engine.step()
-        times.append(1e3 * (time.perf_counter() - t))
+        times.append(1e3 * (clock() - t))
         cpu_times.append(1e3 * (time.process_time() - c))
     q = statistics.quantiles(times, n=4)
     phases = {k: 1e3 * v / args.steps for k, v in engine.clock.totals.items()}
@@ -145,6 +154,12 @@ def run(args) -> dict:
 
 
 OP_COUNT_STEPS = 20
+
+
+class _CpuClock:
+    """Stands for the `time` module in pagedrt.engine.profiling with --cpu-clock."""
+
+    perf_counter = staticmethod(time.thread_time)
 
 
 class _OpCounter(TorchDispatchMode):
@@ -198,6 +213,8 @@ def main() -> None:
                    help="n samples per prompt at temperature 1 (--num-seqs / n prompts)")
     p.add_argument("--beam-width", type=int, default=0,
                    help="beam search of this width (--num-seqs / width prompts)")
+    p.add_argument("--cpu-clock", action="store_true",
+                   help="time in this thread's CPU time, not wall time")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--json", default="", help="also write every repeat's figures here")
     args = p.parse_args()
@@ -218,7 +235,8 @@ def main() -> None:
         phases = " ".join(f"{k} {v:.3f}" for k, v in r["phases_ms"].items())
         ops = " ".join(f"{k} {v:.0f}" for k, v in r["tensor_ops"].items())
         print(f"{mode}{' seeded' if args.seeded else ''}, {args.num_seqs} rows "
-              f"({'async' if args.async_scheduling else 'sync'}): median {r['median_ms']:.3f} ms "
+              f"({'async' if args.async_scheduling else 'sync'}"
+              f"{', CPU clock' if args.cpu_clock else ''}): median {r['median_ms']:.3f} ms "
               f"(p25 {r['p25_ms']:.3f}, p75 {r['p75_ms']:.3f}); CPU {r['cpu_ms']:.3f} ms/step; "
               f"phases {phases}; tensor ops per step: {ops}", flush=True)
     if args.json:

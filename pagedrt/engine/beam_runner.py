@@ -3,11 +3,13 @@ slots' rows follow the choice (docs/design.md, "Beam search").
 
 In a step that samples the W slots of a search (rows of `InputBatch` with `is_beam`):
 
-  1. `sample`: `expand_beams` on their logits rows and scores; each slot's sampled token is its
-     candidate's token (so the next step reads it like any token still being sampled), its
-     score the candidate's value (`InputBatch.beam_scores`, on the device). A slot whose parent
-     is another slot gets the parent's partial last block copied into its own (the next step
-     writes its token there); the copy is made at once, on the device, in stream order.
+  1. `sample`: the searches of each (W, K) together: `top_candidates` on their logits rows and
+     scores, then the choice (`choose_slots`, or its Triton kernel `beam_choose_triton`); each
+     slot's sampled token is its candidate's token (so the next step reads it like any token
+     still being sampled), its score the candidate's value (`InputBatch.beam_scores`, on the
+     device). A slot whose parent is another slot gets the parent's partial last block copied
+     into its own (the next step writes its token there); the copy is made at once, on the
+     device, in stream order. One copy in, one copy out, no host sync.
   2. the rows' host copies (tokens, block tables) are re-parented when the step's results are
      read (`results`, called by `ModelRunner.fetch`): a slot takes its parent's first
      num_tokens tokens and the full blocks of its block table.
@@ -322,16 +324,14 @@ class BeamRunner:
             out.append(BeamStepResult(
                 b.group_ids, packed[:, :k].astype(np.int32).view(np.float32), beams,
                 flat - beams * vocab, choice[:, :w], parents, choice[:, 2 * w:]))
-            # the moved slots of searches whose rows are still theirs, one numpy op per length
+            # the moved slots of searches whose rows are still theirs
             moved = (parents != np.arange(w)) & (
                 batch.epoch[b.slot_rows] == b.slot_epochs).all(axis=1, keepdims=True)
             if not moved.any():
                 continue
             groups, slots = np.nonzero(moved)
-            rows = b.slot_rows[groups, slots]
-            parent_rows = b.slot_rows[groups, parents[groups, slots]]
             num_tokens = b.num_tokens[groups]
-            for n in np.unique(num_tokens).tolist():
-                same = num_tokens == n
-                batch.reparent_rows(rows[same], parent_rows[same], n, n // bs)
+            batch.reparent_rows(b.slot_rows[groups, slots],
+                                b.slot_rows[groups, parents[groups, slots]], num_tokens,
+                                num_tokens // bs)
         return out

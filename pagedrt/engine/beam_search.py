@@ -15,7 +15,9 @@ For G searches of W beams each (rows of the step's logits, grouped per search in
                  others take the slots of beams that left, lowest first
 
 A slot's next input token is its candidate's token, its score the candidate's value. At
-max_tokens every candidate ends; what is chosen then is never used.
+max_tokens every candidate ends; what is chosen then is never used. `top_candidates` computes
+the candidates, `choose_slots` the rest (`pagedrt/ops/beam_triton.py` has the rest as one
+kernel).
 """
 
 from __future__ import annotations

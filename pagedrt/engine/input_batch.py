@@ -86,6 +86,7 @@ class InputBatch:
         self.device = device
         self.token_ids = np.zeros((num_rows, max_model_len), dtype=np.int32)
         self.num_tokens = np.zeros(num_rows, dtype=np.int64)
+        self.num_prompt_tokens = np.zeros(num_rows, dtype=np.int64)
         self.num_computed_tokens = np.zeros(num_rows, dtype=np.int64)
         self.block_table = np.zeros((num_rows, 16), dtype=np.int32)
         self.num_blocks = np.zeros(num_rows, dtype=np.int64)
@@ -122,7 +123,8 @@ class InputBatch:
             n = len(self.states)
             self.token_ids = np.pad(self.token_ids, ((0, n), (0, 0)))
             self.block_table = np.pad(self.block_table, ((0, n), (0, 0)))
-            for name in ("num_tokens", "num_computed_tokens", "num_blocks", "epoch", "is_beam",
+            for name in ("num_tokens", "num_prompt_tokens", "num_computed_tokens", "num_blocks",
+                         "epoch", "is_beam",
                          "beam_search", "beam_slot", "beam_width", "beam_stops"):
                 setattr(self, name, np.pad(getattr(self, name), (0, n)))
             self.beam_scores = torch.cat([self.beam_scores, torch.zeros_like(self.beam_scores)])
@@ -188,6 +190,7 @@ class InputBatch:
         self.token_ids[row, :num_prompt] = new.prompt_token_ids
         self.token_ids[row, num_prompt:num_tokens] = new.output_token_ids
         self.num_tokens[row] = num_tokens
+        self.num_prompt_tokens[row] = num_prompt
         self.num_computed_tokens[row] = new.num_computed_tokens
         self.num_blocks[row] = 0
         self._set_blocks(row, 0, new.block_ids)
@@ -232,6 +235,7 @@ class InputBatch:
         n = int(self.num_tokens[parent_row])
         self.token_ids[row, :n] = self.token_ids[parent_row, :n]
         self.num_tokens[row] = n
+        self.num_prompt_tokens[row] = self.num_prompt_tokens[parent_row]
         self.num_computed_tokens[row] = self.num_computed_tokens[parent_row]
         self.num_blocks[row] = 0
         nb = int(self.num_blocks[parent_row])
@@ -249,14 +253,20 @@ class InputBatch:
             self._mark_beam(row, p.beam_group, sample_index, float("-inf"), p.params)
         return row
 
-    def reparent_rows(self, rows: np.ndarray, parent_rows: np.ndarray, num_tokens: int,
-                      num_blocks: int) -> None:
+    def reparent_rows(self, rows: np.ndarray, parent_rows: np.ndarray, num_tokens: np.ndarray,
+                      num_blocks: np.ndarray) -> None:
         """Beam slots continue other slots' beams (docs/design.md, "Beam search"): each row
         of `rows` takes the first `num_tokens` tokens and `num_blocks` block-table entries of
         its parent row as they were before the call (its later entries, its own blocks, stay).
-        rows, parent_rows: [m] int64."""
-        self.token_ids[rows, :num_tokens] = self.token_ids[parent_rows, :num_tokens]
-        self.block_table[rows, :num_blocks] = self.block_table[parent_rows, :num_blocks]
+        The prompt is the same in both rows: only the tokens after the shortest prompt among
+        them are copied. All arguments [m] int64."""
+        for table, first, ends in ((self.token_ids, int(self.num_prompt_tokens[rows].min()),
+                                    num_tokens), (self.block_table, 0, num_blocks)):
+            last = int(ends.max())
+            if last > first:
+                own = table[rows, first:last]
+                take = np.arange(first, last) < ends[:, None]
+                table[rows, first:last] = np.where(take, table[parent_rows, first:last], own)
 
     def apply(self, plan: StepPlan) -> np.ndarray:
         """Bring the rows up to the plan: drop finished and preempted requests, add the new

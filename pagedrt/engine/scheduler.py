@@ -648,13 +648,10 @@ class Scheduler:
                 else:
                     slot_parents = parents[g]
                     outputs = [slot.output_token_ids for slot in slots]
-                    for s, slot in enumerate(slots):
-                        p = slot_parents[s]
-                        if p == s:
-                            outputs[s][index] = tokens[s]
-                        else:  # a later placeholder (async scheduling) stays
-                            slot.output_token_ids = (outputs[p][:index] + [tokens[s]]
-                                                     + outputs[s][index + 1:])
+                    for s, p in enumerate(slot_parents):
+                        if p != s:  # (a moved slot is nobody's parent; a later placeholder,
+                            outputs[s][:index] = outputs[p][:index]  # async, stays)
+                        outputs[s][index] = tokens[s]
                     if slots[0].status is RequestStatus.RUNNING:  # (preempted: no KV)
                         num_blocks = (len(head.prompt_token_ids) + index) // block_size
                         moves += [(slots[s].request_id, slots[p].request_id, num_blocks)
