@@ -36,6 +36,8 @@ from pagedrt.engine.input_batch import InputBatch
 from pagedrt.kv.kv_cache import KVCache
 from pagedrt.ops.attention import uses_triton
 
+_PAD = np.zeros(1, dtype=np.int64)
+
 
 @dataclass
 class _Bucket:
@@ -212,13 +214,16 @@ class BeamRunner:
             parts.append(copy)
         if stop_table is not None:
             parts.append(stop_table.ravel())
-        sizes = [len(p) for p in parts]
-        flat = torch.from_numpy(np.concatenate(parts))
+        # every part starts 16-byte aligned (at an even offset): the kernel is compiled for
+        # aligned pointers once, not again mid-run for an odd offset
+        padded = [x for p in parts for x in ((p, _PAD) if len(p) % 2 else (p,))]
+        flat = torch.from_numpy(np.concatenate(padded))
         if self.device.type == "cuda":  # (pinned: a pageable copy waits for the stream)
             staged = self._inputs.take(len(flat))
             staged.copy_(flat)
             flat = staged.to(self.device, non_blocking=True)
-        index_t, rows_t, dst_t, *rest = torch.split(flat, sizes)
+        pieces = torch.split(flat, [len(p) for p in padded])
+        index_t, rows_t, dst_t, *rest = [t for t, p in zip(pieces, padded) if p is not _PAD]
         copy_t = rest.pop(0) if kernel or len(copy) < num_groups else None
         stop_t = rest.pop(0).view(num_groups, -1) if stop_table is not None else None
         index_t, dst_t = index_t.view(num_groups, width), dst_t.view(len(copy), width)
