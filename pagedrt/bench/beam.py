@@ -13,7 +13,10 @@ Each pagedrt run has a warm-up of the same shapes on other token ids first (8 to
 search and sampling are then timed in turn, `REPEATS` times each, and the median run is
 reported, with its step trace (decode step wall and device time, `throughput.summarize_trace`,
 and the host's time per phase of a decode step, averaged: on a host-bound step these say where
-the time goes).
+the time goes). On CUDA a last, untimed run of 16 tokens each under CUDA's sync debug mode
+counts the host's waits for the device per decode step (`device_waits`: with async
+scheduling there should be none but the engine's own wait for the previous step's tokens,
+which the mode does not flag) and the pinned host allocations, which can wait too.
 """
 
 from __future__ import annotations
@@ -66,6 +69,59 @@ def run_engine(llm, prompts, params: SamplingParams, system: str, workload: str)
             "kv_peak_used_blocks": stats["peak_used_blocks"],
             "kv_num_blocks": stats["num_blocks"], "peak_batch_size": stats["peak_batch_size"],
             "num_preemptions": stats["num_preemptions"]}
+
+
+def device_waits(llm, prompts, params: SamplingParams) -> dict:
+    """Synchronizing CUDA calls per decode step (CUDA's sync debug mode, "warn") and pinned
+    host allocations (cudaHostAlloc) over a run of `params` with 16 tokens; {} off CUDA.
+    A decode step: every scheduled request computes one token and none forks."""
+    import warnings
+
+    engine = llm.llm_engine
+    if engine.device.type != "cuda":
+        return {}
+    host_stats = getattr(torch.cuda, "host_memory_stats", None)
+
+    def host_allocs() -> int | None:
+        try:
+            return host_stats().get("num_host_alloc") if host_stats is not None else None
+        except RuntimeError:
+            return None
+
+    syncs: list[str] = []
+    decode_steps = [0]
+    step = engine.step
+
+    def counted_step():
+        out = step()
+        plan = engine.last_scheduler_output
+        if plan.req_ids and plan.total_num_tokens == len(plan.req_ids) and not plan.forks:
+            decode_steps[0] += 1
+        return out
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        plan = engine.last_scheduler_output
+        if ("synchroniz" in str(message).lower() and plan.req_ids
+                and plan.total_num_tokens == len(plan.req_ids) and not plan.forks):
+            syncs.append(str(message)[:160])
+
+    before = host_allocs()
+    engine.step = counted_step
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                llm.generate(prompts, _with_max_tokens(params, 16), use_tqdm=False)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    finally:
+        del engine.step
+    after = host_allocs()
+    return {"syncs_per_decode_step": len(syncs) / max(decode_steps[0], 1),
+            "sync_warnings_first": syncs[:3],
+            "pinned_host_allocs": None if before is None or after is None else after - before}
 
 
 def _with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
@@ -134,29 +190,34 @@ def run(llm, loaded, args, prompts, name: str, workload: str) -> list[dict]:
             runs[system].append(run_engine(llm, prompts, params, system,
                                            f"{name} {workload}"))
     rows = []
-    for system, _ in kinds:
+    for system, params in kinds:
         ordered = sorted(runs[system], key=lambda r: r["output_tok_s"])
         row = ordered[len(ordered) // 2]
         row["repeats_output_tok_s"] = [r["output_tok_s"] for r in runs[system]]
+        row.update(device_waits(llm, prompts, params))
         rows.append(row)
     return rows
 
 
 def summary(results: list[dict], width: int) -> list[str]:
-    """The lines printed last: each row, then beam search against n-sampling and HF."""
+    """The lines printed last: each row (syncs: synchronizing CUDA calls per decode step,
+    pins: pinned host allocations, in the `device_waits` run), then beam search against
+    n-sampling and HF."""
     by = {r["system"]: r for r in results}
     beam = by.get(f"pagedrt-beam{width}", {}).get("output_tok_s")
     lines = [(f"{'system':<16} {'workload':<32} {'out tok/s':>10} {'decode ms':>9} "
-              f"{'device ms':>9}  host ms per decode step")]
+              f"{'device ms':>9} {'syncs':>5} {'pins':>4}  host ms per decode step")]
     for r in results:
         rate = r.get("output_tok_s")
         st = r.get("step_times", {})
         step, dev = st.get("decode_step_ms_median"), st.get("decode_model_device_ms_median")
         host = " ".join(f"{k[:5]} {v:.2f}" for k, v in r.get("decode_host_ms_mean", {}).items())
+        syncs, pins = r.get("syncs_per_decode_step"), r.get("pinned_host_allocs")
         lines.append(f"{r['system']:<16} {r['workload']:<32} "
                      f"{f'{rate:,.0f}' if rate else r.get('error', '?')[:10]:>10} "
-                     f"{f'{step:.2f}' if step else '':>9} {f'{dev:.2f}' if dev else '':>9}"
-                     f"  {host}")
+                     f"{f'{step:.2f}' if step else '':>9} {f'{dev:.2f}' if dev else '':>9} "
+                     f"{'' if syncs is None else f'{syncs:.1f}':>5} "
+                     f"{'' if pins is None else pins:>4}  {host}")
     sample = by.get(f"pagedrt-n{width}", {}).get("output_tok_s")
     hf = by.get("hf-beam", {}).get("output_tok_s")
     if beam and sample:

@@ -27,6 +27,10 @@ and `_beam_search_has_unfinished_sequences` (transformers 5.x; the same rules si
 rewrite). Scores are float32 there and here. Where two candidates' values tie exactly, the order
 of torch.topk decides in both, and may differ.
 
+`step_searches` applies the same rules to all the searches of one step at once: the common step
+(no candidate among the first W ends, g < max_tokens, fewer than W hypotheses finished: only the
+scores change) in numpy, the others through `BeamGroup.step`.
+
 Slots: a request's W beams live in W fixed sequences ("slots", `Request.sample_index`), each
 with its own device row and block table. When the new running beams are chosen, a parent's best
 child stays in the parent's slot and the other children take the slots of beams that left
@@ -175,3 +179,42 @@ class BeamGroup:
         self.done = (not self.improvable
                      or (p.early_stopping is True and len(self.finished) == width))
         return new
+
+
+def step_searches(groups: list[BeamGroup], num_generated: list[int], values: np.ndarray,
+                  beams: np.ndarray, tokens: np.ndarray, slot_candidates: np.ndarray
+                  ) -> dict[int, list[tuple[int, Hypothesis]]]:
+    """`BeamGroup.step` for G searches of one width W expanded in the same step.
+
+    Args:
+        groups: the G searches; num_generated: g of each.
+        values: [G, K] float32; beams, tokens: [G, K] int64; slot_candidates: [G, W] int64
+            (row i: search i's candidates and the device's choice, as `BeamGroup.step` takes
+            them).
+
+    Returns:
+        search index -> what its `BeamGroup.step` returned, for the searches that took it
+        (the others gain no hypothesis and are not done). Sets every search's scores.
+
+    A search takes the common step when none of its first W candidates ends (tested against
+    the EOS ids of all the searches together: one that ignores EOS at worst takes the full
+    step, which decides alike), g < max_tokens and fewer than W hypotheses are finished: then
+    the first W candidates run on, `improvable` cannot change (it is False only once W are
+    finished), and only the scores do.
+    """
+    width = slot_candidates.shape[1]
+    slot_values = values[np.arange(len(groups))[:, None], slot_candidates].tolist()
+    stop_ids = frozenset().union(*(g.stop_token_ids for g in groups))
+    full = np.array([len(g.finished) == width or n >= g.params.max_tokens
+                     for g, n in zip(groups, num_generated)], dtype=np.bool_)
+    if stop_ids:
+        full |= np.isin(tokens[:, :width], list(stop_ids)).any(axis=1)
+    common = ~full
+    assert (np.sort(slot_candidates[common], axis=1) == np.arange(width)).all(), (
+        f"the device continues candidates {slot_candidates[common].tolist()}, the rules say "
+        f"the first {width}")
+    for g, scores in zip(groups, slot_values):
+        g.scores = scores
+    return {i: groups[i].step(values[i].tolist(), beams[i].tolist(), tokens[i].tolist(),
+                              slot_candidates[i].tolist(), num_generated[i])
+            for i in np.flatnonzero(full).tolist()}

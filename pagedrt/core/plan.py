@@ -1,7 +1,8 @@
 """The step plan and the step result: everything that crosses between the host-side core
 (scheduler, KV manager, requests) and the device side (model runner, sampler, KV cache) in one
-step. Both are plain data that pickles (ints, strings, lists, `SamplingParams`), never a live
-`Request`, so a step can be sent to another process. docs/design.md has the whole picture.
+step. Both are plain data that pickles (ints, strings, lists, numpy arrays, `SamplingParams`),
+never a live `Request`, so a step can be sent to another process. docs/design.md has the whole
+picture.
 
     host (Scheduler.schedule)  --StepPlan-->  device (ModelRunner.execute)
     host (Scheduler.update)    <--StepResult-- device (ModelRunner.fetch)
@@ -28,7 +29,8 @@ no re-parenting, as it names no sampled token.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+
+import numpy as np
 
 from pagedrt.kv.kv_cache_manager import PendingCopies
 from pagedrt.sampling_params import SamplingParams
@@ -65,23 +67,38 @@ class NewRequestData:
     beam_score: float = 0.0
 
 
-class BeamStepResult(NamedTuple):
-    """One beam search's expansion in a step (plain data).
+BEAM_ARRAYS = ("logprobs", "beams", "tokens", "slot_candidates", "slot_parents", "slot_tokens")
+
+
+@dataclass(eq=False)
+class BeamStepResult:
+    """The expansions of a step's beam searches of one width W and candidate count K, row i
+    for search i (plain data: numpy arrays; equal when every field is).
 
     Attributes:
-        req_id: the search's request id (its slot 0).
-        logprobs: [K] cumulative log-probabilities of the candidates, best first (float32
-            values).
-        beams: [K] the slot of each candidate's parent beam.
-        tokens: [K] each candidate's token.
-        slot_candidates: [W] per slot, the index of the candidate its beam now is.
+        req_ids: [G] each search's request id (its slot 0).
+        logprobs: [G, K] float32 cumulative log-probabilities of the candidates, best first.
+        beams: [G, K] int64 the slot of each candidate's parent beam.
+        tokens: [G, K] int64 each candidate's token.
+        slot_candidates: [G, W] int64 per slot, the index of the candidate its beam now is.
+        slot_parents, slot_tokens: [G, W] int64 per slot, that candidate's parent slot and
+            token (beams and tokens at slot_candidates).
     """
 
-    req_id: str
-    logprobs: list[float]
-    beams: list[int]
-    tokens: list[int]
-    slot_candidates: list[int]
+    req_ids: list[str]
+    logprobs: np.ndarray
+    beams: np.ndarray
+    tokens: np.ndarray
+    slot_candidates: np.ndarray
+    slot_parents: np.ndarray
+    slot_tokens: np.ndarray
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BeamStepResult):
+            return NotImplemented
+        return self.req_ids == other.req_ids and all(
+            np.array_equal(getattr(self, name), getattr(other, name))
+            for name in BEAM_ARRAYS)
 
 
 @dataclass
@@ -145,7 +162,7 @@ class StepResult:
             the candidate it continues; a sequence that verified drafts: its first new token).
         logprobs: one `TokenLogprobs` (or None, for a row that did not ask) per entry; None
             when no row asked.
-        beams: one entry per beam search expanded this step.
+        beams: the beam searches expanded this step, one entry per (W, K) among them.
         extra_token_ids: speculative decoding: for every sequence of the plan's
             `draft_token_ids`, its new tokens after the first: the accepted drafts but the
             first, then the target model's own token (so 1 + len(...) tokens in all, and

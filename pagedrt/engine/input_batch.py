@@ -20,6 +20,8 @@ step of 256 rows is a handful of numpy gathers instead of a Python call per requ
                             log-probability (on the device: written by the beam expansion)
             beam_search[r], beam_slot[r]: its search (an int key of the search's request id,
                             `beam_search_ids`) and its slot
+            beam_width[r], beam_stops[r]: its search's width, and whether EOS ends its beams
+                            (not with ignore_eos)
 
 A row is created by `NewRequestData` (admission, resumption after preemption) or by a fork,
 changed by block-table changes and by sampling (a beam slot also by its expansion:
@@ -84,6 +86,7 @@ class InputBatch:
         self.device = device
         self.token_ids = np.zeros((num_rows, max_model_len), dtype=np.int32)
         self.num_tokens = np.zeros(num_rows, dtype=np.int64)
+        self.num_prompt_tokens = np.zeros(num_rows, dtype=np.int64)
         self.num_computed_tokens = np.zeros(num_rows, dtype=np.int64)
         self.block_table = np.zeros((num_rows, 16), dtype=np.int32)
         self.num_blocks = np.zeros(num_rows, dtype=np.int64)
@@ -96,6 +99,8 @@ class InputBatch:
         self.beam_scores = torch.zeros(num_rows, dtype=torch.float32, device=device)
         self.beam_search = np.zeros(num_rows, dtype=np.int64)
         self.beam_slot = np.zeros(num_rows, dtype=np.int64)
+        self.beam_width = np.zeros(num_rows, dtype=np.int64)
+        self.beam_stops = np.zeros(num_rows, dtype=np.bool_)
         # a search's request id -> [its int key, rows holding it]; key -> request id
         self._beam_keys: dict[str, list[int]] = {}
         self.beam_search_ids: dict[int, str] = {}
@@ -118,8 +123,9 @@ class InputBatch:
             n = len(self.states)
             self.token_ids = np.pad(self.token_ids, ((0, n), (0, 0)))
             self.block_table = np.pad(self.block_table, ((0, n), (0, 0)))
-            for name in ("num_tokens", "num_computed_tokens", "num_blocks", "epoch", "is_beam",
-                         "beam_search", "beam_slot"):
+            for name in ("num_tokens", "num_prompt_tokens", "num_computed_tokens", "num_blocks",
+                         "epoch", "is_beam",
+                         "beam_search", "beam_slot", "beam_width", "beam_stops"):
                 setattr(self, name, np.pad(getattr(self, name), (0, n)))
             self.beam_scores = torch.cat([self.beam_scores, torch.zeros_like(self.beam_scores)])
             self.pending = np.pad(self.pending, (0, n), constant_values=-1)
@@ -184,6 +190,7 @@ class InputBatch:
         self.token_ids[row, :num_prompt] = new.prompt_token_ids
         self.token_ids[row, num_prompt:num_tokens] = new.output_token_ids
         self.num_tokens[row] = num_tokens
+        self.num_prompt_tokens[row] = num_prompt
         self.num_computed_tokens[row] = new.num_computed_tokens
         self.num_blocks[row] = 0
         self._set_blocks(row, 0, new.block_ids)
@@ -200,10 +207,12 @@ class InputBatch:
         self.sampling.set_row(row, new.req_id, new.sampling_params, generator is not None,
                               new.prompt_token_ids, new.output_token_ids, new.eos_token_ids)
         if new.beam_group is not None:
-            self._mark_beam(row, new.beam_group, new.sample_index, new.beam_score)
+            self._mark_beam(row, new.beam_group, new.sample_index, new.beam_score,
+                            new.sampling_params)
         return row
 
-    def _mark_beam(self, row: int, search_id: str, slot: int, score: float) -> None:
+    def _mark_beam(self, row: int, search_id: str, slot: int, score: float,
+                   params: SamplingParams) -> None:
         entry = self._beam_keys.get(search_id)
         if entry is None:
             entry = self._beam_keys[search_id] = [self._next_beam_key, 0]
@@ -213,6 +222,8 @@ class InputBatch:
         self.is_beam[row] = True
         self.beam_search[row] = entry[0]
         self.beam_slot[row] = slot
+        self.beam_width[row] = params.n
+        self.beam_stops[row] = not params.ignore_eos
         self.beam_scores[row] = score
 
     def fork(self, parent_row: int, child_id: str, sample_index: int) -> int:
@@ -224,6 +235,7 @@ class InputBatch:
         n = int(self.num_tokens[parent_row])
         self.token_ids[row, :n] = self.token_ids[parent_row, :n]
         self.num_tokens[row] = n
+        self.num_prompt_tokens[row] = self.num_prompt_tokens[parent_row]
         self.num_computed_tokens[row] = self.num_computed_tokens[parent_row]
         self.num_blocks[row] = 0
         nb = int(self.num_blocks[parent_row])
@@ -238,17 +250,23 @@ class InputBatch:
                                self.states[row].generator is not None, p.prompt_token_ids,
                                p.eos_token_ids)
         if p.beam_group is not None:
-            self._mark_beam(row, p.beam_group, sample_index, float("-inf"))
+            self._mark_beam(row, p.beam_group, sample_index, float("-inf"), p.params)
         return row
 
-    def reparent_rows(self, rows: np.ndarray, parent_rows: np.ndarray, num_tokens: int,
-                      num_blocks: int) -> None:
+    def reparent_rows(self, rows: np.ndarray, parent_rows: np.ndarray, num_tokens: np.ndarray,
+                      num_blocks: np.ndarray) -> None:
         """Beam slots continue other slots' beams (docs/design.md, "Beam search"): each row
         of `rows` takes the first `num_tokens` tokens and `num_blocks` block-table entries of
         its parent row as they were before the call (its later entries, its own blocks, stay).
-        rows, parent_rows: [m] int64."""
-        self.token_ids[rows, :num_tokens] = self.token_ids[parent_rows, :num_tokens]
-        self.block_table[rows, :num_blocks] = self.block_table[parent_rows, :num_blocks]
+        The prompt is the same in both rows: only the tokens after the shortest prompt among
+        them are copied. All arguments [m] int64."""
+        for table, first, ends in ((self.token_ids, int(self.num_prompt_tokens[rows].min()),
+                                    num_tokens), (self.block_table, 0, num_blocks)):
+            last = int(ends.max())
+            if last > first:
+                own = table[rows, first:last]
+                take = np.arange(first, last) < ends[:, None]
+                table[rows, first:last] = np.where(take, table[parent_rows, first:last], own)
 
     def apply(self, plan: StepPlan) -> np.ndarray:
         """Bring the rows up to the plan: drop finished and preempted requests, add the new

@@ -115,7 +115,7 @@ class ModelRunner:
         self.block_size = kv_cache.spec.block_size
         max_blocks_per_seq = -(-max_model_len // self.block_size)
         self.batch = InputBatch(max_model_len, self.device)
-        self.beam_runner = BeamRunner(self.batch, kv_cache, self.device)
+        self.beam_runner = BeamRunner(self.batch, kv_cache, self.device, max_num_seqs, backend)
         self._last_num_sampled = 0  # rows sampled by the latest launched step
         self.sampler = Sampler()
         self.rejection_sampler = RejectionSampler()
@@ -518,7 +518,7 @@ class ModelRunner:
             logits = logits[torch.tensor(index, device=logits.device)]
         # every scheduled row sampled, in order (a decode step): the plan has their ids
         req_ids = plan.req_ids if sampled_rows is rows else None
-        return self._sample(plan.step_id, logits, sampled_rows, req_ids, clock, rows, inputs)
+        return self._sample(plan.step_id, logits, sampled_rows, req_ids, clock, rows)
 
     def _fork(self, plan: StepPlan, sampled_rows: np.ndarray) -> tuple[list[int], np.ndarray]:
         """Rows for the forked samples, each after its parent's, sampling from the parent's
@@ -637,17 +637,13 @@ class ModelRunner:
         sampling.count(slots_t, tokens, valid)
 
     def _sample(self, step_id: int, logits: torch.Tensor, rows: np.ndarray,
-                req_ids: list[str] | None, clock, scheduled_rows: np.ndarray,
-                inputs: ModelInputs) -> LaunchedStep:
+                req_ids: list[str] | None, clock, scheduled_rows: np.ndarray) -> LaunchedStep:
         """Sample one token per row (expanding beam searches where rows are beam slots)."""
         batch = self.batch
         is_beam = batch.is_beam[rows]
         beams = None
         if is_beam.any():
-            states = batch.states
-            output, beams = self._sample_with_beams(logits, rows,
-                                                    [states[r] for r in rows.tolist()], is_beam,
-                                                    scheduled_rows, inputs)
+            output, beams = self._sample_with_beams(logits, rows, is_beam, scheduled_rows)
         else:
             output = self._run_sampler(logits, rows)
         return self._launch(step_id, output, rows, req_ids, clock, beams=beams)
@@ -685,16 +681,16 @@ class ModelRunner:
         return LaunchedStep(step_id, req_ids, rows, batch.epoch[rows], positions, output,
                             host, event, beams, spec)
 
-    def _sample_with_beams(self, logits: torch.Tensor, rows: np.ndarray, sampling_rows: list,
-                           is_beam: np.ndarray, scheduled_rows: np.ndarray,
-                           inputs: ModelInputs) -> tuple[SamplerOutput, BeamLaunch]:
+    def _sample_with_beams(self, logits: torch.Tensor, rows: np.ndarray, is_beam: np.ndarray,
+                           scheduled_rows: np.ndarray) -> tuple[SamplerOutput, BeamLaunch]:
         """Sample the rows that are not beam slots, expand the searches of those that are;
         one token per row either way (a slot's: the token of the candidate it continues)."""
         beam_index = np.flatnonzero(is_beam)
         other = np.flatnonzero(~is_beam)
-        token_ids = torch.zeros(len(rows), dtype=torch.int64, device=logits.device)
+        token_ids = None
         logprobs = None
         if len(other):
+            token_ids = torch.zeros(len(rows), dtype=torch.int64, device=logits.device)
             other_t = torch.from_numpy(other)
             if logits.device.type == "cuda":  # (pinned: a pageable copy waits for the stream)
                 other_t = other_t.pin_memory()
@@ -708,9 +704,9 @@ class ModelRunner:
         # each sampled row's position among the scheduled ones (-1: forked this step)
         position_of = np.full(len(self.batch.is_beam), -1, dtype=np.int64)
         position_of[scheduled_rows] = np.arange(len(scheduled_rows))
-        beams = self.beam_runner.sample(
-            logits, rows, sampling_rows, beam_index, position_of[rows],
-            inputs.meta.block_tables, token_ids)
+        eos = self.batch.states[rows[beam_index[0]]].eos_token_ids
+        token_ids, beams = self.beam_runner.sample(logits, rows, beam_index, position_of[rows],
+                                                   token_ids, eos)
         return SamplerOutput(token_ids, logprobs), beams
 
     def fetch(self, step: LaunchedStep) -> StepResult:

@@ -57,6 +57,7 @@ What it hands the device side is a `StepPlan` (pagedrt/core/plan.py): plain data
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -67,7 +68,8 @@ from typing import NamedTuple
 import numpy as np
 
 from pagedrt.config import EngineConfig
-from pagedrt.core.plan import NewRequestData, StepPlan, StepResult
+from pagedrt.core.beam import step_searches
+from pagedrt.core.plan import BEAM_ARRAYS, NewRequestData, StepPlan, StepResult
 from pagedrt.core.request import PLACEHOLDER_TOKEN_ID, Request, RequestStatus
 from pagedrt.engine.running_rows import RunningRows
 from pagedrt.kv.kv_cache_manager import KVCacheManager
@@ -305,7 +307,7 @@ class Scheduler:
                     req.params, req.sample_index, req.eos_token_ids,
                     self.kv.block_ids(req.request_id), req.num_computed_tokens,
                     None if beam is None else req.group[0].request_id,
-                    0.0 if beam is None else beam.scores[req.sample_index]))
+                    0.0 if beam is None else float(beam.scores[req.sample_index])))
             self._advance(plan, scheduled, steady)
         plan.finished_req_ids, self._finished_req_ids = self._finished_req_ids, []
         plan.preempted_req_ids, self._preempted_req_ids = self._preempted_req_ids, []
@@ -788,51 +790,70 @@ class Scheduler:
                       events: list[TokenEvent] | None, touched: dict[str, Request],
                       now: float) -> int:
         """The expansions of a step's beam searches (docs/design.md, "Beam search"): HF's
-        bookkeeping (`BeamGroup.step`), then either the search's end (its slots finish; its
-        result is `beam.finished`, reported through `touched`, or as TokenEvents) or each
-        slot's new beam: its parent's tokens and the candidate's token over the placeholder,
-        and its block table re-parented by the KV manager, as the device side re-parented its
-        rows. Returns the tokens written (W per search)."""
-        expansions = {b.req_id: b for b in result.beams}
-        assert len(expansions) == len(beams) == len(result.beams), (
-            f"expanded {sorted(expansions)}, planned {[h.request_id for h, _ in beams]}")
+        bookkeeping (`step_searches`, numpy over the searches of one width), then either the
+        search's end (its slots finish; its result is `beam.finished`, reported through
+        `touched`, or as TokenEvents) or each slot's new beam: its parent's tokens and the
+        candidate's token over the placeholder, and its block table re-parented by the KV
+        manager, as the device side re-parented its rows. Returns the tokens written (W per
+        search)."""
+        planned = {head.request_id: (head, index) for head, index in beams}
+        assert len(planned) == len(beams) == sum(len(b.req_ids) for b in result.beams), (
+            f"expanded {[b.req_ids for b in result.beams]}, planned {sorted(planned)}")
         num_written = 0
-        for head, index in beams:
-            expansion = expansions[head.request_id]
-            if head.is_finished:
-                continue  # aborted
-            beam = head.beam
-            slots = head.group
-            candidates, tokens = expansion.slot_candidates, expansion.tokens
-            new = beam.step(expansion.logprobs, expansion.beams, tokens, candidates, index + 1)
-            outputs = [slot.output_token_ids for slot in slots]
-            for c, hypothesis in new:
-                hypothesis.token_ids = outputs[expansion.beams[c]][:index] + [tokens[c]]
-            num_written += len(slots)
-            if head.first_token_time is None:
-                head.first_token_time = now
-            head.last_token_time = now
-            if beam.done:
-                self._finish_beam_search(head, index, events)
-                touched[head.request_id] = head
+        block_size = self.kv.block_size
+        moves: list[tuple[str, str, int]] = []  # the moved slots' KV: one call for all
+        for expansion in result.beams:
+            searches = [planned.pop(req_id) for req_id in expansion.req_ids]
+            live = [i for i, (head, _) in enumerate(searches) if not head.is_finished]
+            if len(live) < len(searches):  # aborted
+                searches = [searches[i] for i in live]
+                expansion = dataclasses.replace(
+                    expansion, req_ids=[expansion.req_ids[i] for i in live],
+                    **{name: getattr(expansion, name)[live] for name in BEAM_ARRAYS})
+            if not searches:
                 continue
-            beams_of = expansion.beams
-            parents = [beams_of[c] for c in candidates]
-            moved = False
-            for s, slot in enumerate(slots):
-                token = tokens[candidates[s]]
-                if parents[s] == s:
-                    outputs[s][index] = token
-                else:  # a later placeholder (async scheduling) stays
-                    moved = True
-                    slot.output_token_ids = outputs[parents[s]][:index] + [token] + outputs[s][
-                        index + 1:]
-            if index == len(outputs[0]) - 1:  # (every slot has the same length)
-                for slot in slots:
-                    slot.num_pending_tokens = 0
-            if moved and slots[0].status is RequestStatus.RUNNING:  # (preempted: no KV)
-                self.kv.reparent(slots, parents,
-                                 (len(head.prompt_token_ids) + index) // self.kv.block_size)
+            width = expansion.slot_candidates.shape[1]
+            new = step_searches([head.beam for head, _ in searches],
+                                [index + 1 for _, index in searches], expansion.logprobs,
+                                expansion.beams, expansion.tokens, expansion.slot_candidates)
+            moved = (expansion.slot_parents != np.arange(width)).any(axis=1).tolist()
+            parents, slot_tokens = expansion.slot_parents.tolist(), expansion.slot_tokens.tolist()
+            num_written += len(searches) * width
+            for g, (head, index) in enumerate(searches):
+                slots = head.group
+                if head.first_token_time is None:
+                    head.first_token_time = now
+                head.last_token_time = now
+                if new and g in new:  # (only these can gain hypotheses, or be done)
+                    outputs = [slot.output_token_ids for slot in slots]
+                    beams_of = expansion.beams[g].tolist()
+                    for c, hypothesis in new[g]:
+                        hypothesis.token_ids = outputs[beams_of[c]][:index] + [
+                            int(expansion.tokens[g, c])]
+                    if head.beam.done:
+                        self._finish_beam_search(head, index, events)
+                        touched[head.request_id] = head
+                        continue
+                tokens = slot_tokens[g]
+                if not moved[g]:
+                    for slot, token in zip(slots, tokens):
+                        slot.output_token_ids[index] = token
+                else:
+                    slot_parents = parents[g]
+                    outputs = [slot.output_token_ids for slot in slots]
+                    for s, p in enumerate(slot_parents):
+                        if p != s:  # (a moved slot is nobody's parent; a later placeholder,
+                            outputs[s][:index] = outputs[p][:index]  # async, stays)
+                        outputs[s][index] = tokens[s]
+                    if slots[0].status is RequestStatus.RUNNING:  # (preempted: no KV)
+                        num_blocks = (len(head.prompt_token_ids) + index) // block_size
+                        moves += [(slots[s].request_id, slots[p].request_id, num_blocks)
+                                  for s, p in enumerate(slot_parents) if p != s]
+                if index == len(slots[0].output_token_ids) - 1:  # (every slot has the same)
+                    for slot in slots:
+                        slot.num_pending_tokens = 0
+        if moves:
+            self.kv.reparent_slots(moves)
         return num_written
 
     def _finish_beam_search(self, head: Request, index: int,

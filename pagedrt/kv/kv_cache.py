@@ -234,8 +234,10 @@ class KVCache:
         `spec.dtype` on `device` (with an FP8 spec, scales [num_blocks, *spec.scales_shape]
         float32 each), and a CPU pool of `num_cpu_blocks` blocks.
 
-        The layers' K (and V, and scale) tensors are views of one [num_layers, num_blocks, ...]
-        tensor, so that a block copy in every layer is one indexing op (`gather_copy_blocks`)."""
+        The layers' K and V tensors are views of one [2, num_layers, num_blocks, block_numel]
+        tensor (K then V; scales alike, [2, num_layers, num_blocks, ...]), so that a block copy
+        in every layer is one gather and one scatter (`gather_copy_blocks`), whatever V's
+        layout (`KVCacheSpec.v_dim_major`)."""
         self.spec = spec
         n, dtype = spec.num_layers, spec.dtype
         pin = device.type == "cuda"
@@ -243,22 +245,24 @@ class KVCache:
         def tensors(shape, dtype, count, **where) -> list[torch.Tensor]:
             return [torch.zeros(shape, dtype=dtype, **where) for _ in range(count)]
 
-        self.k_all = torch.zeros((n, num_blocks, *spec.block_shape), dtype=dtype, device=device)
+        # K then V, every block of every layer one contiguous run of block_numel elements
+        bs, heads, dim = spec.block_shape
+        self.kv_all = torch.zeros((2, n, num_blocks, bs * heads * dim), dtype=dtype,
+                                  device=device)
+        self.k_all = self.kv_all[0].view(n, num_blocks, *spec.block_shape)
         self.k_caches = list(self.k_all.unbind(0))  # each contiguous
         if spec.v_dim_major:  # stored [.., num_kv_heads, head_dim, block_size], seen as K is
-            bs, heads, dim = spec.block_shape
-            self.v_all = torch.zeros((n, num_blocks, heads, dim, bs), dtype=dtype, device=device)
+            self.v_all = self.kv_all[1].view(n, num_blocks, heads, dim, bs)
             self.v_caches = [v.permute(0, 3, 1, 2) for v in self.v_all.unbind(0)]
         else:
-            self.v_all = torch.zeros((n, num_blocks, *spec.block_shape), dtype=dtype,
-                                     device=device)
+            self.v_all = self.kv_all[1].view(n, num_blocks, *spec.block_shape)
             self.v_caches = list(self.v_all.unbind(0))
         self.cpu_k = tensors((num_cpu_blocks, *spec.block_shape), dtype, n, pin_memory=pin)
         self.cpu_v = tensors((num_cpu_blocks, *spec.block_shape), dtype, n, pin_memory=pin)
         num_scaled = n if spec.is_fp8 else 0  # no scale tensors for a cache of the model dtype
-        scales_shape = (num_scaled, num_blocks, *spec.scales_shape)
-        self.k_scales_all = torch.zeros(scales_shape, dtype=SCALE_DTYPE, device=device)
-        self.v_scales_all = torch.zeros(scales_shape, dtype=SCALE_DTYPE, device=device)
+        scales_shape = (2, num_scaled, num_blocks, *spec.scales_shape)
+        self.kv_scales_all = torch.zeros(scales_shape, dtype=SCALE_DTYPE, device=device)
+        self.k_scales_all, self.v_scales_all = self.kv_scales_all.unbind(0)
         self.k_scales = list(self.k_scales_all.unbind(0))
         self.v_scales = list(self.v_scales_all.unbind(0))
         self.cpu_k_scales = tensors((num_cpu_blocks, *spec.scales_shape), SCALE_DTYPE,
@@ -290,11 +294,10 @@ class KVCache:
         Args:
             src, dst: [num_pairs] int64 block ids on the cache's device.
         """
-        self.k_all[:, dst] = self.k_all[:, src]
-        self.v_all[:, dst] = self.v_all[:, src]
+        kv = _as_bytes(self.kv_all)
+        kv.index_copy_(2, dst, kv.index_select(2, src))
         if self.spec.is_fp8:  # the scales travel with their blocks
-            self.k_scales_all[:, dst] = self.k_scales_all[:, src]
-            self.v_scales_all[:, dst] = self.v_scales_all[:, src]
+            self.kv_scales_all.index_copy_(2, dst, self.kv_scales_all.index_select(2, src))
 
     def apply(self, pending: PendingCopies) -> None:
         """Perform queued block copies, scales with their blocks: swap-outs first (their

@@ -6,9 +6,10 @@ What it does for the scheduler:
   * `allocate_slots`: blocks for the next `num_new_tokens` tokens, or None (changing nothing)
     when the pool cannot supply them: the scheduler then preempts or waits;
   * `fork`: share every block of a sequence with a new one (n > 1 samples, beam slots);
-  * `reparent`: beam search moves beams between slots: a slot takes its parent's full blocks
-    (by reference) and keeps its own partial last block, whose contents the device copies;
-    the blocks only the pruned beam held are freed at once;
+  * `reparent` / `reparent_slots`: beam search moves beams between slots: a slot takes its
+    parent's full blocks (by reference) and keeps its own partial last block, whose contents
+    the device copies; the blocks only the pruned beam held are freed at once (the moved
+    slots of a whole step in one call);
   * `num_blocks_to_allocate`: what `allocate_slots` would take for a set of sequences, so the
     scheduler can make room for a beam search's slots before allocating any of them;
   * copy-on-write: a sequence about to write into a partial block that another sequence holds
@@ -444,42 +445,55 @@ class KVCacheManager:
         search"). Its first `num_blocks` table entries (the full blocks of the history both
         share) become the parent's, by reference; its entries from `num_blocks` on (its own
         partial block, blocks appended since) stay. Blocks no table holds any more are freed at
-        once, tail first. A parent always keeps its own slot (parents[p] == p), so every table
-        read here is unchanged while others are written.
+        once, tail first. A parent always keeps its own slot (parents[p] == p). One search's
+        `reparent_slots`."""
+        for i, p in enumerate(parents):
+            assert p == i or parents[p] == p, f"slot {p} is a parent but moved to {parents[p]}"
+        self.reparent_slots([(requests[i].request_id, requests[p].request_id, num_blocks)
+                             for i, p in enumerate(parents) if p != i])
+
+    def reparent_slots(self, moves: list[tuple[str, str, int]]) -> None:
+        """`reparent` for the moved slots of any number of searches: (slot's request id, its
+        parent's, num_blocks) each. No parent may be a moved slot, so every table read here is
+        unchanged while others are written. Only the entries where the two tables differ
+        change, in place (the tables share a common ancestor's blocks, and differ after them);
+        every block taken is referenced before any released is freed.
 
         Records no block-table change: the device side re-parents its rows by the same rule.
         The prefix-cache hashes of the shared blocks follow them."""
-        req_to_blocks = self.req_to_blocks
-        for req in requests:  # tables change, and parents' blocks gain holders
-            self._headroom.pop(req.request_id, None)
-        released = []
-        for i, p in enumerate(parents):
-            if p == i:
-                continue
-            assert parents[p] == p, f"slot {p} is a parent but moved to {parents[p]}"
-            own = req_to_blocks[requests[i].request_id]
-            src = req_to_blocks[requests[p].request_id]
+        tables = self.req_to_blocks
+        # blocks gain and lose holders: any holder's headroom hint may be stale (re-made on use)
+        self._headroom.clear()
+        window = self.sliding_window is not None
+        cached, all_hashes, num_released = (self._num_cached_blocks, self._block_hashes,
+                                            self._num_released)
+        assert not {rid for rid, _, _ in moves} & {pid for _, pid, _ in moves}, (
+            f"a moved slot is a parent: {moves}")
+        taken: list[KVBlock] = []
+        released: list[KVBlock] = []
+        for rid, pid, num_blocks in moves:
+            own, src = tables[rid], tables[pid]
             assert len(own) >= num_blocks <= len(src), (
                 f"re-parenting {num_blocks} blocks of tables of {len(own)} and {len(src)}")
-            # the tables share a prefix (a common ancestor's blocks) and differ after it
+            assert self._changed.get(rid, num_blocks) >= num_blocks, (
+                f"{rid}: a block change from {self._changed[rid]} not yet planned")
             start = num_blocks
             while start and own[start - 1] is not src[start - 1]:
                 start -= 1
-            # (entries the sliding window gave back are NULL_BLOCK in both: never divergent)
-            self.pool.touch([b for b in src[start:num_blocks] if b is not NULL_BLOCK])
-            released.append([b for b in own[start:num_blocks] if b is not NULL_BLOCK])
-            rid = requests[i].request_id
-            assert self._changed.get(rid, num_blocks) >= num_blocks, (
-                f"{rid}: a block change from {self._changed[rid]} not yet planned")
-            self.req_to_blocks[rid] = src[:num_blocks] + own[num_blocks:]
-            pid = requests[p].request_id
-            self._num_cached_blocks[rid] = min(self._num_cached_blocks.get(pid, 0), num_blocks)
-            if pid in self._num_released:
-                self._num_released[rid] = self._num_released[pid]
-            hashes = self._block_hashes.get(pid)
-            self._block_hashes[rid] = list(hashes[:num_blocks]) if hashes else []
-        for blocks in released:
-            self.pool.free_blocks(list(reversed(blocks)))
+            if start < num_blocks:
+                released += own[num_blocks - 1: start - 1 if start else None: -1]  # tail first
+                own[start:num_blocks] = src[start:num_blocks]
+                taken += own[start:num_blocks]
+            cached[rid] = min(cached.get(pid, 0), num_blocks)
+            if pid in num_released:
+                num_released[rid] = num_released[pid]
+            hashes = all_hashes.get(pid)
+            all_hashes[rid] = hashes[:num_blocks] if hashes else []
+        if window:  # (entries the sliding window gave back are NULL_BLOCK in both: never here)
+            taken = [b for b in taken if b is not NULL_BLOCK]
+            released = [b for b in released if b is not NULL_BLOCK]
+        self.pool.touch(taken)
+        self.pool.free_blocks(released)
 
     def fork(self, parent: Request, child: Request) -> None:
         """Give `child` the parent's blocks (one more reference each). Records no block-table

@@ -108,3 +108,42 @@ def test_gather_copy_blocks_on_cuda():
         assert torch.equal(cache.v_all[:, d], before_v[:, s])
     assert torch.equal(cache.k_all[:, [0, 1, 2, 3, 4, 8]], before_k[:, [0, 1, 2, 3, 4, 8]])
     assert cache.k_caches[1].data_ptr() == cache.k_all[1].data_ptr()
+
+
+@pytest.mark.parametrize("width, num_stops", [(1, 1), (2, 0), (4, 1), (4, 2), (8, 1)])
+def test_choice_kernel_equals_torch_ops_on_cuda(width, num_stops):
+    """pagedrt/ops/beam_triton.py compiled for the GPU: the same choice and writes as the
+    torch ops of `choose_slots` on the same candidates (tests/test_beam_triton.py checks the
+    same under the interpreter)."""
+    from pagedrt.engine.beam_search import choose_slots, top_candidates
+    from pagedrt.ops.beam_triton import beam_choose_triton
+
+    torch.manual_seed(width * 10 + num_stops)
+    groups, vocab = 37, 500
+    k = max(2, 1 + num_stops) * width
+    logits = torch.randn(groups * width, vocab, device=DEVICE) * 3
+    logits[:, 7] += 4.0  # an EOS id among the best candidates now and then
+    scores = torch.randn(groups * width, device=DEVICE)
+    values, flat = top_candidates(logits.bfloat16(), scores, width, k)
+    stop = None
+    if num_stops:
+        stop = torch.tensor([7, 11][:num_stops], device=DEVICE).repeat(groups, 1)
+        stop[::3] = -1  # searches that ignore EOS
+    want = choose_slots(values, flat, vocab, width, stop)
+    n = groups * width + 5
+    index = torch.randperm(n, device=DEVICE)[: groups * width].view(groups, width)
+    rows = torch.randperm(n + 9, device=DEVICE)[: groups * width].view(groups, width)
+    copy_of = torch.full((groups,), -1, device=DEVICE)
+    copy_of[1::2] = torch.arange(groups // 2, device=DEVICE)
+    dst = torch.randint(0, 10_000, (groups // 2, width), device=DEVICE)
+    token_ids = torch.full((n,), -7, device=DEVICE)
+    parent_index = torch.full((n,), -7, device=DEVICE)
+    beam_scores = torch.zeros(n + 9, device=DEVICE)
+    packed, src = beam_choose_triton(values, flat, vocab, stop, index, rows, copy_of, dst,
+                                     token_ids, beam_scores, parent_index)
+    assert torch.equal(packed, torch.cat([values.view(torch.int32), flat, want.slot_candidates,
+                                          want.slot_parents, want.slot_tokens], dim=1))
+    assert torch.equal(token_ids[index.view(-1)], want.slot_tokens.view(-1))
+    assert torch.equal(beam_scores[rows.view(-1)], want.slot_scores.view(-1))
+    assert torch.equal(parent_index[index.view(-1)], index.gather(1, want.slot_parents).view(-1))
+    assert torch.equal(src, dst.gather(1, want.slot_parents[1::2]))
