@@ -7,7 +7,8 @@
 #     fusion off (PAGEDRT_FUSED_SMALL_BATCH=0); baca7b5 against HEAD offline, alternated
 #     (benchmarks/paired_h200.sh, REPEATS=1; its HEAD latency run has the fusion on).
 #   PART=B (carry .gguf_parts/p2 .gguf_parts/md5 .whl .commit): join the GGUF; speculative
-#     decoding (benchmarks/spec_h200.sh), beam search (benchmarks/beam_h200.sh).
+#     decoding (benchmarks/spec_h200.sh), beam search (benchmarks/beam_h200.sh, its GPU test
+#     ran in part A), the speculative-decoding GPU tests (SmolLM2).
 # Tables printed last; everything packed into $OUT/results.tgz.
 set -u
 out="${OUT:-out}"; mkdir -p "$out/r"
@@ -19,16 +20,16 @@ if [ "${PART:-A}" = A ]; then
   cp .gguf_parts/p1 /tmp/p1
   timeout "${TEST_CAP:-110}" python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/gpu/test_tp_gpu.py tests/gpu/test_fp8_kv_gpu.py tests/gpu/test_fused_small_batch_gpu.py \
-    > "$out/r/gpu_tests.txt" 2>&1
+    tests/gpu/test_beam_search_gpu.py tests/gpu/test_smoke_gpu.py > "$out/r/gpu_tests.txt" 2>&1
   echo "== GPU tests (status $?)"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/r/gpu_tests.txt" | tail -8
-  timeout 60 $cli bench attention --kv-cache-dtype fp8 --out "$out/r/fp8attn" \
+  timeout 45 $cli bench attention --kv-cache-dtype fp8 --out "$out/r/fp8attn" \
     --decode-shapes llama3-8b:64:4096,qwen2-0.5b:64:4096,qwen2-0.5b:64:2048 \
     > "$out/r/fp8attn.txt" 2>&1 || echo "fp8 attention bench failed ($?)"
-  PAGEDRT_FUSED_SMALL_BATCH=0 timeout 70 $cli bench latency --preset qwen2-0.5b \
+  PAGEDRT_FUSED_SMALL_BATCH=0 timeout 50 $cli bench latency --preset qwen2-0.5b \
     --name head_lat_unfused --out "$out/r/paired" > "$out/r/lat_unfused.txt" 2>&1 \
     || echo "unfused latency failed ($?)"
-  BASE=.base BASE_COMMIT=baca7b5 REPEATS=1 CAP=75 OUT="$out/r/paired" \
-    timeout "${PAIRED_CAP:-300}" bash benchmarks/paired_h200.sh > "$out/r/paired.txt" 2>&1
+  BASE=.base BASE_COMMIT=baca7b5 REPEATS=1 CAP=60 OUT="$out/r/paired" \
+    timeout "${PAIRED_CAP:-250}" bash benchmarks/paired_h200.sh > "$out/r/paired.txt" 2>&1
   echo "== FP8 decode (V dim-major) against bf16"; tail -8 "$out/r/fp8attn.txt"
   echo "== latency, fusion off (HEAD)"; grep -E "ctx|ms" "$out/r/lat_unfused.txt" | tail -4
   echo "== paired"; tail -8 "$out/r/paired.txt"
@@ -37,9 +38,14 @@ else
   [ "$(md5sum /tmp/smollm2.gguf | cut -d' ' -f1)" = "$(cat .gguf_parts/md5)" ] || echo "GGUF md5 differs"
   export SMOLLM2_GGUF=/tmp/smollm2.gguf
   mkdir -p "$out/r/spec" "$out/r/beam"
-  OUT="$out/r/spec" BUDGET_S="${SPEC_CAP:-200}" timeout "${SPEC_CAP:-200}" \
+  OUT="$out/r/spec" BUDGET_S="${SPEC_CAP:-170}" timeout "${SPEC_CAP:-170}" \
     bash benchmarks/spec_h200.sh > "$out/r/spec.txt" 2>&1
-  OUT="$out/r/beam" timeout "${BEAM_CAP:-200}" bash benchmarks/beam_h200.sh > "$out/r/beam.txt" 2>&1
+  BEAM_TESTS=0 OUT="$out/r/beam" timeout "${BEAM_CAP:-120}" bash benchmarks/beam_h200.sh \
+    > "$out/r/beam.txt" 2>&1
+  timeout 40 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_spec_decode_gpu.py \
+    > "$out/r/spec_gpu_tests.txt" 2>&1
+  echo "== spec GPU tests (status $?)"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$out/r/spec_gpu_tests.txt" | tail -6
   echo "== spec"; grep -v -i warn "$out/r/spec.txt" | tail -22
   echo "== beam"; grep -v -i warn "$out/r/beam.txt" | tail -14
 fi
