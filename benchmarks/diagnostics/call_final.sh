@@ -16,7 +16,26 @@ export PAGEDRT_COMMIT="$(cat .commit 2>/dev/null || echo head)"
 . benchmarks/use_wheels.sh
 cli="python3 -m pagedrt.entrypoints.cli"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
-if [ "${PART:-A}" = A ]; then
+if [ "${PART:-A}" = C ]; then  # after A and B: the FP8 decode fix, the GPU tests A had no time
+  # for, and speculation's switch-off cost at 256 requests in separate processes (spec first)
+  timeout 40 $cli bench attention --kv-cache-dtype fp8 --out "$out/r/fp8attn" \
+    --decode-shapes llama3-8b:64:4096,qwen2-0.5b:64:4096,qwen2-0.5b:64:2048 \
+    > "$out/r/fp8attn.txt" 2>&1 || echo "fp8 attention bench failed ($?)"
+  echo "== FP8 decode (V dim-major, literal strides) against bf16"; tail -5 "$out/r/fp8attn.txt"
+  timeout 75 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/gpu/test_fused_small_batch_gpu.py tests/gpu/test_smoke_gpu.py \
+    tests/gpu/test_fp8_kv_gpu.py > "$out/r/gpu_tests_c.txt" 2>&1
+  echo "== GPU tests (status $?)"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/r/gpu_tests_c.txt" | tail -8
+  spec='{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4}'
+  for label in on off; do
+    extra=(); [ $label = on ] && extra=(--speculative-config "$spec")
+    timeout 40 $cli bench throughput --preset qwen2-0.5b --num-requests 256 --input-len 128 \
+      --output-len 256 --skip-step-split "${extra[@]}" --name "spec256_$label" \
+      --out "$out/r/spec256" > "$out/r/spec256_$label.txt" 2>&1 || echo "spec256 $label failed ($?)"
+  done
+  echo "== 256 requests, qwen2-0.5b random, one process each (spec on first)"
+  grep -h -E "^pagedrt" "$out/r"/spec256_*.txt | cut -c1-140
+elif [ "${PART:-A}" = A ]; then
   cp .gguf_parts/p1 /tmp/p1
   timeout "${TEST_CAP:-110}" python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/gpu/test_tp_gpu.py tests/gpu/test_fp8_kv_gpu.py tests/gpu/test_fused_small_batch_gpu.py \

@@ -60,7 +60,8 @@ def _extend_tiles(
     lo, hi,
     offs_d,
     k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,  # used when KV_FP8
-    v_head_off, stride_vb, stride_vs, stride_vd,  # V's own strides (block, slot, dim)
+    v_head_off, stride_vb, stride_vs, stride_vd,  # V's own strides (block, slot, dim); unit
+    # ones and stride_vd (1, or BLOCK_SIZE dim-major) are literals (see the decode kernel)
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr,
     KV_FP8: tl.constexpr, V_DIM_MAJOR: tl.constexpr,
@@ -75,22 +76,24 @@ def _extend_tiles(
             kv_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + head_off
             k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None],
                         other=0.0)
-            v_off = block * stride_vb + (offs_n % BLOCK_SIZE) * stride_vs + v_head_off
             if V_DIM_MAJOR:  # tokens contiguous: load [HEAD_DIM, BLOCK_N], use its transpose
-                v = tl.trans(tl.load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * stride_vd,
+                v_off = block * stride_vb + v_head_off + offs_n % BLOCK_SIZE
+                v = tl.trans(tl.load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
                                      mask=n_mask[None, :], other=0.0))
             else:
-                v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :] * stride_vd,
+                v_off = block * stride_vb + (offs_n % BLOCK_SIZE) * stride_vs + v_head_off
+                v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :],
                             mask=n_mask[:, None], other=0.0)
         else:
             block = tl.load(bt_row + offs_n // BLOCK_SIZE).to(tl.int64)
             kv_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + head_off
             k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :])
-            v_off = block * stride_vb + (offs_n % BLOCK_SIZE) * stride_vs + v_head_off
             if V_DIM_MAJOR:
-                v = tl.trans(tl.load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * stride_vd))
+                v_off = block * stride_vb + v_head_off + offs_n % BLOCK_SIZE
+                v = tl.trans(tl.load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE))
             else:
-                v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :] * stride_vd)
+                v_off = block * stride_vb + (offs_n % BLOCK_SIZE) * stride_vs + v_head_off
+                v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :])
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)

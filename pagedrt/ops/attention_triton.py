@@ -92,7 +92,8 @@ def _decode_kernel(
     scale_log2,  # softmax scale * log2(e)
     stride_qs, stride_qh,
     stride_cb, stride_cs, stride_ch,
-    stride_vb, stride_vs, stride_vh, stride_vd,  # V's strides (block, slot, head, dim)
+    stride_vb, stride_vs, stride_vh, stride_vd,  # V's strides (block, slot, head, dim); the
+    # kernel takes the unit one and stride_vd (1, or BLOCK_SIZE dim-major) as literals
     stride_sb, stride_sh,  # scale strides (block, head); the slot stride is 1
     stride_bt,
     stride_os, stride_oh,
@@ -158,12 +159,15 @@ def _decode_kernel(
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v_off = block * stride_vb + (offs_n % BLOCK_SIZE) * stride_vs + kv_head * stride_vh
+        # unit and BLOCK_SIZE strides written as literals: Triton does not specialize an int
+        # argument on 1, and a runtime stride loses the 16-byte loads (BENCHMARKS.md, FP8)
         if V_DIM_MAJOR:  # tokens contiguous: load [HEAD_DIM, BLOCK_N], use its transpose
-            v = tl.trans(tl.load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * stride_vd,
+            v_off = block * stride_vb + kv_head * stride_vh + offs_n % BLOCK_SIZE
+            v = tl.trans(tl.load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
                                  mask=n_mask[None, :], other=0.0))
         else:
-            v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :] * stride_vd,
+            v_off = block * stride_vb + (offs_n % BLOCK_SIZE) * stride_vs + kv_head * stride_vh
+            v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :],
                         mask=n_mask[:, None], other=0.0)
         if UPCAST:
             v = v.to(tl.float32)

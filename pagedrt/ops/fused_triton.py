@@ -27,7 +27,13 @@ import triton.language as tl
 from pagedrt.ops.fp8 import is_fp8
 from pagedrt.ops.fp8_triton import fp8_quantize, fp8_row_scale
 from pagedrt.ops.kv_write_triton import write_kv_triton
-from pagedrt.ops.triton_utils import SUPPORTED_DTYPES, check_index, check_same, next_pow2
+from pagedrt.ops.triton_utils import (
+    SUPPORTED_DTYPES,
+    check_index,
+    check_same,
+    next_pow2,
+    v_dim_major,
+)
 
 _MAX_HIDDEN = 32768  # one row per program: the whole row must fit one tile
 
@@ -253,6 +259,7 @@ def _rotary_write_kv_kernel(
     BLOCK_HK: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block
     KV_FP8: tl.constexpr,  # the caches are uint8 views of fp8 caches: quantize, store scales
+    V_DIM_MAJOR: tl.constexpr = False,  # v_cache is a dim-major view (`v_dim_major`)
 ):
     """One token: RoPE on its query and key heads (as `_rotary_kernel`), then its rotated key
     and its value into cache slot slot_mapping[token] (as `_write_kv_kernel`)."""
@@ -279,9 +286,14 @@ def _rotary_write_kv_kernel(
     if slot >= 0:
         dst = ((slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs
                + offs_h[:, None] * stride_ch + offs_d[None, :])
-        dst_v = ((slot // BLOCK_SIZE) * stride_vcb + (slot % BLOCK_SIZE) * stride_vcs
-                 + offs_h[:, None] * stride_vch + offs_d[None, :] * stride_vcd)
-        half_v = HALF * stride_vcd
+        if V_DIM_MAJOR:  # (unit and BLOCK_SIZE strides as literals: attention_triton.py)
+            dst_v = ((slot // BLOCK_SIZE) * stride_vcb + offs_h[:, None] * stride_vch
+                     + offs_d[None, :] * BLOCK_SIZE + slot % BLOCK_SIZE)
+            half_v = HALF * BLOCK_SIZE
+        else:
+            dst_v = ((slot // BLOCK_SIZE) * stride_vcb + (slot % BLOCK_SIZE) * stride_vcs
+                     + offs_h[:, None] * stride_vch + offs_d[None, :])
+            half_v = HALF
         v1_ptr = v_ptr + token * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :]
         v1 = tl.load(v1_ptr, mask=mask, other=0.0)
         v2 = tl.load(v1_ptr + HALF, mask=mask, other=0.0)
@@ -369,7 +381,7 @@ def rotary_write_kv_triton(
             num_heads, num_kv_heads,
             HALF=half, BLOCK_D=next_pow2(half),
             BLOCK_HQ=next_pow2(num_heads), BLOCK_HK=next_pow2(num_kv_heads),
-            BLOCK_SIZE=k_cache.shape[1], KV_FP8=fp8,
+            BLOCK_SIZE=k_cache.shape[1], KV_FP8=fp8, V_DIM_MAJOR=v_dim_major(v_cache),
             num_warps=_num_warps(next_pow2(num_heads) * next_pow2(half)),
         )
     return query, key

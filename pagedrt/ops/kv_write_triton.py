@@ -51,6 +51,7 @@ def _write_kv_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,  # num_kv_heads rounded up to a power of two
     KV_FP8: tl.constexpr,  # the caches are uint8 views of fp8 caches: quantize, store scales
+    V_DIM_MAJOR: tl.constexpr = False,  # v_cache is a dim-major view (`v_dim_major`)
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -65,8 +66,12 @@ def _write_kv_kernel(
         src_v = (value_ptr + token.to(tl.int64) * stride_vt
                  + offs_h[:, None] * stride_vh + offs_d[None, :])
         dst = block * stride_cb + offset * stride_cs + offs_h[:, None] * stride_ch + offs_d[None, :]
-        dst_v = (block * stride_vcb + offset * stride_vcs + offs_h[:, None] * stride_vch
-                 + offs_d[None, :] * stride_vcd)
+        if V_DIM_MAJOR:  # (unit and BLOCK_SIZE strides as literals: attention_triton.py)
+            dst_v = (block * stride_vcb + offs_h[:, None] * stride_vch
+                     + offs_d[None, :] * BLOCK_SIZE + offset)
+        else:
+            dst_v = block * stride_vcb + offset * stride_vcs + offs_h[:, None] * stride_vch \
+                + offs_d[None, :]
         k = tl.load(src_k, mask=mask)
         v = tl.load(src_v, mask=mask)
         if KV_FP8:
@@ -139,6 +144,7 @@ def write_kv_triton(
         k_scales.stride(0), k_scales.stride(1),
         num_kv_heads,
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_H=next_pow2(num_kv_heads), KV_FP8=fp8,
+        V_DIM_MAJOR=v_dim_major(v_cache),
     )
 
 
