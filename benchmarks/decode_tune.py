@@ -86,7 +86,8 @@ def main() -> None:
                       "v_scales": vs.view(-1, bs, kvh).transpose(1, 2).contiguous()}
             kf = dequantize_fp8(k, scales["k_scales"].transpose(1, 2))
             vf = dequantize_fp8(v, scales["v_scales"].transpose(1, 2))
-            v = to_v_dim_major(v)  # as the engine stores an FP8 cache's V
+            if os.environ.get("PAGEDRT_FP8_V_DIM_MAJOR") == "1":  # as the engine would
+                v = to_v_dim_major(v)
         else:
             kf, vf = k.float(), v.float()
         ref = paged_attention_decode_reference(q.float(), kf, vf, bt, sl, d ** -0.5)

@@ -104,13 +104,23 @@ def test_metrics_say_which_dtype_the_cache_holds():
 
 
 # ------------------------------------------------------------------ block moves carry scales
+@pytest.fixture(params=["v_like_k", "v_dim_major"])
+def v_layout(request, monkeypatch):
+    """Run a test with V in K's layout (the default) and dim-major (PAGEDRT_FP8_V_DIM_MAJOR=1,
+    read when each KVCacheSpec is made)."""
+    monkeypatch.setenv("PAGEDRT_FP8_V_DIM_MAJOR", "1" if request.param == "v_dim_major" else "0")
+    return request.param
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_kv_cache_moves_scales_with_their_blocks(backend):
+def test_kv_cache_moves_scales_with_their_blocks(backend, v_layout):
     """Copy-on-write (either backend's copy) and swap out / in move each block's fp8 bytes
     and its scales, in every layer, and nothing else."""
     spec = KVCacheSpec(2, 2, 16, 8, FP8_DTYPE)
     cache = KVCache(spec, num_blocks=6, num_cpu_blocks=3, device=torch.device("cpu"),
                     backend=backend)
+    assert spec.v_dim_major == (v_layout == "v_dim_major")
+    assert cache.v_caches[0].stride(-1) == (1 if v_layout == "v_like_k" else 8)
     gen = torch.Generator().manual_seed(0)
     device_tensors = cache.k_caches + cache.v_caches + cache.k_scales + cache.v_scales
     for t in device_tensors:
@@ -138,7 +148,7 @@ def test_kv_cache_moves_scales_with_their_blocks(backend):
         assert torch.equal(new[5], old[3]) and torch.equal(new[3], old[2])
 
 
-def test_forks_copy_on_write_fp8_blocks(tiny):
+def test_forks_copy_on_write_fp8_blocks(tiny, v_layout):
     """n = 3 greedy samples share the prompt's partial block until each writes into it
     (copy-on-write): every sample gives the tokens of a lone n = 1 run."""
     prompts = [p for p in _prompts(4, seed=1) if len(p) % 8][:2]
@@ -152,7 +162,7 @@ def test_forks_copy_on_write_fp8_blocks(tiny):
     llm.llm_engine.check_integrity()
 
 
-def test_swapped_fp8_requests_resume_with_their_scales(tiny):
+def test_swapped_fp8_requests_resume_with_their_scales(tiny, v_layout):
     """Preemption by swap under a tight cache gives the tokens of a roomy run: the blocks'
     scales went to the CPU pool and back with them."""
     prompts = _prompts(10, seed=5)
@@ -168,7 +178,7 @@ def test_swapped_fp8_requests_resume_with_their_scales(tiny):
     assert s["num_free_blocks"] + s["num_cached_blocks"] == s["num_blocks"]
 
 
-def test_prefix_cache_hits_reuse_fp8_blocks(tiny):
+def test_prefix_cache_hits_reuse_fp8_blocks(tiny, v_layout):
     """A second request with the same 24-token prefix reads the first one's cached fp8 blocks
     (and their scales): the same tokens as without prefix caching."""
     rng = random.Random(2)
@@ -184,7 +194,7 @@ def test_prefix_cache_hits_reuse_fp8_blocks(tiny):
 
 
 # ------------------------------------------------------------------ the Triton kernels
-def test_triton_fp8_engine_matches_torch_fp8_engine(tiny):
+def test_triton_fp8_engine_matches_torch_fp8_engine(tiny, v_layout):
     """The engine with the Triton kernels (interpreter: write, decode, extend) and an FP8
     cache samples the torch path's tokens, over a chunked prefill and mixed steps."""
     prompts = _prompts(2, seed=3)

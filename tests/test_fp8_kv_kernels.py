@@ -99,7 +99,8 @@ def fp8_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, spare_blocks=3, s
                  v_dim_major=True):
     """FP8 caches with each sequence's K/V, written by the reference writer into shuffled
     blocks; unused slots keep NaN bytes and NaN scales. Tokens have magnitudes 2^-6 .. 2^6.
-    V is stored dim-major as in the engine unless `v_dim_major` is False.
+    V is stored dim-major (the engine's PAGEDRT_FP8_V_DIM_MAJOR=1 layout) unless `v_dim_major`
+    is False; test_v_layouts_give_the_same_attention checks both layouts agree.
 
     Returns k_cache, v_cache, k_scales, v_scales, block_tables [num_seqs, max_blocks] int32,
     seq_lens int32.
@@ -307,7 +308,7 @@ def test_extend_fp8_half_queries(query_dtype, window):
 def _empty_fp8_cache(num_blocks, block_size, num_kv_heads, head_dim):
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     caches = [torch.full(shape, NAN_BYTE, dtype=torch.uint8).view(FP8_DTYPE) for _ in range(2)]
-    caches[1] = to_v_dim_major(caches[1])  # V as the engine stores it
+    caches[1] = to_v_dim_major(caches[1])  # (K's layout: test_v_layouts_give_the_same_...)
     scales = [torch.full((num_blocks, num_kv_heads, block_size), float("nan")) for _ in range(2)]
     return caches + scales
 

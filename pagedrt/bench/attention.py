@@ -38,8 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from pagedrt.kv.kv_cache import KVCacheSpec
 from pagedrt.ops import attention_triton as tri
-from pagedrt.ops.fp8 import quantize_fp8
+from pagedrt.ops.fp8 import FP8_DTYPE, quantize_fp8
 from pagedrt.ops.triton_utils import to_v_dim_major
 
 DECODE_SHAPES = [  # (name, num_seqs, context, num_heads, num_kv_heads, head_dim)
@@ -151,7 +152,8 @@ def decode_row(name, num_seqs, context, num_heads, num_kv_heads, head_dim, peers
         bf16_k, bf16_v = k_cache, v_cache
         k_cache, scales["k_scales"] = fp8_cache(bf16_k)
         v_cache, scales["v_scales"] = fp8_cache(bf16_v)
-        v_cache = to_v_dim_major(v_cache)  # as the engine stores an FP8 cache's V
+        if KVCacheSpec(1, 1, 1, 1, FP8_DTYPE).v_dim_major:  # as the engine would store V
+            v_cache = to_v_dim_major(v_cache)
         # one byte per element plus a 4-byte scale per token and KV head, K and V
         kv_bytes = 2 * num_seqs * seen * num_kv_heads * (head_dim + 4)
     else:

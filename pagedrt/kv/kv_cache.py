@@ -7,16 +7,18 @@ dtype (FP8) or with the KV heads of one tensor-parallel rank changes only the sp
 An FP8 cache (`kv_cache_dtype="fp8"`) holds float8_e4m3fn K and V and, per layer, their
 scales [num_blocks, num_kv_heads, block_size] float32 (`pagedrt.ops.fp8`). Scales are indexed
 by block like K and V, so everything that moves a block (copy-on-write, swap out and in) moves
-its scales with it, and a prefix-cached block keeps them. Its V is stored dim-major
-([num_blocks, num_kv_heads, head_dim, block_size], `KVCacheSpec.v_dim_major`) and handed out
-as a view with the usual shape: kernels take V's strides, and a block is still one contiguous
-run, so block copies move it whole.
+its scales with it, and a prefix-cached block keeps them. With PAGEDRT_FP8_V_DIM_MAJOR=1 its V
+is stored dim-major ([num_blocks, num_kv_heads, head_dim, block_size],
+`KVCacheSpec.v_dim_major`) and handed out as a view with the usual shape: kernels take V's
+strides, and a block is still one contiguous run, so block copies move it whole. Off by
+default: measured slower on the H200 (docs/design.md, "FP8 KV cache").
 """
 
 from __future__ import annotations
 
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -86,6 +88,8 @@ class KVCacheSpec:
     head_dim: int
     block_size: int
     dtype: torch.dtype
+    fp8_v_dim_major: bool = field(
+        default_factory=lambda: os.environ.get("PAGEDRT_FP8_V_DIM_MAJOR", "0") == "1")
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_dim", "block_size"):
@@ -116,10 +120,11 @@ class KVCacheSpec:
     @property
     def v_dim_major(self) -> bool:
         """Whether V is stored [num_blocks, num_kv_heads, head_dim, block_size] (tokens
-        contiguous) and handed out as a view with the usual logical shape: an FP8 cache's V.
-        Its decode kernel reads V in that order with wide loads and no shuffle of 8-bit data
-        before the P @ V product (docs/design.md, "FP8 KV cache")."""
-        return self.is_fp8
+        contiguous) and handed out as a view with the usual logical shape: an FP8 cache's V
+        with PAGEDRT_FP8_V_DIM_MAJOR=1 (read when the spec is made). The decode kernel then
+        reads V along tokens; a stripped kernel ran faster that way, the engine's kernel at its
+        tuned tiles slower (docs/design.md, "FP8 KV cache"), so it is off by default."""
+        return self.is_fp8 and self.fp8_v_dim_major
 
     @property
     def scales_shape(self) -> tuple[int, int]:
