@@ -54,6 +54,16 @@ def tiny_model():
 
 
 @pytest.fixture
+def one_thread():
+    """torch on one thread for the test (tiny matmuls gain nothing from splitting); modules
+    use it with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(num_threads)
+
+
+@pytest.fixture
 def tiny(tiny_model):
     """The tiny model, run on one thread (its matmuls are too small to split)."""
     num_threads = torch.get_num_threads()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from pagedrt import LLM, SamplingParams
 from pagedrt.engine.request import PLACEHOLDER_TOKEN_ID
@@ -21,12 +20,7 @@ from pagedrt.engine.request import PLACEHOLDER_TOKEN_ID
 VOCAB = 384
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def greedy(max_tokens: int, **kw) -> SamplingParams:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from itertools import pairwise
 
 import pytest
-import torch
 from test_spec_decode import (
     PROMPTS,
     assert_cache_holds_no_rejected_token,
@@ -29,13 +28,7 @@ from pagedrt.spec.acceptance import (
     AcceptanceRule,
 )
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -30,12 +30,7 @@ from pagedrt.spec.ngram import BULK_MIN_TOKENS, NgramIndex, NgramProposer
 BLOCK = 8
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def ngram(k: int, lo: int = 1, hi: int = 3, **kw) -> dict:
