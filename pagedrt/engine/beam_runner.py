@@ -113,9 +113,10 @@ class BeamRunner:
         self.last_parent_index: torch.Tensor | None = None
         self._stop_ids: dict[tuple[int, ...], np.ndarray] = {}
         self._columns = torch.arange(0, device=device)  # 0, 1, ... (grown as tables widen)
-        if device.type == "cuda":  # (5 rows each way cover width-2 searches with one EOS id)
-            self._inputs = _PinnedBuffers(5 * max_num_seqs)
-            self._outputs = _PinnedBuffers(5 * max_num_seqs)
+        if device.type == "cuda":  # per sampled row: in, 4 + EOS ids / W (+ padding); out,
+            # (2K + 3W) / W = 9 with two EOS ids (more grow the buffers once)
+            self._inputs = _PinnedBuffers(8 * max_num_seqs)
+            self._outputs = _PinnedBuffers(9 * max_num_seqs)
 
     # ----------------------------------------------------------------- launch
     def sample(self, logits: torch.Tensor, sampled_rows: np.ndarray, beam_index: np.ndarray,
