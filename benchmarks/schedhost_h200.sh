@@ -6,7 +6,8 @@
 #   BASE=.base BASE_COMMIT=1c196c2 OUT=out bash benchmarks/schedhost_h200.sh
 #
 # 1. benchmarks/host_step_cpu.py (stub model, no GPU work: the host side only) on this
-#    machine's CPU, greedy and nanovllm sampling, async, base / head alternated twice;
+#    machine's CPU, greedy and nanovllm sampling and greedy with --churn (sequences leave and
+#    join), async, base / head alternated twice; per phase the median over the steps;
 # 2. Qwen2-0.5B on the nano-vllm workload (`pagedrt bench throughput --workload nanovllm`,
 #    without the synchronizing second pass), base then head: output tok/s, the median decode
 #    step (wall / device) and the host ms per phase of the largest-batch decode steps.
@@ -20,9 +21,11 @@ head_commit="$(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null
 head="$PWD"
 log="$out/schedhost.log"
 extra="${PYTHONPATH:+:$PYTHONPATH}"
-host_step() {  # host_step TREE KIND SAMPLING ROUND
+host_step() {  # host_step TREE KIND SETTING ROUND
+    local args="--sampling $3"
+    [ "$3" = churn ] && args="--sampling greedy --churn"
     PYTHONPATH="$1$extra" timeout 40 python3 "$head/benchmarks/host_step_cpu.py" --async \
-        --sampling "$3" --steps 150 --json "$out/host_${2}_${3}_$4.json" >>"$log" 2>&1 \
+        $args --steps 120 --json "$out/host_${2}_${3}_$4.json" >>"$log" 2>&1 \
         || echo "FAILED (status $?): host_step $2 $3 $4" | tee -a "$log"
 }
 nano() {  # nano TREE COMMIT KIND
@@ -33,7 +36,7 @@ nano() {  # nano TREE COMMIT KIND
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 for round in 1 2; do
-    for s in greedy nanovllm; do
+    for s in greedy nanovllm churn; do
         host_step "$base" base "$s" "$round"
         host_step "$head" head "$s" "$round"
     done
@@ -43,10 +46,10 @@ nano "$head" "$head_commit" head
 python3 - "$out" "$base_commit" "$head_commit" <<'PY'
 import glob, json, os, statistics, sys
 out, base_commit, head_commit = sys.argv[1:4]
-print(f"\nhost_step_cpu.py, 256 rows, async: ms per step (median of rounds), base {base_commit}"
-      f" / head {head_commit}")
-print(f"{'sampling':<10} {'phase':<9} {'base':>8} {'head':>8} {'head/base':>9}")
-for s in ("greedy", "nanovllm"):
+print(f"\nhost_step_cpu.py, 256 rows, async: ms per step (medians over steps, then over the two"
+      f" rounds), base {base_commit} / head {head_commit}")
+print(f"{'setting':<10} {'phase':<9} {'base':>8} {'head':>8} {'head/base':>9}")
+for s in ("greedy", "nanovllm", "churn"):
     runs = {}
     for kind in ("base", "head"):
         runs[kind] = [json.load(open(p))["results"][0]
@@ -54,9 +57,10 @@ for s in ("greedy", "nanovllm"):
     if not runs["base"] or not runs["head"]:
         print(f"{s:<10} missing")
         continue
-    phases = ["median_ms", "cpu_ms"] + list(runs["head"][0]["phases_ms"])
+    phases = ["median_ms", "cpu_ms"] + list(runs["head"][0]["phases_median_ms"])
     for ph in phases:
-        get = (lambda r: r[ph]) if ph.endswith("_ms") else (lambda r: r["phases_ms"].get(ph, 0))
+        get = ((lambda r: r[ph]) if ph.endswith("_ms")
+               else (lambda r: r["phases_median_ms"].get(ph, 0)))
         b = statistics.median(get(r) for r in runs["base"])
         h = statistics.median(get(r) for r in runs["head"])
         print(f"{s:<10} {ph:<9} {b:>8.3f} {h:>8.3f} {h / b if b else float('nan'):>8.2f}x")
