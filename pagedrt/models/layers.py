@@ -331,7 +331,10 @@ class RowParallelLinear(LinearBase):
         param.data.copy_(loaded_weight.narrow(1, self.tp_rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        return self._reduced(_linear(x, self.weight, self.bias if self.tp_rank == 0 else None))
+
+    def _reduced(self, y: torch.Tensor) -> torch.Tensor:
+        """The sum of every rank's partial product y (in place)."""
         if self.tp_size > 1:
             self.tp.all_reduce(y)
         return y
@@ -347,10 +350,7 @@ class RowParallelLinear(LinearBase):
         bias = self.bias if self.tp_rank == 0 else None
 
         def fused(cfg):
-            y = gemv_silu_mul_triton(x, self.weight, bias, cfg)
-            if self.tp_size > 1:
-                self.tp.all_reduce(y)
-            return y
+            return self._reduced(gemv_silu_mul_triton(x, self.weight, bias, cfg))
 
         key = ("silu_mul", tuple(self.weight.shape), x.shape[0], x.dtype, bias is not None,
                x.device.index)

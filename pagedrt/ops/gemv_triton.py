@@ -262,25 +262,31 @@ def gemv_silu_mul_triton(x: torch.Tensor, weight: torch.Tensor,
 _CHOICE: dict[tuple, tuple[int, int, int] | None] = {}  # shape key -> config, None = torch
 
 
-def _choose(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple | None:
-    """Time torch and every config on these shapes as the engine runs them: replayed from a
-    CUDA graph (triton.testing.do_bench_cudagraph), where launch overhead does not hide the
-    kernels' own time."""
+def _fastest(baseline, candidate, configs, rep: int) -> tuple | None:
+    """Of `configs` (iterated after `baseline` has run), the config for which `candidate(config)` beats `baseline()` (and every earlier winner)
+    by 5%, or None. Timed as the engine runs them: replayed from a CUDA graph
+    (triton.testing.do_bench_cudagraph), where launch overhead does not hide the kernels' own
+    time; each is run once first, outside the capture, to compile it."""
     from triton.testing import do_bench_cudagraph
 
     def timed(fn) -> float:
-        fn()  # compile outside the capture
-        return do_bench_cudagraph(fn, rep=20)
+        fn()
+        return do_bench_cudagraph(fn, rep=rep)
 
-    best, best_ms = None, timed(lambda: F.linear(x, weight, bias))
-    for cfg in CONFIGS:
+    best, best_ms = None, timed(baseline)
+    for cfg in configs:
         try:
-            ms = timed(lambda cfg=cfg: gemv_triton(x, weight, bias, cfg))
+            ms = timed(lambda cfg=cfg: candidate(cfg))
         except Exception:  # noqa: BLE001, S112 - a config this GPU cannot run is skipped
             continue
         if ms < 0.95 * best_ms:  # a clear win only
             best, best_ms = cfg, ms
     return best
+
+
+def _plain_key(weight: torch.Tensor, rows: int, has_bias: bool) -> tuple:
+    """`_CHOICE`'s key: the weight's shape, dtype and device, the rows, whether a bias."""
+    return (weight.shape, rows, weight.dtype, has_bias, weight.device.index)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
@@ -290,11 +296,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if not (ENABLED and x.is_cuda and 1 <= m <= MAX_ROWS and x.stride(-1) == 1
             and weight.is_contiguous()):
         return F.linear(x, weight, bias)
-    key = (weight.shape, m, x.dtype, bias is not None, x.device.index)
+    key = _plain_key(weight, m, bias is not None)  # (x's dtype and device are weight's)
     if key not in _CHOICE:
         if torch.cuda.is_current_stream_capturing():
             return F.linear(x, weight, bias)
-        _CHOICE[key] = _choose(x, weight, bias)
+        _CHOICE[key] = _fastest(lambda: F.linear(x, weight, bias),
+                                lambda cfg: gemv_triton(x, weight, bias, cfg), CONFIGS, rep=20)
     cfg = _CHOICE[key]
     return F.linear(x, weight, bias) if cfg is None else gemv_triton(x, weight, bias, cfg)
 
@@ -316,21 +323,10 @@ def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int
     if key not in _FUSED_CHOICE:
         if torch.cuda.is_current_stream_capturing():
             return unfused()
-        from triton.testing import do_bench_cudagraph
+        def configs():  # read once the baseline has run: it makes linear's choice
+            plain = _CHOICE.get(_plain_key(weight, rows, has_bias))
+            yield from dict.fromkeys(c for c in (plain, FUSED_DEFAULT) if c is not None)
 
-        def timed(fn) -> float:
-            fn()  # compile outside the capture
-            return do_bench_cudagraph(fn, rep=10)
-
-        best, best_ms = None, timed(unfused)  # (which also makes linear's choice)
-        plain = _CHOICE.get((weight.shape, rows, weight.dtype, has_bias, weight.device.index))
-        for cfg in dict.fromkeys(c for c in (plain, FUSED_DEFAULT) if c is not None):
-            try:
-                ms = timed(lambda cfg=cfg: fused(cfg))
-            except Exception:  # noqa: BLE001, S112 - a config this GPU cannot run is skipped
-                continue
-            if ms < 0.95 * best_ms:
-                best, best_ms = cfg, ms
-        _FUSED_CHOICE[key] = best
+        _FUSED_CHOICE[key] = _fastest(unfused, fused, configs(), rep=10)
     cfg = _FUSED_CHOICE[key]
     return unfused() if cfg is None else fused(cfg)
