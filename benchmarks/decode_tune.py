@@ -24,6 +24,7 @@ import os
 import torch
 import triton
 
+from pagedrt.kv.kv_cache import fp8_v_dim_major_requested
 from pagedrt.ops.attention_reference import paged_attention_decode_reference
 from pagedrt.ops.attention_triton import (
     _decode_launch_config,
@@ -86,7 +87,7 @@ def main() -> None:
                       "v_scales": vs.view(-1, bs, kvh).transpose(1, 2).contiguous()}
             kf = dequantize_fp8(k, scales["k_scales"].transpose(1, 2))
             vf = dequantize_fp8(v, scales["v_scales"].transpose(1, 2))
-            if os.environ.get("PAGEDRT_FP8_V_DIM_MAJOR") == "1":  # as the engine would
+            if fp8_v_dim_major_requested():  # V as the engine would store it
                 v = to_v_dim_major(v)
         else:
             kf, vf = k.float(), v.float()

@@ -38,9 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from pagedrt.kv.kv_cache import KVCacheSpec
+from pagedrt.kv.kv_cache import fp8_v_dim_major_requested
 from pagedrt.ops import attention_triton as tri
-from pagedrt.ops.fp8 import FP8_DTYPE, quantize_fp8
+from pagedrt.ops.fp8 import quantize_fp8
 from pagedrt.ops.triton_utils import to_v_dim_major
 
 DECODE_SHAPES = [  # (name, num_seqs, context, num_heads, num_kv_heads, head_dim)
@@ -152,7 +152,7 @@ def decode_row(name, num_seqs, context, num_heads, num_kv_heads, head_dim, peers
         bf16_k, bf16_v = k_cache, v_cache
         k_cache, scales["k_scales"] = fp8_cache(bf16_k)
         v_cache, scales["v_scales"] = fp8_cache(bf16_v)
-        if KVCacheSpec(1, 1, 1, 1, FP8_DTYPE).v_dim_major:  # as the engine would store V
+        if fp8_v_dim_major_requested():  # V as the engine would store it
             v_cache = to_v_dim_major(v_cache)
         # one byte per element plus a 4-byte scale per token and KV head, K and V
         kv_bytes = 2 * num_seqs * seen * num_kv_heads * (head_dim + 4)

@@ -70,6 +70,12 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype,
     return FP8_DTYPE
 
 
+def fp8_v_dim_major_requested() -> bool:
+    """PAGEDRT_FP8_V_DIM_MAJOR=1: store an FP8 cache's V dim-major (`KVCacheSpec.v_dim_major`;
+    off by default, docs/design.md "FP8 KV cache")."""
+    return os.environ.get("PAGEDRT_FP8_V_DIM_MAJOR", "0") == "1"
+
+
 @dataclass(frozen=True)
 class KVCacheSpec:
     """The layout of the KV cache of one rank.
@@ -88,8 +94,7 @@ class KVCacheSpec:
     head_dim: int
     block_size: int
     dtype: torch.dtype
-    fp8_v_dim_major: bool = field(
-        default_factory=lambda: os.environ.get("PAGEDRT_FP8_V_DIM_MAJOR", "0") == "1")
+    fp8_v_dim_major: bool = field(default_factory=lambda: fp8_v_dim_major_requested())
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_dim", "block_size"):

@@ -44,12 +44,13 @@ conversion per two values on Hopper, where e4m3 -> bf16 takes four (through fp16
 and those conversions, not memory, bounded a bf16-operand version of this kernel at about
 1.5 TB/s on the H200 (BENCHMARKS.md). Every e4m3 value is an fp16 value; the query is cast
 after a division by 64 (exact; the scores are multiplied back), which keeps any |q| below
-4 million finite. An FP8 cache's V is stored dim-major (`KVCacheSpec.v_dim_major`: tokens
-contiguous within a block per head and dim); V_DIM_MAJOR loads its tiles as [HEAD_DIM,
-BLOCK_N] with 16-byte loads along tokens and hands the product their transpose. On the H200
-(benchmarks/diagnostics/fp8_decode_variants.py, 2026-12-01) this took Llama-3-8B heads at
-B64 L4096 from 263 to 182 us (bf16 cache: 245 us); with V in K's layout the 8-bit tile had to
-be reshuffled before the P @ V product.
+4 million finite. With PAGEDRT_FP8_V_DIM_MAJOR=1 an FP8 cache's V is stored dim-major
+(`KVCacheSpec.v_dim_major`: tokens contiguous within a block per head and dim), and
+V_DIM_MAJOR loads its tiles as [HEAD_DIM, BLOCK_N] along tokens and hands the product their
+transpose. A stripped copy of this kernel ran faster that way on the H200 (Llama-3-8B heads,
+B64 L4096: 263 -> 182 us, benchmarks/diagnostics/fp8_decode_variants.py), this kernel at its
+FP8 tile (BLOCK_N 128) slower (488 us; docs/design.md, "FP8 KV cache"), so it is off by
+default.
 """
 
 from __future__ import annotations

@@ -75,7 +75,8 @@ def check_head_dim(head_dim: int) -> None:
 
 def v_dim_major(v_cache: torch.Tensor) -> bool:
     """Whether a V cache [num_blocks, block_size, num_kv_heads, head_dim] is a view of
-    [num_blocks, num_kv_heads, head_dim, block_size] storage (an FP8 cache's V, `KVCacheSpec`):
+    [num_blocks, num_kv_heads, head_dim, block_size] storage (an FP8 cache's V with
+    PAGEDRT_FP8_V_DIM_MAJOR=1, `KVCacheSpec.v_dim_major`):
     the tokens of a block are contiguous per (head, dim), so a tile of V is read with wide
     loads along tokens, the order in which the P @ V product consumes it."""
     return (v_cache.dim() == 4 and v_cache.shape[1] > 1
@@ -85,7 +86,7 @@ def v_dim_major(v_cache: torch.Tensor) -> bool:
 def to_v_dim_major(cache: torch.Tensor) -> torch.Tensor:
     """A copy of `cache` [num_blocks, block_size, num_kv_heads, head_dim] stored dim-major
     ([num_blocks, num_kv_heads, head_dim, block_size]) and seen with the same shape: the layout
-    of an FP8 cache's V in the engine (`v_dim_major`)."""
+    of an FP8 cache's V in the engine with PAGEDRT_FP8_V_DIM_MAJOR=1 (`v_dim_major`)."""
     return cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
 
 
