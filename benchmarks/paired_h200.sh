@@ -11,15 +11,8 @@
 # `bench latency --preset qwen2-0.5b` and the nano-vllm workload once each. One process per
 # run. Prints a table last (medians); the JSON of every run is under $OUT.
 set -u
-out="$(realpath -m "${OUT:-out}")"
-mkdir -p "$out"
-base="$(realpath "${BASE:?set BASE to a copy of the older pagedrt/ tree}")"
-base_commit="${BASE_COMMIT:-base}"
-# .commit first: the copied tree on the device has no .git, or one with a stale HEAD
-head_commit="$(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo head)"
-head="$PWD"
+. benchmarks/base_and_head.sh
 log="$out/paired.log"
-extra="${PYTHONPATH:+:$PYTHONPATH}"
 one() {  # one TREE COMMIT NAME ARGS...
     local tree=$1 commit=$2 name=$3; shift 3
     (cd "$tree" && PAGEDRT_COMMIT=$commit PYTHONPATH="$tree$extra" timeout "${CAP:-90}" \

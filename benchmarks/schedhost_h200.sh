@@ -13,14 +13,8 @@
 #    step (wall / device) and the host ms per phase of the largest-batch decode steps.
 # Prints a table last; every run's JSON and log are under $OUT.
 set -u
-out="$(realpath -m "${OUT:-out}")"
-mkdir -p "$out"
-base="$(realpath "${BASE:?set BASE to a copy of the older pagedrt/ tree}")"
-base_commit="${BASE_COMMIT:-base}"
-head_commit="$(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo head)"
-head="$PWD"
+. benchmarks/base_and_head.sh
 log="$out/schedhost.log"
-extra="${PYTHONPATH:+:$PYTHONPATH}"
 host_step() {  # host_step TREE KIND SETTING ROUND
     local args="--sampling $3"
     [ "$3" = churn ] && args="--sampling greedy --churn"
