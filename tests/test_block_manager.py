@@ -446,7 +446,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for s, slot in enumerate(slots):
             slot.output_token_ids = outputs[slot_parent[s]] + [slot_token[s]]
         free_before = self.kv.num_free_blocks
-        self.kv.reparent(slots, slot_parent, num_blocks)
+        assert all(p == s or slot_parent[p] == p for s, p in enumerate(slot_parent))
+        self.kv.reparent_slots([(slots[s].request_id, slots[p].request_id, num_blocks)
+                                for s, p in enumerate(slot_parent) if p != s])
         assert self.kv.num_free_blocks >= free_before
         if length % BS:
             for s, content in contents.items():

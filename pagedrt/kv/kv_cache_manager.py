@@ -440,21 +440,13 @@ class KVCacheManager:
         self._headroom[request_id] = bound
         return bound
 
-    def reparent(self, requests: list[Request], parents: list[int], num_blocks: int) -> None:
-        """Beam search: slot i continues the beam of slot parents[i] (docs/design.md, "Beam
-        search"). Its first `num_blocks` table entries (the full blocks of the history both
-        share) become the parent's, by reference; its entries from `num_blocks` on (its own
-        partial block, blocks appended since) stay. Blocks no table holds any more are freed at
-        once, tail first. A parent always keeps its own slot (parents[p] == p). One search's
-        `reparent_slots`."""
-        for i, p in enumerate(parents):
-            assert p == i or parents[p] == p, f"slot {p} is a parent but moved to {parents[p]}"
-        self.reparent_slots([(requests[i].request_id, requests[p].request_id, num_blocks)
-                             for i, p in enumerate(parents) if p != i])
-
     def reparent_slots(self, moves: list[tuple[str, str, int]]) -> None:
-        """`reparent` for the moved slots of any number of searches: (slot's request id, its
-        parent's, num_blocks) each. No parent may be a moved slot, so every table read here is
+        """Beam search (docs/design.md, "Beam search"): each moved slot continues its parent's
+        beam, for any number of searches: (slot's request id, its parent's, num_blocks) each.
+        The slot's first `num_blocks` table entries (the full blocks of the history both share)
+        become the parent's, by reference; its entries from `num_blocks` on (its own partial
+        block, blocks appended since) stay. Blocks no table holds any more are freed at once,
+        tail first. No parent may be a moved slot, so every table read here is
         unchanged while others are written. Only the entries where the two tables differ
         change, in place (the tables share a common ancestor's blocks, and differ after them);
         every block taken is referenced before any released is freed.
