@@ -8,8 +8,9 @@
 #   BASE=.base BASE_COMMIT=baca7b5 REPEATS=3 OUT=out bash benchmarks/paired_h200.sh
 #
 # Runs, alternating base / head: `bench throughput --preset qwen2-0.5b` REPEATS times each,
-# `bench latency --preset qwen2-0.5b` and the nano-vllm workload once each. One process per
-# run. Prints a table last (medians); the JSON of every run is under $OUT.
+# `bench latency --preset qwen2-0.5b` once each, the nano-vllm workload NANO_REPEATS times
+# each (1; in ABBA order). One process per run. Prints a table last (medians); the JSON of
+# every run is under $OUT.
 set -u
 . benchmarks/base_and_head.sh
 log="$out/paired.log"
@@ -27,7 +28,13 @@ done
 for kind in base head; do
     tree=$head; commit=$head_commit; [ $kind = base ] && { tree=$base; commit=$base_commit; }
     one "$tree" "$commit" "${kind}_lat" latency --preset qwen2-0.5b
-    one "$tree" "$commit" "${kind}_nano" throughput --preset qwen2-0.5b --workload nanovllm
+done
+for i in $(seq "${NANO_REPEATS:-1}"); do  # ABBA: base, head, head, base, ...
+    kinds="base head"; [ $((i % 2)) = 0 ] && kinds="head base"
+    for kind in $kinds; do
+        tree=$head; commit=$head_commit; [ $kind = base ] && { tree=$base; commit=$base_commit; }
+        one "$tree" "$commit" "${kind}_nano_$i" throughput --preset qwen2-0.5b --workload nanovllm
+    done
 done
 python3 - "$out" "$base_commit" "$head_commit" <<'PY'
 import glob, json, os, statistics, sys
@@ -54,5 +61,5 @@ row("batch-1 ms/token ctx 512", "ms_per_token", "_lat",
     lambda r: r.get("cuda_graphs") and r["workload"].endswith("ctx512"))
 row("batch-1 ms/token ctx 4096", "ms_per_token", "_lat",
     lambda r: r.get("cuda_graphs") and r["workload"].endswith("ctx4096"))
-row("nano-vllm workload out tok/s", "output_tok_s", "_nano")
+row("nano-vllm workload out tok/s", "output_tok_s", "_nano_*")
 PY

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
+import statistics
 import time
 from collections.abc import Callable
 
@@ -210,7 +211,6 @@ def summarize_trace(trace: list) -> dict:
     and of steps with prefill tokens; the longest step of all (max_step_ms, its index in the
     trace max_step_index, and what it scheduled: a one-time stall, such as a kernel loaded on
     first use, shows there) and the median of all (step_ms_median)."""
-    import statistics
 
     out = {}
     if trace:
@@ -359,55 +359,83 @@ def warm_up(llm, args) -> None:
 
 
 def compare_speculative(args, model, name, prompts, params, ceilings, workload) -> int:
-    """The workload with speculation off, then on (--speculative-config), one engine each."""
+    """The workload with speculation off and on (--speculative-config), one engine each, made
+    in ABBA order (off, on, on, off, ...) for --repeats rounds, so that a drift over the run
+    (clocks, or what an engine made earlier in this process leaves behind) falls on both
+    sides alike. Each "on" row's throughput_vs_off compares it with the "off" row of its round;
+    throughput_vs_off_median compares the medians over every round."""
     if args.speculative_config is None:
         raise ValueError("--compare-speculative needs --speculative-config JSON")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats {args.repeats}: give at least 1")
     results = []
     sweep = [int(x) for x in args.batch_sizes.split(",") if x]
-    for label, overrides in (("off", {"speculative_config": None}), ("on", {})):
-        llm = make_llm(model, args, **overrides)
-        warm_up(llm, args)
-        row = run_pagedrt(llm, args, prompts, params, ceilings, name, workload)
-        row["speculation"] = label
-        row.update({k: row["step_times"][k] for k in LONGEST_STEP_KEYS
-                    if k in row["step_times"]})
-        row["speculative_config"] = llm.llm_engine.config.speculative_config
-        stats = llm.stats()
-        row.update({k: v for k, v in stats.items() if k.startswith("spec_decode")})
-        results.append(row)
-        for b in sweep:  # the same workload with b requests
-            sub = argparse.Namespace(**{**vars(args), "num_requests": b})
-            sub_prompts, sub_params, sub_workload = make_workload(sub, seed=100 + b)
-            before = dict(llm.stats())
-            trace, finish_trace = trace_steps(llm.llm_engine)
-            elapsed, steps, outs = timed_generate(llm, sub_prompts, sub_params)
-            finish_trace()
-            after = llm.stats()
-            n_out = sum(len(o.outputs[0].token_ids) for o in outs)
-            longest = summarize_trace(trace)
-            results.append({
-                "system": "pagedrt", "workload": f"{name} {sub_workload}", "num_requests": b,
-                "speculation": label, "output_tokens": n_out, "elapsed_s": elapsed,
-                "output_tok_s": n_out / elapsed, "num_steps": steps,
-                **{k: longest[k] for k in LONGEST_STEP_KEYS if k in longest},
-                **{k: after[k] - before[k] for k in after
-                   if k.startswith("spec_decode_num")}})
-        free_llm(llm)
-    off = {r["workload"]: r for r in results if r["speculation"] == "off"}
-    for r in results:
-        if r["speculation"] == "on" and r["workload"] in off:
-            r["throughput_vs_off"] = r["output_tok_s"] / off[r["workload"]]["output_tok_s"]
+    settings = {"off": {"speculative_config": None}, "on": {}}
+    for rep in range(args.repeats):
+        for label in ("off", "on") if rep % 2 == 0 else ("on", "off"):
+            rows = _speculation_runs(model, args, settings[label], prompts, params, ceilings,
+                                     name, workload, sweep)
+            for row in rows:
+                row.update(speculation=label, repeat=rep)
+            results += rows
+    for key in {r["workload"] for r in results}:
+        per = {label: [r for r in results if r["workload"] == key and r["speculation"] == label]
+               for label in ("off", "on")}
+        if not per["off"] or not per["on"]:
+            continue
+        off_median = statistics.median(r["output_tok_s"] for r in per["off"])
+        on_median = statistics.median(r["output_tok_s"] for r in per["on"])
+        off_by_round = {r["repeat"]: r for r in per["off"]}
+        for r in per["on"]:
+            r["throughput_vs_off"] = r["output_tok_s"] / off_by_round[r["repeat"]]["output_tok_s"]
+            r["throughput_vs_off_median"] = on_median / off_median
     path = write_results(args.out, args.name, results, {"ceilings": ceilings})
-    print(f"\n{'workload':<34} {'spec':>5} {'out tok/s':>10} {'vs off':>7} {'steps':>6} "
-          f"{'spec steps':>10} {'accept':>7} {'max step ms':>11} {'median':>6}")
+    print(f"\n{'workload':<34} {'spec':>5} {'round':>5} {'out tok/s':>10} {'vs off':>7} "
+          f"{'steps':>6} {'spec steps':>10} {'accept':>7} {'max step ms':>11} {'median':>6}")
     for r in results:
         ratio = f"{r['throughput_vs_off']:.3f}x" if "throughput_vs_off" in r else ""
-        print(f"{r['workload']:<34} {r['speculation']:>5} {r['output_tok_s']:>10,.0f} "
-              f"{ratio:>7} {r['num_steps']:>6} {r.get('spec_decode_num_steps', 0):>10} "
-              f"{_acceptance(r):>7.2f} {r.get('max_step_ms', float('nan')):>11.2f} "
+        print(f"{r['workload']:<34} {r['speculation']:>5} {r['repeat']:>5} "
+              f"{r['output_tok_s']:>10,.0f} {ratio:>7} {r['num_steps']:>6} "
+              f"{r.get('spec_decode_num_steps', 0):>10} {_acceptance(r):>7.2f} "
+              f"{r.get('max_step_ms', float('nan')):>11.2f} "
               f"{r.get('step_ms_median', float('nan')):>6.2f}")
+    for key in sorted({r["workload"] for r in results if "throughput_vs_off_median" in r}):
+        ratio = next(r["throughput_vs_off_median"] for r in results if r["workload"] == key
+                     and "throughput_vs_off_median" in r)
+        print(f"{key}: on / off, medians over {args.repeats} round(s): {ratio:.3f}x")
     print(f"results: {path}")
     return 0
+
+
+def _speculation_runs(model, args, overrides, prompts, params, ceilings, name, workload,
+                      sweep) -> list[dict]:
+    """One engine: the timed workload, then the same workload with each of `sweep`'s request
+    counts; the engine is freed before returning (nothing here outlives it: a traced step's
+    closure would keep its KV cache on the device)."""
+    llm = make_llm(model, args, **overrides)
+    warm_up(llm, args)
+    row = run_pagedrt(llm, args, prompts, params, ceilings, name, workload)
+    row.update({k: row["step_times"][k] for k in LONGEST_STEP_KEYS if k in row["step_times"]})
+    row["speculative_config"] = llm.llm_engine.config.speculative_config
+    row.update({k: v for k, v in llm.stats().items() if k.startswith("spec_decode")})
+    rows = [row]
+    for b in sweep:  # the same workload with b requests
+        sub = argparse.Namespace(**{**vars(args), "num_requests": b})
+        sub_prompts, sub_params, sub_workload = make_workload(sub, seed=100 + b)
+        before = dict(llm.stats())
+        trace, finish_trace = trace_steps(llm.llm_engine)
+        elapsed, steps, outs = timed_generate(llm, sub_prompts, sub_params)
+        finish_trace()
+        after = llm.stats()
+        n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+        longest = summarize_trace(trace)
+        rows.append({
+            "system": "pagedrt", "workload": f"{name} {sub_workload}", "num_requests": b,
+            "output_tokens": n_out, "elapsed_s": elapsed, "output_tok_s": n_out / elapsed,
+            "num_steps": steps, **{k: longest[k] for k in LONGEST_STEP_KEYS if k in longest},
+            **{k: after[k] - before[k] for k in after if k.startswith("spec_decode_num")}})
+    free_llm(llm)
+    return rows
 
 
 def _acceptance(row: dict) -> float:
@@ -440,6 +468,9 @@ def main(argv: list[str]) -> int:
                         "(0.6, a seed per request)")
     p.add_argument("--compare-speculative", action="store_true",
                    help="run the workload with --speculative-config and without it")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="with --compare-speculative: rounds of one engine each way, made in "
+                        "ABBA order (off, on, on, off, ...); medians are compared")
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=128)
