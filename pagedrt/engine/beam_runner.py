@@ -3,8 +3,9 @@ slots' rows follow the choice (docs/design.md, "Beam search").
 
 In a step that samples the W slots of a search (rows of `InputBatch` with `is_beam`):
 
-  1. `sample`: the searches of each (W, K) together: `top_candidates` on their logits rows and
-     scores, then the choice (`choose_slots`, or its Triton kernel `beam_choose_triton`); each
+  1. `sample`: the searches of each (W, K) together: their K best candidates from the logits
+     rows and scores (`top_candidates`, or its Triton kernels `beam_top_candidates_triton`),
+     then the choice (`choose_slots`, or its Triton kernel `beam_choose_triton`); each
      slot's sampled token is its candidate's token (so the next step reads it like any token
      still being sampled), its score the candidate's value (`InputBatch.beam_scores`, on the
      device). A slot whose parent is another slot gets the parent's partial last block copied
@@ -93,14 +94,16 @@ class BeamRunner:
     """Beam expansion and row bookkeeping for one ModelRunner (its InputBatch and KV cache).
 
     Per step and (W, K) of the searches it expands: one host-to-device copy of the rows and
-    block ids, about 30 tensor ops (`expand_beams`, the slots' tokens and scores, the partial
-    blocks' copies), one device-to-host copy of the candidates; no host sync."""
+    block ids, the expansion (3 Triton kernels, or about 30 tensor ops: `expand_beams`, the
+    slots' tokens and scores), the partial blocks' copies, one device-to-host copy of the
+    candidates; no host sync."""
 
     def __init__(self, batch: InputBatch, kv_cache: KVCache, device: torch.device,
                  max_num_seqs: int = 256, backend: str = "auto") -> None:
-        """backend: the attention backend; where it runs Triton kernels, so does the choice
-        among the candidates (`pagedrt/ops/beam_triton.py`), unless the environment variable
-        PAGEDRT_BEAM_KERNEL is 0 (then the torch ops of `choose_slots`, as on CPU)."""
+        """backend: the attention backend; where it runs Triton kernels, so do the search for
+        the candidates (`pagedrt/ops/beam_topk_triton.py`) and the choice among them
+        (`pagedrt/ops/beam_triton.py`), unless the environment variable PAGEDRT_BEAM_KERNEL is
+        0 (then the torch ops of `top_candidates` and `choose_slots`, as on CPU)."""
         self.batch = batch
         self.kv_cache = kv_cache
         self.device = device
@@ -229,10 +232,12 @@ class BeamRunner:
         stop_t = rest.pop(0).view(num_groups, -1) if stop_table is not None else None
         index_t, dst_t = index_t.view(num_groups, width), dst_t.view(len(copy), width)
         scores = batch.beam_scores.index_select(0, rows_t)
-        values, flat = top_candidates(
-            logits if whole else logits.index_select(0, index_t.view(-1)), scores, width, k)
-        if kernel:  # the rest in one kernel
+        slot_logits = logits if whole else logits.index_select(0, index_t.view(-1))
+        if kernel:  # the candidates in two kernels, the rest in one
+            from pagedrt.ops.beam_topk_triton import beam_top_candidates_triton
             from pagedrt.ops.beam_triton import beam_choose_triton  # (triton is optional)
+
+            values, flat = beam_top_candidates_triton(slot_logits, scores, width, k)
 
             if whole:
                 token_ids = torch.empty(len(sampled_rows), dtype=torch.int64,
@@ -242,6 +247,7 @@ class BeamRunner:
                 values, flat, logits.shape[1], stop_t, index_t, rows_t.view(num_groups, width),
                 copy_t, dst_t, token_ids, batch.beam_scores, parent_index)
         else:
+            values, flat = top_candidates(slot_logits, scores, width, k)
             out = choose_slots(values, flat, logits.shape[1], width, stop_t)
             batch.beam_scores.index_copy_(0, rows_t, out.slot_scores.view(-1))
             parents = index_t.gather(1, out.slot_parents).view(-1)  # as sampled positions

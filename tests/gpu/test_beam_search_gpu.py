@@ -147,3 +147,28 @@ def test_choice_kernel_equals_torch_ops_on_cuda(width, num_stops):
     assert torch.equal(beam_scores[rows.view(-1)], want.slot_scores.view(-1))
     assert torch.equal(parent_index[index.view(-1)], index.gather(1, want.slot_parents).view(-1))
     assert torch.equal(src, dst.gather(1, want.slot_parents[1::2]))
+
+
+@pytest.mark.parametrize("width, k, dtype", [(4, 8, torch.bfloat16), (8, 24, torch.bfloat16),
+                                             (2, 4, torch.float32)])
+def test_candidate_kernels_equal_torch_ops_on_cuda(width, k, dtype):
+    """pagedrt/ops/beam_topk_triton.py compiled for the GPU, at Qwen2's vocabulary (151,936, 75
+    chunks) and 64 searches: the K best candidates of `top_candidates`, values within float32
+    rounding (tests/test_beam_topk_triton.py checks the same under the interpreter)."""
+    from pagedrt.engine.beam_search import top_candidates
+    from pagedrt.ops.beam_topk_triton import beam_top_candidates_triton
+
+    torch.manual_seed(width + k)
+    groups, vocab = 64, 151_936
+    logits = (torch.randn(groups * width, vocab, device=DEVICE) * 4).to(dtype)
+    scores = torch.randn(groups * width, device=DEVICE) * 20
+    scores[1:width] = -torch.inf  # a search at its first step
+    want_values, want_flat = top_candidates(logits, scores, width, k)
+    values, flat = beam_top_candidates_triton(logits, scores, width, k)
+    torch.testing.assert_close(values, want_values, rtol=1e-6, atol=1e-5)
+    cumulative = torch.log_softmax(logits.float(), -1) + scores[:, None]
+    torch.testing.assert_close(cumulative.view(groups, -1).gather(1, flat), want_values,
+                               rtol=1e-6, atol=1e-5)
+    assert all(len(set(row)) == k for row in flat.tolist())
+    if dtype == torch.float32:
+        assert torch.equal(flat, want_flat)
