@@ -26,7 +26,17 @@ def test_compare_speculative_alternates_and_frees_each_engine(smollm2_path, tmp_
                      llm.llm_engine.config.speculative_config is not None))
         return llm
 
+    free_llm = throughput.free_llm
+    freed = []
+
+    def checked_free(llm):
+        engine = weakref.ref(llm.llm_engine)
+        free_llm(llm)  # (no gc.collect here: the next engine is sized right after this)
+        assert engine() is None, "free_llm left the engine alive: its KV cache stays put"
+        freed.append(True)
+
     monkeypatch.setattr(throughput, "make_llm", tracked)
+    monkeypatch.setattr(throughput, "free_llm", checked_free)
     spec = ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, '
             '"prompt_lookup_max": 2}')
     assert throughput.main([
@@ -36,6 +46,7 @@ def test_compare_speculative_alternates_and_frees_each_engine(smollm2_path, tmp_
         "--repeats", "2", "--batch-sizes", "1", "--skip-step-split",
         "--warm-up-requests", "1"]) == 0
     assert [on for _, on in made] == [False, True, True, False]  # ABBA
+    assert len(freed) == 4
     rows = json.loads((tmp_path / "s.json").read_text())["results"]
     for workload in {r["workload"] for r in rows}:
         mine = [r for r in rows if r["workload"] == workload]

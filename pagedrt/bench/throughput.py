@@ -410,32 +410,36 @@ def compare_speculative(args, model, name, prompts, params, ceilings, workload) 
 def _speculation_runs(model, args, overrides, prompts, params, ceilings, name, workload,
                       sweep) -> list[dict]:
     """One engine: the timed workload, then the same workload with each of `sweep`'s request
-    counts; the engine is freed before returning (nothing here outlives it: a traced step's
-    closure would keep its KV cache on the device)."""
+    counts; the engine is freed before returning."""
     llm = make_llm(model, args, **overrides)
     warm_up(llm, args)
     row = run_pagedrt(llm, args, prompts, params, ceilings, name, workload)
     row.update({k: row["step_times"][k] for k in LONGEST_STEP_KEYS if k in row["step_times"]})
     row["speculative_config"] = llm.llm_engine.config.speculative_config
     row.update({k: v for k, v in llm.stats().items() if k.startswith("spec_decode")})
-    rows = [row]
-    for b in sweep:  # the same workload with b requests
-        sub = argparse.Namespace(**{**vars(args), "num_requests": b})
-        sub_prompts, sub_params, sub_workload = make_workload(sub, seed=100 + b)
-        before = dict(llm.stats())
-        trace, finish_trace = trace_steps(llm.llm_engine)
-        elapsed, steps, outs = timed_generate(llm, sub_prompts, sub_params)
-        finish_trace()
-        after = llm.stats()
-        n_out = sum(len(o.outputs[0].token_ids) for o in outs)
-        longest = summarize_trace(trace)
-        rows.append({
-            "system": "pagedrt", "workload": f"{name} {sub_workload}", "num_requests": b,
-            "output_tokens": n_out, "elapsed_s": elapsed, "output_tok_s": n_out / elapsed,
-            "num_steps": steps, **{k: longest[k] for k in LONGEST_STEP_KEYS if k in longest},
-            **{k: after[k] - before[k] for k in after if k.startswith("spec_decode_num")}})
+    rows = [row] + [_sweep_row(llm, args, b, name) for b in sweep]
     free_llm(llm)
     return rows
+
+
+def _sweep_row(llm, args, num_requests: int, name: str) -> dict:
+    """The workload with `num_requests` requests on `llm`, traced. (A function of its own: the
+    trace's closures hold the engine, and must be gone before the engine is freed, or its KV
+    cache stays on the device.)"""
+    sub = argparse.Namespace(**{**vars(args), "num_requests": num_requests})
+    sub_prompts, sub_params, sub_workload = make_workload(sub, seed=100 + num_requests)
+    before = dict(llm.stats())
+    trace, finish_trace = trace_steps(llm.llm_engine)
+    elapsed, steps, outs = timed_generate(llm, sub_prompts, sub_params)
+    finish_trace()
+    after = llm.stats()
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    longest = summarize_trace(trace)
+    return {
+        "system": "pagedrt", "workload": f"{name} {sub_workload}", "num_requests": num_requests,
+        "output_tokens": n_out, "elapsed_s": elapsed, "output_tok_s": n_out / elapsed,
+        "num_steps": steps, **{k: longest[k] for k in LONGEST_STEP_KEYS if k in longest},
+        **{k: after[k] - before[k] for k in after if k.startswith("spec_decode_num")}}
 
 
 def _acceptance(row: dict) -> float:
