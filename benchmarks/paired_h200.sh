@@ -7,9 +7,9 @@
 #   git archive baca7b5 pagedrt | tar -x -C .base       # .base is git-ignored
 #   BASE=.base BASE_COMMIT=baca7b5 REPEATS=3 OUT=out bash benchmarks/paired_h200.sh
 #
-# Runs, alternating base / head: `bench throughput --preset qwen2-0.5b` REPEATS times each,
-# `bench latency --preset qwen2-0.5b` once each, the nano-vllm workload NANO_REPEATS times
-# each (1; in ABBA order). One process per run. Prints a table last (medians); the JSON of
+# Runs, alternating base / head: `bench throughput --preset qwen2-0.5b` REPEATS times each
+# (in ABBA order), `bench latency --preset qwen2-0.5b` once each, the nano-vllm workload
+# NANO_REPEATS times each (1; in ABBA order). One process per run. Prints a table last (medians); the JSON of
 # every run is under $OUT.
 set -u
 . benchmarks/base_and_head.sh
@@ -21,9 +21,14 @@ one() {  # one TREE COMMIT NAME ARGS...
         || echo "FAILED (status $?): $name" | tee -a "$log"
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
-for i in $(seq "${REPEATS:-3}"); do
-    one "$base" "$base_commit" "base_thr_$i" throughput --preset qwen2-0.5b
-    one "$head" "$head_commit" "head_thr_$i" throughput --preset qwen2-0.5b
+for i in $(seq "${REPEATS:-3}"); do  # ABBA: base, head, head, base, ...
+    if [ $((i % 2)) = 1 ]; then
+        one "$base" "$base_commit" "base_thr_$i" throughput --preset qwen2-0.5b
+        one "$head" "$head_commit" "head_thr_$i" throughput --preset qwen2-0.5b
+    else
+        one "$head" "$head_commit" "head_thr_$i" throughput --preset qwen2-0.5b
+        one "$base" "$base_commit" "base_thr_$i" throughput --preset qwen2-0.5b
+    fi
 done
 for kind in base head; do
     tree=$head; commit=$head_commit; [ $kind = base ] && { tree=$base; commit=$base_commit; }
