@@ -10,7 +10,8 @@ tokens; `check_integrity` runs between steps. The workloads reach what the stead
 leave to the general one or get right: joins and leaves, preemption (recompute and swap),
 chunked prefill, prefix hits, n > 1 (copy-on-write of a shared last block), seeded sampling,
 logprobs, stop ids, streamed requests, aborts between steps (async: a row finished since its
-plan), max_tokens reached with a token in flight, a sliding window, speculative decoding.
+plan), max_tokens reached with a token in flight, a sliding window, speculative decoding, beam
+searches (their slots forked and pruned between steps).
 """
 
 from __future__ import annotations
@@ -208,6 +209,37 @@ def test_speculative_decoding(tiny):
     num_steady = _compare(_tiny_llm(tiny, num_kv_blocks=200, speculative_config=spec),
                           arrivals, {})
     assert num_steady > 5
+
+
+@pytest.mark.parametrize("num_kv_blocks", [48, 400], ids=["pressure", "ample"])
+def test_beam_search(num_kv_blocks):
+    """Beam searches of widths 2 and 4 beside ordinary requests, some ending on EOS (the tiny
+    model with two EOS ids): their slots take the steady path too (forks and prunes between
+    steps, partial-block copies), with searches preempted whole under pressure."""
+    import dataclasses
+
+    from tiny_model import TINY_CONFIG, build_tiny_llama
+
+    from pagedrt import BeamSearchParams
+
+    model = build_tiny_llama(seed=0, config=dataclasses.replace(TINY_CONFIG,
+                                                                eos_token_ids=(19, 207)))
+    rng = random.Random(7)
+    arrivals = []
+    for i in range(10):
+        prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(3, 30))]
+        if i % 3 == 2:
+            params = SamplingParams(temperature=0.0, max_tokens=rng.randint(10, 30),
+                                    ignore_eos=True)
+        else:
+            params = BeamSearchParams(beam_width=2 if i % 3 else 4,
+                                      max_tokens=rng.randint(10, 30),
+                                      ignore_eos=i % 2 == 0).to_sampling_params()
+        arrivals.append((0 if i < 6 else rng.randint(1, 20), f"r{i}", prompt, params, False,
+                         0))
+    make = _tiny_llm(model, num_kv_blocks=num_kv_blocks, max_num_batched_tokens=64)
+    num_steady = _compare(make, arrivals, {})
+    assert num_steady > 10
 
 
 def test_sliding_window(tmp_path):

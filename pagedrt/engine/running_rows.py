@@ -39,8 +39,10 @@ class RunningRows:
             such a sequence is also written one by one).
         stop_token_ids: [m] int64, sorted: every id in some sequence's `stop_token_set` (a
             token among them may stop its sequence; `update` checks those rows one by one).
-        decodable: every sequence is forked (its n samples exist) and none is a beam slot:
-            a step in which each computes one token needs no per-request decision.
+        decodable: every sequence is forked (its n samples or a beam search's W slots
+            exist): a step in which each computes one token needs no per-request decision.
+        beam_heads: [b] int64 the rows of beam searches' first slots (`Scheduler._advance`
+            hands their searches to the step's beam expansion), in row order.
     """
 
     def __init__(self, running: list[Request]) -> None:
@@ -57,7 +59,10 @@ class RunningRows:
         self.streamed = np.array([r.stream for r in requests], dtype=np.bool_)
         self.stop_token_ids = np.array(
             sorted(frozenset().union(*[r.stop_token_set for r in requests])), dtype=np.int64)
-        self.decodable = all(r.forked and r.beam is None for r in requests)
+        self.decodable = all(r.forked for r in requests)
+        self.beam_heads = np.array([i for i, r in enumerate(requests)
+                                    if r.beam is not None and r.sample_index == 0],
+                                   dtype=np.int64)
         self._event_keys: tuple[list[str], list[int]] | None = None
 
     def event_keys(self) -> tuple[list[str], list[int]]:

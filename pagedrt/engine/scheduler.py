@@ -369,12 +369,13 @@ class Scheduler:
 
     def _steady_decode(self, max_tokens: int) -> SteadyDecode | None:
         """Section 1 of `schedule` for a steady decode step, with per-row numpy: when every
-        running sequence is forked and none is a beam slot, each has exactly its last token to
-        compute or (async scheduling) its last allowed token in flight, and the blocks they
-        may need are free, the plan schedules each of the first kind for one token, which is
-        what `_schedule_running` would plan, and `KVCacheManager.allocate_decode` allocates
-        what that loop would, in one call. Returns None, having changed nothing, when the
-        step is not such a step."""
+        running sequence is forked (beam searches' slots included), each has exactly its last
+        token to compute or (async scheduling) its last allowed token in flight, and the
+        blocks they may need are free, the plan schedules each of the first kind for one
+        token, which is what `_schedule_running` would plan, and
+        `KVCacheManager.allocate_decode` allocates what that loop would, in one call (with
+        every allocation certain to succeed, a search's slots need no joint check). Returns
+        None, having changed nothing, when the step is not such a step."""
         running = self.running
         n = len(running)
         if not n or n > max_tokens:
@@ -448,6 +449,12 @@ class Scheduler:
             sampled += steady.requests
             indices += steady.num_output.tolist()
             num_decode = int(np.count_nonzero(steady.num_output))
+            heads = steady.rows.beam_heads
+            if len(heads):  # the searches' first slots, as the loop below hands them on
+                if steady.picked is not None:
+                    heads = np.flatnonzero(np.isin(steady.picked, heads))
+                requests, num_output = steady.requests, steady.num_output
+                beams += [(requests[i], int(num_output[i])) for i in heads.tolist()]
         rest = scheduled[k:]
         req_ids += [req.request_id for req in rest]
         starts += [req.num_computed_tokens for req in rest]

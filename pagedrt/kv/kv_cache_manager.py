@@ -454,8 +454,15 @@ class KVCacheManager:
         Records no block-table change: the device side re-parents its rows by the same rule.
         The prefix-cache hashes of the shared blocks follow them."""
         tables = self.req_to_blocks
-        # blocks gain and lose holders: any holder's headroom hint may be stale (re-made on use)
-        self._headroom.clear()
+        # the moved slots' hints are stale (re-made on use); their parents' are dropped too, to
+        # be safe. A block taken is a full block of a history, never a partial last block
+        # that would now be shared, so no other holder's hint changes; a block released may
+        # leave a holder's last block exclusive, whose hint (0: visit) is then merely
+        # conservative
+        hints = self._headroom
+        for rid, pid, _ in moves:
+            hints.pop(rid, None)
+            hints.pop(pid, None)
         window = self.sliding_window is not None
         cached, all_hashes, num_released = (self._num_cached_blocks, self._block_hashes,
                                             self._num_released)
