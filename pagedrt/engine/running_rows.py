@@ -41,6 +41,8 @@ class RunningRows:
             token among them may stop its sequence; `update` checks those rows one by one).
         decodable: every sequence is forked (its n samples or a beam search's W slots
             exist): a step in which each computes one token needs no per-request decision.
+        is_beam: [n] bool, a beam search's slot (its tokens are written by
+            `Scheduler._update_beams`, never one by one).
         beam_heads: [b] int64 the rows of beam searches' first slots (`Scheduler._advance`
             hands their searches to the step's beam expansion), in row order.
     """
@@ -60,9 +62,9 @@ class RunningRows:
         self.stop_token_ids = np.array(
             sorted(frozenset().union(*[r.stop_token_set for r in requests])), dtype=np.int64)
         self.decodable = all(r.forked for r in requests)
-        self.beam_heads = np.array([i for i, r in enumerate(requests)
-                                    if r.beam is not None and r.sample_index == 0],
-                                   dtype=np.int64)
+        self.is_beam = np.array([r.beam is not None for r in requests], dtype=np.bool_)
+        self.beam_heads = np.flatnonzero(
+            self.is_beam & np.array([r.sample_index == 0 for r in requests], dtype=np.bool_))
         self._event_keys: tuple[list[str], list[int]] | None = None
 
     def event_keys(self) -> tuple[list[str], list[int]]:

@@ -754,9 +754,10 @@ class Scheduler:
         else, in one loop of plain writes: each token over its placeholder, no token pending
         where that placeholder was the last one (no later plan appended another), the token
         time. Left to `update`'s loop (returned, with the plan's later rows, in row order):
-        the sequences that are not quiet (`RunningRows.quiet`), those whose token may stop
-        them (some running sequence's stop id, or their max_tokens), those getting their first
-        token (its time), and the sequences finished since the plan;
+        the sequences that are not quiet (`RunningRows.quiet`) but beam slots (written by
+        `_update_beams`), those whose token may stop them (some running sequence's stop id, or
+        their max_tokens), those getting their first token (its time), and the sequences
+        finished since the plan;
         outside token-event mode also the streamed ones (reported every step). In token-event
         mode each written token's TokenEvent is appended, and when any row is left every row
         is (the events stay in row order). Returns (tokens written, indices of the rows
@@ -778,7 +779,9 @@ class Scheduler:
                 left[requests.index(req)] = True
         if events is not None and left.any():
             return 0, list(range(len(token_ids)))
-        one_by_one = np.flatnonzero(left).tolist()
+        # (beam slots are left unwritten, and not to the loop either: `_update_beams` wrote
+        # them; in token-event mode they are never quiet, so every row went to the loop)
+        one_by_one = np.flatnonzero(left & ~steady.take(rows.is_beam)).tolist()
         for req, output_token_ids, i, token, skip in zip(
                 requests, steady.outputs, index.tolist(), token_ids, left.tolist()):
             if skip:
