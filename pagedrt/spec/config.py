@@ -20,7 +20,11 @@ accepted drafts give.
    batch size gave 0.85x the throughput of speculation off at 8 concurrent requests, 0.96x at
    16, 0.62x at 32, 0.65x at 64 and 128 (BENCHMARKS.md, second runs of 2026-12-01), while
    batch 1 gained 1.88x and 2.25x on text that repeats its prompt. Batches 2 and 4 were not in
-   that sweep; the script's forced-on sweep now runs 1, 2, 4, ..., 128 to check the bound.
+   that sweep. A later sweep (both rules off; night runs of 2026-12-01, one run per point,
+   and engines of one commit differ by up to ~15% from run to run there) gave 1.99x at 1,
+   0.97x at 2, 0.83x at 4, 0.72x at 8, 0.77x at 16, 0.49x at 32, 0.44x at 64 and 128: with the
+   per-sequence rule off, 4 is past the break-even; the bound stays 4 until a sweep with that
+   rule on (the default) says where it lies.
    With the former default, 32, 256 concurrent requests ran at 0.869x of off: the tail of the
    run speculated at batches where it loses, and the first verification step paid a one-time
    ~138 ms (the rejection sampler's kernels loaded on first use, ~97 ms, now run at start-up
