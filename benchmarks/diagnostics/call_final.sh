@@ -53,9 +53,7 @@ elif [ "${PART:-A}" = A ]; then
   echo "== latency, fusion off (HEAD)"; grep -E "ctx|ms" "$out/r/lat_unfused.txt" | tail -4
   echo "== paired"; tail -8 "$out/r/paired.txt"
 else
-  cat /tmp/p1 .gguf_parts/p2 > /tmp/smollm2.gguf
-  [ "$(md5sum /tmp/smollm2.gguf | cut -d' ' -f1)" = "$(cat .gguf_parts/md5)" ] || echo "GGUF md5 differs"
-  export SMOLLM2_GGUF=/tmp/smollm2.gguf
+  . benchmarks/diagnostics/join_gguf.sh
   mkdir -p "$out/r/spec" "$out/r/beam"
   OUT="$out/r/spec" BUDGET_S="${SPEC_CAP:-170}" timeout "${SPEC_CAP:-170}" \
     bash benchmarks/spec_h200.sh > "$out/r/spec.txt" 2>&1
