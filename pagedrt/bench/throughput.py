@@ -23,7 +23,9 @@ SDPA) and HF `generate_batch` (its continuous batching, attn_implementation "pag
 
 --compare-speculative runs the workload with the engine's --speculative-config and without
 it, in the same process, and prints the ratio (speculation switches itself off while more than
-its disable_by_batch_size sequences are unfinished, so at 256 requests it should cost nothing).
+its disable_by_batch_size sequences are unfinished, so at 256 requests it should cost nothing);
+--repeats R makes R rounds of one engine each way, in ABBA order, and compares the medians
+(engines made one after another in a process differ by up to ~15% on the H200).
 
 --beam-width W instead compares beam search of width W with n = W sampling of the same prompts
 and (with --compare hf) HF `generate(num_beams=W)` (pagedrt/bench/beam.py).
