@@ -54,15 +54,14 @@ class RunningRows:
         self.num_prompt_tokens = np.array([len(r.prompt_token_ids) for r in requests],
                                           dtype=np.int64)
         self.max_tokens = np.array([p.max_tokens for p in params], dtype=np.int64)
-        self.quiet = np.array(
-            [r.beam is None and p.logprobs is None
-             and not (r.detokenizer is not None and (r.stream or p.stop))
+        self.is_beam = np.array([r.beam is not None for r in requests], dtype=np.bool_)
+        self.quiet = ~self.is_beam & np.array(
+            [p.logprobs is None and not (r.detokenizer is not None and (r.stream or p.stop))
              for r, p in zip(requests, params)], dtype=np.bool_)
         self.streamed = np.array([r.stream for r in requests], dtype=np.bool_)
         self.stop_token_ids = np.array(
             sorted(frozenset().union(*[r.stop_token_set for r in requests])), dtype=np.int64)
         self.decodable = all(r.forked for r in requests)
-        self.is_beam = np.array([r.beam is not None for r in requests], dtype=np.bool_)
         self.beam_heads = np.flatnonzero(
             self.is_beam & np.array([r.sample_index == 0 for r in requests], dtype=np.bool_))
         self._event_keys: tuple[list[str], list[int]] | None = None

@@ -754,14 +754,13 @@ class Scheduler:
         else, in one loop of plain writes: each token over its placeholder, no token pending
         where that placeholder was the last one (no later plan appended another), the token
         time. Left to `update`'s loop (returned, with the plan's later rows, in row order):
-        the sequences that are not quiet (`RunningRows.quiet`) but beam slots (written by
+        the sequences that are not quiet (`RunningRows.quiet`), except beam slots (written by
         `_update_beams`), those whose token may stop them (some running sequence's stop id, or
-        their max_tokens), those getting their first token (its time), and the sequences
-        finished since the plan;
-        outside token-event mode also the streamed ones (reported every step). In token-event
-        mode each written token's TokenEvent is appended, and when any row is left every row
-        is (the events stay in row order). Returns (tokens written, indices of the rows
-        left)."""
+        their max_tokens), those getting their first token (its time), the sequences finished
+        since the plan, and outside token-event mode the streamed ones (reported every step).
+        In token-event mode each written token's TokenEvent is appended, and when any row is
+        left every row is (the events stay in row order). Returns (tokens written, indices of
+        the rows left)."""
         rows = steady.rows
         k = len(steady.requests)
         index = steady.num_output

@@ -94,7 +94,7 @@ class KVCacheSpec:
     head_dim: int
     block_size: int
     dtype: torch.dtype
-    fp8_v_dim_major: bool = field(default_factory=lambda: fp8_v_dim_major_requested())
+    fp8_v_dim_major: bool = field(default_factory=fp8_v_dim_major_requested)
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_dim", "block_size"):

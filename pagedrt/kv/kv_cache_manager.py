@@ -6,10 +6,10 @@ What it does for the scheduler:
   * `allocate_slots`: blocks for the next `num_new_tokens` tokens, or None (changing nothing)
     when the pool cannot supply them: the scheduler then preempts or waits;
   * `fork`: share every block of a sequence with a new one (n > 1 samples, beam slots);
-  * `reparent` / `reparent_slots`: beam search moves beams between slots: a slot takes its
-    parent's full blocks (by reference) and keeps its own partial last block, whose contents
-    the device copies; the blocks only the pruned beam held are freed at once (the moved
-    slots of a whole step in one call);
+  * `reparent_slots`: beam search moves beams between slots: a slot takes its parent's full
+    blocks (by reference) and keeps its own partial last block, whose contents the device
+    copies; the blocks only the pruned beam held are freed at once (the moved slots of a
+    whole step in one call);
   * `num_blocks_to_allocate`: what `allocate_slots` would take for a set of sequences, so the
     scheduler can make room for a beam search's slots before allocating any of them;
   * copy-on-write: a sequence about to write into a partial block that another sequence holds

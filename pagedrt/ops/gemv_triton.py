@@ -160,20 +160,30 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-            config: tuple[int, int, int], prologue: int) -> torch.Tensor:
-    """y [M, N] = prologue(x) @ weight.T (+ bias) for the prologues without side inputs
-    (0: none, 2: silu(gate) * up); arguments already checked."""
+            config: tuple[int, int, int], prologue: int,
+            norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(y [M, N] = prologue(x) @ weight.T (+ bias), the new residual or None) for prologue 0
+    (none), 1 (RMSNorm; `norm` = (residual or None, norm weight, eps)) or 2 (silu(gate) * up);
+    arguments already checked."""
     m = x.shape[0]
     n, k = weight.shape
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    residual, norm_weight, eps = norm if norm is not None else (None, x, 0.0)
+    new_residual = (torch.empty_like(x, memory_format=torch.contiguous_format)
+                    if residual is not None else None)
     block_n, block_k, num_warps = config
     _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, bias if bias is not None else weight, y, x, x, x, n, k, x.stride(0),
-        weight.stride(0), 0, 0.0,
+        x, weight, bias if bias is not None else weight, y,
+        residual if residual is not None else x, norm_weight,
+        new_residual if new_residual is not None else x,
+        n, k, x.stride(0), weight.stride(0),
+        residual.stride(0) if residual is not None else 0, eps,
         M=m, M_PAD=max(2, triton.next_power_of_2(m)), HAS_BIAS=bias is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, PROLOGUE=prologue, num_warps=num_warps,
+        BLOCK_N=block_n, BLOCK_K=block_k, PROLOGUE=prologue,
+        HAS_RESIDUAL=residual is not None, num_warps=num_warps,
     )
-    return y
+    return y, new_residual
 
 
 def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -191,7 +201,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         ValueError: shapes, dtypes or devices that do not match.
     """
     _check(x, weight, bias)
-    return _launch(x, weight, bias, config, prologue=0)
+    return _launch(x, weight, bias, config, prologue=0)[0]
 
 
 def gemv_rmsnorm_triton(x: torch.Tensor, residual: torch.Tensor | None,
@@ -214,7 +224,7 @@ def gemv_rmsnorm_triton(x: torch.Tensor, residual: torch.Tensor | None,
         ValueError: shapes, dtypes or devices that do not match.
     """
     _check(x, weight, bias)
-    m, k = x.shape
+    k = x.shape[1]
     if norm_weight.shape != (k,) or norm_weight.dtype != x.dtype:
         raise ValueError(f"norm_weight is {norm_weight.dtype} {tuple(norm_weight.shape)}; "
                          f"expected {x.dtype} ({k},)")
@@ -222,22 +232,7 @@ def gemv_rmsnorm_triton(x: torch.Tensor, residual: torch.Tensor | None,
                                  or residual.stride(1) != 1):
         raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} must be like x "
                          f"{tuple(x.shape)} {x.dtype}, last dim contiguous")
-    n = weight.shape[0]
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    new_residual = torch.empty_like(x, memory_format=torch.contiguous_format) \
-        if residual is not None else None
-    block_n, block_k, num_warps = config
-    _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, bias if bias is not None else weight, y,
-        residual if residual is not None else x, norm_weight,
-        new_residual if new_residual is not None else x,
-        n, k, x.stride(0), weight.stride(0),
-        residual.stride(0) if residual is not None else 0, eps,
-        M=m, M_PAD=max(2, triton.next_power_of_2(m)), HAS_BIAS=bias is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, PROLOGUE=1, HAS_RESIDUAL=residual is not None,
-        num_warps=num_warps,
-    )
-    return y, new_residual
+    return _launch(x, weight, bias, config, prologue=1, norm=(residual, norm_weight, eps))
 
 
 def gemv_silu_mul_triton(x: torch.Tensor, weight: torch.Tensor,
@@ -256,15 +251,15 @@ def gemv_silu_mul_triton(x: torch.Tensor, weight: torch.Tensor,
         ValueError: shapes, dtypes or devices that do not match.
     """
     _check(x, weight, bias, gate_up=True)
-    return _launch(x, weight, bias, config, prologue=2)
+    return _launch(x, weight, bias, config, prologue=2)[0]
 
 
 _CHOICE: dict[tuple, tuple[int, int, int] | None] = {}  # shape key -> config, None = torch
 
 
 def _fastest(baseline, candidate, configs, rep: int) -> tuple | None:
-    """Of `configs` (iterated after `baseline` has run), the config for which `candidate(config)` beats `baseline()` (and every earlier winner)
-    by 5%, or None. Timed as the engine runs them: replayed from a CUDA graph
+    """Of `configs` (iterated after `baseline` has run), the config for which
+    `candidate(config)` beats `baseline()` (and every earlier winner) by 5%, or None. Timed as the engine runs them: replayed from a CUDA graph
     (triton.testing.do_bench_cudagraph), where launch overhead does not hide the kernels' own
     time; each is run once first, outside the capture, to compile it."""
     from triton.testing import do_bench_cudagraph

@@ -78,8 +78,9 @@ def v_dim_major(v_cache: torch.Tensor) -> bool:
     [num_blocks, num_kv_heads, head_dim, block_size] storage (an FP8 cache's V with
     PAGEDRT_FP8_V_DIM_MAJOR=1, `KVCacheSpec.v_dim_major`):
     the tokens of a block are contiguous per (head, dim), so a tile of V is read with wide
-    loads along tokens, the order in which the P @ V product consumes it."""
-    return (v_cache.dim() == 4 and v_cache.shape[1] > 1
+    loads along tokens, the order in which the P @ V product consumes it. (Called per kernel
+    launch: the usual layout, head_dim's stride 1, is told apart before any view is made.)"""
+    return (v_cache.dim() == 4 and v_cache.shape[1] > 1 and v_cache.stride(3) != 1
             and v_cache.permute(0, 2, 3, 1).is_contiguous())
 
 
