@@ -64,19 +64,24 @@ on = [r for r in rows if r["speculation"] == "on"]
 off = {r["workload"]: r for r in rows if r["speculation"] == "off"}
 print(f"{'batch 1':<9} {'off tok/s':>9} {'on tok/s':>9} {'ratio':>6} {'accept':>7} "
       f"{'mean len':>8} {'tokens':>6} {'steps':>5} {'spec':>5} {'early':>5} {'pause':>5} "
-      f"{'max ms off/on':>13} {'same':>5}")
+      f"{'max ms off/on':>13} {'ms spec/plain':>13} {'same':>5}")
+def ms(x):
+    return float("nan") if x is None else x
 for r in on:
     b = off[r["workload"]]
     longest = f"{b.get('max_step_ms', float('nan')):.1f}/{r.get('max_step_ms', float('nan')):.1f}"
+    medians = (f"{ms(r.get('spec_step_ms_median')):.2f}/"
+               f"{ms(r.get('plain_step_ms_median')):.2f}")
     print(f"{r['kind'] + str(r['prompt']):<9} {b['decode_tok_s']:>9.0f} "
           f"{r['decode_tok_s']:>9.0f} {r['speedup_vs_off']:>5.2f}x "
           f"{r['acceptance_rate']:>7.2f} {r['mean_accepted_length']:>8.2f} "
           f"{r['output_tokens']:>6} {r['steps_after_first']:>5} {r['spec_steps']:>5} "
           f"{r['spec_early_reads']:>5} {r.get('spec_pauses', 0):>5} {longest:>13} "
-          f"{str(r['same_tokens_as_off']):>5}")
+          f"{medians:>13} {str(r['same_tokens_as_off']):>5}")
 print("(steps: after the first token; spec: steps that verified drafts; early: async steps "
       "read back before planning to speculate; pause: per-sequence pauses; max ms: the "
-      "longest step after the first; same: greedy tokens equal to off)")
+      "longest step after the first; ms spec/plain: median wall ms of the steps that verified "
+      "drafts / of the others, with speculation on; same: greedy tokens equal to off)")
 for kind, target in (("repeat", 1.8), ("novel", 0.95)):
     ratios = [r["speedup_vs_off"] for r in on if r["kind"] == kind]
     if ratios:

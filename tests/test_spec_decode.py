@@ -855,3 +855,23 @@ def test_speculation_with_an_fp8_kv_cache(tiny):
         assert [o.outputs[0].token_ids for o in out] == ref, spec["method"]
         assert llm.stats()["spec_decode_num_accepted_tokens"] > 0
         assert_no_block_held(llm)
+
+
+def test_latency_bench_splits_step_times_by_verification(tiny):
+    """`bench latency --prompts text` times each step and files it under the steps that
+    verified drafts or the others (the medians spec_step_ms_median / plain_step_ms_median):
+    every step is counted once. The prompt holds every token id, so that a unigram lookup
+    always proposes."""
+    from pagedrt.bench.latency import time_one_request
+
+    prompt = list(range(tiny.model_config.vocab_size))
+    llm = make_llm(tiny, ngram(3, lo=1, hi=1, disable_by_batch_size=4096,
+                               min_mean_accepted_length=0))
+    row = time_one_request(llm, prompt, 12)
+    assert row["spec_steps"] >= 1 and row["steps_after_first"] >= row["spec_steps"]
+    assert row["spec_step_ms_median"] > 0
+    assert row["plain_step_ms_median"] is None or row["plain_step_ms_median"] > 0
+    assert 0 < row["output_tokens"] <= 12
+    off = time_one_request(make_llm(tiny), prompt, 12)
+    assert off["spec_step_ms_median"] is None and off["plain_step_ms_median"] > 0
+    assert off["steps_after_first"] == off["output_tokens"] - 1

@@ -15,6 +15,7 @@ decode tokens/s of both, their ratio, the acceptance rate and the mean accepted 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -73,7 +74,9 @@ def spec_counters(engine) -> dict:
 def time_one_request(llm, prompt: list[int], max_tokens: int) -> dict:
     """One greedy request alone: decode tokens/s after the first token (and end to end),
     the longest `engine.step()` call after the first (max_step_ms: a one-time stall shows
-    there), its tokens, and the speculative counters it moved."""
+    there), the median wall ms of the steps that verified drafts and of the others (a step
+    that verified drafts is read back within its `step()` call), its tokens, and the
+    speculative counters it moved."""
     engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     before = spec_counters(engine) if engine.scheduler.proposer is not None else None
@@ -83,17 +86,22 @@ def time_one_request(llm, prompt: list[int], max_tokens: int) -> dict:
     engine.step()  # the prefill and the first token
     sync(engine.device)
     t1 = time.perf_counter()
-    steps = 0
-    longest = 0.0
+    durations = {True: [], False: []}  # wall s of each step, by whether it verified drafts
     while engine.has_unfinished_requests():
         start = time.perf_counter()
         engine.step()
-        longest = max(longest, time.perf_counter() - start)
-        steps += 1
+        durations[bool(engine.last_scheduler_output.draft_token_ids)].append(
+            time.perf_counter() - start)
     sync(engine.device)
     t2 = time.perf_counter()
     n = len(req.output_token_ids)
+    every = durations[True] + durations[False]
+    steps, longest = len(every), max(every, default=0.0)
     row = {"output_tokens": n, "steps_after_first": steps, "max_step_ms": 1e3 * longest,
+           "spec_step_ms_median": 1e3 * statistics.median(durations[True])
+           if durations[True] else None,
+           "plain_step_ms_median": 1e3 * statistics.median(durations[False])
+           if durations[False] else None,
            "e2e_s": t2 - t0,
            "decode_tok_s": (n - 1) / (t2 - t1) if n > 1 else 0.0,
            "e2e_tok_s": n / (t2 - t0), "token_ids": list(req.output_token_ids)}
@@ -111,8 +119,6 @@ def time_one_request(llm, prompt: list[int], max_tokens: int) -> dict:
 def run_text(args, loaded, name: str) -> tuple[list[dict], list[str]]:
     """--prompts text: each prompt alone, `--repeats` times (the median run is kept), with
     speculation off and on (--compare-speculative) or as configured."""
-    import statistics
-
     from pagedrt.bench.text_prompts import as_prompts, text_prompts
 
     configs = [("as configured", {})]

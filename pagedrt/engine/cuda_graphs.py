@@ -12,11 +12,18 @@ so one capture serves every context length up to max_model_len.
 Speculative decoding adds verification graphs: every sequence has the same query length
 q = k + 1 (its last token and k drafts; a sequence with fewer drafts is padded with tokens
 whose slot is -1, so their K/V are not written, and whose logits are not read), captured for
-the buckets up to the batch where speculation switches off. They run the extend attention
-kernel with cu_seqlens_q = 0, q, 2q, ... and seq_lens = context + q.
+the buckets up to the batch where speculation switches off. Their attention runs each of the
+b * q query tokens as a decode row of its own (the decode kernel, with the sequence's
+block-table row repeated q times and seq_len = the token's position + 1): once the layer has
+written the chunk's K/V, that is causal attention within the chunk, split over the context
+like a decode step. The extend kernel (cu_seqlens_q = 0, q, 2q, ...; one program per KV head
+and sequence streaming the whole context) left most of the GPU idle at batch 1 (see
+docs/design.md, "Speculative decoding"); PAGEDRT_VERIFY_ATTENTION=extend captures it instead.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -55,6 +62,7 @@ class CUDAGraphRunner:
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
         self.cu_seqlens_q = {1: torch.arange(n + 1, dtype=torch.int32, device=device)}
+        self.verify_as_decode = os.environ.get("PAGEDRT_VERIFY_ATTENTION", "decode") != "extend"
         if self.verify_batch_sizes:
             self.cu_seqlens_q[verify_query_len] = self.cu_seqlens_q[1] * verify_query_len
         # (query length, bucket) -> graph, logits
@@ -63,11 +71,15 @@ class CUDAGraphRunner:
         self.pool = None
 
     def _meta(self, bs: int, q: int) -> AttentionMetadata:
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             slot_mapping=self.slot_mapping[: bs * q], block_tables=self.block_tables[:bs],
             seq_lens=self.seq_lens[:bs], cu_seqlens_q=self.cu_seqlens_q[q][: bs + 1],
             max_query_len=q, max_seq_len=self.block_tables.shape[1], backend=self.backend,
         )
+        if q > 1 and self.verify_as_decode:  # (captured: recomputed at every replay)
+            meta.query_block_tables = meta.block_tables.repeat_interleave(q, dim=0)
+            meta.query_seq_lens = (self.positions[: bs * q] + 1).to(torch.int32)
+        return meta
 
     def _forward(self, bs: int, q: int) -> torch.Tensor:
         hidden = self.model(self.input_ids[: bs * q], self.positions[: bs * q], self.kv_layers,
@@ -122,6 +134,7 @@ class CUDAGraphRunner:
         self.seq_lens[:b].copy_(seq_lens, non_blocking=True)
         if b < bs:
             self.slot_mapping[b * q: bs * q].fill_(-1)
+            self.positions[b * q: bs * q].fill_(0)  # (a padded query token reads 1 slot)
             self.seq_lens[b:bs].fill_(q)
         self.block_tables[:b, : block_tables.shape[1]].copy_(block_tables, non_blocking=True)
         self.graphs[q, bs].replay()

@@ -48,6 +48,12 @@ class AttentionMetadata:
         max_query_len: longest query chunk this step (1 means decode-only).
         max_seq_len: longest seq_len this step.
         backend: "auto", "torch" or "triton".
+        query_block_tables, query_seq_lens: None, or (set by the verification CUDA graphs,
+            pagedrt/engine/cuda_graphs.py) [num_tokens, max_blocks_per_seq] int32 and
+            [num_tokens] int32: each query token's sequence's block-table row and its position
+            + 1. Then every query token attends as a decode row of its own over its sequence's
+            cache up to itself, which is causal attention within the chunk once the chunk's
+            K/V are written (see docs/design.md, "Speculative decoding").
     """
 
     slot_mapping: torch.Tensor
@@ -57,6 +63,8 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     backend: str = "auto"
+    query_block_tables: torch.Tensor | None = None
+    query_seq_lens: torch.Tensor | None = None
 
     @property
     def is_decode_only(self) -> bool:
@@ -177,10 +185,11 @@ def paged_attention(
     v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """What an attention layer calls: write the new K/V (unless `kv_written`: the caller's
-    fused RoPE kernel did), then decode or extend, over the last `sliding_window` positions of
-    each query when the layer has one. The model builds every tensor here itself, so the
-    Triton wrappers skip their argument checks. k_scales, v_scales: an FP8 cache's scales
-    (see `KVCacheLayer`), else None."""
+    fused RoPE kernel did), then decode or extend (or decode per query token, when `meta` has
+    query_seq_lens), over the last `sliding_window` positions of each query when the layer
+    has one. The model builds every tensor here itself, so the Triton wrappers skip their
+    argument checks. k_scales, v_scales: an FP8 cache's scales (see `KVCacheLayer`), else
+    None."""
     if not kv_written:
         write_kv(key, value, k_cache, v_cache, meta.slot_mapping, meta.backend, validate=False,
                  k_scales=k_scales, v_scales=v_scales)
@@ -188,6 +197,12 @@ def paged_attention(
         return paged_attention_decode(
             query, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, meta.backend,
             validate=False, sliding_window=sliding_window, k_scales=k_scales, v_scales=v_scales,
+        )
+    if meta.query_seq_lens is not None:  # a short chunk per sequence, each token as a decode
+        return paged_attention_decode(
+            query, k_cache, v_cache, meta.query_block_tables, meta.query_seq_lens, scale,
+            meta.backend, validate=False, sliding_window=sliding_window, k_scales=k_scales,
+            v_scales=v_scales,
         )
     return paged_attention_extend(
         query, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, scale,
