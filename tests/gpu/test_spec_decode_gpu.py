@@ -65,50 +65,53 @@ def test_tiny_draft_equal_to_target_on_cuda_graphs(k, monkeypatch):
     assert_cache_holds_no_rejected_token(llm, out, base)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_verification_graph_decode_rows_match_extend_on_cuda(dtype, monkeypatch):
-    """Replays of the verification graphs (bf16 and fp32, 3 sequences in the bucket of 4,
-    contexts mid-block, at a block boundary and long) give the same logits with per-token
-    decode rows (the default) as with the extend kernel (PAGEDRT_VERIFY_ATTENTION=extend)."""
+def _verification_replay_logits(dtype: torch.dtype, form: str, monkeypatch) -> torch.Tensor:
+    """Logits of one verification-graph replay on CUDA ([3 * 6, vocab] fp32) of the tiny model
+    in `dtype` with PAGEDRT_VERIFY_ATTENTION=form: 3 sequences of q = 6 in the bucket of 4,
+    contexts mid-block, at a block boundary and long, over a random history (the same for
+    every call: seeded)."""
     from pagedrt.engine.cuda_graphs import CUDAGraphRunner
     from pagedrt.kv.kv_cache import KVCache, KVCacheSpec
 
+    monkeypatch.setenv("PAGEDRT_VERIFY_ATTENTION", form)
     tiny = build_tiny_llama(seed=0)
     model = tiny.model.to("cuda", dtype)
     mc = tiny.model_config
     block_size, q, width, num_blocks = 16, 6, 40, 160
-    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
     contexts = [5, 32, 600]
-    tables = torch.randperm(num_blocks)[:3 * width].view(3, width).to(torch.int32).cuda()
+    tables = torch.randperm(num_blocks, generator=g)[:3 * width].view(3, width)
+    tables = tables.to(torch.int32).cuda()
     positions = torch.cat([torch.arange(c, c + q) for c in contexts]).cuda()
     rows = torch.arange(3, device="cuda").repeat_interleave(q)
     slots = (tables[rows, positions // block_size].long() * block_size
              + positions % block_size)
-    ids = torch.randint(0, mc.vocab_size, (3 * q,), device="cuda")
+    ids = torch.randint(0, mc.vocab_size, (3 * q,), generator=g).cuda()
     seq_lens = torch.tensor(contexts, dtype=torch.int32, device="cuda") + q
-    history = None
-    logits = {}
-    for form in ("decode", "extend"):
-        monkeypatch.setenv("PAGEDRT_VERIFY_ATTENTION", form)
-        cache = KVCache(KVCacheSpec.for_model(mc, block_size, dtype), num_blocks, 0,
-                        torch.device("cuda"), "auto")
-        if history is None:
-            history = [(torch.randn_like(layer.k_cache), torch.randn_like(layer.v_cache))
-                       for layer in cache.layers]
-        for layer, (k, v) in zip(cache.layers, history):
-            layer.k_cache.copy_(k)
-            layer.v_cache.copy_(v)
-        runner = CUDAGraphRunner(model, cache.layers, max_num_seqs=8, max_blocks_per_seq=width,
-                                 device=torch.device("cuda"), backend="auto",
-                                 verify_query_len=q, verify_max_num_seqs=4)
-        runner.capture()
-        for layer, (k, v) in zip(cache.layers, history):  # (the capture wrote slot 0..)
-            layer.k_cache.copy_(k)
-            layer.v_cache.copy_(v)
-        logits[form] = runner.run(ids, positions, slots, seq_lens, tables, q).float().clone()
-        assert runner.verify_as_decode == (form == "decode")
-    tol = 1e-4 if dtype == torch.float32 else 3e-2
-    torch.testing.assert_close(logits["decode"], logits["extend"], rtol=tol, atol=tol)
+    cache = KVCache(KVCacheSpec.for_model(mc, block_size, dtype), num_blocks, 0,
+                    torch.device("cuda"), "auto")
+    runner = CUDAGraphRunner(model, cache.layers, max_num_seqs=8, max_blocks_per_seq=width,
+                             device=torch.device("cuda"), backend="auto",
+                             verify_query_len=q, verify_max_num_seqs=4)
+    runner.capture()
+    assert runner.verify_as_decode == (form == "decode")
+    for layer in cache.layers:  # the history, after the capture's warm-up passes
+        layer.k_cache.copy_(torch.randn(layer.k_cache.shape, generator=g))
+        layer.v_cache.copy_(torch.randn(layer.v_cache.shape, generator=g))
+    return runner.run(ids, positions, slots, seq_lens, tables, q).float().clone()
+
+
+def test_verification_graph_decode_rows_match_extend_on_cuda(monkeypatch):
+    """Replays of the verification graphs give the same logits with per-token decode rows
+    (the default) as with the extend kernel: within 1e-4 in fp32; in bf16 both are as far
+    from the fp32 logits as rounding makes them (decode rows within 1.5x the extend form's
+    error, plus 0.02)."""
+    reference = _verification_replay_logits(torch.float32, "extend", monkeypatch)
+    rows = _verification_replay_logits(torch.float32, "decode", monkeypatch)
+    torch.testing.assert_close(rows, reference, rtol=1e-4, atol=1e-4)
+    err = {form: (_verification_replay_logits(torch.bfloat16, form, monkeypatch)
+                  - reference).abs().max().item() for form in ("decode", "extend")}
+    assert err["decode"] <= 1.5 * err["extend"] + 0.02, err
 
 
 def test_smollm2_ngram_on_cuda_matches_plain_decoding(smollm2_path, monkeypatch):
