@@ -8,7 +8,7 @@
 #   BASE=.base BASE_COMMIT=baca7b5 REPEATS=3 OUT=out bash benchmarks/paired_h200.sh
 #
 # Runs, alternating base / head: `bench throughput --preset qwen2-0.5b` REPEATS times each
-# (in ABBA order), `bench latency --preset qwen2-0.5b` once each, the nano-vllm workload
+# (in ABBA order), `bench latency --preset qwen2-0.5b` once each (unless LAT=0), the nano-vllm workload
 # NANO_REPEATS times each (1; in ABBA order). One process per run. Prints a table last (medians); the JSON of
 # every run is under $OUT.
 set -u
@@ -30,7 +30,7 @@ for i in $(seq "${REPEATS:-3}"); do  # ABBA: base, head, head, base, ...
         one "$base" "$base_commit" "base_thr_$i" throughput --preset qwen2-0.5b
     fi
 done
-for kind in base head; do
+for kind in $([ "${LAT:-1}" = 1 ] && echo base head); do
     tree=$head; commit=$head_commit; [ $kind = base ] && { tree=$base; commit=$base_commit; }
     one "$tree" "$commit" "${kind}_lat" latency --preset qwen2-0.5b
 done

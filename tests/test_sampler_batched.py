@@ -26,15 +26,16 @@ def _clone(generator: torch.Generator | None) -> torch.Generator | None:
     return torch.Generator().set_state(generator.get_state())
 
 
-def _random_params(rng: random.Random) -> SamplingParams:
+def _random_params(rng: random.Random, filters: bool = True) -> SamplingParams:
+    """filters=False: no top-k, top-p or min-p (the Triton race's one-pass case)."""
     kw = {"temperature": rng.choice([0.0, 0.0, 0.6, 1.0, 1.7]),
           "seed": rng.choice([None, rng.randrange(1000)]),
           "max_tokens": 64, "ignore_eos": rng.random() < 0.3}
-    if rng.random() < 0.5:
+    if filters and rng.random() < 0.5:
         kw["top_k"] = rng.choice([-1, 1, 5, VOCAB, VOCAB + 3])
-    if rng.random() < 0.5:
+    if filters and rng.random() < 0.5:
         kw["top_p"] = rng.choice([1.0, 0.9, 0.3, 1e-4])
-    if rng.random() < 0.4:
+    if filters and rng.random() < 0.4:
         kw["min_p"] = rng.choice([0.0, 0.05, 0.5])
     if rng.random() < 0.5:
         kw["repetition_penalty"] = rng.choice([1.0, 1.3, 0.7])
@@ -51,7 +52,9 @@ def _random_params(rng: random.Random) -> SamplingParams:
 class Harness:
     """An InputBatch driven by hand-made plans; every step samples all its rows both ways."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, kernel: bool = False, filters: bool = True) -> None:
+        self.kernel = kernel  # sample_rows through the Triton race (the interpreter on CPU)
+        self.filters = filters  # requests may have top-k, top-p, min-p
         self.rng = random.Random(seed)
         self.batch = InputBatch(max_model_len=128, device=torch.device("cpu"), num_rows=4)
         self.default = torch.Generator().manual_seed(seed)
@@ -65,7 +68,8 @@ class Harness:
         rid = f"r{self.next_id}"
         self.next_id += 1
         prompt = [self.rng.randrange(VOCAB) for _ in range(self.rng.randrange(1, 12))]
-        return NewRequestData(rid, prompt, [], _random_params(self.rng), 0, EOS, [], 0)
+        return NewRequestData(rid, prompt, [], _random_params(self.rng, self.filters), 0, EOS,
+                              [], 0)
 
     def step(self, logits_of) -> None:
         """Random joins, finishes, preemptions, resumptions and forks, then sample."""
@@ -110,21 +114,22 @@ class Harness:
         ids = [batch.states[r].req_id for r in rows.tolist()]
         logits = torch.stack([logits_of(rid, len(batch.states[r].output_token_ids))
                               for rid, r in zip(ids, rows.tolist())])
-        sample_plain_and_batched(batch, rows, logits, self.default)
+        sample_plain_and_batched(batch, rows, logits, self.default, self.kernel)
         self.num_sampled += len(rows)
 
 
 def sample_plain_and_batched(batch: InputBatch, rows: np.ndarray, logits: torch.Tensor,
-                             default: torch.Generator) -> list[int]:
-    """Sample the rows both ways (the plain way on copies of the generators), assert the same
-    tokens and logprobs, and write the tokens into the rows."""
+                             default: torch.Generator, kernel: bool = False) -> list[int]:
+    """Sample the rows both ways (the plain way on copies of the generators; the batched way
+    through the Triton race when `kernel`), assert the same tokens and logprobs, and write the
+    tokens into the rows."""
     states = [batch.states[r] for r in rows.tolist()]
     plain_rows = [SamplingRow(s.params, _clone(s.generator), list(s.prompt_token_ids),
                               s.output_token_ids, s.eos_token_ids) for s in states]
     original = logits.clone()
     expected = Sampler()(logits, plain_rows, _clone(default))
-    got = Sampler().sample_rows(logits, batch.sampling, rows, batch.states, batch.num_tokens,
-                                default)
+    got = Sampler(kernel=kernel).sample_rows(logits, batch.sampling, rows, batch.states,
+                                             batch.num_tokens, default)
     assert torch.equal(logits, original)
     assert torch.equal(got.token_ids, expected.token_ids), (
         [s.params for s in states], got.token_ids, expected.token_ids)
@@ -146,9 +151,17 @@ def _logits_of(seed: int):
     return logits_of
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_batched_equals_plain_in_changing_mixed_batches(seed):
-    h = Harness(seed)
+@pytest.mark.parametrize("seed, kernel, filters", [
+    (0, False, True), (1, False, True), (2, False, True), (3, False, True),
+    (0, True, True), (1, True, False), (2, True, False)])
+def test_batched_equals_plain_in_changing_mixed_batches(seed, kernel, filters):
+    """Also with the Triton race (pagedrt/ops/sample_triton.py, under the interpreter), which
+    draws the same noise: the same tokens in every setting (filters, penalties, min_tokens,
+    seeds, logprobs, greedy rows among sampled ones); without filters every step takes its
+    one-pass form (temperature in the kernel, 32-bit or the model's logits as they are)."""
+    if kernel:
+        pytest.importorskip("triton")
+    h = Harness(seed, kernel, filters)
     for _ in range(3):
         new = h.new_request()
         h.batch.apply(StepPlan(new_requests=[new], req_ids=[new.req_id]))

@@ -24,6 +24,7 @@ built from Python values once per call and copied to the device from pinned memo
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -96,7 +97,27 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Stateless; one instance serves every step."""
+    """Stateless but for its choice of kernel; one instance serves every step.
+
+    Args:
+        kernel: whether `sample_rows` draws its tokens with the Triton race
+            (pagedrt/ops/sample_triton.py) instead of softmax, clamp, division and argmax in
+            torch ops: None (the default) for CUDA logits when Triton is importable and the
+            environment variable PAGEDRT_SAMPLE_KERNEL is not 0; True also runs it on CPU
+            tensors (under TRITON_INTERPRET=1: the tests).
+    """
+
+    def __init__(self, kernel: bool | None = None) -> None:
+        self.kernel = kernel
+        if kernel is None and os.environ.get("PAGEDRT_SAMPLE_KERNEL", "1") == "0":
+            self.kernel = False
+
+    def _use_kernel(self, logits: torch.Tensor) -> bool:
+        if self.kernel is not None:
+            return self.kernel
+        from pagedrt.ops.attention import triton_available
+
+        return logits.is_cuda and triton_available()
 
     def __call__(
         self,
@@ -193,9 +214,7 @@ class Sampler:
             return SamplerOutput(token_ids=logits.argmax(dim=-1))
         vocab_size, device = logits.shape[1], logits.device
         state.flush(vocab_size)
-        raw = logits.float()
         want_logprobs = bool(state.wants_logprobs[rows].any())
-        raw_logprobs = torch.log_softmax(raw, dim=-1) if want_logprobs else None
 
         # every index the step needs, in one copy: [rows | penalized i | their slots |
         # min_tokens (i, token) pairs]
@@ -205,6 +224,12 @@ class Sampler:
             state.min_tokens[rows] > num_tokens[rows] - state.prompt_len[rows])
         stop = state.stop_ids[rows[blocked]]  # [m, S], -1 pads
         pair_i, pair_j = np.nonzero((stop >= 0) & (stop < vocab_size))
+        use_kernel = self._use_kernel(logits)
+        # the kernel reads 16-bit logits as they are (its float32 values are theirs); the
+        # torch ops, penalties, min_tokens and logprobs work on a float32 copy
+        raw = logits if (use_kernel and logits.stride(1) == 1 and not want_logprobs
+                         and not len(penalized) and not len(pair_i)) else logits.float()
+        raw_logprobs = torch.log_softmax(raw, dim=-1) if want_logprobs else None
         index = to_device(np.concatenate([rows, penalized, slots, blocked[pair_i],
                                           stop[pair_i, pair_j]]), device)
         rows_t, pen_t, slots_t, block_i, block_t = torch.split(
@@ -226,9 +251,23 @@ class Sampler:
         if greedy.all():
             token_ids = logits.argmax(dim=-1)
         else:
+            seeded = [(i, row_states[r].generator)
+                      for i, r in zip(np.flatnonzero(state.seeded[rows]).tolist(),
+                                      rows[state.seeded[rows]].tolist())]
+            top_k = state.top_k[rows]
+            filters = (((top_k > 0) & (top_k < vocab_size)).any()
+                       or (state.params[rows, TOP_P] < 1.0).any()
+                       or (state.params[rows, MIN_P] > 0.0).any())
+            if use_kernel and not filters:  # temperature and the race in one pass
+                from pagedrt.ops.sample_triton import race_argmax_triton
+
+                noise = _exponential_noise(logits.shape, device, seeded, default_generator)
+                return self._finish(race_argmax_triton(logits, noise, params[:, TEMPERATURE],
+                                                       params[:, GREEDY]),
+                                    state, penalized, slots_t, pen_t, raw_logprobs,
+                                    row_states, rows)
             processed = logits
             logits = logits / params[:, TEMPERATURE, None]
-            top_k = state.top_k[rows]
             if ((top_k > 0) & (top_k < vocab_size)).any() or (
                     state.params[rows, TOP_P] < 1.0).any():
                 k = params[:, TOP_K, None].long()
@@ -236,16 +275,27 @@ class Sampler:
                 logits = _apply_top_k_top_p(logits, k, params[:, TOP_P, None])
             if (state.params[rows, MIN_P] > 0.0).any():
                 logits = _apply_min_p(logits, params[:, MIN_P, None])
-            probs = torch.softmax(logits, dim=-1)
-            seeded = [(i, row_states[r].generator)
-                      for i, r in zip(np.flatnonzero(state.seeded[rows]).tolist(),
-                                      rows[state.seeded[rows]].tolist())]
-            sampled = _exponential_race(probs, seeded, default_generator)
+            if use_kernel:  # the race over the filtered logits (already divided)
+                from pagedrt.ops.sample_triton import race_argmax_triton
+
+                noise = _exponential_noise(logits.shape, device, seeded, default_generator)
+                ones = torch.ones(len(rows), dtype=torch.float32, device=device)
+                sampled = race_argmax_triton(logits, noise, ones, torch.zeros_like(ones))
+            else:
+                sampled = _exponential_race(torch.softmax(logits, dim=-1), seeded,
+                                            default_generator)
             if greedy.any():
                 token_ids = torch.where(params[:, GREEDY] > 0, processed.argmax(dim=-1), sampled)
             else:
                 token_ids = sampled
+        return self._finish(token_ids, state, penalized, slots_t, pen_t, raw_logprobs,
+                            row_states, rows)
 
+    @staticmethod
+    def _finish(token_ids: torch.Tensor, state: SamplingState, penalized: np.ndarray,
+                slots_t: torch.Tensor, pen_t: torch.Tensor, raw_logprobs: torch.Tensor | None,
+                row_states: list, rows: np.ndarray) -> SamplerOutput:
+        """The sampled tokens' penalty counts and logprobs, as `sample_rows` returns them."""
         if len(penalized):
             state.count(slots_t, token_ids[pen_t])
         output = SamplerOutput(token_ids=token_ids)
@@ -255,14 +305,24 @@ class Sampler:
         return output
 
 
-def _exponential_race(probs: torch.Tensor, seeded: list[tuple[int, torch.Generator]],
-                      default_generator: torch.Generator | None) -> torch.Tensor:
-    """argmax of probs / q, q ~ Exp(1): one draw for the whole batch, then the `seeded` rows
-    (index, generator) are redrawn from their own generator so that their noise depends only
-    on their seed and step. probs: [B, vocab] float32. Returns [B] int64."""
-    q = torch.empty_like(probs).exponential_(generator=default_generator)
+def _exponential_noise(shape: torch.Size, device: torch.device,
+                       seeded: list[tuple[int, torch.Generator]],
+                       default_generator: torch.Generator | None) -> torch.Tensor:
+    """[B, vocab] float32 Exp(1) draws: one for the whole batch, then the `seeded` rows
+    (index, generator) redrawn from their own generator, so that their noise depends only on
+    their seed and step."""
+    q = torch.empty(shape, dtype=torch.float32, device=device).exponential_(
+        generator=default_generator)
     for i, generator in seeded:
         q[i].exponential_(generator=generator)
+    return q
+
+
+def _exponential_race(probs: torch.Tensor, seeded: list[tuple[int, torch.Generator]],
+                      default_generator: torch.Generator | None) -> torch.Tensor:
+    """argmax of probs / q, q ~ Exp(1) (`_exponential_noise`). probs: [B, vocab] float32.
+    Returns [B] int64."""
+    q = _exponential_noise(probs.shape, probs.device, seeded, default_generator)
     # Exp(1) can round to 0; 0 / 0 would be NaN, which argmax would pick.
     q.clamp_(min=torch.finfo(q.dtype).tiny)
     return (probs / q).argmax(dim=-1)
