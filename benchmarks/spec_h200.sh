@@ -29,12 +29,13 @@ mkdir -p "$out"
 log="$out/spec_h200.log"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 model="${SMOLLM2_GGUF:?set SMOLLM2_GGUF to the SmolLM2-135M-Instruct GGUF file}"
-# k and n-gram lengths: SPEC_K (5), SPEC_LOOKUP_MIN (2), SPEC_LOOKUP_MAX (4), the settings of
-# the figures in BENCHMARKS.md so far. Counted on the CPU (fp32, greedy,
-# benchmarks/diagnostics/spec_steps_cpu.py), k = 10 with n 2..5 takes no more steps than
-# k = 5 with n 2..4 on any text prompt, and fewer on four: 32 / 90 / 174 / 92 / 82 against
-# 55 / 107 / 207 / 92 / 93 (repeat 0, 1, novel 0, 1, 2; not yet timed on the H200).
-ngram="\"method\": \"ngram\", \"num_speculative_tokens\": ${SPEC_K:-5}, \"prompt_lookup_min\": ${SPEC_LOOKUP_MIN:-2}, \"prompt_lookup_max\": ${SPEC_LOOKUP_MAX:-4}"
+# k and n-gram lengths: SPEC_K (10), SPEC_LOOKUP_MIN (2), SPEC_LOOKUP_MAX (5). Counted on the
+# CPU (fp32, greedy, benchmarks/diagnostics/spec_steps_cpu.py), k = 10 with n 2..5 takes no more
+# steps than k = 5 with n 2..4 on any text prompt, and fewer on four: 32 / 90 / 174 / 92 / 82
+# against 55 / 107 / 207 / 92 / 93 (repeat 0, 1, novel 0, 1, 2); on the H200 (2026-12-02,
+# benchmarks/diagnostics/call_s6.sh, one call) it gave 3.96x / 2.10x / 2.74x / 0.96x / 1.59x
+# against 2.57x / 1.90x / 2.06x / 0.95x / 1.36x. The figures before 2026-12-02 used 5, 2, 4.
+ngram="\"method\": \"ngram\", \"num_speculative_tokens\": ${SPEC_K:-10}, \"prompt_lookup_min\": ${SPEC_LOOKUP_MIN:-2}, \"prompt_lookup_max\": ${SPEC_LOOKUP_MAX:-5}"
 spec="{$ngram}"
 always="{$ngram, \"disable_by_batch_size\": 4096, \"min_mean_accepted_length\": 0}"
 cli="python3 -m pagedrt.entrypoints.cli"
