@@ -320,6 +320,66 @@ def test_greedy_verification_is_the_longest_agreeing_prefix_then_the_argmax():
         rs.RejectionSampler()(logits, rows, drafts, [4, 0, 0, 0])
 
 
+def _general_path(logits, rows, drafts, num, monkeypatch):
+    """The RejectionSampler's output through its general path (the plain-greedy check off)."""
+    with monkeypatch.context() as m:
+        m.setattr(rs, "_plain_greedy", lambda params: False)
+        return rs.RejectionSampler()(logits, rows, drafts, num)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", range(4))
+def test_plain_greedy_path_gives_the_general_paths_output(dtype, seed, monkeypatch):
+    """All rows plain greedy: the short path (no float32 copy, no processed logits) gives the
+    general path's num_tokens and token_ids up to them, on random logits with many ties
+    (integers in a small range; bf16 rounds more of them together), drafts agreeing for a
+    random prefix, rows with every draft, fewer, or none."""
+    g = torch.Generator().manual_seed(seed)
+    num_rows, k, vocab = 6, 5, 12
+    logits = (torch.randint(-3, 4, (num_rows, k + 1, vocab), generator=g).float()
+              + 0.01 * torch.randn(num_rows, k + 1, vocab, generator=g)).to(dtype)
+    logits[0, :, 3:6] = logits[0].max()  # row 0: a three-way tie at every position
+    target = logits.float().argmax(-1)
+    drafts = target[:, :k].clone()
+    agree = torch.randint(0, k + 1, (num_rows,), generator=g)  # drafts right up to here
+    for s, a in enumerate(agree.tolist()):
+        drafts[s, a:] = (drafts[s, a:] + 1 + torch.randint(0, vocab - 1, (k - a,),
+                                                           generator=g)) % vocab
+    rows = [SamplingRow(SamplingParams(temperature=0.0))] * num_rows
+    for num in ([k] * num_rows, [k, 3, 0, k, 1, 2]):
+        monkeypatch.setattr(rs, "processed_logits", None)  # the short path must not call it
+        fast = rs.RejectionSampler()(logits, rows, drafts, num)
+        monkeypatch.undo()
+        ref = _general_path(logits, rows, drafts, num, monkeypatch)
+        expected = [1 + min(a, j) for a, j in zip(agree.tolist(), num)]
+        assert fast.num_tokens.tolist() == ref.num_tokens.tolist() == expected
+        assert fast.token_ids.dtype == ref.token_ids.dtype == torch.int64
+        for s, n in enumerate(expected):
+            assert fast.token_ids[s, :n].tolist() == ref.token_ids[s, :n].tolist()
+            assert fast.token_ids[s, n - 1] == target[s, n - 1]
+        assert fast.logprobs is None
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.0, logprobs=1),
+    SamplingParams(temperature=0.0, repetition_penalty=1.3),
+    SamplingParams(temperature=0.0, min_tokens=3),
+])
+def test_greedy_rows_that_read_the_logits_take_the_general_path(params, monkeypatch):
+    """Logprobs, penalties and min_tokens need the processed float32 logits: such rows (even
+    greedy) never take the short path."""
+    calls = []
+    general = rs.processed_logits
+    monkeypatch.setattr(rs, "processed_logits",
+                        lambda raw, rows: calls.append(1) or general(raw, rows))
+    logits = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
+    rows = [SamplingRow(SamplingParams(temperature=0.0)),
+            SamplingRow(params, None, [1, 2], [3], (0,))]
+    out = rs.RejectionSampler()(logits, rows, torch.zeros(2, 2, dtype=torch.int64), [2, 2])
+    assert calls == [1]
+    assert (out.logprobs is not None) == (params.logprobs is not None)
+
+
 # ------------------------------------------------------------------ the engine
 @pytest.fixture(scope="module")
 def other_tiny():
