@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tiny_model import build_tiny_llama
 
 from pagedrt import LLM, EngineConfig, SamplingParams
+from pagedrt.core.plan import NewRequestData, StepPlan
 from pagedrt.engine.sampler import SamplingRow
 from pagedrt.entrypoints.engine_args import add_engine_config_args, engine_kwargs
 from pagedrt.kv.block_pool import hash_token_blocks, root_hash
@@ -427,6 +428,61 @@ def test_disagreeing_draft_rolls_back_and_keeps_greedy_tokens(tiny, other_tiny, 
             assert s["num_preemptions"] > 0
         assert_no_block_held(llm)
         assert_cache_holds_no_rejected_token(llm, out, base)
+
+
+def test_runner_tokens_right_with_verification_and_plain_steps_in_flight_together(tiny):
+    """The model runner's host buffers (`_token_buffers`, used in turn): a verification step
+    and a plain step launched one after the other and fetched afterwards (one step in flight
+    while the next launches, as with async scheduling), in both orders, then a step where
+    both rows verify different numbers of drafts and a step that mixes a verifying and a
+    plain row. Every token must be plain greedy decoding's, with the accepted counts the
+    drafts allow (a buffer reused too early gives another step's tokens)."""
+    prompts = {"a": list(range(10, 20)), "b": [5, 9] * 5}
+    ref = dict(zip(prompts, (o.outputs[0].token_ids for o in run(
+        make_llm(tiny), list(prompts.values()), greedy(12)))))
+    runner = make_llm(tiny, ngram(3)).llm_engine.executor.model_runner
+    gen: dict[str, list[int]] = {"a": [], "b": []}
+    step_ids = iter(range(1000, 2000))
+
+    def plan(steps: dict[str, list[int] | None]) -> StepPlan:
+        req_ids = list(steps)
+        return StepPlan(
+            step_id=next(step_ids), req_ids=req_ids,
+            num_new_tokens=[1 + len(steps[r] or ()) for r in req_ids],
+            num_computed_tokens=[len(prompts[r]) + len(gen[r]) - 1 for r in req_ids],
+            draft_token_ids={r: d for r, d in steps.items() if d})
+
+    def take(result) -> None:
+        for r, token in zip(result.req_ids, result.sampled_token_ids):
+            gen[r] += [token, *result.extra_token_ids.get(r, [])]
+
+    def drafts(r: str, num_right: int, num_wrong: int) -> list[int]:
+        right = ref[r][len(gen[r]): len(gen[r]) + num_right + num_wrong]
+        return right[:num_right] + [t ^ 1 for t in right[num_right:]]
+
+    take(runner.fetch(runner.execute(StepPlan(
+        step_id=next(step_ids), req_ids=["a", "b"], num_new_tokens=[10, 10],
+        num_computed_tokens=[0, 0],
+        new_requests=[NewRequestData(r, prompts[r], [], greedy(12), 0, (),
+                                     list(range(1 + 4 * i, 5 + 4 * i)), 0)
+                      for i, r in enumerate(prompts)]))))
+    # verification then plain, in flight together; then plain then verification
+    # a verification step, then a plain one launched before the first is fetched
+    first = runner.execute(plan({"a": drafts("a", 3, 0)}))
+    second = runner.execute(plan({"b": None}))
+    take(runner.fetch(first))
+    take(runner.fetch(second))
+    # a plain step, then a verification step
+    first = runner.execute(plan({"a": None}))
+    second = runner.execute(plan({"b": drafts("b", 1, 2)}))
+    take(runner.fetch(first))
+    take(runner.fetch(second))
+    assert [len(gen["a"]), len(gen["b"])] == [6, 4]
+    # both verify (3 and 1 drafts: the logits gathered per row), then one plain beside one
+    take(runner.fetch(runner.execute(plan({"a": drafts("a", 2, 1), "b": drafts("b", 0, 1)}))))
+    take(runner.fetch(runner.execute(plan({"a": drafts("a", 1, 2), "b": None}))))
+    assert [len(gen["a"]), len(gen["b"])] == [11, 6]
+    assert gen == {r: ref[r][: len(gen[r])] for r in prompts}
 
 
 def test_ngram_on_a_model_that_repeats(tiny, scheduling):
