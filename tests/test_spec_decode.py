@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tiny_model import build_tiny_llama
 
 from pagedrt import LLM, EngineConfig, SamplingParams
+from pagedrt.core.plan import NewRequestData, StepPlan
 from pagedrt.engine.sampler import SamplingRow
 from pagedrt.entrypoints.engine_args import add_engine_config_args, engine_kwargs
 from pagedrt.kv.block_pool import hash_token_blocks, root_hash
@@ -320,6 +321,66 @@ def test_greedy_verification_is_the_longest_agreeing_prefix_then_the_argmax():
         rs.RejectionSampler()(logits, rows, drafts, [4, 0, 0, 0])
 
 
+def _general_path(logits, rows, drafts, num, monkeypatch):
+    """The RejectionSampler's output through its general path (the plain-greedy check off)."""
+    with monkeypatch.context() as m:
+        m.setattr(rs, "_plain_greedy", lambda params: False)
+        return rs.RejectionSampler()(logits, rows, drafts, num)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seed", range(4))
+def test_plain_greedy_path_gives_the_general_paths_output(dtype, seed, monkeypatch):
+    """All rows plain greedy: the short path (no float32 copy, no processed logits) gives the
+    general path's num_tokens and token_ids up to them, on random logits with many ties
+    (integers in a small range; bf16 rounds more of them together), drafts agreeing for a
+    random prefix, rows with every draft, fewer, or none."""
+    g = torch.Generator().manual_seed(seed)
+    num_rows, k, vocab = 6, 5, 12
+    logits = (torch.randint(-3, 4, (num_rows, k + 1, vocab), generator=g).float()
+              + 0.01 * torch.randn(num_rows, k + 1, vocab, generator=g)).to(dtype)
+    logits[0, :, 3:6] = logits[0].max()  # row 0: a three-way tie at every position
+    target = logits.float().argmax(-1)
+    drafts = target[:, :k].clone()
+    agree = torch.randint(0, k + 1, (num_rows,), generator=g)  # drafts right up to here
+    for s, a in enumerate(agree.tolist()):
+        drafts[s, a:] = (drafts[s, a:] + 1 + torch.randint(0, vocab - 1, (k - a,),
+                                                           generator=g)) % vocab
+    rows = [SamplingRow(SamplingParams(temperature=0.0))] * num_rows
+    for num in ([k] * num_rows, [k, 3, 0, k, 1, 2]):
+        monkeypatch.setattr(rs, "processed_logits", None)  # the short path must not call it
+        fast = rs.RejectionSampler()(logits, rows, drafts, num)
+        monkeypatch.undo()
+        ref = _general_path(logits, rows, drafts, num, monkeypatch)
+        expected = [1 + min(a, j) for a, j in zip(agree.tolist(), num)]
+        assert fast.num_tokens.tolist() == ref.num_tokens.tolist() == expected
+        assert fast.token_ids.dtype == ref.token_ids.dtype == torch.int64
+        for s, n in enumerate(expected):
+            assert fast.token_ids[s, :n].tolist() == ref.token_ids[s, :n].tolist()
+            assert fast.token_ids[s, n - 1] == target[s, n - 1]
+        assert fast.logprobs is None
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.0, logprobs=1),
+    SamplingParams(temperature=0.0, repetition_penalty=1.3),
+    SamplingParams(temperature=0.0, min_tokens=3),
+])
+def test_greedy_rows_that_read_the_logits_take_the_general_path(params, monkeypatch):
+    """Logprobs, penalties and min_tokens need the processed float32 logits: such rows (even
+    greedy) never take the short path."""
+    calls = []
+    general = rs.processed_logits
+    monkeypatch.setattr(rs, "processed_logits",
+                        lambda raw, rows: calls.append(1) or general(raw, rows))
+    logits = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0))
+    rows = [SamplingRow(SamplingParams(temperature=0.0)),
+            SamplingRow(params, None, [1, 2], [3], (0,))]
+    out = rs.RejectionSampler()(logits, rows, torch.zeros(2, 2, dtype=torch.int64), [2, 2])
+    assert calls == [1]
+    assert (out.logprobs is not None) == (params.logprobs is not None)
+
+
 # ------------------------------------------------------------------ the engine
 @pytest.fixture(scope="module")
 def other_tiny():
@@ -367,6 +428,61 @@ def test_disagreeing_draft_rolls_back_and_keeps_greedy_tokens(tiny, other_tiny, 
             assert s["num_preemptions"] > 0
         assert_no_block_held(llm)
         assert_cache_holds_no_rejected_token(llm, out, base)
+
+
+def test_runner_tokens_right_with_verification_and_plain_steps_in_flight_together(tiny):
+    """The model runner's host buffers (`_token_buffers`, used in turn): a verification step
+    and a plain step launched one after the other and fetched afterwards (one step in flight
+    while the next launches, as with async scheduling), in both orders, then a step where
+    both rows verify different numbers of drafts and a step that mixes a verifying and a
+    plain row. Every token must be plain greedy decoding's, with the accepted counts the
+    drafts allow (a buffer reused too early gives another step's tokens)."""
+    prompts = {"a": list(range(10, 20)), "b": [5, 9] * 5}
+    ref = dict(zip(prompts, (o.outputs[0].token_ids for o in run(
+        make_llm(tiny), list(prompts.values()), greedy(12)))))
+    runner = make_llm(tiny, ngram(3)).llm_engine.executor.model_runner
+    gen: dict[str, list[int]] = {"a": [], "b": []}
+    step_ids = iter(range(1000, 2000))
+
+    def plan(steps: dict[str, list[int] | None]) -> StepPlan:
+        req_ids = list(steps)
+        return StepPlan(
+            step_id=next(step_ids), req_ids=req_ids,
+            num_new_tokens=[1 + len(steps[r] or ()) for r in req_ids],
+            num_computed_tokens=[len(prompts[r]) + len(gen[r]) - 1 for r in req_ids],
+            draft_token_ids={r: d for r, d in steps.items() if d})
+
+    def take(result) -> None:
+        for r, token in zip(result.req_ids, result.sampled_token_ids):
+            gen[r] += [token, *result.extra_token_ids.get(r, [])]
+
+    def drafts(r: str, num_right: int, num_wrong: int) -> list[int]:
+        right = ref[r][len(gen[r]): len(gen[r]) + num_right + num_wrong]
+        return right[:num_right] + [t ^ 1 for t in right[num_right:]]
+
+    take(runner.fetch(runner.execute(StepPlan(
+        step_id=next(step_ids), req_ids=["a", "b"], num_new_tokens=[10, 10],
+        num_computed_tokens=[0, 0],
+        new_requests=[NewRequestData(r, prompts[r], [], greedy(12), 0, (),
+                                     list(range(1 + 4 * i, 5 + 4 * i)), 0)
+                      for i, r in enumerate(prompts)]))))
+    # verification then plain, in flight together; then plain then verification
+    # a verification step, then a plain one launched before the first is fetched
+    first = runner.execute(plan({"a": drafts("a", 3, 0)}))
+    second = runner.execute(plan({"b": None}))
+    take(runner.fetch(first))
+    take(runner.fetch(second))
+    # a plain step, then a verification step
+    first = runner.execute(plan({"a": None}))
+    second = runner.execute(plan({"b": drafts("b", 1, 2)}))
+    take(runner.fetch(first))
+    take(runner.fetch(second))
+    assert [len(gen["a"]), len(gen["b"])] == [6, 4]
+    # both verify (3 and 1 drafts: the logits gathered per row), then one plain beside one
+    take(runner.fetch(runner.execute(plan({"a": drafts("a", 2, 1), "b": drafts("b", 0, 1)}))))
+    take(runner.fetch(runner.execute(plan({"a": drafts("a", 1, 2), "b": None}))))
+    assert [len(gen["a"]), len(gen["b"])] == [11, 6]
+    assert gen == {r: ref[r][: len(gen[r])] for r in prompts}
 
 
 def test_ngram_on_a_model_that_repeats(tiny, scheduling):

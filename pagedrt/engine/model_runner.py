@@ -80,10 +80,12 @@ class LaunchedStep:
             that verified drafts has its first new token there), or None.
         spec: speculative decoding: (indices into req_ids of the rows that verified drafts,
             the rejection sampler's output for them), or None.
-        host_token_ids: [num_sampled] int64 pinned host copy (CUDA), valid once `event` is
-            done; None on CPU.
+        host_token_ids: [num_sampled] int64 host copy of output.token_ids (pinned on CUDA),
+            valid once `event` is done; None when output is None.
         event: CUDA event after the step's last work; None on CPU.
         beams: the beam searches expanded by the step, or None.
+        host_verified: with `spec`, host copies (pinned on CUDA, valid once `event` is done)
+            of the rejection sampler's token_ids [S, K + 1] and num_tokens [S] int64.
     """
 
     step_id: int
@@ -96,6 +98,7 @@ class LaunchedStep:
     event: torch.cuda.Event | None
     beams: BeamLaunch | None = None
     spec: tuple[list[int], RejectionOutput] | None = None
+    host_verified: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class ModelRunner:
@@ -125,12 +128,24 @@ class ModelRunner:
         # token still being sampled read their next input from (async scheduling)
         self._last_sampled: torch.Tensor | None = None
         self._last_step_id = -1
-        # two pinned buffers for the sampled token ids, used in turn (one step in flight);
-        # allocated now, since pinning later waits for the device
+        # two host buffers (pinned on CUDA) for what a step sends back, used in turn (one
+        # step in flight): the sampled token ids, then for a step that verified drafts the
+        # rejection sampler's tokens [S, k + 1] and counts [S] (`_launch`); allocated now,
+        # since pinning later waits for the device. Used on the CPU too (plain copies), so
+        # that tests run the same path.
+        pinned = self.device.type == "cuda"
+        spec_rows = min(spec_max_num_seqs, max_num_seqs) if num_speculative_tokens else 0
         self._token_buffers = [
-            torch.empty(2 * max_num_seqs, dtype=torch.int64,
-                        pin_memory=self.device.type == "cuda") for _ in range(2)]
+            torch.empty(2 * max_num_seqs + spec_rows * (num_speculative_tokens + 2),
+                        dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         self._num_launched = 0
+        # two pinned buffers for the small inputs of a step that verifies drafts (logits
+        # gather, drafts, merge order; `_sample_speculative`), used in turn as `_staging` is
+        self._spec_staging = [
+            torch.empty(max(4 * max_num_seqs + spec_rows * (2 * num_speculative_tokens + 1),
+                            1 << 10), dtype=torch.int64, pin_memory=True)
+            for _ in range(2 if pinned and num_speculative_tokens else 0)]
+        self._num_spec_staged = 0
         self.graph_runner: CUDAGraphRunner | None = None
         # two pinned host buffers for the inputs, used in turn: with async scheduling the
         # copy out of one may still be queued while the next step's inputs are written
@@ -550,49 +565,93 @@ class ModelRunner:
         """Sample a step where some rows verify drafts: `logits` has 1 + num_drafts[i] rows per
         sampled row i, in order. Rows without drafts (and forked children) go through the
         plain sampler, the others through the rejection sampler; the first new token of each
-        is merged into one [num_sampled] tensor in row order (forks after their parent)."""
+        is merged into one [num_sampled] tensor in row order (forks after their parent).
+
+        The host's inputs (the drafts; the logits rows of each sampler and the merge order
+        where they are not the identity) go to the device in one copy (`_spec_to_device`).
+        When every row verifies drafts (so no plain rows and no forks; batch-1 speculation
+        always), the merged tokens are the verified rows' first tokens, a view; when every
+        row also verifies the same number of drafts, `logits` is already [S, k + 1] in order
+        and needs no gather either."""
         batch = self.batch
         device = logits.device
         assert not batch.is_beam[sampled_rows].any(), "a beam slot in a step with drafts"
         first = np.cumsum(num_drafts + 1) - (num_drafts + 1)  # first logits row of each
         is_spec = num_drafts > 0
-        plain_rows = sampled_rows[~is_spec]
-        plain_index = first[~is_spec].tolist()
-        if plan.forks:
-            index, plain_rows = self._fork(plan, plain_rows)
-            plain_index = [plain_index[i] for i in index]
-        plain = None
-        if plain_index:
-            plain = self._run_sampler(
-                logits[_to_device(torch.tensor(plain_index, dtype=torch.int64), device)],
-                plain_rows)
         spec_rows = sampled_rows[is_spec]
         spec_drafts = num_drafts[is_spec]
+        num_spec = len(spec_rows)
+        all_spec = num_spec == len(sampled_rows)
         k = int(spec_drafts.max())
         t = np.arange(k + 1)
-        gather = first[is_spec][:, None] + np.minimum(t[None, :], spec_drafts[:, None])
-        spec_logits = logits[_to_device(torch.from_numpy(gather.reshape(-1)), device)].view(
-            len(spec_rows), k + 1, -1)
         # the drafts, from where `_write_drafts` put them (past the row's tokens)
         cols = np.minimum(batch.num_tokens[spec_rows][:, None] + t[None, :k],
                           batch.max_model_len - 1)
         drafts = np.where(t[None, :k] < spec_drafts[:, None],
                           batch.token_ids[spec_rows[:, None], cols], 0).astype(np.int64)
+        host_inputs = {"drafts": drafts.ravel()}  # [S * k]
+        if not (all_spec and (spec_drafts == k).all()):
+            # the logits rows of each verified row's k + 1 positions (a row with fewer drafts
+            # repeats its last one)
+            gather = first[is_spec][:, None] + np.minimum(t[None, :], spec_drafts[:, None])
+            host_inputs["gather"] = gather.ravel()  # [S * (k + 1)]
+        plain_rows = sampled_rows[~is_spec]
+        order = None
+        if all_spec:
+            rows_out, spec_positions = sampled_rows, list(range(num_spec))
+        else:
+            plain_index = first[~is_spec]
+            if plan.forks:
+                index, plain_rows = self._fork(plan, plain_rows)
+                plain_index = plain_index[index]
+            order, rows_out, spec_positions = self._merge_order(plan, sampled_rows, is_spec,
+                                                                plain_rows)
+            host_inputs["plain"] = plain_index  # [num_plain] logits rows of the plain rows
+            host_inputs["order"] = np.asarray(order, dtype=np.int64)  # [num_sampled]
+        inputs = self._spec_to_device(host_inputs, device)
+        plain = None
+        if len(plain_rows):
+            plain = self._run_sampler(logits[inputs["plain"]], plain_rows)
+        if "gather" in inputs:
+            logits = logits[inputs["gather"]]
+        spec_logits = logits.view(num_spec, k + 1, -1)
         states = batch.states
         verified = self.rejection_sampler(
             spec_logits, [states[r] for r in spec_rows.tolist()],
-            _to_device(torch.from_numpy(drafts), device), spec_drafts.tolist(), self.generator)
+            inputs["drafts"].view(num_spec, k), spec_drafts.tolist(), self.generator)
         self._count_verified(spec_rows, verified, logits.shape[-1])
-        # merge: plain outputs first, then the verified rows' first tokens, permuted into row
-        # order with every forked child after its parent
+        first_tokens = verified.token_ids[:, 0]  # [S]
+        first_logprobs = None if verified.logprobs is None else [
+            None if lp is None else lp[0] for lp in verified.logprobs]
+        if order is None:  # every row verified: the merge is the identity
+            token_ids, logprobs = first_tokens, first_logprobs
+        else:
+            # plain outputs first, then the verified rows' first tokens, permuted into row
+            # order with every forked child after its parent
+            token_ids = torch.cat([plain.token_ids, first_tokens])[inputs["order"]]
+            logprobs = None
+            if plain.logprobs is not None or first_logprobs is not None:
+                merged = (list(plain.logprobs) if plain.logprobs is not None
+                          else [None] * len(plain_rows))
+                merged += first_logprobs or [None] * num_spec
+                logprobs = [merged[j] for j in order]
+        output = SamplerOutput(token_ids=token_ids, logprobs=logprobs)
+        return self._launch(plan.step_id, output, np.asarray(rows_out, dtype=np.int64), None,
+                            clock, spec=(spec_positions, verified))
+
+    def _merge_order(self, plan: StepPlan, sampled_rows: np.ndarray, is_spec: np.ndarray,
+                     plain_rows: np.ndarray) -> tuple[list[int], list[int], list[int]]:
+        """Where each sampled row's first token lies in [plain outputs | verified rows' first
+        tokens], in row order with every forked child after its parent: (that index per
+        output row, the output rows, the output positions of the verified rows)."""
+        batch = self.batch
         order, rows_out, spec_positions = [], [], []
         p = 0
         num_plain = len(plain_rows)
         for i, row in enumerate(sampled_rows.tolist()):
             if is_spec[i]:
-                s = len(spec_positions)
                 spec_positions.append(len(order))
-                order.append(num_plain + s)
+                order.append(num_plain + len(spec_positions) - 1)
                 rows_out.append(row)
                 continue
             order.append(p)
@@ -603,20 +662,28 @@ class ModelRunner:
                 order.append(p)
                 rows_out.append(int(plain_rows[p]))
                 p += 1
-        parts = [verified.token_ids[:, 0]]
-        if plain is not None:
-            parts.insert(0, plain.token_ids)
-        token_ids = torch.cat(parts)[_to_device(torch.tensor(order, dtype=torch.int64), device)]
-        logprobs = None
-        if (plain is not None and plain.logprobs is not None) or verified.logprobs is not None:
-            merged = ([None] * num_plain if plain is None or plain.logprobs is None
-                      else list(plain.logprobs))
-            merged += [None if lp is None else lp[0] for lp in (
-                verified.logprobs or [None] * len(spec_rows))]
-            logprobs = [merged[j] for j in order]
-        output = SamplerOutput(token_ids=token_ids, logprobs=logprobs)
-        return self._launch(plan.step_id, output, np.asarray(rows_out, dtype=np.int64), None,
-                            clock, spec=(spec_positions, verified))
+        return order, rows_out, spec_positions
+
+    def _spec_to_device(self, host_inputs: dict[str, np.ndarray],
+                        device: torch.device) -> dict[str, torch.Tensor]:
+        """The int64 arrays of `host_inputs` on `device` in one copy: packed into a pinned
+        staging buffer (two, used in turn, as `_staging`: the copy out of one may be queued
+        while the next step writes the other) and copied without waiting for the device.
+        Returns a tensor per key, views of the one copy."""
+        sizes = [len(v) for v in host_inputs.values()]
+        flat = np.concatenate(list(host_inputs.values()))
+        if device.type != "cuda":
+            packed = torch.from_numpy(flat)
+        else:
+            i = self._num_spec_staged % 2
+            self._num_spec_staged += 1
+            if self._spec_staging[i].numel() < len(flat):
+                self._spec_staging[i] = torch.empty(2 * len(flat), dtype=torch.int64,
+                                                    pin_memory=True)
+            staged = self._spec_staging[i][: len(flat)]
+            staged.numpy()[:] = flat
+            packed = staged.to(device, non_blocking=True)
+        return dict(zip(host_inputs, torch.split(packed, sizes)))
 
     def _count_verified(self, spec_rows: np.ndarray, verified: RejectionOutput,
                         vocab_size: int) -> None:
@@ -651,24 +718,51 @@ class ModelRunner:
     def _launch(self, step_id: int, output: SamplerOutput | None, rows: np.ndarray,
                 req_ids: list[str] | None, clock, beams: BeamLaunch | None = None,
                 spec: tuple[list[int], RejectionOutput] | None = None) -> LaunchedStep:
-        """Append a placeholder per sampled row, start the copy of its tokens to the host,
-        and return the step's handle (`fetch` reads it)."""
+        """Append a placeholder per sampled row, start the copy of what `fetch` reads to the
+        host, and return the step's handle (`fetch` reads it).
+
+        The copies go into one of the two `_token_buffers` (in turn: with one step in flight,
+        the other one's step has been fetched), non-blocking on CUDA:
+
+            [first tokens (num_sampled) | verified tokens (S * (K + 1)) | counts (S)]
+
+        the last two only for a step that verified drafts (`spec`); when every sampled row
+        verified drafts, the first tokens are the verified tokens' first column (`output`'s
+        token_ids is that column: `_sample_speculative`), read from there, not copied."""
         batch = self.batch
         states = batch.states
         if beams is None:
             self.beam_runner.last_parent_index = None
         self._last_num_sampled = len(rows)
         positions = batch.append_sampled(rows, step_id)
-        host, event = None, None
+        host, host_verified, event = None, None, None
+        if output is not None:
+            cuda = self.device.type == "cuda"
+            k = self._num_launched % 2
+            self._num_launched += 1
+            all_verified = spec is not None and len(spec[0]) == len(rows)
+            num_first = 0 if all_verified else len(rows)
+            size = num_first
+            if spec is not None:
+                num_spec, width = spec[1].token_ids.shape
+                size += num_spec * (width + 1)
+            if self._token_buffers[k].numel() < size:
+                self._token_buffers[k] = torch.empty(2 * size, dtype=torch.int64,
+                                                     pin_memory=cuda)
+            buffer = self._token_buffers[k]
+            if spec is not None:
+                verified = spec[1]
+                tokens = buffer[num_first: num_first + num_spec * width].view(num_spec, width)
+                counts = buffer[num_first + num_spec * width: size]
+                tokens.copy_(verified.token_ids, non_blocking=cuda)
+                counts.copy_(verified.num_tokens, non_blocking=cuda)
+                host_verified = (tokens, counts)
+            if all_verified:
+                host = host_verified[0][:, 0]
+            else:
+                host = buffer[:num_first]
+                host.copy_(output.token_ids, non_blocking=cuda)
         if self.device.type == "cuda":
-            if output is not None:
-                k = self._num_launched % 2
-                self._num_launched += 1
-                if self._token_buffers[k].numel() < len(rows):
-                    self._token_buffers[k] = torch.empty(2 * len(rows), dtype=torch.int64,
-                                                         pin_memory=True)
-                host = self._token_buffers[k][: len(rows)]
-                host.copy_(output.token_ids, non_blocking=True)
             # recorded for every step, sampled rows or not: waiting on it in `fetch` is what
             # makes the step's pinned input buffer free for reuse two steps later
             event = torch.cuda.Event()
@@ -679,7 +773,7 @@ class ModelRunner:
         if req_ids is None:
             req_ids = [states[r].req_id for r in rows.tolist()]
         return LaunchedStep(step_id, req_ids, rows, batch.epoch[rows], positions, output,
-                            host, event, beams, spec)
+                            host, event, beams, spec, host_verified)
 
     def _sample_with_beams(self, logits: torch.Tensor, rows: np.ndarray, is_beam: np.ndarray,
                            scheduled_rows: np.ndarray) -> tuple[SamplerOutput, BeamLaunch]:
@@ -717,8 +811,7 @@ class ModelRunner:
             step.event.synchronize()
         if step.output is None:
             return StepResult()
-        ids = step.output.token_ids if step.host_token_ids is None else step.host_token_ids
-        token_ids = ids.tolist()
+        token_ids = step.host_token_ids.tolist()
         self.batch.write_sampled(step.req_ids, step.rows, step.epochs, step.positions,
                                  token_ids, step.step_id)
         result = StepResult(step.req_ids, token_ids, step.output.logprobs)
@@ -726,8 +819,9 @@ class ModelRunner:
             result.beams = self.beam_runner.results(step.beams)
         if step.spec is not None:
             positions, verified = step.spec
-            counts = verified.num_tokens.tolist()
-            tokens = verified.token_ids.tolist()
+            host_tokens, host_counts = step.host_verified
+            counts = host_counts.tolist()
+            tokens = host_tokens.tolist()
             extras = []
             for s, i in enumerate(positions):
                 req_id = step.req_ids[i]

@@ -7,7 +7,12 @@ x d_1..d_t. Each position's distribution p_t is the one the plain sampler would 
 pagedrt/engine/sampler.py).
 
 Greedy rows accept the longest prefix of drafts equal to the target's argmaxes, then take the
-argmax after it: exactly the tokens plain greedy decoding gives.
+argmax after it: exactly the tokens plain greedy decoding gives. When every row is greedy with
+nothing that reads or changes the logits (no penalties, min_tokens or logprobs; the usual case
+of n-gram speculation), a step takes a short path of five tensor ops: the argmax of the logits
+in their own dtype (that of bf16/fp16 logits equals that of their float32 upcast, as in the
+plain sampler), the drafts compared with it, the accepted count (cumprod, sum, + 1). Its
+token_ids are the argmaxes themselves: an accepted draft equals the argmax at its position.
 
 Sampled rows: rejection sampling (Leviathan et al. 2023, "Fast Inference from Transformers via
 Speculative Decoding", Algorithm 1; Chen et al. 2023, "Accelerating Large Language Model
@@ -97,6 +102,8 @@ class RejectionSampler:
                              f"({num_rows}, {k})")
         if any(not 0 <= j <= k for j in num_drafts):
             raise ValueError(f"num_drafts {num_drafts} must lie in [0, {k}]")
+        if all(_plain_greedy(p) for p in {id(r.params): r.params for r in rows}.values()):
+            return _verify_plain_greedy(logits, draft_token_ids, num_drafts)
         device = logits.device
         raw = logits.float().reshape(num_rows * width, vocab_size)
         position_rows = _position_rows(rows, draft_token_ids, num_drafts, width)
@@ -128,6 +135,32 @@ class RejectionSampler:
                                if rows[s].params.logprobs is not None else None
                                for s in range(num_rows)]
         return output
+
+
+def _plain_greedy(params) -> bool:
+    """Greedy with nothing that reads or changes the logits before the argmax (no penalties,
+    min_tokens or logprobs)."""
+    return (params.greedy and params.logprobs is None and params.min_tokens == 0
+            and not params.reads_output_tokens)
+
+
+def _verify_plain_greedy(logits: torch.Tensor, draft_token_ids: torch.Tensor,
+                         num_drafts: list[int]) -> RejectionOutput:
+    """`RejectionSampler.__call__` when every row is plain greedy (`_plain_greedy`): the same
+    accepted counts and the same tokens up to each row's num_tokens, in five tensor ops when
+    every row has K drafts (else three more: a host mask of the real drafts, its copy and an
+    and). No float32 copy of the logits: their argmax in bf16/fp16 is that of the upcast (the
+    same values, the same first maximum). token_ids is the argmax at every position: where a
+    draft is accepted it equals the argmax there, and the token after the accepted ones is
+    the argmax."""
+    argmax = logits.argmax(dim=-1)  # [S, K + 1]
+    k = argmax.shape[1] - 1
+    accept = draft_token_ids == argmax[:, :k]  # [S, K]
+    if any(j < k for j in num_drafts):  # positions past a row's drafts accept nothing
+        valid = [[t < j for t in range(k)] for j in num_drafts]
+        accept &= _to_device(valid, torch.bool, logits.device)
+    num_tokens = accept.cumprod(dim=1).sum(dim=1) + 1  # [S]: accepted drafts + 1
+    return RejectionOutput(token_ids=argmax, num_tokens=num_tokens)
 
 
 def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
