@@ -1,5 +1,5 @@
-"""The sampler's exponential race in two Triton kernels (docs/design.md, "Sampling"): one token
-per row, read from the logits in one pass, without the float32 softmax.
+"""The sampler's exponential race in one Triton kernel (docs/design.md, "Host work per step"):
+one token per row, read from the logits in one pass, without the float32 softmax.
 
 The torch path (`pagedrt.engine.sampler`) upcasts the [B, V] logits to float32, divides them by
 the temperature, takes the softmax, clamps the Exp(1) noise q and takes argmax(softmax / q):
@@ -8,14 +8,13 @@ millisecond of an H200's decode step in all. The race only needs the argmax, and
 
     argmax_i softmax(x / T)_i / q_i = argmax_i (x_i / T - log q_i)
 
-(the log is increasing and the softmax's normalizer is the same for every i), so here:
-
-  1. `_chunk_kernel`, one program per (row, chunk of BLOCK logits): score_i = x_i / T - log(q_i)
-     for a sampled row (q clamped to the smallest normal float, as the torch path clamps it),
-     x_i for a greedy row (its argmax; its noise is not read), and the chunk's best score with
-     the lowest token id holding it.
-  2. `_row_kernel`, one program per row: the best of its chunks (ties: the lower chunk), so the
-     lowest token id holding the row's maximum, as `torch.argmax` returns.
+(the log is increasing and the softmax's normalizer is the same for every i), so here one
+program per row walks its vocabulary in chunks of BLOCK logits: score_i = x_i / T - log(q_i) for
+a sampled row (q clamped to the smallest normal float, as the torch path clamps it), x_i for a
+greedy row (its argmax; its noise is not read), keeping the best score and the lowest token id
+holding it (a later chunk replaces it only with a strictly better score), as `torch.argmax`
+picks. One launch: on a lent H200 whose host is slow a Triton launch costs tens of
+microseconds of host time, which a host-bound step pays in full.
 
 The same noise gives the same token as the torch path up to float32 rounding (a division and a
 log against a softmax and a division: a different token only where two candidates' scores
@@ -29,48 +28,35 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedrt.ops.triton_utils import next_pow2
-
-BLOCK = 4096  # logits per program of the chunk kernel
+BLOCK = 4096  # logits per iteration of a row's program
 TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: the torch path's clamp of q
 
 
 @triton.jit
-def _chunk_kernel(x_ptr, stride_x, q_ptr, stride_q, temp_ptr, stride_t, greedy_ptr, stride_g,
-                  best_ptr, tok_ptr, vocab, NUM_CHUNKS: tl.constexpr, BLOCK: tl.constexpr,
-                  TINY: tl.constexpr):
+def _race_kernel(x_ptr, stride_x, q_ptr, stride_q, temp_ptr, stride_t, greedy_ptr, stride_g,
+                 out_ptr, vocab, BLOCK: tl.constexpr, TINY: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1)
-    offs = c * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < vocab
-    x = tl.load(x_ptr + r * stride_x + offs, mask=ok, other=float("-inf")).to(tl.float32)
     # (the flag broadcast to the block first: the interpreter cannot AND a scalar into a mask)
     flag = tl.load(greedy_ptr + r * stride_g).to(tl.float32)
     sampled = (tl.zeros([BLOCK], tl.float32) + flag) == 0
     temperature = tl.load(temp_ptr + r * stride_t)
-    q = tl.load(q_ptr + r * stride_q + offs, mask=ok & sampled, other=1.0)
-    # (division rounded to nearest, as torch divides)
-    score = tl.where(sampled, tl.math.div_rn(x, temperature) - tl.log(tl.maximum(q, TINY)), x)
-    score = tl.where(ok, score, float("-inf"))
-    best = tl.max(score, axis=0)
-    tok = tl.min(tl.where((score == best) & ok, offs, vocab), axis=0)
-    tok = tl.where(tok == vocab, c * BLOCK, tok)  # (a chunk of -inf only: its first token)
-    out = r * NUM_CHUNKS + c
-    tl.store(best_ptr + out, best)
-    tl.store(tok_ptr + out, tok)
-
-
-@triton.jit
-def _row_kernel(best_ptr, tok_ptr, out_ptr, NUM_CHUNKS: tl.constexpr, CP: tl.constexpr):
-    r = tl.program_id(0).to(tl.int64)
-    cc = tl.arange(0, CP)
-    ok = cc < NUM_CHUNKS
-    best = tl.load(best_ptr + r * NUM_CHUNKS + cc, mask=ok, other=float("-inf"))
-    top = tl.max(best, axis=0)
-    chunk = tl.min(tl.where((best == top) & ok, cc, NUM_CHUNKS), axis=0)
-    chunk = tl.where(chunk == NUM_CHUNKS, 0, chunk)
-    tok = tl.load(tok_ptr + r * NUM_CHUNKS + chunk)
-    tl.store(out_ptr + r, tok.to(tl.int64))
+    best = tl.full([], float("-inf"), tl.float32)
+    best_tok = tl.full([], 0, tl.int32)
+    for start in range(0, vocab, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ok = offs < vocab
+        x = tl.load(x_ptr + r * stride_x + offs, mask=ok, other=float("-inf")).to(tl.float32)
+        q = tl.load(q_ptr + r * stride_q + offs, mask=ok & sampled, other=1.0)
+        # (division rounded to nearest, as torch divides)
+        score = tl.where(sampled, tl.math.div_rn(x, temperature) - tl.log(tl.maximum(q, TINY)),
+                         x)
+        score = tl.where(ok, score, float("-inf"))
+        top = tl.max(score, axis=0)
+        tok = tl.min(tl.where((score == top) & ok, offs, vocab), axis=0)
+        better = top > best
+        best_tok = tl.where(better, tok, best_tok)
+        best = tl.where(better, top, best)
+    tl.store(out_ptr + r, best_tok.to(tl.int64))
 
 
 def race_argmax_triton(logits: torch.Tensor, noise: torch.Tensor,
@@ -112,15 +98,9 @@ def race_argmax_triton(logits: torch.Tensor, noise: torch.Tensor,
     out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     if num_rows == 0:
         return out
-    num_chunks = triton.cdiv(vocab, BLOCK)
-    best = torch.empty(num_rows, num_chunks, dtype=torch.float32, device=logits.device)
-    tok = torch.empty(num_rows, num_chunks, dtype=torch.int32, device=logits.device)
     if greedy.dtype == torch.bool:
         greedy = greedy.view(torch.uint8)
-    _chunk_kernel[(num_rows, num_chunks)](
+    _race_kernel[(num_rows,)](
         logits, logits.stride(0), noise, noise.stride(0), temperature, temperature.stride(0),
-        greedy, greedy.stride(0), best, tok, vocab, NUM_CHUNKS=num_chunks, BLOCK=BLOCK,
-        TINY=TINY, num_warps=8)
-    _row_kernel[(num_rows,)](best, tok, out, NUM_CHUNKS=num_chunks,
-                             CP=max(next_pow2(num_chunks), 2), num_warps=1)
+        greedy, greedy.stride(0), out, vocab, BLOCK=BLOCK, TINY=TINY, num_warps=8)
     return out
