@@ -117,7 +117,9 @@ class ModelRunner:
         self.backend = backend
         self.block_size = kv_cache.spec.block_size
         max_blocks_per_seq = -(-max_model_len // self.block_size)
-        self.batch = InputBatch(max_model_len, self.device)
+        # rows for a full batch up front: growing (a copy of every row array) mid-run would
+        # land in the first steps of a burst of requests
+        self.batch = InputBatch(max_model_len, self.device, num_rows=max(max_num_seqs, 8))
         self.beam_runner = BeamRunner(self.batch, kv_cache, self.device, max_num_seqs, backend)
         self._last_num_sampled = 0  # rows sampled by the latest launched step
         self.sampler = Sampler()
