@@ -15,17 +15,7 @@
 # SPEC_GPU_TESTS=0 BEAM_AB=1 PAIRED_CAP=430 SPEC_CAP=230 BEAM_CAP=200.
 # Tables printed last; everything packed into $OUT/results.tgz.
 set -u
-out="${OUT:-out}"; mkdir -p "$out/r"
-export PAGEDRT_COMMIT="$(cat .commit 2>/dev/null || echo head)"
-. benchmarks/use_wheels.sh
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
-gpu_tests() {  # name, cap, test files...
-  local name=$1 cap=$2
-  shift 2
-  timeout "$cap" python3 -m pytest -q -m gpu -p no:cacheprovider "$@" > "$out/r/$name.txt" 2>&1
-  echo "== $name (status $?)"
-  grep -E "^(FAILED|ERROR)|passed|failed" "$out/r/$name.txt" | tail -8
-}
+. benchmarks/diagnostics/call_common.sh
 if [ "${PART:-1}" = 1 ]; then
   cp .gguf_parts/p1 /tmp/p1
   [ "${BEAM_GPU_TESTS:-1}" = 1 ] && gpu_tests beam_gpu_tests "${TEST_CAP:-150}" \

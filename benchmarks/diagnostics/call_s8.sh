@@ -11,17 +11,7 @@
 #     rounds, the forced-on sweep) and the spec GPU tests with the GGUF.
 # Tables printed last; everything packed into $OUT/results.tgz.
 set -u
-out="${OUT:-out}"; mkdir -p "$out/r"
-export PAGEDRT_COMMIT="$(cat .commit 2>/dev/null || echo head)"
-. benchmarks/use_wheels.sh
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
-gpu_tests() {  # name, cap, test files...
-  local name=$1 cap=$2
-  shift 2
-  timeout "$cap" python3 -m pytest -q -m gpu -p no:cacheprovider "$@" > "$out/r/$name.txt" 2>&1
-  echo "== $name (status $?)"
-  grep -E "^(FAILED|ERROR)|passed|failed" "$out/r/$name.txt" | tail -8
-}
+. benchmarks/diagnostics/call_common.sh
 paired() {  # name, cap, then paired_h200.sh's settings as NAME=VALUE
   local name=$1 cap=$2
   shift 2
