@@ -16,7 +16,9 @@ Logprobs are those of the raw logits, before penalties and temperature (vLLM's d
 Reproducibility: a seeded row draws its noise only from its own `torch.Generator`, always one
 vector of `vocab_size` exponentials per step, so its tokens do not depend on the batch it runs in.
 Sampling by "exponential race" (argmax of p_i / q_i with q_i ~ Exp(1) picks i with probability
-p_i) needs no host sync, unlike `torch.multinomial` with per-row generators.
+p_i) needs no host sync, unlike `torch.multinomial` with per-row generators. On CUDA,
+`sample_rows` runs the race (and the temperature, when no top-k/top-p/min-p is set) in one
+Triton kernel over the logits and the same noise (pagedrt/ops/sample_triton.py).
 
 The hot path (no penalties, no logprobs, no min_tokens) has no host sync: per-row parameters are
 built from Python values once per call and copied to the device from pinned memory, non-blocking.
