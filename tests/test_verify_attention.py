@@ -122,3 +122,36 @@ def test_verification_graph_forward_matches_extend(tiny, monkeypatch, backend):
         with torch.inference_mode():
             logits[form] = runner._forward(4, q)[: 3 * q]
     torch.testing.assert_close(logits["decode"], logits["extend"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("v_dim_major", [False, True])
+def test_decode_rows_over_an_fp8_cache(v_dim_major):
+    """Over an FP8 cache (per-token scales, NaN in unused slots): the decode-row form writes
+    the chunk's K/V and attends like the extend kernel, and like the torch reference."""
+    from test_fp8_kv_kernels import fp8_paged_kv
+
+    torch.manual_seed(7)
+    q, block_size, num_kv_heads, head_dim = 5, 8, 2, 16
+    seq_lens = [q, 16, 21]
+    caches = fp8_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, seed=3,
+                          v_dim_major=v_dim_major)
+    bt = caches[4]
+    num_tokens = q * len(seq_lens)
+    query = torch.randn(num_tokens, 3 * num_kv_heads, head_dim)
+    key = torch.randn(num_tokens, num_kv_heads, head_dim) * 2
+    value = torch.randn(num_tokens, num_kv_heads, head_dim)
+    outs = {}
+    for form, backend in (("extend", "triton"), ("rows", "triton"), ("extend", "torch")):
+        meta, positions = _chunk_meta(bt, seq_lens, q, block_size, backend)
+        if form == "rows":
+            meta.query_block_tables = bt.repeat_interleave(q, dim=0)
+            meta.query_seq_lens = (positions + 1).to(torch.int32)
+        k_cache, v_cache, k_scales, v_scales = (t.clone() for t in caches[:4])
+        outs[form, backend] = attention.paged_attention(
+            query, key, value, k_cache, v_cache, meta, 0.25, k_scales=k_scales,
+            v_scales=v_scales)
+    expected = outs["extend", "torch"]
+    for got in (outs["rows", "triton"], outs["extend", "triton"]):
+        assert torch.isfinite(got).all(), "an unused slot was read"
+        err = ((got - expected).abs().max() / expected.abs().max()).item()
+        assert err <= 1e-5, err
