@@ -82,3 +82,29 @@ def test_bad_arguments_are_value_errors():
     with pytest.raises(ValueError, match="float32"):
         race_argmax_triton(logits, noise, t.double(), g)
     assert race_argmax_triton(logits[:0], noise[:0], t[:0], g[:0]).shape == (0,)
+
+
+@pytest.mark.parametrize("scheduling", ["sync", "async"])
+def test_engine_tokens_with_the_race_kernel_equal_the_torch_ops(tiny, monkeypatch, scheduling):
+    """The engine's sampler through the Triton race (PAGEDRT_SAMPLE_KERNEL=1, the interpreter
+    here) gives the tokens of the torch ops (=0): seeded and unseeded rows at several
+    temperatures, greedy rows beside them, one with top-k (the filtered form)."""
+    from pagedrt import LLM, SamplingParams
+
+    monkeypatch.setenv("PAGEDRT_ASYNC_SCHEDULING", "1" if scheduling == "async" else "0")
+    prompts = [[1, 5, 9, 20, 7], list(range(3, 30)), [4] * 9, list(range(100, 140))]
+    params = [SamplingParams(temperature=0.7, seed=11, max_tokens=12, ignore_eos=True),
+              SamplingParams(temperature=1.3, seed=12, max_tokens=12, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+              SamplingParams(temperature=1.0, seed=13, top_k=20, max_tokens=12,
+                             ignore_eos=True)]
+    tokens = {}
+    for kernel in ("1", "0"):
+        monkeypatch.setenv("PAGEDRT_SAMPLE_KERNEL", kernel)
+        llm = LLM(tiny, num_kv_blocks=64, block_size=16)
+        assert llm.llm_engine.model_runner.sampler.kernel == (kernel == "1")
+        for batch in (prompts, prompts[:2]):  # alone and in a batch: same seeded tokens
+            outs = llm.generate(batch, params[: len(batch)], use_tqdm=False)
+            tokens[kernel, len(batch)] = [o.outputs[0].token_ids for o in outs]
+    assert tokens["1", 4] == tokens["0", 4]
+    assert tokens["1", 2] == tokens["0", 2] == tokens["0", 4][:2]

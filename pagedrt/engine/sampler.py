@@ -104,15 +104,15 @@ class Sampler:
     Args:
         kernel: whether `sample_rows` draws its tokens with the Triton race
             (pagedrt/ops/sample_triton.py) instead of softmax, clamp, division and argmax in
-            torch ops: None (the default) for CUDA logits when Triton is importable and the
-            environment variable PAGEDRT_SAMPLE_KERNEL is not 0; True also runs it on CPU
-            tensors (under TRITON_INTERPRET=1: the tests).
+            torch ops: None (the default) for CUDA logits when Triton is importable, unless
+            the environment variable PAGEDRT_SAMPLE_KERNEL is 0 (never) or 1 (also on CPU
+            tensors, under TRITON_INTERPRET=1: the tests); True or False decides alone.
     """
 
     def __init__(self, kernel: bool | None = None) -> None:
         self.kernel = kernel
-        if kernel is None and os.environ.get("PAGEDRT_SAMPLE_KERNEL", "1") == "0":
-            self.kernel = False
+        if kernel is None:
+            self.kernel = {"0": False, "1": True}.get(os.environ.get("PAGEDRT_SAMPLE_KERNEL"))
 
     def _use_kernel(self, logits: torch.Tensor) -> bool:
         if self.kernel is not None:
