@@ -324,7 +324,7 @@ def test_greedy_verification_is_the_longest_agreeing_prefix_then_the_argmax():
 def _general_path(logits, rows, drafts, num, monkeypatch):
     """The RejectionSampler's output through its general path (the plain-greedy check off)."""
     with monkeypatch.context() as m:
-        m.setattr(rs, "_plain_greedy", lambda params: False)
+        m.setattr(rs, "plain_greedy", lambda params: False)
         return rs.RejectionSampler()(logits, rows, drafts, num)
 
 

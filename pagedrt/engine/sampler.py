@@ -141,7 +141,7 @@ class Sampler:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(rows)} rows")
         distinct_params = {id(r.params): r.params for r in rows}.values()  # often just one
-        if all(_plain_greedy(p) for p in distinct_params):
+        if all(plain_greedy(p) for p in distinct_params):
             # argmax of bf16/fp16 logits equals that of their exact float32 upcast
             return SamplerOutput(token_ids=logits.argmax(dim=-1))
         raw = logits.float()
@@ -250,39 +250,28 @@ class Sampler:
             logits[block_i, block_t] = float("-inf")
 
         greedy = state.greedy[rows]
+        top_k = state.top_k[rows]
+        top_kp = bool(((top_k > 0) & (top_k < vocab_size)).any()
+                      or (state.params[rows, TOP_P] < 1.0).any())
+        min_p = bool((state.params[rows, MIN_P] > 0.0).any())
         if greedy.all():
             token_ids = logits.argmax(dim=-1)
+        elif use_kernel and not (top_kp or min_p):  # temperature and the race in one pass
+            token_ids = _race(logits, params[:, TEMPERATURE], params[:, GREEDY],
+                              _seeded(state, rows, row_states), default_generator)
         else:
-            seeded = [(i, row_states[r].generator)
-                      for i, r in zip(np.flatnonzero(state.seeded[rows]).tolist(),
-                                      rows[state.seeded[rows]].tolist())]
-            top_k = state.top_k[rows]
-            filters = (((top_k > 0) & (top_k < vocab_size)).any()
-                       or (state.params[rows, TOP_P] < 1.0).any()
-                       or (state.params[rows, MIN_P] > 0.0).any())
-            if use_kernel and not filters:  # temperature and the race in one pass
-                from pagedrt.ops.sample_triton import race_argmax_triton
-
-                noise = _exponential_noise(logits.shape, device, seeded, default_generator)
-                return self._finish(race_argmax_triton(logits, noise, params[:, TEMPERATURE],
-                                                       params[:, GREEDY]),
-                                    state, penalized, slots_t, pen_t, raw_logprobs,
-                                    row_states, rows)
+            seeded = _seeded(state, rows, row_states)
             processed = logits
             logits = logits / params[:, TEMPERATURE, None]
-            if ((top_k > 0) & (top_k < vocab_size)).any() or (
-                    state.params[rows, TOP_P] < 1.0).any():
+            if top_kp:
                 k = params[:, TOP_K, None].long()
                 k = torch.where((k > 0) & (k < vocab_size), k, vocab_size)
                 logits = _apply_top_k_top_p(logits, k, params[:, TOP_P, None])
-            if (state.params[rows, MIN_P] > 0.0).any():
+            if min_p:
                 logits = _apply_min_p(logits, params[:, MIN_P, None])
             if use_kernel:  # the race over the filtered logits (already divided)
-                from pagedrt.ops.sample_triton import race_argmax_triton
-
-                noise = _exponential_noise(logits.shape, device, seeded, default_generator)
                 ones = torch.ones(len(rows), dtype=torch.float32, device=device)
-                sampled = race_argmax_triton(logits, noise, ones, torch.zeros_like(ones))
+                sampled = _race(logits, ones, torch.zeros_like(ones), seeded, default_generator)
             else:
                 sampled = _exponential_race(torch.softmax(logits, dim=-1), seeded,
                                             default_generator)
@@ -290,14 +279,7 @@ class Sampler:
                 token_ids = torch.where(params[:, GREEDY] > 0, processed.argmax(dim=-1), sampled)
             else:
                 token_ids = sampled
-        return self._finish(token_ids, state, penalized, slots_t, pen_t, raw_logprobs,
-                            row_states, rows)
 
-    @staticmethod
-    def _finish(token_ids: torch.Tensor, state: SamplingState, penalized: np.ndarray,
-                slots_t: torch.Tensor, pen_t: torch.Tensor, raw_logprobs: torch.Tensor | None,
-                row_states: list, rows: np.ndarray) -> SamplerOutput:
-        """The sampled tokens' penalty counts and logprobs, as `sample_rows` returns them."""
         if len(penalized):
             state.count(slots_t, token_ids[pen_t])
         output = SamplerOutput(token_ids=token_ids)
@@ -305,6 +287,26 @@ class Sampler:
             output.logprobs = _gather_logprobs(raw_logprobs, token_ids,
                                                [row_states[r] for r in rows.tolist()])
         return output
+
+
+def _seeded(state: SamplingState, rows: np.ndarray,
+            row_states: list) -> list[tuple[int, torch.Generator]]:
+    """(index in `rows`, generator) of the sampled rows that draw from their own generator."""
+    seeded = state.seeded[rows]
+    return [(i, row_states[r].generator)
+            for i, r in zip(np.flatnonzero(seeded).tolist(), rows[seeded].tolist())]
+
+
+def _race(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
+          seeded: list[tuple[int, torch.Generator]],
+          default_generator: torch.Generator | None) -> torch.Tensor:
+    """`race_argmax_triton` (pagedrt/ops/sample_triton.py) over `_exponential_noise`'s draws:
+    the tokens of `_exponential_race` on softmax(logits / temperature), argmax for greedy
+    rows. Returns [B] int64."""
+    from pagedrt.ops.sample_triton import race_argmax_triton
+
+    noise = _exponential_noise(logits.shape, logits.device, seeded, default_generator)
+    return race_argmax_triton(logits, noise, temperature, greedy)
 
 
 def _exponential_noise(shape: torch.Size, device: torch.device,
@@ -370,7 +372,7 @@ def gather_logprobs(raw_logprobs: torch.Tensor, token_ids: torch.Tensor,
     return _gather_logprobs(raw_logprobs, token_ids, rows)
 
 
-def _plain_greedy(p: SamplingParams) -> bool:
+def plain_greedy(p: SamplingParams) -> bool:
     """Greedy with nothing that reads or changes the logits before the argmax."""
     return (p.greedy and p.logprobs is None and p.min_tokens == 0
             and not p.reads_output_tokens)

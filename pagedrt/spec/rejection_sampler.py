@@ -41,6 +41,7 @@ from pagedrt.engine.sampler import (
     SamplingRow,
     TokenLogprobs,
     gather_logprobs,
+    plain_greedy,
     processed_logits,
     sampling_probs,
 )
@@ -102,7 +103,7 @@ class RejectionSampler:
                              f"({num_rows}, {k})")
         if any(not 0 <= j <= k for j in num_drafts):
             raise ValueError(f"num_drafts {num_drafts} must lie in [0, {k}]")
-        if all(_plain_greedy(p) for p in {id(r.params): r.params for r in rows}.values()):
+        if all(plain_greedy(p) for p in {id(r.params): r.params for r in rows}.values()):
             return _verify_plain_greedy(logits, draft_token_ids, num_drafts)
         device = logits.device
         raw = logits.float().reshape(num_rows * width, vocab_size)
@@ -137,16 +138,9 @@ class RejectionSampler:
         return output
 
 
-def _plain_greedy(params) -> bool:
-    """Greedy with nothing that reads or changes the logits before the argmax (no penalties,
-    min_tokens or logprobs)."""
-    return (params.greedy and params.logprobs is None and params.min_tokens == 0
-            and not params.reads_output_tokens)
-
-
 def _verify_plain_greedy(logits: torch.Tensor, draft_token_ids: torch.Tensor,
                          num_drafts: list[int]) -> RejectionOutput:
-    """`RejectionSampler.__call__` when every row is plain greedy (`_plain_greedy`): the same
+    """`RejectionSampler.__call__` when every row is plain greedy (`plain_greedy`): the same
     accepted counts and the same tokens up to each row's num_tokens, in five tensor ops when
     every row has K drafts (else three more: a host mask of the real drafts, its copy and an
     and). No float32 copy of the logits: their argmax in bf16/fp16 is that of the upcast (the
