@@ -101,6 +101,28 @@ class LaunchedStep:
     host_verified: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
+class _StagingPair:
+    """Two pinned int64 host buffers used in turn for a step's host-to-device copy: with async
+    scheduling the copy out of one may still be queued while the next step fills the other.
+    Allocated up front (pinning later, cudaHostAlloc, would wait for the device and stall the
+    pipeline); a buffer grows only for a step larger than it."""
+
+    def __init__(self, size: int) -> None:
+        self.buffers = [torch.empty(size, dtype=torch.int64, pin_memory=True)
+                        for _ in range(2)]
+        self.count = 0
+
+    def to_device(self, flat: np.ndarray, device: torch.device) -> torch.Tensor:
+        """`flat` ([n] int64) on `device`, copied without waiting for the device."""
+        i = self.count % 2
+        self.count += 1
+        if self.buffers[i].numel() < len(flat):
+            self.buffers[i] = torch.empty(2 * len(flat), dtype=torch.int64, pin_memory=True)
+        staged = self.buffers[i][: len(flat)]
+        staged.numpy()[:] = flat
+        return staged.to(device, non_blocking=True)
+
+
 class ModelRunner:
     def __init__(self, model, kv_cache: KVCache, device, backend,
                  max_num_seqs: int = 256, max_model_len: int = 2048, use_cuda_graphs: bool = False,
@@ -141,20 +163,14 @@ class ModelRunner:
             torch.empty(2 * max_num_seqs + spec_rows * (num_speculative_tokens + 2),
                         dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         self._num_launched = 0
-        # two pinned buffers for the small inputs of a step that verifies drafts (logits
-        # gather, drafts, merge order; `_sample_speculative`), used in turn as `_staging` is
-        self._spec_staging = [
-            torch.empty(max(4 * max_num_seqs + spec_rows * (2 * num_speculative_tokens + 1),
-                            1 << 10), dtype=torch.int64, pin_memory=True)
-            for _ in range(2 if pinned and num_speculative_tokens else 0)]
-        self._num_spec_staged = 0
+        # the small inputs of a step that verifies drafts (logits gather, drafts, merge order;
+        # `_sample_speculative`), on CUDA with speculation
+        self._spec_staging = _StagingPair(max(
+            4 * max_num_seqs + spec_rows * (2 * num_speculative_tokens + 1), 1 << 10)) if (
+                pinned and num_speculative_tokens) else None
         self.graph_runner: CUDAGraphRunner | None = None
-        # two pinned host buffers for the inputs, used in turn: with async scheduling the
-        # copy out of one may still be queued while the next step's inputs are written
-        # (allocated now: pinning memory later, cudaHostAlloc, would wait for the device and
-        # stall the pipeline; they grow only for a step larger than these bounds)
-        self._staging: list[torch.Tensor] = []
-        self._num_prepared = 0
+        # the step's inputs (`prepare`), on CUDA
+        self._staging: _StagingPair | None = None
         # tokens of an eager step are padded to a multiple of this (1: no padding); tests set
         # it on CPU to check that padding changes no result
         self.token_padding = EAGER_TOKEN_PADDING if self.device.type == "cuda" else 1
@@ -163,8 +179,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             size = (3 * max_step_tokens + 6 * (max_num_seqs + 1)
                     + max_num_seqs * max_blocks_per_seq)
-            self._staging = [torch.empty(size, dtype=torch.int64, pin_memory=True)
-                             for _ in range(2)]
+            self._staging = _StagingPair(size)
         self.max_num_seqs = max_num_seqs
         self.num_speculative_tokens = num_speculative_tokens
         self.spec_max_num_seqs = min(spec_max_num_seqs, max_num_seqs)
@@ -412,16 +427,9 @@ class ModelRunner:
             small = np.append(small, np.int32(0))
         parts = [input_ids, positions, slot_mapping, logits_indices, pend_dst, pend_src,
                  small.view(np.int64)] + (patch or [])
-        flat = torch.from_numpy(np.concatenate(parts))
-        if self.device.type == "cuda":
-            k = self._num_prepared % 2
-            self._num_prepared += 1
-            if self._staging[k].numel() < flat.numel():
-                self._staging[k] = torch.empty(max(flat.numel(), 1 << 16), dtype=torch.int64,
-                                               pin_memory=True)
-            staged = self._staging[k][: flat.numel()]
-            staged.copy_(flat)
-            flat = staged.to(self.device, non_blocking=True)
+        flat = np.concatenate(parts)
+        flat = (torch.from_numpy(flat) if self._staging is None
+                else self._staging.to_device(flat, self.device))
         ids_t, pos_t, slot_t, logit_t, dst_t, src_t, small_t, *patch_t = torch.split(
             flat, [len(x) for x in parts])
         cu_t, lens_t, tables_t = torch.split(small_t.view(torch.int32)[: len(cu) + n + n * width],
@@ -668,23 +676,13 @@ class ModelRunner:
 
     def _spec_to_device(self, host_inputs: dict[str, np.ndarray],
                         device: torch.device) -> dict[str, torch.Tensor]:
-        """The int64 arrays of `host_inputs` on `device` in one copy: packed into a pinned
-        staging buffer (two, used in turn, as `_staging`: the copy out of one may be queued
-        while the next step writes the other) and copied without waiting for the device.
-        Returns a tensor per key, views of the one copy."""
+        """The int64 arrays of `host_inputs` on `device` in one copy (on CUDA through
+        `_spec_staging`, without waiting for the device). Returns a tensor per key, views of
+        the one copy."""
         sizes = [len(v) for v in host_inputs.values()]
         flat = np.concatenate(list(host_inputs.values()))
-        if device.type != "cuda":
-            packed = torch.from_numpy(flat)
-        else:
-            i = self._num_spec_staged % 2
-            self._num_spec_staged += 1
-            if self._spec_staging[i].numel() < len(flat):
-                self._spec_staging[i] = torch.empty(2 * len(flat), dtype=torch.int64,
-                                                    pin_memory=True)
-            staged = self._spec_staging[i][: len(flat)]
-            staged.numpy()[:] = flat
-            packed = staged.to(device, non_blocking=True)
+        packed = (torch.from_numpy(flat) if device.type != "cuda"
+                  else self._spec_staging.to_device(flat, device))
         return dict(zip(host_inputs, torch.split(packed, sizes)))
 
     def _count_verified(self, spec_rows: np.ndarray, verified: RejectionOutput,
