@@ -1,4 +1,4 @@
-# Sourced by the device-call scripts (call_s5.sh, call_s6.sh, call_s8.sh): sets out ($OUT, with
+# Sourced by the device-call scripts (call_s5.sh to call_s8.sh): sets out ($OUT, with
 # r/ made for the results), exports PAGEDRT_COMMIT from the carried .commit, installs the
 # carried wheels (benchmarks/use_wheels.sh), prints the GPU and its clocks, and defines
 # gpu_tests NAME CAP FILES... (pytest -m gpu on FILES, capped at CAP seconds, its output in

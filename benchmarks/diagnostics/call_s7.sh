@@ -4,13 +4,9 @@
 # workload in ABBA order (benchmarks/paired_h200.sh with REPEATS=0 LAT=0 NANO_REPEATS=N);
 # then HEAD once more with PAGEDRT_SAMPLE_KERNEL=0 (the torch ops) for the kernel's share.
 set -u
-out="${OUT:-out}"; mkdir -p "$out/r"
-export PAGEDRT_COMMIT="$(cat .commit 2>/dev/null || echo head)"
-export PYTHONPATH="$PWD"
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
-timeout "${TEST_CAP:-120}" python3 -m pytest -q -m gpu -p no:cacheprovider \
-  ${GPU_TESTS:-tests/gpu/test_sample_triton_gpu.py tests/gpu/test_spec_decode_gpu.py} > "$out/r/gpu_tests.txt" 2>&1
-echo "== gpu tests (status $?)"; grep -E "^(FAILED|ERROR)|passed|failed" "$out/r/gpu_tests.txt" | tail -8
+. benchmarks/diagnostics/call_common.sh
+gpu_tests gpu_tests "${TEST_CAP:-120}" \
+  ${GPU_TESTS:-tests/gpu/test_sample_triton_gpu.py tests/gpu/test_spec_decode_gpu.py}
 BASE=.base BASE_COMMIT=baca7b5 REPEATS=0 LAT=0 NANO_REPEATS="${NANO_REPEATS:-3}" CAP=60 \
   OUT="$out/r/paired" timeout "${PAIRED_CAP:-300}" bash benchmarks/paired_h200.sh > "$out/r/paired.txt" 2>&1
 echo "== paired"; tail -3 "$out/r/paired.txt"
