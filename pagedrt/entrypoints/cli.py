@@ -77,10 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate answers for prompts")
     g.add_argument("prompts", nargs="+", help="one or more prompts (run together in one batch)")
-    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--max-tokens", type=int, default=128,
+                   help="tokens generated at most per prompt (default 128)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=-1)
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0: off)")
+    g.add_argument("--top-k", type=int, default=-1, help="tokens kept (default -1: off)")
     g.add_argument("--seed", type=int, default=None, help="sampling seed of each request")
     g.add_argument("--no-chat", action="store_true", help="raw text, no chat template")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
