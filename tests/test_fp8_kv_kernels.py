@@ -223,6 +223,28 @@ def test_v_layouts_give_the_same_attention():
     assert_close(out, expected)
 
 
+def test_strided_caches_read_as_contiguous_ones():
+    """The decode kernel reads contiguous caches with literal strides (CONTIGUOUS) and any
+    other view with its runtime strides: one KV head of a two-head cache (a non-contiguous
+    view; fp32, and FP8 with its scales) gives what its contiguous copy gives."""
+    lens = [1, 16, 17, 40]
+    query = torch.randn(len(lens), 3, 32)
+    k, v, ks, vs, bt, seq_lens = fp8_paged_kv(lens, 2, 32, 8, seed=5, v_dim_major=False)
+    k32, v32 = (x.nan_to_num() for x in dequantized_caches(k, v, ks, vs))
+    views = {"fp8": (k[:, :, 1:], v[:, :, 1:], ks[:, 1:], vs[:, 1:]),
+             "fp32": (k32[:, :, 1:], v32[:, :, 1:], None, None)}
+    for name, (kh, vh, ksh, vsh) in views.items():
+        assert not kh.is_contiguous()
+        kc, vc, ksc, vsc = (x if x is None else x.contiguous() for x in (kh, vh, ksh, vsh))
+        for n in (1, 2):
+            out = tri.paged_attention_decode_triton(query, kh, vh, bt, seq_lens, 0.2,
+                                                    num_splits=n, k_scales=ksh, v_scales=vsh)
+            want = tri.paged_attention_decode_triton(query, kc, vc, bt, seq_lens, 0.2,
+                                                     num_splits=n, k_scales=ksc, v_scales=vsc)
+            assert torch.isfinite(out).all(), (name, n)
+            torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("query_dtype", [torch.bfloat16, torch.float16])
 def test_decode_fp8_half_queries_head_dim_64(query_dtype):
     """A 16-bit model over an FP8 cache (Qwen2-0.5B's 14/2 heads x 64)."""

@@ -5,7 +5,9 @@
 # (workload_kernels.py, issue 13's contested 256 x 512/128 figure); the FP8 decode kernel's
 # launch settings with V token-major and dim-major (decode_tune.py) and the stripped variants
 # (fp8_decode_variants.py), issue 17. Tables printed last; results packed into
-# $OUT/results.tgz.
+# $OUT/results.tgz. PART=2 (carry .base .commit .whl): the decode kernel with literal strides
+# (CONTIGUOUS) in both V layouts, the stripped variants with literal and runtime strides, FP8
+# end to end with V dim-major, the FP8 and window GPU tests, the workload kernels again.
 set -u
 . benchmarks/diagnostics/call_common.sh
 kernels() {  # tree name
@@ -32,6 +34,32 @@ case "${PART:-1}" in
   echo "== tune token-major"; tail -4 "$out/r/tune_tm.txt"
   echo "== tune dim-major"; tail -2 "$out/r/tune_dm.txt"
   echo "== variants"; grep -E "fp8 cvt=0" "$out/r/variants.txt" | head -16
+  ;;
+2)
+  # issue 17: the decode kernel with literal strides (CONTIGUOUS), V token-major and dim-major
+  timeout 90 python3 benchmarks/decode_tune.py --out "$out/r/tune_tm" --kv-cache-dtype both \
+    --small-grid --cases llama3-8b:64:4096,qwen2-0.5b:64:4096 > "$out/r/tune_tm.txt" 2>&1
+  PAGEDRT_FP8_V_DIM_MAJOR=1 timeout 70 python3 benchmarks/decode_tune.py --out \
+    "$out/r/tune_dm" --kv-cache-dtype fp8 --small-grid \
+    --cases llama3-8b:64:4096,qwen2-0.5b:64:4096 > "$out/r/tune_dm.txt" 2>&1
+  timeout 50 python3 benchmarks/diagnostics/fp8_decode_variants.py --quick \
+    --out "$out/r/variants" > "$out/r/variants.txt" 2>&1
+  # end to end, Llama-3-8B shape, FP8 (V dim-major) against bf16 cache on the same weights
+  PAGEDRT_FP8_V_DIM_MAJOR=1 timeout 100 python3 -m pagedrt.entrypoints.cli bench throughput \
+    --preset llama3-8b --kv-cache-dtype fp8 --compare-kv-cache-dtype auto --num-requests 64 \
+    --input-len 4096 --output-len 256 --max-model-len 8192 --max-num-seqs 64 \
+    --gpu-memory-utilization 0.30 --skip-step-split --warm-up-requests 4 \
+    --name fp8kv_dm_B --out "$out/r" > "$out/r/fp8kv_dm_B.txt" 2>&1
+  gpu_tests gpu_tests_2 "${TEST_CAP:-100}" tests/gpu/test_fp8_kv_gpu.py tests/gpu/test_window_gpu.py
+  base="$(realpath .base)"; head="$PWD"
+  kernels "$base" k_base_1; kernels "$head" k_head_1; kernels "$head" k_head_2
+  kernels "$base" k_base_2
+  python3 benchmarks/diagnostics/compare_kernels.py "$out/r" > "$out/r/compare.txt" 2>&1
+  head -8 "$out/r/compare.txt"
+  echo "== tune token-major"; tail -4 "$out/r/tune_tm.txt"
+  echo "== tune dim-major"; tail -2 "$out/r/tune_dm.txt"
+  echo "== variants"; grep -E "fp8|bf16" "$out/r/variants.txt" | head -12
+  echo "== fp8 end to end (dim-major V)"; grep -iE "tok/s|blocks|fp8|auto" "$out/r/fp8kv_dm_B.txt" | tail -6
   ;;
 esac
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"

@@ -40,11 +40,11 @@ SHAPES = {"llama3-8b": (32, 8, 128), "qwen2-0.5b": (14, 2, 64)}
 @triton.jit
 def _variant_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, part_out_ptr, part_lse_ptr,
                     seq_len,
-                    scale_log2, num_splits, stride_bt,
+                    scale_log2, num_splits, stride_bt, rt_stride_s, rt_stride_b, rt_stride_vh,
                     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                     FP8: tl.constexpr, CVT: tl.constexpr, V_DIM_MAJOR: tl.constexpr,
-                    SKIP_PV: tl.constexpr):
+                    SKIP_PV: tl.constexpr, RT: tl.constexpr = False):
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
     seq = tl.program_id(2).to(tl.int64)
@@ -67,6 +67,11 @@ def _variant_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, part_out_ptr, p
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     stride_s = NUM_KV_HEADS * HEAD_DIM
     stride_b = BLOCK_SIZE * stride_s
+    stride_vh = HEAD_DIM * BLOCK_SIZE
+    if RT:  # the strides as runtime arguments, as the engine's kernel takes them by default
+        stride_s = rt_stride_s
+        stride_b = rt_stride_b
+        stride_vh = rt_stride_vh
     for tile_start in range(start, end, BLOCK_N):
         offs_n = tile_start + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
@@ -94,8 +99,7 @@ def _variant_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, part_out_ptr, p
             acc = acc * alpha[:, None]
         else:
             if V_DIM_MAJOR:  # v_ptr: [num_blocks, num_kv_heads, head_dim, block_size]
-                v_off = block * stride_b + kv_head * (HEAD_DIM * BLOCK_SIZE) \
-                    + offs_n % BLOCK_SIZE
+                v_off = block * stride_b + kv_head * stride_vh + offs_n % BLOCK_SIZE
                 vt = tl.load(v_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
                              mask=n_mask[None, :], other=0)  # [HEAD_DIM, BLOCK_N]
                 v = tl.trans(vt)
@@ -148,6 +152,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
     p.add_argument("--cases", default="llama3-8b:64:4096,qwen2-0.5b:64:4096")
+    p.add_argument("--quick", action="store_true",
+                   help="FP8 with cvt 0 only, literal and runtime strides, two launch settings")
     args = p.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: TRITON_INTERPRET=1, no timing
     block_size = 16
@@ -176,19 +182,26 @@ def main() -> None:
         part_lse = torch.empty(num_seqs, h, splits, device=dev, dtype=torch.float32)
 
         refs = {False: reference(q, k, v, bt, ctx), True: reference(q, kf, vf, bt, ctx)}
-        for fp8, cvt, vdm, skip in [(False, 0, 0, 0), (False, 0, 1, 0), (False, 0, 0, 1),
-                                    (True, 0, 0, 0), (True, 1, 0, 0), (True, 0, 1, 0),
-                                    (True, 1, 1, 0), (True, 0, 0, 1), (True, 1, 0, 1)]:
+        variants = [(False, 0, 0, 0, 0), (False, 0, 1, 0, 0), (False, 0, 0, 1, 0),
+                    (True, 0, 0, 0, 0), (True, 1, 0, 0, 0), (True, 0, 1, 0, 0),
+                    (True, 1, 1, 0, 0), (True, 0, 0, 1, 0), (True, 1, 0, 1, 0),
+                    (True, 0, 0, 0, 1), (True, 0, 1, 0, 1)]
+        if args.quick:
+            variants = [(False, 0, 0, 0, 0), (True, 0, 0, 0, 0), (True, 0, 1, 0, 0),
+                        (True, 0, 0, 0, 1), (True, 0, 1, 0, 1)]
+        for fp8, cvt, vdm, skip, rt in variants:
             kk = k8 if fp8 else k
             vv = (v8_t if vdm else v8) if fp8 else (v_t if vdm else v)
             name = (f"{'fp8' if fp8 else 'bf16'} cvt={cvt} v_dim_major={vdm} "
-                    f"skip_pv={skip}")
-            for bn, warps, stages in [(64, 4, 3), (128, 4, 3), (128, 4, 2), (64, 4, 2)]:
+                    f"skip_pv={skip} rt={rt}")
+            settings = [(64, 4, 3), (128, 4, 3), (128, 4, 2), (64, 4, 2)]
+            for bn, warps, stages in settings[1:3] if args.quick else settings:
                 if not fp8 and d == 128 and bn == 128:
                     continue
                 fn = functools.partial(
                     _variant_kernel[(kvh, splits, num_seqs)], q, kk, vv, ks, vs, bt, part, part_lse,
                     ctx, d ** -0.5 * 1.4426950408889634, splits, bt.stride(0),
+                    kvh * d, block_size * kvh * d, d * block_size, RT=rt,
                     NUM_KV_HEADS=kvh, GROUP=h // kvh, GROUP_PAD=max(16, triton.next_power_of_2(
                         h // kvh)), BLOCK_SIZE=block_size, HEAD_DIM=d, BLOCK_N=bn, FP8=fp8,
                     CVT=cvt, V_DIM_MAJOR=vdm, SKIP_PV=skip, num_warps=warps,
@@ -206,7 +219,7 @@ def main() -> None:
                     print(rows[-1], flush=True)
                     continue
                 nbytes = num_seqs * ctx * kvh * 2 * (d * (1 if fp8 else 2) + (4 if fp8 else 0))
-                results.append({"case": case, "fp8": fp8, "cvt": cvt, "v_dim_major": vdm,
+                results.append({"case": case, "fp8": fp8, "cvt": cvt, "v_dim_major": vdm, "rt": rt,
                                 "skip_pv": skip, "BLOCK_N": bn, "num_warps": warps,
                                 "num_stages": stages, "splits": splits, "us": ms * 1e3,
                                 "tb_s": nbytes / ms / 1e9, "max_err": err})

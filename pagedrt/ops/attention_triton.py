@@ -111,7 +111,21 @@ def _decode_kernel(
     F16_MMA: tl.constexpr,  # KV_FP8 with a 16-bit query: products in fp16 (module doc)
     WINDOW: tl.constexpr = 0,  # sliding window in tokens; 0 = attend to every cached token
     V_DIM_MAJOR: tl.constexpr = False,  # V tiles read as [HEAD_DIM, BLOCK_N] (stride_vs 1)
+    NUM_KV_HEADS: tl.constexpr = 0,  # with CONTIGUOUS: the caches' head count
+    CONTIGUOUS: tl.constexpr = False,  # caches and scales contiguous: strides as literals
 ):
+    if CONTIGUOUS:  # literal strides give the compiler every load's alignment (module doc)
+        stride_cs = NUM_KV_HEADS * HEAD_DIM
+        stride_cb = BLOCK_SIZE * stride_cs
+        stride_ch = HEAD_DIM
+        stride_vb = stride_cb
+        stride_vs = stride_cs
+        stride_vh = HEAD_DIM
+        if V_DIM_MAJOR:
+            stride_vs = 1
+            stride_vh = HEAD_DIM * BLOCK_SIZE
+        stride_sh = BLOCK_SIZE
+        stride_sb = NUM_KV_HEADS * BLOCK_SIZE
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
     seq = tl.program_id(2).to(tl.int64)
@@ -356,12 +370,15 @@ def paged_attention_decode_triton(
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
             F16_MMA=fp8 and query.dtype != torch.float32,
             WINDOW=sliding_window or 0, V_DIM_MAJOR=dim_major,
+            NUM_KV_HEADS=num_kv_heads if contiguous else 0, CONTIGUOUS=contiguous,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
 
     dim_major = v_dim_major(v_cache)
+    contiguous = (k_cache.is_contiguous() and (dim_major or v_cache.is_contiguous())
+                  and (not fp8 or (k_scales.is_contiguous() and v_scales.is_contiguous())))
     key = ("decode", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
-           dim_major)
+           dim_major, contiguous)
     launch_first_fitting(key, configs, launch)
     if split:
         _decode_reduce_kernel[(num_heads, num_seqs)](
