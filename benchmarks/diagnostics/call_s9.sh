@@ -8,6 +8,8 @@
 # $OUT/results.tgz. PART=2 (carry .base .commit .whl): the decode kernel with literal strides
 # (CONTIGUOUS) in both V layouts, the stripped variants with literal and runtime strides, FP8
 # end to end with V dim-major, the FP8 and window GPU tests, the workload kernels again.
+# PART=3 (carry .commit .whl): the same decode tuning and end-to-end run after the kernel
+# reads FP8 bytes as uint8, and the FP8 GPU tests.
 set -u
 . benchmarks/diagnostics/call_common.sh
 kernels() {  # tree name
@@ -60,6 +62,23 @@ case "${PART:-1}" in
   echo "== tune dim-major"; tail -2 "$out/r/tune_dm.txt"
   echo "== variants"; grep -E "fp8|bf16" "$out/r/variants.txt" | head -12
   echo "== fp8 end to end (dim-major V)"; grep -iE "tok/s|blocks|fp8|auto" "$out/r/fp8kv_dm_B.txt" | tail -6
+  ;;
+3)
+  # issue 17: the decode kernel reading an FP8 cache's bytes as uint8, both V layouts
+  timeout 80 python3 benchmarks/decode_tune.py --out "$out/r/tune_tm" --kv-cache-dtype both \
+    --small-grid --cases llama3-8b:64:4096,qwen2-0.5b:64:4096 > "$out/r/tune_tm.txt" 2>&1
+  PAGEDRT_FP8_V_DIM_MAJOR=1 timeout 60 python3 benchmarks/decode_tune.py --out \
+    "$out/r/tune_dm" --kv-cache-dtype fp8 --small-grid \
+    --cases llama3-8b:64:4096,qwen2-0.5b:64:4096 > "$out/r/tune_dm.txt" 2>&1
+  echo "== tune token-major"; tail -4 "$out/r/tune_tm.txt"
+  echo "== tune dim-major"; tail -2 "$out/r/tune_dm.txt"
+  PAGEDRT_FP8_V_DIM_MAJOR=1 timeout 100 python3 -m pagedrt.entrypoints.cli bench throughput \
+    --preset llama3-8b --kv-cache-dtype fp8 --compare-kv-cache-dtype auto --num-requests 64 \
+    --input-len 4096 --output-len 256 --max-model-len 8192 --max-num-seqs 64 \
+    --gpu-memory-utilization 0.30 --skip-step-split --warm-up-requests 4 \
+    --name fp8kv_dm_B --out "$out/r" > "$out/r/fp8kv_dm_B.txt" 2>&1
+  echo "== fp8 end to end (dim-major V)"; grep -iE "tok/s|blocks" "$out/r/fp8kv_dm_B.txt" | tail -4
+  gpu_tests gpu_tests_3 "${TEST_CAP:-70}" tests/gpu/test_fp8_kv_gpu.py
   ;;
 esac
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"

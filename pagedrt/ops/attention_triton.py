@@ -160,11 +160,11 @@ def _decode_kernel(
         block = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
         kv_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + head_off
         k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None],
-                    other=0.0)
-        if UPCAST:
+                    other=0)
+        if UPCAST and not KV_FP8:
             k = k.to(tl.float32)
-        if KV_FP8:
-            k = k.to(q.dtype)
+        if KV_FP8:  # the bytes come as uint8 (the launcher's view): decode them as e4m3
+            k = k.to(tl.float8e4nv, bitcast=True).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
         if KV_FP8:
             scale_off = block * stride_sb + kv_head * stride_sh + offs_n % BLOCK_SIZE
@@ -179,15 +179,15 @@ def _decode_kernel(
         if V_DIM_MAJOR:  # tokens contiguous: load [HEAD_DIM, BLOCK_N], use its transpose
             v_off = block * stride_vb + kv_head * stride_vh + offs_n % BLOCK_SIZE
             v = tl.trans(tl.load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
-                                 mask=n_mask[None, :], other=0.0))
+                                 mask=n_mask[None, :], other=0))
         else:
             v_off = block * stride_vb + (offs_n % BLOCK_SIZE) * stride_vs + kv_head * stride_vh
             v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :],
-                        mask=n_mask[:, None], other=0.0)
-        if UPCAST:
+                        mask=n_mask[:, None], other=0)
+        if UPCAST and not KV_FP8:
             v = v.to(tl.float32)
         if KV_FP8:
-            v = v.to(q.dtype)
+            v = v.to(tl.float8e4nv, bitcast=True).to(q.dtype)
             v_scale = tl.load(v_scales_ptr + scale_off, mask=n_mask, other=0.0)
             v_max = tl.max(v_scale, 0)
             v_max = tl.where(v_max > 0, v_max, 1.0)
@@ -355,7 +355,7 @@ def paged_attention_decode_triton(
 
     def launch(cfg: dict) -> None:
         _decode_kernel[(num_kv_heads, num_splits, num_seqs)](
-            query, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
+            query, k_bytes, v_bytes, block_tables, seq_lens, out, part_out, part_lse,
             k_scales, v_scales,
             scale * LOG2E,
             query.stride(0), query.stride(1),
@@ -375,6 +375,10 @@ def paged_attention_decode_triton(
         )
 
     dim_major = v_dim_major(v_cache)
+    # an FP8 cache's bytes go in as uint8 and are decoded in the kernel, as in the stripped
+    # kernel that read dim-major V fastest (benchmarks/diagnostics/fp8_decode_variants.py)
+    k_bytes, v_bytes = ((k_cache.view(torch.uint8), v_cache.view(torch.uint8)) if fp8
+                        else (k_cache, v_cache))
     contiguous = (k_cache.is_contiguous() and (dim_major or v_cache.is_contiguous())
                   and (not fp8 or (k_scales.is_contiguous() and v_scales.is_contiguous())))
     key = ("decode", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
