@@ -111,21 +111,7 @@ def _decode_kernel(
     F16_MMA: tl.constexpr,  # KV_FP8 with a 16-bit query: products in fp16 (module doc)
     WINDOW: tl.constexpr = 0,  # sliding window in tokens; 0 = attend to every cached token
     V_DIM_MAJOR: tl.constexpr = False,  # V tiles read as [HEAD_DIM, BLOCK_N] (stride_vs 1)
-    NUM_KV_HEADS: tl.constexpr = 0,  # with CONTIGUOUS: the caches' head count
-    CONTIGUOUS: tl.constexpr = False,  # caches and scales contiguous: strides as literals
 ):
-    if CONTIGUOUS:  # literal strides give the compiler every load's alignment (module doc)
-        stride_cs = NUM_KV_HEADS * HEAD_DIM
-        stride_cb = BLOCK_SIZE * stride_cs
-        stride_ch = HEAD_DIM
-        stride_vb = stride_cb
-        stride_vs = stride_cs
-        stride_vh = HEAD_DIM
-        if V_DIM_MAJOR:
-            stride_vs = 1
-            stride_vh = HEAD_DIM * BLOCK_SIZE
-        stride_sh = BLOCK_SIZE
-        stride_sb = NUM_KV_HEADS * BLOCK_SIZE
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
     seq = tl.program_id(2).to(tl.int64)
@@ -160,11 +146,11 @@ def _decode_kernel(
         block = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
         kv_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + head_off
         k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None],
-                    other=0)
-        if UPCAST and not KV_FP8:
+                    other=0.0)
+        if UPCAST:
             k = k.to(tl.float32)
-        if KV_FP8:  # the bytes come as uint8 (the launcher's view): decode them as e4m3
-            k = k.to(tl.float8e4nv, bitcast=True).to(q.dtype)
+        if KV_FP8:
+            k = k.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
         if KV_FP8:
             scale_off = block * stride_sb + kv_head * stride_sh + offs_n % BLOCK_SIZE
@@ -178,16 +164,26 @@ def _decode_kernel(
         # argument on 1, and a runtime stride loses the 16-byte loads (BENCHMARKS.md, FP8)
         if V_DIM_MAJOR:  # tokens contiguous: load [HEAD_DIM, BLOCK_N], use its transpose
             v_off = block * stride_vb + kv_head * stride_vh + offs_n % BLOCK_SIZE
-            v = tl.trans(tl.load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
-                                 mask=n_mask[None, :], other=0))
+            # masked by whole blocks, a mask the compiler can prove constant over each run of
+            # BLOCK_SIZE contiguous tokens, so the load stays vectorized; a per-token mask
+            # against a loaded seq_len is not (module doc). In the last tile the slots past
+            # `end` are then zeroed (past seq_len they may hold NaN).
+            blk_mask = offs_n // BLOCK_SIZE < tl.cdiv(end, BLOCK_SIZE)
+            v = tl.load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
+                        mask=blk_mask[None, :], other=0.0)
+            if KV_FP8:
+                v = v.to(q.dtype)
+            if tile_start + BLOCK_N > end:
+                v = tl.where(n_mask[None, :], v, 0.0)
+            v = tl.trans(v)
         else:
             v_off = block * stride_vb + (offs_n % BLOCK_SIZE) * stride_vs + kv_head * stride_vh
             v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :],
-                        mask=n_mask[:, None], other=0)
-        if UPCAST and not KV_FP8:
+                        mask=n_mask[:, None], other=0.0)
+        if UPCAST:
             v = v.to(tl.float32)
         if KV_FP8:
-            v = v.to(tl.float8e4nv, bitcast=True).to(q.dtype)
+            v = v.to(q.dtype)
             v_scale = tl.load(v_scales_ptr + scale_off, mask=n_mask, other=0.0)
             v_max = tl.max(v_scale, 0)
             v_max = tl.where(v_max > 0, v_max, 1.0)
@@ -355,7 +351,7 @@ def paged_attention_decode_triton(
 
     def launch(cfg: dict) -> None:
         _decode_kernel[(num_kv_heads, num_splits, num_seqs)](
-            query, k_bytes, v_bytes, block_tables, seq_lens, out, part_out, part_lse,
+            query, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
             k_scales, v_scales,
             scale * LOG2E,
             query.stride(0), query.stride(1),
@@ -370,19 +366,12 @@ def paged_attention_decode_triton(
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
             F16_MMA=fp8 and query.dtype != torch.float32,
             WINDOW=sliding_window or 0, V_DIM_MAJOR=dim_major,
-            NUM_KV_HEADS=num_kv_heads if contiguous else 0, CONTIGUOUS=contiguous,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
 
     dim_major = v_dim_major(v_cache)
-    # an FP8 cache's bytes go in as uint8 and are decoded in the kernel, as in the stripped
-    # kernel that read dim-major V fastest (benchmarks/diagnostics/fp8_decode_variants.py)
-    k_bytes, v_bytes = ((k_cache.view(torch.uint8), v_cache.view(torch.uint8)) if fp8
-                        else (k_cache, v_cache))
-    contiguous = (k_cache.is_contiguous() and (dim_major or v_cache.is_contiguous())
-                  and (not fp8 or (k_scales.is_contiguous() and v_scales.is_contiguous())))
     key = ("decode", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
-           dim_major, contiguous)
+           dim_major)
     launch_first_fitting(key, configs, launch)
     if split:
         _decode_reduce_kernel[(num_heads, num_seqs)](
