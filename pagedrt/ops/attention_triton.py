@@ -164,18 +164,8 @@ def _decode_kernel(
         # argument on 1, and a runtime stride loses the 16-byte loads (BENCHMARKS.md, FP8)
         if V_DIM_MAJOR:  # tokens contiguous: load [HEAD_DIM, BLOCK_N], use its transpose
             v_off = block * stride_vb + kv_head * stride_vh + offs_n % BLOCK_SIZE
-            # masked by whole blocks, a mask the compiler can prove constant over each run of
-            # BLOCK_SIZE contiguous tokens, so the load stays vectorized; a per-token mask
-            # against a loaded seq_len is not (module doc). In the last tile the slots past
-            # `end` are then zeroed (past seq_len they may hold NaN).
-            blk_mask = offs_n // BLOCK_SIZE < tl.cdiv(end, BLOCK_SIZE)
-            v = tl.load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
-                        mask=blk_mask[None, :], other=0.0)
-            if KV_FP8:
-                v = v.to(q.dtype)
-            if tile_start + BLOCK_N > end:
-                v = tl.where(n_mask[None, :], v, 0.0)
-            v = tl.trans(v)
+            v = tl.trans(tl.load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
+                                 mask=n_mask[None, :], other=0.0))
         else:
             v_off = block * stride_vb + (offs_n % BLOCK_SIZE) * stride_vs + kv_head * stride_vh
             v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :],
