@@ -13,7 +13,15 @@ per token and head):
   e4m3 value; the 256 goes into the scales);
 - V_DIM_MAJOR: V stored per block as [head_dim, block_size] (tokens contiguous), the layout
   in which the P @ V operand needs no transposition of 8-bit data;
-- SKIP_PV: no P @ V product (what the loads, the conversion of K and Q @ K^T cost alone).
+- SKIP_PV: no P @ V product (what the loads, the conversion of K and Q @ K^T cost alone);
+- RT: strides as runtime arguments instead of literals (measured 2026-12-02: no difference);
+- SEQ_PTR: seq_len loaded per sequence, as the engine's kernel does, instead of one integer
+  argument (which Triton specializes as a multiple of 16, so per-token masks against it are
+  known constant over 16 tokens) -- the engine's kernel read dim-major V at 485 us where
+  this one took 186 (Llama-3-8B heads, B64 L4096), and this is the last difference left;
+- MASK (dim-major V, with SEQ_PTR): 0 per-token load mask; 1 the load masked by whole
+  blocks, slots past the end zeroed in every tile; 2 zeroed in the last tile only (an `if`
+  in the loop; this form in the engine's kernel took 671 us).
 
 Each variant's output is checked against a float32 reference first (SKIP_PV excepted).
 Prints one line per (shape, variant): time in us and the cache bytes read per second.
@@ -39,15 +47,18 @@ SHAPES = {"llama3-8b": (32, 8, 128), "qwen2-0.5b": (14, 2, 64)}
 
 @triton.jit
 def _variant_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, part_out_ptr, part_lse_ptr,
-                    seq_len,
+                    seq_len, seq_lens_ptr,
                     scale_log2, num_splits, stride_bt, rt_stride_s, rt_stride_b, rt_stride_vh,
                     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
                     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                     FP8: tl.constexpr, CVT: tl.constexpr, V_DIM_MAJOR: tl.constexpr,
-                    SKIP_PV: tl.constexpr, RT: tl.constexpr = False):
+                    SKIP_PV: tl.constexpr, RT: tl.constexpr = False,
+                    SEQ_PTR: tl.constexpr = False, MASK: tl.constexpr = 0):
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
     seq = tl.program_id(2).to(tl.int64)
+    if SEQ_PTR:  # per sequence from memory, as the engine reads it: no divisibility known
+        seq_len = tl.load(seq_lens_ptr + seq)
     part_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * part_len
     end = tl.minimum(start + part_len, seq_len)
@@ -100,8 +111,17 @@ def _variant_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, part_out_ptr, p
         else:
             if V_DIM_MAJOR:  # v_ptr: [num_blocks, num_kv_heads, head_dim, block_size]
                 v_off = block * stride_b + kv_head * stride_vh + offs_n % BLOCK_SIZE
-                vt = tl.load(v_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
-                             mask=n_mask[None, :], other=0)  # [HEAD_DIM, BLOCK_N]
+                if MASK == 0:  # per token
+                    vt = tl.load(v_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
+                                 mask=n_mask[None, :], other=0)  # [HEAD_DIM, BLOCK_N]
+                else:  # whole blocks (constant over BLOCK_SIZE tokens), then zero past `end`
+                    blk_mask = offs_n // BLOCK_SIZE < tl.cdiv(end, BLOCK_SIZE)
+                    vt = tl.load(v_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
+                                 mask=blk_mask[None, :], other=0)
+                    if MASK == 1:  # every tile  # noqa: SIM114 - constexpr, then runtime
+                        vt = tl.where(n_mask[None, :], vt, 0)
+                    elif tile_start + BLOCK_N > end:  # MASK 2: the last tile only
+                        vt = tl.where(n_mask[None, :], vt, 0)
                 v = tl.trans(vt)
             else:
                 v = tl.load(v_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None],
@@ -153,7 +173,9 @@ def main() -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--cases", default="llama3-8b:64:4096,qwen2-0.5b:64:4096")
     p.add_argument("--quick", action="store_true",
-                   help="FP8 with cvt 0 only, literal and runtime strides, two launch settings")
+                   help="FP8 with cvt 0 only: literal and runtime strides, seq_len from memory "
+                        "with the V masks (per token, by block, by block + last tile), two "
+                        "launch settings")
     args = p.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: TRITON_INTERPRET=1, no timing
     block_size = 16
@@ -182,26 +204,31 @@ def main() -> None:
         part_lse = torch.empty(num_seqs, h, splits, device=dev, dtype=torch.float32)
 
         refs = {False: reference(q, k, v, bt, ctx), True: reference(q, kf, vf, bt, ctx)}
-        variants = [(False, 0, 0, 0, 0), (False, 0, 1, 0, 0), (False, 0, 0, 1, 0),
-                    (True, 0, 0, 0, 0), (True, 1, 0, 0, 0), (True, 0, 1, 0, 0),
-                    (True, 1, 1, 0, 0), (True, 0, 0, 1, 0), (True, 1, 0, 1, 0),
-                    (True, 0, 0, 0, 1), (True, 0, 1, 0, 1)]
+        # (fp8, cvt, v_dim_major, skip_pv, runtime strides, seq_len from memory, V mask)
+        variants = [(False, 0, 0, 0, 0, 0, 0), (False, 0, 1, 0, 0, 0, 0),
+                    (False, 0, 0, 1, 0, 0, 0), (True, 0, 0, 0, 0, 0, 0), (True, 1, 0, 0, 0, 0, 0),
+                    (True, 0, 1, 0, 0, 0, 0), (True, 1, 1, 0, 0, 0, 0), (True, 0, 0, 1, 0, 0, 0),
+                    (True, 1, 0, 1, 0, 0, 0), (True, 0, 0, 0, 1, 0, 0), (True, 0, 1, 0, 1, 0, 0)]
         if args.quick:
-            variants = [(False, 0, 0, 0, 0), (True, 0, 0, 0, 0), (True, 0, 1, 0, 0),
-                        (True, 0, 0, 0, 1), (True, 0, 1, 0, 1)]
-        for fp8, cvt, vdm, skip, rt in variants:
+            variants = [(False, 0, 0, 0, 0, 0, 0), (True, 0, 0, 0, 0, 0, 0),
+                        (True, 0, 1, 0, 0, 0, 0), (True, 0, 1, 0, 1, 0, 0),
+                        (True, 0, 1, 0, 0, 1, 0), (True, 0, 1, 0, 0, 1, 1),
+                        (True, 0, 1, 0, 0, 1, 2)]
+        seq_lens = torch.full((num_seqs,), ctx, dtype=torch.int32, device=dev)
+        for fp8, cvt, vdm, skip, rt, seq_ptr, vmask in variants:
             kk = k8 if fp8 else k
             vv = (v8_t if vdm else v8) if fp8 else (v_t if vdm else v)
             name = (f"{'fp8' if fp8 else 'bf16'} cvt={cvt} v_dim_major={vdm} "
-                    f"skip_pv={skip} rt={rt}")
+                    f"skip_pv={skip} rt={rt} seq_ptr={seq_ptr} mask={vmask}")
             settings = [(64, 4, 3), (128, 4, 3), (128, 4, 2), (64, 4, 2)]
             for bn, warps, stages in settings[1:3] if args.quick else settings:
                 if not fp8 and d == 128 and bn == 128:
                     continue
                 fn = functools.partial(
                     _variant_kernel[(kvh, splits, num_seqs)], q, kk, vv, ks, vs, bt, part, part_lse,
-                    ctx, d ** -0.5 * 1.4426950408889634, splits, bt.stride(0),
-                    kvh * d, block_size * kvh * d, d * block_size, RT=rt,
+                    ctx, seq_lens, d ** -0.5 * 1.4426950408889634, splits, bt.stride(0),
+                    kvh * d, block_size * kvh * d, d * block_size, RT=rt, SEQ_PTR=seq_ptr,
+                    MASK=vmask,
                     NUM_KV_HEADS=kvh, GROUP=h // kvh, GROUP_PAD=max(16, triton.next_power_of_2(
                         h // kvh)), BLOCK_SIZE=block_size, HEAD_DIM=d, BLOCK_N=bn, FP8=fp8,
                     CVT=cvt, V_DIM_MAJOR=vdm, SKIP_PV=skip, num_warps=warps,
@@ -220,6 +247,7 @@ def main() -> None:
                     continue
                 nbytes = num_seqs * ctx * kvh * 2 * (d * (1 if fp8 else 2) + (4 if fp8 else 0))
                 results.append({"case": case, "fp8": fp8, "cvt": cvt, "v_dim_major": vdm, "rt": rt,
+                                "seq_ptr": seq_ptr, "mask": vmask,
                                 "skip_pv": skip, "BLOCK_N": bn, "num_warps": warps,
                                 "num_stages": stages, "splits": splits, "us": ms * 1e3,
                                 "tb_s": nbytes / ms / 1e9, "max_err": err})
