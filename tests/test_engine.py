@@ -297,3 +297,36 @@ def test_bench_throughput_on_cpu_writes_its_trace(smollm2_path, tmp_path):
     st = row["step_times"]
     assert st["prefill_steps"] >= 1 and st["decode_steps"] == 2  # tokens 2 and 3 of each
     assert st["decode_model_device_total_s"] is None  # no CUDA events on CPU
+
+
+def test_bench_throughput_repeats_reports_the_median_run(smollm2_path, tmp_path, monkeypatch):
+    """`bench throughput --repeats 3` times the workload three times in one engine, the runs
+    after the first on other token ids of the same lengths (no prefix-cache hits), and reports
+    the median run's rate; every run's rate is in output_tok_s_runs."""
+    import json
+
+    from pagedrt.bench import throughput
+
+    timed = []
+    timed_generate = throughput.timed_generate
+
+    def recording(llm, prompts, params):
+        out = timed_generate(llm, prompts, params)
+        timed.append((prompts, out[0]))
+        return out
+
+    monkeypatch.setattr(throughput, "timed_generate", recording)
+    assert throughput.main([
+        "--model", smollm2_path, "--device", "cpu", "--dtype", "float32", "--num-requests",
+        "2", "--input-len", "8", "--output-len", "3", "--num-kv-blocks", "64", "--out",
+        str(tmp_path), "--name", "r", "--repeats", "3", "--skip-step-split"]) == 0
+    row = json.loads((tmp_path / "r.json").read_text())["results"][0]
+    runs = timed[-3:]
+    assert [len(p) for p, _ in runs] == [2, 2, 2]
+    assert all(len(x) == 8 for p, _ in runs for x in p)
+    assert runs[0][0] != runs[1][0] != runs[2][0] != runs[0][0]  # fresh ids each run
+    rates = [row["output_tokens"] / t for _, t in runs]
+    assert row["output_tok_s_runs"] == rates
+    assert row["output_tok_s"] == sorted(rates)[1]
+    with pytest.raises(SystemExit):
+        throughput.main(["--repeats", "0"])

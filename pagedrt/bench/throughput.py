@@ -30,6 +30,10 @@ its disable_by_batch_size sequences are unfinished, so at 256 requests it should
 --beam-width W instead compares beam search of width W with n = W sampling of the same prompts
 and (with --compare hf) HF `generate(num_beams=W)` (pagedrt/bench/beam.py).
 
+--repeats R times the workload R times in one engine (after the first run on other token ids
+of the same lengths) and reports the median run: one run of a process varies by up to ~10%
+on the H200, R runs in one process much less (BENCHMARKS.md, 2026-12-02).
+
 --compare-kv-cache-dtype DTYPE runs the timed workload again on the same weights with that KV
 cache dtype (e.g. `--kv-cache-dtype fp8 --compare-kv-cache-dtype auto`): output tok/s and the
 KV blocks each cache fits, and their ratio. --skip-step-split and --warm-up-requests shorten a
@@ -233,13 +237,23 @@ def summarize_trace(trace: list) -> dict:
     return out
 
 
-def run_pagedrt(llm, args, prompts, params, ceilings, name: str, workload: str) -> dict:
+def run_pagedrt(llm, args, prompts, params, ceilings, name: str, workload: str,
+                timed_runs: int = 1) -> dict:
+    """The workload timed on a warmed engine, with its step trace, step split and roofline.
+    timed_runs > 1 times it that many times in this engine, each run after the first on other
+    token ids of the same lengths (no prefix-cache hits), and reports the median run
+    (elapsed_s, output_tok_s and the rates derived from them; every run's rate in
+    output_tok_s_runs); the step trace is the first run's."""
     engine = llm.llm_engine
     trace, finish_trace = trace_steps(engine)
     elapsed, num_steps, outs = timed_generate(llm, prompts, params)
     finish_trace()
     step_times = summarize_trace(trace)
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    runs = [elapsed]
+    for r in range(1, timed_runs):
+        runs.append(timed_generate(llm, make_workload(args, seed=1000 + r)[0], params)[0])
+    elapsed = statistics.median(runs)
     n_in = sum(len(p) for p in prompts)
     stats = llm.stats()
     split_ms = {}
@@ -264,6 +278,7 @@ def run_pagedrt(llm, args, prompts, params, ceilings, name: str, workload: str) 
         "output_tok_s": n_out / elapsed, "total_tok_s": (n_in + n_out) / elapsed,
         "requests_s": len(prompts) / elapsed, "num_steps": num_steps,
         "ms_per_step": 1e3 * elapsed / num_steps, "step_split_ms": split_ms,
+        "output_tok_s_runs": [n_out / t for t in runs],
         "step_times": step_times, "step_trace": trace,
         "async_scheduling": engine.async_scheduling,
         "kv_cache_dtype": stats["kv_cache_dtype"],
@@ -475,8 +490,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--compare-speculative", action="store_true",
                    help="run the workload with --speculative-config and without it")
     p.add_argument("--repeats", type=int, default=1,
-                   help="with --compare-speculative: rounds of one engine each way, made in "
-                        "ABBA order (off, on, on, off, ...); medians are compared")
+                   help="timed runs of the workload in one engine (after the first on other "
+                        "token ids of the same lengths); the median is reported. With "
+                        "--compare-speculative: rounds of one engine each way, made in ABBA "
+                        "order (off, on, on, off, ...); medians are compared")
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=128)
@@ -503,6 +520,8 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.beam_width and args.workload != "fixed":
         p.error("--beam-width runs the fixed workload only")
+    if args.repeats < 1:
+        p.error(f"--repeats {args.repeats}: give at least 1")
     model, name = load(args)
     in_process = isinstance(model, LoadedModel)
     if args.compare == "hf" and not in_process:
@@ -527,7 +546,7 @@ def main(argv: list[str]) -> int:
         return llm
 
     llm = warmed_llm()
-    results = [run_pagedrt(llm, args, prompts, params, ceilings, name, workload)]
+    results = [run_pagedrt(llm, args, prompts, params, ceilings, name, workload, args.repeats)]
     for b in [int(x) for x in args.batch_sizes.split(",") if x]:
         sub = argparse.Namespace(**{**vars(args), "num_requests": b})
         sub_prompts, sub_params, sub_workload = make_workload(sub, seed=100 + b)
@@ -544,7 +563,8 @@ def main(argv: list[str]) -> int:
     free_llm(llm)
     if args.compare_kv_cache_dtype:
         llm = warmed_llm(kv_cache_dtype=args.compare_kv_cache_dtype)
-        results.append(run_pagedrt(llm, args, prompts, params, ceilings, name, workload))
+        results.append(run_pagedrt(llm, args, prompts, params, ceilings, name, workload,
+                                   args.repeats))
         free_llm(llm)
     if args.compare == "hf":
         hf = hf_model_like(model, next(model.model.parameters()).dtype, device)
@@ -585,6 +605,9 @@ def main(argv: list[str]) -> int:
         dev = f"; model on the device {dev:.3f} s" if dev is not None else ""
         print(f"pagedrt {kind} steps: {st[f'{kind}_steps']}, median "
               f"{st[f'{kind}_step_ms_median']:.2f} ms, {st[f'{kind}_total_s']:.3f} s in all{dev}")
+    if len(r0["output_tok_s_runs"]) > 1:
+        print("pagedrt output tok/s of each run: "
+              + ", ".join(f"{x:,.0f}" for x in r0["output_tok_s_runs"]) + " (median above)")
     print(f"pagedrt step split (ms/step): {split}"
           f" | steps {r0['num_steps']}"
           f" | KV blocks {r0['kv_peak_used_blocks']}/{r0['kv_num_blocks']}")
