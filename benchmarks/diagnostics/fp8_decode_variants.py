@@ -21,7 +21,8 @@ per token and head):
   this one took 186 (Llama-3-8B heads, B64 L4096), and this is the last difference left;
 - MASK (dim-major V, with SEQ_PTR): 0 per-token load mask; 1 the load masked by whole
   blocks, slots past the end zeroed in every tile; 2 zeroed in the last tile only (an `if`
-  in the loop; this form in the engine's kernel took 671 us).
+  in the loop; this form in the engine's kernel took 671 us); 3 the full tiles with no mask
+  at all and the one partial tile, if any, masked (the usual even/odd-tile split).
 
 Each variant's output is checked against a float32 reference first (SKIP_PV excepted).
 Prints one line per (shape, variant): time in us and the cache bytes read per second.
@@ -43,6 +44,90 @@ from pagedrt.ops.fp8 import quantize_fp8
 from pagedrt.ops.triton_utils import device_sms
 
 SHAPES = {"llama3-8b": (32, 8, 128), "qwen2-0.5b": (14, 2, 64)}
+
+
+@triton.jit
+def _tile(m_i, l_i, acc, tile_start, q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq, stride_bt,
+          kv_head, end, scale_log2, stride_s, stride_b, stride_vh,
+          NUM_KV_HEADS: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+          BLOCK_N: tl.constexpr, FP8: tl.constexpr, CVT: tl.constexpr,
+          V_DIM_MAJOR: tl.constexpr, SKIP_PV: tl.constexpr, MASKED: tl.constexpr,
+          VMASK: tl.constexpr):
+    """One BLOCK_N-token tile of the online softmax; MASKED False: every token is below `end`
+    (no load is masked)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tile_start + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < end
+    if MASKED:
+        block = tl.load(bt_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_mask,
+                        other=0).to(tl.int64)
+    else:
+        block = tl.load(bt_ptr + seq * stride_bt + offs_n // BLOCK_SIZE).to(tl.int64)
+    kv_off = block * stride_b + (offs_n % BLOCK_SIZE) * stride_s + kv_head * HEAD_DIM
+    if MASKED:
+        k = tl.load(k_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0)
+    else:
+        k = tl.load(k_ptr + kv_off[:, None] + offs_d[None, :])
+    if FP8:
+        if CVT == 1:
+            kb = k.to(tl.int16)
+            k = (((kb & 0x80) << 8) | ((kb & 0x7F) << 7)).to(tl.float16, bitcast=True)
+        else:
+            k = k.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    s = tl.dot(q, tl.trans(k)) * scale_log2
+    scale_off = block * (NUM_KV_HEADS * BLOCK_SIZE) + kv_head * BLOCK_SIZE + offs_n % BLOCK_SIZE
+    if FP8:
+        if MASKED:
+            s = s * tl.load(ks_ptr + scale_off, mask=n_mask, other=0.0)[None, :]
+        else:
+            s = s * tl.load(ks_ptr + scale_off)[None, :]
+    if MASKED:
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if SKIP_PV:
+        acc = acc * alpha[:, None]
+    else:
+        if V_DIM_MAJOR:  # v_ptr: [num_blocks, num_kv_heads, head_dim, block_size]
+            v_ptrs = v_ptr + (block * stride_b + kv_head * stride_vh
+                              + offs_n % BLOCK_SIZE)[None, :] + offs_d[:, None] * BLOCK_SIZE
+            if not MASKED:
+                vt = tl.load(v_ptrs)
+            elif VMASK == 0:  # per token
+                vt = tl.load(v_ptrs, mask=n_mask[None, :], other=0)  # [HEAD_DIM, BLOCK_N]
+            else:  # whole blocks (constant over BLOCK_SIZE tokens), then zero past `end`
+                blk_mask = offs_n // BLOCK_SIZE < tl.cdiv(end, BLOCK_SIZE)
+                vt = tl.load(v_ptrs, mask=blk_mask[None, :], other=0)
+                if VMASK == 1:  # every tile  # noqa: SIM114 - constexpr, then runtime
+                    vt = tl.where(n_mask[None, :], vt, 0)
+                elif tile_start + BLOCK_N > end:  # VMASK 2: the last tile only
+                    vt = tl.where(n_mask[None, :], vt, 0)
+            v = tl.trans(vt)
+        elif MASKED:
+            v = tl.load(v_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0)
+        else:
+            v = tl.load(v_ptr + kv_off[:, None] + offs_d[None, :])
+        if FP8:
+            if CVT == 1:
+                vb = v.to(tl.int16)
+                v = (((vb & 0x80) << 8) | ((vb & 0x7F) << 7)).to(tl.float16, bitcast=True)
+            else:
+                v = v.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+            if MASKED:
+                v_scale = tl.load(vs_ptr + scale_off, mask=n_mask, other=0.0)
+            else:
+                v_scale = tl.load(vs_ptr + scale_off)
+            v_max = tl.max(v_scale, 0)
+            v_max = tl.where(v_max > 0, v_max, 1.0)
+            pv = tl.dot((p * (v_scale / v_max)[None, :]).to(tl.float16), v) * v_max
+            if CVT == 1:
+                pv = pv * 256.0
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -83,65 +168,25 @@ def _variant_kernel(q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, part_out_ptr, p
         stride_s = rt_stride_s
         stride_b = rt_stride_b
         stride_vh = rt_stride_vh
-    for tile_start in range(start, end, BLOCK_N):
-        offs_n = tile_start + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        block = tl.load(bt_ptr + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_mask,
-                        other=0).to(tl.int64)
-        kv_off = block * stride_b + (offs_n % BLOCK_SIZE) * stride_s + kv_head * HEAD_DIM
-        k = tl.load(k_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None], other=0)
-        if FP8:
-            if CVT == 1:
-                kb = k.to(tl.int16)
-                k = (((kb & 0x80) << 8) | ((kb & 0x7F) << 7)).to(tl.float16, bitcast=True)
-            else:
-                k = k.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        s = tl.dot(q, tl.trans(k)) * scale_log2
-        if FP8:
-            scale_off = block * (NUM_KV_HEADS * BLOCK_SIZE) + kv_head * BLOCK_SIZE \
-                + offs_n % BLOCK_SIZE
-            s = s * tl.load(ks_ptr + scale_off, mask=n_mask, other=0.0)[None, :]
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if SKIP_PV:
-            acc = acc * alpha[:, None]
-        else:
-            if V_DIM_MAJOR:  # v_ptr: [num_blocks, num_kv_heads, head_dim, block_size]
-                v_off = block * stride_b + kv_head * stride_vh + offs_n % BLOCK_SIZE
-                if MASK == 0:  # per token
-                    vt = tl.load(v_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
-                                 mask=n_mask[None, :], other=0)  # [HEAD_DIM, BLOCK_N]
-                else:  # whole blocks (constant over BLOCK_SIZE tokens), then zero past `end`
-                    blk_mask = offs_n // BLOCK_SIZE < tl.cdiv(end, BLOCK_SIZE)
-                    vt = tl.load(v_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
-                                 mask=blk_mask[None, :], other=0)
-                    if MASK == 1:  # every tile  # noqa: SIM114 - constexpr, then runtime
-                        vt = tl.where(n_mask[None, :], vt, 0)
-                    elif tile_start + BLOCK_N > end:  # MASK 2: the last tile only
-                        vt = tl.where(n_mask[None, :], vt, 0)
-                v = tl.trans(vt)
-            else:
-                v = tl.load(v_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None],
-                            other=0)
-            if FP8:
-                if CVT == 1:
-                    vb = v.to(tl.int16)
-                    v = (((vb & 0x80) << 8) | ((vb & 0x7F) << 7)).to(tl.float16, bitcast=True)
-                else:
-                    v = v.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-                v_scale = tl.load(vs_ptr + scale_off, mask=n_mask, other=0.0)
-                v_max = tl.max(v_scale, 0)
-                v_max = tl.where(v_max > 0, v_max, 1.0)
-                pv = tl.dot((p * (v_scale / v_max)[None, :]).to(tl.float16), v) * v_max
-                if CVT == 1:
-                    pv = pv * 256.0
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-        m_i = m_new
+    # (the calls spelled out: the compiler takes no * or ** unpacking in a kernel)
+    if MASK == 3:  # full tiles without masks, then the one partial tile (if any) with them
+        full_end = start + (end - start) // BLOCK_N * BLOCK_N
+        for tile_start in range(start, full_end, BLOCK_N):
+            m_i, l_i, acc = _tile(m_i, l_i, acc, tile_start, q, k_ptr, v_ptr, ks_ptr, vs_ptr,
+                                  bt_ptr, seq, stride_bt, kv_head, end, scale_log2, stride_s,
+                                  stride_b, stride_vh, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM,
+                                  BLOCK_N, FP8, CVT, V_DIM_MAJOR, SKIP_PV, False, 0)
+        if full_end < end:
+            m_i, l_i, acc = _tile(m_i, l_i, acc, full_end, q, k_ptr, v_ptr, ks_ptr, vs_ptr,
+                                  bt_ptr, seq, stride_bt, kv_head, end, scale_log2, stride_s,
+                                  stride_b, stride_vh, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM,
+                                  BLOCK_N, FP8, CVT, V_DIM_MAJOR, SKIP_PV, True, 0)
+    else:
+        for tile_start in range(start, end, BLOCK_N):
+            m_i, l_i, acc = _tile(m_i, l_i, acc, tile_start, q, k_ptr, v_ptr, ks_ptr, vs_ptr,
+                                  bt_ptr, seq, stride_bt, kv_head, end, scale_log2, stride_s,
+                                  stride_b, stride_vh, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM,
+                                  BLOCK_N, FP8, CVT, V_DIM_MAJOR, SKIP_PV, True, MASK)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     row = (seq * NUM_KV_HEADS * GROUP + heads) * num_splits + split
     tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out,
@@ -213,7 +258,9 @@ def main() -> None:
             variants = [(False, 0, 0, 0, 0, 0, 0), (True, 0, 0, 0, 0, 0, 0),
                         (True, 0, 1, 0, 0, 0, 0), (True, 0, 1, 0, 1, 0, 0),
                         (True, 0, 1, 0, 0, 1, 0), (True, 0, 1, 0, 0, 1, 1),
-                        (True, 0, 1, 0, 0, 1, 2)]
+                        (True, 0, 1, 0, 0, 1, 2), (True, 0, 1, 0, 0, 1, 3),
+                        (True, 0, 0, 0, 0, 1, 3), (False, 0, 0, 0, 0, 1, 3),
+                        (False, 0, 0, 0, 0, 1, 0)]
         seq_lens = torch.full((num_seqs,), ctx, dtype=torch.int32, device=dev)
         for fp8, cvt, vdm, skip, rt, seq_ptr, vmask in variants:
             kk = k8 if fp8 else k
