@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
@@ -232,3 +233,32 @@ def test_tiny_temperatures_are_greedy_and_the_floor_samples_finitely():
         assert torch.equal(Sampler()(logits, mixed).token_ids[[0, 2, 3]], argmax[[0, 2, 3]])
     out = Sampler()(logits, [_row(temperature=1e-5, top_p=0.9, seed=i) for i in range(4)])
     assert torch.equal(out.token_ids, argmax)
+
+
+def test_top_k_top_p_by_selection_equals_the_full_sort():
+    """`_apply_top_k_top_p` takes a row's candidates from `topk` where the row has a top-k and
+    sorts only the rows with top-p alone: the same logits as sorting every row
+    (`_top_k_top_p_sorted`), for batches of every mix (top-k alone, with top-p, top-p alone,
+    neither), k from 1 to past a quarter of the vocabulary (the all-sort path), p from tiny
+    to 1. Random float logits have no ties, so the kept sets are unique."""
+    from pagedrt.engine.sampler import _apply_top_k_top_p, _top_k_top_p_sorted
+
+    vocab = 97
+    gen = torch.Generator().manual_seed(3)
+    settings = [(3, 1.0), (1, 1.0), (20, 0.8), (5, 1e-4), (vocab, 0.9), (vocab, 0.3),
+                (vocab, 1.0), (30, 1.0)]  # (k, p); k = vocab: no top-k; 30 > vocab // 4
+    paths = []
+    for trial in range(40):
+        n = int(torch.randint(1, 9, (1,), generator=gen))
+        picks = torch.randint(0, len(settings) - (trial % 2), (n,), generator=gen).tolist()
+        host_k = np.array([settings[i][0] for i in picks])
+        host_p = np.array([settings[i][1] for i in picks], dtype=np.float32)
+        logits = torch.randn(n, vocab, generator=gen) * 3
+        k, p = torch.tensor(host_k)[:, None], torch.tensor(host_p)[:, None]
+        got = _apply_top_k_top_p(logits, k, p, host_k, host_p)
+        want = _top_k_top_p_sorted(logits, k, p)
+        assert torch.equal(got, want), (picks, host_k, host_p)
+        kept = torch.isfinite(got).sum(dim=1)
+        assert (kept >= 1).all() and (kept <= torch.tensor(host_k)).all()
+        paths.append(int(host_k[host_k < vocab].max(initial=0)))
+    assert any(0 < m <= vocab // 4 for m in paths) and any(m > vocab // 4 for m in paths)

@@ -266,7 +266,9 @@ class Sampler:
             if top_kp:
                 k = params[:, TOP_K, None].long()
                 k = torch.where((k > 0) & (k < vocab_size), k, vocab_size)
-                logits = _apply_top_k_top_p(logits, k, params[:, TOP_P, None])
+                host_k = np.where((top_k > 0) & (top_k < vocab_size), top_k, vocab_size)
+                logits = _apply_top_k_top_p(logits, k, params[:, TOP_P, None], host_k,
+                                            state.params[rows, TOP_P])
             if min_p:
                 logits = _apply_min_p(logits, params[:, MIN_P, None])
             if use_kernel:  # the race over the filtered logits (already divided)
@@ -359,7 +361,7 @@ def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
     top_ps = [p.top_p for p in params]
     if any(k < vocab_size for k in top_ks) or any(p < 1.0 for p in top_ps):
         logits = _apply_top_k_top_p(logits, _to_device(top_ks, device, torch.int64).unsqueeze(1),
-                                    _to_device(top_ps, device).unsqueeze(1))
+                                    _to_device(top_ps, device).unsqueeze(1), top_ks, top_ps)
     if any(p.min_p > 0.0 for p in params):
         logits = _apply_min_p(logits, _to_device([p.min_p for p in params], device).unsqueeze(1))
     return torch.softmax(logits, dim=-1)
@@ -473,27 +475,71 @@ def _apply_min_tokens(
     return logits
 
 
-def _apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """Top-k, then top-p (nucleus; Holtzman et al. 2019), with one descending sort for all rows.
+def _apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor,
+                       host_k: np.ndarray, host_p: np.ndarray) -> torch.Tensor:
+    """Top-k, then top-p (nucleus; Holtzman et al. 2019), over the rows of a batch.
 
-    Top-k keeps the k first positions of the sorted row (exactly k tokens, ties broken by sort
-    order). Top-p keeps the smallest prefix of the sorted, renormalized distribution whose mass
-    reaches p (always at least the top token). Disabled rows carry k = vocab and p = 1.
+    Top-k keeps a row's k largest logits (exactly k tokens; among equal values at the k-th
+    place, the order of the sort or selection decides). Top-p keeps the smallest prefix of the
+    descending, renormalized distribution (after top-k) whose mass reaches p, and always the
+    top token. Rows with k = vocab and p = 1 are returned unchanged.
+
+    Rows with a top-k take their k_max = max k candidates from `topk` (a selection: the
+    [B, vocab] sort of every row costs far more at a vocabulary of 150k); both filters then
+    act on those k_max sorted values, which is exact because top-p after top-k only ever looks
+    at the first k. Rows with top-p alone need the whole sorted row (their nucleus can reach
+    any length): they are sorted, alone (`_top_k_top_p_sorted`). So is every row when k_max
+    is more than a quarter of the vocabulary. The path is picked from host_k and host_p, so
+    nothing waits for the device.
 
     Args:
         logits: [B, vocab] float32 (already divided by temperature). Returns a new tensor.
-        k: [B, 1] int64 on the logits' device, in [1, vocab].
-        p: [B, 1] float32 on the logits' device, in (0, 1].
+        k: [B, 1] int64 on the logits' device, in [1, vocab] (vocab: no top-k).
+        p: [B, 1] float32 on the logits' device, in (0, 1] (1: no top-p).
+        host_k, host_p: [B] the same values on the host (numpy).
     """
     vocab_size = logits.shape[1]
+    host_k, host_p = np.asarray(host_k), np.asarray(host_p)
+    has_k = host_k < vocab_size
+    p_alone = ~has_k & (host_p < 1.0)
+    k_max = int(host_k[has_k].max()) if has_k.any() else 0
+    if p_alone.all() or k_max > vocab_size // 4:
+        return _top_k_top_p_sorted(logits, k, p)
+    out = _top_k_top_p_candidates(logits, k, p, k_max) if k_max else logits.clone()
+    if p_alone.any():
+        idx = _to_device(np.flatnonzero(p_alone), logits.device, torch.int64)
+        out[idx] = _top_k_top_p_sorted(logits[idx], k[idx], p[idx])
+    return out
+
+
+def _top_k_top_p_candidates(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor,
+                            k_max: int) -> torch.Tensor:
+    """`_apply_top_k_top_p` for rows with k <= k_max: both filters on each row's k_max largest
+    logits (`topk`, descending), scattered back into a row of -inf. Rows with k = vocab are
+    returned whole (the caller sorts those that have a top-p)."""
+    values, order = logits.topk(k_max, dim=-1)  # [B, k_max] each, descending
+    values = _prefix_filters(values, k, p)
+    out = torch.full_like(logits, float("-inf")).scatter_(1, order, values)
+    return torch.where(k >= logits.shape[1], logits, out)
+
+
+def _top_k_top_p_sorted(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """`_apply_top_k_top_p` with one descending sort of every row (any k and p)."""
     sorted_logits, order = logits.sort(dim=-1, descending=True)  # [B, vocab] each
-    positions = torch.arange(vocab_size, device=logits.device).unsqueeze(0)  # [1, vocab]
-    sorted_logits = sorted_logits.masked_fill(positions >= k, float("-inf"))
-    sorted_probs = torch.softmax(sorted_logits, dim=-1)
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # exclusive prefix sum
-    drop = (mass_before >= p) & (positions > 0)
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    sorted_logits = _prefix_filters(sorted_logits, k, p)
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def _prefix_filters(values: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Top-k and top-p on rows of logits sorted descending ([B, n]): -inf from position k on,
+    then past the smallest prefix whose renormalized mass reaches p (the first kept always;
+    nothing past top-k when p = 1, where a float32 prefix sum can reach 1 before the end)."""
+    positions = torch.arange(values.shape[1], device=values.device).unsqueeze(0)  # [1, n]
+    values = values.masked_fill(positions >= k, float("-inf"))
+    probs = torch.softmax(values, dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs  # exclusive prefix sum
+    drop = (mass_before >= p) & (positions > 0) & (p < 1.0)
+    return values.masked_fill(drop, float("-inf"))
 
 
 def _apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
