@@ -17,6 +17,16 @@ kernels() {  # tree name
     "$OLDPWD/benchmarks/diagnostics/workload_kernels.py" --out "$out/r/$2.json") \
     >> "$out/r/kernels.txt" 2>&1 || echo "FAILED $2" | tee -a "$out/r/kernels.txt"
 }
+tune_layouts() {  # the decode kernel's launch settings, FP8 V token-major and dim-major
+  timeout "$1" python3 benchmarks/decode_tune.py --out "$out/r/tune_tm" --kv-cache-dtype both \
+    --small-grid --cases llama3-8b:64:4096,qwen2-0.5b:64:4096 > "$out/r/tune_tm.txt" 2>&1
+  PAGEDRT_FP8_V_DIM_MAJOR=1 timeout "$2" python3 benchmarks/decode_tune.py --out \
+    "$out/r/tune_dm" --kv-cache-dtype fp8 --small-grid \
+    --cases llama3-8b:64:4096,qwen2-0.5b:64:4096 > "$out/r/tune_dm.txt" 2>&1
+}
+fp8_end_to_end_dm() {  # Llama-3-8B shape, FP8 (V dim-major) against bf16 on the same weights
+  fp8_end_to_end_dm
+}
 case "${PART:-1}" in
 1)
   gpu_tests gpu_tests "${TEST_CAP:-240}" tests/gpu
@@ -24,11 +34,7 @@ case "${PART:-1}" in
   kernels "$base" k_base_1; kernels "$head" k_head_1; kernels "$head" k_head_2
   kernels "$base" k_base_2
   grep "tok/s" "$out/r/kernels.txt"
-  timeout 90 python3 benchmarks/decode_tune.py --out "$out/r/tune_tm" --kv-cache-dtype both \
-    --small-grid --cases llama3-8b:64:4096,qwen2-0.5b:64:4096 > "$out/r/tune_tm.txt" 2>&1
-  PAGEDRT_FP8_V_DIM_MAJOR=1 timeout 70 python3 benchmarks/decode_tune.py --out \
-    "$out/r/tune_dm" --kv-cache-dtype fp8 --small-grid \
-    --cases llama3-8b:64:4096,qwen2-0.5b:64:4096 > "$out/r/tune_dm.txt" 2>&1
+  tune_layouts 90 70
   timeout 80 python3 benchmarks/diagnostics/fp8_decode_variants.py --out "$out/r/variants" \
     > "$out/r/variants.txt" 2>&1
   python3 benchmarks/diagnostics/compare_kernels.py "$out/r" > "$out/r/compare.txt" 2>&1
@@ -39,19 +45,10 @@ case "${PART:-1}" in
   ;;
 2)
   # issue 17: the decode kernel with literal strides (CONTIGUOUS), V token-major and dim-major
-  timeout 90 python3 benchmarks/decode_tune.py --out "$out/r/tune_tm" --kv-cache-dtype both \
-    --small-grid --cases llama3-8b:64:4096,qwen2-0.5b:64:4096 > "$out/r/tune_tm.txt" 2>&1
-  PAGEDRT_FP8_V_DIM_MAJOR=1 timeout 70 python3 benchmarks/decode_tune.py --out \
-    "$out/r/tune_dm" --kv-cache-dtype fp8 --small-grid \
-    --cases llama3-8b:64:4096,qwen2-0.5b:64:4096 > "$out/r/tune_dm.txt" 2>&1
+  tune_layouts 90 70
   timeout 50 python3 benchmarks/diagnostics/fp8_decode_variants.py --quick \
     --out "$out/r/variants" > "$out/r/variants.txt" 2>&1
-  # end to end, Llama-3-8B shape, FP8 (V dim-major) against bf16 cache on the same weights
-  PAGEDRT_FP8_V_DIM_MAJOR=1 timeout 100 python3 -m pagedrt.entrypoints.cli bench throughput \
-    --preset llama3-8b --kv-cache-dtype fp8 --compare-kv-cache-dtype auto --num-requests 64 \
-    --input-len 4096 --output-len 256 --max-model-len 8192 --max-num-seqs 64 \
-    --gpu-memory-utilization 0.30 --skip-step-split --warm-up-requests 4 \
-    --name fp8kv_dm_B --out "$out/r" > "$out/r/fp8kv_dm_B.txt" 2>&1
+  fp8_end_to_end_dm
   gpu_tests gpu_tests_2 "${TEST_CAP:-100}" tests/gpu/test_fp8_kv_gpu.py tests/gpu/test_window_gpu.py
   base="$(realpath .base)"; head="$PWD"
   kernels "$base" k_base_1; kernels "$head" k_head_1; kernels "$head" k_head_2
@@ -65,18 +62,10 @@ case "${PART:-1}" in
   ;;
 3)
   # issue 17: the decode kernel reading an FP8 cache's bytes as uint8, both V layouts
-  timeout 80 python3 benchmarks/decode_tune.py --out "$out/r/tune_tm" --kv-cache-dtype both \
-    --small-grid --cases llama3-8b:64:4096,qwen2-0.5b:64:4096 > "$out/r/tune_tm.txt" 2>&1
-  PAGEDRT_FP8_V_DIM_MAJOR=1 timeout 60 python3 benchmarks/decode_tune.py --out \
-    "$out/r/tune_dm" --kv-cache-dtype fp8 --small-grid \
-    --cases llama3-8b:64:4096,qwen2-0.5b:64:4096 > "$out/r/tune_dm.txt" 2>&1
+  tune_layouts 80 60
   echo "== tune token-major"; tail -4 "$out/r/tune_tm.txt"
   echo "== tune dim-major"; tail -2 "$out/r/tune_dm.txt"
-  PAGEDRT_FP8_V_DIM_MAJOR=1 timeout 100 python3 -m pagedrt.entrypoints.cli bench throughput \
-    --preset llama3-8b --kv-cache-dtype fp8 --compare-kv-cache-dtype auto --num-requests 64 \
-    --input-len 4096 --output-len 256 --max-model-len 8192 --max-num-seqs 64 \
-    --gpu-memory-utilization 0.30 --skip-step-split --warm-up-requests 4 \
-    --name fp8kv_dm_B --out "$out/r" > "$out/r/fp8kv_dm_B.txt" 2>&1
+  fp8_end_to_end_dm
   echo "== fp8 end to end (dim-major V)"; grep -iE "tok/s|blocks" "$out/r/fp8kv_dm_B.txt" | tail -4
   gpu_tests gpu_tests_3 "${TEST_CAP:-70}" tests/gpu/test_fp8_kv_gpu.py
   ;;

@@ -47,6 +47,15 @@ SHAPES = {"llama3-8b": (32, 8, 128), "qwen2-0.5b": (14, 2, 64)}
 
 
 @triton.jit
+def _fp8_to_f16(x, CVT: tl.constexpr):
+    """e4m3 bytes (uint8) as fp16: CVT 0 by conversion; CVT 1 by bit arithmetic (value / 256)."""
+    if CVT == 1:
+        xb = x.to(tl.int16)
+        return (((xb & 0x80) << 8) | ((xb & 0x7F) << 7)).to(tl.float16, bitcast=True)
+    return x.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+
+
+@triton.jit
 def _tile(m_i, l_i, acc, tile_start, q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, seq, stride_bt,
           kv_head, end, scale_log2, stride_s, stride_b, stride_vh,
           NUM_KV_HEADS: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -69,11 +78,7 @@ def _tile(m_i, l_i, acc, tile_start, q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, se
     else:
         k = tl.load(k_ptr + kv_off[:, None] + offs_d[None, :])
     if FP8:
-        if CVT == 1:
-            kb = k.to(tl.int16)
-            k = (((kb & 0x80) << 8) | ((kb & 0x7F) << 7)).to(tl.float16, bitcast=True)
-        else:
-            k = k.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        k = _fp8_to_f16(k, CVT)
     s = tl.dot(q, tl.trans(k)) * scale_log2
     scale_off = block * (NUM_KV_HEADS * BLOCK_SIZE) + kv_head * BLOCK_SIZE + offs_n % BLOCK_SIZE
     if FP8:
@@ -110,11 +115,7 @@ def _tile(m_i, l_i, acc, tile_start, q, k_ptr, v_ptr, ks_ptr, vs_ptr, bt_ptr, se
         else:
             v = tl.load(v_ptr + kv_off[:, None] + offs_d[None, :])
         if FP8:
-            if CVT == 1:
-                vb = v.to(tl.int16)
-                v = (((vb & 0x80) << 8) | ((vb & 0x7F) << 7)).to(tl.float16, bitcast=True)
-            else:
-                v = v.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+            v = _fp8_to_f16(v, CVT)
             if MASKED:
                 v_scale = tl.load(vs_ptr + scale_off, mask=n_mask, other=0.0)
             else:
