@@ -50,7 +50,15 @@ V_DIM_MAJOR loads its tiles as [HEAD_DIM, BLOCK_N] along tokens and hands the pr
 transpose. A stripped copy of this kernel ran faster that way on the H200 (Llama-3-8B heads,
 B64 L4096: 263 -> 182 us, benchmarks/diagnostics/fp8_decode_variants.py), this kernel at its
 FP8 tile (BLOCK_N 128) slower (488 us; docs/design.md, "FP8 KV cache"), so it is off by
-default.
+default. The cause, read from the PTX of both compiled for sm_90 without a GPU
+(benchmarks/diagnostics/decode_ptx.py): a load masked per token, against a seq_len loaded
+from memory (its alignment unknown to the compiler), cannot be vectorized along the masked
+dimension, and in the dim-major layout that dimension is the contiguous one, so each thread
+read its V bytes one by one (128 ld.global.b8 per tile); the stripped kernel took its length
+as an integer argument, which Triton specializes as a multiple of 16. With V_DIM_MAJOR the
+kernel now runs the full tiles of a partition unmasked (`_decode_tile` with MASKED False: V
+by 16-byte asynchronous copies) and masks only the last, partial one. The other paths keep
+one masked loop (their masks cut across the contiguous dimension; their PTX is unchanged).
 """
 
 from __future__ import annotations
@@ -76,6 +84,75 @@ from pagedrt.ops.triton_utils import (
 
 MIN_PARTITION_TOKENS = 256  # a split-K partition shorter than this costs more than it hides
 MAX_SPLITS = 64
+
+
+@triton.jit
+def _load(ptrs, mask, MASKED: tl.constexpr):
+    """tl.load of ptrs, masked (other 0) when MASKED, else not at all."""
+    if MASKED:
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _decode_tile(
+    m_i, l_i, acc,  # [GROUP_PAD], [GROUP_PAD], [GROUP_PAD, HEAD_DIM] fp32: the running state
+    tile_start, end,  # this tile's first token; the partition's end (exclusive)
+    q, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, kv_head, head_off,
+    scale_log2, stride_cb, stride_cs, stride_vb, stride_vs, stride_vh, stride_sb, stride_sh,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+    V_DIM_MAJOR: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every token of the tile is below `end` (no load masked)
+):
+    """One BLOCK_N-token tile of `_decode_kernel`'s online softmax; returns the new state."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tile_start + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < end
+    if MASKED:
+        block = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    else:
+        block = tl.load(bt_row + offs_n // BLOCK_SIZE).to(tl.int64)
+    kv_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + head_off
+    k = _load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], n_mask[:, None], MASKED)
+    if UPCAST:
+        k = k.to(tl.float32)
+    if KV_FP8:
+        k = k.to(q.dtype)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+    scale_off = block * stride_sb + kv_head * stride_sh + offs_n % BLOCK_SIZE
+    if KV_FP8:
+        s = s * _load(k_scales_ptr + scale_off, n_mask, MASKED)[None, :]
+    if MASKED:
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    # unit and BLOCK_SIZE strides written as literals: Triton does not specialize an int
+    # argument on 1, and a runtime stride loses the 16-byte loads (BENCHMARKS.md, FP8)
+    if V_DIM_MAJOR:  # tokens contiguous: load [HEAD_DIM, BLOCK_N], use its transpose
+        v_off = block * stride_vb + kv_head * stride_vh + offs_n % BLOCK_SIZE
+        v = tl.trans(_load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
+                           n_mask[None, :], MASKED))
+    else:
+        v_off = block * stride_vb + (offs_n % BLOCK_SIZE) * stride_vs + kv_head * stride_vh
+        v = _load(v_cache_ptr + v_off[:, None] + offs_d[None, :], n_mask[:, None], MASKED)
+    if UPCAST:
+        v = v.to(tl.float32)
+    if KV_FP8:
+        v = v.to(q.dtype)
+        v_scale = _load(v_scales_ptr + scale_off, n_mask, MASKED)
+        v_max = tl.max(v_scale, 0)
+        v_max = tl.where(v_max > 0, v_max, 1.0)
+        p_v = (p * (v_scale / v_max)[None, :]).to(v.dtype)
+        pv = tl.dot(p_v, v, input_precision=DOT_PRECISION) * v_max
+    else:
+        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    acc = acc * alpha[:, None] + pv
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -140,49 +217,30 @@ def _decode_kernel(
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     bt_row = block_tables_ptr + seq * stride_bt
     head_off = kv_head * stride_ch
-    for tile_start in range(start, end, BLOCK_N):
-        offs_n = tile_start + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        block = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        kv_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + head_off
-        k = tl.load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], mask=n_mask[:, None],
-                    other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-        if KV_FP8:
-            k = k.to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
-        if KV_FP8:
-            scale_off = block * stride_sb + kv_head * stride_sh + offs_n % BLOCK_SIZE
-            s = s * tl.load(k_scales_ptr + scale_off, mask=n_mask, other=0.0)[None, :]
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        # unit and BLOCK_SIZE strides written as literals: Triton does not specialize an int
-        # argument on 1, and a runtime stride loses the 16-byte loads (BENCHMARKS.md, FP8)
-        if V_DIM_MAJOR:  # tokens contiguous: load [HEAD_DIM, BLOCK_N], use its transpose
-            v_off = block * stride_vb + kv_head * stride_vh + offs_n % BLOCK_SIZE
-            v = tl.trans(tl.load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
-                                 mask=n_mask[None, :], other=0.0))
-        else:
-            v_off = block * stride_vb + (offs_n % BLOCK_SIZE) * stride_vs + kv_head * stride_vh
-            v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :],
-                        mask=n_mask[:, None], other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
-        if KV_FP8:
-            v = v.to(q.dtype)
-            v_scale = tl.load(v_scales_ptr + scale_off, mask=n_mask, other=0.0)
-            v_max = tl.max(v_scale, 0)
-            v_max = tl.where(v_max > 0, v_max, 1.0)
-            p_v = (p * (v_scale / v_max)[None, :]).to(v.dtype)
-            pv = tl.dot(p_v, v, input_precision=DOT_PRECISION) * v_max
-        else:
-            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+    if V_DIM_MAJOR:
+        # the full tiles with no mask, then the partial one, if any, masked: a per-token mask
+        # against the loaded seq_len (alignment unknown to the compiler) turns the dim-major
+        # V load, contiguous along tokens, into byte loads (module doc)
+        full_end = start + (end - start) // BLOCK_N * BLOCK_N
+        for tile_start in range(start, full_end, BLOCK_N):
+            m_i, l_i, acc = _decode_tile(
+                m_i, l_i, acc, tile_start, end, q, bt_row, k_cache_ptr, v_cache_ptr,
+                k_scales_ptr, v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs,
+                stride_vb, stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM,
+                BLOCK_N, UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, False)
+        if full_end < end:
+            m_i, l_i, acc = _decode_tile(
+                m_i, l_i, acc, full_end, end, q, bt_row, k_cache_ptr, v_cache_ptr,
+                k_scales_ptr, v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs,
+                stride_vb, stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM,
+                BLOCK_N, UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, True)
+    else:
+        for tile_start in range(start, end, BLOCK_N):
+            m_i, l_i, acc = _decode_tile(
+                m_i, l_i, acc, tile_start, end, q, bt_row, k_cache_ptr, v_cache_ptr,
+                k_scales_ptr, v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs,
+                stride_vb, stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM,
+                BLOCK_N, UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, True)
 
     has_tokens = l_i > 0  # False for an empty partition (and for padding rows never stored)
     out = acc / tl.where(has_tokens, l_i, 1.0)[:, None]

@@ -1,0 +1,92 @@
+"""Compile the decode-attention kernel for the H200 (sm_90) without a GPU and count the global
+loads of its PTX by width: 16-byte asynchronous copies (cp.async.cg) against one-byte loads
+(ld.global.b8). A diagnostic for issue 17: it showed, on a CPU-only machine, why the kernel
+read dim-major FP8 V at half the speed of a stripped copy (byte loads from a per-token mask
+against a seq_len of unknown alignment; pagedrt/ops/attention_triton.py, module doc), and
+checks a change to the kernel's loads before it meets a GPU. Not a benchmark.
+
+    PYTHONPATH=$PWD python3 benchmarks/diagnostics/decode_ptx.py [--ptx-dir DIR] [--json]
+
+Each case is compiled with the arguments' alignment as the engine's launches give it (every
+pointer and every stride but the unit one a multiple of 16). Triton here may be newer than
+the device's; the analysis that decides a load's width is the same in both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from collections import Counter
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from pagedrt.ops.attention_triton import _decode_kernel
+
+INTS = ["stride_qs", "stride_qh", "stride_cb", "stride_cs", "stride_ch", "stride_vb", "stride_vs",
+        "stride_vh", "stride_vd", "stride_sb", "stride_sh", "stride_bt", "stride_os", "stride_oh",
+        "num_splits"]
+CASES = {  # name: (fp8, V dim-major, head_dim, group, BLOCK_N, window)
+    "bf16, Llama-3-8B heads": (False, False, 128, 4, 64, 0),
+    "bf16, Qwen2-0.5B heads": (False, False, 64, 7, 128, 0),
+    "fp8, V token-major, Llama-3-8B heads": (True, False, 128, 4, 128, 0),
+    "fp8, V dim-major, Llama-3-8B heads": (True, True, 128, 4, 128, 0),
+    "fp8, V dim-major, Qwen2-0.5B heads": (True, True, 64, 7, 128, 0),
+    "fp8, V dim-major, window 100": (True, True, 128, 4, 128, 100),
+}
+
+
+def compile_decode(fp8: bool, dim_major: bool, head_dim: int, group: int, block_n: int,
+                   window: int, num_warps: int = 4, num_stages: int = 3):
+    """The decode kernel compiled for sm_90 with the engine's alignment; returns Triton's
+    compiled kernel (its .asm has "ttgir" and "ptx")."""
+    cache = "*fp8e4nv" if fp8 else "*bf16"
+    sig = {"q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache,
+           "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*bf16",
+           "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "k_scales_ptr": "*fp32",
+           "v_scales_ptr": "*fp32", "scale_log2": "fp32", **dict.fromkeys(INTS, "i32")}
+    const = {"GROUP": group, "GROUP_PAD": 16, "BLOCK_SIZE": 16, "HEAD_DIM": head_dim,
+             "BLOCK_N": block_n, "SPLIT": False, "UPCAST": False, "DOT_PRECISION": "tf32",
+             "KV_FP8": fp8, "F16_MMA": fp8, "WINDOW": window, "V_DIM_MAJOR": dim_major}
+    sig.update(dict.fromkeys(const, "constexpr"))
+    names = list(sig)
+    unit = {"num_splits", "stride_vs" if dim_major else "stride_vd"}
+    aligned = [n for n in names if sig[n].startswith("*")] + [n for n in INTS if n not in unit]
+    src = ASTSource(_decode_kernel, sig,
+                    constexprs={(names.index(k),): v for k, v in const.items()},
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def load_widths(ptx: str) -> Counter:
+    """Global loads and asynchronous copies in the PTX, by instruction."""
+    return Counter(re.findall(r"(ld\.global[\w.]*|cp\.async\.c[ag]\.shared\.global)", ptx))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--ptx-dir", default=None, help="also write each case's PTX here")
+    p.add_argument("--json", action="store_true",
+                   help="print {case: {instruction: count}} as JSON instead of the table")
+    args = p.parse_args()
+    counts = {}
+    for name, case in CASES.items():
+        ptx = compile_decode(*case).asm["ptx"]
+        counts[name] = dict(load_widths(ptx))
+        if args.ptx_dir:
+            os.makedirs(args.ptx_dir, exist_ok=True)
+            with open(os.path.join(args.ptx_dir, re.sub(r"\W+", "_", name) + ".ptx"), "w") as f:
+                f.write(ptx)
+        if not args.json:
+            print(f"{name:40s} " + ", ".join(f"{k} x{v}" for k, v in
+                                             load_widths(ptx).most_common()))
+    if args.json:
+        print(json.dumps(counts))
+
+
+if __name__ == "__main__":
+    main()

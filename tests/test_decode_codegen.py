@@ -1,0 +1,58 @@
+"""The decode kernel's loads as compiled for the H200 (sm_90), on a CPU: Triton compiles to
+PTX without a GPU (benchmarks/diagnostics/decode_ptx.py, run in a subprocess without
+TRITON_INTERPRET), so a change that turns 16-byte copies into byte loads shows here, not only
+as a slower kernel on the device.
+
+Dim-major FP8 V (PAGEDRT_FP8_V_DIM_MAJOR=1) read through a per-token mask against a loaded
+seq_len compiled to one-byte loads of V, 128 per thread and tile (2x the time on the H200,
+BENCHMARKS.md 2026-12-02); the kernel now reads full tiles unmasked (pagedrt/ops/
+attention_triton.py, module doc), so V comes by 16-byte asynchronous copies there and byte
+loads remain only in a partition's last, partial tile."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[1]
+CG, B8 = "cp.async.cg.shared.global", "ld.global.b8"
+
+
+@pytest.fixture(scope="module")
+def loads() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    if importlib.util.find_spec("triton.backends.nvidia") is None:
+        pytest.skip("this triton has no NVIDIA backend to compile for sm_90 with")
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks/diagnostics/decode_ptx.py"),
+                          "--json"], check=False, capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_dim_major_fp8_v_comes_by_16_byte_copies(loads):
+    """Llama-3-8B heads (head_dim 128), BLOCK_N 128, 4 warps: a K or V tile is 16 KB, 128 bytes
+    a thread; with V dim-major both come by cp.async.cg (16 bytes) in the pipelined loop, as
+    with V token-major only K does (twice the copies); the masked tail tile may read V byte by
+    byte (at most 128 a thread)."""
+    dim_major = loads["fp8, V dim-major, Llama-3-8B heads"]
+    token_major = loads["fp8, V token-major, Llama-3-8B heads"]
+    assert dim_major.get(CG, 0) >= 2 * token_major[CG]
+    assert dim_major.get(B8, 0) <= 128
+
+
+@pytest.mark.parametrize("case", ["bf16, Llama-3-8B heads", "bf16, Qwen2-0.5B heads",
+                                  "fp8, V token-major, Llama-3-8B heads"])
+def test_other_paths_load_no_single_bytes(loads, case):
+    """bf16 caches and FP8 with V token-major: no byte loads at all (their masks cut across
+    the contiguous head_dim)."""
+    assert loads[case].get(B8, 0) == 0 and loads[case].get(CG, 0) > 0
