@@ -245,6 +245,18 @@ def test_cli_generate_answers_paris():
     assert "[stats]" in proc.stdout and "KV blocks used" in proc.stdout
 
 
+def test_cpu_threads_note_names_the_count_and_the_knob(monkeypatch):
+    """The CPU status lines (`generate`'s stats, `serve`'s ready line) give torch's thread
+    count, and point at PAGEDRT_NUM_THREADS unless it is set; nothing for other devices."""
+    from pagedrt.entrypoints.cli import cpu_threads_note
+
+    monkeypatch.delenv("PAGEDRT_NUM_THREADS", raising=False)
+    assert cpu_threads_note("cpu", 2) == ", 2 CPU threads; PAGEDRT_NUM_THREADS sets them"
+    assert cpu_threads_note("cuda:0", 2) == ""
+    monkeypatch.setenv("PAGEDRT_NUM_THREADS", "1")
+    assert cpu_threads_note("cpu", 1) == ", 1 CPU thread"
+
+
 def test_cli_bad_input_exit_code():
     proc = subprocess.run(
         [sys.executable, "-m", "pagedrt.entrypoints.cli", "generate", "hi", "--max-tokens", "0",

@@ -42,6 +42,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     for question, out in zip(args.prompts, outputs):
         print(f"\n>>> {question}")
         print(out.outputs[0].text.strip())
+    import torch
+
     s = llm.stats()
     n_prompt = sum(len(o.prompt_token_ids) for o in outputs)
     n_gen = sum(len(o.outputs[0].token_ids) for o in outputs)
@@ -51,6 +53,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         f" in {elapsed:.2f} s | KV blocks used {s['peak_used_blocks']} of {s['num_blocks']} at peak"
         f" (block {s['block_size']} tokens) | peak batch size {s['peak_batch_size']}"
         f" | device {llm.llm_engine.device} {str(llm.llm_engine.dtype).replace('torch.', '')}"
+        f"{cpu_threads_note(str(llm.llm_engine.device), torch.get_num_threads())}"
         f" | model load {t_load:.1f} s"
     )
     return 0
@@ -124,6 +127,15 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCHES))
     b.add_argument("which", choices=BENCHES)
     return parser
+
+
+def cpu_threads_note(device: str, threads: int) -> str:
+    """", N CPU threads" after a CPU device in a status line (empty for other devices): on a
+    CPU that other processes share, fewer threads can be several times faster (README)."""
+    if not device.startswith("cpu"):
+        return ""
+    hint = "" if os.environ.get("PAGEDRT_NUM_THREADS") else "; PAGEDRT_NUM_THREADS sets them"
+    return f", {threads} CPU thread{'s' if threads != 1 else ''}{hint}"
 
 
 def set_num_threads_from_env() -> None:

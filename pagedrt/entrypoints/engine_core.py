@@ -103,6 +103,7 @@ class CoreInfo:
     dtype: str
     warm_up_s: float
     pid: int = field(default_factory=os.getpid)
+    cpu_threads: int = 0  # torch's intra-op threads in the core ($PAGEDRT_NUM_THREADS)
 
 
 @dataclass
@@ -203,11 +204,13 @@ class EngineCore:
         self.events: list = []
         engine.token_events = self.events
         tokenizer = engine.tokenizer
+        import torch
+
         self.info = CoreInfo(
             limits=engine.limits, model_path=engine.model_path,
             tokenizer_path=None if tokenizer is None else tokenizer.name_or_path,
             device=str(engine.device), dtype=str(engine.dtype).replace("torch.", ""),
-            warm_up_s=0.0)
+            warm_up_s=0.0, cpu_threads=torch.get_num_threads())
         self._encoder = msgspec.msgpack.Encoder()
         self.zmq_context = zmq.Context(io_threads=1)
         self.input = self.zmq_context.socket(zmq.PULL)

@@ -131,8 +131,11 @@ def run_server(args) -> int:
         if not _wait_apis_ready(ready_conns, apis, core, stop):
             return 0 if stop["signal"] is not None else 1
         limits = info.limits
+        from pagedrt.entrypoints.cli import cpu_threads_note
+
         print(f"pagedrt: serving {name!r} on http://{args.host}:{args.port} "
-              f"(device {info.device} {info.dtype}, max_model_len {limits.max_model_len}, "
+              f"(device {info.device} {info.dtype}{cpu_threads_note(info.device, info.cpu_threads)}"
+              f", max_model_len {limits.max_model_len}, "
               f"{limits.num_blocks} KV blocks, {num_api} API process(es), engine core pid "
               f"{info.pid}, API pids {','.join(str(p.pid) for p in apis)}, ready in "
               f"{info.warm_up_s:.1f} s)", flush=True)
