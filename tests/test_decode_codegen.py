@@ -56,3 +56,26 @@ def test_other_paths_load_no_single_bytes(loads, case):
     """bf16 caches and FP8 with V token-major: no byte loads at all (their masks cut across
     the contiguous head_dim)."""
     assert loads[case].get(B8, 0) == 0 and loads[case].get(CG, 0) > 0
+
+
+def test_pdl_waits_before_the_first_read(loads):
+    """With PAGEDRT_PDL=1 (`pdl_enabled`) the decode kernel is compiled with PDL: its PTX waits
+    for the kernel before it (griddepcontrol.wait) ahead of any global read, and lets the next
+    one launch; without, neither instruction is there."""
+    pdl = loads["bf16, Llama-3-8B heads, PDL"]
+    assert pdl.get("griddepcontrol.wait") == 1 and pdl.get("griddepcontrol.launch_dependents") == 1
+    assert 0 <= pdl["wait_at"] < pdl["first_read_at"]
+    plain = loads["bf16, Llama-3-8B heads"]
+    assert "griddepcontrol.wait" not in plain and plain["wait_at"] == -1
+
+
+def test_pdl_is_off_by_default_and_on_cpu(monkeypatch):
+    """PAGEDRT_PDL=1 is needed, and a CPU tensor (the interpreter) never launches with PDL."""
+    import torch
+
+    from pagedrt.ops.triton_utils import pdl_enabled
+
+    monkeypatch.delenv("PAGEDRT_PDL", raising=False)
+    assert not pdl_enabled(torch.zeros(1))
+    monkeypatch.setenv("PAGEDRT_PDL", "1")
+    assert not pdl_enabled(torch.zeros(1))

@@ -8,6 +8,9 @@
 #   `bench throughput --sampling filters` against greedy, 3 runs each in one engine; issue
 #   16's decode-attention target on Qwen2-0.5B heads (B64 L2048, >= 3.0 TB/s) over the full
 #   launch grid, split counts included; the TP = 1 GPU test.
+# PART=3: programmatic dependent launch (PAGEDRT_PDL=1, issue 16's batch-1 target): its GPU
+#   test, then `bench latency` and the small-batch throughput sweep with it off and on, in
+#   ABBA order.
 # Tables printed last; results packed into $OUT/results.tgz.
 set -u
 . benchmarks/diagnostics/call_common.sh
@@ -46,6 +49,20 @@ case "${PART:-1}" in
   echo "== filters"; cat "$out/r/filters.txt"
   echo "== throughput"; grep -h "each run" "$out"/r/thr_*.txt
   echo "== tune"; tail -1 "$out/r/tune_qwen.txt"
+  ;;
+3)
+  gpu_tests gpu_tests_pdl "${TEST_CAP:-90}" tests/gpu/test_pdl_gpu.py
+  for pdl in 0 1 1 0; do
+    PAGEDRT_PDL=$pdl timeout 90 python3 -m pagedrt.entrypoints.cli bench latency \
+      --preset qwen2-0.5b --name "lat_pdl$pdl" --out "$out/r/$RANDOM" >> "$out/r/lat.txt" 2>&1
+  done
+  for pdl in 0 1; do
+    PAGEDRT_PDL=$pdl timeout 120 python3 -m pagedrt.entrypoints.cli bench throughput \
+      --preset qwen2-0.5b --batch-sizes 1,8,32,64 --skip-step-split --name "thr_pdl$pdl" \
+      --out "$out/r" > "$out/r/thr_pdl$pdl.txt" 2>&1
+  done
+  echo "== latency (PDL 0, 1, 1, 0)"; grep -h "ms/token\|ms per token" "$out/r/lat.txt" | tail -8
+  echo "== throughput by batch"; grep -h "pagedrt " "$out"/r/thr_pdl*.txt | head -12
   ;;
 esac
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"

@@ -36,11 +36,12 @@ CASES = {  # name: (fp8, V dim-major, head_dim, group, BLOCK_N, window)
     "fp8, V dim-major, Llama-3-8B heads": (True, True, 128, 4, 128, 0),
     "fp8, V dim-major, Qwen2-0.5B heads": (True, True, 64, 7, 128, 0),
     "fp8, V dim-major, window 100": (True, True, 128, 4, 128, 100),
+    "bf16, Llama-3-8B heads, PDL": (False, False, 128, 4, 64, 0, 4, 3, True),
 }
 
 
 def compile_decode(fp8: bool, dim_major: bool, head_dim: int, group: int, block_n: int,
-                   window: int, num_warps: int = 4, num_stages: int = 3):
+                   window: int, num_warps: int = 4, num_stages: int = 3, pdl: bool = False):
     """The decode kernel compiled for sm_90 with the engine's alignment; returns Triton's
     compiled kernel (its .asm has "ttgir" and "ptx")."""
     cache = "*fp8e4nv" if fp8 else "*bf16"
@@ -50,7 +51,8 @@ def compile_decode(fp8: bool, dim_major: bool, head_dim: int, group: int, block_
            "v_scales_ptr": "*fp32", "scale_log2": "fp32", **dict.fromkeys(INTS, "i32")}
     const = {"GROUP": group, "GROUP_PAD": 16, "BLOCK_SIZE": 16, "HEAD_DIM": head_dim,
              "BLOCK_N": block_n, "SPLIT": False, "UPCAST": False, "DOT_PRECISION": "tf32",
-             "KV_FP8": fp8, "F16_MMA": fp8, "WINDOW": window, "V_DIM_MAJOR": dim_major}
+             "KV_FP8": fp8, "F16_MMA": fp8, "WINDOW": window, "V_DIM_MAJOR": dim_major,
+             "PDL": pdl}
     sig.update(dict.fromkeys(const, "constexpr"))
     names = list(sig)
     unit = {"num_splits", "stride_vs" if dim_major else "stride_vd"}
@@ -59,12 +61,15 @@ def compile_decode(fp8: bool, dim_major: bool, head_dim: int, group: int, block_
                     constexprs={(names.index(k),): v for k, v in const.items()},
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages})
+                          options={"num_warps": num_warps, "num_stages": num_stages,
+                                   "launch_pdl": pdl})
 
 
 def load_widths(ptx: str) -> Counter:
-    """Global loads and asynchronous copies in the PTX, by instruction."""
-    return Counter(re.findall(r"(ld\.global[\w.]*|cp\.async\.c[ag]\.shared\.global)", ptx))
+    """Global loads and asynchronous copies in the PTX, by instruction, and the grid
+    dependency controls of programmatic dependent launch (griddepcontrol.*)."""
+    return Counter(re.findall(
+        r"(ld\.global[\w.]*|cp\.async\.c[ag]\.shared\.global|griddepcontrol\.\w+)", ptx))
 
 
 def main() -> None:
@@ -77,6 +82,11 @@ def main() -> None:
     for name, case in CASES.items():
         ptx = compile_decode(*case).asm["ptx"]
         counts[name] = dict(load_widths(ptx))
+        # where the first global read and the PDL wait stand in the PTX (character offsets)
+        first_read = re.search(r"ld\.global|cp\.async\.c[ag]", ptx)
+        wait = ptx.find("griddepcontrol.wait")
+        counts[name]["first_read_at"] = first_read.start() if first_read else -1
+        counts[name]["wait_at"] = wait
         if args.ptx_dir:
             os.makedirs(args.ptx_dir, exist_ok=True)
             with open(os.path.join(args.ptx_dir, re.sub(r"\W+", "_", name) + ".ptx"), "w") as f:

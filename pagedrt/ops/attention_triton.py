@@ -79,6 +79,8 @@ from pagedrt.ops.triton_utils import (
     interpreting,
     launch_first_fitting,
     next_pow2,
+    pdl_enabled,
+    pdl_prologue,
     v_dim_major,
 )
 
@@ -188,7 +190,9 @@ def _decode_kernel(
     F16_MMA: tl.constexpr,  # KV_FP8 with a 16-bit query: products in fp16 (module doc)
     WINDOW: tl.constexpr = 0,  # sliding window in tokens; 0 = attend to every cached token
     V_DIM_MAJOR: tl.constexpr = False,  # V tiles read as [HEAD_DIM, BLOCK_N] (stride_vs 1)
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_enabled)
 ):
+    pdl_prologue(PDL)
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
     seq = tl.program_id(2).to(tl.int64)
@@ -266,7 +270,9 @@ def _decode_reduce_kernel(
     num_splits,
     HEAD_DIM: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_enabled)
 ):
+    pdl_prologue(PDL)
     head = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
     offs_s = tl.arange(0, SPLITS_PAD)
@@ -413,18 +419,20 @@ def paged_attention_decode_triton(
             HEAD_DIM=head_dim, BLOCK_N=cfg["BLOCK_N"], SPLIT=split, UPCAST=upcast,
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
             F16_MMA=fp8 and query.dtype != torch.float32,
-            WINDOW=sliding_window or 0, V_DIM_MAJOR=dim_major,
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            WINDOW=sliding_window or 0, V_DIM_MAJOR=dim_major, PDL=pdl,
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl,
         )
 
     dim_major = v_dim_major(v_cache)
+    pdl = pdl_enabled(query)
     key = ("decode", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
            dim_major)
     launch_first_fitting(key, configs, launch)
     if split:
         _decode_reduce_kernel[(num_heads, num_seqs)](
             part_out, part_lse, out, out.stride(0), out.stride(1), num_heads, num_splits,
-            HEAD_DIM=head_dim, SPLITS_PAD=next_pow2(num_splits), num_warps=4,
+            HEAD_DIM=head_dim, SPLITS_PAD=next_pow2(num_splits), num_warps=4, PDL=pdl,
+            launch_pdl=pdl,
         )
     return out
 

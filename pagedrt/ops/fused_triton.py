@@ -32,6 +32,8 @@ from pagedrt.ops.triton_utils import (
     check_index,
     check_same,
     next_pow2,
+    pdl_enabled,
+    pdl_prologue,
     v_dim_major,
 )
 
@@ -61,7 +63,9 @@ def _rms_norm_kernel(
     eps,
     BLOCK: tl.constexpr,  # hidden rounded up to a power of two
     HAS_RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_enabled)
 ):
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
@@ -131,6 +135,7 @@ def rms_norm_triton(
             x.stride(0), residual.stride(0) if residual is not None else 0,
             hidden, eps,
             BLOCK=block, HAS_RESIDUAL=residual is not None, num_warps=_num_warps(block),
+            PDL=pdl_enabled(x), launch_pdl=pdl_enabled(x),
         )
     return out if residual is None else (out, new_residual)
 
@@ -260,9 +265,11 @@ def _rotary_write_kv_kernel(
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block
     KV_FP8: tl.constexpr,  # the caches are uint8 views of fp8 caches: quantize, store scales
     V_DIM_MAJOR: tl.constexpr = False,  # v_cache is a dim-major view (`v_dim_major`)
+    PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_enabled)
 ):
     """One token: RoPE on its query and key heads (as `_rotary_kernel`), then its rotated key
     and its value into cache slot slot_mapping[token] (as `_write_kv_kernel`)."""
+    pdl_prologue(PDL)
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
@@ -383,6 +390,7 @@ def rotary_write_kv_triton(
             BLOCK_HQ=next_pow2(num_heads), BLOCK_HK=next_pow2(num_kv_heads),
             BLOCK_SIZE=k_cache.shape[1], KV_FP8=fp8, V_DIM_MAJOR=v_dim_major(v_cache),
             num_warps=_num_warps(next_pow2(num_heads) * next_pow2(half)),
+            PDL=pdl_enabled(query), launch_pdl=pdl_enabled(query),
         )
     return query, key
 

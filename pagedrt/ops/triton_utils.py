@@ -8,7 +8,13 @@ from collections.abc import Callable
 
 import torch
 import triton
+import triton.language as tl
 from triton.runtime.errors import OutOfResources
+
+try:  # programmatic dependent launch (Hopper and later); older Triton builds lack it
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:
+    gdc_launch_dependents = gdc_wait = None
 
 from pagedrt.ops.fp8 import FP8_DTYPE, SCALE_DTYPE, is_fp8
 
@@ -36,6 +42,34 @@ def num_sms(device_index: int | None) -> int:
 
 def device_sms(tensor: torch.Tensor) -> int:
     return num_sms(tensor.device.index if tensor.is_cuda else None)
+
+
+@functools.cache
+def _pdl_capable(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def pdl_enabled(tensor: torch.Tensor) -> bool:
+    """Whether the decode step's kernels on `tensor`'s device launch with programmatic
+    dependent launch (PDL; CUDA programming guide, "Programmatic Dependent Launch and
+    Synchronization"): with PAGEDRT_PDL=1, on a GPU of compute capability 9.0 or later, with a
+    Triton that has it, outside the interpreter. Off by default: an experiment for the
+    launch-bound small-batch decode step, not yet timed (docs/design.md, "Small-batch
+    decode"). A kernel launched so may start while the one before it finishes; each such
+    kernel begins with `pdl_prologue`, which waits for the one before, so it reads nothing
+    early."""
+    return (os.environ.get("PAGEDRT_PDL") == "1" and gdc_wait is not None
+            and not interpreting(tensor) and _pdl_capable(tensor.device.index or 0))
+
+
+@triton.jit
+def pdl_prologue(PDL: tl.constexpr):
+    """A kernel's first statement when it may be launched with PDL: wait until the kernel
+    before it has finished and its writes are visible (`griddepcontrol.wait`), then let the
+    kernel after it launch (its own prologue waits for this one). Nothing when PDL is False."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 def check_cache(name: str, cache: torch.Tensor) -> None:
