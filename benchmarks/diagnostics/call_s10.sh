@@ -52,9 +52,11 @@ case "${PART:-1}" in
   ;;
 3)
   gpu_tests gpu_tests_pdl "${TEST_CAP:-90}" tests/gpu/test_pdl_gpu.py
+  i=0
   for pdl in 0 1 1 0; do
+    i=$((i + 1))
     PAGEDRT_PDL=$pdl timeout 90 python3 -m pagedrt.entrypoints.cli bench latency \
-      --preset qwen2-0.5b --name "lat_pdl$pdl" --out "$out/r/$RANDOM" >> "$out/r/lat.txt" 2>&1
+      --preset qwen2-0.5b --name "lat_${i}_pdl$pdl" --out "$out/r" >> "$out/r/lat.txt" 2>&1
   done
   for pdl in 0 1; do
     PAGEDRT_PDL=$pdl timeout 120 python3 -m pagedrt.entrypoints.cli bench throughput \
