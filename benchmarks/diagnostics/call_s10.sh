@@ -63,7 +63,7 @@ case "${PART:-1}" in
       --preset qwen2-0.5b --batch-sizes 1,8,32,64 --skip-step-split --name "thr_pdl$pdl" \
       --out "$out/r" > "$out/r/thr_pdl$pdl.txt" 2>&1
   done
-  echo "== latency (PDL 0, 1, 1, 0)"; grep -h "ms/token\|ms per token" "$out/r/lat.txt" | tail -8
+  echo "== latency (PDL 0, 1, 1, 0)"; grep -h "^pagedrt " "$out/r/lat.txt"
   echo "== throughput by batch"; grep -h "pagedrt " "$out"/r/thr_pdl*.txt | head -12
   ;;
 esac
