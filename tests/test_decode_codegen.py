@@ -70,12 +70,16 @@ def test_pdl_waits_before_the_first_read(loads):
 
 
 def test_pdl_is_off_by_default_and_on_cpu(monkeypatch):
-    """PAGEDRT_PDL=1 is needed, and a CPU tensor (the interpreter) never launches with PDL."""
+    """PAGEDRT_PDL=1 at import is needed (`PDL_REQUESTED`), and a CPU tensor (the
+    interpreter) never launches with PDL; without it, launches pass only PDL=False."""
     import torch
 
-    from pagedrt.ops.triton_utils import pdl_enabled
+    from pagedrt.ops import triton_utils
 
-    monkeypatch.delenv("PAGEDRT_PDL", raising=False)
-    assert not pdl_enabled(torch.zeros(1))
-    monkeypatch.setenv("PAGEDRT_PDL", "1")
-    assert not pdl_enabled(torch.zeros(1))
+    assert triton_utils.PDL_REQUESTED == (os.environ.get("PAGEDRT_PDL") == "1")
+    monkeypatch.setattr(triton_utils, "PDL_REQUESTED", False)
+    assert not triton_utils.pdl_enabled(torch.zeros(1))
+    monkeypatch.setattr(triton_utils, "PDL_REQUESTED", True)
+    assert not triton_utils.pdl_enabled(torch.zeros(1))
+    assert triton_utils.pdl_launch(False) == {"PDL": False}
+    assert triton_utils.pdl_launch(True) == {"PDL": True, "launch_pdl": True}

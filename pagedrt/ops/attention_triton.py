@@ -80,6 +80,7 @@ from pagedrt.ops.triton_utils import (
     launch_first_fitting,
     next_pow2,
     pdl_enabled,
+    pdl_launch,
     pdl_prologue,
     v_dim_major,
 )
@@ -419,8 +420,8 @@ def paged_attention_decode_triton(
             HEAD_DIM=head_dim, BLOCK_N=cfg["BLOCK_N"], SPLIT=split, UPCAST=upcast,
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
             F16_MMA=fp8 and query.dtype != torch.float32,
-            WINDOW=sliding_window or 0, V_DIM_MAJOR=dim_major, PDL=pdl,
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl,
+            WINDOW=sliding_window or 0, V_DIM_MAJOR=dim_major,
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(pdl),
         )
 
     dim_major = v_dim_major(v_cache)
@@ -431,8 +432,8 @@ def paged_attention_decode_triton(
     if split:
         _decode_reduce_kernel[(num_heads, num_seqs)](
             part_out, part_lse, out, out.stride(0), out.stride(1), num_heads, num_splits,
-            HEAD_DIM=head_dim, SPLITS_PAD=next_pow2(num_splits), num_warps=4, PDL=pdl,
-            launch_pdl=pdl,
+            HEAD_DIM=head_dim, SPLITS_PAD=next_pow2(num_splits), num_warps=4,
+            **pdl_launch(pdl),
         )
     return out
 

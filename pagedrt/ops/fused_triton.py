@@ -33,6 +33,7 @@ from pagedrt.ops.triton_utils import (
     check_same,
     next_pow2,
     pdl_enabled,
+    pdl_launch,
     pdl_prologue,
     v_dim_major,
 )
@@ -135,7 +136,7 @@ def rms_norm_triton(
             x.stride(0), residual.stride(0) if residual is not None else 0,
             hidden, eps,
             BLOCK=block, HAS_RESIDUAL=residual is not None, num_warps=_num_warps(block),
-            PDL=pdl_enabled(x), launch_pdl=pdl_enabled(x),
+            **pdl_launch(pdl_enabled(x)),
         )
     return out if residual is None else (out, new_residual)
 
@@ -390,7 +391,7 @@ def rotary_write_kv_triton(
             BLOCK_HQ=next_pow2(num_heads), BLOCK_HK=next_pow2(num_kv_heads),
             BLOCK_SIZE=k_cache.shape[1], KV_FP8=fp8, V_DIM_MAJOR=v_dim_major(v_cache),
             num_warps=_num_warps(next_pow2(num_heads) * next_pow2(half)),
-            PDL=pdl_enabled(query), launch_pdl=pdl_enabled(query),
+            **pdl_launch(pdl_enabled(query)),
         )
     return query, key
 

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from pagedrt.ops.triton_utils import pdl_enabled, pdl_prologue
+from pagedrt.ops.triton_utils import pdl_enabled, pdl_launch, pdl_prologue
 
 MAX_ROWS = 4  # rows of x (tokens) this path serves
 ENABLED = os.environ.get("PAGEDRT_GEMV", "1") != "0"  # PAGEDRT_GEMV=0: always torch
@@ -177,7 +177,6 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     new_residual = (torch.empty_like(x, memory_format=torch.contiguous_format)
                     if residual is not None else None)
     block_n, block_k, num_warps = config
-    pdl = pdl_enabled(x)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, bias if bias is not None else weight, y,
         residual if residual is not None else x, norm_weight,
@@ -187,7 +186,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         M=m, M_PAD=max(2, triton.next_power_of_2(m)), HAS_BIAS=bias is not None,
         BLOCK_N=block_n, BLOCK_K=block_k, PROLOGUE=prologue,
         HAS_RESIDUAL=residual is not None, num_warps=num_warps,
-        PDL=pdl, launch_pdl=pdl,
+        **pdl_launch(pdl_enabled(x)),
     )
     return y, new_residual
 

@@ -44,6 +44,9 @@ def device_sms(tensor: torch.Tensor) -> int:
     return num_sms(tensor.device.index if tensor.is_cuda else None)
 
 
+PDL_REQUESTED = os.environ.get("PAGEDRT_PDL") == "1"  # read once: checked at every launch
+
+
 @functools.cache
 def _pdl_capable(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
@@ -52,14 +55,21 @@ def _pdl_capable(device_index: int) -> bool:
 def pdl_enabled(tensor: torch.Tensor) -> bool:
     """Whether the decode step's kernels on `tensor`'s device launch with programmatic
     dependent launch (PDL; CUDA programming guide, "Programmatic Dependent Launch and
-    Synchronization"): with PAGEDRT_PDL=1, on a GPU of compute capability 9.0 or later, with a
+    Synchronization"): with PAGEDRT_PDL=1 when pagedrt was imported (`PDL_REQUESTED`), on a GPU of compute capability 9.0 or later, with a
     Triton that has it, outside the interpreter. Off by default: an experiment for the
     launch-bound small-batch decode step, not yet timed (docs/design.md, "Small-batch
     decode"). A kernel launched so may start while the one before it finishes; each such
     kernel begins with `pdl_prologue`, which waits for the one before, so it reads nothing
     early."""
-    return (os.environ.get("PAGEDRT_PDL") == "1" and gdc_wait is not None
-            and not interpreting(tensor) and _pdl_capable(tensor.device.index or 0))
+    return (PDL_REQUESTED and gdc_wait is not None and not interpreting(tensor)
+            and _pdl_capable(tensor.device.index or 0))
+
+
+def pdl_launch(enabled: bool) -> dict:
+    """The launch options of a kernel launched with PDL when `enabled` (`pdl_enabled`): its
+    constexpr PDL and Triton's launch_pdl, the latter only when set, so that the default
+    launch passes nothing a Triton without PDL would not know."""
+    return {"PDL": True, "launch_pdl": True} if enabled else {"PDL": False}
 
 
 @triton.jit

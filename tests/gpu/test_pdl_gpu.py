@@ -9,7 +9,7 @@ import torch
 from tiny_model import build_tiny_llama
 
 from pagedrt import LLM, SamplingParams
-from pagedrt.ops.triton_utils import pdl_enabled
+from pagedrt.ops import triton_utils
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
@@ -25,12 +25,12 @@ def test_engine_tokens_with_and_without_pdl(monkeypatch, enforce_eager):
     prompts = [[1, 5, 9, 20, 7], list(range(3, 40)), list(range(100, 164)), [7]] * 3
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     outs = {}
-    for pdl in ("0", "1"):
-        monkeypatch.setenv("PAGEDRT_PDL", pdl)
-        assert pdl_enabled(torch.zeros(1, device="cuda")) == (pdl == "1")
+    for pdl in (False, True):
+        monkeypatch.setattr(triton_utils, "PDL_REQUESTED", pdl)
+        assert triton_utils.pdl_enabled(torch.zeros(1, device="cuda")) == pdl
         llm = LLM(loaded, num_kv_blocks=64, block_size=16, enforce_eager=enforce_eager)
         outs[pdl] = [[o.outputs[0].token_ids for o in llm.generate(prompts[:n], params,
                                                                     use_tqdm=False)]
                      for n in (1, 4, 12)]
         del llm
-    assert outs["1"] == outs["0"]
+    assert outs[True] == outs[False]
