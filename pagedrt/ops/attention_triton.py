@@ -222,27 +222,23 @@ def _decode_kernel(
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     bt_row = block_tables_ptr + seq * stride_bt
     head_off = kv_head * stride_ch
+    # With V dim-major, the full tiles with no mask, then the partial one, if any, masked: a
+    # per-token mask against the loaded seq_len (alignment unknown to the compiler) turns the
+    # dim-major V load, contiguous along tokens, into byte loads (module doc). Otherwise one
+    # masked loop (those masks cut across the contiguous head_dim).
+    loop_end = end
     if V_DIM_MAJOR:
-        # the full tiles with no mask, then the partial one, if any, masked: a per-token mask
-        # against the loaded seq_len (alignment unknown to the compiler) turns the dim-major
-        # V load, contiguous along tokens, into byte loads (module doc)
-        full_end = start + (end - start) // BLOCK_N * BLOCK_N
-        for tile_start in range(start, full_end, BLOCK_N):
+        loop_end = start + (end - start) // BLOCK_N * BLOCK_N
+    for tile_start in range(start, loop_end, BLOCK_N):
+        m_i, l_i, acc = _decode_tile(
+            m_i, l_i, acc, tile_start, end, q, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
+            v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,
+            stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, BLOCK_N, UPCAST,
+            DOT_PRECISION, KV_FP8, V_DIM_MAJOR, not V_DIM_MAJOR)
+    if V_DIM_MAJOR:  # noqa: SIM102 - a constexpr test, then a runtime one
+        if loop_end < end:
             m_i, l_i, acc = _decode_tile(
-                m_i, l_i, acc, tile_start, end, q, bt_row, k_cache_ptr, v_cache_ptr,
-                k_scales_ptr, v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs,
-                stride_vb, stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM,
-                BLOCK_N, UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, False)
-        if full_end < end:
-            m_i, l_i, acc = _decode_tile(
-                m_i, l_i, acc, full_end, end, q, bt_row, k_cache_ptr, v_cache_ptr,
-                k_scales_ptr, v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs,
-                stride_vb, stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM,
-                BLOCK_N, UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, True)
-    else:
-        for tile_start in range(start, end, BLOCK_N):
-            m_i, l_i, acc = _decode_tile(
-                m_i, l_i, acc, tile_start, end, q, bt_row, k_cache_ptr, v_cache_ptr,
+                m_i, l_i, acc, loop_end, end, q, bt_row, k_cache_ptr, v_cache_ptr,
                 k_scales_ptr, v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs,
                 stride_vb, stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM,
                 BLOCK_N, UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, True)
