@@ -53,6 +53,18 @@ from pagedrt.ops.triton_utils import (
 
 
 @triton.jit
+def fp8_scaled_pv(p, v, v_scale, DOT_PRECISION: tl.constexpr):
+    """p @ (v * v_scale) for one tile of an FP8 cache, as (p * v_scale) @ v: p [M, BLOCK_N]
+    fp32, v [BLOCK_N, HEAD_DIM] the converted fp8 values, v_scale [BLOCK_N] their per-token
+    scales, divided by the tile's largest (which multiplies the product instead) so that
+    p * v_scale stays in v's 16-bit range (decode kernel doc). Returns [M, HEAD_DIM] fp32."""
+    v_max = tl.max(v_scale, 0)
+    v_max = tl.where(v_max > 0, v_max, 1.0)
+    p_v = (p * (v_scale / v_max)[None, :]).to(v.dtype)
+    return tl.dot(p_v, v, input_precision=DOT_PRECISION) * v_max
+
+
+@triton.jit
 def _extend_tiles(
     acc, l_i, m_i, q, pos,
     k_cache_ptr, v_cache_ptr, bt_row, head_off,
@@ -122,11 +134,8 @@ def _extend_tiles(
         p = tl.exp2(s - m_ref[:, None])
         alpha = tl.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if KV_FP8:  # (see the decode kernel: p * s_v over the tile's largest s_v)
-            v_max = tl.max(v_scale, 0)
-            v_max = tl.where(v_max > 0, v_max, 1.0)
-            p_v = (p * (v_scale / v_max)[None, :]).to(v.dtype)
-            pv = tl.dot(p_v, v, input_precision=DOT_PRECISION) * v_max
+        if KV_FP8:
+            pv = fp8_scaled_pv(p, v, v_scale, DOT_PRECISION)
         else:
             pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv

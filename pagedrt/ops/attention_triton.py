@@ -68,7 +68,7 @@ import triton
 import triton.language as tl
 
 from pagedrt.ops.attention_decode_naive_triton import paged_attention_decode_naive_triton
-from pagedrt.ops.attention_extend_triton import paged_attention_extend_triton
+from pagedrt.ops.attention_extend_triton import fp8_scaled_pv, paged_attention_extend_triton
 from pagedrt.ops.fp8 import is_fp8
 from pagedrt.ops.kv_write_triton import copy_blocks_triton, write_kv_triton
 from pagedrt.ops.triton_utils import (
@@ -125,8 +125,8 @@ def _decode_tile(
     if KV_FP8:
         k = k.to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
-    scale_off = block * stride_sb + kv_head * stride_sh + offs_n % BLOCK_SIZE
     if KV_FP8:
+        scale_off = block * stride_sb + kv_head * stride_sh + offs_n % BLOCK_SIZE
         s = s * _load(k_scales_ptr + scale_off, n_mask, MASKED)[None, :]
     if MASKED:
         s = tl.where(n_mask[None, :], s, float("-inf"))
@@ -147,11 +147,7 @@ def _decode_tile(
         v = v.to(tl.float32)
     if KV_FP8:
         v = v.to(q.dtype)
-        v_scale = _load(v_scales_ptr + scale_off, n_mask, MASKED)
-        v_max = tl.max(v_scale, 0)
-        v_max = tl.where(v_max > 0, v_max, 1.0)
-        p_v = (p * (v_scale / v_max)[None, :]).to(v.dtype)
-        pv = tl.dot(p_v, v, input_precision=DOT_PRECISION) * v_max
+        pv = fp8_scaled_pv(p, v, _load(v_scales_ptr + scale_off, n_mask, MASKED), DOT_PRECISION)
     else:
         pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     acc = acc * alpha[:, None] + pv

@@ -55,8 +55,9 @@ def _pdl_capable(device_index: int) -> bool:
 def pdl_enabled(tensor: torch.Tensor) -> bool:
     """Whether the decode step's kernels on `tensor`'s device launch with programmatic
     dependent launch (PDL; CUDA programming guide, "Programmatic Dependent Launch and
-    Synchronization"): with PAGEDRT_PDL=1 when pagedrt was imported (`PDL_REQUESTED`), on a GPU of compute capability 9.0 or later, with a
-    Triton that has it, outside the interpreter. Off by default: an experiment for the
+    Synchronization"): with PAGEDRT_PDL=1 when pagedrt was imported (`PDL_REQUESTED`), on a
+    GPU of compute capability 9.0 or later, with a Triton that has it, outside the
+    interpreter. Off by default: an experiment for the
     launch-bound small-batch decode step, not yet timed (docs/design.md, "Small-batch
     decode"). A kernel launched so may start while the one before it finishes; each such
     kernel begins with `pdl_prologue`, which waits for the one before, so it reads nothing
