@@ -33,6 +33,7 @@ import torch
 
 from pagedrt.core.plan import BeamStepResult
 from pagedrt.engine.beam_search import choose_slots, top_candidates
+from pagedrt.engine.host_buffers import StepBuffers
 from pagedrt.engine.input_batch import InputBatch
 from pagedrt.kv.kv_cache import KVCache
 from pagedrt.ops.attention import uses_triton
@@ -64,32 +65,6 @@ class BeamLaunch:
     buckets: list[_Bucket]
 
 
-class _PinnedBuffers:
-    """Two pinned host int64 buffers used in turn, one per launched step (the one a step
-    used is free again once that step is fetched, before the step after next launches), cut
-    into slices as the step asks. Allocated up front and grown only past their size:
-    pinning memory (cudaHostAlloc) can wait for the device."""
-
-    def __init__(self, size: int) -> None:
-        self.buffers = [torch.empty(size, dtype=torch.int64, pin_memory=True)
-                        for _ in range(2)]
-        self.turn = 0
-        self.used = 0
-
-    def next_step(self) -> None:
-        self.turn ^= 1
-        self.used = 0
-
-    def take(self, n: int) -> torch.Tensor:
-        buffer = self.buffers[self.turn]
-        if self.used + n > buffer.numel():  # (slices already handed out keep the old one)
-            buffer = self.buffers[self.turn] = torch.empty(
-                2 * (self.used + n), dtype=torch.int64, pin_memory=True)
-            self.used = 0
-        self.used += n
-        return buffer[self.used - n: self.used]
-
-
 class BeamRunner:
     """Beam expansion and row bookkeeping for one ModelRunner (its InputBatch and KV cache).
 
@@ -118,8 +93,8 @@ class BeamRunner:
         self._columns = torch.arange(0, device=device)  # 0, 1, ... (grown as tables widen)
         if device.type == "cuda":  # per sampled row: in, 4 + EOS ids / W (+ padding); out,
             # (2K + 3W) / W = 9 with two EOS ids (more grow the buffers once)
-            self._inputs = _PinnedBuffers(8 * max_num_seqs)
-            self._outputs = _PinnedBuffers(9 * max_num_seqs)
+            self._inputs = StepBuffers(8 * max_num_seqs)
+            self._outputs = StepBuffers(9 * max_num_seqs)
 
     # ----------------------------------------------------------------- launch
     def sample(self, logits: torch.Tensor, sampled_rows: np.ndarray, beam_index: np.ndarray,

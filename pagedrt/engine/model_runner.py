@@ -31,6 +31,7 @@ from pagedrt.core.plan import NewRequestData, StepPlan, StepResult
 from pagedrt.core.request import PLACEHOLDER_TOKEN_ID
 from pagedrt.engine.beam_runner import BeamLaunch, BeamRunner
 from pagedrt.engine.cuda_graphs import CUDAGraphRunner
+from pagedrt.engine.host_buffers import StepBuffers
 from pagedrt.engine.input_batch import InputBatch
 from pagedrt.engine.profiling import NULL_CLOCK
 from pagedrt.engine.sampler import Sampler, SamplerOutput
@@ -101,28 +102,6 @@ class LaunchedStep:
     host_verified: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
-class _StagingPair:
-    """Two pinned int64 host buffers used in turn for a step's host-to-device copy: with async
-    scheduling the copy out of one may still be queued while the next step fills the other.
-    Allocated up front (pinning later, cudaHostAlloc, would wait for the device and stall the
-    pipeline); a buffer grows only for a step larger than it."""
-
-    def __init__(self, size: int) -> None:
-        self.buffers = [torch.empty(size, dtype=torch.int64, pin_memory=True)
-                        for _ in range(2)]
-        self.count = 0
-
-    def to_device(self, flat: np.ndarray, device: torch.device) -> torch.Tensor:
-        """`flat` ([n] int64) on `device`, copied without waiting for the device."""
-        i = self.count % 2
-        self.count += 1
-        if self.buffers[i].numel() < len(flat):
-            self.buffers[i] = torch.empty(2 * len(flat), dtype=torch.int64, pin_memory=True)
-        staged = self.buffers[i][: len(flat)]
-        staged.numpy()[:] = flat
-        return staged.to(device, non_blocking=True)
-
-
 class ModelRunner:
     def __init__(self, model, kv_cache: KVCache, device, backend,
                  max_num_seqs: int = 256, max_model_len: int = 2048, use_cuda_graphs: bool = False,
@@ -159,18 +138,16 @@ class ModelRunner:
         # that tests run the same path.
         pinned = self.device.type == "cuda"
         spec_rows = min(spec_max_num_seqs, max_num_seqs) if num_speculative_tokens else 0
-        self._token_buffers = [
-            torch.empty(2 * max_num_seqs + spec_rows * (num_speculative_tokens + 2),
-                        dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
-        self._num_launched = 0
+        self._token_buffers = StepBuffers(
+            2 * max_num_seqs + spec_rows * (num_speculative_tokens + 2), pin=pinned)
         # the small inputs of a step that verifies drafts (logits gather, drafts, merge order;
         # `_sample_speculative`), on CUDA with speculation
-        self._spec_staging = _StagingPair(max(
+        self._spec_staging = StepBuffers(max(
             4 * max_num_seqs + spec_rows * (2 * num_speculative_tokens + 1), 1 << 10)) if (
                 pinned and num_speculative_tokens) else None
         self.graph_runner: CUDAGraphRunner | None = None
         # the step's inputs (`prepare`), on CUDA
-        self._staging: _StagingPair | None = None
+        self._staging: StepBuffers | None = None
         # tokens of an eager step are padded to a multiple of this (1: no padding); tests set
         # it on CPU to check that padding changes no result
         self.token_padding = EAGER_TOKEN_PADDING if self.device.type == "cuda" else 1
@@ -179,7 +156,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             size = (3 * max_step_tokens + 6 * (max_num_seqs + 1)
                     + max_num_seqs * max_blocks_per_seq)
-            self._staging = _StagingPair(size)
+            self._staging = StepBuffers(size)
         self.max_num_seqs = max_num_seqs
         self.num_speculative_tokens = num_speculative_tokens
         self.spec_max_num_seqs = min(spec_max_num_seqs, max_num_seqs)
@@ -721,8 +698,9 @@ class ModelRunner:
         """Append a placeholder per sampled row, start the copy of what `fetch` reads to the
         host, and return the step's handle (`fetch` reads it).
 
-        The copies go into one of the two `_token_buffers` (in turn: with one step in flight,
-        the other one's step has been fetched), non-blocking on CUDA:
+        The copies go into this step's buffer of `_token_buffers` (`StepBuffers`, two used in
+        turn: with one step in flight, the other one's step has been fetched), non-blocking on
+        CUDA:
 
             [first tokens (num_sampled) | verified tokens (S * (K + 1)) | counts (S)]
 
@@ -738,18 +716,14 @@ class ModelRunner:
         host, host_verified, event = None, None, None
         if output is not None:
             cuda = self.device.type == "cuda"
-            k = self._num_launched % 2
-            self._num_launched += 1
             all_verified = spec is not None and len(spec[0]) == len(rows)
             num_first = 0 if all_verified else len(rows)
             size = num_first
             if spec is not None:
                 num_spec, width = spec[1].token_ids.shape
                 size += num_spec * (width + 1)
-            if self._token_buffers[k].numel() < size:
-                self._token_buffers[k] = torch.empty(2 * size, dtype=torch.int64,
-                                                     pin_memory=cuda)
-            buffer = self._token_buffers[k]
+            self._token_buffers.next_step()
+            buffer = self._token_buffers.take(size)
             if spec is not None:
                 verified = spec[1]
                 tokens = buffer[num_first: num_first + num_spec * width].view(num_spec, width)

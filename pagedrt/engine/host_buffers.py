@@ -1,0 +1,53 @@
+"""Host staging buffers for a step's copies between host and device (docs/design.md, "Host
+work per step").
+
+With async scheduling one step is in flight while the next is prepared, so a step's host
+buffer must not be refilled before that step's copy has run: `StepBuffers` keeps two int64
+buffers and hands them out in turn, one per step. The one a step used is free again once
+that step has been fetched (its event waited on), before the step after next takes it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class StepBuffers:
+    """Two int64 host buffers used in turn, one per step, cut into slices as the step asks.
+
+    Allocated up front and grown only past their size (to twice what a step asked): pinning
+    memory (cudaHostAlloc) later could wait for the device and stall the pipeline. `pin`:
+    page-locked memory (CUDA; a copy from pageable memory waits for the stream); without it
+    plain memory, so that the CPU runs the same path.
+    """
+
+    def __init__(self, size: int, pin: bool = True) -> None:
+        self.pin = pin
+        self.buffers = [torch.empty(size, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self.turn = 0
+        self.used = 0
+
+    def next_step(self) -> None:
+        """Move to the other buffer, from its start."""
+        self.turn ^= 1
+        self.used = 0
+
+    def take(self, n: int) -> torch.Tensor:
+        """The next n int64 elements of this step's buffer ([n] view). A buffer too small is
+        replaced by one twice the step's need (slices already handed out keep the old one)."""
+        buffer = self.buffers[self.turn]
+        if self.used + n > buffer.numel():
+            buffer = self.buffers[self.turn] = torch.empty(
+                2 * (self.used + n), dtype=torch.int64, pin_memory=self.pin)
+            self.used = 0
+        self.used += n
+        return buffer[self.used - n: self.used]
+
+    def to_device(self, flat: np.ndarray, device: torch.device) -> torch.Tensor:
+        """A step's one host-to-device copy: `flat` ([n] int64) staged in the next buffer and
+        copied to `device` without waiting for it."""
+        self.next_step()
+        staged = self.take(len(flat))
+        staged.numpy()[:] = flat
+        return staged.to(device, non_blocking=True)
