@@ -2,7 +2,8 @@
 # Prepared on 2026-12-02 for the next device calls (carry .commit .whl; no GGUF needed).
 # PART=1: the FP8 decode kernel with V dim-major read by full unmasked tiles (issue 17:
 #   decode_tune.py both layouts, against bf16, and the Llama-3-8B end-to-end run with V
-#   dim-major); the GPU tests not run since their code changed (FP8, the top-k/top-p
+#   dim-major); the GPU tests not run since their code changed (the engine's pinned staging
+#   buffers, StepBuffers: smoke, speculative decoding, beam search; FP8, the top-k/top-p
 #   selection at Qwen2's vocabulary, windows).
 # PART=2: the filter's device time, selection against the full sort (filters_gpu.py);
 #   `bench throughput --sampling filters` against greedy, 3 runs each in one engine; issue
@@ -29,8 +30,9 @@ case "${PART:-1}" in
       --warm-up-requests 4 --name "fp8kv_B_dm$layout" --out "$out/r" \
       > "$out/r/fp8kv_B_dm$layout.txt" 2>&1
   done
-  gpu_tests gpu_tests "${TEST_CAP:-150}" tests/gpu/test_fp8_kv_gpu.py \
-    tests/gpu/test_sample_triton_gpu.py tests/gpu/test_window_gpu.py
+  gpu_tests gpu_tests "${TEST_CAP:-180}" tests/gpu/test_smoke_gpu.py \
+    tests/gpu/test_spec_decode_gpu.py tests/gpu/test_beam_search_gpu.py \
+    tests/gpu/test_fp8_kv_gpu.py tests/gpu/test_sample_triton_gpu.py tests/gpu/test_window_gpu.py
   echo "== tune token-major"; tail -4 "$out/r/tune_tm.txt"
   echo "== tune dim-major"; tail -2 "$out/r/tune_dm.txt"
   echo "== end to end"; grep -h "fp8_e4m3 / bfloat16" "$out"/r/fp8kv_B_dm*.txt
