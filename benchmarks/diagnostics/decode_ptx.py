@@ -37,18 +37,11 @@ CASES = {  # name: (fp8, V dim-major, head_dim, group, BLOCK_N, window)
     "fp8, V dim-major, Qwen2-0.5B heads": (True, True, 64, 7, 128, 0),
     "fp8, V dim-major, window 100": (True, True, 128, 4, 128, 100),
     "bf16, Llama-3-8B heads, PDL": (False, False, 128, 4, 64, 0, 4, 3, True),
-    "fp8, V dim-major, Llama-3-8B heads, swap AB": (True, True, 128, 4, 128, 0, 4, 3, False,
-                                                    True),
-    "fp8, V token-major, Llama-3-8B heads, swap AB": (True, False, 128, 4, 128, 0, 4, 3,
-                                                      False, True),
-    "fp8, V dim-major, Qwen2-0.5B heads, swap AB": (True, True, 64, 7, 128, 0, 4, 3, False,
-                                                    True),
 }
 
 
 def compile_decode(fp8: bool, dim_major: bool, head_dim: int, group: int, block_n: int,
-                   window: int, num_warps: int = 4, num_stages: int = 3, pdl: bool = False,
-                   swap_ab: bool = False):
+                   window: int, num_warps: int = 4, num_stages: int = 3, pdl: bool = False):
     """The decode kernel compiled for sm_90 with the engine's alignment; returns Triton's
     compiled kernel (its .asm has "ttgir" and "ptx")."""
     cache = "*fp8e4nv" if fp8 else "*bf16"
@@ -59,7 +52,7 @@ def compile_decode(fp8: bool, dim_major: bool, head_dim: int, group: int, block_
     const = {"GROUP": group, "GROUP_PAD": 16, "BLOCK_SIZE": 16, "HEAD_DIM": head_dim,
              "BLOCK_N": block_n, "SPLIT": False, "UPCAST": False, "DOT_PRECISION": "tf32",
              "KV_FP8": fp8, "F16_MMA": fp8, "WINDOW": window, "V_DIM_MAJOR": dim_major,
-             "PDL": pdl, "SWAP_AB": swap_ab}
+             "PDL": pdl}
     sig.update(dict.fromkeys(const, "constexpr"))
     names = list(sig)
     unit = {"num_splits", "stride_vs" if dim_major else "stride_vd"}
@@ -76,8 +69,7 @@ def load_widths(ptx: str) -> Counter:
     """Global loads and asynchronous copies in the PTX, by instruction, and the grid
     dependency controls of programmatic dependent launch (griddepcontrol.*)."""
     return Counter(re.findall(
-        r"(ld\.global[\w.]*|cp\.async\.c[ag]\.shared\.global|griddepcontrol\.\w+"
-        r"|mma\.sync\.aligned\.\w+|wgmma\.mma_async\.sync\.aligned\.\w+)", ptx))
+        r"(ld\.global[\w.]*|cp\.async\.c[ag]\.shared\.global|griddepcontrol\.\w+)", ptx))
 
 
 def main() -> None:

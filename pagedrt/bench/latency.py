@@ -182,7 +182,9 @@ def main(argv: list[str]) -> int:
                    help="--prompts text: run every prompt with --speculative-config and "
                         "without it")
     p.add_argument("--repeats", type=int, default=3,
-                   help="--prompts text: runs per prompt and setting (the median is kept)")
+                   help="runs per prompt (or context) and setting; the median is kept")
+    p.add_argument("--graphs", default="both", choices=["both", "on", "off"],
+                   help="--prompts random: time with CUDA graphs, without, or both")
     args = p.parse_args(argv)
     args.max_num_seqs = min(args.max_num_seqs, 8)
     if args.prompts == "text":
@@ -203,11 +205,13 @@ def main(argv: list[str]) -> int:
     g = torch.Generator().manual_seed(0)
     prompts = {c: torch.randint(0, 10000, (c,), generator=g).tolist() for c in contexts}
     results = []
-    for graphs in (True, False):
+    modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.graphs]
+    for graphs in modes:
         llm = make_llm(model, args, enforce_eager=not graphs)
         decode_ms_per_token(llm, prompts[contexts[0]][:64], 8)  # warm-up
         for c in contexts:
-            ms = decode_ms_per_token(llm, prompts[c], args.num_tokens)
+            ms = statistics.median(decode_ms_per_token(llm, prompts[c], args.num_tokens)
+                                   for _ in range(max(1, args.repeats)))
             results.append({"system": "pagedrt", "workload": f"{name} batch1 ctx{c}",
                             "cuda_graphs": graphs, "ms_per_token": ms,
                             "tensor_parallel_size": llm.llm_engine.executor.tp_size,

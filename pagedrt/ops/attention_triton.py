@@ -63,8 +63,6 @@ one masked loop (their masks cut across the contiguous dimension; their PTX is u
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -87,14 +85,6 @@ from pagedrt.ops.triton_utils import (
     v_dim_major,
 )
 
-
-def swap_ab_default() -> bool:
-    """PAGEDRT_FP8_SWAP_AB=1: decode over an FP8 cache with the products transposed
-    (`_decode_tile_swapped`, module doc). Read per launch; a launch config's "SWAP_AB"
-    overrides it."""
-    return os.environ.get("PAGEDRT_FP8_SWAP_AB", "0") == "1"
-
-
 MIN_PARTITION_TOKENS = 256  # a split-K partition shorter than this costs more than it hides
 MAX_SPLITS = 64
 
@@ -107,73 +97,6 @@ def _load(ptrs, mask, MASKED: tl.constexpr):
     else:
         x = tl.load(ptrs)
     return x
-
-
-@triton.jit
-def _tile_kv(
-    tile_start, end, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, kv_head,
-    head_off, stride_cb, stride_cs, stride_vb, stride_vs, stride_vh, stride_sb, stride_sh,
-    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-    KV_FP8: tl.constexpr, V_DIM_MAJOR: tl.constexpr, MASKED: tl.constexpr,
-):
-    """The loads of one BLOCK_N-token tile for `_decode_tile_swapped`: (n_mask [BLOCK_N],
-    k [BLOCK_N, HEAD_DIM], v_t [HEAD_DIM, BLOCK_N] (V transposed), k_scale and v_scale
-    [BLOCK_N] fp32), the cache's dtype; masked past `end` (other 0) when MASKED."""
-    offs_d = tl.arange(0, HEAD_DIM)
-    offs_n = tile_start + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < end
-    if MASKED:
-        block = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-    else:
-        block = tl.load(bt_row + offs_n // BLOCK_SIZE).to(tl.int64)
-    kv_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + head_off
-    k = _load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], n_mask[:, None], MASKED)
-    if V_DIM_MAJOR:  # tokens contiguous: [HEAD_DIM, BLOCK_N] as stored
-        v_off = block * stride_vb + kv_head * stride_vh + offs_n % BLOCK_SIZE
-        v_t = _load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
-                    n_mask[None, :], MASKED)
-    else:
-        v_off = block * stride_vb + (offs_n % BLOCK_SIZE) * stride_vs + kv_head * stride_vh
-        v_t = tl.trans(_load(v_cache_ptr + v_off[:, None] + offs_d[None, :], n_mask[:, None],
-                             MASKED))
-    scale_off = block * stride_sb + kv_head * stride_sh + offs_n % BLOCK_SIZE
-    k_scale = _load(k_scales_ptr + scale_off, n_mask, MASKED)
-    v_scale = _load(v_scales_ptr + scale_off, n_mask, MASKED)
-    return n_mask, k, v_t, k_scale, v_scale
-
-
-@triton.jit
-def _decode_tile_swapped(
-    m_i, l_i, acc_t,  # [GROUP_PAD], [GROUP_PAD], [HEAD_DIM, GROUP_PAD] fp32: running state
-    tile_start, end, q_t,  # q_t: [HEAD_DIM, GROUP_PAD], the query transposed
-    bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, kv_head, head_off,
-    scale_log2, stride_cb, stride_cs, stride_vb, stride_vs, stride_vh, stride_sb, stride_sh,
-    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, V_DIM_MAJOR: tl.constexpr, MASKED: tl.constexpr,
-):
-    """One tile of an FP8 cache with the products transposed (SWAP_AB, module doc): scores as
-    K @ Q^T [BLOCK_N, GROUP_PAD] and the output as V^T @ P^T [HEAD_DIM, GROUP_PAD], so the
-    tile's BLOCK_N tokens (or HEAD_DIM) fill the product's M side, which Hopper's warpgroup
-    MMA needs to be 64 rows, and the GROUP query heads its narrow N side. Same arithmetic as
-    `_decode_tile` with KV_FP8; returns the new state."""
-    n_mask, k, v_t, k_scale, v_scale = _tile_kv(
-        tile_start, end, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr,
-        kv_head, head_off, stride_cb, stride_cs, stride_vb, stride_vs, stride_vh, stride_sb,
-        stride_sh, BLOCK_SIZE, HEAD_DIM, BLOCK_N, True, V_DIM_MAJOR, MASKED)
-    s_t = tl.dot(k.to(q_t.dtype), q_t, input_precision=DOT_PRECISION)
-    s_t = s_t * (scale_log2 * k_scale)[:, None]
-    if MASKED:
-        s_t = tl.where(n_mask[:, None], s_t, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s_t, 0))
-    p_t = tl.exp2(s_t - m_new[None, :])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p_t, 0)
-    v_max = tl.max(v_scale, 0)  # p * v_scale / v_max stays in fp16's range (fp8_scaled_pv)
-    v_max = tl.where(v_max > 0, v_max, 1.0)
-    p_v = (p_t * (v_scale / v_max)[:, None]).to(q_t.dtype)
-    pv_t = tl.dot(v_t.to(q_t.dtype), p_v, input_precision=DOT_PRECISION) * v_max
-    acc_t = acc_t * alpha[None, :] + pv_t
-    return m_new, l_i, acc_t
 
 
 @triton.jit
@@ -265,7 +188,6 @@ def _decode_kernel(
     WINDOW: tl.constexpr = 0,  # sliding window in tokens; 0 = attend to every cached token
     V_DIM_MAJOR: tl.constexpr = False,  # V tiles read as [HEAD_DIM, BLOCK_N] (stride_vs 1)
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_enabled)
-    SWAP_AB: tl.constexpr = False,  # KV_FP8: products transposed (`_decode_tile_swapped`)
 ):
     pdl_prologue(PDL)
     kv_head = tl.program_id(0)
@@ -293,6 +215,7 @@ def _decode_kernel(
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     bt_row = block_tables_ptr + seq * stride_bt
     head_off = kv_head * stride_ch
     # With V dim-major, the full tiles with no mask, then the partial one, if any, masked: a
@@ -302,40 +225,19 @@ def _decode_kernel(
     loop_end = end
     if V_DIM_MAJOR:
         loop_end = start + (end - start) // BLOCK_N * BLOCK_N
-    if SWAP_AB:
-        q_t = tl.trans(q)
-        acc_t = tl.zeros([HEAD_DIM, GROUP_PAD], tl.float32)
-        for tile_start in range(start, loop_end, BLOCK_N):
-            m_i, l_i, acc_t = _decode_tile_swapped(
-                m_i, l_i, acc_t, tile_start, end, q_t, bt_row, k_cache_ptr, v_cache_ptr,
-                k_scales_ptr, v_scales_ptr, kv_head, head_off, scale_log2, stride_cb,
-                stride_cs, stride_vb, stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE,
-                HEAD_DIM, BLOCK_N, DOT_PRECISION, V_DIM_MAJOR, not V_DIM_MAJOR)
-        if V_DIM_MAJOR:  # noqa: SIM102 - a constexpr test, then a runtime one
-            if loop_end < end:
-                m_i, l_i, acc_t = _decode_tile_swapped(
-                    m_i, l_i, acc_t, loop_end, end, q_t, bt_row, k_cache_ptr, v_cache_ptr,
-                    k_scales_ptr, v_scales_ptr, kv_head, head_off, scale_log2, stride_cb,
-                    stride_cs, stride_vb, stride_vs, stride_vh, stride_sb, stride_sh,
-                    BLOCK_SIZE, HEAD_DIM, BLOCK_N, DOT_PRECISION, V_DIM_MAJOR, True)
-        acc = tl.trans(acc_t)
-    else:
-        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-        for tile_start in range(start, loop_end, BLOCK_N):
+    for tile_start in range(start, loop_end, BLOCK_N):
+        m_i, l_i, acc = _decode_tile(
+            m_i, l_i, acc, tile_start, end, q, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
+            v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,
+            stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, BLOCK_N, UPCAST,
+            DOT_PRECISION, KV_FP8, V_DIM_MAJOR, not V_DIM_MAJOR)
+    if V_DIM_MAJOR:  # noqa: SIM102 - a constexpr test, then a runtime one
+        if loop_end < end:
             m_i, l_i, acc = _decode_tile(
-                m_i, l_i, acc, tile_start, end, q, bt_row, k_cache_ptr, v_cache_ptr,
-                k_scales_ptr, v_scales_ptr, kv_head, head_off, scale_log2, stride_cb,
-                stride_cs, stride_vb, stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE,
-                HEAD_DIM, BLOCK_N, UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR,
-                not V_DIM_MAJOR)
-        if V_DIM_MAJOR:  # noqa: SIM102 - a constexpr test, then a runtime one
-            if loop_end < end:
-                m_i, l_i, acc = _decode_tile(
-                    m_i, l_i, acc, loop_end, end, q, bt_row, k_cache_ptr, v_cache_ptr,
-                    k_scales_ptr, v_scales_ptr, kv_head, head_off, scale_log2, stride_cb,
-                    stride_cs, stride_vb, stride_vs, stride_vh, stride_sb, stride_sh,
-                    BLOCK_SIZE, HEAD_DIM, BLOCK_N, UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR,
-                    True)
+                m_i, l_i, acc, loop_end, end, q, bt_row, k_cache_ptr, v_cache_ptr,
+                k_scales_ptr, v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs,
+                stride_vb, stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM,
+                BLOCK_N, UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, True)
 
     has_tokens = l_i > 0  # False for an empty partition (and for padding rows never stored)
     out = acc / tl.where(has_tokens, l_i, 1.0)[:, None]
@@ -511,7 +413,7 @@ def paged_attention_decode_triton(
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
             F16_MMA=fp8 and query.dtype != torch.float32,
             WINDOW=sliding_window or 0, V_DIM_MAJOR=dim_major,
-            SWAP_AB=fp8 and cfg.get("SWAP_AB", swap_ab_default()), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(pdl),
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(pdl),
         )
 
     dim_major = v_dim_major(v_cache)

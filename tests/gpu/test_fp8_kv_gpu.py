@@ -194,34 +194,6 @@ def test_fp8_attention_on_gpu_matches_reference(group, query_dtype):
     torch.testing.assert_close(out.float(), expected.float(), **tol)
 
 
-@pytest.mark.parametrize("dim_major", [True, False], ids=["v_dim_major", "v_token_major"])
-@pytest.mark.parametrize("group, head_dim", [(4, 128), (7, 64), (8, 128)])
-def test_fp8_decode_swap_ab_on_gpu(group, head_dim, dim_major):
-    """The decode kernel over an FP8 cache with its products transposed (SWAP_AB: warpgroup
-    MMA on Hopper) gives what the untransposed kernel and the reference give, both V layouts,
-    split and not, with NaN in every unused slot."""
-    torch.manual_seed(group + head_dim)
-    num_kv_heads, block_size = 2, 16
-    lens = [1, 15, 16, 17, 128, 129, 4096, 4111, 300]
-    caches, tables, seq_lens = _paged_fp8(lens, num_kv_heads, head_dim, block_size)
-    if not dim_major:
-        caches[1] = caches[1].contiguous()
-    query = torch.randn(len(lens), num_kv_heads * group, head_dim, device=CUDA).bfloat16()
-    expected = ref.paged_attention_decode_reference(query, caches[0], caches[1], tables,
-                                                    seq_lens, head_dim ** -0.5, k_scales=caches[2],
-                                                    v_scales=caches[3]).float()
-    for num_splits in (1, None, 8):
-        outs = [tri.paged_attention_decode_triton(
-            query, caches[0], caches[1], tables, seq_lens, head_dim ** -0.5,
-            num_splits=num_splits, k_scales=caches[2], v_scales=caches[3],
-            config={**tri._decode_launch_config(head_dim, 1), "SWAP_AB": swap}).float()
-            for swap in (False, True)]
-        for out in outs:
-            assert torch.isfinite(out).all()
-            torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
-        torch.testing.assert_close(outs[1], outs[0], rtol=1e-2, atol=1e-2)
-
-
 def _tiny_on_cuda():
     loaded = build_tiny_llama(seed=0)
     return loaded._replace(model=loaded.model.to(CUDA))
