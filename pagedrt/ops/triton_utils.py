@@ -45,6 +45,7 @@ def device_sms(tensor: torch.Tensor) -> int:
 
 
 PDL_REQUESTED = os.environ.get("PAGEDRT_PDL") == "1"  # read once: checked at every launch
+PDL_MAX_ROWS = 256  # launches over more rows (tokens, sequences) than this run without PDL
 
 
 @functools.cache
@@ -62,8 +63,8 @@ def pdl_enabled(tensor: torch.Tensor) -> bool:
     decode"). A kernel launched so may start while the one before it finishes; each such
     kernel begins with `pdl_prologue`, which waits for the one before, so it reads nothing
     early."""
-    return (PDL_REQUESTED and gdc_wait is not None and not interpreting(tensor)
-            and _pdl_capable(tensor.device.index or 0))
+    return (PDL_REQUESTED and gdc_wait is not None and tensor.shape[0] <= PDL_MAX_ROWS
+            and not interpreting(tensor) and _pdl_capable(tensor.device.index or 0))
 
 
 def pdl_launch(enabled: bool) -> dict:
