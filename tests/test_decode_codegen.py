@@ -59,7 +59,7 @@ def test_other_paths_load_no_single_bytes(loads, case):
 
 
 def test_pdl_waits_before_the_first_read(loads):
-    """With PAGEDRT_PDL=1 (`pdl_enabled`) the decode kernel is compiled with PDL: its PTX waits
+    """With PDL (`pdl_enabled`) the decode kernel is compiled with it: its PTX waits
     for the kernel before it (griddepcontrol.wait) ahead of any global read, and lets the next
     one launch; without, neither instruction is there."""
     pdl = loads["bf16, Llama-3-8B heads, PDL"]
@@ -69,17 +69,24 @@ def test_pdl_waits_before_the_first_read(loads):
     assert "griddepcontrol.wait" not in plain and plain["wait_at"] == -1
 
 
-def test_pdl_is_off_by_default_and_on_cpu(monkeypatch):
-    """PAGEDRT_PDL=1 at import is needed (`PDL_REQUESTED`), and a CPU tensor (the
-    interpreter) never launches with PDL; without it, launches pass only PDL=False."""
+def test_pdl_is_on_by_default_off_on_cpu_and_for_prefill(monkeypatch):
+    """PDL is requested unless PAGEDRT_PDL=0 at import (`PDL_REQUESTED`); a CPU tensor (the
+    interpreter) never launches with it, nor a launch over more than PDL_MAX_ROWS rows (a
+    prefill); without it, launches pass only PDL=False."""
     import torch
 
     from pagedrt.ops import triton_utils
 
-    assert triton_utils.PDL_REQUESTED == (os.environ.get("PAGEDRT_PDL") == "1")
-    monkeypatch.setattr(triton_utils, "PDL_REQUESTED", False)
-    assert not triton_utils.pdl_enabled(torch.zeros(1))
+    assert triton_utils.PDL_REQUESTED == (os.environ.get("PAGEDRT_PDL") != "0")
     monkeypatch.setattr(triton_utils, "PDL_REQUESTED", True)
     assert not triton_utils.pdl_enabled(torch.zeros(1))
+    if triton_utils.gdc_wait is not None:  # as on a GPU of compute capability 9.0
+        monkeypatch.setattr(triton_utils, "interpreting", lambda t: False)
+        monkeypatch.setattr(triton_utils, "_pdl_capable", lambda index: True)
+        rows = triton_utils.PDL_MAX_ROWS
+        assert triton_utils.pdl_enabled(torch.zeros(rows, 8))
+        assert not triton_utils.pdl_enabled(torch.zeros(rows + 1, 8))
+        monkeypatch.setattr(triton_utils, "PDL_REQUESTED", False)
+        assert not triton_utils.pdl_enabled(torch.zeros(1, 8))
     assert triton_utils.pdl_launch(False) == {"PDL": False}
     assert triton_utils.pdl_launch(True) == {"PDL": True, "launch_pdl": True}

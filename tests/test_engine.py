@@ -327,13 +327,30 @@ def test_bench_throughput_repeats_reports_the_median_run(smollm2_path, tmp_path,
         timed.append((prompts, out[0]))
         return out
 
+    warmed = []  # the request count of each warm-up
+    warm_up = throughput.warm_up
+
+    def recording_warm_up(llm, args):
+        warmed.append((args.num_requests, len(timed)))
+        return warm_up(llm, args)
+
     monkeypatch.setattr(throughput, "timed_generate", recording)
+    monkeypatch.setattr(throughput, "warm_up", recording_warm_up)
     assert throughput.main([
         "--model", smollm2_path, "--device", "cpu", "--dtype", "float32", "--num-requests",
         "2", "--input-len", "8", "--output-len", "3", "--num-kv-blocks", "64", "--out",
-        str(tmp_path), "--name", "r", "--repeats", "3", "--skip-step-split"]) == 0
-    row = json.loads((tmp_path / "r.json").read_text())["results"][0]
-    runs = timed[-3:]
+        str(tmp_path), "--name", "r", "--repeats", "3", "--skip-step-split",
+        "--batch-sizes", "1"]) == 0
+    rows = json.loads((tmp_path / "r.json").read_text())["results"]
+    # --batch-sizes 1: warmed up at its own size after the main runs, then timed 3 times
+    assert len(timed) >= 6 and (1, len(timed) - 3) in warmed
+    batch_runs = timed[-3:]
+    assert [len(p) for p, _ in batch_runs] == [1, 1, 1]
+    batch_rates = [rows[1]["output_tokens"] / t for _, t in batch_runs]
+    assert rows[1]["output_tok_s_runs"] == batch_rates
+    assert rows[1]["output_tok_s"] == sorted(batch_rates)[1]
+    row = rows[0]
+    runs = timed[-6:-3]
     assert [len(p) for p, _ in runs] == [2, 2, 2]
     assert all(len(x) == 8 for p, _ in runs for x in p)
     assert runs[0][0] != runs[1][0] != runs[2][0] != runs[0][0]  # fresh ids each run

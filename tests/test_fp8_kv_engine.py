@@ -103,11 +103,30 @@ def test_metrics_say_which_dtype_the_cache_holds():
     assert "pagedrt_kv_cache_bytes_per_token 67584.0" in text
 
 
+def test_v_is_dim_major_unless_windowed_or_turned_off(monkeypatch):
+    """An FP8 cache's V is dim-major by default; not for a model with sliding-window layers
+    (its decode tiles start unaligned); PAGEDRT_FP8_V_DIM_MAJOR=0 or 1 decides over both."""
+    import dataclasses
+
+    from tiny_model import TINY_CONFIG
+
+    windowed = dataclasses.replace(TINY_CONFIG, sliding_window=8)
+    monkeypatch.delenv("PAGEDRT_FP8_V_DIM_MAJOR", raising=False)
+    assert KVCacheSpec.for_model(TINY_CONFIG, 16, FP8_DTYPE).v_dim_major
+    assert not KVCacheSpec.for_model(windowed, 16, FP8_DTYPE).v_dim_major
+    assert not KVCacheSpec.for_model(TINY_CONFIG, 16, torch.bfloat16).v_dim_major
+    assert KVCacheSpec(2, 2, 16, 8, FP8_DTYPE).v_dim_major
+    for env, want in (("0", False), ("1", True)):
+        monkeypatch.setenv("PAGEDRT_FP8_V_DIM_MAJOR", env)
+        assert [KVCacheSpec.for_model(c, 16, FP8_DTYPE).v_dim_major
+                for c in (TINY_CONFIG, windowed)] == [want, want]
+
+
 # ------------------------------------------------------------------ block moves carry scales
 @pytest.fixture(params=["v_like_k", "v_dim_major"])
 def v_layout(request, monkeypatch):
-    """Run a test with V in K's layout (the default) and dim-major (PAGEDRT_FP8_V_DIM_MAJOR=1,
-    read when each KVCacheSpec is made)."""
+    """Run a test with V in K's layout (PAGEDRT_FP8_V_DIM_MAJOR=0) and dim-major (the default
+    without sliding windows; =1), read when each KVCacheSpec is made."""
     monkeypatch.setenv("PAGEDRT_FP8_V_DIM_MAJOR", "1" if request.param == "v_dim_major" else "0")
     return request.param
 

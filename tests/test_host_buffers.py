@@ -4,7 +4,7 @@ per step, grown past their size without touching slices already handed out."""
 import numpy as np
 import torch
 
-from pagedrt.engine.host_buffers import StepBuffers
+from pagedrt.engine.host_buffers import StepBuffers, to_device
 
 
 def test_steps_alternate_and_slices_stay_valid():
@@ -34,3 +34,19 @@ def test_to_device_stages_each_copy_in_the_next_buffer():
     second = buffers.to_device(np.arange(10, 16, dtype=np.int64), torch.device("cpu"))
     assert first.tolist() == [0, 1, 2] and second.tolist() == list(range(10, 16))
     assert first.data_ptr() != second.data_ptr()
+
+
+def test_to_device_takes_lists_arrays_and_tensors():
+    """The one host -> device helper: a list, a numpy array or a tensor, in the dtype asked
+    (or the values' own, float32 for Python floats); on the CPU the host tensor itself."""
+    cpu = torch.device("cpu")
+    out = to_device([0.5, 1.25], cpu)
+    assert out.dtype == torch.float32 and out.tolist() == [0.5, 1.25]
+    assert to_device([1, 0, 1], cpu, torch.bool).tolist() == [True, False, True]
+    array = np.arange(6, dtype=np.int64)
+    shared = to_device(array, cpu)
+    assert shared.dtype == torch.int64 and np.shares_memory(shared.numpy(), array)
+    assert to_device(array[::2], cpu).tolist() == [0, 2, 4]  # strided: made contiguous
+    assert to_device(np.array([0.1, 0.9]), cpu, torch.float32).dtype == torch.float32
+    t = torch.tensor([3, 4], dtype=torch.int32)
+    assert to_device(t, cpu) is t and to_device(t, cpu, torch.int64).dtype == torch.int64

@@ -32,7 +32,10 @@ and (with --compare hf) HF `generate(num_beams=W)` (pagedrt/bench/beam.py).
 
 --repeats R times the workload R times in one engine (after the first run on other token ids
 of the same lengths) and reports the median run: one run of a process varies by up to ~10%
-on the H200, R runs in one process much less (BENCHMARKS.md, 2026-12-02).
+on the H200, R runs in one process much less (BENCHMARKS.md, 2026-12-02). Each --batch-sizes
+row is timed the same way, after a warm-up at its own batch size (without it, the first
+process on a machine timed batch 1 at 93 tok/s against ~950: kernels compiled in the timed
+run).
 
 --compare-kv-cache-dtype DTYPE runs the timed workload again on the same weights with that KV
 cache dtype (e.g. `--kv-cache-dtype fp8 --compare-kv-cache-dtype auto`): output tok/s and the
@@ -550,11 +553,18 @@ def main(argv: list[str]) -> int:
     for b in [int(x) for x in args.batch_sizes.split(",") if x]:
         sub = argparse.Namespace(**{**vars(args), "num_requests": b})
         sub_prompts, sub_params, sub_workload = make_workload(sub, seed=100 + b)
-        elapsed, steps, outs = timed_generate(llm, sub_prompts, sub_params)
+        warm_up(llm, sub)  # this batch size's kernels and graphs, outside the timed runs
+        runs = []  # (elapsed, steps, outs), --repeats of them on fresh token ids after the first
+        for rep in range(max(1, args.repeats)):
+            rep_prompts = sub_prompts if rep == 0 else make_workload(sub, seed=1000 + rep)[0]
+            runs.append(timed_generate(llm, rep_prompts, sub_params))
+        elapsed, steps, outs = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
         n_out = sum(len(o.outputs[0].token_ids) for o in outs)
         results.append({
             "system": "pagedrt", "workload": f"{name} {sub_workload}", "num_requests": b,
             "output_tokens": n_out, "elapsed_s": elapsed, "output_tok_s": n_out / elapsed,
+            "output_tok_s_runs": [sum(len(o.outputs[0].token_ids) for o in r[2]) / r[0]
+                                  for r in runs],
             "num_steps": steps, "ms_per_step": 1e3 * elapsed / steps,
             "roofline_efficiency": roofline(
                 llm.llm_engine.model_config, sub_prompts, sub_params, ceilings,

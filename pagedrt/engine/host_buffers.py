@@ -13,6 +13,24 @@ import numpy as np
 import torch
 
 
+def to_device(values, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Host values (a list, a numpy array or a CPU tensor) as a tensor on `device` without a
+    host sync: on CUDA through pinned memory, non-blocking (a copy from pageable memory, such
+    as `torch.tensor(..., device="cuda")`, waits for the stream). `dtype`: the tensor's dtype
+    (None: the values' own, float32 for Python floats). On the CPU the host tensor itself,
+    which may share memory with `values`."""
+    if isinstance(values, torch.Tensor):
+        host = values if dtype is None else values.to(dtype)
+    elif isinstance(values, np.ndarray):
+        host = torch.from_numpy(np.ascontiguousarray(values))
+        host = host if dtype is None else host.to(dtype)
+    else:
+        host = torch.as_tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 class StepBuffers:
     """Two int64 host buffers used in turn, one per step, cut into slices as the step asks.
 

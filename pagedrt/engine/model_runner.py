@@ -31,7 +31,7 @@ from pagedrt.core.plan import NewRequestData, StepPlan, StepResult
 from pagedrt.core.request import PLACEHOLDER_TOKEN_ID
 from pagedrt.engine.beam_runner import BeamLaunch, BeamRunner
 from pagedrt.engine.cuda_graphs import CUDAGraphRunner
-from pagedrt.engine.host_buffers import StepBuffers
+from pagedrt.engine.host_buffers import StepBuffers, to_device
 from pagedrt.engine.input_batch import InputBatch
 from pagedrt.engine.profiling import NULL_CLOCK
 from pagedrt.engine.sampler import Sampler, SamplerOutput
@@ -672,7 +672,7 @@ class ModelRunner:
             return
         sampling.flush(vocab_size)
         device = verified.token_ids.device
-        index = _to_device(torch.from_numpy(np.concatenate(
+        index = to_device(torch.from_numpy(np.concatenate(
             [penalized, sampling.penalty_slot[spec_rows[penalized]]])), device)
         pen_t, slots_t = index.split(len(penalized))
         tokens = verified.token_ids[pen_t]  # [p, K + 1]
@@ -807,10 +807,3 @@ class ModelRunner:
             self.batch.append_accepted(step.rows[idx], step.epochs[idx], step.positions[idx],
                                        extras)
         return result
-
-
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on `device` without waiting for the device (pinned, non-blocking)."""
-    if device.type != "cuda":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)

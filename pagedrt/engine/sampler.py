@@ -33,6 +33,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from pagedrt.engine.host_buffers import to_device
 from pagedrt.engine.sampling_state import (
     FREQUENCY,
     GREEDY,
@@ -43,7 +44,6 @@ from pagedrt.engine.sampling_state import (
     TOP_K,
     TOP_P,
     SamplingState,
-    to_device,
 )
 from pagedrt.sampling_params import SamplingParams
 
@@ -158,7 +158,7 @@ class Sampler:
         else:
             sampled = self._sample(logits, rows, default_generator)
             if any(greedy):
-                is_greedy = _to_device(greedy, device, torch.bool)
+                is_greedy = to_device(greedy, device, torch.bool)
                 token_ids = torch.where(is_greedy, logits.argmax(dim=-1), sampled)
             else:
                 token_ids = sampled
@@ -354,16 +354,19 @@ def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
     """
     vocab_size, device = logits.shape[1], logits.device
     params = [r.params for r in rows]
-    temperature = _to_device([p.temperature if not p.greedy else 1.0 for p in params], device)
+    temperature = to_device([p.temperature if not p.greedy else 1.0 for p in params], device,
+                            torch.float32)
     logits = logits / temperature.unsqueeze(1)
 
     top_ks = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
     top_ps = [p.top_p for p in params]
     if any(k < vocab_size for k in top_ks) or any(p < 1.0 for p in top_ps):
-        logits = _apply_top_k_top_p(logits, _to_device(top_ks, device, torch.int64).unsqueeze(1),
-                                    _to_device(top_ps, device).unsqueeze(1), top_ks, top_ps)
+        logits = _apply_top_k_top_p(logits, to_device(top_ks, device, torch.int64).unsqueeze(1),
+                                    to_device(top_ps, device, torch.float32).unsqueeze(1),
+                                    top_ks, top_ps)
     if any(p.min_p > 0.0 for p in params):
-        logits = _apply_min_p(logits, _to_device([p.min_p for p in params], device).unsqueeze(1))
+        min_ps = to_device([p.min_p for p in params], device, torch.float32)
+        logits = _apply_min_p(logits, min_ps.unsqueeze(1))
     return torch.softmax(logits, dim=-1)
 
 
@@ -378,17 +381,6 @@ def plain_greedy(p: SamplingParams) -> bool:
     """Greedy with nothing that reads or changes the logits before the argmax."""
     return (p.greedy and p.logprobs is None and p.min_tokens == 0
             and not p.reads_output_tokens)
-
-
-def _to_device(
-    values: list | torch.Tensor, device: torch.device, dtype: torch.dtype = torch.float32
-) -> torch.Tensor:
-    """Host values -> device tensor without a host sync: on CUDA, a pinned buffer copied with
-    non_blocking=True (a plain `torch.tensor(..., device="cuda")` waits for the stream)."""
-    host = torch.as_tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -413,11 +405,14 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Ten
     sub = [rows[i] for i in idx]
     output_counts = _token_counts([r.output_token_ids for r in sub], vocab_size, device)
     prompt_counts = _token_counts([r.prompt_token_ids for r in sub], vocab_size, device)
-    rep = _to_device([r.params.repetition_penalty for r in sub], device).unsqueeze(1)
-    freq = _to_device([r.params.frequency_penalty for r in sub], device).unsqueeze(1)
-    pres = _to_device([r.params.presence_penalty for r in sub], device).unsqueeze(1)
+    rep = to_device([r.params.repetition_penalty for r in sub], device,
+                    torch.float32).unsqueeze(1)
+    freq = to_device([r.params.frequency_penalty for r in sub], device,
+                     torch.float32).unsqueeze(1)
+    pres = to_device([r.params.presence_penalty for r in sub], device,
+                     torch.float32).unsqueeze(1)
 
-    index = _to_device(idx, device, torch.int64)
+    index = to_device(idx, device, torch.int64)
     logits = logits.clone()
     logits[index] = _penalize(logits[index], output_counts, prompt_counts > 0, rep, freq, pres)
     return logits
@@ -445,7 +440,7 @@ def _token_counts(token_id_lists: list, vocab_size: int, device: torch.device) -
     for i, ids in enumerate(token_id_lists):
         padded[i, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.int64)
     counts = torch.zeros(len(token_id_lists), vocab_size + 1, device=device)
-    index = _to_device(padded, device, torch.int64)
+    index = to_device(padded, device, torch.int64)
     counts.scatter_add_(1, index, torch.ones(index.shape, device=device))
     return counts[:, :vocab_size]
 
@@ -470,7 +465,7 @@ def _apply_min_tokens(
     if not row_idx:
         return logits
     logits = logits.clone() if logits is raw else logits
-    index = _to_device([row_idx, tok_idx], logits.device, torch.int64)
+    index = to_device([row_idx, tok_idx], logits.device, torch.int64)
     logits[index[0], index[1]] = float("-inf")
     return logits
 
@@ -507,7 +502,7 @@ def _apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor,
         return _top_k_top_p_sorted(logits, k, p)
     out = _top_k_top_p_candidates(logits, k, p, k_max) if k_max else logits.clone()
     if p_alone.any():
-        idx = _to_device(np.flatnonzero(p_alone), logits.device, torch.int64)
+        idx = to_device(np.flatnonzero(p_alone), logits.device, torch.int64)
         out[idx] = _top_k_top_p_sorted(logits[idx], k[idx], p[idx])
     return out
 

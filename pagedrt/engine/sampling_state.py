@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pagedrt.engine.host_buffers import to_device
 from pagedrt.sampling_params import SamplingParams
 
 TEMPERATURE, TOP_K, TOP_P, MIN_P, REPETITION, FREQUENCY, PRESENCE, GREEDY = range(8)
@@ -222,12 +223,3 @@ def _padded(lists: list[list[int]], pad: int) -> np.ndarray:
     for i, x in enumerate(lists):
         out[i, : len(x)] = x
     return out
-
-
-def to_device(values: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array on `device` without a host sync: on CUDA through pinned memory,
-    non-blocking (a pageable copy waits for the stream)."""
-    host = torch.from_numpy(np.ascontiguousarray(values))
-    if device.type != "cuda":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)

@@ -44,21 +44,18 @@ conversion per two values on Hopper, where e4m3 -> bf16 takes four (through fp16
 and those conversions, not memory, bounded a bf16-operand version of this kernel at about
 1.5 TB/s on the H200 (BENCHMARKS.md). Every e4m3 value is an fp16 value; the query is cast
 after a division by 64 (exact; the scores are multiplied back), which keeps any |q| below
-4 million finite. With PAGEDRT_FP8_V_DIM_MAJOR=1 an FP8 cache's V is stored dim-major
-(`KVCacheSpec.v_dim_major`: tokens contiguous within a block per head and dim), and
+4 million finite. An FP8 cache's V is stored dim-major by default (`KVCacheSpec.v_dim_major`:
+tokens contiguous within a block per head and dim; not for sliding-window models), and
 V_DIM_MAJOR loads its tiles as [HEAD_DIM, BLOCK_N] along tokens and hands the product their
-transpose. A stripped copy of this kernel ran faster that way on the H200 (Llama-3-8B heads,
-B64 L4096: 263 -> 182 us, benchmarks/diagnostics/fp8_decode_variants.py), this kernel at its
-FP8 tile (BLOCK_N 128) slower (488 us; docs/design.md, "FP8 KV cache"), so it is off by
-default. The cause, read from the PTX of both compiled for sm_90 without a GPU
-(benchmarks/diagnostics/decode_ptx.py): a load masked per token, against a seq_len loaded
+transpose: 230 us against 262 us with V in K's layout on the H200 (Llama-3-8B heads, B64
+L4096; docs/design.md, "FP8 KV cache"). A load masked per token, against a seq_len loaded
 from memory (its alignment unknown to the compiler), cannot be vectorized along the masked
 dimension, and in the dim-major layout that dimension is the contiguous one, so each thread
-read its V bytes one by one (128 ld.global.b8 per tile); the stripped kernel took its length
-as an integer argument, which Triton specializes as a multiple of 16. With V_DIM_MAJOR the
-kernel now runs the full tiles of a partition unmasked (`_decode_tile` with MASKED False: V
-by 16-byte asynchronous copies) and masks only the last, partial one. The other paths keep
-one masked loop (their masks cut across the contiguous dimension; their PTX is unchanged).
+would read its V bytes one by one (128 ld.global.b8 per tile; found in the PTX compiled for
+sm_90 without a GPU, benchmarks/diagnostics/decode_ptx.py). With V_DIM_MAJOR the kernel runs
+the full tiles of a partition unmasked (`_decode_tile` with MASKED False: V by 16-byte
+asynchronous copies) and masks only the last, partial one. The other paths keep one masked
+loop (their masks cut across the contiguous dimension).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def device_sms(tensor: torch.Tensor) -> int:
     return num_sms(tensor.device.index if tensor.is_cuda else None)
 
 
-PDL_REQUESTED = os.environ.get("PAGEDRT_PDL") == "1"  # read once: checked at every launch
+PDL_REQUESTED = os.environ.get("PAGEDRT_PDL") != "0"  # read once: checked at every launch
 PDL_MAX_ROWS = 256  # launches over more rows (tokens, sequences) than this run without PDL
 
 
@@ -56,13 +56,13 @@ def _pdl_capable(device_index: int) -> bool:
 def pdl_enabled(tensor: torch.Tensor) -> bool:
     """Whether the decode step's kernels on `tensor`'s device launch with programmatic
     dependent launch (PDL; CUDA programming guide, "Programmatic Dependent Launch and
-    Synchronization"): with PAGEDRT_PDL=1 when pagedrt was imported (`PDL_REQUESTED`), on a
-    GPU of compute capability 9.0 or later, with a Triton that has it, outside the
-    interpreter. Off by default: an experiment for the
-    launch-bound small-batch decode step, not yet timed (docs/design.md, "Small-batch
-    decode"). A kernel launched so may start while the one before it finishes; each such
-    kernel begins with `pdl_prologue`, which waits for the one before, so it reads nothing
-    early."""
+    Synchronization"): unless PAGEDRT_PDL=0 when pagedrt was imported (`PDL_REQUESTED`), on
+    a GPU of compute capability 9.0 or later, with a Triton that has it, outside the
+    interpreter, for launches over at most PDL_MAX_ROWS rows (`tensor.shape[0]`: tokens or
+    sequences; the decode step's kernels, not prefill's). A kernel launched so may start
+    while the one before it finishes; each such kernel begins with `pdl_prologue`, which
+    waits for the one before, so it reads nothing early. Batch-1 decode on the H200:
+    0.89 -> 0.79 ms per token (docs/design.md, "Small-batch decode")."""
     return (PDL_REQUESTED and gdc_wait is not None and tensor.shape[0] <= PDL_MAX_ROWS
             and not interpreting(tensor) and _pdl_capable(tensor.device.index or 0))
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedrt.engine.host_buffers import to_device
 from pagedrt.engine.sampler import (
     SamplingRow,
     TokenLogprobs,
@@ -112,7 +113,7 @@ class RejectionSampler:
         argmax = processed.argmax(dim=-1).view(num_rows, width)
 
         t = torch.arange(width, device=device)
-        num_drafts_t = _to_device(num_drafts, torch.int64, device)
+        num_drafts_t = to_device(num_drafts, device, torch.int64)
         valid = t[None, :k] < num_drafts_t[:, None]  # [S, K] real drafts
         accept = draft_token_ids == argmax[:, :k]
         candidate = argmax
@@ -121,7 +122,7 @@ class RejectionSampler:
             sampled_accept, sampled_candidate = _sample(
                 processed, position_rows, rows, draft_token_ids, num_drafts, valid,
                 default_generator, width)
-            is_greedy = _to_device(greedy, torch.bool, device)[:, None]
+            is_greedy = to_device(greedy, device, torch.bool)[:, None]
             accept = torch.where(is_greedy, accept, sampled_accept)
             candidate = torch.where(is_greedy, candidate, sampled_candidate)
         accept &= valid
@@ -152,17 +153,9 @@ def _verify_plain_greedy(logits: torch.Tensor, draft_token_ids: torch.Tensor,
     accept = draft_token_ids == argmax[:, :k]  # [S, K]
     if any(j < k for j in num_drafts):  # positions past a row's drafts accept nothing
         valid = [[t < j for t in range(k)] for j in num_drafts]
-        accept &= _to_device(valid, torch.bool, logits.device)
+        accept &= to_device(valid, logits.device, torch.bool)
     num_tokens = accept.cumprod(dim=1).sum(dim=1) + 1  # [S]: accepted drafts + 1
     return RejectionOutput(token_ids=argmax, num_tokens=num_tokens)
-
-
-def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Host values on `device` without waiting for the device (pinned, non-blocking)."""
-    host = torch.as_tensor(values, dtype=dtype)
-    if device.type != "cuda":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _position_rows(rows: list, draft_token_ids: torch.Tensor, num_drafts: list[int],
