@@ -2,22 +2,24 @@
 # Device call of 2026-12-02 (carry .commit .whl; no GGUF needed).
 # PART=1: the FP8 decode kernel with its products transposed (PAGEDRT_FP8_SWAP_AB=1: warpgroup
 #   MMA, issue 17) against the untransposed kernel and bf16, both V layouts (decode_tune.py,
-#   each config checked against the reference first); then the GPU tests not yet run on the
+#   each config checked against the reference first; V token-major was the default then,
+#   PAGEDRT_FP8_V_DIM_MAJOR=0 keeps it so since becd419); then the GPU tests not yet run on the
 #   code they cover, three pytest processes at once; then `bench latency` with PDL off, on
 #   (issue 16).
-# PART=2: the Llama-3-8B end-to-end FP8 run with the winning kernel, and issue 16's filters
-#   and Qwen2 attention figures (call_s10.sh PART=2 left over).
+# The switch PAGEDRT_FP8_SWAP_AB was removed with the kernel in 3079d5f (it timed slower).
+# (A PART=2 was planned for the winner; the transposed kernel lost, and call_s12.sh ran the
+#   end-to-end and filter measurements instead.)
 set -u
 . benchmarks/diagnostics/call_common.sh
 cases=llama3-8b:64:4096,qwen2-0.5b:64:4096,qwen2-0.5b:64:2048
 case "${PART:-1}" in
 1)
-  PAGEDRT_FP8_SWAP_AB=1 timeout 110 python3 benchmarks/decode_tune.py --out "$out/r/tune_swap_tm" \
+  PAGEDRT_FP8_V_DIM_MAJOR=0 PAGEDRT_FP8_SWAP_AB=1 timeout 110 python3 benchmarks/decode_tune.py --out "$out/r/tune_swap_tm" \
     --kv-cache-dtype both --small-grid --cases $cases > "$out/r/tune_swap_tm.txt" 2>&1
   PAGEDRT_FP8_SWAP_AB=1 PAGEDRT_FP8_V_DIM_MAJOR=1 timeout 70 python3 benchmarks/decode_tune.py \
     --out "$out/r/tune_swap_dm" --kv-cache-dtype fp8 --small-grid --cases $cases \
     > "$out/r/tune_swap_dm.txt" 2>&1
-  PAGEDRT_FP8_SWAP_AB=0 timeout 70 python3 benchmarks/decode_tune.py --out "$out/r/tune_ab_tm" \
+  PAGEDRT_FP8_V_DIM_MAJOR=0 PAGEDRT_FP8_SWAP_AB=0 timeout 70 python3 benchmarks/decode_tune.py --out "$out/r/tune_ab_tm" \
     --kv-cache-dtype fp8 --small-grid --cases $cases > "$out/r/tune_ab_tm.txt" 2>&1
   (gpu_tests gpu_a 200 tests/gpu/test_fp8_kv_gpu.py tests/gpu/test_sample_triton_gpu.py \
      > "$out/r/sum_a.txt") &
@@ -35,20 +37,6 @@ case "${PART:-1}" in
   echo "== tune: swap AB token-major (with bf16)"; grep -h "default" "$out/r/tune_swap_tm.txt" | cut -c1-150
   echo "== tune: swap AB dim-major"; grep -h "default" "$out/r/tune_swap_dm.txt" | cut -c1-150
   echo "== tune: untransposed token-major"; grep -h "default" "$out/r/tune_ab_tm.txt" | cut -c1-150
-  ;;
-2)
-  for swap in 1; do
-    PAGEDRT_FP8_SWAP_AB=$swap timeout 150 python3 -m pagedrt.entrypoints.cli bench \
-      throughput --preset llama3-8b --kv-cache-dtype fp8 --compare-kv-cache-dtype auto \
-      --num-requests 64 --input-len 4096 --output-len 256 --max-model-len 8192 \
-      --max-num-seqs 64 --gpu-memory-utilization 0.30 --skip-step-split \
-      --warm-up-requests 4 --name "fp8kv_swap$swap" --out "$out/r" \
-      > "$out/r/fp8kv_swap$swap.txt" 2>&1
-  done
-  timeout 60 python3 benchmarks/diagnostics/filters_gpu.py --out "$out/r/filters.json" \
-    > "$out/r/filters.txt" 2>&1
-  echo "== end to end"; grep -h "fp8_e4m3 / bfloat16\|KV cache" "$out"/r/fp8kv_swap*.txt
-  echo "== filters"; tail -8 "$out/r/filters.txt"
   ;;
 esac
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"
