@@ -335,6 +335,31 @@ def test_a_process_group_that_cannot_form_is_a_value_error(tiny_model, monkeypat
     assert worker_processes() == before
 
 
+@pytest.mark.timeout(120)
+def test_an_error_sent_just_before_a_rank_exits_is_still_the_reason(tiny_model, monkeypatch):
+    """Both ranks refuse a draft model at load (a ValueError each), send it and exit. The
+    executor may read rank 0's message, see rank 1's death, and only then find rank 1's
+    message in its pipe: it must report the ValueError, not "exited with status 1" (a race
+    seen twice in CI; forced here by hiding the queue from the first drain)."""
+    from pagedrt.distributed import executor as executor_module
+
+    drains = []
+    queued = executor_module.Executor._queued_errors
+
+    def late_queue(self):
+        drains.append(1)
+        return {} if len(drains) == 1 else queued(self)
+
+    monkeypatch.setattr(executor_module.Executor, "_queued_errors", late_queue)
+    before = worker_processes()
+    with pytest.raises(ValueError, match="tensor_parallel_size 1"):
+        LLM(tiny_model, tensor_parallel_size=2, num_kv_blocks=64, block_size=8,
+            speculative_config={"method": "draft_model", "num_speculative_tokens": 2,
+                                "model": "unused-path"})
+    assert len(drains) >= 2
+    assert worker_processes() == before
+
+
 # --------------------------------------------------------------------------- checks first
 def test_a_split_the_model_does_not_allow_is_refused_before_anything_starts(tiny_model):
     before = worker_processes()

@@ -303,6 +303,9 @@ class Executor:
                 break
         with health.lock:
             health.failed = True
+        # a rank that sent its error and then exited: its message is in the pipe by the time
+        # its death is seen, but may not have been when the queue was first drained
+        errors.update(self._queued_errors())
         if death is not None:
             dead_rank, text = death
             reason, from_value_error = errors.get(dead_rank, (text, False))
