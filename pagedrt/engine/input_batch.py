@@ -1,4 +1,5 @@
-"""InputBatch: the device side's persistent per-request rows (docs/design.md, "Device side").
+"""InputBatch: the device side's persistent per-request rows (docs/design.md, "Which side
+holds what").
 
 The model runner never reads a `Request`: it keeps one row per sequence it knows, built from
 the step plans (pagedrt/core/plan.py) and from the tokens it samples itself, so that a decode
