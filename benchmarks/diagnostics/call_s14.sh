@@ -14,6 +14,9 @@ set -u
 . benchmarks/diagnostics/call_common.sh
 case "${PART:-1}" in
 1)
+# is a kernel profiler there? (the FP8 decode kernel is not memory-bound; what bounds it is
+# guesswork from the PTX without one)
+echo "profilers: $(command -v ncu nsys 2>/dev/null | tr '\n' ' ')"
 (gpu_tests gpu_a 240 tests/gpu/test_fp8_kv_gpu.py tests/gpu/test_smoke_gpu.py \
    > "$out/r/sum_a.txt") &
 (gpu_tests gpu_b 240 tests/gpu/test_beam_search_gpu.py tests/gpu/test_window_gpu.py \
@@ -38,7 +41,16 @@ timeout 150 python3 benchmarks/decode_tune.py --out "$out/r/tune_full" --kv-cach
   --cases llama3-8b:64:4096,qwen2-0.5b:64:2048 > "$out/r/tune_full.txt" 2>&1
 echo "== qwen2-0.5b, greedy (with the batch sweep) and filters"
 grep -h "^pagedrt " "$out"/r/thr_*.txt | head -12
+if command -v ncu > /dev/null; then  # the FP8 and bf16 decode kernels' counters
+  for dt in fp8 auto; do
+    timeout 90 ncu --clock-control none --kernel-name regex:_decode_kernel --launch-skip 2 \
+      --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+      --section MemoryWorkloadAnalysis --section Occupancy \
+      python3 benchmarks/diagnostics/decode_once.py --kv-cache-dtype $dt > "$out/r/ncu_$dt.txt" 2>&1
+  done
+fi
 echo "== decode kernel, full grid"; grep -h "default" "$out/r/tune_full.txt" | cut -c1-160
 ;;
 esac
+[ -f "$out/r/ncu_fp8.txt" ] && { echo "== ncu, fp8"; grep -E "Throughput|Stall|Issue|Occupancy|Eligible" "$out/r/ncu_fp8.txt" | head -30; }
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"
