@@ -3,7 +3,7 @@ PTX without a GPU (benchmarks/diagnostics/decode_ptx.py, run in a subprocess wit
 TRITON_INTERPRET), so a change that turns 16-byte copies into byte loads shows here, not only
 as a slower kernel on the device.
 
-Dim-major FP8 V (PAGEDRT_FP8_V_DIM_MAJOR=1) read through a per-token mask against a loaded
+Dim-major FP8 V (the FP8 default) read through a per-token mask against a loaded
 seq_len compiled to one-byte loads of V, 128 per thread and tile (2x the time on the H200,
 BENCHMARKS.md 2026-12-02); the kernel now reads full tiles unmasked (pagedrt/ops/
 attention_triton.py, module doc), so V comes by 16-byte asynchronous copies there and byte

@@ -311,6 +311,34 @@ def test_bench_throughput_on_cpu_writes_its_trace(smollm2_path, tmp_path):
     assert st["decode_model_device_total_s"] is None  # no CUDA events on CPU
 
 
+def test_bench_latency_repeats_and_graphs_on_cpu(smollm2_path, tmp_path, monkeypatch):
+    """`bench latency` (random prompts) keeps the median of --repeats runs per context; on a
+    CPU it times without graphs only (there are none), refuses --graphs on, and --repeats 0."""
+    import json
+
+    from pagedrt.bench import latency
+
+    times = iter([3.0, 1.0, 2.0, 6.0, 4.0, 5.0])
+    calls = []
+
+    def fake_ms(llm, prompt, num_tokens):
+        calls.append(len(prompt))
+        return 0.5 if num_tokens == 8 else next(times)  # 8 tokens: the warm-up
+
+    monkeypatch.setattr(latency, "decode_ms_per_token", fake_ms)
+    base = ["--model", smollm2_path, "--device", "cpu", "--num-kv-blocks", "32", "--out",
+            str(tmp_path), "--name", "lat", "--num-tokens", "4"]
+    assert latency.main([*base, "--contexts", "16,24", "--repeats", "3"]) == 0
+    rows = json.loads((tmp_path / "lat.json").read_text())["results"]
+    assert [(r["workload"].split()[-1], r["cuda_graphs"], r["ms_per_token"]) for r in rows] == [
+        ("ctx16", False, 2.0), ("ctx24", False, 5.0)]
+    assert calls == [16, 16, 16, 16, 24, 24, 24]  # the warm-up, then 3 runs per context
+    with pytest.raises(ValueError, match="--graphs on needs CUDA"):
+        latency.main([*base, "--graphs", "on"])
+    with pytest.raises(SystemExit):
+        latency.main([*base, "--repeats", "0"])
+
+
 def test_bench_throughput_repeats_reports_the_median_run(smollm2_path, tmp_path, monkeypatch):
     """`bench throughput --repeats 3` times the workload three times in one engine, the runs
     after the first on other token ids of the same lengths (no prefix-cache hits), and reports

@@ -102,7 +102,7 @@ def fp8_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, spare_blocks=3, s
     (The interpreter decodes the NaN byte 0x7F as 480, so here a read of an unused slot's
     bytes shows only through its NaN scale; tests/gpu/test_fp8_kv_gpu.py, where 0x7F is NaN,
     catches the bytes too.)
-    V is stored dim-major (the engine's PAGEDRT_FP8_V_DIM_MAJOR=1 layout) unless `v_dim_major`
+    V is stored dim-major (the engine's default layout) unless `v_dim_major`
     is False; test_v_layouts_give_the_same_attention checks both layouts agree.
 
     Returns k_cache, v_cache, k_scales, v_scales, block_tables [num_seqs, max_blocks] int32,

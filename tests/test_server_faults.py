@@ -13,7 +13,7 @@ import time
 
 import httpx
 import pytest
-from server_process import engine_core_pid, start_server, stop_server
+from server_process import api_pids, engine_core_pid, start_server, stop_server
 
 ARGS = ["--num-kv-blocks", "256", "--max-model-len", "2048", "--api-server-count", "1"]
 
@@ -107,6 +107,20 @@ def test_sigterm_with_streams_in_flight_ends_every_stream_and_exits(fresh_server
         finished = any(c["choices"] and c["choices"][0].get("finish_reason")
                        for p in s.payloads[:-1] if "choices" in (c := json.loads(p)))
         assert finished or s.error_events(), s.payloads[-3:]
+
+
+def test_sigterm_to_the_whole_group_is_a_stop_not_a_crash(fresh_server):
+    """A supervisor's stop (systemd, `timeout`, `kill -- -PGID`) sends SIGTERM to every process
+    at once, the engine core among them: the API process must not log the core's end as a
+    crash. The core says it is stopping before it exits (engine_core._stopping_notice)."""
+    proc, url, log_path = fresh_server
+    assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+    core = engine_core_pid(log_path)
+    for pid in (core, *api_pids(log_path), proc.pid):  # the core first: its end arrives first
+        os.kill(pid, signal.SIGTERM)
+    proc.wait(timeout=15)
+    log = log_path.read_text()
+    assert "engine core process died" not in log and " ERROR " not in log, log[-2000:]
 
 
 def test_client_that_stops_reading_does_not_hold_back_another(fresh_server):

@@ -140,7 +140,7 @@ def run_hf_beam(loaded, prompts, args, workload: str) -> dict:
     width, out_len = args.beam_width, args.output_len
     tried = []
     try:
-        for bs in sorted({int(b) for b in args.hf_batch_sizes.split(",") if b}, reverse=True):
+        for bs in sorted(set(args.hf_batch_sizes), reverse=True):
             bs = min(bs, len(prompts))
             try:
                 gen = _hf_generate(hf, prompts[:bs], width, 2)  # warm-up at this shape

@@ -21,10 +21,15 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     """The model (--preset or --model), --dtype, --device, every engine option (with larger
     batching defaults than the CLI's) and --out."""
     p.add_argument("--preset", default="qwen2-0.5b", choices=sorted(PRESETS),
-                   help="random-weight model of a published shape (ignored with --model)")
-    p.add_argument("--model", default=None, help="a real model (.gguf or HF folder) instead")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--device", default="auto")
+                   help="random-weight model of a published shape (ignored with --model; "
+                        "default: qwen2-0.5b, not the packaged SmolLM2)")
+    p.add_argument("--model", default=None,
+                   help="a real model (.gguf or HF folder) instead, e.g. the packaged "
+                        "SmolLM2's .gguf (the README's quick start says where it lies)")
+    p.add_argument("--dtype", default="auto",
+                   help="model dtype: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16, "
+                        "float16")
+    p.add_argument("--device", default="auto", help="auto (CUDA if present), cuda or cpu")
     add_engine_config_args(p)
     p.set_defaults(gpu_memory_utilization=0.85, max_num_batched_tokens=16384,
                    max_model_len=4096)
@@ -210,3 +215,17 @@ def hf_model_like(loaded, dtype, device, attn_implementation: str = "sdpa"):
 def hf_state_dict(model, mc) -> dict:
     """Our fused parameters split back into Hugging Face names (`LlamaForCausalLM.hf_state_dict`)."""
     return model.hf_state_dict()
+
+
+def int_list(value: str) -> list[int]:
+    """argparse type of a comma list of positive integers ("1,8,32"; "" is none): a bad item is
+    an argparse error that names it."""
+    items = [x.strip() for x in value.split(",") if x.strip()]
+    try:
+        numbers = [int(x) for x in items]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: give a comma list of whole numbers, e.g. 1,8,32") from None
+    if any(n < 1 for n in numbers):
+        raise argparse.ArgumentTypeError(f"{value!r}: every number must be >= 1")
+    return numbers

@@ -30,6 +30,7 @@ from pagedrt.bench.common import (
     sync_engine,
     write_results,
 )
+from pagedrt.engine.llm_engine import resolve_device
 from pagedrt.models.loader import LoadedModel
 from pagedrt.sampling_params import SamplingParams
 
@@ -171,10 +172,12 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="pagedrt bench latency", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
-    p.add_argument("--contexts", default="512,4096")
+    p.add_argument("--contexts", default="512,4096",
+                   help="--prompts random: prompt lengths in tokens, a comma list")
     p.add_argument("--num-tokens", type=int, default=128,
                    help="decode tokens timed (--prompts text: the most tokens generated)")
-    p.add_argument("--compare", default="")
+    p.add_argument("--compare", default="", choices=["", "hf"],
+                   help="'hf': also time HF transformers generate on the same weights")
     p.add_argument("--name", default="latency")
     p.add_argument("--prompts", default="random", choices=["random", "text"],
                    help="random token ids at --contexts, or real text prompts (see above)")
@@ -182,10 +185,14 @@ def main(argv: list[str]) -> int:
                    help="--prompts text: run every prompt with --speculative-config and "
                         "without it")
     p.add_argument("--repeats", type=int, default=3,
-                   help="runs per prompt (or context) and setting; the median is kept")
+                   help="runs per prompt (or context) and setting; the median is kept "
+                        "(default: 3)")
     p.add_argument("--graphs", default="both", choices=["both", "on", "off"],
-                   help="--prompts random: time with CUDA graphs, without, or both")
+                   help="--prompts random: time with CUDA graphs, without, or both (default; "
+                        "on a CPU only without: there are no graphs)")
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats {args.repeats}: give at least 1")
     args.max_num_seqs = min(args.max_num_seqs, 8)
     if args.prompts == "text":
         loaded, name = load(args)
@@ -206,12 +213,17 @@ def main(argv: list[str]) -> int:
     prompts = {c: torch.randint(0, 10000, (c,), generator=g).tolist() for c in contexts}
     results = []
     modes = {"both": (True, False), "on": (True,), "off": (False,)}[args.graphs]
+    if resolve_device(args.device).type != "cuda":
+        if args.graphs == "on":
+            raise ValueError("--graphs on needs CUDA (graphs capture GPU work); on a CPU use "
+                             "--graphs off or both")
+        modes = (False,)
     for graphs in modes:
         llm = make_llm(model, args, enforce_eager=not graphs)
         decode_ms_per_token(llm, prompts[contexts[0]][:64], 8)  # warm-up
         for c in contexts:
             ms = statistics.median(decode_ms_per_token(llm, prompts[c], args.num_tokens)
-                                   for _ in range(max(1, args.repeats)))
+                                   for _ in range(args.repeats))
             results.append({"system": "pagedrt", "workload": f"{name} batch1 ctx{c}",
                             "cuda_graphs": graphs, "ms_per_token": ms,
                             "tensor_parallel_size": llm.llm_engine.executor.tp_size,

@@ -59,6 +59,7 @@ from pagedrt.bench.common import (
     device_ceilings,
     free_llm,
     hf_model_like,
+    int_list,
     load,
     make_llm,
     sync,
@@ -389,7 +390,7 @@ def compare_speculative(args, model, name, prompts, params, ceilings, workload) 
     if args.repeats < 1:
         raise ValueError(f"--repeats {args.repeats}: give at least 1")
     results = []
-    sweep = [int(x) for x in args.batch_sizes.split(",") if x]
+    sweep = args.batch_sizes
     settings = {"off": {"speculative_config": None}, "on": {}}
     for rep in range(args.repeats):
         for label in ("off", "on") if rep % 2 == 0 else ("on", "off"):
@@ -501,12 +502,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--input-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--compare", default="", help="'hf' to run HF transformers peers")
-    p.add_argument("--hf-batch-sizes", default="256", help="comma list for HF generate")
+    p.add_argument("--hf-batch-sizes", default="256", type=int_list,
+                   help="comma list for HF generate (default: 256)")
     p.add_argument("--skip-generate-batch", action="store_true",
                    help="leave out HF generate_batch (very slow on CPU)")
     p.add_argument("--name", default="throughput", help="JSON file name under --out")
     p.add_argument("--profile", action="store_true", help="torch.profiler table of a short run")
-    p.add_argument("--batch-sizes", default="",
+    p.add_argument("--batch-sizes", default="", type=int_list,
                    help="also run the fixed workload with these numbers of requests (a sweep "
                         "for the throughput-vs-batch plot), e.g. 1,8,32,64,128")
     p.add_argument("--beam-width", type=int, default=0,
@@ -550,7 +552,7 @@ def main(argv: list[str]) -> int:
 
     llm = warmed_llm()
     results = [run_pagedrt(llm, args, prompts, params, ceilings, name, workload, args.repeats)]
-    for b in [int(x) for x in args.batch_sizes.split(",") if x]:
+    for b in args.batch_sizes:
         sub = argparse.Namespace(**{**vars(args), "num_requests": b})
         sub_prompts, sub_params, sub_workload = make_workload(sub, seed=100 + b)
         warm_up(llm, sub)  # this batch size's kernels and graphs, outside the timed runs
@@ -579,7 +581,7 @@ def main(argv: list[str]) -> int:
     if args.compare == "hf":
         hf = hf_model_like(model, next(model.model.parameters()).dtype, device)
         if args.workload == "fixed":
-            for bs in [int(b) for b in args.hf_batch_sizes.split(",") if b]:
+            for bs in args.hf_batch_sizes:
                 n = min(len(prompts), bs)  # one static batch of bs requests
                 results.append(run_hf_generate(hf, prompts[:n], params[:n], bs, name, workload))
         if not args.skip_generate_batch:

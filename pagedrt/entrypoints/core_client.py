@@ -114,6 +114,7 @@ class EngineCoreClient:
         self.num_prompt_tokens = 0  # admitted through this process
         self.num_finished: dict[str, int] = {}  # finish reason -> samples
         self.alive = True
+        self.stopping: str | None = None  # the signal the core said it is stopping on
         self.on_death: Callable[[], None] | None = None
         self._tasks: list[asyncio.Task] = []
 
@@ -241,16 +242,28 @@ class EngineCoreClient:
         except (EOFError, OSError):
             self._core_died()
             return
+        if isinstance(message, tuple) and message[:1] == ("stopping",):
+            self.stopping = str(message[1])  # the end of file follows
+            return
         logger.warning("unexpected message from the engine core: %r", message)
 
     def _core_died(self) -> None:
+        """The core's pipe ended: fail every request in flight (503). A core that said it is
+        stopping on a signal (a supervisor's stop of the whole process group) is logged as
+        such, at INFO with nothing in flight; any other end is a crash (ERROR)."""
         if not self.alive:
             return
         self.alive = False
         asyncio.get_running_loop().remove_reader(self.conn.fileno())
-        logger.error("the engine core process died; failing %d requests", len(self.states))
+        if self.stopping is None:
+            reason = "the engine core process died"
+            logger.error("%s; failing %d requests", reason, len(self.states))
+        else:
+            reason = f"the engine core stopped on {self.stopping}"
+            logger.log(logging.WARNING if self.states else logging.INFO,
+                       "%s; failing %d requests", reason, len(self.states))
         for state in self.states.values():
-            state.run.fail(503, "the engine core process died; the server is shutting down")
+            state.run.fail(503, f"{reason}; the server is shutting down")
         self.states.clear()
         if self.on_death is not None:
             self.on_death()

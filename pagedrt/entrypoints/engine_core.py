@@ -23,8 +23,9 @@ Faults: a ValueError from `add` fails that request only (400); an exception in a
 the requests in flight (500), which are aborted, and the loop goes on, unless it is an
 `ExecutorError` (a tensor-parallel worker died or raised: the workers are gone), after which the
 failures are sent and the process exits with status 1. The process exits when any liveness pipe
-closes (a parent or API process died) or a Shutdown command arrives. See docs/design.md for the
-whole process layout.
+closes (a parent or API process died) or a Shutdown command arrives; on SIGTERM it first sends
+a ("stopping", "SIGTERM") notice on every pipe (SIGINT it ignores: the launcher decides). See
+docs/design.md for the whole process layout.
 """
 
 from __future__ import annotations
@@ -156,10 +157,25 @@ def run_engine_core(spec: CoreSpec, conns: list[Connection]) -> None:
         raise SystemExit(1) from None
     for conn in conns:
         conn.send(("ready", core.info))
+    signal.signal(signal.SIGTERM, _stopping_notice(conns))
     with profiled("engine-core"):
         core.run()
     if core.fatal is not None:
         raise SystemExit(1)
+
+
+def _stopping_notice(conns: list[Connection]):
+    """The core's SIGTERM handler (installed once it is ready): tell every process on a
+    liveness pipe that the core is stopping on a signal, then exit with status 0. A SIGTERM
+    to the whole process group (a supervisor's stop, `timeout`) reaches the core and the API
+    processes together; the notice, read before the pipe's end of file, lets an API process
+    tell that from a crash (`EngineCoreClient._core_died`)."""
+    def handler(signum, frame) -> None:
+        for conn in conns:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send(("stopping", signal.Signals(signum).name))
+        raise SystemExit(0)
+    return handler
 
 
 @contextlib.contextmanager

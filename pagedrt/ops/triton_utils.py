@@ -121,8 +121,9 @@ def check_head_dim(head_dim: int) -> None:
 
 def v_dim_major(v_cache: torch.Tensor) -> bool:
     """Whether a V cache [num_blocks, block_size, num_kv_heads, head_dim] is a view of
-    [num_blocks, num_kv_heads, head_dim, block_size] storage (an FP8 cache's V with
-    PAGEDRT_FP8_V_DIM_MAJOR=1, `KVCacheSpec.v_dim_major`):
+    [num_blocks, num_kv_heads, head_dim, block_size] storage (an FP8 cache's V by default,
+    `KVCacheSpec.v_dim_major`; not for sliding-window models, nor with
+    PAGEDRT_FP8_V_DIM_MAJOR=0):
     the tokens of a block are contiguous per (head, dim), so a tile of V is read with wide
     loads along tokens, the order in which the P @ V product consumes it. (Called per kernel
     launch: the usual layout, head_dim's stride 1, is told apart before any view is made.)"""
@@ -133,7 +134,7 @@ def v_dim_major(v_cache: torch.Tensor) -> bool:
 def to_v_dim_major(cache: torch.Tensor) -> torch.Tensor:
     """A copy of `cache` [num_blocks, block_size, num_kv_heads, head_dim] stored dim-major
     ([num_blocks, num_kv_heads, head_dim, block_size]) and seen with the same shape: the layout
-    of an FP8 cache's V in the engine with PAGEDRT_FP8_V_DIM_MAJOR=1 (`v_dim_major`)."""
+    of an FP8 cache's V in the engine by default (`v_dim_major`)."""
     return cache.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
 
 

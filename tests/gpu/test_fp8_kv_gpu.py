@@ -25,7 +25,7 @@ CUDA = torch.device("cuda")
 
 def _fp8_caches(num_blocks, block_size, num_kv_heads, head_dim):
     """NaN bytes and NaN scales everywhere: any slot the kernels should not read is NaN. V is
-    stored dim-major (KVCacheSpec.v_dim_major, PAGEDRT_FP8_V_DIM_MAJOR=1), the layout whose
+    stored dim-major (KVCacheSpec.v_dim_major, the default), the layout whose
     loads and stores differ most from K's."""
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     caches = [torch.full(shape, 0x7F, dtype=torch.uint8, device=CUDA).view(FP8_DTYPE)
