@@ -164,6 +164,14 @@ def timed_generate(llm, prompts, params) -> tuple[float, int, list]:
     return time.perf_counter() - t, engine.counters["num_steps"] - base_steps, outs
 
 
+def repeat_seconds(llm, args, params, num_runs: int) -> list[float]:
+    """Seconds of num_runs - 1 more runs of the workload `args` describes, each on fresh token
+    ids of the same lengths (seeds 1001, 1002, ...: no prefix-cache hit on an earlier run);
+    with the first run's seconds, `--repeats` takes their median."""
+    return [timed_generate(llm, make_workload(args, seed=1000 + r)[0], params)[0]
+            for r in range(1, num_runs)]
+
+
 def trace_steps(engine) -> tuple[list, Callable[[], None]]:
     """Wrap engine.step to record, per call, [seconds since the previous call returned,
     requests scheduled, tokens scheduled, device ms of the model (CUDA events around
@@ -254,9 +262,7 @@ def run_pagedrt(llm, args, prompts, params, ceilings, name: str, workload: str,
     finish_trace()
     step_times = summarize_trace(trace)
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
-    runs = [elapsed]
-    for r in range(1, timed_runs):
-        runs.append(timed_generate(llm, make_workload(args, seed=1000 + r)[0], params)[0])
+    runs = [elapsed, *repeat_seconds(llm, args, params, timed_runs)]
     elapsed = statistics.median(runs)
     n_in = sum(len(p) for p in prompts)
     stats = llm.stats()
@@ -556,17 +562,14 @@ def main(argv: list[str]) -> int:
         sub = argparse.Namespace(**{**vars(args), "num_requests": b})
         sub_prompts, sub_params, sub_workload = make_workload(sub, seed=100 + b)
         warm_up(llm, sub)  # this batch size's kernels and graphs, outside the timed runs
-        runs = []  # (elapsed, steps, outs), --repeats of them on fresh token ids after the first
-        for rep in range(max(1, args.repeats)):
-            rep_prompts = sub_prompts if rep == 0 else make_workload(sub, seed=1000 + rep)[0]
-            runs.append(timed_generate(llm, rep_prompts, sub_params))
-        elapsed, steps, outs = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+        elapsed, steps, outs = timed_generate(llm, sub_prompts, sub_params)
+        runs = [elapsed, *repeat_seconds(llm, sub, sub_params, args.repeats)]
+        elapsed = statistics.median(runs)
         n_out = sum(len(o.outputs[0].token_ids) for o in outs)
         results.append({
             "system": "pagedrt", "workload": f"{name} {sub_workload}", "num_requests": b,
             "output_tokens": n_out, "elapsed_s": elapsed, "output_tok_s": n_out / elapsed,
-            "output_tok_s_runs": [sum(len(o.outputs[0].token_ids) for o in r[2]) / r[0]
-                                  for r in runs],
+            "output_tok_s_runs": [n_out / t for t in runs],
             "num_steps": steps, "ms_per_step": 1e3 * elapsed / steps,
             "roofline_efficiency": roofline(
                 llm.llm_engine.model_config, sub_prompts, sub_params, ceilings,

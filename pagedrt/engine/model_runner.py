@@ -672,8 +672,8 @@ class ModelRunner:
             return
         sampling.flush(vocab_size)
         device = verified.token_ids.device
-        index = to_device(torch.from_numpy(np.concatenate(
-            [penalized, sampling.penalty_slot[spec_rows[penalized]]])), device)
+        index = to_device(np.concatenate(
+            [penalized, sampling.penalty_slot[spec_rows[penalized]]]), device)
         pen_t, slots_t = index.split(len(penalized))
         tokens = verified.token_ids[pen_t]  # [p, K + 1]
         valid = (torch.arange(tokens.shape[1], device=device)[None, :]

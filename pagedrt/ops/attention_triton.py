@@ -111,10 +111,7 @@ def _decode_tile(
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tile_start + tl.arange(0, BLOCK_N)
     n_mask = offs_n < end
-    if MASKED:
-        block = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-    else:
-        block = tl.load(bt_row + offs_n // BLOCK_SIZE).to(tl.int64)
+    block = _load(bt_row + offs_n // BLOCK_SIZE, n_mask, MASKED).to(tl.int64)
     kv_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + head_off
     k = _load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], n_mask[:, None], MASKED)
     if UPCAST:
