@@ -4,7 +4,14 @@ the PyTorch reference first. A tuning diagnostic for the H200, not a benchmark o
 
     PYTHONPATH=$PWD python3 benchmarks/decode_tune.py --out DIR [--quick]
         [--cases llama3-8b:64:4096,qwen2-0.5b:64:2048] [--kv-cache-dtype auto|fp8|both]
-        [--small-grid]
+        [--small-grid] [--block-n 64,128] [--warps 4,8] [--stages 2,3] [--splits 1,2]
+        [--maxnreg 0,168] [--shard I/N]
+
+`--block-n`, `--warps`, `--stages`, `--splits` and `--maxnreg` (a register cap per thread
+passed to Triton's compiler, 0 for none) replace the full grid's axes. `--shard I/N` runs
+every N-th setting from the I-th: N shards started at once compile in parallel (their
+timings, taken on a shared GPU, are not to be read), after which one unsharded run finds
+every kernel in Triton's cache and times them alone.
 
 With `--kv-cache-dtype fp8` the cache is the bf16 one quantized per token and KV head
 (`pagedrt.ops.fp8`), and bandwidth counts the FP8 bytes plus their scales.
@@ -54,6 +61,11 @@ def make_case(num_seqs, ctx, num_heads, num_kv_heads, head_dim, block_size=16, s
     return q, k, v, tables, lens
 
 
+def ints(value: str) -> list[int]:
+    """A comma list of whole numbers (0 allowed: --maxnreg 0 is no cap)."""
+    return [int(x) for x in value.split(",") if x.strip()]
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -63,6 +75,11 @@ def main() -> None:
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "both"])
     p.add_argument("--small-grid", action="store_true",
                    help="BLOCK_N 32/64/128 x warps 4/8 x stages 2/3, default splits only")
+    for axis, default in (("block-n", "32,64,128"), ("warps", "2,4,8"), ("stages", "2,3,4"),
+                          ("splits", "1,2,4,8"), ("maxnreg", "0")):
+        p.add_argument(f"--{axis}", type=ints, default=ints(default),
+                       help=f"grid axis (default {default})")
+    p.add_argument("--shard", default="0/1", help="I/N: every N-th setting from the I-th")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     cases = [("qwen2-0.5b", 256, 520), ("qwen2-0.5b", 256, 640), ("qwen2-0.5b", 256, 1024),
@@ -72,7 +89,9 @@ def main() -> None:
         cases = [(m, int(b), int(c)) for m, b, c in (x.split(":") for x in args.cases.split(","))]
     if args.quick:
         cases = cases[:2]
-    grid = list(itertools.product([32, 64, 128], [2, 4, 8], [2, 3, 4], [1, 2, 4, 8]))
+    grid = list(itertools.product(args.block_n, args.warps, args.stages, args.splits,
+                                  args.maxnreg))
+    shard, num_shards = (int(x) for x in args.shard.split("/"))
     dtypes = ["auto", "fp8"] if args.kv_cache_dtype == "both" else [args.kv_cache_dtype]
     results, table = [], []
     for (model, num_seqs, ctx), kv_dtype in itertools.product(cases, dtypes):
@@ -98,18 +117,19 @@ def main() -> None:
         default = {**_decode_launch_config(d, 1 if kv_dtype == "fp8" else 2),
                    "splits": default_splits}
         timings = []
-        extra = [] if default_splits in (1, 2, 4, 8) else [
-            (default["BLOCK_N"], default["num_warps"], default["num_stages"], default_splits)]
-        run_grid = grid + extra
+        default_point = (default["BLOCK_N"], default["num_warps"], default["num_stages"],
+                         default_splits, default.get("maxnreg", 0))
+        run_grid = grid
         if args.small_grid:
-            run_grid = list(itertools.product([32, 64, 128], [4, 8], [2, 3], [default_splits]))
-            run_grid += [] if (default["BLOCK_N"], default["num_warps"], default["num_stages"],
-                               default_splits) in run_grid else [
-                (default["BLOCK_N"], default["num_warps"], default["num_stages"], default_splits)]
-        for bn, warps, stages, splits in run_grid:
+            run_grid = list(itertools.product([32, 64, 128], [4, 8], [2, 3], [default_splits],
+                                              [0]))
+        run_grid = (run_grid + ([] if default_point in run_grid else [default_point]))
+        for bn, warps, stages, splits, maxnreg in run_grid[shard::num_shards]:
             if model == "llama3-8b" and bn == 128 and kv_dtype != "fp8":
                 continue
             cfg = {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
+            if maxnreg:
+                cfg["maxnreg"] = maxnreg
             try:
                 out = paged_attention_decode_triton(q, k, v, bt, sl, d ** -0.5, splits,
                                                     config=cfg, **scales)
@@ -127,7 +147,8 @@ def main() -> None:
                             "tb_s": kv_bytes / ms / 1e9})
         ok = [t for t in timings if t.get("ms")]
         ok.sort(key=lambda t: t["ms"])
-        d_t = next((t for t in ok if all(t[key] == default[key] for key in default)), None)
+        d_t = next((t for t in ok if all(t.get(key, 0) == default.get(key, 0)
+                                         for key in (*default, "maxnreg"))), None)
         results.append({"model": model, "num_seqs": num_seqs, "ctx": ctx, "kv_bytes": kv_bytes,
                         "kv_cache_dtype": kv_dtype,
                         "default": default, "default_ms": d_t and d_t["ms"], "timings": ok,
@@ -142,9 +163,9 @@ def main() -> None:
         table.append(f"{model:11s} {kv_dtype:4s} B{num_seqs:<4d} ctx{ctx:<5d} default {dflt}"
                      f" | best {best['ms']*1e3:7.1f} us "
                      f"({best['tb_s']:.2f} TB/s) BN{best['BLOCK_N']} w{best['num_warps']} "
-                     f"s{best['num_stages']} sp{best['splits']} | next: " + ", ".join(
+                     f"s{best['num_stages']} sp{best['splits']} r{best.get('maxnreg', 0)} | next: " + ", ".join(
                          f"BN{t['BLOCK_N']}w{t['num_warps']}s{t['num_stages']}sp{t['splits']}"
-                         f"={t['ms']*1e3:.1f}" for t in ok[1:5]))
+                         f"r{t.get('maxnreg', 0)}={t['ms']*1e3:.1f}" for t in ok[1:6]))
         print(table[-1], flush=True)
     with open(os.path.join(args.out, "decode_tune.json"), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "results": results}, f, indent=1)

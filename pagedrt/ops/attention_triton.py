@@ -408,6 +408,7 @@ def paged_attention_decode_triton(
             F16_MMA=fp8 and query.dtype != torch.float32,
             WINDOW=sliding_window or 0, V_DIM_MAJOR=dim_major,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(pdl),
+            **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
         )
 
     dim_major = v_dim_major(v_cache)
