@@ -17,12 +17,14 @@ tune() {  # name, then decode_tune arguments
       > /dev/null 2>&1 &
   done
   wait
-  timeout 150 python3 benchmarks/decode_tune.py --out "$out/r/tune_$name" "$@" > "$out/r/tune_$name.txt" 2>&1
+  timeout 200 python3 benchmarks/decode_tune.py --out "$out/r/tune_$name" "$@" > "$out/r/tune_$name.txt" 2>&1
 }
 FP8="--kv-cache-dtype fp8 --block-n 64,128 --warps 4,8 --stages 2,3 --splits 1,2 --maxnreg 0,128,168"
 tune fp8 --cases llama3-8b:64:4096,qwen2-0.5b:64:4096 $FP8
-tune bf16 --kv-cache-dtype auto --cases qwen2-0.5b:64:2048,llama3-8b:64:4096 \
+tune bf16 --kv-cache-dtype auto --cases qwen2-0.5b:64:2048 \
   --block-n 32,64,128 --warps 2,4,8 --stages 2,3,4 --splits 1,2,4,8
+timeout 100 python3 benchmarks/decode_tune.py --out "$out/r/tune_bf16_llama" --cases \
+  llama3-8b:64:4096 --block-n 64 --warps 4 --stages 3 --splits 1 > "$out/r/tune_bf16_llama.txt" 2>&1
 for s in greedy filters; do
   timeout 100 python3 -m pagedrt.entrypoints.cli bench throughput --preset qwen2-0.5b \
     --sampling "$s" --repeats 3 --skip-step-split --name "thr_$s" --out "$out/r" \
