@@ -79,7 +79,8 @@ def next_token_logprobs(loaded, token_ids: list[int], kv_dtype: torch.dtype, bac
 
     The text runs as a chunked prefill (chunks of `chunk` tokens) through a KV cache of
     `kv_dtype` in shuffled blocks, as the engine runs a long prompt: every chunk attends to
-    the K/V of the earlier ones as the cache holds them (quantized, for an FP8 cache).
+    the K/V of the earlier ones as the cache holds them (quantized, for an FP8 cache). With
+    `chunk` 1 every token is a decode step, so the decode kernel is the one measured.
     """
     mc = loaded.model_config
     device = next(loaded.model.parameters()).device
@@ -248,6 +249,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-tokens", type=int, default=48, help="greedy tokens per chat prompt")
     p.add_argument("--scales-experiment", action="store_true",
                    help="also the other FP8 scale schemes (torch backend only)")
+    p.add_argument("--perplexity-chunk", type=int, default=512,
+                   help="tokens per forward of the perplexity pass (default 512, the extend "
+                        "kernel); 1 runs every token as a decode, through the decode kernel")
     p.add_argument("--out", default="benchmarks/results")
     p.add_argument("--name", default="accuracy", help="JSON file name under --out")
     args = p.parse_args(argv)
@@ -257,6 +261,8 @@ def main(argv: list[str]) -> int:
     if args.scales_experiment and not (backend == "torch" or device.type == "cpu"):
         p.error("--scales-experiment swaps the torch reference's writer: use "
                 "--attention-backend torch (or the CPU)")
+    if args.perplexity_chunk < 1:
+        p.error(f"--perplexity-chunk {args.perplexity_chunk}: give at least 1")
     loaded = load_model(args.model, dtype, device)
     source, text = reference_text()
     token_ids = loaded.tokenizer.encode(text)
@@ -264,7 +270,8 @@ def main(argv: list[str]) -> int:
     engine = {"attention_backend": backend, "max_model_len": 2048}
 
     t = time.perf_counter()
-    full = next_token_logprobs(loaded, token_ids, dtype, backend)
+    chunk = args.perplexity_chunk
+    full = next_token_logprobs(loaded, token_ids, dtype, backend, chunk=chunk)
     full_answers = greedy_answers(loaded, CHAT_PROMPTS, args.max_tokens, **engine)
     rows = [{"cache": "full precision (model dtype)", **perplexity_row(full, token_ids, None)}]
     schemes = {f"{args.kv_cache_dtype} (pagedrt)": contextlib.ExitStack}
@@ -272,7 +279,7 @@ def main(argv: list[str]) -> int:
         schemes = scale_schemes(loaded, token_ids, backend)
     for name, context in schemes.items():
         with context():
-            logprobs = next_token_logprobs(loaded, token_ids, kv_dtype, backend)
+            logprobs = next_token_logprobs(loaded, token_ids, kv_dtype, backend, chunk=chunk)
             answers = greedy_answers(loaded, CHAT_PROMPTS, args.max_tokens,
                                      kv_cache_dtype=args.kv_cache_dtype, **engine)
         row = {"cache": name, **perplexity_row(logprobs, token_ids, full),
@@ -282,10 +289,11 @@ def main(argv: list[str]) -> int:
     meta = {"model": loaded.model_path, "dtype": str(dtype), "device": str(device),
             "backend": backend, "text": source, "text_tokens": len(token_ids),
             "chat_prompts": CHAT_PROMPTS, "max_tokens": args.max_tokens,
+            "perplexity_chunk": chunk,
             "elapsed_s": time.perf_counter() - t}
     path = write_results(args.out, args.name, rows, meta)
-    print(f"\n{source}: {len(token_ids)} tokens; {len(CHAT_PROMPTS)} chat prompts x "
-          f"{args.max_tokens} greedy tokens; model {dtype}, {device}, backend {backend}")
+    print(f"\n{source}: {len(token_ids)} tokens in chunks of {chunk}; {len(CHAT_PROMPTS)} "
+          f"chat prompts x {args.max_tokens} greedy tokens; model {dtype}, {device}, backend {backend}")
     print(f"{'cache':<50} {'ppl':>8} {'ratio':>7} {'KL':>8} {'top1':>6} {'same':>5} "
           f"{'prefix':>7} {'pos':>6}")
     for r in rows:
