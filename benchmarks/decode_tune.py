@@ -127,9 +127,7 @@ def main() -> None:
         for bn, warps, stages, splits, maxnreg in run_grid[shard::num_shards]:
             if model == "llama3-8b" and bn == 128 and kv_dtype != "fp8":
                 continue
-            cfg = {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
-            if maxnreg:
-                cfg["maxnreg"] = maxnreg
+            cfg = {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "maxnreg": maxnreg}
             try:
                 out = paged_attention_decode_triton(q, k, v, bt, sl, d ** -0.5, splits,
                                                     config=cfg, **scales)

@@ -226,6 +226,28 @@ def test_v_layouts_give_the_same_attention():
     assert_close(out, expected)
 
 
+def test_register_cap_of_the_fp8_launch_reaches_the_kernel_unchanged_results():
+    """The FP8 decode launch's default caps registers (`maxnreg`, a Triton compile option;
+    measured faster on the H200, `_decode_launch_config`), only at head_dim <= 128; a config
+    that names its own cap, or 0 for none, is launched with it and reads the same attention
+    (the interpreter takes the option and ignores it; tests/gpu/test_fp8_kv_gpu.py runs the
+    capped kernel compiled)."""
+    assert tri._decode_launch_config(128, kv_bytes=1)["maxnreg"] == 128
+    assert "maxnreg" not in tri._decode_launch_config(256, kv_bytes=1)
+    assert "maxnreg" not in tri._decode_launch_config(128, kv_bytes=2)
+    lens = [1, 16, 17, 40]
+    k, v, ks, vs, bt, seq_lens = fp8_paged_kv(lens, 2, 32, 8, seed=6)
+    query = torch.randn(len(lens), 6, 32)
+    expected = ref.paged_attention_decode_reference(query, k, v, bt, seq_lens, 0.2,
+                                                    k_scales=ks, v_scales=vs)
+    for cap in (0, 128, None):
+        cfg = None if cap is None else {"BLOCK_N": 16, "num_warps": 4, "num_stages": 2,
+                                        "maxnreg": cap}
+        out = tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, 0.2, num_splits=2,
+                                                config=cfg, k_scales=ks, v_scales=vs)
+        assert_close(out, expected)
+
+
 def test_strided_caches_read_as_contiguous_ones():
     """The decode kernel reads contiguous caches with literal strides (CONTIGUOUS) and any
     other view with its runtime strides: one KV head of a two-head cache (a non-contiguous

@@ -41,8 +41,7 @@ CASES = {  # name: (fp8, V dim-major, head_dim, group, BLOCK_N, window)
 
 
 def compile_decode(fp8: bool, dim_major: bool, head_dim: int, group: int, block_n: int,
-                   window: int, num_warps: int = 4, num_stages: int = 3, pdl: bool = False,
-                   fp8_mma: bool = False):
+                   window: int, num_warps: int = 4, num_stages: int = 3, pdl: bool = False):
     """The decode kernel compiled for sm_90 with the engine's alignment; returns Triton's
     compiled kernel (its .asm has "ttgir" and "ptx")."""
     cache = "*fp8e4nv" if fp8 else "*bf16"
@@ -52,7 +51,7 @@ def compile_decode(fp8: bool, dim_major: bool, head_dim: int, group: int, block_
            "v_scales_ptr": "*fp32", "scale_log2": "fp32", **dict.fromkeys(INTS, "i32")}
     const = {"GROUP": group, "GROUP_PAD": 16, "BLOCK_SIZE": 16, "HEAD_DIM": head_dim,
              "BLOCK_N": block_n, "SPLIT": False, "UPCAST": False, "DOT_PRECISION": "tf32",
-             "KV_FP8": fp8, "F16_MMA": fp8, "FP8_MMA": fp8_mma, "WINDOW": window, "V_DIM_MAJOR": dim_major,
+             "KV_FP8": fp8, "F16_MMA": fp8, "WINDOW": window, "V_DIM_MAJOR": dim_major,
              "PDL": pdl}
     sig.update(dict.fromkeys(const, "constexpr"))
     names = list(sig)

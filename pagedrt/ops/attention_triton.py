@@ -60,8 +60,6 @@ loop (their masks cut across the contiguous dimension).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -151,56 +149,6 @@ def _decode_tile(
 
 
 @triton.jit
-def _decode_tile_fp8(
-    m_i, l_i, acc_t,  # [GROUP_PAD], [GROUP_PAD], [HEAD_DIM, GROUP_PAD] fp32: running state
-    tile_start, end,
-    q_t,  # [HEAD_DIM, GROUP_PAD] e4m3 (fp32 under UPCAST): the query transposed, each head
-    # divided by its q_scale
-    q_scale_log2,  # [GROUP_PAD] fp32: q_scale * softmax scale * log2(e)
-    bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, kv_head, head_off,
-    stride_cb, stride_cs, stride_vb, stride_vh, stride_sb, stride_sh,
-    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr, MASKED: tl.constexpr,
-):
-    """One tile over an FP8 cache with V dim-major, both products in e4m3 and transposed
-    (FP8_MMA, module doc): scores as K @ Q^T [BLOCK_N, GROUP_PAD], the output as
-    V^T @ P^T [HEAD_DIM, GROUP_PAD], so tokens (or head_dim) fill the product's M side and
-    every operand is contiguous along its reduction dimension, as Hopper's FP8 warpgroup MMA
-    wants; returns the new state."""
-    offs_d = tl.arange(0, HEAD_DIM)
-    offs_n = tile_start + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < end
-    block = _load(bt_row + offs_n // BLOCK_SIZE, n_mask, MASKED).to(tl.int64)
-    k_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + head_off
-    k = _load(k_cache_ptr + k_off[:, None] + offs_d[None, :], n_mask[:, None], MASKED)
-    scale_off = block * stride_sb + kv_head * stride_sh + offs_n % BLOCK_SIZE
-    k_scale = _load(k_scales_ptr + scale_off, n_mask, MASKED)
-    v_off = block * stride_vb + kv_head * stride_vh + offs_n % BLOCK_SIZE
-    v_t = _load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE, n_mask[None, :],
-                MASKED)
-    v_scale = _load(v_scales_ptr + scale_off, n_mask, MASKED)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v_t = v_t.to(tl.float32)
-    s_t = tl.dot(k, q_t) * k_scale[:, None] * q_scale_log2[None, :]
-    if MASKED:
-        s_t = tl.where(n_mask[:, None], s_t, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s_t, 0))
-    p_t = tl.exp2(s_t - m_new[None, :])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p_t, 0)
-    # p * v_scale in [0, v_max]: scaled to e4m3's [0, 448], the product scaled back
-    v_max = tl.max(v_scale, 0)
-    v_max = tl.where(v_max > 0, v_max, 1.0)
-    p_v = (p_t * (v_scale * (448.0 / v_max))[:, None]).to(tl.float8e4nv)
-    if UPCAST:
-        p_v = p_v.to(tl.float32)
-    pv_t = tl.dot(v_t, p_v) * (v_max / 448.0)
-    acc_t = acc_t * alpha[None, :] + pv_t
-    return m_new, l_i, acc_t
-
-
-@triton.jit
 def _decode_kernel(
     q_ptr,  # [num_seqs, num_heads, head_dim]
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -231,7 +179,6 @@ def _decode_kernel(
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 caches, else "tf32" (unused for 16-bit)
     KV_FP8: tl.constexpr,  # fp8 caches with per-token scales
     F16_MMA: tl.constexpr,  # KV_FP8 with a 16-bit query: products in fp16 (module doc)
-    FP8_MMA: tl.constexpr = False,  # KV_FP8: query and probabilities in e4m3, FP8 products
     WINDOW: tl.constexpr = 0,  # sliding window in tokens; 0 = attend to every cached token
     V_DIM_MAJOR: tl.constexpr = False,  # V tiles read as [HEAD_DIM, BLOCK_N] (stride_vs 1)
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_enabled)
@@ -256,7 +203,7 @@ def _decode_kernel(
                 mask=g_mask[:, None], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    if F16_MMA and not FP8_MMA:
+    if F16_MMA:
         q = (q.to(tl.float32) * 0.015625).to(tl.float16)  # / 64, exact
         scale_log2 = scale_log2 * 64.0
 
@@ -272,35 +219,13 @@ def _decode_kernel(
     loop_end = end
     if V_DIM_MAJOR:
         loop_end = start + (end - start) // BLOCK_N * BLOCK_N
-    if FP8_MMA:  # each query head scaled to e4m3's range, its scale folded into the scores
-        q_amax = tl.max(tl.abs(q.to(tl.float32)), 1)
-        q_scale = tl.where(q_amax > 0, q_amax / 448.0, 1.0)
-        q_t = tl.trans((q.to(tl.float32) / q_scale[:, None]).to(tl.float8e4nv))
-        if UPCAST:
-            q_t = q_t.to(tl.float32)
-        q_scale_log2 = q_scale * scale_log2
-        acc_t = tl.zeros([HEAD_DIM, GROUP_PAD], tl.float32)
-        for tile_start in range(start, loop_end, BLOCK_N):
-            m_i, l_i, acc_t = _decode_tile_fp8(
-                m_i, l_i, acc_t, tile_start, end, q_t, q_scale_log2, bt_row, k_cache_ptr,
-                v_cache_ptr, k_scales_ptr, v_scales_ptr, kv_head, head_off, stride_cb,
-                stride_cs, stride_vb, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM,
-                BLOCK_N, UPCAST, False)
-        if loop_end < end:
-            m_i, l_i, acc_t = _decode_tile_fp8(
-                m_i, l_i, acc_t, loop_end, end, q_t, q_scale_log2, bt_row, k_cache_ptr,
-                v_cache_ptr, k_scales_ptr, v_scales_ptr, kv_head, head_off, stride_cb,
-                stride_cs, stride_vb, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM,
-                BLOCK_N, UPCAST, True)
-        acc = tl.trans(acc_t)
-        loop_end = start  # the loops below do nothing
     for tile_start in range(start, loop_end, BLOCK_N):
         m_i, l_i, acc = _decode_tile(
             m_i, l_i, acc, tile_start, end, q, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
             v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,
             stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, BLOCK_N, UPCAST,
             DOT_PRECISION, KV_FP8, V_DIM_MAJOR, not V_DIM_MAJOR)
-    if V_DIM_MAJOR and not FP8_MMA:  # noqa: SIM102 - a constexpr test, then a runtime one
+    if V_DIM_MAJOR:  # noqa: SIM102 - a constexpr test, then a runtime one
         if loop_end < end:
             m_i, l_i, acc = _decode_tile(
                 m_i, l_i, acc, loop_end, end, q, bt_row, k_cache_ptr, v_cache_ptr,
@@ -383,10 +308,15 @@ def _decode_launch_config(head_dim: int, kv_bytes: int = 2) -> dict:
 
     Measured on an H200 (bf16, block 16): at head_dim 128, BLOCK_N 64 / 4 warps / 3 stages
     was within noise of the best of ten configs; at head_dim 64 BLOCK_N 128 beat 64 by 40%.
-    FP8, Llama-3-8B heads, B64 L4096 (benchmarks/decode_tune.py, 2026-12-01): BLOCK_N 128
-    263 us against 343 us at 64; Qwen2-0.5B heads: within 5% of the best of 12.
+    FP8 (`benchmarks/decode_tune.py`, 2026-12-02, 32 settings per shape): the FP8 kernel
+    needs 255 registers per thread uncapped (Nsight Compute; bf16: 125), which leaves 2
+    programs per SM; capped at 128 (`maxnreg`, Triton's compile option) with 2 stages, 4 fit:
+    Llama-3-8B heads B64 L4096 209.5 us against 228.1 uncapped at 3 stages (bf16 245.8);
+    Qwen2-0.5B heads, which fit in about 120 registers anyway, 50.1 against 50.5.
     """
     block_n = max(16, min(128, 16384 // (head_dim * kv_bytes)))
+    if kv_bytes == 1 and head_dim <= 128:
+        return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 2, "maxnreg": 128}
     return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3}
 
 
@@ -480,17 +410,16 @@ def paged_attention_decode_triton(
             GROUP=group, GROUP_PAD=max(16, next_pow2(group)), BLOCK_SIZE=block_size,
             HEAD_DIM=head_dim, BLOCK_N=cfg["BLOCK_N"], SPLIT=split, UPCAST=upcast,
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
-            F16_MMA=fp8 and query.dtype != torch.float32, FP8_MMA=fp8_mma,
+            F16_MMA=fp8 and query.dtype != torch.float32,
             WINDOW=sliding_window or 0, V_DIM_MAJOR=dim_major,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(pdl),
-            **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
+            **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),  # 0: no cap
         )
 
     dim_major = v_dim_major(v_cache)
-    fp8_mma = fp8 and dim_major and os.environ.get("PAGEDRT_FP8_MMA", "0") == "1"
     pdl = pdl_enabled(query)
     key = ("decode", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
-           dim_major, fp8_mma)
+           dim_major)
     launch_first_fitting(key, configs, launch)
     if split:
         _decode_reduce_kernel[(num_heads, num_seqs)](

@@ -1,0 +1,64 @@
+"""Compile the extend (prefill) attention kernel for the H200 (sm_90) without a GPU and count,
+in its PTX, the tensor-core instructions against the e4m3 -> fp16 conversions, for a bf16 and
+an FP8 cache at the launch config the engine uses (`_extend_launch_configs`). A diagnostic for
+issue 17: on the H200 a prefill step of the Llama-3-8B shape over an FP8 cache took 548 ms
+against 414 over bf16 (BENCHMARKS.md, 2026-12-02). Both kernels use Hopper's warpgroup MMA
+(wgmma), which reads its K and V operands from shared memory: the bf16 kernel straight from
+its asynchronous copies, the FP8 one only after each thread has loaded its share of the fp8
+tile into registers, converted it (cvt.rn.f16x2.e4m3x2) and stored the fp16 values back
+(st.shared), a round trip per tile that the bf16 kernel does not make. Not a benchmark.
+
+    PYTHONPATH=$PWD python3 benchmarks/diagnostics/extend_ptx.py
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from pagedrt.ops.attention_extend_triton import _extend_kernel, _extend_launch_configs
+
+INTS = ["stride_qt", "stride_qh", "stride_cb", "stride_cs", "stride_ch", "stride_vb",
+        "stride_vs", "stride_vh", "stride_vd", "stride_sb", "stride_sh", "stride_bt",
+        "stride_ot", "stride_oh"]
+
+
+def compile_extend(fp8: bool, head_dim: int = 128, group: int = 4, cfg: dict | None = None):
+    """The extend kernel for sm_90, Llama-3-8B heads by default, V dim-major over FP8."""
+    cfg = cfg or _extend_launch_configs(head_dim, torch.bfloat16, on_gpu=True)[0]
+    cache = "*fp8e4nv" if fp8 else "*bf16"
+    sig = {"q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache,
+           "block_tables_ptr": "*i32", "cu_seqlens_q_ptr": "*i32", "seq_lens_ptr": "*i32",
+           "out_ptr": "*bf16", "k_scales_ptr": "*fp32", "v_scales_ptr": "*fp32",
+           "scale_log2": "fp32", **dict.fromkeys(INTS, "i32")}
+    const = {"GROUP": group, "TOKENS_PER_TILE": cfg["BLOCK_M"] // group,
+             "BLOCK_M": cfg["BLOCK_M"], "BLOCK_SIZE": 16, "HEAD_DIM": head_dim,
+             "BLOCK_N": cfg["BLOCK_N"], "UPCAST": False, "DOT_PRECISION": "tf32",
+             "KV_FP8": fp8, "F16_MMA": fp8, "WINDOW": 0, "V_DIM_MAJOR": fp8}
+    sig.update(dict.fromkeys(const, "constexpr"))
+    names = list(sig)
+    unit = {"stride_vs" if fp8 else "stride_vd"}
+    aligned = [n for n in names if sig[n].startswith("*")] + [n for n in INTS if n not in unit]
+    src = ASTSource(_extend_kernel, sig,
+                    constexprs={(names.index(k),): v for k, v in const.items()},
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": cfg["num_warps"],
+                                   "num_stages": cfg["num_stages"]})
+
+
+def main() -> None:
+    for fp8 in (False, True):
+        ptx = compile_extend(fp8).asm["ptx"]
+        c = Counter(re.findall(r"(wgmma\.mma_async\S*|mma\.sync\S*|cvt\.rn\.f16x2\.e4m3x2|"
+                               r"st\.shared\S*|ld\.shared\S*|cp\.async\.c[ag]\S*)", ptx))
+        print(f"{'fp8' if fp8 else 'bf16':5s}", dict(c.most_common()))
+
+
+if __name__ == "__main__":
+    main()
