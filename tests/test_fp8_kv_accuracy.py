@@ -65,3 +65,21 @@ def test_fp8_cache_greedy_chat_answers_agree(smollm2):
           f"{result['positionwise_agreement']:.1%}")
     assert result["mean_common_prefix_share"] >= 0.4
     assert sum(k > 0 for k in result["common_prefix_tokens"]) >= len(CHAT_PROMPTS) - 1
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, FP8_DTYPE])
+def test_perplexity_by_decode_steps_equals_chunked_prefill(tiny_model, backend, kv_dtype):
+    """`bench accuracy --perplexity-chunk 1` runs every token as a decode (the decode kernel);
+    over the same cache contents it gives the chunked prefill's log-probabilities (the extend
+    kernel), for a full-precision and an FP8 cache, the torch reference and the Triton
+    kernels (interpreter on CPU: tests/conftest.py). A context of 37 tokens crosses two block
+    boundaries (block 16)."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    token_ids = torch.randint(0, tiny_model.model_config.vocab_size, (38,),
+                              generator=torch.Generator().manual_seed(3)).tolist()
+    chunked = next_token_logprobs(tiny_model, token_ids, kv_dtype, backend, chunk=16)
+    decoded = next_token_logprobs(tiny_model, token_ids, kv_dtype, backend, chunk=1)
+    assert decoded.shape == chunked.shape == (37, tiny_model.model_config.vocab_size)
+    torch.testing.assert_close(decoded, chunked, rtol=1e-4, atol=1e-4)

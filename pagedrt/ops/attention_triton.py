@@ -308,11 +308,11 @@ def _decode_launch_config(head_dim: int, kv_bytes: int = 2) -> dict:
 
     Measured on an H200 (bf16, block 16): at head_dim 128, BLOCK_N 64 / 4 warps / 3 stages
     was within noise of the best of ten configs; at head_dim 64 BLOCK_N 128 beat 64 by 40%.
-    FP8 (`benchmarks/decode_tune.py`, 2026-12-02, 32 settings per shape): the FP8 kernel
-    needs 255 registers per thread uncapped (Nsight Compute; bf16: 125), which leaves 2
-    programs per SM; capped at 128 (`maxnreg`, Triton's compile option) with 2 stages, 4 fit:
-    Llama-3-8B heads B64 L4096 209.5 us against 228.1 uncapped at 3 stages (bf16 245.8);
-    Qwen2-0.5B heads, which fit in about 120 registers anyway, 50.1 against 50.5.
+    FP8 (`benchmarks/decode_tune.py`, H200, triton 3.6, 2026-12-02): uncapped, the FP8 kernel
+    takes 255 registers per thread (Nsight Compute; bf16: 125), which leaves 2 programs per
+    SM; capped at 128 (`maxnreg`, Triton's compile option) with 2 stages, 4 fit. Llama-3-8B
+    heads B64 L4096: 209.8 us against 229.6 uncapped at 3 stages (bf16 246.1); Qwen2-0.5B
+    heads B64 L4096 (4 splits): 38.1 against 50.2 (BENCHMARKS.md, 08:30 runs).
     """
     block_n = max(16, min(128, 16384 // (head_dim * kv_bytes)))
     if kv_bytes == 1 and head_dim <= 128:
