@@ -13,6 +13,7 @@ import torch
 
 from pagedrt import LLM, SamplingParams
 from pagedrt.core.plan import NewRequestData, StepPlan
+from pagedrt.engine import sampler as sampler_module
 from pagedrt.engine.input_batch import InputBatch
 from pagedrt.engine.sampler import Sampler, SamplingRow
 
@@ -26,12 +27,15 @@ def _clone(generator: torch.Generator | None) -> torch.Generator | None:
     return torch.Generator().set_state(generator.get_state())
 
 
-def _random_params(rng: random.Random, filters: bool = True) -> SamplingParams:
-    """filters=False: no top-k, top-p or min-p (the Triton race's one-pass case)."""
+def _random_params(rng: random.Random, filters: bool | str = True) -> SamplingParams:
+    """filters=False: no top-k, top-p or min-p (the Triton race's one-pass case); "top_k":
+    every request has a top-k of at most VOCAB // 4 (the candidates-only case)."""
     kw = {"temperature": rng.choice([0.0, 0.0, 0.6, 1.0, 1.7]),
           "seed": rng.choice([None, rng.randrange(1000)]),
           "max_tokens": 64, "ignore_eos": rng.random() < 0.3}
-    if filters and rng.random() < 0.5:
+    if filters == "top_k":
+        kw["top_k"] = rng.choice([1, 3, 5, VOCAB // 4])
+    elif filters and rng.random() < 0.5:
         kw["top_k"] = rng.choice([-1, 1, 5, VOCAB, VOCAB + 3])
     if filters and rng.random() < 0.5:
         kw["top_p"] = rng.choice([1.0, 0.9, 0.3, 1e-4])
@@ -52,9 +56,9 @@ def _random_params(rng: random.Random, filters: bool = True) -> SamplingParams:
 class Harness:
     """An InputBatch driven by hand-made plans; every step samples all its rows both ways."""
 
-    def __init__(self, seed: int, kernel: bool = False, filters: bool = True) -> None:
+    def __init__(self, seed: int, kernel: bool = False, filters: bool | str = True) -> None:
         self.kernel = kernel  # sample_rows through the Triton race (the interpreter on CPU)
-        self.filters = filters  # requests may have top-k, top-p, min-p
+        self.filters = filters  # requests may have top-k, top-p, min-p ("top_k": all top-k)
         self.rng = random.Random(seed)
         self.batch = InputBatch(max_model_len=128, device=torch.device("cpu"), num_rows=4)
         self.default = torch.Generator().manual_seed(seed)
@@ -178,6 +182,30 @@ def test_batched_equals_plain_in_changing_mixed_batches(seed, kernel, filters):
             outputs = h.batch.states[row].output_token_ids
             expected = torch.bincount(torch.tensor(outputs, dtype=torch.int64), minlength=VOCAB)
             assert torch.equal(sampling.output_counts[slot].long(), expected), rid
+
+
+@pytest.mark.parametrize("seed, kernel", [(4, False), (5, False), (6, True)])
+def test_candidates_only_sampling_equals_the_full_rows(seed, kernel, monkeypatch):
+    """Batches whose sampled rows all have a top-k of at most a quarter of the vocabulary are
+    drawn among each row's k_max candidates alone (`_sample_candidates`), with top-p, min-p,
+    penalties, min_tokens, seeds, logprobs and greedy rows mixed in: the same tokens and
+    logprobs as the plain sampler's full rows, step after step; and that path is taken."""
+    if kernel:
+        pytest.importorskip("triton")
+    calls = []
+    original = sampler_module._sample_candidates
+    monkeypatch.setattr(sampler_module, "_sample_candidates",
+                        lambda *a, **kw: calls.append(a[1]) or original(*a, **kw))
+    h = Harness(seed, kernel, filters="top_k")
+    for _ in range(3):
+        new = h.new_request()
+        h.batch.apply(StepPlan(new_requests=[new], req_ids=[new.req_id]))
+        h.active.append(new.req_id)
+    logits_of = _logits_of(seed)
+    for _ in range(40):
+        h.step(logits_of)
+    assert h.num_sampled > 100
+    assert len(calls) >= 10 and max(calls) <= VOCAB // 4, calls
 
 
 def test_plain_greedy_batch_takes_the_argmax_of_the_model_dtype():
