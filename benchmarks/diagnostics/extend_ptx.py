@@ -9,6 +9,9 @@ tile into registers, converted it (cvt.rn.f16x2.e4m3x2) and stored the fp16 valu
 (st.shared), a round trip per tile that the bf16 kernel does not make. Not a benchmark.
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/extend_ptx.py
+
+The third case is the FP8-product variant (`fp8_prefill_mma_requested`), which should show
+FP8 warpgroup MMAs and no e4m3 -> fp16 conversions.
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ INTS = ["stride_qt", "stride_qh", "stride_cb", "stride_cs", "stride_ch", "stride
         "stride_ot", "stride_oh"]
 
 
-def compile_extend(fp8: bool, head_dim: int = 128, group: int = 4, cfg: dict | None = None):
-    """The extend kernel for sm_90, Llama-3-8B heads by default, V dim-major over FP8."""
+def compile_extend(fp8: bool, head_dim: int = 128, group: int = 4, cfg: dict | None = None,
+                   fp8_mma: bool = False):
+    """The extend kernel for sm_90, Llama-3-8B heads by default, V dim-major over FP8;
+    fp8_mma: its FP8-product variant (PAGEDRT_FP8_PREFILL_MMA=1)."""
     cfg = cfg or _extend_launch_configs(head_dim, torch.bfloat16, on_gpu=True)[0]
     cache = "*fp8e4nv" if fp8 else "*bf16"
     sig = {"q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache,
@@ -39,7 +44,8 @@ def compile_extend(fp8: bool, head_dim: int = 128, group: int = 4, cfg: dict | N
     const = {"GROUP": group, "TOKENS_PER_TILE": cfg["BLOCK_M"] // group,
              "BLOCK_M": cfg["BLOCK_M"], "BLOCK_SIZE": 16, "HEAD_DIM": head_dim,
              "BLOCK_N": cfg["BLOCK_N"], "UPCAST": False, "DOT_PRECISION": "tf32",
-             "KV_FP8": fp8, "F16_MMA": fp8, "WINDOW": 0, "V_DIM_MAJOR": fp8}
+             "KV_FP8": fp8, "F16_MMA": fp8, "WINDOW": 0, "V_DIM_MAJOR": fp8,
+             "FP8_MMA": fp8_mma}
     sig.update(dict.fromkeys(const, "constexpr"))
     names = list(sig)
     unit = {"stride_vs" if fp8 else "stride_vd"}
@@ -53,11 +59,12 @@ def compile_extend(fp8: bool, head_dim: int = 128, group: int = 4, cfg: dict | N
 
 
 def main() -> None:
-    for fp8 in (False, True):
-        ptx = compile_extend(fp8).asm["ptx"]
+    for fp8, fp8_mma in ((False, False), (True, False), (True, True)):
+        ptx = compile_extend(fp8, fp8_mma=fp8_mma).asm["ptx"]
         c = Counter(re.findall(r"(wgmma\.mma_async\S*|mma\.sync\S*|cvt\.rn\.f16x2\.e4m3x2|"
                                r"st\.shared\S*|ld\.shared\S*|cp\.async\.c[ag]\S*)", ptx))
-        print(f"{'fp8' if fp8 else 'bf16':5s}", dict(c.most_common()))
+        name = "fp8, FP8 products" if fp8_mma else "fp8" if fp8 else "bf16"
+        print(f"{name:17s}", dict(c.most_common()))
 
 
 if __name__ == "__main__":

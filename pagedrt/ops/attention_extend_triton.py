@@ -31,9 +31,22 @@ that path keeps its running max at -inf safely (exp2 of -inf - 0 = 0, never -inf
 An FP8 cache (KV_FP8) is read as in the decode kernel (`attention_triton.py`): fp8 tiles
 converted in registers (to fp16 under a 16-bit query, F16_MMA), each key's scale applied to its
 score column and each value's, over the tile's largest, to its probability column.
+
+That conversion makes prefill over an FP8 cache slower than over bf16 (1.32x per step on the
+H200, docs/design.md, "FP8 KV cache"): Hopper's warpgroup MMA takes its K and V operands from
+shared memory, so each fp8 tile makes a round trip through registers to be converted. With
+FP8_MMA (opt-in: `fp8_prefill_mma_requested`; V dim-major, so that both of P @ V's operands
+are contiguous along the tokens it sums over, as FP8 MMA needs) nothing is converted: each
+query row is divided by its largest |value| / 448 and rounded to e4m3 (its scale multiplies
+its scores), the probabilities times the value scales are scaled to e4m3's 448 and rounded
+(`fp8_scaled_pv`), and both products run on FP8 tensor cores from the tiles as loaded
+(`benchmarks/diagnostics/extend_ptx.py` counts the instructions). The price is the rounding
+of the query and the probabilities to e4m3's 3 mantissa bits.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -52,14 +65,26 @@ from pagedrt.ops.triton_utils import (
 )
 
 
+def fp8_prefill_mma_requested() -> bool:
+    """PAGEDRT_FP8_PREFILL_MMA=1: the extend kernel over an FP8 cache with V dim-major runs its
+    products in FP8 (FP8_MMA, module doc). Off by default: not yet timed or measured for
+    accuracy on a GPU. Read at every launch."""
+    return os.environ.get("PAGEDRT_FP8_PREFILL_MMA", "0") == "1"
+
+
 @triton.jit
-def fp8_scaled_pv(p, v, v_scale, DOT_PRECISION: tl.constexpr):
+def fp8_scaled_pv(p, v, v_scale, DOT_PRECISION: tl.constexpr, FP8_P: tl.constexpr = False):
     """p @ (v * v_scale) for one tile of an FP8 cache, as (p * v_scale) @ v: p [M, BLOCK_N]
     fp32, v [BLOCK_N, HEAD_DIM] the converted fp8 values, v_scale [BLOCK_N] their per-token
     scales, divided by the tile's largest (which multiplies the product instead) so that
-    p * v_scale stays in v's 16-bit range (decode kernel doc). Returns [M, HEAD_DIM] fp32."""
+    p * v_scale stays in v's 16-bit range (decode kernel doc). With FP8_P (v is e4m3, or its
+    fp32 upcast in the interpreter), p * v_scale / v_max is scaled by 448 and rounded to e4m3
+    too, so that the product runs on FP8 tensor cores. Returns [M, HEAD_DIM] fp32."""
     v_max = tl.max(v_scale, 0)
     v_max = tl.where(v_max > 0, v_max, 1.0)
+    if FP8_P:  # v holds e4m3 values: p * v_scale / v_max in [0, 1], scaled to e4m3's 448
+        p_v = (p * (v_scale * (448.0 / v_max))[None, :]).to(tl.float8e4nv).to(v.dtype)
+        return tl.dot(p_v, v, input_precision=DOT_PRECISION) * (v_max / 448.0)
     p_v = (p * (v_scale / v_max)[None, :]).to(v.dtype)
     return tl.dot(p_v, v, input_precision=DOT_PRECISION) * v_max
 
@@ -76,10 +101,11 @@ def _extend_tiles(
     # ones and stride_vd (1, or BLOCK_SIZE dim-major) are literals (see the decode kernel)
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr,
-    KV_FP8: tl.constexpr, V_DIM_MAJOR: tl.constexpr,
+    KV_FP8: tl.constexpr, V_DIM_MAJOR: tl.constexpr, FP8_MMA: tl.constexpr = False,
 ):
     """Online-softmax update over keys [lo, hi); with CAUSAL_MASK, key <= pos[row] and < hi,
-    and with WINDOW > 0 also key > pos[row] - WINDOW."""
+    and with WINDOW > 0 also key > pos[row] - WINDOW. scale_log2: a scalar, or [BLOCK_M, 1]
+    (FP8_MMA: each row's query scale folded in)."""
     for tile_start in range(lo, hi, BLOCK_N):
         offs_n = tile_start + tl.arange(0, BLOCK_N)
         if CAUSAL_MASK:
@@ -110,8 +136,9 @@ def _extend_tiles(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         if KV_FP8:
-            k = k.to(q.dtype)
-            v = v.to(q.dtype)
+            if not FP8_MMA:  # (FP8_MMA: the products take the e4m3 tiles as they are)
+                k = k.to(q.dtype)
+                v = v.to(q.dtype)
             scale_off = block * stride_sb + scale_head_off + offs_n % BLOCK_SIZE
             if CAUSAL_MASK:
                 k_scale = tl.load(k_scales_ptr + scale_off, mask=n_mask, other=0.0)
@@ -135,7 +162,7 @@ def _extend_tiles(
         alpha = tl.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
         if KV_FP8:
-            pv = fp8_scaled_pv(p, v, v_scale, DOT_PRECISION)
+            pv = fp8_scaled_pv(p, v, v_scale, DOT_PRECISION, FP8_MMA)
         else:
             pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
@@ -173,6 +200,7 @@ def _extend_kernel(
     F16_MMA: tl.constexpr,  # KV_FP8 with a 16-bit query: products in fp16 (decode kernel doc)
     WINDOW: tl.constexpr = 0,  # sliding window in tokens; 0 = causal over the whole prefix
     V_DIM_MAJOR: tl.constexpr = False,  # V tiles read as [HEAD_DIM, BLOCK_N] (stride_vs 1)
+    FP8_MMA: tl.constexpr = False,  # KV_FP8, V dim-major: query and probabilities in e4m3
 ):
     kv_head = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -197,7 +225,14 @@ def _extend_kernel(
             q = q.to(tl.float32)
         # new names, not q retyped: compiled triton (3.6) refuses a variable retyped inside a
         # runtime if
-        if F16_MMA:
+        if FP8_MMA:  # each row's query over its largest |value| / 448, the scale into scores
+            q_amax = tl.max(tl.abs(q.to(tl.float32)), 1)
+            q_scale = tl.where(q_amax > 0, q_amax / 448.0, 1.0)
+            q_mma = (q.to(tl.float32) / q_scale[:, None]).to(tl.float8e4nv)
+            if UPCAST:
+                q_mma = q_mma.to(tl.float32)
+            score_scale = (scale_log2 * q_scale)[:, None]
+        elif F16_MMA:
             q_mma = (q.to(tl.float32) * 0.015625).to(tl.float16)  # / 64, exact
             score_scale = scale_log2 * 64.0
         else:
@@ -223,7 +258,7 @@ def _extend_kernel(
                 stride_cb, stride_cs, score_scale, lo, full_lo, offs_d,
                 k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
                 v_head_off, stride_vb, stride_vs, stride_vd,
-                BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW, KV_FP8, V_DIM_MAJOR)
+                BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW, KV_FP8, V_DIM_MAJOR, FP8_MMA)
         else:
             # keys every row sees (no mask), then the diagonal band up to the last row's position
             full_lo = 0
@@ -233,13 +268,13 @@ def _extend_kernel(
             stride_cb, stride_cs, score_scale, full_lo, kv_unmasked, offs_d,
             k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
             v_head_off, stride_vb, stride_vs, stride_vd,
-            BLOCK_SIZE, BLOCK_N, False, UPCAST, DOT_PRECISION, WINDOW, KV_FP8, V_DIM_MAJOR)
+            BLOCK_SIZE, BLOCK_N, False, UPCAST, DOT_PRECISION, WINDOW, KV_FP8, V_DIM_MAJOR, FP8_MMA)
         acc, l_i, m_i = _extend_tiles(
             acc, l_i, m_i, q_mma, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
             stride_cb, stride_cs, score_scale, kv_unmasked, kv_end, offs_d,
             k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
             v_head_off, stride_vb, stride_vs, stride_vd,
-            BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW, KV_FP8, V_DIM_MAJOR)
+            BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW, KV_FP8, V_DIM_MAJOR, FP8_MMA)
 
         out = acc / l_i[:, None]  # l_i >= 1: every row sees at least its own key
         tl.store(out_ptr + row_off[:, None] * stride_ot + head[:, None] * stride_oh
@@ -349,12 +384,13 @@ def paged_attention_extend_triton(
             BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_N=cfg["BLOCK_N"], UPCAST=upcast,
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
             F16_MMA=fp8 and query.dtype != torch.float32,
-            WINDOW=sliding_window or 0, V_DIM_MAJOR=dim_major,
+            WINDOW=sliding_window or 0, V_DIM_MAJOR=dim_major, FP8_MMA=fp8_mma,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
 
     dim_major = v_dim_major(v_cache)
+    fp8_mma = fp8 and dim_major and fp8_prefill_mma_requested()
     key = ("extend", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
-           dim_major)
+           dim_major, fp8_mma)
     launch_first_fitting(key, configs, launch)
     return out

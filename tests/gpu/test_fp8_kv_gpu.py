@@ -243,3 +243,32 @@ def test_fp8_cache_holds_about_twice_the_blocks_of_bf16():
     blocks = {dtype: num_blocks_for_budget(KVCacheSpec(32, 8, 128, 16, dtype), config, CUDA)
               for dtype in (torch.bfloat16, FP8_DTYPE)}
     assert 1.93 < blocks[FP8_DTYPE] / blocks[torch.bfloat16] < 1.94, blocks
+
+
+@pytest.mark.parametrize("group, query_dtype", [(4, torch.bfloat16), (7, torch.float32)])
+def test_fp8_prefill_products_on_gpu_within_e4m3_rounding(group, query_dtype, monkeypatch):
+    """PAGEDRT_FP8_PREFILL_MMA=1 (opt-in, untimed): the extend kernel compiled with FP8
+    products (query and probabilities rounded to e4m3, FP8 warpgroup MMA) against the
+    reference: finite, and an error of e4m3 rounding, well above the exact path's. On these
+    keys, of magnitudes 2^-4 .. 2^4 (scores up to ~16), the interpreter measured 16% rms of
+    the output at shorter lengths (5% with unit keys, tests/test_fp8_kv_kernels.py): rounding
+    the query to 3 mantissa bits moves large scores by whole units. That is the accuracy
+    question this variant has to answer on a real model before it can be a default."""
+    monkeypatch.setenv("PAGEDRT_FP8_PREFILL_MMA", "1")
+    torch.manual_seed(group)
+    num_kv_heads, head_dim, block_size = 2, 128, 16
+    lens = [1, 16, 17, 4096, 4097, 300]
+    caches, tables, seq_lens = _paged_fp8(lens, num_kv_heads, head_dim, block_size)
+    q_lens = [1, 16, 5, 300, 1, 77]
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32,
+                      device=CUDA)
+    query = torch.randn(sum(q_lens), num_kv_heads * group, head_dim, device=CUDA).to(query_dtype)
+    expected = ref.paged_attention_extend_reference(query, caches[0], caches[1], tables, cu,
+                                                    seq_lens, head_dim ** -0.5, k_scales=caches[2],
+                                                    v_scales=caches[3]).float()
+    out = tri.paged_attention_extend_triton(query, caches[0], caches[1], tables, cu, seq_lens,
+                                            head_dim ** -0.5, k_scales=caches[2],
+                                            v_scales=caches[3]).float()
+    assert torch.isfinite(out).all()
+    rms = ((out - expected).pow(2).mean() / expected.pow(2).mean()).sqrt().item()
+    assert 0.01 < rms < 0.3, rms
