@@ -75,6 +75,16 @@ class Harness:
         return NewRequestData(rid, prompt, [], _random_params(self.rng, self.filters), 0, EOS,
                               [], 0)
 
+    def run(self, logits_of, num_steps: int = 40) -> None:
+        """Three requests, then `num_steps` random steps; asserts over 100 rows sampled."""
+        for _ in range(3):
+            new = self.new_request()
+            self.batch.apply(StepPlan(new_requests=[new], req_ids=[new.req_id]))
+            self.active.append(new.req_id)
+        for _ in range(num_steps):
+            self.step(logits_of)
+        assert self.num_sampled > 100
+
     def step(self, logits_of) -> None:
         """Random joins, finishes, preemptions, resumptions and forks, then sample."""
         rng, batch = self.rng, self.batch
@@ -166,14 +176,7 @@ def test_batched_equals_plain_in_changing_mixed_batches(seed, kernel, filters):
     if kernel:
         pytest.importorskip("triton")
     h = Harness(seed, kernel, filters)
-    for _ in range(3):
-        new = h.new_request()
-        h.batch.apply(StepPlan(new_requests=[new], req_ids=[new.req_id]))
-        h.active.append(new.req_id)
-    logits_of = _logits_of(seed)
-    for _ in range(40):
-        h.step(logits_of)
-    assert h.num_sampled > 100
+    h.run(_logits_of(seed))
     # every penalized row's device counts are its host tokens' counts
     sampling = h.batch.sampling
     for rid, row in h.batch.row_of.items():
@@ -197,14 +200,7 @@ def test_candidates_only_sampling_equals_the_full_rows(seed, kernel, monkeypatch
     monkeypatch.setattr(sampler_module, "_sample_candidates",
                         lambda *a, **kw: calls.append(a[1]) or original(*a, **kw))
     h = Harness(seed, kernel, filters="top_k")
-    for _ in range(3):
-        new = h.new_request()
-        h.batch.apply(StepPlan(new_requests=[new], req_ids=[new.req_id]))
-        h.active.append(new.req_id)
-    logits_of = _logits_of(seed)
-    for _ in range(40):
-        h.step(logits_of)
-    assert h.num_sampled > 100
+    h.run(_logits_of(seed))
     assert len(calls) >= 10 and max(calls) <= VOCAB // 4, calls
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session of 2026-12-02 (08:30 UTC), first device call (carry .commit .whl). call_s14.sh's
-# PART=1 reordered so the profiles come first, on a quiet GPU: Nsight Compute counters of the
+# Session of 2026-12-02 (08:30 UTC), first device call (carry .commit .whl). The PART=1 of
+# call_s14.sh (prepared the session before, never run; removed since, this script and
+# call_s16.sh having run what it held), reordered so the profiles come first, on a quiet GPU: Nsight Compute counters of the
 # FP8 and bf16 decode kernels (issue 17: what bounds the FP8 kernel at 2.4 TB/s), the kernel
 # table of a batch-1 decode graph replay (issue 16: where 0.79 ms goes against the 0.24 ms
 # weight-read floor); then every GPU test under the defaults of becd419 (FP8 V dim-major,

@@ -9,16 +9,6 @@
 # greedy with the 1/8/32/64 sweep, and with top-k/top-p/min-p, medians of 3.
 set -u
 . benchmarks/diagnostics/call_common.sh
-tune() {  # name, then decode_tune arguments
-  local name=$1
-  shift
-  for i in 0 1 2 3 4 5 6 7; do
-    timeout 150 python3 benchmarks/decode_tune.py --out "$out/r/shard_$name$i" --shard $i/8 "$@" \
-      > /dev/null 2>&1 &
-  done
-  wait
-  timeout 200 python3 benchmarks/decode_tune.py --out "$out/r/tune_$name" "$@" > "$out/r/tune_$name.txt" 2>&1
-}
 FP8="--kv-cache-dtype fp8 --block-n 64,128 --warps 4,8 --stages 2,3 --splits 1,2 --maxnreg 0,128,168"
 tune fp8 --cases llama3-8b:64:4096,qwen2-0.5b:64:4096 $FP8
 tune bf16 --kv-cache-dtype auto --cases qwen2-0.5b:64:2048 \

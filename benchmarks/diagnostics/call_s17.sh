@@ -14,16 +14,6 @@
 set -u
 . benchmarks/diagnostics/call_common.sh
 cp .gguf_parts/p[0-9] /tmp/ 2>/dev/null
-tune() {  # name, then decode_tune arguments
-  local name=$1
-  shift
-  for i in 0 1 2 3 4 5 6 7; do
-    timeout 150 python3 benchmarks/decode_tune.py --out "$out/r/shard_$name$i" --shard $i/8 "$@" \
-      > /dev/null 2>&1 &
-  done
-  wait
-  timeout 200 python3 benchmarks/decode_tune.py --out "$out/r/tune_$name" "$@" > "$out/r/tune_$name.txt" 2>&1
-}
 case "${PART:-1}" in
 1)
 GRID="--kv-cache-dtype fp8 --cases llama3-8b:64:4096,qwen2-0.5b:64:4096 --block-n 64,128 --warps 4,8 --stages 2,3 --splits 1,2 --maxnreg 0,128"

@@ -160,6 +160,15 @@ def _paged_fp8(seq_lens, num_kv_heads, head_dim, block_size):
     return caches, tables, torch.tensor(seq_lens, dtype=torch.int32, device=CUDA)
 
 
+def _prefill_queries(num_heads, head_dim, dtype):
+    """Query chunks of 1, 16, 5, 300, 1 and 77 tokens for `_paged_fp8`'s six sequences:
+    (query [402, num_heads, head_dim] of `dtype`, cu_seqlens_q [7] int32), on the GPU."""
+    q_lens = [1, 16, 5, 300, 1, 77]
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32,
+                      device=CUDA)
+    return torch.randn(sum(q_lens), num_heads, head_dim, device=CUDA).to(dtype), cu
+
+
 @pytest.mark.parametrize("group, query_dtype", [(1, torch.bfloat16), (4, torch.float32),
                                                 (7, torch.bfloat16)])
 def test_fp8_attention_on_gpu_matches_reference(group, query_dtype):
@@ -180,10 +189,7 @@ def test_fp8_attention_on_gpu_matches_reference(group, query_dtype):
                                                 k_scales=caches[2], v_scales=caches[3])
         assert torch.isfinite(out).all()
         torch.testing.assert_close(out.float(), expected.float(), **tol)
-    q_lens = [1, 16, 5, 300, 1, 77]
-    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32,
-                      device=CUDA)
-    query = torch.randn(sum(q_lens), num_kv_heads * group, head_dim, device=CUDA).to(query_dtype)
+    query, cu = _prefill_queries(num_kv_heads * group, head_dim, query_dtype)
     expected = ref.paged_attention_extend_reference(query, caches[0], caches[1], tables, cu,
                                                     seq_lens, head_dim ** -0.5, k_scales=caches[2],
                                                     v_scales=caches[3])
@@ -259,10 +265,7 @@ def test_fp8_prefill_products_on_gpu_within_e4m3_rounding(group, query_dtype, mo
     num_kv_heads, head_dim, block_size = 2, 128, 16
     lens = [1, 16, 17, 4096, 4097, 300]
     caches, tables, seq_lens = _paged_fp8(lens, num_kv_heads, head_dim, block_size)
-    q_lens = [1, 16, 5, 300, 1, 77]
-    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32,
-                      device=CUDA)
-    query = torch.randn(sum(q_lens), num_kv_heads * group, head_dim, device=CUDA).to(query_dtype)
+    query, cu = _prefill_queries(num_kv_heads * group, head_dim, query_dtype)
     expected = ref.paged_attention_extend_reference(query, caches[0], caches[1], tables, cu,
                                                     seq_lens, head_dim ** -0.5, k_scales=caches[2],
                                                     v_scales=caches[3]).float()
