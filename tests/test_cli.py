@@ -160,3 +160,23 @@ def test_llm_rejects_an_unknown_option_listing_the_fields():
     with pytest.raises(TypeError, match=re.escape(
             f"unknown LLM argument(s) ['block_sizes']; engine options are {names}")):
         LLM(None, block_sizes=16)
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    (["--min-p", "1.5"], "min_p=1.5 must be in [0, 1]"),
+    (["--top-p", "0"], "top_p=0.0 must be in (0, 1]"),
+])
+def test_generate_sampling_value_refused_before_the_model_loads(option, message, capsys,
+                                                                monkeypatch):
+    """`pagedrt generate`'s sampling options (--min-p as in vLLM's SamplingParams) are checked
+    before the model is loaded: the error is SamplingParams', exit code 2, and no LLM is
+    built (one built would fail this test)."""
+    import pagedrt
+
+    def no_llm(*args, **kwargs):
+        raise AssertionError("the model was loaded before the sampling settings were checked")
+
+    monkeypatch.setattr(pagedrt, "LLM", no_llm)
+    assert main(["generate", "hi", *option]) == 2
+    assert capsys.readouterr().err == f"pagedrt: error: {message}\n"
+    assert parse(["generate", "hi", "--min-p", "0.05"]).min_p == 0.05

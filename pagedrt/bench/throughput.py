@@ -492,8 +492,9 @@ def main(argv: list[str]) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     p.add_argument("--workload", default="fixed", choices=["fixed", "nanovllm", "text"])
-    p.add_argument("--sampling", default="", choices=["", *SAMPLING_SETTINGS],
-                   help="replace every request's sampling settings: greedy; nanovllm "
+    p.add_argument("--sampling", default="", choices=SAMPLING_SETTINGS,
+                   help="replace every request's sampling settings (default: the workload's "
+                        "own): greedy; nanovllm "
                         "(temperature 0.6); filters (0.8, top_k 50, top_p 0.9, min_p 0.05); "
                         "penalties (0.8, repetition 1.1, frequency 0.2, presence 0.1); seeded "
                         "(0.6, a seed per request)")
@@ -521,7 +522,7 @@ def main(argv: list[str]) -> int:
                    help="W > 0: beam search of width W against n = W sampling of the same "
                         "prompts (and HF generate(num_beams=W) with --compare hf); fixed "
                         "workload only")
-    p.add_argument("--compare-kv-cache-dtype", default="", choices=["", "auto", "fp8"],
+    p.add_argument("--compare-kv-cache-dtype", default="", choices=["auto", "fp8"],
                    help="also run the timed workload with this KV cache dtype on the same "
                         "weights (e.g. auto against --kv-cache-dtype fp8)")
     p.add_argument("--skip-step-split", action="store_true",

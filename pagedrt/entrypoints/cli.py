@@ -25,11 +25,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     from pagedrt import LLM, SamplingParams
 
+    # (the settings first: a bad value is refused before the model loads)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                            min_p=args.min_p, seed=args.seed, max_tokens=args.max_tokens)
     t_load = time.perf_counter()
     llm = LLM(args.model, dtype=args.dtype, device=args.device, **engine_kwargs(args))
     t_load = time.perf_counter() - t_load
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            seed=args.seed, max_tokens=args.max_tokens)
     tok = llm.get_tokenizer()
     use_chat = not args.no_chat and tok is not None and getattr(tok, "chat_template", None)
     if use_chat:
@@ -85,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass (default 1.0: off)")
     g.add_argument("--top-k", type=int, default=-1, help="tokens kept (default -1: off)")
+    g.add_argument("--min-p", type=float, default=0.0,
+                   help="drop tokens below this share of the top token's probability "
+                        "(default 0.0: off)")
     g.add_argument("--seed", type=int, default=None, help="sampling seed of each request")
     g.add_argument("--no-chat", action="store_true", help="raw text, no chat template")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
