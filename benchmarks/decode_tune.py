@@ -31,6 +31,7 @@ import os
 import torch
 import triton
 
+from pagedrt.bench.common import int_list
 from pagedrt.kv.kv_cache import fp8_v_dim_major_requested
 from pagedrt.ops.attention_reference import paged_attention_decode_reference
 from pagedrt.ops.attention_triton import (
@@ -61,11 +62,6 @@ def make_case(num_seqs, ctx, num_heads, num_kv_heads, head_dim, block_size=16, s
     return q, k, v, tables, lens
 
 
-def ints(value: str) -> list[int]:
-    """A comma list of whole numbers (0 allowed: --maxnreg 0 is no cap)."""
-    return [int(x) for x in value.split(",") if x.strip()]
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -77,6 +73,8 @@ def main() -> None:
                    help="BLOCK_N 32/64/128 x warps 4/8 x stages 2/3, default splits only")
     for axis, default in (("block-n", "32,64,128"), ("warps", "2,4,8"), ("stages", "2,3,4"),
                           ("splits", "1,2,4,8"), ("maxnreg", "0")):
+        # (0 allowed: --maxnreg 0 is no cap)
+        ints = functools.partial(int_list, minimum=0)
         p.add_argument(f"--{axis}", type=ints, default=ints(default),
                        help=f"grid axis (default {default})")
     p.add_argument("--shard", default="0/1", help="I/N: every N-th setting from the I-th")

@@ -47,8 +47,8 @@ def main() -> None:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t = time.perf_counter()
-            out = _sample_filtered(logits, params, host_k, host_p, host_greedy, True, [], False,
-                                   gen)
+            out = _sample_filtered(logits, params, host_k, host_p, host_greedy, True, True, [],
+                                   False, gen)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             if i >= 3:

@@ -217,15 +217,15 @@ def hf_state_dict(model, mc) -> dict:
     return model.hf_state_dict()
 
 
-def int_list(value: str) -> list[int]:
-    """argparse type of a comma list of positive integers ("1,8,32"; "" is none): a bad item is
-    an argparse error that names it."""
+def int_list(value: str, minimum: int = 1) -> list[int]:
+    """argparse type of a comma list of integers >= `minimum` ("1,8,32"; "" is none): a bad
+    item is an argparse error that names it."""
     items = [x.strip() for x in value.split(",") if x.strip()]
     try:
         numbers = [int(x) for x in items]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{value!r}: give a comma list of whole numbers, e.g. 1,8,32") from None
-    if any(n < 1 for n in numbers):
-        raise argparse.ArgumentTypeError(f"{value!r}: every number must be >= 1")
+    if any(n < minimum for n in numbers):
+        raise argparse.ArgumentTypeError(f"{value!r}: every number must be >= {minimum}")
     return numbers

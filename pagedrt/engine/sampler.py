@@ -261,8 +261,8 @@ class Sampler:
                               _seeded(state, rows, row_states), default_generator)
         else:
             sampled = _sample_filtered(logits, params, top_k, state.params[rows, TOP_P], greedy,
-                                       min_p, _seeded(state, rows, row_states), use_kernel,
-                                       default_generator)
+                                       top_kp, min_p, _seeded(state, rows, row_states),
+                                       use_kernel, default_generator)
             if greedy.any():
                 token_ids = torch.where(params[:, GREEDY] > 0, logits.argmax(dim=-1), sampled)
             else:
@@ -278,7 +278,7 @@ class Sampler:
 
 
 def _sample_filtered(logits: torch.Tensor, params: torch.Tensor, host_k: np.ndarray,
-                     host_p: np.ndarray, host_greedy: np.ndarray, min_p: bool,
+                     host_p: np.ndarray, host_greedy: np.ndarray, top_kp: bool, min_p: bool,
                      seeded: list[tuple[int, torch.Generator]], use_kernel: bool,
                      default_generator: torch.Generator | None) -> torch.Tensor:
     """`sample_rows`' draw for rows with top-k, top-p or min-p: temperature, the filters, then
@@ -296,7 +296,7 @@ def _sample_filtered(logits: torch.Tensor, params: torch.Tensor, host_k: np.ndar
         params: [B, NUM_PARAMS] float32 on the logits' device (`SamplingState.device_params`).
         host_k, host_p, host_greedy: [B] the rows' top-k (0: none), top-p and greedy flag on
             the host; they pick the path, so nothing waits for the device.
-        min_p: whether any row has a min-p.
+        top_kp, min_p: whether any row has a top-k or top-p, a min-p.
     Returns:
         [B] int64 token ids.
     """
@@ -312,7 +312,7 @@ def _sample_filtered(logits: torch.Tensor, params: torch.Tensor, host_k: np.ndar
         return _sample_candidates(logits, k_max, temperature, k, top_p, min_p_t, seeded,
                                   default_generator)
     logits = logits / temperature
-    if (host_k < vocab_size).any() or (host_p < 1.0).any():
+    if top_kp:
         logits = _apply_top_k_top_p(logits, k, top_p, host_k, host_p)
     if min_p_t is not None:
         logits = _apply_min_p(logits, min_p_t)
@@ -330,8 +330,7 @@ def _sample_candidates(logits: torch.Tensor, k_max: int, temperature: torch.Tens
 
     Division by a positive temperature keeps the order, so the selection runs on the logits
     as they are and only the candidates are divided. Then `_prefix_filters` (top-k, top-p)
-    and min-p against the row's largest value, which is its first candidate, as
-    `_apply_min_p` finds it. The noise is drawn for the whole vocabulary as the full-row path
+    and `_apply_min_p`, whose row maximum is the same among the candidates. The noise is drawn for the whole vocabulary as the full-row path
     draws it (a seeded row's draws depend only on its seed and step) and read at the
     candidates. About a dozen passes over [B, vocab] fewer than the full-row path (the
     division, the filters' masks and scatter, min-p's, the softmax and the race), 155 MB each
@@ -348,11 +347,10 @@ def _sample_candidates(logits: torch.Tensor, k_max: int, temperature: torch.Tens
     values, order = logits.topk(k_max, dim=-1)  # [B, k_max], descending
     values = _prefix_filters(values / temperature, k, p)
     if min_p is not None:
-        values = values.masked_fill(values < values[:, :1] + torch.log(min_p), float("-inf"))
+        values = _apply_min_p(values, min_p)
     q = _exponential_noise(logits.shape, logits.device, seeded, default_generator)
-    q = q.gather(1, order).clamp_(min=torch.finfo(torch.float32).tiny)
-    pick = (torch.softmax(values, dim=-1) / q).argmax(dim=-1, keepdim=True)
-    return order.gather(1, pick).squeeze(1)
+    pick = _race_argmax(torch.softmax(values, dim=-1), q.gather(1, order))
+    return order.gather(1, pick[:, None]).squeeze(1)
 
 
 def _seeded(state: SamplingState, rows: np.ndarray,
@@ -393,6 +391,12 @@ def _exponential_race(probs: torch.Tensor, seeded: list[tuple[int, torch.Generat
     """argmax of probs / q, q ~ Exp(1) (`_exponential_noise`). probs: [B, vocab] float32.
     Returns [B] int64."""
     q = _exponential_noise(probs.shape, probs.device, seeded, default_generator)
+    return _race_argmax(probs, q)
+
+
+def _race_argmax(probs: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dimension of probs / q for Exp(1) draws q of the same shape
+    (clamped in place). Returns the indices, int64."""
     # Exp(1) can round to 0; 0 / 0 would be NaN, which argmax would pick.
     q.clamp_(min=torch.finfo(q.dtype).tiny)
     return (probs / q).argmax(dim=-1)
