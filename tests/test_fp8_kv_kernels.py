@@ -355,6 +355,109 @@ def test_extend_fp8_half_queries(query_dtype, window):
     torch.testing.assert_close(out, expected, rtol=1e-2, atol=1e-2)
 
 
+def _chunk_kv(num_tokens, num_kv_heads, head_dim, dtype, seed):
+    """A step's own K and V, [num_tokens, num_kv_heads, head_dim], as views of one packed
+    qkv-like row (strided, head_dim contiguous, as the model's split of its QKV projection),
+    magnitudes 2^-3 .. 2^3 per token."""
+    gen = torch.Generator().manual_seed(seed)
+    width = num_kv_heads * head_dim
+    rows = torch.randn(num_tokens, 3 * width, generator=gen)
+    rows *= torch.exp2(torch.randint(-3, 4, (num_tokens, 1), generator=gen).float())
+    rows = rows.to(dtype)
+    key = rows[:, width:2 * width].view(num_tokens, num_kv_heads, head_dim)
+    value = rows[:, 2 * width:].view(num_tokens, num_kv_heads, head_dim)
+    return key, value
+
+
+@pytest.mark.parametrize("group, block_size", [(1, 8), (3, 16), (4, 16), (8, 32)])
+@pytest.mark.parametrize("query_dtype", [torch.float32, torch.bfloat16])
+def test_extend_fp8_reads_the_chunks_own_kv_unrounded(group, block_size, query_dtype):
+    """FRESH_CHUNK_KV: with the step's key and value passed, each chunk attends to those rows
+    (here values unlike the cache's, so a key read from the wrong source shows) and to its
+    prefix from the cache. Prefixes 0, one block and one past it, chunks of 1, 5, a block and
+    one past it, 2 blocks + 3 (tiles of 16 keys: full, diagonal and masked prefix tiles)."""
+    num_kv_heads, head_dim = 2, 32
+    pairs = [(p, q) for p in (0, block_size, block_size + 1)
+             for q in (1, 5, block_size, block_size + 1, 2 * block_size + 3)]
+    k_cache, v_cache, k_scales, v_scales, bt, seq_lens = fp8_paged_kv(
+        [p + q for p, q in pairs], num_kv_heads, head_dim, block_size, seed=group)
+    q_lens = torch.tensor([q for _, q in pairs])
+    cu = torch.cat([torch.zeros(1), q_lens.cumsum(0)]).to(torch.int32)
+    num_tokens = int(q_lens.sum())
+    gen = torch.Generator().manual_seed(group)
+    query = torch.randn(num_tokens, num_kv_heads * group, head_dim, generator=gen)
+    query = query.to(query_dtype)
+    key, value = _chunk_kv(num_tokens, num_kv_heads, head_dim, query_dtype, seed=group + 50)
+    scales = {"k_scales": k_scales, "v_scales": v_scales}
+    expected = ref.paged_attention_extend_reference(query, k_cache, v_cache, bt, cu, seq_lens,
+                                                    0.2, key=key, value=value, **scales)
+    cache_only = ref.paged_attention_extend_reference(query, k_cache, v_cache, bt, cu,
+                                                      seq_lens, 0.2, **scales)
+    moved = (expected.float() - cache_only.float()).abs().amax(dim=(1, 2))
+    no_prefix = int(cu[5])  # the rows of the first five chunks see their own keys alone
+    assert (moved[:no_prefix] > 0).all()  # (a prefix key 2^6 strong may outweigh the rest)
+    out = tri.paged_attention_extend_triton(query, k_cache, v_cache, bt, cu, seq_lens, 0.2,
+                                            key=key, value=value, **scales)
+    if query_dtype == torch.float32:
+        assert_close(out, expected)
+    else:  # fp16 products over the prefix (a 16-bit query's path), bf16 probabilities and
+        # output: a few bf16 ulps (2^-8 relative) of the largest output
+        assert torch.isfinite(out).all()
+        err = (out.float() - expected.float()).abs().max() / expected.float().abs().max()
+        assert err < 2e-2, err
+
+
+def test_extend_fp8_chunk_rows_left_by_the_writer_give_the_cache_only_result():
+    """The engine's case: the rows are the ones the writer rounded (round_rows) as it wrote
+    the chunk into the cache. Then reading the chunk's keys from them, or from the cache,
+    gives the same attention (fp32 rows: to fp32 rounding), for prompts, chunks over a
+    cached prefix, and one-token chunks; unrounded rows would not."""
+    num_kv_heads, head_dim, block_size = 2, 32, 16
+    q_lens, prefixes = [40, 1, 9, 17], [0, 50, 16, 33]
+    lens = [p + q for p, q in zip(prefixes, q_lens)]
+    k_cache, v_cache, ks, vs, bt, seq_lens = fp8_paged_kv(lens, num_kv_heads, head_dim,
+                                                          block_size, seed=7)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    slots = torch.cat([bt[i, torch.arange(p, p + q) // block_size].long() * block_size
+                       + torch.arange(p, p + q) % block_size
+                       for i, (p, q) in enumerate(zip(prefixes, q_lens))])
+    key, value = _chunk_kv(sum(q_lens), num_kv_heads, head_dim, torch.float32, seed=8)
+    unrounded = key.clone(), value.clone()
+    tri.write_kv_triton(key, value, k_cache, v_cache, slots, k_scales=ks, v_scales=vs,
+                        round_rows=True)
+    gen = torch.Generator().manual_seed(3)
+    query = torch.randn(sum(q_lens), num_kv_heads * 4, head_dim, generator=gen)
+    args = (query, k_cache, v_cache, bt, cu, seq_lens, 0.2)
+    scales = {"k_scales": ks, "v_scales": vs}
+    cached = tri.paged_attention_extend_triton(*args, **scales)
+    assert_close(tri.paged_attention_extend_triton(*args, key=key, value=value, **scales),
+                 cached)
+    off = tri.paged_attention_extend_triton(*args, key=unrounded[0], value=unrounded[1],
+                                            **scales)
+    assert (off - cached).abs().max() > 1e-3
+
+
+def test_extend_fp8_chunk_rows_ignored_under_a_sliding_window():
+    """With a window the kernel keeps reading every key from the cache (FRESH_CHUNK_KV is for
+    full attention), whatever rows are passed; bad rows are refused by name."""
+    num_kv_heads, head_dim, block_size = 2, 32, 8
+    k_cache, v_cache, ks, vs, bt, seq_lens = fp8_paged_kv([9, 30], num_kv_heads, head_dim,
+                                                          block_size, seed=4)
+    cu = torch.tensor([0, 5, 25], dtype=torch.int32)
+    query = torch.randn(25, num_kv_heads * 2, head_dim)
+    key, value = _chunk_kv(25, num_kv_heads, head_dim, torch.float32, seed=5)
+    args = (query, k_cache, v_cache, bt, cu, seq_lens, 0.2)
+    plain = tri.paged_attention_extend_triton(*args, sliding_window=7, k_scales=ks, v_scales=vs)
+    with_rows = tri.paged_attention_extend_triton(*args, sliding_window=7, k_scales=ks,
+                                                  v_scales=vs, key=key, value=value)
+    torch.testing.assert_close(with_rows, plain, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="key is .*it must be"):
+        tri.paged_attention_extend_triton(*args, k_scales=ks, v_scales=vs, key=key[:3],
+                                          value=value[:3])
+    with pytest.raises(ValueError, match="key and value together"):
+        tri.paged_attention_extend_triton(*args, k_scales=ks, v_scales=vs, key=key)
+
+
 @pytest.mark.parametrize("group, block_size", [(1, 8), (4, 16), (8, 32)])
 def test_extend_fp8_products_within_e4m3_rounding(group, block_size, monkeypatch):
     """PAGEDRT_FP8_PREFILL_MMA=1 (opt-in, untimed): the extend kernel rounds each query row
@@ -392,6 +495,9 @@ def _empty_fp8_cache(num_blocks, block_size, num_kv_heads, head_dim):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size", [8, 32])
 def test_write_kv_fp8_is_the_references_bytes(dtype, block_size):
+    """The writer's bytes and scales are the reference's; with round_rows the written rows
+    (not the padding ones) are left holding the cache's values in their dtype, as the
+    reference leaves them (fp32 exactly; bf16 within the interpreter's truncating cast)."""
     torch.manual_seed(block_size)
     num_blocks, num_kv_heads, head_dim, num_tokens = 6, 3, 16, 9  # 3 heads: a padded head row
     slots = torch.randperm(num_blocks * block_size)[:num_tokens]
@@ -411,6 +517,23 @@ def test_write_kv_fp8_is_the_references_bytes(dtype, block_size):
         assert torch.equal(got.float().nan_to_num(), want.float().nan_to_num())
     written = actual[2].isfinite().sum().item()
     assert written == (num_tokens - 2) * num_kv_heads, "one scale per real token and head"
+    rows = [key.clone(), value.clone()]
+    ref_rows = [key.clone(), value.clone()]
+    caches = _empty_fp8_cache(num_blocks, block_size, num_kv_heads, head_dim)
+    ref.write_kv_reference(*ref_rows, *expected[:2], slots, *expected[2:], round_rows=True)
+    tri.write_kv_triton(*rows, *caches[:2], slots, k_scales=caches[2], v_scales=caches[3],
+                        round_rows=True)
+    k32, v32 = dequantized_caches(*caches)
+    real = slots >= 0
+    blocks, offsets = slots[real] // block_size, slots[real] % block_size
+    for got, want, orig, held in zip(rows, ref_rows, (key, value), (k32, v32)):
+        assert torch.equal(got[~real], orig[~real]), "a padding row was touched"
+        assert not torch.equal(got[real], orig[real]), "the rows were not rounded"
+        if dtype == torch.float32:
+            assert torch.equal(got, want)
+            assert torch.equal(got[real], held[blocks, offsets])
+        else:
+            torch.testing.assert_close(got, want, rtol=2**-7, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -447,6 +570,19 @@ def test_rotary_write_kv_fp8_is_rotary_then_reference_write(dtype, head_dim, num
     same = (actual[0].view(torch.uint8) == expected[0].view(torch.uint8)).float().mean()
     assert same > 0.95, f"only {same:.1%} of the key bytes are the reference's"
     torch.testing.assert_close(v_got.nan_to_num(), v_want.nan_to_num(), rtol=0, atol=0)
+    # round_rows: the rotated key and the value rows as their cache slots now hold them
+    k_rows, v_rows = k.clone(), v.clone()
+    caches = _empty_fp8_cache(num_blocks, block_size, num_kv_heads, head_dim)
+    rotary_write_kv_triton(positions, q.clone(), k_rows, v_rows, rope.cos_sin_cache,
+                           *caches[:2], slots, k_scales=caches[2], v_scales=caches[3],
+                           round_rows=True)
+    k_held, v_held = dequantized_caches(*caches)
+    real = slots >= 0
+    blocks, offsets = slots[real] // block_size, slots[real] % block_size
+    tol = {"rtol": 0, "atol": 0} if dtype == torch.float32 else {"rtol": 2**-7, "atol": 0}
+    torch.testing.assert_close(k_rows[real], k_held[blocks, offsets].to(dtype), **tol)
+    torch.testing.assert_close(v_rows[real], v_held[blocks, offsets].to(dtype), **tol)
+    assert torch.equal(v_rows[~real], v[~real])
 
 
 def test_attention_layer_fused_rope_and_fp8_write(monkeypatch):

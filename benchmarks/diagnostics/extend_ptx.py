@@ -27,25 +27,26 @@ from triton.compiler import ASTSource
 from pagedrt.ops.attention_extend_triton import _extend_kernel, _extend_launch_configs
 
 INTS = ["stride_qt", "stride_qh", "stride_cb", "stride_cs", "stride_ch", "stride_vb",
-        "stride_vs", "stride_vh", "stride_vd", "stride_sb", "stride_sh", "stride_bt",
-        "stride_ot", "stride_oh"]
+        "stride_vs", "stride_vh", "stride_vd", "stride_sb", "stride_sh", "stride_knt",
+        "stride_knh", "stride_vnt", "stride_vnh", "stride_bt", "stride_ot", "stride_oh"]
 
 
 def compile_extend(fp8: bool, head_dim: int = 128, group: int = 4, cfg: dict | None = None,
-                   fp8_mma: bool = False):
+                   fp8_mma: bool = False, fresh: bool = False):
     """The extend kernel for sm_90, Llama-3-8B heads by default, V dim-major over FP8;
-    fp8_mma: its FP8-product variant (PAGEDRT_FP8_PREFILL_MMA=1)."""
+    fp8_mma: its FP8-product variant (PAGEDRT_FP8_PREFILL_MMA=1); fresh: the chunk's keys
+    from the step's rows (FRESH_CHUNK_KV, the engine's prefill over an FP8 cache)."""
     cfg = cfg or _extend_launch_configs(head_dim, torch.bfloat16, on_gpu=True)[0]
     cache = "*fp8e4nv" if fp8 else "*bf16"
     sig = {"q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache,
            "block_tables_ptr": "*i32", "cu_seqlens_q_ptr": "*i32", "seq_lens_ptr": "*i32",
            "out_ptr": "*bf16", "k_scales_ptr": "*fp32", "v_scales_ptr": "*fp32",
-           "scale_log2": "fp32", **dict.fromkeys(INTS, "i32")}
+           "k_new_ptr": "*bf16", "v_new_ptr": "*bf16", "scale_log2": "fp32", **dict.fromkeys(INTS, "i32")}
     const = {"GROUP": group, "TOKENS_PER_TILE": cfg["BLOCK_M"] // group,
              "BLOCK_M": cfg["BLOCK_M"], "BLOCK_SIZE": 16, "HEAD_DIM": head_dim,
              "BLOCK_N": cfg["BLOCK_N"], "UPCAST": False, "DOT_PRECISION": "tf32",
              "KV_FP8": fp8, "F16_MMA": fp8, "WINDOW": 0, "V_DIM_MAJOR": fp8,
-             "FP8_MMA": fp8_mma}
+             "FP8_MMA": fp8_mma, "FRESH_CHUNK_KV": fresh}
     sig.update(dict.fromkeys(const, "constexpr"))
     names = list(sig)
     unit = {"stride_vs" if fp8 else "stride_vd"}
@@ -59,11 +60,13 @@ def compile_extend(fp8: bool, head_dim: int = 128, group: int = 4, cfg: dict | N
 
 
 def main() -> None:
-    for fp8, fp8_mma in ((False, False), (True, False), (True, True)):
-        ptx = compile_extend(fp8, fp8_mma=fp8_mma).asm["ptx"]
+    for fp8, fp8_mma, fresh in ((False, False, False), (True, False, False),
+                                (True, True, False), (True, False, True)):
+        ptx = compile_extend(fp8, fp8_mma=fp8_mma, fresh=fresh).asm["ptx"]
         c = Counter(re.findall(r"(wgmma\.mma_async\S*|mma\.sync\S*|cvt\.rn\.f16x2\.e4m3x2|"
                                r"st\.shared\S*|ld\.shared\S*|cp\.async\.c[ag]\S*)", ptx))
-        name = "fp8, FP8 products" if fp8_mma else "fp8" if fp8 else "bf16"
+        name = ("fp8, FP8 products" if fp8_mma else "fp8, chunk rows" if fresh
+                else "fp8" if fp8 else "bf16")
         print(f"{name:17s}", dict(c.most_common()))
 
 

@@ -196,7 +196,9 @@ class RotaryEmbedding(nn.Module):
     ) -> bool:
         """Where the fused kernels run (CUDA, and Triton attention for `attention_backend`):
         rotate query and key in place and write the new key and value into their cache slots
-        in one kernel (`fused_triton.rotary_write_kv_triton`), and return True. Otherwise do
+        in one kernel (`fused_triton.rotary_write_kv_triton`; into an FP8 cache the key and
+        value rows are left holding what the cache holds, as `ops.attention.paged_attention`
+        expects of a fused writer), and return True. Otherwise do
         nothing and return False: the caller rotates with `forward` and attention writes K/V.
         Shapes as `forward`; value like key; caches, an FP8 cache's scales and slot_mapping
         as `ops.attention.write_kv`."""
@@ -204,7 +206,7 @@ class RotaryEmbedding(nn.Module):
             return False
         _fused().rotary_write_kv_triton(positions, query, key, value, self.cos_sin_cache,
                                         k_cache, v_cache, slot_mapping, validate=False,
-                                        k_scales=k_scales, v_scales=v_scales)
+                                        k_scales=k_scales, v_scales=v_scales, round_rows=True)
         return True
 
     def forward(

@@ -109,18 +109,21 @@ def uses_triton(backend: str, tensor: torch.Tensor) -> bool:
 
 
 def write_kv(key, value, k_cache, v_cache, slot_mapping, backend: str = "auto",
-             validate: bool = True, k_scales=None, v_scales=None) -> None:
+             validate: bool = True, k_scales=None, v_scales=None,
+             round_rows: bool = False) -> None:
     """Write key/value `[num_tokens, num_kv_heads, head_dim]` into the caches by slot_mapping.
 
     See `attention_reference.write_kv_reference` for shapes. validate=False skips the Triton
     wrapper's argument checks (for tensors the model built; see `pagedrt.ops.fused_triton`).
-    k_scales, v_scales: an FP8 cache's scales (see `KVCacheLayer`), else None.
+    k_scales, v_scales: an FP8 cache's scales (see `KVCacheLayer`), else None. round_rows:
+    into an FP8 cache, also leave key and value holding what the cache holds.
     """
     if _use_triton(backend, key):
         return _triton_ops().write_kv_triton(key, value, k_cache, v_cache, slot_mapping,
                                              validate=validate, k_scales=k_scales,
-                                             v_scales=v_scales)
-    return ref.write_kv_reference(key, value, k_cache, v_cache, slot_mapping, k_scales, v_scales)
+                                             v_scales=v_scales, round_rows=round_rows)
+    return ref.write_kv_reference(key, value, k_cache, v_cache, slot_mapping, k_scales, v_scales,
+                                  round_rows)
 
 
 def paged_attention_decode(
@@ -142,23 +145,26 @@ def paged_attention_decode(
 def paged_attention_extend(
     query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, backend: str = "auto",
     max_query_len: int | None = None, validate: bool = True, sliding_window: int | None = None,
-    k_scales=None, v_scales=None,
+    k_scales=None, v_scales=None, key=None, value=None,
 ) -> torch.Tensor:
     """Causal attention of packed query chunks over cached prefixes; see the reference.
 
     max_query_len: longest query chunk, when the caller knows it (saves the Triton wrapper a
     device-to-host read). sliding_window: each query attends only to its last
-    `sliding_window` positions; None = the whole prefix.
+    `sliding_window` positions; None = the whole prefix. key, value: the chunks' own K/V
+    `[num_tokens, num_kv_heads, head_dim]`; over an FP8 cache without a window, the chunks
+    attend to these unrounded and read only their prefixes from the cache (the Triton
+    kernel's FRESH_CHUNK_KV); None reads every key from the cache.
     """
     if _use_triton(backend, query):
         return _triton_ops().paged_attention_extend_triton(
             query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale,
             max_query_len=max_query_len, validate=validate, sliding_window=sliding_window,
-            k_scales=k_scales, v_scales=v_scales,
+            k_scales=k_scales, v_scales=v_scales, key=key, value=value,
         )
     return ref.paged_attention_extend_reference(
         query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, sliding_window,
-        k_scales, v_scales,
+        k_scales, v_scales, key, value,
     )
 
 
@@ -189,10 +195,12 @@ def paged_attention(
     query_seq_lens), over the last `sliding_window` positions of each query when the layer
     has one. The model builds every tensor here itself, so the Triton wrappers skip their
     argument checks. k_scales, v_scales: an FP8 cache's scales (see `KVCacheLayer`), else
-    None."""
+    None. Into an FP8 cache the write leaves key and value holding what the cache holds
+    (round_rows; a fused writer must have done the same), and a prefill reads its own K/V
+    from them (`paged_attention_extend`'s key and value)."""
     if not kv_written:
         write_kv(key, value, k_cache, v_cache, meta.slot_mapping, meta.backend, validate=False,
-                 k_scales=k_scales, v_scales=v_scales)
+                 k_scales=k_scales, v_scales=v_scales, round_rows=True)
     if meta.max_query_len == 1:  # decode only
         return paged_attention_decode(
             query, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, meta.backend,
@@ -207,5 +215,6 @@ def paged_attention(
     return paged_attention_extend(
         query, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, scale,
         meta.backend, max_query_len=meta.max_query_len, validate=False,
-        sliding_window=sliding_window, k_scales=k_scales, v_scales=v_scales,
+        sliding_window=sliding_window, k_scales=k_scales, v_scales=v_scales, key=key,
+        value=value,
     )

@@ -32,9 +32,20 @@ An FP8 cache (KV_FP8) is read as in the decode kernel (`attention_triton.py`): f
 converted in registers (to fp16 under a 16-bit query, F16_MMA), each key's scale applied to its
 score column and each value's, over the tile's largest, to its probability column.
 
-That conversion makes prefill over an FP8 cache slower than over bf16 (1.32x per step on the
+That conversion made prefill over an FP8 cache slower than over bf16 (1.32x per step on the
 H200, docs/design.md, "FP8 KV cache"): Hopper's warpgroup MMA takes its K and V operands from
-shared memory, so each fp8 tile makes a round trip through registers to be converted. With
+shared memory, so each fp8 tile makes a round trip through registers to be converted. So the
+chunk's own keys are not read back from the cache: with FRESH_CHUNK_KV (an FP8 cache, no
+sliding window, the caller passing the step's `key` and `value`) a program first walks the
+chunk's keys j = 0 .. its last token from those [num_tokens, num_kv_heads, head_dim] rows in
+the query's dtype (unmasked tiles up to its first token, then the diagonal masked with
+j <= tok), exactly as over a bf16 cache, and then the cached prefix [0, context) from the
+cache (unmasked tiles, the last one masked at context). A whole prompt prefilled in one chunk
+thus reads no fp8 at all. The model's writers leave those rows holding what the cache holds
+(`write_kv_triton`'s round_rows: the fp8 values times their scales, rounded to the model's
+dtype), so a chunk sees its own keys as every later step will, and a request's tokens do not
+depend on how its prompt was chunked, cached or recomputed (beyond the model dtype's
+rounding of those rows). With
 FP8_MMA (opt-in: `fp8_prefill_mma_requested`; V dim-major, so that both of P @ V's operands
 are contiguous along the tokens it sums over, as FP8 MMA needs) nothing is converted: each
 query row is divided by its largest |value| / 448 and rounded to e4m3 (its scale multiplies
@@ -170,6 +181,45 @@ def _extend_tiles(
     return acc, l_i, m_i
 
 
+@triton.jit
+def _extend_chunk_tiles(
+    acc, l_i, m_i, q, tok,
+    k_rows_ptr, v_rows_ptr,  # the sequence's first chunk token's key / value row, this head
+    stride_knt, stride_vnt,  # row strides of key and value (head_dim contiguous)
+    scale_log2, lo, hi, offs_d,
+    BLOCK_N: tl.constexpr, CAUSAL_MASK: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Online-softmax update over the chunk's own keys j in [lo, hi) (chunk indices), read
+    from the step's key and value rows in the query's dtype; with CAUSAL_MASK, j <= tok[row]
+    and j < hi (FRESH_CHUNK_KV, module doc)."""
+    for tile_start in range(lo, hi, BLOCK_N):
+        offs_n = tile_start + tl.arange(0, BLOCK_N)
+        k_ptrs = k_rows_ptr + offs_n.to(tl.int64)[:, None] * stride_knt + offs_d[None, :]
+        v_ptrs = v_rows_ptr + offs_n.to(tl.int64)[:, None] * stride_vnt + offs_d[None, :]
+        if CAUSAL_MASK:
+            n_mask = offs_n < hi
+            k = tl.load(k_ptrs, mask=n_mask[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=n_mask[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+        if CAUSAL_MASK:
+            visible = (offs_n[None, :] <= tok[:, None]) & (offs_n < hi)[None, :]
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
 @triton.jit(do_not_specialize=["stride_bt"])  # the table's width changes from step to step
 def _extend_kernel(
     q_ptr,  # [num_tokens, num_heads, head_dim]
@@ -181,11 +231,14 @@ def _extend_kernel(
     out_ptr,  # [num_tokens, num_heads, head_dim]
     k_scales_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; read when KV_FP8
     v_scales_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; read when KV_FP8
+    k_new_ptr,  # [num_tokens, num_kv_heads, head_dim], query's dtype; read when FRESH_CHUNK_KV
+    v_new_ptr,  # [num_tokens, num_kv_heads, head_dim], query's dtype; read when FRESH_CHUNK_KV
     scale_log2,  # softmax scale * log2(e)
     stride_qt, stride_qh,
     stride_cb, stride_cs, stride_ch,
     stride_vb, stride_vs, stride_vh, stride_vd,  # V's strides (block, slot, head, dim)
     stride_sb, stride_sh,  # scale strides (block, head); the slot stride is 1
+    stride_knt, stride_knh, stride_vnt, stride_vnh,  # k_new's and v_new's (token, head)
     stride_bt,
     stride_ot, stride_oh,
     GROUP: tl.constexpr,
@@ -201,6 +254,7 @@ def _extend_kernel(
     WINDOW: tl.constexpr = 0,  # sliding window in tokens; 0 = causal over the whole prefix
     V_DIM_MAJOR: tl.constexpr = False,  # V tiles read as [HEAD_DIM, BLOCK_N] (stride_vs 1)
     FP8_MMA: tl.constexpr = False,  # KV_FP8, V dim-major: query and probabilities in e4m3
+    FRESH_CHUNK_KV: tl.constexpr = False,  # KV_FP8, WINDOW 0: the chunk's keys from k_new/v_new
 ):
     kv_head = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -216,13 +270,29 @@ def _extend_kernel(
         head = kv_head * GROUP + offs_m % GROUP
         row_valid = (offs_m < TOKENS_PER_TILE * GROUP) & (tok < q_len)
         tok = tl.minimum(tok, q_len - 1)  # padding rows borrow a real token's position
-        context = seq_len - q_len  # cached tokens before this chunk
-        pos = context + tok  # [BLOCK_M] absolute position of each row's token
+        pos = seq_len - q_len + tok  # [BLOCK_M] absolute position of each row's token
         row_off = (q_start + tok).to(tl.int64)
         q = tl.load(q_ptr + row_off[:, None] * stride_qt + head[:, None] * stride_qh
                     + offs_d[None, :], mask=row_valid[:, None], other=0.0)
         if UPCAST:
             q = q.to(tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        context = seq_len - q_len  # cached tokens before this chunk
+        kv_end = context + tl.minimum(first_tok + TOKENS_PER_TILE, q_len)  # p_last + 1
+        cache_end = kv_end  # keys read from the cache: [.., cache_end)
+        if FRESH_CHUNK_KV:  # the chunk's own keys 0 .. last token from k_new / v_new
+            cache_end = context
+            chunk_unmasked = ((first_tok + 1) // BLOCK_N) * BLOCK_N  # seen by every row
+            k_rows = k_new_ptr + q_start.to(tl.int64) * stride_knt + kv_head * stride_knh
+            v_rows = v_new_ptr + q_start.to(tl.int64) * stride_vnt + kv_head * stride_vnh
+            acc, l_i, m_i = _extend_chunk_tiles(
+                acc, l_i, m_i, q, tok, k_rows, v_rows, stride_knt, stride_vnt, scale_log2,
+                0, chunk_unmasked, offs_d, BLOCK_N, False, UPCAST, DOT_PRECISION)
+            acc, l_i, m_i = _extend_chunk_tiles(
+                acc, l_i, m_i, q, tok, k_rows, v_rows, stride_knt, stride_vnt, scale_log2,
+                chunk_unmasked, kv_end - context, offs_d, BLOCK_N, True, UPCAST, DOT_PRECISION)
         # new names, not q retyped: compiled triton (3.6) refuses a variable retyped inside a
         # runtime if
         if FP8_MMA:  # each row's query over its largest |value| / 448, the scale into scores
@@ -239,12 +309,8 @@ def _extend_kernel(
             q_mma = q
             score_scale = scale_log2
 
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         bt_row = block_tables_ptr + seq * stride_bt
         head_off = kv_head * stride_ch
-        kv_end = context + tl.minimum(first_tok + TOKENS_PER_TILE, q_len)  # p_last + 1
         scale_head_off = kv_head * stride_sh
         v_head_off = kv_head * stride_vh
         if WINDOW > 0:
@@ -259,6 +325,9 @@ def _extend_kernel(
                 k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
                 v_head_off, stride_vb, stride_vs, stride_vd,
                 BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW, KV_FP8, V_DIM_MAJOR, FP8_MMA)
+        elif FRESH_CHUNK_KV:  # the cached prefix: every row sees it, the last tile masked
+            full_lo = 0
+            kv_unmasked = (context // BLOCK_N) * BLOCK_N
         else:
             # keys every row sees (no mask), then the diagonal band up to the last row's position
             full_lo = 0
@@ -271,7 +340,7 @@ def _extend_kernel(
             BLOCK_SIZE, BLOCK_N, False, UPCAST, DOT_PRECISION, WINDOW, KV_FP8, V_DIM_MAJOR, FP8_MMA)
         acc, l_i, m_i = _extend_tiles(
             acc, l_i, m_i, q_mma, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
-            stride_cb, stride_cs, score_scale, kv_unmasked, kv_end, offs_d,
+            stride_cb, stride_cs, score_scale, kv_unmasked, cache_end, offs_d,
             k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
             v_head_off, stride_vb, stride_vs, stride_vd,
             BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW, KV_FP8, V_DIM_MAJOR, FP8_MMA)
@@ -317,6 +386,8 @@ def paged_attention_extend_triton(
     sliding_window: int | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    key: torch.Tensor | None = None,
+    value: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention for packed query chunks over cached prefixes (K/V already written).
 
@@ -339,8 +410,15 @@ def paged_attention_extend_triton(
             not read.
         k_scales, v_scales: an FP8 cache's scales, [num_blocks, num_kv_heads, block_size]
             float32 (`pagedrt.ops.fp8`); None for other caches.
+        key, value: the chunks' own keys (rotated) and values, [num_tokens, num_kv_heads,
+            head_dim] in query's dtype, head_dim contiguous, packed as query. Over an FP8 cache
+            without a sliding window, each chunk attends to these at full precision and reads
+            only its cached prefix from the cache (FRESH_CHUNK_KV, module doc); otherwise they
+            are not read (the cache holds the same values). None: every key from the cache.
     Returns:
         [num_tokens, num_heads, head_dim] in query's dtype.
+    Raises:
+        ValueError: (validate) a tensor's shape, dtype, device or layout breaks the above.
     """
     if validate:
         check_paged_args(query, k_cache, v_cache, block_tables, seq_lens, k_scales, v_scales)
@@ -350,6 +428,16 @@ def paged_attention_extend_triton(
         if cu_seqlens_q.shape[0] != num_seqs + 1 or block_tables.shape[0] < num_seqs:
             raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries and "
                              f"block_tables {block_tables.shape[0]} rows for {num_seqs} sequences")
+        if (key is None) != (value is None):
+            raise ValueError("pass key and value together, or neither")
+        kv_shape = (query.shape[0], k_cache.shape[2], k_cache.shape[3])
+        for name, t in (("key", key), ("value", value)):
+            if t is not None and (tuple(t.shape) != kv_shape or t.dtype != query.dtype
+                                  or t.device != query.device or t.stride(-1) != 1):
+                raise ValueError(
+                    f"{name} is {tuple(t.shape)} {t.dtype} on {t.device} with strides "
+                    f"{t.stride()}; it must be {kv_shape} {query.dtype} on {query.device}, "
+                    "head_dim contiguous (the chunks' own K/V, packed as query)")
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     num_tokens, num_heads, _ = query.shape
     num_seqs = seq_lens.shape[0]
@@ -363,6 +451,9 @@ def paged_attention_extend_triton(
     fp8 = is_fp8(k_cache.dtype)
     if not fp8:
         k_scales = v_scales = out  # unused by the kernel
+    fresh = fp8 and key is not None and not sliding_window
+    if not fresh:
+        key = value = query  # unused by the kernel (strides passed as for a K/V tensor)
     defaults = _extend_launch_configs(head_dim, query.dtype, on_gpu=not upcast)
     configs = [{**defaults[0], **config}] if config else defaults
 
@@ -372,12 +463,13 @@ def paged_attention_extend_triton(
         grid = (num_kv_heads, triton.cdiv(max_query_len, tokens_per_tile), num_seqs)
         _extend_kernel[grid](
             query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out,
-            k_scales, v_scales,
+            k_scales, v_scales, key, value,
             scale * LOG2E,
             query.stride(0), query.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             *v_cache.stride(),
             k_scales.stride(0), k_scales.stride(1),
+            key.stride(0), key.stride(1), value.stride(0), value.stride(1),
             block_tables.stride(0),
             out.stride(0), out.stride(1),
             GROUP=group, TOKENS_PER_TILE=tokens_per_tile, BLOCK_M=block_m,
@@ -385,12 +477,12 @@ def paged_attention_extend_triton(
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
             F16_MMA=fp8 and query.dtype != torch.float32,
             WINDOW=sliding_window or 0, V_DIM_MAJOR=dim_major, FP8_MMA=fp8_mma,
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            FRESH_CHUNK_KV=fresh, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
 
     dim_major = v_dim_major(v_cache)
     fp8_mma = fp8 and dim_major and fp8_prefill_mma_requested()
-    key = ("extend", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
-           dim_major, fp8_mma)
-    launch_first_fitting(key, configs, launch)
+    cache_key = ("extend", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
+                 dim_major, fp8_mma, fresh)
+    launch_first_fitting(cache_key, configs, launch)
     return out

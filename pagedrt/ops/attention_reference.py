@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pagedrt.ops.fp8 import quantize_fp8
+from pagedrt.ops.fp8 import dequantize_fp8, quantize_fp8
 
 
 def write_kv_reference(
@@ -33,10 +33,12 @@ def write_kv_reference(
     slot_mapping: torch.Tensor,  # [num_tokens] int64; < 0 means skip (padding)
     k_scales: torch.Tensor | None = None,  # FP8 cache: [num_blocks, num_kv_heads, block_size]
     v_scales: torch.Tensor | None = None,
+    round_rows: bool = False,
 ) -> None:
     """Write new K/V rows into their cache slots, in place. Negative slots are skipped.
     With k_scales/v_scales (an FP8 cache), rows are quantized by `quantize_fp8` and their
-    scales written too."""
+    scales written too, and with `round_rows` each written row of key and value is
+    overwritten with what the cache holds (`dequantize_fp8`, rounded to the row's dtype)."""
     block_size = k_cache.shape[1]
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()
@@ -49,6 +51,8 @@ def write_kv_reference(
         values, row_scales = quantize_fp8(x[valid])  # [n, heads, head_dim], [n, heads]
         cache.view(torch.uint8)[blocks, offsets] = values.view(torch.uint8)
         scales.transpose(1, 2)[blocks, offsets] = row_scales  # [num_blocks, slot, heads] view
+        if round_rows:
+            x[valid] = dequantize_fp8(values, row_scales).to(x.dtype)
 
 
 def _dequantized(cache: torch.Tensor, scales: torch.Tensor | None,
@@ -162,6 +166,8 @@ def paged_attention_extend_reference(
     sliding_window: int | None = None,
     k_scales: torch.Tensor | None = None,  # FP8 cache: [num_blocks, num_kv_heads, block_size]
     v_scales: torch.Tensor | None = None,
+    key: torch.Tensor | None = None,  # [num_tokens, num_kv_heads, head_dim], packed as query
+    value: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """Causal attention for packed query chunks over cached prefixes.
 
@@ -169,11 +175,16 @@ def paged_attention_extend_reference(
     `seq_lens[i]` cached tokens (their K/V already written). This covers prefill, chunked
     prefill, prefix-cache hits and decode (query length 1). With `sliding_window` W, each query
     sees its last W positions; only keys from the first query's window on are gathered.
+    With an FP8 cache, `key` and `value` (the chunks' own K/V, as `write_kv_reference` with
+    round_rows left them) and no window, each chunk takes its own keys from `key`/`value`
+    and only its prefix from the cache, as the Triton kernel's FRESH_CHUNK_KV
+    (`attention_extend_triton`); otherwise every key comes from the cache.
     """
     out = torch.empty_like(query)
     starts = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
-    decode_seqs = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
+    fresh = k_scales is not None and key is not None and sliding_window is None
+    decode_seqs = [] if fresh else [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
     if decode_seqs:  # one-token queries: the batched decode path
         rows = torch.tensor([starts[i] for i in decode_seqs], device=query.device)
         sel = torch.tensor(decode_seqs, device=query.device)
@@ -183,13 +194,17 @@ def paged_attention_extend_reference(
         )
     for i, seq_len in enumerate(lens):
         q_start, q_end = starts[i], starts[i + 1]
-        if q_end - q_start <= 1:
+        if q_end - q_start == 0 or (q_end - q_start == 1 and not fresh):
             continue
         first_key = 0
         if sliding_window is not None:  # the window of the chunk's first query
             first_key = max(seq_len - (q_end - q_start) - sliding_window + 1, 0)
-        k, v = _gather_kv(k_cache, v_cache, block_tables[i], first_key, seq_len, k_scales,
+        cache_end = seq_len - (q_end - q_start) if fresh else seq_len
+        k, v = _gather_kv(k_cache, v_cache, block_tables[i], first_key, cache_end, k_scales,
                           v_scales)
+        if fresh:  # the chunk's own K/V, unrounded
+            k = torch.cat([k, key[q_start:q_end].float()])
+            v = torch.cat([v, value[q_start:q_end].float()])
         out[q_start:q_end] = _attend(query[q_start:q_end], k, v, scale, first_key,
                                      sliding_window)
     return out

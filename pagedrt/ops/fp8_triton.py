@@ -9,6 +9,8 @@ the CPU tests could not check a kernel that used it. The integer path is one cod
 interpreter and the GPU (triton 3.6 and 3.9), and matches torch's round-to-nearest-even cast.
 Reading fp8 back (`tl.load` of a float8e4nv pointer, then `.to(...)`) is exact in the
 interpreter for every finite code, and native on the GPU, so the attention kernels do that.
+The writers, which hold the bytes they computed in registers, decode them with integer
+operations too (`fp8_e4m3_value`) when they round a row to what the cache holds.
 """
 
 from __future__ import annotations
@@ -55,3 +57,16 @@ def fp8_quantize(x, scale):
     y = tl.math.div_rn(x, scale)
     y = tl.minimum(tl.maximum(y, -448.0), 448.0)
     return fp8_e4m3_bits(y)
+
+
+@triton.jit
+def fp8_e4m3_value(code):
+    """The fp32 value of float8_e4m3fn bytes `code` (uint8, finite codes), exactly: normal
+    codes 2^(e - 7) * (1 + m / 8) built as fp32 bits, subnormal ones m * 2^-9."""
+    c = code.to(tl.int32)
+    e = (c >> 3) & 0xF
+    m = c & 0x7
+    negative = (c & 0x80) != 0
+    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)  # bias 127 - 7
+    magnitude = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
+    return tl.where(negative, -magnitude, magnitude)

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from pagedrt.ops.fp8 import is_fp8
-from pagedrt.ops.fp8_triton import fp8_quantize, fp8_row_scale
+from pagedrt.ops.fp8_triton import fp8_e4m3_value, fp8_quantize, fp8_row_scale
 from pagedrt.ops.kv_write_triton import write_kv_triton
 from pagedrt.ops.triton_utils import (
     SUPPORTED_DTYPES,
@@ -266,6 +266,7 @@ def _rotary_write_kv_kernel(
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block
     KV_FP8: tl.constexpr,  # the caches are uint8 views of fp8 caches: quantize, store scales
     V_DIM_MAJOR: tl.constexpr = False,  # v_cache is a dim-major view (`v_dim_major`)
+    ROUND_ROWS: tl.constexpr = False,  # KV_FP8: key and value rows get what the cache holds
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_enabled)
 ):
     """One token: RoPE on its query and key heads (as `_rotary_kernel`), then its rotated key
@@ -321,10 +322,24 @@ def _rotary_write_kv_kernel(
             h_mask = offs_h < num_kv_heads
             tl.store(k_scales_ptr + scale_dst, k_scale, mask=h_mask)
             tl.store(v_scales_ptr + scale_dst, v_scale, mask=h_mask)
-            tl.store(k_cache_ptr + dst, fp8_quantize(k1f, k_scale), mask=mask)
-            tl.store(k_cache_ptr + dst + HALF, fp8_quantize(k2f, k_scale), mask=mask)
-            tl.store(v_cache_ptr + dst_v, fp8_quantize(v1f, v_scale), mask=mask)
-            tl.store(v_cache_ptr + dst_v + half_v, fp8_quantize(v2f, v_scale), mask=mask)
+            k1_code = fp8_quantize(k1f, k_scale)
+            k2_code = fp8_quantize(k2f, k_scale)
+            v1_code = fp8_quantize(v1f, v_scale)
+            v2_code = fp8_quantize(v2f, v_scale)
+            tl.store(k_cache_ptr + dst, k1_code, mask=mask)
+            tl.store(k_cache_ptr + dst + HALF, k2_code, mask=mask)
+            tl.store(v_cache_ptr + dst_v, v1_code, mask=mask)
+            tl.store(v_cache_ptr + dst_v + half_v, v2_code, mask=mask)
+            if ROUND_ROWS:  # the rows as the cache holds them (as `_write_kv_kernel`)
+                k_rounded = k_scale[:, None]
+                v_rounded = v_scale[:, None]
+                row_ty = k_ptr.dtype.element_ty
+                tl.store(k1_ptr, (fp8_e4m3_value(k1_code) * k_rounded).to(row_ty), mask=mask)
+                tl.store(k1_ptr + HALF, (fp8_e4m3_value(k2_code) * k_rounded).to(row_ty),
+                         mask=mask)
+                tl.store(v1_ptr, (fp8_e4m3_value(v1_code) * v_rounded).to(row_ty), mask=mask)
+                tl.store(v1_ptr + HALF, (fp8_e4m3_value(v2_code) * v_rounded).to(row_ty),
+                         mask=mask)
         else:
             tl.store(k_cache_ptr + dst, k1.to(k_cache_ptr.dtype.element_ty), mask=mask)
             tl.store(k_cache_ptr + dst + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=mask)
@@ -346,6 +361,7 @@ def rotary_write_kv_triton(
     validate: bool = True,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    round_rows: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`rotary_triton` then `write_kv_triton(key, value, k_cache, v_cache, slot_mapping)` in
     one kernel: a token's rotated key goes to its cache slot straight from registers, and a
@@ -358,6 +374,8 @@ def rotary_write_kv_triton(
         k_cache, v_cache, slot_mapping: as `write_kv_triton` (negative slots are skipped).
         validate: check the above (ValueError); False skips the checks (see the module doc).
         k_scales, v_scales: as `write_kv_triton` (an FP8 cache's scales, else None).
+        round_rows: as `write_kv_triton`: with an FP8 cache, the rotated key and the value
+            rows are left holding what the cache holds.
     """
     if validate:
         rotary_triton(positions[:0], query[:0], key[:0], cos_sin_cache)  # checks only
@@ -390,7 +408,7 @@ def rotary_write_kv_triton(
             HALF=half, BLOCK_D=next_pow2(half),
             BLOCK_HQ=next_pow2(num_heads), BLOCK_HK=next_pow2(num_kv_heads),
             BLOCK_SIZE=k_cache.shape[1], KV_FP8=fp8, V_DIM_MAJOR=v_dim_major(v_cache),
-            num_warps=_num_warps(next_pow2(num_heads) * next_pow2(half)),
+            ROUND_ROWS=fp8 and round_rows, num_warps=_num_warps(next_pow2(num_heads) * next_pow2(half)),
             **pdl_launch(pdl_enabled(query)),
         )
     return query, key

@@ -3,8 +3,8 @@
 
 Both are data movement: one program copies one contiguous row range with 16-byte loads
 (head_dim is the contiguous dim of every tensor involved). Into an FP8 cache, the write
-quantizes each token's heads and stores their scales beside the block (`pagedrt.ops.fp8`);
-the copy moves bytes, so it copies FP8 blocks and their scales unchanged.
+quantizes each token's heads and stores their scales beside the block (`pagedrt.ops.fp8`),
+and with `round_rows` gives the rows back the values the cache holds; the copy moves bytes, so it copies FP8 blocks and their scales unchanged.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from pagedrt.ops.fp8 import is_fp8
-from pagedrt.ops.fp8_triton import fp8_quantize, fp8_row_scale
+from pagedrt.ops.fp8_triton import fp8_e4m3_value, fp8_quantize, fp8_row_scale
 from pagedrt.ops.triton_utils import (
     check_cache_pair,
     check_index,
@@ -52,6 +52,7 @@ def _write_kv_kernel(
     BLOCK_H: tl.constexpr,  # num_kv_heads rounded up to a power of two
     KV_FP8: tl.constexpr,  # the caches are uint8 views of fp8 caches: quantize, store scales
     V_DIM_MAJOR: tl.constexpr = False,  # v_cache is a dim-major view (`v_dim_major`)
+    ROUND_ROWS: tl.constexpr = False,  # KV_FP8: key and value rows get what the cache holds
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -83,8 +84,15 @@ def _write_kv_kernel(
             h_mask = offs_h < num_kv_heads
             tl.store(k_scales_ptr + scale_dst, k_scale, mask=h_mask)
             tl.store(v_scales_ptr + scale_dst, v_scale, mask=h_mask)
-            tl.store(k_cache_ptr + dst, fp8_quantize(k, k_scale), mask=mask)
-            tl.store(v_cache_ptr + dst_v, fp8_quantize(v, v_scale), mask=mask)
+            k_code = fp8_quantize(k, k_scale)
+            v_code = fp8_quantize(v, v_scale)
+            tl.store(k_cache_ptr + dst, k_code, mask=mask)
+            tl.store(v_cache_ptr + dst_v, v_code, mask=mask)
+            if ROUND_ROWS:
+                tl.store(src_k, (fp8_e4m3_value(k_code) * k_scale[:, None]).to(
+                    key_ptr.dtype.element_ty), mask=mask)
+                tl.store(src_v, (fp8_e4m3_value(v_code) * v_scale[:, None]).to(
+                    value_ptr.dtype.element_ty), mask=mask)
         else:
             tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
             tl.store(v_cache_ptr + dst_v, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
@@ -100,6 +108,7 @@ def write_kv_triton(
     validate: bool = True,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    round_rows: bool = False,
 ) -> None:
     """Write new K/V rows into their cache slots, in place; negative slots are skipped.
 
@@ -114,6 +123,10 @@ def write_kv_triton(
             tensors they built (see `pagedrt.ops.fused_triton`).
         k_scales, v_scales: with a float8_e4m3fn cache, [num_blocks, num_kv_heads, block_size]
             float32, written with each token's scales (`pagedrt.ops.fp8`); else None.
+        round_rows: with an FP8 cache, also overwrite each written row of key and value with
+            what the cache now holds (its fp8 values times its scale, rounded to the rows'
+            dtype), so that attention may read a step's own K/V from them instead of the
+            cache (`paged_attention_extend_triton`'s key and value).
     """
     if validate:
         block_size, num_kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
@@ -144,7 +157,7 @@ def write_kv_triton(
         k_scales.stride(0), k_scales.stride(1),
         num_kv_heads,
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_H=next_pow2(num_kv_heads), KV_FP8=fp8,
-        V_DIM_MAJOR=v_dim_major(v_cache),
+        V_DIM_MAJOR=v_dim_major(v_cache), ROUND_ROWS=fp8 and round_rows,
     )
 
 

@@ -200,6 +200,46 @@ def test_fp8_attention_on_gpu_matches_reference(group, query_dtype):
     torch.testing.assert_close(out.float(), expected.float(), **tol)
 
 
+@pytest.mark.parametrize("group, query_dtype", [(1, torch.bfloat16), (4, torch.bfloat16),
+                                                (7, torch.float32)])
+def test_fp8_prefill_reads_the_written_rows_on_gpu(group, query_dtype):
+    """FRESH_CHUNK_KV compiled: the chunks' rows (of `_paged_fp8`'s sequences, the last
+    q_len tokens each, 4096 and 4097 among them) as `write_kv_triton` with round_rows leaves
+    them. Reading each chunk's keys from those rows, from the cache, and the reference: the
+    same attention within the query dtype's rounding."""
+    torch.manual_seed(group)
+    num_kv_heads, head_dim, block_size = 2, 128, 16
+    lens = [1, 16, 17, 4096, 4097, 300]
+    q_lens = [1, 16, 5, 4096, 1, 77]  # whole prompts, chunks over prefixes, one token
+    caches, tables, seq_lens = _paged_fp8(lens, num_kv_heads, head_dim, block_size)
+    slots = torch.cat([(tables[i].long()[:, None] * block_size
+                        + torch.arange(block_size, device=CUDA)).flatten()[n - q:n]
+                       for i, (n, q) in enumerate(zip(lens, q_lens))])
+    rows = [torch.randn(len(slots), num_kv_heads, head_dim, device=CUDA).to(query_dtype)
+            for _ in range(2)]
+    tri.write_kv_triton(*rows, caches[0], caches[1], slots, k_scales=caches[2],
+                        v_scales=caches[3], round_rows=True)
+    held = [(c[slots // block_size].float() * s.transpose(1, 2)[slots // block_size]
+             [..., None])[torch.arange(len(slots), device=CUDA), slots % block_size]
+            for c, s in ((caches[0], caches[2]), (caches[1], caches[3]))]
+    for row, want in zip(rows, held):  # the rows are the cache's values, rounded once
+        assert torch.equal(row, want.to(query_dtype))
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32,
+                      device=CUDA)
+    query = torch.randn(len(slots), num_kv_heads * group, head_dim, device=CUDA)
+    query = query.to(query_dtype)
+    args = (query, caches[0], caches[1], tables, cu, seq_lens, head_dim ** -0.5)
+    scales = {"k_scales": caches[2], "v_scales": caches[3]}
+    fresh = tri.paged_attention_extend_triton(*args, key=rows[0], value=rows[1], **scales)
+    from_cache = tri.paged_attention_extend_triton(*args, **scales)
+    expected = ref.paged_attention_extend_reference(*args, key=rows[0], value=rows[1], **scales)
+    tol = {"rtol": 2e-2, "atol": 2e-2} if query_dtype == torch.bfloat16 else {"rtol": 1e-4,
+                                                                               "atol": 1e-4}
+    assert torch.isfinite(fresh).all()
+    torch.testing.assert_close(fresh.float(), from_cache.float(), **tol)
+    torch.testing.assert_close(fresh.float(), expected.float(), **tol)
+
+
 def _tiny_on_cuda():
     loaded = build_tiny_llama(seed=0)
     return loaded._replace(model=loaded.model.to(CUDA))
