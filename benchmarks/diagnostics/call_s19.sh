@@ -23,8 +23,8 @@ case "${PART:-1}" in
 gpu_tests gpu_fp8 170 tests/gpu/test_fp8_kv_gpu.py
 for mma in 0 1; do
   PAGEDRT_FP8_PREFILL_MMA=$mma timeout 60 python3 -m pagedrt.entrypoints.cli bench attention \
-    --kv-cache-dtype fp8 --decode-shapes llama3-8b:64:4096 --name "att_mma$mma" \
-    --out "$out/r" > "$out/r/att_mma$mma.txt" 2>&1
+    --kv-cache-dtype fp8 --decode-shapes llama3-8b:64:4096 \
+    --out "$out/r/att_mma$mma" > "$out/r/att_mma$mma.txt" 2>&1
 done
 timeout 60 python3 benchmarks/diagnostics/filters_candidates.py > "$out/r/filters.txt" 2>&1
 echo "== extend over FP8 (FP8 products off, on)"; grep -h "over FP8" "$out"/r/att_mma*.txt | head -4

@@ -1,0 +1,130 @@
+"""Why a prefill step over an FP8 cache takes longer than over bf16 (Llama-3-8B shape, 16,384
+tokens per step: 543 against 425 ms at 065549c, BENCHMARKS.md), in two parts. A one-off
+diagnostic for issue 17, not a benchmark of record.
+
+1. The attention kernels of a mixed step (CUDA-graph replays, medians): 4 prompts of 4,096
+   tokens prefilled whole, with 0, 48 or 96 decode rows of 4,200 tokens of context in the
+   same extend launch (as the engine batches them), over a bf16 and an FP8 cache; and the
+   decode kernel over those rows alone (what running them apart would cost).
+2. The device time by kernel of one engine prefill of 8 prompts x 4,096 tokens (two
+   16,384-token steps, no decode rows) with each cache dtype (torch.profiler), to find any
+   other kernel that differs.
+
+    PYTHONPATH=$PWD python3 benchmarks/diagnostics/fp8_prefill_step.py --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections import defaultdict
+
+import torch
+
+from pagedrt import LLM, SamplingParams
+from pagedrt.bench.attention import bench_ms, fp8_cache
+from pagedrt.bench.presets import get_preset, random_model
+from pagedrt.ops import attention_triton as tri
+from pagedrt.ops.triton_utils import to_v_dim_major
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
+CUDA = torch.device("cuda")
+
+
+def mixed_step(num_decode: int, prompt_len: int = 4096, num_prompts: int = 4,
+               decode_ctx: int = 4200) -> dict:
+    lens = [prompt_len] * num_prompts + [decode_ctx] * num_decode
+    q_lens = [prompt_len] * num_prompts + [1] * num_decode
+    per_seq = [-(-n // BLOCK) for n in lens]
+    num_blocks = sum(per_seq)
+    shape = (num_blocks, BLOCK, KV_HEADS, HEAD_DIM)
+    k16 = torch.randn(shape, device=CUDA, dtype=torch.bfloat16)
+    v16 = torch.randn(shape, device=CUDA, dtype=torch.bfloat16)
+    perm = torch.randperm(num_blocks, device=CUDA)
+    bt = torch.zeros(len(lens), max(per_seq), dtype=torch.int32, device=CUDA)
+    used = 0
+    for i, nb in enumerate(per_seq):
+        bt[i, :nb] = perm[used:used + nb].int()
+        used += nb
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=CUDA)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32,
+                      device=CUDA)
+    tokens = sum(q_lens)
+    query = torch.randn(tokens, HEADS, HEAD_DIM, device=CUDA, dtype=torch.bfloat16)
+    rows = [torch.randn(tokens, KV_HEADS, HEAD_DIM, device=CUDA, dtype=torch.bfloat16)
+            for _ in range(2)]
+    scale = HEAD_DIM ** -0.5
+    (k8, ks), (v8, vs) = fp8_cache(k16), fp8_cache(v16)
+    v8 = to_v_dim_major(v8)
+    out = {"num_decode": num_decode}
+    out["bf16_ms"] = bench_ms(lambda: tri.paged_attention_extend_triton(
+        query, k16, v16, bt, cu, seq_lens, scale, max_query_len=prompt_len))
+    out["fp8_rows_ms"] = bench_ms(lambda: tri.paged_attention_extend_triton(
+        query, k8, v8, bt, cu, seq_lens, scale, max_query_len=prompt_len, k_scales=ks,
+        v_scales=vs, key=rows[0], value=rows[1]))
+    out["fp8_cache_ms"] = bench_ms(lambda: tri.paged_attention_extend_triton(
+        query, k8, v8, bt, cu, seq_lens, scale, max_query_len=prompt_len, k_scales=ks,
+        v_scales=vs))
+    if num_decode:
+        dq = torch.randn(num_decode, HEADS, HEAD_DIM, device=CUDA, dtype=torch.bfloat16)
+        dbt, dlens = bt[num_prompts:], seq_lens[num_prompts:]
+        out["decode_bf16_ms"] = bench_ms(lambda: tri.paged_attention_decode_triton(
+            dq, k16, v16, dbt, dlens, scale))
+        out["decode_fp8_ms"] = bench_ms(lambda: tri.paged_attention_decode_triton(
+            dq, k8, v8, dbt, dlens, scale, k_scales=ks, v_scales=vs))
+    torch.cuda.empty_cache()
+    return out
+
+
+def engine_kernels(kv_cache_dtype: str) -> dict:
+    model = random_model(get_preset("llama3-8b"), torch.bfloat16, CUDA)
+    llm = LLM(model, kv_cache_dtype=kv_cache_dtype, gpu_memory_utilization=0.5,
+              max_num_seqs=64, max_num_batched_tokens=16384, max_model_len=4352)
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=2)
+
+    def prompts(seed):
+        g = torch.Generator().manual_seed(seed)
+        return torch.randint(0, 10000, (8, 4096), generator=g).tolist()
+
+    llm.generate(prompts(1), params, use_tqdm=False)  # compile
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        llm.generate(prompts(2), params, use_tqdm=False)
+        torch.cuda.synchronize()
+    kernels: dict = defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels[e.name[:80]]
+            k[0] += 1
+            k[1] += e.device_time_total
+    del llm, model
+    torch.cuda.empty_cache()
+    return dict(sorted(kernels.items(), key=lambda kv: -kv[1][1]))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    steps = [mixed_step(n) for n in (0, 48, 96)]
+    engines = {dt: engine_kernels(dt) for dt in ("auto", "fp8")}
+    with open(os.path.join(args.out, "fp8_prefill_step.json"), "w") as f:
+        json.dump({"mixed_steps": steps, "engine_kernels_us": engines}, f, indent=1)
+    for dt, ks in engines.items():
+        total = sum(v[1] for v in ks.values()) / 1e3
+        print(f"engine {dt}: device total {total:.1f} ms over 2 prefill steps (+2 decode)")
+        for name, (n, us) in list(ks.items())[:8]:
+            print(f"  {us / 1e3:8.1f} ms {n:5d}x {name}")
+    print("attention of a mixed step (ms): decode rows, bf16, fp8 rows, fp8 from cache, "
+          "decode kernel bf16 / fp8 for the rows alone")
+    for s in steps:
+        print(f"  {s['num_decode']:3d} {s['bf16_ms']:8.3f} {s['fp8_rows_ms']:8.3f} "
+              f"{s['fp8_cache_ms']:8.3f} {s.get('decode_bf16_ms', 0):8.3f} "
+              f"{s.get('decode_fp8_ms', 0):8.3f}")
+
+
+if __name__ == "__main__":
+    main()
