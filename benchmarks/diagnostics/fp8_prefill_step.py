@@ -9,8 +9,17 @@ diagnostic for issue 17, not a benchmark of record.
 2. The device time by kernel of one engine prefill of 8 prompts x 4,096 tokens (two
    16,384-token steps, no decode rows) with each cache dtype (torch.profiler), to find any
    other kernel that differs.
+3. Which Triton kernels compile inside a timed run after the bench's warm-up of 4 requests
+   (the FP8 run of 256 x 4,096 / 256 had steps of 8.6, 6.8 and 6.3 s): 16 requests of
+   4,096 / 32 over an FP8 cache after 4 warm-up requests, each compile logged through
+   triton's jit_post_compile_hook (where this Triton has it).
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/fp8_prefill_step.py --out DIR
+
+With --sweep, instead: the pure 4 x 4,096 prefill's attention under each of a list of launch
+configs (BLOCK_M / BLOCK_N / warps / stages), bf16 against FP8 with the prompts' rows and FP8
+from the cache, with each compiled kernel's registers and spills (the first run, at 065549c,
+measured FP8 with rows 2.4x bf16's time although that path reads no fp8).
 """
 
 from __future__ import annotations
@@ -32,8 +41,19 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 CUDA = torch.device("cuda")
 
 
+def _kernel_resources() -> str:
+    """Registers and spills of the extend kernel compiled last (Triton's in-process cache)."""
+    try:
+        caches = tri._extend_kernel.device_caches
+        kernels = [k for dev in caches.values() for k in dev[0].values()]
+        k = kernels[-1]
+        return f"regs {k.n_regs} spills {k.n_spills} shared {k.metadata.shared}"
+    except Exception as e:  # noqa: BLE001 - a diagnostic: report what failed
+        return f"({type(e).__name__})"
+
+
 def mixed_step(num_decode: int, prompt_len: int = 4096, num_prompts: int = 4,
-               decode_ctx: int = 4200) -> dict:
+               decode_ctx: int = 4200, configs: list | None = None) -> dict:
     lens = [prompt_len] * num_prompts + [decode_ctx] * num_decode
     q_lens = [prompt_len] * num_prompts + [1] * num_decode
     per_seq = [-(-n // BLOCK) for n in lens]
@@ -58,6 +78,25 @@ def mixed_step(num_decode: int, prompt_len: int = 4096, num_prompts: int = 4,
     (k8, ks), (v8, vs) = fp8_cache(k16), fp8_cache(v16)
     v8 = to_v_dim_major(v8)
     out = {"num_decode": num_decode}
+    if configs:
+        sweep = []
+        for m, n, w, st in configs:
+            cfg = {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": st}
+            row = [f"{m}/{n}/{w}/{st}"]
+            for name, kw in (("bf16", None), ("fp8 rows", "rows"), ("fp8 cache", "cache")):
+                caches = (k16, v16, {}) if kw is None else (k8, v8, {
+                    "k_scales": ks, "v_scales": vs,
+                    **({"key": rows[0], "value": rows[1]} if kw == "rows" else {})})
+                try:
+                    ms = bench_ms(lambda c=caches, cfg=cfg: tri.paged_attention_extend_triton(
+                        query, c[0], c[1], bt, cu, seq_lens, scale, max_query_len=prompt_len,
+                        config=cfg, **c[2]))
+                    row.append(f"{name} {ms:7.3f} ms ({_kernel_resources()})")
+                except Exception as e:  # noqa: BLE001 - out of resources and the like
+                    row.append(f"{name} ERR {str(e)[:60]}")
+            sweep.append(row)
+        out["sweep"] = sweep
+        return out
     out["bf16_ms"] = bench_ms(lambda: tri.paged_attention_extend_triton(
         query, k16, v16, bt, cu, seq_lens, scale, max_query_len=prompt_len))
     out["fp8_rows_ms"] = bench_ms(lambda: tri.paged_attention_extend_triton(
@@ -104,15 +143,66 @@ def engine_kernels(kv_cache_dtype: str) -> dict:
     return dict(sorted(kernels.items(), key=lambda kv: -kv[1][1]))
 
 
+def compiles_in_a_run(kv_cache_dtype: str) -> list:
+    """Kernels compiled during a run of mixed prefill/decode steps after a 4-request warm-up."""
+    import time
+
+    import triton
+
+    log: list = []
+    knobs = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if knobs is None or not hasattr(knobs, "jit_post_compile_hook"):
+        return ["this Triton has no jit_post_compile_hook"]
+
+    def hook(*, key, repr, fn, compile, is_manual_warmup, already_compiled, **kw):
+        log.append([round(time.perf_counter() - start, 2), fn.name, str(repr)[:300]])
+        return False
+
+    model = random_model(get_preset("llama3-8b"), torch.bfloat16, CUDA)
+    llm = LLM(model, kv_cache_dtype=kv_cache_dtype, gpu_memory_utilization=0.5,
+              max_num_seqs=64, max_num_batched_tokens=16384, max_model_len=4352)
+    g = torch.Generator().manual_seed(3)
+    warm = torch.randint(0, 10000, (4, 4096), generator=g).tolist()
+    timed = torch.randint(0, 10000, (16, 4096), generator=g).tolist()
+    llm.generate(warm, SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=32),
+                 use_tqdm=False)
+    start = time.perf_counter()
+    knobs.jit_post_compile_hook = hook
+    try:
+        llm.generate(timed, SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=32),
+                     use_tqdm=False)
+    finally:
+        knobs.jit_post_compile_hook = None
+    log.append([round(time.perf_counter() - start, 2), "(run ends)", ""])
+    del llm, model
+    torch.cuda.empty_cache()
+    return log
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
+    p.add_argument("--sweep", action="store_true")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.sweep:
+        configs = [(256, 64, 8, 3), (256, 64, 8, 2), (128, 64, 8, 3), (128, 64, 8, 2),
+                   (128, 128, 8, 2), (256, 32, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3)]
+        result = mixed_step(0, configs=configs)
+        with open(os.path.join(args.out, "fp8_prefill_sweep.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        for row in result["sweep"]:
+            print(" | ".join(row))
+        return
     steps = [mixed_step(n) for n in (0, 48, 96)]
     engines = {dt: engine_kernels(dt) for dt in ("auto", "fp8")}
+    compiles = compiles_in_a_run("fp8")
     with open(os.path.join(args.out, "fp8_prefill_step.json"), "w") as f:
-        json.dump({"mixed_steps": steps, "engine_kernels_us": engines}, f, indent=1)
+        json.dump({"mixed_steps": steps, "engine_kernels_us": engines,
+                   "compiles_in_fp8_run": compiles}, f, indent=1)
+    print("compiled inside the FP8 run (s from its start, kernel):")
+    for t, name, _ in compiles:
+        print(f"  {t:7.2f} {name}")
     for dt, ks in engines.items():
         total = sum(v[1] for v in ks.values()) / 1e3
         print(f"engine {dt}: device total {total:.1f} ms over 2 prefill steps (+2 decode)")
