@@ -350,12 +350,18 @@ def _extend_kernel(
                  + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
 
 
-def _extend_launch_configs(head_dim: int, dtype: torch.dtype, on_gpu: bool) -> list[dict]:
+def _extend_launch_configs(head_dim: int, dtype: torch.dtype, on_gpu: bool,
+                           kv_fp8: bool = False) -> list[dict]:
     """Launch configs, tuned first, then smaller ones that need less shared memory.
 
     H200, 4096-token causal prefill, 32/8 heads x 128, bf16: BLOCK_M 256 / BLOCK_N 64 /
     8 warps / 3 stages ran at 346 TFLOP/s, 128/64/8/3 at 300, 256/32 at 289, 256/128 at 226.
     fp32 tiles take twice the shared memory (256/64/8/3 needs 263 KB > the H200's 227 KB).
+    Over an FP8 cache (kv_fp8) the kernel carries the conversion path too, and at BLOCK_M 256
+    it ran 2.4x slower even where it reads no fp8 (H200, 2026-12-02, 4 prompts x 4,096
+    tokens with their own rows, `benchmarks/diagnostics/fp8_prefill_step.py --sweep`):
+    256/64/8/3 3.36 ms, 128/64/8/3 1.47 ms (bf16 at 256/64/8/3: 1.39 ms); every key read from
+    the FP8 cache: 3.93 and 3.20 ms. So FP8 starts at 128/64/8/3.
     """
     def cfg(m, n, w, s):
         return {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s}
@@ -365,8 +371,8 @@ def _extend_launch_configs(head_dim: int, dtype: torch.dtype, on_gpu: bool) -> l
     if head_dim <= 64:
         return [cfg(128, 64, 4, 3)] + small
     if head_dim <= 128:
-        first = [cfg(128, 64, 8, 3)] if dtype == torch.float32 else [cfg(256, 64, 8, 3),
-                                                                       cfg(128, 64, 8, 3)]
+        first = [cfg(128, 64, 8, 3)] if dtype == torch.float32 or kv_fp8 else [
+            cfg(256, 64, 8, 3), cfg(128, 64, 8, 3)]
         return first + small
     return [cfg(64, 32, 8, 2), cfg(32, 16, 4, 1)]
 
@@ -454,7 +460,7 @@ def paged_attention_extend_triton(
     fresh = fp8 and key is not None and not sliding_window
     if not fresh:
         key = value = query  # unused by the kernel (strides passed as for a K/V tensor)
-    defaults = _extend_launch_configs(head_dim, query.dtype, on_gpu=not upcast)
+    defaults = _extend_launch_configs(head_dim, query.dtype, on_gpu=not upcast, kv_fp8=fp8)
     configs = [{**defaults[0], **config}] if config else defaults
 
     def launch(cfg: dict) -> None:
