@@ -4,11 +4,26 @@ the PyTorch reference first. A tuning diagnostic for the H200, not a benchmark o
 
     PYTHONPATH=$PWD python3 benchmarks/decode_tune.py --out DIR [--quick]
         [--cases llama3-8b:64:4096,qwen2-0.5b:64:2048] [--kv-cache-dtype auto|fp8|both]
-        [--small-grid] [--block-n 64,128] [--warps 4,8] [--stages 2,3] [--splits 1,2]
-        [--maxnreg 0,168] [--shard I/N]
+        [--small-grid | --default-only] [--block-n 64,128] [--warps 4,8] [--stages 2,3]
+        [--splits 1,2] [--maxnreg 0,168] [--fused-reduce 0,1] [--shard I/N]
 
 `--block-n`, `--warps`, `--stages`, `--splits` and `--maxnreg` (a register cap per thread
-passed to Triton's compiler, 0 for none) replace the full grid's axes. `--shard I/N` runs
+passed to Triton's compiler, 0 for none) replace the full grid's axes. `--fused-reduce 0,1`
+times each split setting with the split-K reduce in a second kernel (0, the default) and
+folded into the attention kernel (1: PAGEDRT_DECODE_FUSED_REDUCE=1 around the call; settings
+of 1 split have no reduce and run once), and prints per shape the default launch setting's
+time both ways. `--default-only` times only the default launch setting (with each
+`--fused-reduce` value), e.g. to compare the two reduces:
+
+    decode_tune.py --out DIR --default-only --fused-reduce 0,1 --kv-cache-dtype both \
+        --cases qwen2-0.5b:1:512,qwen2-0.5b:1:2048,qwen2-0.5b:1:4096,qwen2-0.5b:8:512,\
+qwen2-0.5b:8:2048,qwen2-0.5b:8:4096,qwen2-0.5b:64:512,qwen2-0.5b:64:2048,qwen2-0.5b:64:4096,\
+llama3-8b:1:4096,llama3-8b:64:4096
+
+(Shapes whose default is one split, e.g. Llama-3-8B heads at B64 L4096, have no reduce and
+are timed once.)
+
+`--shard I/N` runs
 every N-th setting from the I-th: N shards started at once compile in parallel (their
 timings, taken on a shared GPU, are not to be read), after which one unsharded run finds
 every kernel in Triton's cache and times them alone.
@@ -23,6 +38,7 @@ DIR/decode_tune.json. Block ids are a random permutation, as in a cache that has
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import itertools
 import json
@@ -62,6 +78,28 @@ def make_case(num_seqs, ctx, num_heads, num_kv_heads, head_dim, block_size=16, s
     return q, k, v, tables, lens
 
 
+def timing_at(timings: list[dict], setting: dict) -> dict | None:
+    """The first of `timings` taken at `setting` (its keys and maxnreg; absent = 0)."""
+    return next((t for t in timings if all(t.get(key, 0) == setting.get(key, 0)
+                                           for key in (*setting, "maxnreg"))), None)
+
+
+@contextlib.contextmanager
+def fused_reduce_env(fused: int):
+    """PAGEDRT_DECODE_FUSED_REDUCE set to `fused` (0/1) inside, restored after (read by the
+    decode launch at each call, so also when do_bench_cudagraph captures it)."""
+    name = "PAGEDRT_DECODE_FUSED_REDUCE"
+    before = os.environ.get(name)
+    os.environ[name] = str(fused)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -71,14 +109,18 @@ def main() -> None:
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "both"])
     p.add_argument("--small-grid", action="store_true",
                    help="BLOCK_N 32/64/128 x warps 4/8 x stages 2/3, default splits only")
+    p.add_argument("--default-only", action="store_true",
+                   help="only the default launch setting (x --fused-reduce)")
     for axis, default in (("block-n", "32,64,128"), ("warps", "2,4,8"), ("stages", "2,3,4"),
-                          ("splits", "1,2,4,8"), ("maxnreg", "0")):
-        # (0 allowed: --maxnreg 0 is no cap)
+                          ("splits", "1,2,4,8"), ("maxnreg", "0"), ("fused-reduce", "0")):
+        # (0 allowed: --maxnreg 0 is no cap, --fused-reduce 0 the reduce kernel)
         ints = functools.partial(int_list, minimum=0)
         p.add_argument(f"--{axis}", type=ints, default=ints(default),
                        help=f"grid axis (default {default})")
     p.add_argument("--shard", default="0/1", help="I/N: every N-th setting from the I-th")
     args = p.parse_args()
+    if any(f not in (0, 1) for f in args.fused_reduce):
+        p.error(f"--fused-reduce {args.fused_reduce}: give 0, 1 or 0,1")
     os.makedirs(args.out, exist_ok=True)
     cases = [("qwen2-0.5b", 256, 520), ("qwen2-0.5b", 256, 640), ("qwen2-0.5b", 256, 1024),
              ("qwen2-0.5b", 64, 640), ("qwen2-0.5b", 8, 4096), ("llama3-8b", 256, 640),
@@ -88,7 +130,7 @@ def main() -> None:
     if args.quick:
         cases = cases[:2]
     grid = list(itertools.product(args.block_n, args.warps, args.stages, args.splits,
-                                  args.maxnreg))
+                                  args.maxnreg, args.fused_reduce))
     shard, num_shards = (int(x) for x in args.shard.split("/"))
     dtypes = ["auto", "fp8"] if args.kv_cache_dtype == "both" else [args.kv_cache_dtype]
     results, table = [], []
@@ -113,41 +155,47 @@ def main() -> None:
         kv_bytes = num_seqs * ctx * per_token
         default_splits = choose_num_splits(num_seqs, kvh, ctx, device_sms(q))
         default = {**_decode_launch_config(d, 1 if kv_dtype == "fp8" else 2),
-                   "splits": default_splits}
+                   "splits": default_splits, "fused_reduce": 0}
         timings = []
-        default_point = (default["BLOCK_N"], default["num_warps"], default["num_stages"],
-                         default_splits, default.get("maxnreg", 0))
+        default_points = [(default["BLOCK_N"], default["num_warps"], default["num_stages"],
+                           default_splits, default.get("maxnreg", 0), fused)
+                          for fused in args.fused_reduce]
         run_grid = grid
         if args.small_grid:
             run_grid = list(itertools.product([32, 64, 128], [4, 8], [2, 3], [default_splits],
-                                              [0]))
-        run_grid = (run_grid + ([] if default_point in run_grid else [default_point]))
-        for bn, warps, stages, splits, maxnreg in run_grid[shard::num_shards]:
+                                              [0], args.fused_reduce))
+        if args.default_only:
+            run_grid = []
+        run_grid = run_grid + [x for x in default_points if x not in run_grid]
+        # one split has no reduce to fold: its fused setting would time the same launch again
+        run_grid = [x for x in run_grid if not (x[5] and x[3] == 1)]
+        for bn, warps, stages, splits, maxnreg, fused in run_grid[shard::num_shards]:
             if model == "llama3-8b" and bn == 128 and kv_dtype != "fp8":
                 continue
             cfg = {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "maxnreg": maxnreg}
+            setting = {**cfg, "splits": splits, "fused_reduce": fused}
             try:
-                out = paged_attention_decode_triton(q, k, v, bt, sl, d ** -0.5, splits,
-                                                    config=cfg, **scales)
-                err = (out.float() - ref).abs().max().item()
-                if err > 2e-2:
-                    timings.append({**cfg, "splits": splits, "error": err, "ms": None})
-                    continue
-                ms = triton.testing.do_bench_cudagraph(functools.partial(
-                    paged_attention_decode_triton, q, k, v, bt, sl, d ** -0.5, splits,
-                    config=cfg, **scales), rep=30)
+                with fused_reduce_env(fused):
+                    out = paged_attention_decode_triton(q, k, v, bt, sl, d ** -0.5, splits,
+                                                        config=cfg, **scales)
+                    err = (out.float() - ref).abs().max().item()
+                    if err > 2e-2:
+                        timings.append({**setting, "error": err, "ms": None})
+                        continue
+                    ms = triton.testing.do_bench_cudagraph(functools.partial(
+                        paged_attention_decode_triton, q, k, v, bt, sl, d ** -0.5, splits,
+                        config=cfg, **scales), rep=30)
             except Exception as e:  # noqa: BLE001 - a config that does not fit: record it
-                timings.append({**cfg, "splits": splits, "failed": str(e)[:200]})
+                timings.append({**setting, "failed": str(e)[:200]})
                 continue
-            timings.append({**cfg, "splits": splits, "ms": ms, "error": err,
-                            "tb_s": kv_bytes / ms / 1e9})
+            timings.append({**setting, "ms": ms, "error": err, "tb_s": kv_bytes / ms / 1e9})
         ok = [t for t in timings if t.get("ms")]
         ok.sort(key=lambda t: t["ms"])
-        d_t = next((t for t in ok if all(t.get(key, 0) == default.get(key, 0)
-                                         for key in (*default, "maxnreg"))), None)
+        d_t, d_fused = (timing_at(ok, {**default, "fused_reduce": f}) for f in (0, 1))
         results.append({"model": model, "num_seqs": num_seqs, "ctx": ctx, "kv_bytes": kv_bytes,
                         "kv_cache_dtype": kv_dtype,
-                        "default": default, "default_ms": d_t and d_t["ms"], "timings": ok,
+                        "default": default, "default_ms": d_t and d_t["ms"],
+                        "default_fused_reduce_ms": d_fused and d_fused["ms"], "timings": ok,
                         "bad": [t for t in timings if not t.get("ms")]})
         if not ok:
             table.append(f"{model:11s} {kv_dtype:4s} B{num_seqs:<4d} ctx{ctx:<5d} no setting ran: "
@@ -156,12 +204,16 @@ def main() -> None:
             continue
         best = ok[0]
         dflt = f"{d_t['ms'] * 1e3:7.1f} us ({d_t['tb_s']:.2f} TB/s)" if d_t else "not run"
+        if d_fused:  # the default setting with the reduce folded in
+            dflt += f", fused reduce {d_fused['ms'] * 1e3:7.1f} us"
         table.append(f"{model:11s} {kv_dtype:4s} B{num_seqs:<4d} ctx{ctx:<5d} default {dflt}"
                      f" | best {best['ms']*1e3:7.1f} us "
                      f"({best['tb_s']:.2f} TB/s) BN{best['BLOCK_N']} w{best['num_warps']} "
-                     f"s{best['num_stages']} sp{best['splits']} r{best.get('maxnreg', 0)} | next: " + ", ".join(
+                     f"s{best['num_stages']} sp{best['splits']} r{best.get('maxnreg', 0)} "
+                     f"f{best['fused_reduce']} | next: " + ", ".join(
                          f"BN{t['BLOCK_N']}w{t['num_warps']}s{t['num_stages']}sp{t['splits']}"
-                         f"r{t.get('maxnreg', 0)}={t['ms']*1e3:.1f}" for t in ok[1:6]))
+                         f"r{t.get('maxnreg', 0)}f{t['fused_reduce']}={t['ms']*1e3:.1f}"
+                         for t in ok[1:6]))
         print(table[-1], flush=True)
     with open(os.path.join(args.out, "decode_tune.json"), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "results": results}, f, indent=1)

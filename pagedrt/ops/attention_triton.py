@@ -22,6 +22,35 @@ writes its normalised partial output and log-sum-exp, and `_decode_reduce_kernel
 the partitions weighted by exp(lse_i - max lse). Partitions past a short sequence's end are
 empty (lse = -inf, weight 0), so any num_splits is valid for any mix of lengths.
 
+Fused reduce (FUSED_REDUCE; opt-in with PAGEDRT_DECODE_FUSED_REDUCE=1, off by default until
+timed on a GPU: `decode_fused_reduce_requested`): the split kernel combines its partitions
+itself and the second launch goes away (at batch 1 a few microseconds per layer). After a
+program has stored its partials it counts itself in: one int32 arrival counter per (sequence,
+KV head), `tl.atomic_add(counter, 1)`, which returns the count before the add; the program
+that reads num_splits - 1 arrived last, so every other program of its (sequence, KV head) has
+stored its partials, and it combines them for its GROUP query heads (`_combine_partials`, the
+same code as `_decode_reduce_kernel`), writes the output and sets the counter back to 0. No
+program waits for another, so nothing depends on which programs are resident at once.
+Memory ordering: every thread stores its own part of the partials, and Triton issues a
+scalar atomic from one thread, so a CTA barrier (`tl.debug_barrier`, bar.sync) first puts
+all the CTA's stores before it; the atomic is acq_rel at GPU scope, so it releases them (a
+release is cumulative over what the barrier ordered before it) and acquires those of every
+program that counted in before (each add is itself acq_rel, so the chain of adds on one
+counter orders them all). Triton hands the returned count to the CTA's other threads through
+shared memory behind another barrier, which orders their loads after the acquire; the loads
+use cache modifier .cg (L2, where the other SMs' stores are), never a line an earlier kernel
+left in this SM's L1. `benchmarks/diagnostics/decode_ptx.py` shows the compiled order
+(st.global, bar.sync, atom.global.gpu.acq_rel, ld.global.cg; tests/test_decode_codegen.py).
+The counters (`fused_reduce_counters`): one persistent zeroed tensor per device with room for
+at least MIN_REDUCE_COUNTERS pairs, allocated at first use and never cleared by the host,
+since every launch leaves them at 0, the next launch and every replay of a CUDA graph start
+from zero. A graph holds the counters' address, so they are never freed nor reallocated while
+one may hold it: they grow only outside stream capture, the old tensor kept alive; a captured
+launch that needs more raises RuntimeError. Launches on one device share them, so two fused
+decode launches must not run at the same time on two streams of one device (the engine
+issues its steps on one stream; PDL overlaps a launch only with the wait at the start of the
+next kernel, before it touches a counter).
+
 Sliding window (WINDOW > 0, a constexpr: 0 compiles the full-attention kernel unchanged): the
 query at position seq_len - 1 sees keys [lo, seq_len) with lo = max(seq_len - WINDOW, 0), and
 the partitions split that range instead of [0, seq_len), so blocks before the window are never
@@ -60,6 +89,8 @@ loop (their masks cut across the contiguous dimension).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -84,6 +115,69 @@ from pagedrt.ops.triton_utils import (
 
 MIN_PARTITION_TOKENS = 256  # a split-K partition shorter than this costs more than it hides
 MAX_SPLITS = 64
+MIN_REDUCE_COUNTERS = 65536  # (sequence, KV head) pairs the first counter tensor has room for
+
+# the fused reduce's counters (module doc, "Fused reduce"): device -> int32 tensor of zeros
+_REDUCE_COUNTERS: dict[torch.device, torch.Tensor] = {}
+# counter tensors replaced by larger ones, kept alive: a CUDA graph may still hold their address
+_RETIRED_COUNTERS: list[torch.Tensor] = []
+
+
+def decode_fused_reduce_requested() -> bool:
+    """PAGEDRT_DECODE_FUSED_REDUCE=1: a split decode combines its partitions inside
+    `_decode_kernel` (FUSED_REDUCE, module doc) instead of in a second launch. Off by default
+    ("0"): not yet timed on a GPU. Read at every launch."""
+    return os.environ.get("PAGEDRT_DECODE_FUSED_REDUCE", "0") == "1"
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether the current stream of `device` is capturing a CUDA graph (False on CPU)."""
+    if device.type != "cuda":
+        return False
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
+
+
+def fused_reduce_counters(device: torch.device | str, needed: int) -> torch.Tensor:
+    """The fused split-K reduce's arrival counters on `device`: one persistent int32 tensor
+    of zeros per device, with room for at least `needed` (sequence, KV head) pairs, allocated
+    on first use with max(MIN_REDUCE_COUNTERS, next power of two >= needed) entries and cached
+    here for the life of the process. Every launch leaves them all 0 (the last program of each
+    pair resets its own), so no launch clears them.
+
+    A CUDA graph that captured a fused decode launch holds the tensor's address and replays
+    atomics on it, so the tensor is never freed nor reallocated while a graph may hold it:
+    it grows (to a new tensor, the old one kept alive in `_RETIRED_COUNTERS` for the graphs that
+    captured it) only outside stream capture. Call this before capturing a graph whose launches
+    need more than MIN_REDUCE_COUNTERS pairs (the engine's eager warm-up before each capture
+    does it for its own shapes).
+
+    Raises:
+        RuntimeError: `needed` exceeds the counters that exist while `device`'s current
+            stream is capturing a CUDA graph (a new tensor allocated then would belong to
+            the graph's memory pool, and its zero-fill would be captured too).
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    counters = _REDUCE_COUNTERS.get(device)
+    if counters is not None and counters.numel() >= needed:
+        return counters
+    have = 0 if counters is None else counters.numel()
+    if _capturing(device):
+        raise RuntimeError(
+            f"the fused split-K decode reduce (PAGEDRT_DECODE_FUSED_REDUCE=1) needs {needed} "
+            f"counters (num_seqs x num_kv_heads) on {device}, but {have} exist and they "
+            "cannot be allocated while a CUDA graph is being captured (the graph would hold "
+            "memory of its own pool). Make a decode launch of this size eagerly before "
+            "capturing, or call pagedrt.ops.attention_triton.fused_reduce_counters(device, "
+            f"{needed}) first, or set PAGEDRT_DECODE_FUSED_REDUCE=0.")
+    if counters is not None:
+        _RETIRED_COUNTERS.append(counters)
+    counters = torch.zeros(max(MIN_REDUCE_COUNTERS, next_pow2(needed)), dtype=torch.int32,
+                           device=device)
+    _REDUCE_COUNTERS[device] = counters
+    return counters
 
 
 @triton.jit
@@ -149,17 +243,43 @@ def _decode_tile(
 
 
 @triton.jit
+def _combine_partials(part_out_ptr, part_lse_ptr, row, num_splits, HEAD_DIM: tl.constexpr,
+                      SPLITS_PAD: tl.constexpr, CACHE: tl.constexpr):
+    """The split-K combine of one (sequence, query head): its num_splits partial outputs
+    part_out[row:row + num_splits, :HEAD_DIM] (fp32, each normalised over its partition) and
+    log-sum-exps part_lse[row:row + num_splits] (fp32, log2 domain; -inf for an empty
+    partition, whose weight is then 0), with row = (seq * num_heads + head) * num_splits,
+    weighted by exp2(lse_i - max lse) / sum of the weights. Loads with cache modifier CACHE
+    ("" or ".cg"). Returns [HEAD_DIM] fp32 (0 if every partition is empty, which a sequence of
+    seq_len >= 1 never has). Used by `_decode_reduce_kernel` and `_decode_kernel`'s
+    FUSED_REDUCE, so that both combine alike."""
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    s_mask = offs_s < num_splits
+    lse = tl.load(part_lse_ptr + row + offs_s, mask=s_mask, other=float("-inf"),
+                  cache_modifier=CACHE)
+    lse_max = tl.max(lse, 0)
+    valid = lse > float("-inf")
+    weight = tl.where(valid, tl.exp2(tl.where(valid, lse - lse_max, 0.0)), 0.0)
+    part = tl.load(part_out_ptr + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                   mask=s_mask[:, None], other=0.0, cache_modifier=CACHE)
+    total = tl.sum(weight, 0)
+    return tl.sum(part * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr,  # [num_seqs, num_heads, head_dim]
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim], strides stride_v*
     block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32
     seq_lens_ptr,  # [num_seqs] int32
-    out_ptr,  # [num_seqs, num_heads, head_dim]; written when not SPLIT
-    part_out_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32; written when SPLIT
-    part_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32 (log2 domain); written when SPLIT
+    out_ptr,  # [num_seqs, num_heads, head_dim]; written when not SPLIT, or FUSED_REDUCE
+    part_out_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32; written when SPLIT (and
+    part_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32, log2 domain; read back when FUSED)
     k_scales_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; read when KV_FP8
     v_scales_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; read when KV_FP8
+    counters_ptr,  # [>= num_seqs * num_kv_heads] int32, all 0; used when FUSED_REDUCE
     scale_log2,  # softmax scale * log2(e)
     stride_qs, stride_qh,
     stride_cb, stride_cs, stride_ch,
@@ -182,6 +302,9 @@ def _decode_kernel(
     WINDOW: tl.constexpr = 0,  # sliding window in tokens; 0 = attend to every cached token
     V_DIM_MAJOR: tl.constexpr = False,  # V tiles read as [HEAD_DIM, BLOCK_N] (stride_vs 1)
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_enabled)
+    FUSED_REDUCE: tl.constexpr = False,  # with SPLIT: the last program of a (seq, kv_head)
+    # combines the partitions itself (module doc); no `_decode_reduce_kernel` launch
+    SPLITS_PAD: tl.constexpr = 1,  # num_splits rounded up to a power of two; FUSED_REDUCE
 ):
     pdl_prologue(PDL)
     kv_head = tl.program_id(0)
@@ -242,6 +365,23 @@ def _decode_kernel(
                  mask=g_mask[:, None])
         lse = tl.where(has_tokens, m_i + tl.log2(tl.where(has_tokens, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + row, lse, mask=g_mask)
+        if FUSED_REDUCE:
+            # every thread's partial stores come before the atomic (issued by one thread);
+            # acq_rel at GPU scope publishes them to, and takes those of the programs before
+            # from, the (seq, kv_head)'s other programs (module doc, "Fused reduce")
+            tl.debug_barrier()
+            counter = counters_ptr + seq * tl.num_programs(0) + kv_head
+            count = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if count == num_splits - 1:  # the last one here: every partial is stored
+                for g in range(GROUP):
+                    head = kv_head * GROUP + g
+                    # .cg: read from L2, where the other SMs' stores are, never a stale L1 line
+                    combined = _combine_partials(
+                        part_out_ptr, part_lse_ptr, (seq * num_heads + head) * num_splits,
+                        num_splits, HEAD_DIM, SPLITS_PAD, ".cg")
+                    tl.store(out_ptr + seq * stride_os + head * stride_oh + offs_d,
+                             combined.to(out_ptr.dtype.element_ty))
+                tl.store(counter, 0)  # ready for the next launch (and graph replay)
     else:
         tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
@@ -262,19 +402,9 @@ def _decode_reduce_kernel(
     pdl_prologue(PDL)
     head = tl.program_id(0)
     seq = tl.program_id(1).to(tl.int64)
-    offs_s = tl.arange(0, SPLITS_PAD)
-    offs_d = tl.arange(0, HEAD_DIM)
-    s_mask = offs_s < num_splits
-    row = (seq * num_heads + head) * num_splits
-    lse = tl.load(part_lse_ptr + row + offs_s, mask=s_mask, other=float("-inf"))
-    lse_max = tl.max(lse, 0)
-    valid = lse > float("-inf")
-    weight = tl.where(valid, tl.exp2(tl.where(valid, lse - lse_max, 0.0)), 0.0)
-    part = tl.load(part_out_ptr + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                   mask=s_mask[:, None], other=0.0)
-    total = tl.sum(weight, 0)
-    out = tl.sum(part * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + seq * stride_os + head * stride_oh + offs_d,
+    out = _combine_partials(part_out_ptr, part_lse_ptr, (seq * num_heads + head) * num_splits,
+                            num_splits, HEAD_DIM, SPLITS_PAD, "")
+    tl.store(out_ptr + seq * stride_os + head * stride_oh + tl.arange(0, HEAD_DIM),
              out.to(out_ptr.dtype.element_ty))
 
 
@@ -359,6 +489,15 @@ def paged_attention_decode_triton(
             float32 (`pagedrt.ops.fp8`); None for other caches.
     Returns:
         [num_seqs, num_heads, head_dim] in query's dtype.
+    Raises:
+        ValueError: a broken contract (with `validate`), or num_splits < 1.
+        RuntimeError: with PAGEDRT_DECODE_FUSED_REDUCE=1 and num_splits > 1, a launch being
+            captured in a CUDA graph needs more reduce counters (num_seqs * num_kv_heads) than
+            exist (`fused_reduce_counters`).
+
+    With num_splits > 1 the partitions are combined by a second kernel, or, with
+    PAGEDRT_DECODE_FUSED_REDUCE=1 (read at every call), by the last program of each (sequence,
+    KV head) in the same launch (module doc, "Fused reduce").
     """
     if validate:
         check_decode_args(query, k_cache, v_cache, block_tables, seq_lens, k_scales, v_scales)
@@ -379,6 +518,9 @@ def paged_attention_decode_triton(
         raise ValueError(f"num_splits={num_splits}; must be >= 1")
     upcast = interpreting(query)
     split = num_splits > 1
+    fused = split and decode_fused_reduce_requested()
+    # (first: raises RuntimeError under graph capture when too few counters exist)
+    counters = fused_reduce_counters(query.device, num_seqs * num_kv_heads) if fused else out
     if split:
         part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32,
                                device=query.device)
@@ -398,7 +540,7 @@ def paged_attention_decode_triton(
     def launch(cfg: dict) -> None:
         _decode_kernel[(num_kv_heads, num_splits, num_seqs)](
             query, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
-            k_scales, v_scales,
+            k_scales, v_scales, counters,
             scale * LOG2E,
             query.stride(0), query.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -412,6 +554,7 @@ def paged_attention_decode_triton(
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
             F16_MMA=fp8 and query.dtype != torch.float32,
             WINDOW=sliding_window or 0, V_DIM_MAJOR=dim_major,
+            FUSED_REDUCE=fused, SPLITS_PAD=next_pow2(num_splits) if fused else 1,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(pdl),
             **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),  # 0: no cap
         )
@@ -419,9 +562,9 @@ def paged_attention_decode_triton(
     dim_major = v_dim_major(v_cache)
     pdl = pdl_enabled(query)
     key = ("decode", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
-           dim_major)
+           dim_major, fused)
     launch_first_fitting(key, configs, launch)
-    if split:
+    if split and not fused:
         _decode_reduce_kernel[(num_heads, num_seqs)](
             part_out, part_lse, out, out.stride(0), out.stride(1), num_heads, num_splits,
             HEAD_DIM=head_dim, SPLITS_PAD=next_pow2(num_splits), num_warps=4,
@@ -431,6 +574,7 @@ def paged_attention_decode_triton(
 
 
 __all__ = [
-    "choose_num_splits", "copy_blocks_triton", "paged_attention_decode_naive_triton",
+    "choose_num_splits", "copy_blocks_triton", "decode_fused_reduce_requested",
+    "fused_reduce_counters", "paged_attention_decode_naive_triton",
     "paged_attention_decode_triton", "paged_attention_extend_triton", "write_kv_triton",
 ]
