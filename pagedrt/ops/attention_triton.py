@@ -22,9 +22,11 @@ writes its normalised partial output and log-sum-exp, and `_decode_reduce_kernel
 the partitions weighted by exp(lse_i - max lse). Partitions past a short sequence's end are
 empty (lse = -inf, weight 0), so any num_splits is valid for any mix of lengths.
 
-Fused reduce (FUSED_REDUCE; opt-in with PAGEDRT_DECODE_FUSED_REDUCE=1, off by default until
-timed on a GPU: `decode_fused_reduce_requested`): the split kernel combines its partitions
-itself and the second launch goes away (at batch 1 a few microseconds per layer). After a
+Fused reduce (FUSED_REDUCE; opt-in with PAGEDRT_DECODE_FUSED_REDUCE=1, off by default:
+`decode_fused_reduce_requested`): the split kernel combines its partitions itself and the
+second launch goes away. It measured slower than the two launches on the H200 (e.g. 10.9
+against 5.9 us at batch 1, context 4,096, 16 partitions; docs/design.md, "Small-batch
+decode"), so it stays off. After a
 program has stored its partials it counts itself in: one int32 arrival counter per (sequence,
 KV head), `tl.atomic_add(counter, 1)`, which returns the count before the add; the program
 that reads num_splits - 1 arrived last, so every other program of its (sequence, KV head) has
@@ -126,7 +128,7 @@ _RETIRED_COUNTERS: list[torch.Tensor] = []
 def decode_fused_reduce_requested() -> bool:
     """PAGEDRT_DECODE_FUSED_REDUCE=1: a split decode combines its partitions inside
     `_decode_kernel` (FUSED_REDUCE, module doc) instead of in a second launch. Off by default
-    ("0"): not yet timed on a GPU. Read at every launch."""
+    ("0"): slower on the H200 (module doc). Read at every launch."""
     return os.environ.get("PAGEDRT_DECODE_FUSED_REDUCE", "0") == "1"
 
 
