@@ -46,7 +46,7 @@ def compile_extend(fp8: bool, head_dim: int = 128, group: int = 4, cfg: dict | N
              "BLOCK_M": cfg["BLOCK_M"], "BLOCK_SIZE": 16, "HEAD_DIM": head_dim,
              "BLOCK_N": cfg["BLOCK_N"], "UPCAST": False, "DOT_PRECISION": "tf32",
              "KV_FP8": fp8, "F16_MMA": fp8, "WINDOW": 0, "V_DIM_MAJOR": fp8,
-             "FP8_MMA": fp8_mma, "FRESH_CHUNK_KV": fresh}
+             "FP8_MMA": fp8_mma, "FRESH_CHUNK_KV": fresh, "NARROW_M": 0 if fp8_mma else 16}
     sig.update(dict.fromkeys(const, "constexpr"))
     names = list(sig)
     unit = {"stride_vs" if fp8 else "stride_vd"}

@@ -16,6 +16,10 @@ diagnostic for issue 17, not a benchmark of record.
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/fp8_prefill_step.py --out DIR
 
+With --narrow, instead: the extend launch of 4 x 4,096 prompts with 0 and 96 decode rows,
+bf16 and FP8 (the prompts' rows), with the decode rows on their narrow tile and on the wide
+one (PAGEDRT_EXTEND_NARROW_DECODE=1 / 0).
+
 With --sweep, instead: the pure 4 x 4,096 prefill's attention under each of a list of launch
 configs (BLOCK_M / BLOCK_N / warps / stages), bf16 against FP8 with the prompts' rows and FP8
 from the cache, with each compiled kernel's registers and spills (the first run, at 065549c,
@@ -53,7 +57,8 @@ def _kernel_resources() -> str:
 
 
 def mixed_step(num_decode: int, prompt_len: int = 4096, num_prompts: int = 4,
-               decode_ctx: int = 4200, configs: list | None = None) -> dict:
+               decode_ctx: int = 4200, configs: list | None = None,
+               extend_only: bool = False) -> dict:
     lens = [prompt_len] * num_prompts + [decode_ctx] * num_decode
     q_lens = [prompt_len] * num_prompts + [1] * num_decode
     per_seq = [-(-n // BLOCK) for n in lens]
@@ -102,6 +107,9 @@ def mixed_step(num_decode: int, prompt_len: int = 4096, num_prompts: int = 4,
     out["fp8_rows_ms"] = bench_ms(lambda: tri.paged_attention_extend_triton(
         query, k8, v8, bt, cu, seq_lens, scale, max_query_len=prompt_len, k_scales=ks,
         v_scales=vs, key=rows[0], value=rows[1]))
+    if extend_only:
+        torch.cuda.empty_cache()
+        return out
     out["fp8_cache_ms"] = bench_ms(lambda: tri.paged_attention_extend_triton(
         query, k8, v8, bt, cu, seq_lens, scale, max_query_len=prompt_len, k_scales=ks,
         v_scales=vs))
@@ -183,8 +191,21 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--narrow", action="store_true")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.narrow:
+        rows = []
+        for flag in ("1", "0"):
+            os.environ["PAGEDRT_EXTEND_NARROW_DECODE"] = flag
+            for n in (96, 0):
+                r = mixed_step(n, extend_only=True)
+                rows.append({"narrow": flag, **r})
+                print(f"narrow {flag} decode rows {n:3d}: bf16 {r['bf16_ms']:.3f} ms, "
+                      f"FP8 (rows) {r['fp8_rows_ms']:.3f} ms", flush=True)
+        with open(os.path.join(args.out, "fp8_prefill_narrow.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+        return
     if args.sweep:
         configs = [(256, 64, 8, 3), (256, 64, 8, 2), (128, 64, 8, 3), (128, 64, 8, 2),
                    (128, 128, 8, 2), (256, 32, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3)]

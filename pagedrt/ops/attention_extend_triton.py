@@ -83,6 +83,12 @@ def fp8_prefill_mma_requested() -> bool:
     return os.environ.get("PAGEDRT_FP8_PREFILL_MMA", "0") == "1"
 
 
+def narrow_decode_rows_requested() -> bool:
+    """PAGEDRT_EXTEND_NARROW_DECODE=0 turns off NARROW_M (module doc: one-token chunks on a
+    narrow tile); on ("1") by default. Read at every launch."""
+    return os.environ.get("PAGEDRT_EXTEND_NARROW_DECODE", "1") != "0"
+
+
 @triton.jit
 def fp8_scaled_pv(p, v, v_scale, DOT_PRECISION: tl.constexpr, FP8_P: tl.constexpr = False):
     """p @ (v * v_scale) for one tile of an FP8 cache, as (p * v_scale) @ v: p [M, BLOCK_N]
@@ -220,6 +226,84 @@ def _extend_chunk_tiles(
     return acc, l_i, m_i
 
 
+@triton.jit
+def _products_query(q, scale_log2, FP8_MMA: tl.constexpr, F16_MMA: tl.constexpr,
+                    UPCAST: tl.constexpr):
+    """The query as the cache-tile products take it, and the factor of their scores: with
+    FP8_MMA each row over its largest |value| / 448 in e4m3 (its scale into the factor, [M, 1]),
+    with F16_MMA in fp16 over 64 (exact), else unchanged. q: [M, HEAD_DIM]."""
+    if FP8_MMA:
+        q_amax = tl.max(tl.abs(q.to(tl.float32)), 1)
+        q_scale = tl.where(q_amax > 0, q_amax / 448.0, 1.0)
+        q_mma = (q.to(tl.float32) / q_scale[:, None]).to(tl.float8e4nv)
+        if UPCAST:
+            q_mma = q_mma.to(tl.float32)
+        score_scale = (scale_log2 * q_scale)[:, None]
+    elif F16_MMA:
+        q_mma = (q.to(tl.float32) * 0.015625).to(tl.float16)  # / 64, exact
+        score_scale = scale_log2 * 64.0
+    else:
+        q_mma = q
+        score_scale = scale_log2
+    return q_mma, score_scale
+
+
+@triton.jit
+def _extend_decode_row(
+    q_ptr, out_ptr, q_row, kv_head, seq_len, scale_log2,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    k_cache_ptr, v_cache_ptr, bt_row, head_off, stride_cb, stride_cs,
+    k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
+    v_head_off, stride_vb, stride_vs, stride_vd,
+    k_new_ptr, v_new_ptr, stride_knt, stride_knh, stride_vnt, stride_vnh,
+    GROUP: tl.constexpr, NARROW_M: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr, F16_MMA: tl.constexpr,
+    V_DIM_MAJOR: tl.constexpr, FRESH_CHUNK_KV: tl.constexpr,
+):
+    """A one-token chunk (a decode row batched with prompts) on a NARROW_M-row tile: the GROUP
+    query heads of its token at position seq_len - 1 over keys 0 .. seq_len - 1 (its own key
+    from k_new / v_new under FRESH_CHUNK_KV), stored to out (module doc)."""
+    offs_g = tl.arange(0, NARROW_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    g_mask = offs_g < GROUP
+    head = kv_head * GROUP + offs_g
+    q_row = q_row.to(tl.int64)
+    q = tl.load(q_ptr + q_row * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    m_i = tl.full([NARROW_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([NARROW_M], tl.float32)
+    acc = tl.zeros([NARROW_M, HEAD_DIM], tl.float32)
+    pos = tl.zeros([NARROW_M], tl.int32) + (seq_len - 1)  # every row is the one token
+    cache_end = seq_len
+    if FRESH_CHUNK_KV:  # its own key and value from the step's rows
+        cache_end = seq_len - 1
+        acc, l_i, m_i = _extend_chunk_tiles(
+            acc, l_i, m_i, q, tl.zeros([NARROW_M], tl.int32),
+            k_new_ptr + q_row * stride_knt + kv_head * stride_knh,
+            v_new_ptr + q_row * stride_vnt + kv_head * stride_vnh, stride_knt, stride_vnt,
+            scale_log2, 0, 1, offs_d, BLOCK_N, True, UPCAST, DOT_PRECISION)
+    q_mma, score_scale = _products_query(q, scale_log2, False, F16_MMA, UPCAST)
+    unmasked = (cache_end // BLOCK_N) * BLOCK_N
+    acc, l_i, m_i = _extend_tiles(
+        acc, l_i, m_i, q_mma, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
+        stride_cb, stride_cs, score_scale, 0, unmasked, offs_d,
+        k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
+        v_head_off, stride_vb, stride_vs, stride_vd,
+        BLOCK_SIZE, BLOCK_N, False, UPCAST, DOT_PRECISION, 0, KV_FP8, V_DIM_MAJOR, False)
+    acc, l_i, m_i = _extend_tiles(
+        acc, l_i, m_i, q_mma, pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
+        stride_cb, stride_cs, score_scale, unmasked, cache_end, offs_d,
+        k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
+        v_head_off, stride_vb, stride_vs, stride_vd,
+        BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, 0, KV_FP8, V_DIM_MAJOR, False)
+    out = acc / l_i[:, None]  # l_i >= 1: the token sees its own key
+    tl.store(out_ptr + q_row * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+
+
 @triton.jit(do_not_specialize=["stride_bt"])  # the table's width changes from step to step
 def _extend_kernel(
     q_ptr,  # [num_tokens, num_heads, head_dim]
@@ -255,6 +339,8 @@ def _extend_kernel(
     V_DIM_MAJOR: tl.constexpr = False,  # V tiles read as [HEAD_DIM, BLOCK_N] (stride_vs 1)
     FP8_MMA: tl.constexpr = False,  # KV_FP8, V dim-major: query and probabilities in e4m3
     FRESH_CHUNK_KV: tl.constexpr = False,  # KV_FP8, WINDOW 0: the chunk's keys from k_new/v_new
+    NARROW_M: tl.constexpr = 0,  # > 0 (WINDOW 0, not FP8_MMA): one-token chunks on this many
+    # rows (max(16, GROUP rounded up)) instead of BLOCK_M
 ):
     kv_head = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -262,7 +348,20 @@ def _extend_kernel(
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
     first_tok = q_tile * TOKENS_PER_TILE
-    if first_tok < q_len:
+    wide = first_tok < q_len  # this program's tokens, on the BLOCK_M-row tile
+    if NARROW_M > 0:  # (a constexpr test, so that NARROW_M 0 compiles no narrow path)
+        wide = wide & (q_len > 1)
+        if (q_len == 1) & (q_tile == 0):
+            _extend_decode_row(
+                q_ptr, out_ptr, q_start, kv_head, tl.load(seq_lens_ptr + seq), scale_log2,
+                stride_qt, stride_qh, stride_ot, stride_oh,
+                k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, kv_head * stride_ch,
+                stride_cb, stride_cs, k_scales_ptr, v_scales_ptr, kv_head * stride_sh, stride_sb,
+                kv_head * stride_vh, stride_vb, stride_vs, stride_vd,
+                k_new_ptr, v_new_ptr, stride_knt, stride_knh, stride_vnt, stride_vnh,
+                GROUP, NARROW_M, BLOCK_SIZE, HEAD_DIM, BLOCK_N, UPCAST, DOT_PRECISION, KV_FP8,
+                F16_MMA, V_DIM_MAJOR, FRESH_CHUNK_KV)
+    if wide:
         seq_len = tl.load(seq_lens_ptr + seq)
         offs_m = tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, HEAD_DIM)
@@ -295,19 +394,7 @@ def _extend_kernel(
                 chunk_unmasked, kv_end - context, offs_d, BLOCK_N, True, UPCAST, DOT_PRECISION)
         # new names, not q retyped: compiled triton (3.6) refuses a variable retyped inside a
         # runtime if
-        if FP8_MMA:  # each row's query over its largest |value| / 448, the scale into scores
-            q_amax = tl.max(tl.abs(q.to(tl.float32)), 1)
-            q_scale = tl.where(q_amax > 0, q_amax / 448.0, 1.0)
-            q_mma = (q.to(tl.float32) / q_scale[:, None]).to(tl.float8e4nv)
-            if UPCAST:
-                q_mma = q_mma.to(tl.float32)
-            score_scale = (scale_log2 * q_scale)[:, None]
-        elif F16_MMA:
-            q_mma = (q.to(tl.float32) * 0.015625).to(tl.float16)  # / 64, exact
-            score_scale = scale_log2 * 64.0
-        else:
-            q_mma = q
-            score_scale = scale_log2
+        q_mma, score_scale = _products_query(q, scale_log2, FP8_MMA, F16_MMA, UPCAST)
 
         bt_row = block_tables_ptr + seq * stride_bt
         head_off = kv_head * stride_ch
@@ -483,12 +570,14 @@ def paged_attention_extend_triton(
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
             F16_MMA=fp8 and query.dtype != torch.float32,
             WINDOW=sliding_window or 0, V_DIM_MAJOR=dim_major, FP8_MMA=fp8_mma,
-            FRESH_CHUNK_KV=fresh, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            FRESH_CHUNK_KV=fresh, NARROW_M=narrow_m, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
 
     dim_major = v_dim_major(v_cache)
     fp8_mma = fp8 and dim_major and fp8_prefill_mma_requested()
+    narrow_m = (max(16, next_pow2(group)) if not sliding_window and not fp8_mma
+                and narrow_decode_rows_requested() else 0)
     cache_key = ("extend", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
-                 dim_major, fp8_mma, fresh)
+                 dim_major, fp8_mma, fresh, narrow_m)
     launch_first_fitting(cache_key, configs, launch)
     return out
