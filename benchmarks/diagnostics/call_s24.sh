@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# 2026-12-02 12:55 UTC, the session's last device seconds: one-token chunks on a narrow tile in
-# the extend kernel (NARROW_M), timed on and off in a mixed step (fp8_prefill_step.py
-# --narrow). Carry .commit and .whl.
+# Prepared 2026-12-02 13:05 UTC for the next session (this one ran out of device time):
+# (1, ~2 min) one-token chunks on a narrow tile in the extend kernel (NARROW_M, on by
+#   default since 38b5605, untimed): a mixed step's extend launch with the narrow tile on and
+#   off (fp8_prefill_step.py --narrow);
+# (2, ~5 min) Llama-3-8B 256 x 4,096 / 256 FP8 against bf16 with it (0.95x at 721cf4e).
+# Carry .commit and .whl.
 set -u
 . benchmarks/diagnostics/call_common.sh
-timeout 150 python3 benchmarks/diagnostics/fp8_prefill_step.py --narrow --out "$out/r/narrow" \
+timeout 200 python3 benchmarks/diagnostics/fp8_prefill_step.py --narrow --out "$out/r/narrow" \
   > "$out/r/narrow.txt" 2>&1
 echo "== narrow (status $?)"; grep "^narrow" "$out/r/narrow.txt"
+timeout 300 python3 -m pagedrt.entrypoints.cli bench throughput \
+  --preset llama3-8b --kv-cache-dtype fp8 --compare-kv-cache-dtype auto --num-requests 256 \
+  --input-len 4096 --output-len 256 --max-model-len 4368 --max-num-seqs 256 \
+  --gpu-memory-utilization 0.30 --skip-step-split --warm-up-requests 4 --name fp8kv_256 \
+  --out "$out/r" > "$out/r/fp8kv_256.txt" 2>&1
+grep -h "^pagedrt KV\|fp8_e4m3 / bfloat16\|prefill steps\|decode steps" "$out/r/fp8kv_256.txt"
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"

@@ -53,6 +53,18 @@ its scores), the probabilities times the value scales are scaled to e4m3's 448 a
 (`fp8_scaled_pv`), and both products run on FP8 tensor cores from the tiles as loaded
 (`benchmarks/diagnostics/extend_ptx.py` counts the instructions). The price is the rounding
 of the query and the probabilities to e4m3's 3 mantissa bits.
+
+One-token chunks (NARROW_M > 0: no window, not FP8_MMA; on unless
+PAGEDRT_EXTEND_NARROW_DECODE=0). The scheduler batches decode rows with prompts, and each such
+row used to run as a whole BLOCK_M-row tile with GROUP rows in use, 256 / 4 = 64 times the
+products it needs: 96 rows of 4,200 tokens added 1.19 ms to a bf16 launch (2.67 ms over FP8)
+where the decode kernel takes 0.44 ms for them (H200, docs/design.md, "FP8 KV cache"). Now the
+program (kv_head, 0, seq) of a one-token chunk runs `_extend_decode_row`: its GROUP query heads
+on a NARROW_M = max(16, GROUP rounded up to a power of two) row tile over keys 0 .. seq_len - 1
+(its own from the step's rows under FRESH_CHUNK_KV), and the other q_tile programs of that
+sequence return at once, as before. Compiled for sm_90, the narrow path adds no spills at the
+engine's configs (bf16 at BLOCK_M 256: 120 bytes of stack frame against 136 without it; FP8
+at 128: 0 against 8; `benchmarks/diagnostics/extend_ptx.py`). Not yet timed on a GPU.
 """
 
 from __future__ import annotations
