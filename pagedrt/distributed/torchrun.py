@@ -28,6 +28,7 @@ import os
 import secrets
 import socket
 import struct
+import sys
 
 import torch
 import torch.distributed as dist
@@ -133,6 +134,23 @@ def _close_peers() -> None:
             r.conn.close()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_if_rank0(status: int) -> int:
+    """For a command's end on rank 0 of a torchrun job whose engine has formed its peers:
+    flush stdout and stderr, close the peers and the process group (`_close_peers`), then end
+    the process with `status` at once, skipping the interpreter's teardown, as the engine's
+    worker processes do (`pagedrt.distributed.worker`). Left to the teardown, rank 0 sometimes
+    aborted ("terminate called without an active exception", exit -6) after its output was
+    complete, in two full test runs on a loaded 2-core machine
+    (tests/test_tensor_parallel.py's two torchrun nodes), even with the group destroyed at
+    exit. Elsewhere (no peers formed: not torchrun, or another rank) returns `status`."""
+    if _rank0_peers is None:
+        return status
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    _close_peers()
+    os._exit(status)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

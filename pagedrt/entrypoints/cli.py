@@ -174,10 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.WARNING)
         try:
             set_num_threads_from_env()
-            return cmd_bench(argparse.Namespace(which=argv[1]), argv[2:])
+            status = cmd_bench(argparse.Namespace(which=argv[1]), argv[2:])
         except ValueError as e:
             print(f"pagedrt: error: {e}", file=sys.stderr)
-            return 2
+            status = 2
+        return _end(status)
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if rest and args.command != "bench":
@@ -187,13 +188,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         set_num_threads_from_env()
         if args.command == "generate":
-            return cmd_generate(args)
-        if args.command == "serve":
-            return cmd_serve(args)
-        return cmd_bench(args, rest)
+            status = cmd_generate(args)
+        elif args.command == "serve":
+            status = cmd_serve(args)
+        else:
+            status = cmd_bench(args, rest)
     except ValueError as e:
         print(f"pagedrt: error: {e}", file=sys.stderr)
-        return 2
+        status = 2
+    return _end(status)
+
+
+def _end(status: int) -> int:
+    """main's exit status; rank 0 under torchrun ends its process here instead, without the
+    interpreter's teardown (`pagedrt.distributed.torchrun.exit_if_rank0`)."""
+    if "LOCAL_RANK" not in os.environ:
+        return status
+    from pagedrt.distributed.torchrun import exit_if_rank0
+
+    return exit_if_rank0(status)
 
 
 if __name__ == "__main__":
