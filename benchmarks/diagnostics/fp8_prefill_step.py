@@ -31,12 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from collections import defaultdict
 
 import torch
 
 from pagedrt import LLM, SamplingParams
 from pagedrt.bench.attention import bench_ms, fp8_cache
+from pagedrt.bench.common import kernel_device_times
 from pagedrt.bench.presets import get_preset, random_model
 from pagedrt.ops import attention_triton as tri
 from pagedrt.ops.triton_utils import to_v_dim_major
@@ -140,15 +140,10 @@ def engine_kernels(kv_cache_dtype: str) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         llm.generate(prompts(2), params, use_tqdm=False)
         torch.cuda.synchronize()
-    kernels: dict = defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            k = kernels[e.name[:80]]
-            k[0] += 1
-            k[1] += e.device_time_total
+    kernels = kernel_device_times(prof, 80)
     del llm, model
     torch.cuda.empty_cache()
-    return dict(sorted(kernels.items(), key=lambda kv: -kv[1][1]))
+    return kernels
 
 
 def compiles_in_a_run(kv_cache_dtype: str) -> list:

@@ -13,11 +13,11 @@ import argparse
 import json
 import statistics
 import time
-from collections import defaultdict
 
 import torch
 
 from pagedrt import LLM, SamplingParams
+from pagedrt.bench.common import kernel_device_times
 from pagedrt.bench.presets import get_preset, random_model
 
 
@@ -52,15 +52,10 @@ def main() -> None:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         llm.generate(prompts(50), params, use_tqdm=False)
         torch.cuda.synchronize()
-    kernels: dict = defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            k = kernels[e.name[:90]]
-            k[0] += 1
-            k[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    kernels = kernel_device_times(prof, 90)
     result = {"output_tok_s": [n_out / w for w in walls], "wall_s": walls,
               "output_tok_s_median": n_out / statistics.median(walls),
-              "kernels_us": {k: v for k, v in sorted(kernels.items(), key=lambda kv: -kv[1][1])}}
+              "kernels_us": kernels}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"{args.out}: output tok/s {[round(x) for x in result['output_tok_s']]}, device total "

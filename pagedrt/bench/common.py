@@ -229,3 +229,15 @@ def int_list(value: str, minimum: int = 1) -> list[int]:
     if any(n < minimum for n in numbers):
         raise argparse.ArgumentTypeError(f"{value!r}: every number must be >= {minimum}")
     return numbers
+
+
+def kernel_device_times(prof, name_chars: int = 90) -> dict:
+    """Device time by kernel of a finished `torch.profiler.profile` run: {kernel name (its
+    first name_chars characters): [launches, device microseconds]}, most time first."""
+    kernels: dict = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels.setdefault(e.name[:name_chars], [0, 0.0])
+            k[0] += 1
+            k[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    return dict(sorted(kernels.items(), key=lambda kv: -kv[1][1]))
