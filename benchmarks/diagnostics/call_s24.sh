@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Prepared 2026-12-02 13:05 UTC for the next session (this one ran out of device time):
+# (0, ~1 min) tests/gpu/test_extend_decode_rows_gpu.py (the narrow tile compiled, never run yet);
 # (1, ~2 min) one-token chunks on a narrow tile in the extend kernel (NARROW_M, on by
 #   default since 38b5605, untimed): a mixed step's extend launch with the narrow tile on and
 #   off (fp8_prefill_step.py --narrow);
@@ -7,6 +8,7 @@
 # Carry .commit and .whl.
 set -u
 . benchmarks/diagnostics/call_common.sh
+gpu_tests gpu_narrow 120 tests/gpu/test_extend_decode_rows_gpu.py
 timeout 200 python3 benchmarks/diagnostics/fp8_prefill_step.py --narrow --out "$out/r/narrow" \
   > "$out/r/narrow.txt" 2>&1
 echo "== narrow (status $?)"; grep "^narrow" "$out/r/narrow.txt"
