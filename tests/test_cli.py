@@ -180,3 +180,28 @@ def test_generate_sampling_value_refused_before_the_model_loads(option, message,
     assert main(["generate", "hi", *option]) == 2
     assert capsys.readouterr().err == f"pagedrt: error: {message}\n"
     assert parse(["generate", "hi", "--min-p", "0.05"]).min_p == 0.05
+
+
+@pytest.mark.parametrize("device", ["gpu", "mps", "cuda:x"],
+                         ids=["named-gpu", "mps", "bad-index"])  # (an id "gpu" marks a GPU test)
+def test_unknown_device_is_a_clear_error(device, capsys):
+    """`--device gpu` was a raw torch RuntimeError and exit code 1 (a fresh user's run): now
+    the engine's ValueError naming the value and the accepted ones, exit code 2."""
+    from pagedrt.engine.llm_engine import resolve_device
+
+    with pytest.raises(ValueError, match=f"device='{device}'; use 'auto', 'cpu', 'cuda'"):
+        resolve_device(device)
+    assert main(["generate", "hi", "--model", "x", "--device", device]) == 2
+    assert f"device='{device}'" in capsys.readouterr().err
+
+
+def test_async_scheduling_variable_takes_0_or_1(tiny, monkeypatch):
+    """PAGEDRT_ASYNC_SCHEDULING other than 0 or 1 is refused by name (it used to turn async
+    scheduling on for any value but "0", "false" included)."""
+    from pagedrt import LLM
+
+    monkeypatch.setenv("PAGEDRT_ASYNC_SCHEDULING", "false")
+    with pytest.raises(ValueError, match="PAGEDRT_ASYNC_SCHEDULING='false'; set it to 0 or 1"):
+        LLM(tiny, num_kv_blocks=16)
+    monkeypatch.setenv("PAGEDRT_ASYNC_SCHEDULING", "0")
+    assert LLM(tiny, num_kv_blocks=16).llm_engine.async_scheduling is False

@@ -84,9 +84,21 @@ def spec_decode_stats(scheduler: Scheduler) -> dict:
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
+    """"auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N" as a torch.device.
+
+    Raises:
+        ValueError: another value (naming it and the accepted ones), or CUDA asked for where
+            it is not available.
+    """
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
+    asked = device
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={str(asked)!r}; use 'auto', 'cpu', 'cuda' or 'cuda:N'")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!s} but CUDA is not available; use device='cpu'")
     return device
@@ -170,7 +182,9 @@ class LLMEngine:
         self.async_scheduling = config.async_scheduling
         if self.async_scheduling is None:  # PAGEDRT_ASYNC_SCHEDULING=0|1 overrides the default
             env = os.environ.get("PAGEDRT_ASYNC_SCHEDULING")
-            self.async_scheduling = self.device.type == "cuda" if env is None else env != "0"
+            if env not in (None, "0", "1"):
+                raise ValueError(f"PAGEDRT_ASYNC_SCHEDULING={env!r}; set it to 0 or 1, or unset")
+            self.async_scheduling = self.device.type == "cuda" if env is None else env == "1"
         self.in_flight: InFlightStep | None = None  # async scheduling: the step on the device
         # None: step() reports RequestOutputs. A list (the engine-core process sets one, see
         # pagedrt/entrypoints/engine_core.py): step() appends one TokenEvent per sampled token
