@@ -45,12 +45,14 @@ def compile_extend(fp8: bool, head_dim: int = 128, group: int = 4, cfg: dict | N
     sig = {"q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache,
            "block_tables_ptr": "*i32", "cu_seqlens_q_ptr": "*i32", "seq_lens_ptr": "*i32",
            "out_ptr": "*bf16", "k_scales_ptr": "*fp32", "v_scales_ptr": "*fp32",
-           "k_new_ptr": "*bf16", "v_new_ptr": "*bf16", "scale_log2": "fp32", **dict.fromkeys(INTS, "i32")}
+           "k_new_ptr": "*bf16", "v_new_ptr": "*bf16", "scale_log2": "fp32",
+           **dict.fromkeys(INTS, "i32")}
     const = {"GROUP": group, "TOKENS_PER_TILE": cfg["BLOCK_M"] // group,
              "BLOCK_M": cfg["BLOCK_M"], "BLOCK_SIZE": 16, "HEAD_DIM": head_dim,
              "BLOCK_N": cfg["BLOCK_N"], "UPCAST": False, "DOT_PRECISION": "tf32",
              "KV_FP8": fp8, "F16_MMA": fp8, "WINDOW": 0, "V_DIM_MAJOR": fp8,
-             "FP8_MMA": fp8_mma, "FRESH_CHUNK_KV": fresh, "NARROW_M": 0 if fp8_mma or not narrow else 16}
+             "FP8_MMA": fp8_mma, "FRESH_CHUNK_KV": fresh,
+             "NARROW_M": 0 if fp8_mma or not narrow else 16}
     sig.update(dict.fromkeys(const, "constexpr"))
     names = list(sig)
     unit = {"stride_vs" if fp8 else "stride_vd"}

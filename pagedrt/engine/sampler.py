@@ -330,11 +330,12 @@ def _sample_candidates(logits: torch.Tensor, k_max: int, temperature: torch.Tens
 
     Division by a positive temperature keeps the order, so the selection runs on the logits
     as they are and only the candidates are divided. Then `_prefix_filters` (top-k, top-p)
-    and `_apply_min_p`, whose row maximum is the same among the candidates. The noise is drawn for the whole vocabulary as the full-row path
-    draws it (a seeded row's draws depend only on its seed and step) and read at the
-    candidates. About a dozen passes over [B, vocab] fewer than the full-row path (the
-    division, the filters' masks and scatter, min-p's, the softmax and the race), 155 MB each
-    at 256 rows of a 151,936-token vocabulary in float32.
+    and `_apply_min_p`, whose row maximum is the same among the candidates. The noise is
+    drawn for the whole vocabulary as the full-row path draws it (a seeded row's draws depend
+    only on its seed and step) and read at the candidates. About a dozen passes over
+    [B, vocab] fewer than the full-row path (the division, the filters' masks and scatter,
+    min-p's, the softmax and the race), 155 MB each at 256 rows of a 151,936-token
+    vocabulary in float32.
 
     Args:
         logits: [B, vocab], not modified.

@@ -49,7 +49,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     n_prompt = sum(len(o.prompt_token_ids) for o in outputs)
     n_gen = sum(len(o.outputs[0].token_ids) for o in outputs)
     print(
-        f"\n[stats] {len(outputs)} request{'' if len(outputs) == 1 else 's'} | prompt tokens {n_prompt} | generated tokens {n_gen}"
+        f"\n[stats] {len(outputs)} request{'' if len(outputs) == 1 else 's'}"
+        f" | prompt tokens {n_prompt} | generated tokens {n_gen}"
         f" | {n_gen / elapsed:.1f} generated tok/s ({(n_prompt + n_gen) / elapsed:.1f} total tok/s)"
         f" in {elapsed:.2f} s | KV blocks used {s['peak_used_blocks']} of {s['num_blocks']} at peak"
         f" (block {s['block_size']} tokens) | peak batch size {s['peak_batch_size']}"

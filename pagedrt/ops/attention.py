@@ -153,8 +153,9 @@ def paged_attention_extend(
     device-to-host read). sliding_window: each query attends only to its last
     `sliding_window` positions; None = the whole prefix. key, value: the chunks' own K/V
     `[num_tokens, num_kv_heads, head_dim]`; over an FP8 cache without a window, the chunks
-    attend to these unrounded and read only their prefixes from the cache (the Triton
-    kernel's FRESH_CHUNK_KV); None reads every key from the cache.
+    attend to these rows (as `write_kv` with round_rows left them) and read only their
+    prefixes from the cache (the Triton kernel's FRESH_CHUNK_KV); None reads every key from
+    the cache.
     """
     if _use_triton(backend, query):
         return _triton_ops().paged_attention_extend_triton(

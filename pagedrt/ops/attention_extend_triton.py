@@ -423,7 +423,8 @@ def _extend_kernel(
                 stride_cb, stride_cs, score_scale, lo, full_lo, offs_d,
                 k_scales_ptr, v_scales_ptr, scale_head_off, stride_sb,
                 v_head_off, stride_vb, stride_vs, stride_vd,
-                BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW, KV_FP8, V_DIM_MAJOR, FP8_MMA)
+                BLOCK_SIZE, BLOCK_N, True, UPCAST, DOT_PRECISION, WINDOW, KV_FP8, V_DIM_MAJOR,
+                FP8_MMA)
         elif FRESH_CHUNK_KV:  # the cached prefix: every row sees it, the last tile masked
             full_lo = 0
             kv_unmasked = (context // BLOCK_N) * BLOCK_N
@@ -517,9 +518,10 @@ def paged_attention_extend_triton(
             float32 (`pagedrt.ops.fp8`); None for other caches.
         key, value: the chunks' own keys (rotated) and values, [num_tokens, num_kv_heads,
             head_dim] in query's dtype, head_dim contiguous, packed as query. Over an FP8 cache
-            without a sliding window, each chunk attends to these at full precision and reads
-            only its cached prefix from the cache (FRESH_CHUNK_KV, module doc); otherwise they
-            are not read (the cache holds the same values). None: every key from the cache.
+            without a sliding window, each chunk attends to these rows (the model's writers
+            leave them holding what the cache holds: `write_kv_triton`'s round_rows) and
+            reads only its cached prefix from the cache (FRESH_CHUNK_KV, module doc);
+            otherwise they are not read. None: every key from the cache.
     Returns:
         [num_tokens, num_heads, head_dim] in query's dtype.
     Raises:
@@ -582,7 +584,8 @@ def paged_attention_extend_triton(
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
             F16_MMA=fp8 and query.dtype != torch.float32,
             WINDOW=sliding_window or 0, V_DIM_MAJOR=dim_major, FP8_MMA=fp8_mma,
-            FRESH_CHUNK_KV=fresh, NARROW_M=narrow_m, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            FRESH_CHUNK_KV=fresh, NARROW_M=narrow_m,
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
 
     dim_major = v_dim_major(v_cache)

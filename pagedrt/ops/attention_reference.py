@@ -184,7 +184,8 @@ def paged_attention_extend_reference(
     starts = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
     fresh = k_scales is not None and key is not None and sliding_window is None
-    decode_seqs = [] if fresh else [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
+    decode_seqs = [] if fresh else [  # (with fresh rows every chunk takes the loop below)
+        i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
     if decode_seqs:  # one-token queries: the batched decode path
         rows = torch.tensor([starts[i] for i in decode_seqs], device=query.device)
         sel = torch.tensor(decode_seqs, device=query.device)
@@ -202,7 +203,7 @@ def paged_attention_extend_reference(
         cache_end = seq_len - (q_end - q_start) if fresh else seq_len
         k, v = _gather_kv(k_cache, v_cache, block_tables[i], first_key, cache_end, k_scales,
                           v_scales)
-        if fresh:  # the chunk's own K/V, unrounded
+        if fresh:  # the chunk's own K/V, from the rows
             k = torch.cat([k, key[q_start:q_end].float()])
             v = torch.cat([v, value[q_start:q_end].float()])
         out[q_start:q_end] = _attend(query[q_start:q_end], k, v, scale, first_key,

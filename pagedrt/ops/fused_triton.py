@@ -331,15 +331,13 @@ def _rotary_write_kv_kernel(
             tl.store(v_cache_ptr + dst_v, v1_code, mask=mask)
             tl.store(v_cache_ptr + dst_v + half_v, v2_code, mask=mask)
             if ROUND_ROWS:  # the rows as the cache holds them (as `_write_kv_kernel`)
-                k_rounded = k_scale[:, None]
-                v_rounded = v_scale[:, None]
+                k_s = k_scale[:, None]
+                v_s = v_scale[:, None]
                 row_ty = k_ptr.dtype.element_ty
-                tl.store(k1_ptr, (fp8_e4m3_value(k1_code) * k_rounded).to(row_ty), mask=mask)
-                tl.store(k1_ptr + HALF, (fp8_e4m3_value(k2_code) * k_rounded).to(row_ty),
-                         mask=mask)
-                tl.store(v1_ptr, (fp8_e4m3_value(v1_code) * v_rounded).to(row_ty), mask=mask)
-                tl.store(v1_ptr + HALF, (fp8_e4m3_value(v2_code) * v_rounded).to(row_ty),
-                         mask=mask)
+                tl.store(k1_ptr, (fp8_e4m3_value(k1_code) * k_s).to(row_ty), mask=mask)
+                tl.store(k1_ptr + HALF, (fp8_e4m3_value(k2_code) * k_s).to(row_ty), mask=mask)
+                tl.store(v1_ptr, (fp8_e4m3_value(v1_code) * v_s).to(row_ty), mask=mask)
+                tl.store(v1_ptr + HALF, (fp8_e4m3_value(v2_code) * v_s).to(row_ty), mask=mask)
         else:
             tl.store(k_cache_ptr + dst, k1.to(k_cache_ptr.dtype.element_ty), mask=mask)
             tl.store(k_cache_ptr + dst + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=mask)
@@ -408,7 +406,8 @@ def rotary_write_kv_triton(
             HALF=half, BLOCK_D=next_pow2(half),
             BLOCK_HQ=next_pow2(num_heads), BLOCK_HK=next_pow2(num_kv_heads),
             BLOCK_SIZE=k_cache.shape[1], KV_FP8=fp8, V_DIM_MAJOR=v_dim_major(v_cache),
-            ROUND_ROWS=fp8 and round_rows, num_warps=_num_warps(next_pow2(num_heads) * next_pow2(half)),
+            ROUND_ROWS=fp8 and round_rows,
+            num_warps=_num_warps(next_pow2(num_heads) * next_pow2(half)),
             **pdl_launch(pdl_enabled(query)),
         )
     return query, key

@@ -4,7 +4,8 @@
 Both are data movement: one program copies one contiguous row range with 16-byte loads
 (head_dim is the contiguous dim of every tensor involved). Into an FP8 cache, the write
 quantizes each token's heads and stores their scales beside the block (`pagedrt.ops.fp8`),
-and with `round_rows` gives the rows back the values the cache holds; the copy moves bytes, so it copies FP8 blocks and their scales unchanged.
+and with `round_rows` gives the rows back the values the cache holds; the copy moves bytes,
+so it copies FP8 blocks and their scales unchanged.
 """
 
 from __future__ import annotations
