@@ -12,10 +12,5 @@ gpu_tests gpu_narrow 120 tests/gpu/test_extend_decode_rows_gpu.py
 timeout 200 python3 benchmarks/diagnostics/fp8_prefill_step.py --narrow --out "$out/r/narrow" \
   > "$out/r/narrow.txt" 2>&1
 echo "== narrow (status $?)"; grep "^narrow" "$out/r/narrow.txt"
-timeout 300 python3 -m pagedrt.entrypoints.cli bench throughput \
-  --preset llama3-8b --kv-cache-dtype fp8 --compare-kv-cache-dtype auto --num-requests 256 \
-  --input-len 4096 --output-len 256 --max-model-len 4368 --max-num-seqs 256 \
-  --gpu-memory-utilization 0.30 --skip-step-split --warm-up-requests 4 --name fp8kv_256 \
-  --out "$out/r" > "$out/r/fp8kv_256.txt" 2>&1
-grep -h "^pagedrt KV\|fp8_e4m3 / bfloat16\|prefill steps\|decode steps" "$out/r/fp8kv_256.txt"
+fp8_vs_bf16 fp8kv_256 256 4096 256 4368
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"
