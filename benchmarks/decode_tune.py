@@ -5,10 +5,11 @@ the PyTorch reference first. A tuning diagnostic for the H200, not a benchmark o
     PYTHONPATH=$PWD python3 benchmarks/decode_tune.py --out DIR [--quick]
         [--cases llama3-8b:64:4096,qwen2-0.5b:64:2048] [--kv-cache-dtype auto|fp8|both]
         [--small-grid | --default-only] [--block-n 64,128] [--warps 4,8] [--stages 2,3]
-        [--splits 1,2] [--maxnreg 0,168] [--fused-reduce 0,1] [--shard I/N]
+        [--splits 1,2] [--maxnreg 0,168] [--fused-reduce 0,1] [--shard I/N] [--k-head-major]
 
 `--block-n`, `--warps`, `--stages`, `--splits` and `--maxnreg` (a register cap per thread
-passed to Triton's compiler, 0 for none) replace the full grid's axes. `--fused-reduce 0,1`
+passed to Triton's compiler, 0 for none) replace the full grid's axes; `--splits 0` is each
+shape's default (`choose_num_splits`). `--fused-reduce 0,1`
 times each split setting with the split-K reduce in a second kernel (0, the default) and
 folded into the attention kernel (1: PAGEDRT_DECODE_FUSED_REDUCE=1 around the call; settings
 of 1 split have no reduce and run once), and prints per shape the default launch setting's
@@ -22,6 +23,10 @@ llama3-8b:1:4096,llama3-8b:64:4096
 
 (Shapes whose default is one split, e.g. Llama-3-8B heads at B64 L4096, have no reduce and
 are timed once.)
+
+`--k-head-major` stores K head-major ([num_blocks, num_kv_heads, block_size, head_dim] storage
+seen with the usual shape, so one head's tokens of a block are one contiguous run) and launches
+without the argument checks, which accept only K in the usual layout: a layout experiment.
 
 `--shard I/N` runs
 every N-th setting from the I-th: N shards started at once compile in parallel (their
@@ -118,6 +123,8 @@ def main() -> None:
         p.add_argument(f"--{axis}", type=ints, default=ints(default),
                        help=f"grid axis (default {default})")
     p.add_argument("--shard", default="0/1", help="I/N: every N-th setting from the I-th")
+    p.add_argument("--k-head-major", action="store_true",
+                   help="K stored [num_blocks, num_kv_heads, block_size, head_dim] (module doc)")
     args = p.parse_args()
     if any(f not in (0, 1) for f in args.fused_reduce):
         p.error(f"--fused-reduce {args.fused_reduce}: give 0, 1 or 0,1")
@@ -150,6 +157,8 @@ def main() -> None:
                 v = to_v_dim_major(v)
         else:
             kf, vf = k.float(), v.float()
+        if args.k_head_major:  # same values, a head's tokens of a block contiguous
+            k = k.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
         ref = paged_attention_decode_reference(q.float(), kf, vf, bt, sl, d ** -0.5)
         per_token = 2 * kvh * (d * k.element_size() + (4 if scales else 0))
         kv_bytes = num_seqs * ctx * per_token
@@ -166,6 +175,9 @@ def main() -> None:
                                               [0], args.fused_reduce))
         if args.default_only:
             run_grid = []
+        # --splits 0: the shape's default number of splits (choose_num_splits)
+        run_grid = list(dict.fromkeys(
+            (bn, w, st, sp or default_splits, r, f) for bn, w, st, sp, r, f in run_grid))
         run_grid = run_grid + [x for x in default_points if x not in run_grid]
         # one split has no reduce to fold: its fused setting would time the same launch again
         run_grid = [x for x in run_grid if not (x[5] and x[3] == 1)]
@@ -176,15 +188,16 @@ def main() -> None:
             setting = {**cfg, "splits": splits, "fused_reduce": fused}
             try:
                 with fused_reduce_env(fused):
-                    out = paged_attention_decode_triton(q, k, v, bt, sl, d ** -0.5, splits,
-                                                        config=cfg, **scales)
+                    out = paged_attention_decode_triton(
+                        q, k, v, bt, sl, d ** -0.5, splits, config=cfg,
+                        validate=not args.k_head_major, **scales)
                     err = (out.float() - ref).abs().max().item()
                     if err > 2e-2:
                         timings.append({**setting, "error": err, "ms": None})
                         continue
                     ms = triton.testing.do_bench_cudagraph(functools.partial(
                         paged_attention_decode_triton, q, k, v, bt, sl, d ** -0.5, splits,
-                        config=cfg, **scales), rep=30)
+                        config=cfg, validate=not args.k_head_major, **scales), rep=30)
             except Exception as e:  # noqa: BLE001 - a config that does not fit: record it
                 timings.append({**setting, "failed": str(e)[:200]})
                 continue

@@ -231,11 +231,13 @@ def test_v_layouts_give_the_same_attention():
 
 def test_register_cap_of_the_fp8_launch_reaches_the_kernel_unchanged_results():
     """The FP8 decode launch's default caps registers (`maxnreg`, a Triton compile option;
-    measured faster on the H200, `_decode_launch_config`), only at head_dim <= 128; a config
-    that names its own cap, or 0 for none, is launched with it and reads the same attention
-    (the interpreter takes the option and ignores it; tests/gpu/test_fp8_kv_gpu.py runs the
-    capped kernel compiled)."""
-    assert tri._decode_launch_config(128, kv_bytes=1)["maxnreg"] == 128
+    measured faster on the H200, `_decode_launch_config`), only at head_dim < 128 (at 128 it
+    runs 5 stages uncapped); a config that names its own cap, or 0 for none, is launched with
+    it and reads the same attention (the interpreter takes the option and ignores it;
+    tests/gpu/test_fp8_kv_gpu.py runs the capped kernel compiled)."""
+    assert tri._decode_launch_config(64, kv_bytes=1)["maxnreg"] == 128
+    assert tri._decode_launch_config(128, kv_bytes=1) == {"BLOCK_N": 128, "num_warps": 4,
+                                                          "num_stages": 5}
     assert "maxnreg" not in tri._decode_launch_config(256, kv_bytes=1)
     assert "maxnreg" not in tri._decode_launch_config(128, kv_bytes=2)
     lens = [1, 16, 17, 40]

@@ -445,9 +445,19 @@ def _decode_launch_config(head_dim: int, kv_bytes: int = 2) -> dict:
     SM; capped at 128 (`maxnreg`, Triton's compile option) with 2 stages, 4 fit. Llama-3-8B
     heads B64 L4096: 209.8 us against 229.6 uncapped at 3 stages (bf16 246.1); Qwen2-0.5B
     heads B64 L4096 (4 splits): 38.1 against 50.2 (BENCHMARKS.md, 08:30 runs).
+    At head_dim 128 over FP8, 5 stages, uncapped: Triton gives the loop one shared-memory
+    buffer per K/V tile at 2-4 stages (the block-table load takes a stage, so a tile's copies
+    are issued after the previous tile's products and waited for at once) and two at 5, so the
+    next tile's copies stay in flight during the products (docs/design.md, "FP8 KV cache").
+    Llama-3-8B heads: 203.2 against 211.8 us at B64 L4096, 66.3 against 68.2 at B8 L8192 (capped
+    at 128 with 5 stages: 341.9, 93.2). At head_dim 64 it was slower (38.5 against 37.9 us,
+    Qwen2-0.5B heads B64 L4096), and so was the bf16 kernel at most shapes (BENCHMARKS.md,
+    15:50 runs).
     """
     block_n = max(16, min(128, 16384 // (head_dim * kv_bytes)))
-    if kv_bytes == 1 and head_dim <= 128:
+    if kv_bytes == 1 and head_dim == 128:
+        return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 5}
+    if kv_bytes == 1 and head_dim < 128:
         return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 2, "maxnreg": 128}
     return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3}
 
