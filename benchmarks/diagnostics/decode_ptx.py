@@ -49,7 +49,7 @@ CASES = {  # name: (fp8, V dim-major, head_dim, group, BLOCK_N, window)
 
 def compile_decode(fp8: bool, dim_major: bool, head_dim: int, group: int, block_n: int,
                    window: int, num_warps: int = 4, num_stages: int = 3, pdl: bool = False,
-                   fused_splits: int = 0):
+                   fused_splits: int = 0, bt_prefetch: bool = False):
     """The decode kernel compiled for sm_90 with the engine's alignment; returns Triton's
     compiled kernel (its .asm has "ttgir" and "ptx"). `fused_splits` > 0: the split-K kernel
     with the reduce folded in (SPLIT, FUSED_REDUCE) for that many splits; 0: unsplit."""
@@ -63,7 +63,8 @@ def compile_decode(fp8: bool, dim_major: bool, head_dim: int, group: int, block_
              "BLOCK_N": block_n, "SPLIT": fused_splits > 0, "UPCAST": False,
              "DOT_PRECISION": "tf32", "KV_FP8": fp8, "F16_MMA": fp8, "WINDOW": window,
              "V_DIM_MAJOR": dim_major, "PDL": pdl, "FUSED_REDUCE": fused_splits > 0,
-             "SPLITS_PAD": triton.next_power_of_2(max(fused_splits, 1))}
+             "SPLITS_PAD": triton.next_power_of_2(max(fused_splits, 1)),
+             "BT_PREFETCH": bt_prefetch}
     sig.update(dict.fromkeys(const, "constexpr"))
     names = list(sig)
     unit = {"num_splits", "stride_vs" if dim_major else "stride_vd"}

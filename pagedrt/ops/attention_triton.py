@@ -132,6 +132,13 @@ def decode_fused_reduce_requested() -> bool:
     return os.environ.get("PAGEDRT_DECODE_FUSED_REDUCE", "0") == "1"
 
 
+def decode_bt_prefetch_requested() -> bool:
+    """PAGEDRT_DECODE_BT_PREFETCH=1: `_decode_kernel` loads each tile's block ids one tile
+    ahead (BT_PREFETCH, module doc), which lets Triton's pipeliner give the K/V copies
+    num_stages - 1 buffers. Off by default ("0") until timed. Read at every launch."""
+    return os.environ.get("PAGEDRT_DECODE_BT_PREFETCH", "0") == "1"
+
+
 def _capturing(device: torch.device) -> bool:
     """Whether the current stream of `device` is capturing a CUDA graph (False on CPU)."""
     if device.type != "cuda":
@@ -202,12 +209,14 @@ def _decode_tile(
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
     V_DIM_MAJOR: tl.constexpr,
     MASKED: tl.constexpr,  # False: every token of the tile is below `end` (no load masked)
+    block=None,  # [BLOCK_N] int64: the tiles's block ids, loaded before; None: load them here
 ):
     """One BLOCK_N-token tile of `_decode_kernel`'s online softmax; returns the new state."""
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tile_start + tl.arange(0, BLOCK_N)
     n_mask = offs_n < end
-    block = _load(bt_row + offs_n // BLOCK_SIZE, n_mask, MASKED).to(tl.int64)
+    if block is None:
+        block = _load(bt_row + offs_n // BLOCK_SIZE, n_mask, MASKED).to(tl.int64)
     kv_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + head_off
     k = _load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], n_mask[:, None], MASKED)
     if UPCAST:
@@ -307,6 +316,7 @@ def _decode_kernel(
     FUSED_REDUCE: tl.constexpr = False,  # with SPLIT: the last program of a (seq, kv_head)
     # combines the partitions itself (module doc); no `_decode_reduce_kernel` launch
     SPLITS_PAD: tl.constexpr = 1,  # num_splits rounded up to a power of two; FUSED_REDUCE
+    BT_PREFETCH: tl.constexpr = False,  # each tile's block ids loaded one tile ahead
 ):
     pdl_prologue(PDL)
     kv_head = tl.program_id(0)
@@ -344,12 +354,28 @@ def _decode_kernel(
     loop_end = end
     if V_DIM_MAJOR:
         loop_end = start + (end - start) // BLOCK_N * BLOCK_N
-    for tile_start in range(start, loop_end, BLOCK_N):
-        m_i, l_i, acc = _decode_tile(
-            m_i, l_i, acc, tile_start, end, q, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
-            v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,
-            stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, BLOCK_N, UPCAST,
-            DOT_PRECISION, KV_FP8, V_DIM_MAJOR, not V_DIM_MAJOR)
+    if BT_PREFETCH:
+        # masked per block, not per token, so that the ids stay known to be equal within each
+        # run of BLOCK_SIZE tokens (the compiler's axis analysis) and V's loads stay wide
+        num_blocks = tl.cdiv(end, BLOCK_SIZE)  # the blocks this partition may read
+        offs_b = (start + tl.arange(0, BLOCK_N)) // BLOCK_SIZE
+        block = tl.load(bt_row + offs_b, mask=offs_b < num_blocks, other=0).to(tl.int64)
+        for tile_start in range(start, loop_end, BLOCK_N):
+            offs_b = (tile_start + BLOCK_N + tl.arange(0, BLOCK_N)) // BLOCK_SIZE
+            next_block = tl.load(bt_row + offs_b, mask=offs_b < num_blocks, other=0)
+            m_i, l_i, acc = _decode_tile(
+                m_i, l_i, acc, tile_start, end, q, bt_row, k_cache_ptr, v_cache_ptr,
+                k_scales_ptr, v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs,
+                stride_vb, stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM,
+                BLOCK_N, UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, not V_DIM_MAJOR, block)
+            block = next_block.to(tl.int64)
+    else:
+        for tile_start in range(start, loop_end, BLOCK_N):
+            m_i, l_i, acc = _decode_tile(
+                m_i, l_i, acc, tile_start, end, q, bt_row, k_cache_ptr, v_cache_ptr,
+                k_scales_ptr, v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs,
+                stride_vb, stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM,
+                BLOCK_N, UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, not V_DIM_MAJOR)
     if V_DIM_MAJOR:  # noqa: SIM102 - a constexpr test, then a runtime one
         if loop_end < end:
             m_i, l_i, acc = _decode_tile(
@@ -531,6 +557,7 @@ def paged_attention_decode_triton(
     upcast = interpreting(query)
     split = num_splits > 1
     fused = split and decode_fused_reduce_requested()
+    bt_prefetch = decode_bt_prefetch_requested()
     # (first: raises RuntimeError under graph capture when too few counters exist)
     counters = fused_reduce_counters(query.device, num_seqs * num_kv_heads) if fused else out
     if split:
@@ -567,6 +594,7 @@ def paged_attention_decode_triton(
             F16_MMA=fp8 and query.dtype != torch.float32,
             WINDOW=sliding_window or 0, V_DIM_MAJOR=dim_major,
             FUSED_REDUCE=fused, SPLITS_PAD=next_pow2(num_splits) if fused else 1,
+            BT_PREFETCH=bt_prefetch,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(pdl),
             **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),  # 0: no cap
         )
@@ -574,7 +602,7 @@ def paged_attention_decode_triton(
     dim_major = v_dim_major(v_cache)
     pdl = pdl_enabled(query)
     key = ("decode", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
-           dim_major, fused)
+           dim_major, bt_prefetch, fused)
     launch_first_fitting(key, configs, launch)
     if split and not fused:
         _decode_reduce_kernel[(num_heads, num_seqs)](
