@@ -229,7 +229,8 @@ def main() -> None:
                          for t in ok[1:6]))
         print(table[-1], flush=True)
     with open(os.path.join(args.out, "decode_tune.json"), "w") as f:
-        json.dump({"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "results": results}, f, indent=1)
+        gpu = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
+        json.dump({"gpu": gpu, "results": results}, f, indent=1)
     print("\n".join(table))
 
 

@@ -8,7 +8,8 @@
 set -u
 . benchmarks/diagnostics/call_common.sh
 tune stages --kv-cache-dtype both \
-  --cases llama3-8b:64:4096,qwen2-0.5b:64:4096,qwen2-0.5b:64:2048,llama3-8b:8:8192,qwen2-0.5b:8:4096,qwen2-0.5b:1:4096 \
+  --cases llama3-8b:64:4096,qwen2-0.5b:64:4096,qwen2-0.5b:64:2048,llama3-8b:8:8192,$(
+  )qwen2-0.5b:8:4096,qwen2-0.5b:1:4096 \
   --block-n 32,64,128 --warps 4 --stages 3,5,6 --splits 0 --maxnreg 0,128
 echo "== tune stages"; grep -E "^(llama|qwen)" "$out/r/tune_stages.txt" | tail -12 | cut -c1-230
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"

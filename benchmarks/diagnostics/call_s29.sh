@@ -13,7 +13,8 @@
 set -u
 . benchmarks/diagnostics/call_common.sh
 cp .gguf_parts/p[0-9] /tmp/ 2>/dev/null
-cases=llama3-8b:64:4096,qwen2-0.5b:64:2048,qwen2-0.5b:64:4096,llama3-8b:8:8192,qwen2-0.5b:8:4096,qwen2-0.5b:1:4096
+cases=llama3-8b:64:4096,qwen2-0.5b:64:2048,qwen2-0.5b:64:4096,llama3-8b:8:8192
+cases=$cases,qwen2-0.5b:8:4096,qwen2-0.5b:1:4096
 case "${PART:-1}" in
 1)
 export PAGEDRT_DECODE_BT_PREFETCH=1
@@ -22,7 +23,8 @@ tune prefetch --kv-cache-dtype both --cases $cases --block-n 64,128 --warps 4 --
 export PAGEDRT_DECODE_BT_PREFETCH=0
 timeout 100 python3 benchmarks/decode_tune.py --out "$out/r/tune_default" --default-only \
   --kv-cache-dtype both --cases $cases > "$out/r/tune_default.txt" 2>&1
-echo "== without prefetch (defaults)"; grep -E "^(llama|qwen)" "$out/r/tune_default.txt" | tail -12 | cut -c1-75
+echo "== without prefetch (defaults)"
+grep -E "^(llama|qwen)" "$out/r/tune_default.txt" | tail -12 | cut -c1-75
 echo "== with prefetch"; grep -E "^(llama|qwen)" "$out/r/tune_prefetch.txt" | tail -12 | cut -c1-200
 ;;
 3)

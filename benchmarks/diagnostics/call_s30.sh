@@ -11,6 +11,7 @@ tune prefetch --kv-cache-dtype both --cases $cases --block-n 64,128 --warps 4 --
 export PAGEDRT_DECODE_BT_PREFETCH=0
 timeout 60 python3 benchmarks/decode_tune.py --out "$out/r/tune_default" --default-only \
   --kv-cache-dtype both --cases $cases > "$out/r/tune_default.txt" 2>&1
-echo "== without prefetch (defaults)"; grep -E "^(llama|qwen)" "$out/r/tune_default.txt" | tail -6 | cut -c1-75
+echo "== without prefetch (defaults)"
+grep -E "^(llama|qwen)" "$out/r/tune_default.txt" | tail -6 | cut -c1-75
 echo "== with prefetch"; grep -E "^(llama|qwen)" "$out/r/tune_prefetch.txt" | tail -6 | cut -c1-200
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"

@@ -53,6 +53,21 @@ decode launches must not run at the same time on two streams of one device (the 
 issues its steps on one stream; PDL overlaps a launch only with the wait at the start of the
 next kernel, before it touches a counter).
 
+Block-table prefetch (BT_PREFETCH; opt-in with PAGEDRT_DECODE_BT_PREFETCH=1, off by default:
+on the H200 it was faster only on Qwen2-0.5B heads at B64 in bf16, 22.9 against 24.4 us at
+L2048, and slower elsewhere, 30.2 against 25.1 us at B256 L640 and 218.4 against 203.3 over
+FP8 at Llama-3-8B's B64 L4096; BENCHMARKS.md, 15:20 runs):
+Triton's software pipeliner gives a load whose address comes from another load in the same
+iteration (K and V from the tile's block ids) one stage less, and at num_stages 2 to 4 the
+loop got one shared-memory buffer per K/V tile: each tile's copies were issued after the
+previous tile's products and waited for at the top of the next iteration, so a program never
+computed with a copy in flight (the TTGIR compiled for sm_90 on a CPU; docs/design.md, "FP8 KV
+cache"). With BT_PREFETCH the loop carries the next tile's block ids, loaded one iteration
+ahead, and K/V's addresses come from a loop-carried value: num_stages - 1 buffers per tile.
+That load is masked per block (block index < cdiv(end, BLOCK_SIZE)), not per token, so the
+ids stay known to be equal within each run of BLOCK_SIZE tokens and dim-major V keeps its
+16-byte loads.
+
 Sliding window (WINDOW > 0, a constexpr: 0 compiles the full-attention kernel unchanged): the
 query at position seq_len - 1 sees keys [lo, seq_len) with lo = max(seq_len - WINDOW, 0), and
 the partitions split that range instead of [0, seq_len), so blocks before the window are never
@@ -135,7 +150,8 @@ def decode_fused_reduce_requested() -> bool:
 def decode_bt_prefetch_requested() -> bool:
     """PAGEDRT_DECODE_BT_PREFETCH=1: `_decode_kernel` loads each tile's block ids one tile
     ahead (BT_PREFETCH, module doc), which lets Triton's pipeliner give the K/V copies
-    num_stages - 1 buffers. Off by default ("0") until timed. Read at every launch."""
+    num_stages - 1 buffers. Off by default ("0"): slower at most shapes on the H200 (module
+    doc). Read at every launch."""
     return os.environ.get("PAGEDRT_DECODE_BT_PREFETCH", "0") == "1"
 
 
