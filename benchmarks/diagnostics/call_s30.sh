@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# 2026-12-02 16:05 UTC (carry .commit and .whl; ~2 min): call_s29.sh PART=1 cut down to the
-# session's last device minutes: the decode kernel with each tile's block ids loaded one tile
-# ahead (PAGEDRT_DECODE_BT_PREFETCH=1) against the defaults, bf16 and FP8, at three shapes.
+# 2026-12-02 16:05 UTC (carry .commit and .whl; ~2 min): the timing call_s29.sh PART=1 was
+# first written for, cut down to the session's last device minutes: the decode kernel with
+# each tile's block ids loaded one tile ahead (PAGEDRT_DECODE_BT_PREFETCH=1) against the
+# defaults, bf16 and FP8, at three shapes.
 set -u
 . benchmarks/diagnostics/call_common.sh
 cases=llama3-8b:64:4096,qwen2-0.5b:64:2048,llama3-8b:8:8192
