@@ -36,10 +36,12 @@ INTS = ["stride_qt", "stride_qh", "stride_cb", "stride_cs", "stride_ch", "stride
 
 
 def compile_extend(fp8: bool, head_dim: int = 128, group: int = 4, cfg: dict | None = None,
-                   fp8_mma: bool = False, fresh: bool = False, narrow: bool = True):
+                   fp8_mma: bool = False, fresh: bool = False, narrow: bool = True,
+                   window: int = 0):
     """The extend kernel for sm_90, Llama-3-8B heads by default, V dim-major over FP8;
     fp8_mma: its FP8-product variant (PAGEDRT_FP8_PREFILL_MMA=1); fresh: the chunk's keys
-    from the step's rows (FRESH_CHUNK_KV, the engine's prefill over an FP8 cache)."""
+    from the step's rows (FRESH_CHUNK_KV, the engine's prefill over an FP8 cache); window:
+    a sliding window in tokens (WINDOW; 0 none)."""
     cfg = cfg or _extend_launch_configs(head_dim, torch.bfloat16, on_gpu=True, kv_fp8=fp8)[0]
     cache = "*fp8e4nv" if fp8 else "*bf16"
     sig = {"q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache,
@@ -50,7 +52,7 @@ def compile_extend(fp8: bool, head_dim: int = 128, group: int = 4, cfg: dict | N
     const = {"GROUP": group, "TOKENS_PER_TILE": cfg["BLOCK_M"] // group,
              "BLOCK_M": cfg["BLOCK_M"], "BLOCK_SIZE": 16, "HEAD_DIM": head_dim,
              "BLOCK_N": cfg["BLOCK_N"], "UPCAST": False, "DOT_PRECISION": "tf32",
-             "KV_FP8": fp8, "F16_MMA": fp8, "WINDOW": 0, "V_DIM_MAJOR": fp8,
+             "KV_FP8": fp8, "F16_MMA": fp8, "WINDOW": window, "V_DIM_MAJOR": fp8,
              "FP8_MMA": fp8_mma, "FRESH_CHUNK_KV": fresh,
              "NARROW_M": 0 if fp8_mma or not narrow else 16}
     sig.update(dict.fromkeys(const, "constexpr"))

@@ -102,6 +102,27 @@ def narrow_decode_rows_requested() -> bool:
 
 
 @triton.jit
+def online_softmax_step(m_i, l_i, s, GUARD_EMPTY: tl.constexpr = False):
+    """One tile of the single-pass online softmax (Milkman & Gimelshein 2018; FlashAttention,
+    Dao et al. 2022), in the log2 domain, shared by the extend and decode kernels.
+
+    m_i, l_i: [M] fp32, the rows' running max and sum of exp2(score - max); s: [M, N] fp32,
+    the tile's scores, already times softmax scale * log2(e), -inf where masked. Returns
+    (m_new, p, alpha, l_new): m_new = max(m_i, max of s) [M], p = exp2(s - m_new) [M, N],
+    alpha = exp2(m_i - m_new) [M] (the factor of the running sum and output), l_new = l_i *
+    alpha + sum of p [M]. GUARD_EMPTY (a constexpr) is for rows that may have seen no key yet
+    (all -inf so far): their m_new stays -inf while p and alpha are taken relative to 0 instead
+    (both then 0), never -inf - -inf (NaN)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_ref = m_new  # what scores are taken relative to
+    if GUARD_EMPTY:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_ref[:, None])
+    alpha = tl.exp2(m_i - m_ref)
+    return m_new, p, alpha, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
 def fp8_scaled_pv(p, v, v_scale, DOT_PRECISION: tl.constexpr, FP8_P: tl.constexpr = False):
     """p @ (v * v_scale) for one tile of an FP8 cache, as (p * v_scale) @ v: p [M, BLOCK_N]
     fp32, v [BLOCK_N, HEAD_DIM] the converted fp8 values, v_scale [BLOCK_N] their per-token
@@ -183,13 +204,8 @@ def _extend_tiles(
             if WINDOW > 0:
                 visible = visible & (offs_n[None, :] > pos[:, None] - WINDOW)
             s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_ref = m_new  # what scores are taken relative to
-        if WINDOW > 0:  # a row may have seen no key yet: keep -inf - -inf out
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_ref[:, None])
-        alpha = tl.exp2(m_i - m_ref)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        # (under a window a row may have seen no key yet: keep -inf - -inf out)
+        m_new, p, alpha, l_i = online_softmax_step(m_i, l_i, s, WINDOW > 0)
         if KV_FP8:
             pv = fp8_scaled_pv(p, v, v_scale, DOT_PRECISION, FP8_MMA)
         else:
@@ -229,10 +245,7 @@ def _extend_chunk_tiles(
         if CAUSAL_MASK:
             visible = (offs_n[None, :] <= tok[:, None]) & (offs_n < hi)[None, :]
             s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        m_new, p, alpha, l_i = online_softmax_step(m_i, l_i, s)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i

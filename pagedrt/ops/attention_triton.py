@@ -113,7 +113,11 @@ import triton
 import triton.language as tl
 
 from pagedrt.ops.attention_decode_naive_triton import paged_attention_decode_naive_triton
-from pagedrt.ops.attention_extend_triton import fp8_scaled_pv, paged_attention_extend_triton
+from pagedrt.ops.attention_extend_triton import (
+    fp8_scaled_pv,
+    online_softmax_step,
+    paged_attention_extend_triton,
+)
 from pagedrt.ops.fp8 import is_fp8
 from pagedrt.ops.kv_write_triton import copy_blocks_triton, write_kv_triton
 from pagedrt.ops.triton_utils import (
@@ -245,10 +249,7 @@ def _decode_tile(
         s = s * _load(k_scales_ptr + scale_off, n_mask, MASKED)[None, :]
     if MASKED:
         s = tl.where(n_mask[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.exp2(s - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    m_new, p, alpha, l_i = online_softmax_step(m_i, l_i, s)
     # unit and BLOCK_SIZE strides written as literals: Triton does not specialize an int
     # argument on 1, and a runtime stride loses the 16-byte loads (BENCHMARKS.md, FP8)
     if V_DIM_MAJOR:  # tokens contiguous: load [HEAD_DIM, BLOCK_N], use its transpose
