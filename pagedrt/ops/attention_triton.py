@@ -229,7 +229,7 @@ def _decode_tile(
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
     V_DIM_MAJOR: tl.constexpr,
     MASKED: tl.constexpr,  # False: every token of the tile is below `end` (no load masked)
-    block=None,  # [BLOCK_N] int64: the tiles's block ids, loaded before; None: load them here
+    block=None,  # [BLOCK_N] int64: the tile's block ids, loaded before; None: load them here
 ):
     """One BLOCK_N-token tile of `_decode_kernel`'s online softmax; returns the new state."""
     offs_d = tl.arange(0, HEAD_DIM)
@@ -371,28 +371,24 @@ def _decode_kernel(
     loop_end = end
     if V_DIM_MAJOR:
         loop_end = start + (end - start) // BLOCK_N * BLOCK_N
+    block = None  # with BT_PREFETCH, the tile's block ids, loaded one tile ahead
     if BT_PREFETCH:
         # masked per block, not per token, so that the ids stay known to be equal within each
         # run of BLOCK_SIZE tokens (the compiler's axis analysis) and V's loads stay wide
         num_blocks = tl.cdiv(end, BLOCK_SIZE)  # the blocks this partition may read
         offs_b = (start + tl.arange(0, BLOCK_N)) // BLOCK_SIZE
         block = tl.load(bt_row + offs_b, mask=offs_b < num_blocks, other=0).to(tl.int64)
-        for tile_start in range(start, loop_end, BLOCK_N):
+    for tile_start in range(start, loop_end, BLOCK_N):
+        if BT_PREFETCH:
             offs_b = (tile_start + BLOCK_N + tl.arange(0, BLOCK_N)) // BLOCK_SIZE
             next_block = tl.load(bt_row + offs_b, mask=offs_b < num_blocks, other=0)
-            m_i, l_i, acc = _decode_tile(
-                m_i, l_i, acc, tile_start, end, q, bt_row, k_cache_ptr, v_cache_ptr,
-                k_scales_ptr, v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs,
-                stride_vb, stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM,
-                BLOCK_N, UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, not V_DIM_MAJOR, block)
+        m_i, l_i, acc = _decode_tile(
+            m_i, l_i, acc, tile_start, end, q, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
+            v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,
+            stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, BLOCK_N, UPCAST,
+            DOT_PRECISION, KV_FP8, V_DIM_MAJOR, not V_DIM_MAJOR, block)
+        if BT_PREFETCH:
             block = next_block.to(tl.int64)
-    else:
-        for tile_start in range(start, loop_end, BLOCK_N):
-            m_i, l_i, acc = _decode_tile(
-                m_i, l_i, acc, tile_start, end, q, bt_row, k_cache_ptr, v_cache_ptr,
-                k_scales_ptr, v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs,
-                stride_vb, stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM,
-                BLOCK_N, UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, not V_DIM_MAJOR)
     if V_DIM_MAJOR:  # noqa: SIM102 - a constexpr test, then a runtime one
         if loop_end < end:
             m_i, l_i, acc = _decode_tile(
@@ -494,8 +490,8 @@ def _decode_launch_config(head_dim: int, kv_bytes: int = 2) -> dict:
     next tile's copies stay in flight during the products (docs/design.md, "FP8 KV cache").
     Llama-3-8B heads: 203.2 against 211.8 us at B64 L4096, 66.3 against 68.2 at B8 L8192 (capped
     at 128 with 5 stages: 341.9, 93.2). At head_dim 64 it was slower (38.5 against 37.9 us,
-    Qwen2-0.5B heads B64 L4096), and so was the bf16 kernel at most shapes (BENCHMARKS.md,
-    15:50 runs).
+    Qwen2-0.5B heads B64 L4096), and the bf16 kernel gained nothing beyond noise at most
+    shapes (BENCHMARKS.md, 15:20 runs).
     """
     block_n = max(16, min(128, 16384 // (head_dim * kv_bytes)))
     if kv_bytes == 1 and head_dim == 128:
