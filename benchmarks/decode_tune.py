@@ -5,11 +5,14 @@ the PyTorch reference first. A tuning diagnostic for the H200, not a benchmark o
     PYTHONPATH=$PWD python3 benchmarks/decode_tune.py --out DIR [--quick]
         [--cases llama3-8b:64:4096,qwen2-0.5b:64:2048] [--kv-cache-dtype auto|fp8|both]
         [--small-grid | --default-only] [--block-n 64,128] [--warps 4,8] [--stages 2,3]
-        [--splits 1,2] [--maxnreg 0,168] [--fused-reduce 0,1] [--shard I/N] [--k-head-major]
+        [--splits 1,2] [--maxnreg 0,168] [--fused-reduce 0,1] [--warp-tiles 0,1] [--shard I/N]
+        [--k-head-major]
 
 `--block-n`, `--warps`, `--stages`, `--splits` and `--maxnreg` (a register cap per thread
 passed to Triton's compiler, 0 for none) replace the full grid's axes; `--splits 0` is each
-shape's default (`choose_num_splits`). `--fused-reduce 0,1`
+shape's default (`choose_num_splits`). `--warp-tiles 0,1` adds the
+warp-tile kernel (`pagedrt.ops.attention_decode_warp_triton`: one 16-token slice of each tile
+per warp) as an axis. `--fused-reduce 0,1`
 times each split setting with the split-K reduce in a second kernel (0, the default) and
 folded into the attention kernel (1: PAGEDRT_DECODE_FUSED_REDUCE=1 around the call; settings
 of 1 split have no reduce and run once), and prints per shape the default launch setting's
@@ -117,7 +120,8 @@ def main() -> None:
     p.add_argument("--default-only", action="store_true",
                    help="only the default launch setting (x --fused-reduce)")
     for axis, default in (("block-n", "32,64,128"), ("warps", "2,4,8"), ("stages", "2,3,4"),
-                          ("splits", "1,2,4,8"), ("maxnreg", "0"), ("fused-reduce", "0")):
+                          ("splits", "1,2,4,8"), ("maxnreg", "0"), ("fused-reduce", "0"),
+                          ("warp-tiles", "0")):
         # (0 allowed: --maxnreg 0 is no cap, --fused-reduce 0 the reduce kernel)
         ints = functools.partial(int_list, minimum=0)
         p.add_argument(f"--{axis}", type=ints, default=ints(default),
@@ -137,7 +141,7 @@ def main() -> None:
     if args.quick:
         cases = cases[:2]
     grid = list(itertools.product(args.block_n, args.warps, args.stages, args.splits,
-                                  args.maxnreg, args.fused_reduce))
+                                  args.maxnreg, args.fused_reduce, args.warp_tiles))
     shard, num_shards = (int(x) for x in args.shard.split("/"))
     dtypes = ["auto", "fp8"] if args.kv_cache_dtype == "both" else [args.kv_cache_dtype]
     results, table = [], []
@@ -167,24 +171,26 @@ def main() -> None:
                    "splits": default_splits, "fused_reduce": 0}
         timings = []
         default_points = [(default["BLOCK_N"], default["num_warps"], default["num_stages"],
-                           default_splits, default.get("maxnreg", 0), fused)
+                           default_splits, default.get("maxnreg", 0), fused, 0)
                           for fused in args.fused_reduce]
         run_grid = grid
         if args.small_grid:
             run_grid = list(itertools.product([32, 64, 128], [4, 8], [2, 3], [default_splits],
-                                              [0], args.fused_reduce))
+                                              [0], args.fused_reduce, [0]))
         if args.default_only:
             run_grid = []
         # --splits 0: the shape's default number of splits (choose_num_splits)
         run_grid = list(dict.fromkeys(
-            (bn, w, st, sp or default_splits, r, f) for bn, w, st, sp, r, f in run_grid))
+            (bn, w, st, sp or default_splits, r, f, wt)
+            for bn, w, st, sp, r, f, wt in run_grid))
         run_grid = run_grid + [x for x in default_points if x not in run_grid]
         # one split has no reduce to fold: its fused setting would time the same launch again
         run_grid = [x for x in run_grid if not (x[5] and x[3] == 1)]
-        for bn, warps, stages, splits, maxnreg, fused in run_grid[shard::num_shards]:
+        for bn, warps, stages, splits, maxnreg, fused, wt in run_grid[shard::num_shards]:
             if model == "llama3-8b" and bn == 128 and kv_dtype != "fp8":
                 continue
-            cfg = {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "maxnreg": maxnreg}
+            cfg = {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "maxnreg": maxnreg,
+                   "warp_tiles": wt}
             setting = {**cfg, "splits": splits, "fused_reduce": fused}
             try:
                 with fused_reduce_env(fused):
@@ -223,9 +229,10 @@ def main() -> None:
                      f" | best {best['ms']*1e3:7.1f} us "
                      f"({best['tb_s']:.2f} TB/s) BN{best['BLOCK_N']} w{best['num_warps']} "
                      f"s{best['num_stages']} sp{best['splits']} r{best.get('maxnreg', 0)} "
-                     f"f{best['fused_reduce']} | next: " + ", ".join(
+                     f"f{best['fused_reduce']} wt{best['warp_tiles']} | next: " + ", ".join(
                          f"BN{t['BLOCK_N']}w{t['num_warps']}s{t['num_stages']}sp{t['splits']}"
-                         f"r{t.get('maxnreg', 0)}f{t['fused_reduce']}={t['ms']*1e3:.1f}"
+                         f"r{t.get('maxnreg', 0)}f{t['fused_reduce']}wt{t['warp_tiles']}"
+                         f"={t['ms']*1e3:.1f}"
                          for t in ok[1:6]))
         print(table[-1], flush=True)
     with open(os.path.join(args.out, "decode_tune.json"), "w") as f:

@@ -113,6 +113,7 @@ import triton
 import triton.language as tl
 
 from pagedrt.ops.attention_decode_naive_triton import paged_attention_decode_naive_triton
+from pagedrt.ops.attention_decode_warp_triton import _decode_warp_kernel, warp_tile_shape
 from pagedrt.ops.attention_extend_triton import (
     fp8_scaled_pv,
     online_softmax_step,
@@ -590,6 +591,9 @@ def paged_attention_decode_triton(
         {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}]
 
     def launch(cfg: dict) -> None:
+        if cfg.get("warp_tiles"):
+            launch_warp_tiles(cfg)
+            return
         _decode_kernel[(num_kv_heads, num_splits, num_seqs)](
             query, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
             k_scales, v_scales, counters,
@@ -610,6 +614,29 @@ def paged_attention_decode_triton(
             BT_PREFETCH=bt_prefetch,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(pdl),
             **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),  # 0: no cap
+        )
+
+    def launch_warp_tiles(cfg: dict) -> None:  # attention_decode_warp_triton
+        if sliding_window or fused or bt_prefetch:
+            raise ValueError("warp_tiles: no sliding window, fused reduce or block-table "
+                             "prefetch; launch without warp_tiles")
+        sub, sub_n = warp_tile_shape(cfg["BLOCK_N"])
+        _decode_warp_kernel[(num_kv_heads, num_splits, num_seqs)](
+            query, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
+            k_scales, v_scales, scale * LOG2E,
+            query.stride(0), query.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            *v_cache.stride(),
+            k_scales.stride(0), k_scales.stride(1),
+            block_tables.stride(0),
+            out.stride(0), out.stride(1),
+            num_splits,
+            GROUP=group, GROUP_PAD=max(16, next_pow2(group)), BLOCK_SIZE=block_size,
+            HEAD_DIM=head_dim, SUB=sub, SUB_N=sub_n, SPLIT=split, UPCAST=upcast,
+            DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
+            F16_MMA=fp8 and query.dtype != torch.float32, V_DIM_MAJOR=dim_major,
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(pdl),
+            **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
         )
 
     dim_major = v_dim_major(v_cache)

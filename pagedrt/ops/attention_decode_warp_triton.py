@@ -1,0 +1,210 @@
+"""Decode attention with one token slice per warp ("warp tiles"): an experimental variant of
+`attention_triton._decode_kernel` for issue 17's FP8 decode (docs/design.md, "FP8 KV cache").
+
+Why: in `_decode_kernel` a tile's BLOCK_N tokens are spread over the program's warps, so
+every tile's softmax max and sum, the largest V scale and the probabilities' change of layout
+between the two products cross warps through shared memory, behind barriers (14 bar.sync per
+tile in the PTX compiled for sm_90 at 128/4/5 over FP8). Nsight Compute on the H200 found the
+FP8 kernel stalled on shared-memory reads (short scoreboard) with 2 warps per scheduler
+(BENCHMARKS.md, 19:20 runs). Here a tile is SUB sub-tiles of SUB_N tokens, and the products
+are batched over the sub-tiles (3-D `tl.dot`, which Triton's MMA v2 lowering spreads over
+warps along the batch dimension): each warp keeps its own running max, sum and output for
+its sub-tile's tokens, so the loop's reductions stay inside a warp (shuffles) and the
+probabilities stay in registers. The SUB partial states are merged once, after the loop
+(the same merge as the split-K combine: weights exp2(m_w - max m)).
+
+    grid = (num_kv_heads, num_splits, num_seqs), as `_decode_kernel`
+    tile (BLOCK_N = SUB * SUB_N tokens):  | sub 0 | sub 1 | ... | sub SUB-1 |
+    state per sub-tile: m [SUB, GROUP_PAD], l [SUB, GROUP_PAD], acc [SUB, GROUP_PAD, HEAD_DIM]
+
+The price is SUB copies of the output accumulator (fp32) and of the query operand. Same
+arguments, masking, FP8 scaling (scores' and probabilities' columns), V layouts and split-K
+partials as `_decode_kernel`; no sliding window, fused reduce or block-table prefetch (the
+launcher keeps those on `_decode_kernel`).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from pagedrt.ops.triton_utils import pdl_prologue
+
+
+@triton.jit
+def _warp_tile(
+    m_i, l_i, acc,  # [SUB, GROUP_PAD], [SUB, GROUP_PAD], [SUB, GROUP_PAD, HEAD_DIM] fp32
+    tile_start, end, q3, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr,
+    kv_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb, stride_vs, stride_vh,
+    stride_sb, stride_sh,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, SUB: tl.constexpr, SUB_N: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+    V_DIM_MAJOR: tl.constexpr, MASKED: tl.constexpr,
+):
+    """One BLOCK_N = SUB * SUB_N token tile; returns the new per-sub-tile state."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tile_start + tl.arange(0, SUB)[:, None] * SUB_N + tl.arange(0, SUB_N)[None, :]
+    n_mask = offs_n < end  # [SUB, SUB_N]
+    if MASKED:
+        block = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    else:
+        block = tl.load(bt_row + offs_n // BLOCK_SIZE).to(tl.int64)
+    slot = offs_n % BLOCK_SIZE
+    k_ptrs = (k_cache_ptr + (block * stride_cb + slot * stride_cs + head_off)[:, :, None]
+              + offs_d[None, None, :])
+    if MASKED:
+        k = tl.load(k_ptrs, mask=n_mask[:, :, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+    if UPCAST:
+        k = k.to(tl.float32)
+    if KV_FP8:
+        k = k.to(q3.dtype)
+    s = tl.dot(q3, tl.permute(k, (0, 2, 1)), input_precision=DOT_PRECISION) * scale_log2
+    if KV_FP8:
+        scale_off = block * stride_sb + kv_head * stride_sh + slot
+        if MASKED:
+            k_scale = tl.load(k_scales_ptr + scale_off, mask=n_mask, other=0.0)
+        else:
+            k_scale = tl.load(k_scales_ptr + scale_off)
+        s = s * k_scale[:, None, :]
+    if MASKED:
+        s = tl.where(n_mask[:, None, :], s, float("-inf"))
+    # online softmax per (sub-tile, row); a sub-tile past `end` in the last tile has seen no
+    # key: take it relative to 0 (p and alpha 0), never -inf - -inf
+    m_new = tl.maximum(m_i, tl.max(s, 2))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_ref[:, :, None])
+    alpha = tl.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, 2)
+    if V_DIM_MAJOR:  # tokens contiguous: load [SUB, HEAD_DIM, SUB_N], use its transpose
+        v_ptrs = (v_cache_ptr + (block * stride_vb + kv_head * stride_vh + slot)[:, None, :]
+                  + offs_d[None, :, None] * BLOCK_SIZE)
+        if MASKED:
+            v = tl.load(v_ptrs, mask=n_mask[:, None, :], other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        v = tl.permute(v, (0, 2, 1))
+    else:
+        v_ptrs = (v_cache_ptr + (block * stride_vb + slot * stride_vs + kv_head * stride_vh)[
+            :, :, None] + offs_d[None, None, :])
+        if MASKED:
+            v = tl.load(v_ptrs, mask=n_mask[:, :, None], other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+    if UPCAST:
+        v = v.to(tl.float32)
+    if KV_FP8:
+        v = v.to(q3.dtype)
+        if MASKED:
+            v_scale = tl.load(v_scales_ptr + scale_off, mask=n_mask, other=0.0)
+        else:
+            v_scale = tl.load(v_scales_ptr + scale_off)
+        # p * v_scale / (the sub-tile's largest v_scale) stays in fp16's range (decode doc)
+        v_max = tl.max(v_scale, 1)
+        v_max = tl.where(v_max > 0, v_max, 1.0)
+        p_v = (p * (v_scale / v_max[:, None])[:, None, :]).to(v.dtype)
+        pv = tl.dot(p_v, v, input_precision=DOT_PRECISION) * v_max[:, None, None]
+    else:
+        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    acc = acc * alpha[:, :, None] + pv
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _decode_warp_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_out_ptr,
+    part_lse_ptr, k_scales_ptr, v_scales_ptr,  # as `_decode_kernel`
+    scale_log2,
+    stride_qs, stride_qh,
+    stride_cb, stride_cs, stride_ch,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_sb, stride_sh,
+    stride_bt,
+    stride_os, stride_oh,
+    num_splits,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    SUB: tl.constexpr,  # sub-tiles per tile (one per warp when SUB == num_warps)
+    SUB_N: tl.constexpr,  # tokens per sub-tile (>= 16, tl.dot's smallest)
+    SPLIT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr, F16_MMA: tl.constexpr, V_DIM_MAJOR: tl.constexpr = False,
+    PDL: tl.constexpr = False,
+):
+    pdl_prologue(PDL)
+    BLOCK_N: tl.constexpr = SUB * SUB_N
+    kv_head = tl.program_id(0)
+    split = tl.program_id(1)
+    seq = tl.program_id(2).to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    part_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * part_len
+    end = tl.minimum(start + part_len, seq_len)
+
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    g_mask = offs_g < GROUP
+    heads = kv_head * GROUP + offs_g
+    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    if F16_MMA:
+        q = (q.to(tl.float32) * 0.015625).to(tl.float16)  # / 64, exact (decode doc)
+        scale_log2 = scale_log2 * 64.0
+    q3 = tl.broadcast_to(q[None, :, :], (SUB, GROUP_PAD, HEAD_DIM))
+
+    m_i = tl.full([SUB, GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([SUB, GROUP_PAD], tl.float32)
+    acc = tl.zeros([SUB, GROUP_PAD, HEAD_DIM], tl.float32)
+    bt_row = block_tables_ptr + seq * stride_bt
+    head_off = kv_head * stride_ch
+    # full tiles unmasked, then the partial one masked (`_decode_kernel`'s V_DIM_MAJOR note)
+    loop_end = start + (end - start) // BLOCK_N * BLOCK_N
+    for tile_start in range(start, loop_end, BLOCK_N):
+        m_i, l_i, acc = _warp_tile(
+            m_i, l_i, acc, tile_start, end, q3, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
+            v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,
+            stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, SUB, SUB_N,
+            UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, False)
+    if loop_end < end:
+        m_i, l_i, acc = _warp_tile(
+            m_i, l_i, acc, loop_end, end, q3, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
+            v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,
+            stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, SUB, SUB_N,
+            UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, True)
+
+    # merge the sub-tiles' states (weights exp2(m_w - max m); an empty one weighs 0)
+    m_max = tl.max(m_i, 0)  # [GROUP_PAD]
+    m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)
+    weight = tl.exp2(m_i - m_ref[None, :])  # [SUB, GROUP_PAD]
+    l_sum = tl.sum(l_i * weight, 0)
+    merged = tl.sum(acc * weight[:, :, None], 0)  # [GROUP_PAD, HEAD_DIM]
+    has_tokens = l_sum > 0
+    out = merged / tl.where(has_tokens, l_sum, 1.0)[:, None]
+    if SPLIT:
+        num_heads = tl.num_programs(0) * GROUP
+        row = (seq * num_heads + heads) * num_splits + split
+        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out,
+                 mask=g_mask[:, None])
+        lse = tl.where(has_tokens, m_max + tl.log2(tl.where(has_tokens, l_sum, 1.0)),
+                       float("-inf"))
+        tl.store(part_lse_ptr + row, lse, mask=g_mask)
+    else:
+        tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+
+
+def warp_tile_shape(block_n: int) -> tuple[int, int]:
+    """(SUB, SUB_N) for a tile of block_n tokens: sub-tiles of 16 tokens (tl.dot's smallest
+    dimension), so a 64-token tile is 4 sub-tiles, one per warp at num_warps 4.
+
+    Raises:
+        ValueError: block_n not a multiple of 16 of at least 32.
+    """
+    if block_n < 32 or block_n % 16:
+        raise ValueError(f"BLOCK_N={block_n} for warp tiles; give a multiple of 16, >= 32")
+    return block_n // 16, 16
+
+
+__all__ = ["warp_tile_shape"]
