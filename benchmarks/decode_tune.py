@@ -87,9 +87,11 @@ def make_case(num_seqs, ctx, num_heads, num_kv_heads, head_dim, block_size=16, s
 
 
 def timing_at(timings: list[dict], setting: dict) -> dict | None:
-    """The first of `timings` taken at `setting` (its keys and maxnreg; absent = 0)."""
+    """The first of `timings` taken at `setting` (its keys, maxnreg and warp_tiles; absent =
+    0)."""
     return next((t for t in timings if all(t.get(key, 0) == setting.get(key, 0)
-                                           for key in (*setting, "maxnreg"))), None)
+                                           for key in (*setting, "maxnreg", "warp_tiles"))),
+                None)
 
 
 @contextlib.contextmanager
