@@ -532,7 +532,10 @@ def paged_attention_decode_triton(
         num_splits: split-K partitions per sequence; None picks `choose_num_splits`, 1 = none.
         max_seq_len: bound on seq_lens for the heuristic; None uses the block table's width
             (no device sync, so the call can be captured in a CUDA graph).
-        config: launch overrides for tuning ({"BLOCK_N", "num_warps", "num_stages"}).
+        config: launch overrides for tuning ({"BLOCK_N", "num_warps", "num_stages"}, and
+            optionally "maxnreg" (a register cap, 0 none) and "warp_tiles" (1: the warp-tile
+            kernel of `attention_decode_warp_triton`; ignored with a sliding window, the fused
+            reduce or the block-table prefetch, which only `_decode_kernel` has)).
         validate: check the arguments' contract (ValueError); the model's attention layers
             pass False for tensors they built (see `pagedrt.ops.fused_triton`).
         sliding_window: attend only to the last `sliding_window` tokens (>= 1); None = all.
@@ -591,7 +594,7 @@ def paged_attention_decode_triton(
         {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}]
 
     def launch(cfg: dict) -> None:
-        if cfg.get("warp_tiles"):
+        if cfg.get("warp_tiles") and not (sliding_window or fused or bt_prefetch):
             launch_warp_tiles(cfg)
             return
         _decode_kernel[(num_kv_heads, num_splits, num_seqs)](
@@ -617,9 +620,6 @@ def paged_attention_decode_triton(
         )
 
     def launch_warp_tiles(cfg: dict) -> None:  # attention_decode_warp_triton
-        if sliding_window or fused or bt_prefetch:
-            raise ValueError("warp_tiles: no sliding window, fused reduce or block-table "
-                             "prefetch; launch without warp_tiles")
         sub, sub_n = warp_tile_shape(cfg["BLOCK_N"])
         _decode_warp_kernel[(num_kv_heads, num_splits, num_seqs)](
             query, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
