@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pagedrt.ops.triton_utils import pdl_prologue
+from pagedrt.ops.triton_utils import load_group_query, pdl_prologue, tile_load
 
 
 @triton.jit
@@ -45,17 +45,11 @@ def _warp_tile(
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tile_start + tl.arange(0, SUB)[:, None] * SUB_N + tl.arange(0, SUB_N)[None, :]
     n_mask = offs_n < end  # [SUB, SUB_N]
-    if MASKED:
-        block = tl.load(bt_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-    else:
-        block = tl.load(bt_row + offs_n // BLOCK_SIZE).to(tl.int64)
+    block = tile_load(bt_row + offs_n // BLOCK_SIZE, n_mask, MASKED).to(tl.int64)
     slot = offs_n % BLOCK_SIZE
     k_ptrs = (k_cache_ptr + (block * stride_cb + slot * stride_cs + head_off)[:, :, None]
               + offs_d[None, None, :])
-    if MASKED:
-        k = tl.load(k_ptrs, mask=n_mask[:, :, None], other=0.0)
-    else:
-        k = tl.load(k_ptrs)
+    k = tile_load(k_ptrs, n_mask[:, :, None], MASKED)
     if UPCAST:
         k = k.to(tl.float32)
     if KV_FP8:
@@ -63,11 +57,7 @@ def _warp_tile(
     s = tl.dot(q3, tl.permute(k, (0, 2, 1)), input_precision=DOT_PRECISION) * scale_log2
     if KV_FP8:
         scale_off = block * stride_sb + kv_head * stride_sh + slot
-        if MASKED:
-            k_scale = tl.load(k_scales_ptr + scale_off, mask=n_mask, other=0.0)
-        else:
-            k_scale = tl.load(k_scales_ptr + scale_off)
-        s = s * k_scale[:, None, :]
+        s = s * tile_load(k_scales_ptr + scale_off, n_mask, MASKED)[:, None, :]
     if MASKED:
         s = tl.where(n_mask[:, None, :], s, float("-inf"))
     # online softmax per (sub-tile, row); a sub-tile past `end` in the last tile has seen no
@@ -80,26 +70,16 @@ def _warp_tile(
     if V_DIM_MAJOR:  # tokens contiguous: load [SUB, HEAD_DIM, SUB_N], use its transpose
         v_ptrs = (v_cache_ptr + (block * stride_vb + kv_head * stride_vh + slot)[:, None, :]
                   + offs_d[None, :, None] * BLOCK_SIZE)
-        if MASKED:
-            v = tl.load(v_ptrs, mask=n_mask[:, None, :], other=0.0)
-        else:
-            v = tl.load(v_ptrs)
-        v = tl.permute(v, (0, 2, 1))
+        v = tl.permute(tile_load(v_ptrs, n_mask[:, None, :], MASKED), (0, 2, 1))
     else:
         v_ptrs = (v_cache_ptr + (block * stride_vb + slot * stride_vs + kv_head * stride_vh)[
             :, :, None] + offs_d[None, None, :])
-        if MASKED:
-            v = tl.load(v_ptrs, mask=n_mask[:, :, None], other=0.0)
-        else:
-            v = tl.load(v_ptrs)
+        v = tile_load(v_ptrs, n_mask[:, :, None], MASKED)
     if UPCAST:
         v = v.to(tl.float32)
     if KV_FP8:
         v = v.to(q3.dtype)
-        if MASKED:
-            v_scale = tl.load(v_scales_ptr + scale_off, mask=n_mask, other=0.0)
-        else:
-            v_scale = tl.load(v_scales_ptr + scale_off)
+        v_scale = tile_load(v_scales_ptr + scale_off, n_mask, MASKED)
         # p * v_scale / (the sub-tile's largest v_scale) stays in fp16's range (decode doc)
         v_max = tl.max(v_scale, 1)
         v_max = tl.where(v_max > 0, v_max, 1.0)
@@ -141,17 +121,10 @@ def _decode_warp_kernel(
     start = split * part_len
     end = tl.minimum(start + part_len, seq_len)
 
-    offs_g = tl.arange(0, GROUP_PAD)
+    q, heads, g_mask, scale_log2 = load_group_query(
+        q_ptr, seq, kv_head, stride_qs, stride_qh, scale_log2, GROUP, GROUP_PAD, HEAD_DIM,
+        UPCAST, F16_MMA)
     offs_d = tl.arange(0, HEAD_DIM)
-    g_mask = offs_g < GROUP
-    heads = kv_head * GROUP + offs_g
-    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=g_mask[:, None], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-    if F16_MMA:
-        q = (q.to(tl.float32) * 0.015625).to(tl.float16)  # / 64, exact (decode doc)
-        scale_log2 = scale_log2 * 64.0
     q3 = tl.broadcast_to(q[None, :, :], (SUB, GROUP_PAD, HEAD_DIM))
 
     m_i = tl.full([SUB, GROUP_PAD], float("-inf"), tl.float32)

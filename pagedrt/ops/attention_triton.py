@@ -2,7 +2,9 @@
 
 Same signatures as `attention_reference.py`. The extend (prefill) kernel lives in
 `attention_extend_triton.py`, the naive v1 decode baseline in `attention_decode_naive_triton.py`,
-the K/V movers in `kv_write_triton.py`; all are re-exported here.
+the K/V movers in `kv_write_triton.py`; all are re-exported here. The experimental warp-tile
+decode kernel (`attention_decode_warp_triton.py`, opt-in through the launch config's
+"warp_tiles") is launched from `paged_attention_decode_triton` with the same arguments.
 
 Decode, GQA-aware with split-K ("flash-decoding"):
 
@@ -128,10 +130,12 @@ from pagedrt.ops.triton_utils import (
     device_sms,
     interpreting,
     launch_first_fitting,
+    load_group_query,
     next_pow2,
     pdl_enabled,
     pdl_launch,
     pdl_prologue,
+    tile_load,
     v_dim_major,
 )
 
@@ -211,16 +215,6 @@ def fused_reduce_counters(device: torch.device | str, needed: int) -> torch.Tens
 
 
 @triton.jit
-def _load(ptrs, mask, MASKED: tl.constexpr):
-    """tl.load of ptrs, masked (other 0) when MASKED, else not at all."""
-    if MASKED:
-        x = tl.load(ptrs, mask=mask, other=0.0)
-    else:
-        x = tl.load(ptrs)
-    return x
-
-
-@triton.jit
 def _decode_tile(
     m_i, l_i, acc,  # [GROUP_PAD], [GROUP_PAD], [GROUP_PAD, HEAD_DIM] fp32: the running state
     tile_start, end,  # this tile's first token; the partition's end (exclusive)
@@ -237,9 +231,9 @@ def _decode_tile(
     offs_n = tile_start + tl.arange(0, BLOCK_N)
     n_mask = offs_n < end
     if block is None:
-        block = _load(bt_row + offs_n // BLOCK_SIZE, n_mask, MASKED).to(tl.int64)
+        block = tile_load(bt_row + offs_n // BLOCK_SIZE, n_mask, MASKED).to(tl.int64)
     kv_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + head_off
-    k = _load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], n_mask[:, None], MASKED)
+    k = tile_load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], n_mask[:, None], MASKED)
     if UPCAST:
         k = k.to(tl.float32)
     if KV_FP8:
@@ -247,7 +241,7 @@ def _decode_tile(
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
     if KV_FP8:
         scale_off = block * stride_sb + kv_head * stride_sh + offs_n % BLOCK_SIZE
-        s = s * _load(k_scales_ptr + scale_off, n_mask, MASKED)[None, :]
+        s = s * tile_load(k_scales_ptr + scale_off, n_mask, MASKED)[None, :]
     if MASKED:
         s = tl.where(n_mask[None, :], s, float("-inf"))
     m_new, p, alpha, l_i = online_softmax_step(m_i, l_i, s)
@@ -255,16 +249,17 @@ def _decode_tile(
     # argument on 1, and a runtime stride loses the 16-byte loads (BENCHMARKS.md, FP8)
     if V_DIM_MAJOR:  # tokens contiguous: load [HEAD_DIM, BLOCK_N], use its transpose
         v_off = block * stride_vb + kv_head * stride_vh + offs_n % BLOCK_SIZE
-        v = tl.trans(_load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
+        v = tl.trans(tile_load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
                            n_mask[None, :], MASKED))
     else:
         v_off = block * stride_vb + (offs_n % BLOCK_SIZE) * stride_vs + kv_head * stride_vh
-        v = _load(v_cache_ptr + v_off[:, None] + offs_d[None, :], n_mask[:, None], MASKED)
+        v = tile_load(v_cache_ptr + v_off[:, None] + offs_d[None, :], n_mask[:, None], MASKED)
     if UPCAST:
         v = v.to(tl.float32)
     if KV_FP8:
         v = v.to(q.dtype)
-        pv = fp8_scaled_pv(p, v, _load(v_scales_ptr + scale_off, n_mask, MASKED), DOT_PRECISION)
+        pv = fp8_scaled_pv(p, v, tile_load(v_scales_ptr + scale_off, n_mask, MASKED),
+                           DOT_PRECISION)
     else:
         pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     acc = acc * alpha[:, None] + pv
@@ -348,17 +343,10 @@ def _decode_kernel(
     start = lo + split * part_len
     end = tl.minimum(start + part_len, seq_len)
 
-    offs_g = tl.arange(0, GROUP_PAD)
+    q, heads, g_mask, scale_log2 = load_group_query(
+        q_ptr, seq, kv_head, stride_qs, stride_qh, scale_log2, GROUP, GROUP_PAD, HEAD_DIM,
+        UPCAST, F16_MMA)
     offs_d = tl.arange(0, HEAD_DIM)
-    g_mask = offs_g < GROUP
-    heads = kv_head * GROUP + offs_g
-    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=g_mask[:, None], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-    if F16_MMA:
-        q = (q.to(tl.float32) * 0.015625).to(tl.float16)  # / 64, exact
-        scale_log2 = scale_log2 * 64.0
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -594,50 +582,36 @@ def paged_attention_decode_triton(
         {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}]
 
     def launch(cfg: dict) -> None:
-        if cfg.get("warp_tiles") and not (sliding_window or fused or bt_prefetch):
-            launch_warp_tiles(cfg)
-            return
-        _decode_kernel[(num_kv_heads, num_splits, num_seqs)](
-            query, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
-            k_scales, v_scales, counters,
-            scale * LOG2E,
-            query.stride(0), query.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            *v_cache.stride(),
-            k_scales.stride(0), k_scales.stride(1),
-            block_tables.stride(0),
-            out.stride(0), out.stride(1),
-            num_splits,
+        # the arguments both decode kernels take (the fused reduce's counters only
+        # `_decode_kernel`, between the caches' scales and the softmax scale)
+        pointers = (query, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
+                    k_scales, v_scales)
+        scalars = (scale * LOG2E,
+                   query.stride(0), query.stride(1),
+                   k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                   *v_cache.stride(),
+                   k_scales.stride(0), k_scales.stride(1),
+                   block_tables.stride(0),
+                   out.stride(0), out.stride(1),
+                   num_splits)
+        common = dict(
             GROUP=group, GROUP_PAD=max(16, next_pow2(group)), BLOCK_SIZE=block_size,
-            HEAD_DIM=head_dim, BLOCK_N=cfg["BLOCK_N"], SPLIT=split, UPCAST=upcast,
-            DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
-            F16_MMA=fp8 and query.dtype != torch.float32,
-            WINDOW=sliding_window or 0, V_DIM_MAJOR=dim_major,
-            FUSED_REDUCE=fused, SPLITS_PAD=next_pow2(num_splits) if fused else 1,
-            BT_PREFETCH=bt_prefetch,
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(pdl),
-            **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),  # 0: no cap
-        )
-
-    def launch_warp_tiles(cfg: dict) -> None:  # attention_decode_warp_triton
-        sub, sub_n = warp_tile_shape(cfg["BLOCK_N"])
-        _decode_warp_kernel[(num_kv_heads, num_splits, num_seqs)](
-            query, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
-            k_scales, v_scales, scale * LOG2E,
-            query.stride(0), query.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            *v_cache.stride(),
-            k_scales.stride(0), k_scales.stride(1),
-            block_tables.stride(0),
-            out.stride(0), out.stride(1),
-            num_splits,
-            GROUP=group, GROUP_PAD=max(16, next_pow2(group)), BLOCK_SIZE=block_size,
-            HEAD_DIM=head_dim, SUB=sub, SUB_N=sub_n, SPLIT=split, UPCAST=upcast,
+            HEAD_DIM=head_dim, SPLIT=split, UPCAST=upcast,
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
             F16_MMA=fp8 and query.dtype != torch.float32, V_DIM_MAJOR=dim_major,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(pdl),
-            **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
+            **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),  # 0: no cap
         )
+        grid = (num_kv_heads, num_splits, num_seqs)
+        if cfg.get("warp_tiles") and not (sliding_window or fused or bt_prefetch):
+            sub, sub_n = warp_tile_shape(cfg["BLOCK_N"])  # attention_decode_warp_triton
+            _decode_warp_kernel[grid](*pointers, *scalars, SUB=sub, SUB_N=sub_n, **common)
+            return
+        _decode_kernel[grid](
+            *pointers, counters, *scalars, BLOCK_N=cfg["BLOCK_N"],
+            WINDOW=sliding_window or 0, FUSED_REDUCE=fused,
+            SPLITS_PAD=next_pow2(num_splits) if fused else 1, BT_PREFETCH=bt_prefetch,
+            **common)
 
     dim_major = v_dim_major(v_cache)
     pdl = pdl_enabled(query)

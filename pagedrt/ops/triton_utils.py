@@ -84,6 +84,41 @@ def pdl_prologue(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
+@triton.jit
+def tile_load(ptrs, mask, MASKED: tl.constexpr):
+    """tl.load of ptrs, masked (other 0) when MASKED, else not at all (a decode tile that lies
+    wholly below the partition's end loads unmasked, so its loads can stay 16 bytes wide)."""
+    if MASKED:
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def load_group_query(q_ptr, seq, kv_head, stride_qs, stride_qh, scale_log2,
+                     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     UPCAST: tl.constexpr, F16_MMA: tl.constexpr):
+    """The decode kernels' query operand: the GROUP query heads of `kv_head` for sequence
+    `seq`, padded with zero rows to GROUP_PAD, as [GROUP_PAD, HEAD_DIM] (fp32 when UPCAST, the
+    interpreter's dot; with F16_MMA, products in fp16 over an FP8 cache, divided by 64 (exact)
+    and cast to fp16, with scale_log2 multiplied by 64 instead: `attention_triton`'s module
+    doc). Returns (q, heads [GROUP_PAD] the query-head indices, g_mask [GROUP_PAD] the real
+    rows, scale_log2)."""
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    g_mask = offs_g < GROUP
+    heads = kv_head * GROUP + offs_g
+    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    if F16_MMA:
+        q = (q.to(tl.float32) * 0.015625).to(tl.float16)  # / 64, exact
+        scale_log2 = scale_log2 * 64.0
+    return q, heads, g_mask, scale_log2
+
+
 def check_cache(name: str, cache: torch.Tensor) -> None:
     """The cache contract: 4-D `[num_blocks, block_size, num_kv_heads, head_dim]`, head_dim
     contiguous (stride 1) so loads along it vectorize to 16 bytes."""
