@@ -168,12 +168,14 @@ def main() -> None:
         ref = paged_attention_decode_reference(q.float(), kf, vf, bt, sl, d ** -0.5)
         per_token = 2 * kvh * (d * k.element_size() + (4 if scales else 0))
         kv_bytes = num_seqs * ctx * per_token
-        default_splits = choose_num_splits(num_seqs, kvh, ctx, device_sms(q))
-        default = {**_decode_launch_config(d, 1 if kv_dtype == "fp8" else 2),
-                   "splits": default_splits, "fused_reduce": 0}
+        default = _decode_launch_config(d, 1 if kv_dtype == "fp8" else 2)
+        default_splits = choose_num_splits(num_seqs, kvh, ctx, device_sms(q),
+                                           default.pop("programs_per_sm", 4))
+        default = {**default, "splits": default_splits, "fused_reduce": 0}
         timings = []
         default_points = [(default["BLOCK_N"], default["num_warps"], default["num_stages"],
-                           default_splits, default.get("maxnreg", 0), fused, 0)
+                           default_splits, default.get("maxnreg", 0), fused,
+                           default.get("warp_tiles", 0))
                           for fused in args.fused_reduce]
         run_grid = grid
         if args.small_grid:

@@ -12,8 +12,8 @@
 #    exceeds Llama-3-8B's 8192 positions; 256 x 4096/256 takes about 3 minutes per cache
 #    dtype): A 32 x 7680/512, B 64 x 4096/256. gpu_memory_utilization 0.30 leaves the bf16
 #    cache about 28 GB (~217k tokens), so both are KV-bound in bf16 and not in FP8 (~420k).
-#    Override with THROUGHPUT_A / THROUGHPUT_B ("num_requests input_len output_len") and
-#    KV_UTIL.
+#    Override with THROUGHPUT_A / THROUGHPUT_B ("num_requests input_len output_len"), KV_UTIL,
+#    and THROUGHPUT_TIMEOUT (seconds per workload, both caches; default 75).
 # 3. Greedy agreement and perplexity, bf16 SmolLM2 with an FP8 cache against a bf16 cache
 #    (`pagedrt bench accuracy`).
 # The GPU tests run separately: python3 -m pytest -m gpu tests/gpu/test_fp8_kv_gpu.py
@@ -27,6 +27,7 @@ log="$out/fp8kv_h200.log"
 A=(${THROUGHPUT_A:-32 7680 512})
 B=(${THROUGHPUT_B:-64 4096 256})
 util="${KV_UTIL:-0.30}"
+t_throughput="${THROUGHPUT_TIMEOUT:-75}"
 bench() {
     timeout "$1" python3 -m pagedrt.entrypoints.cli bench "${@:2}" --out "$out" >>"$log" 2>&1 \
         || echo "bench ${*:2:1} failed or timed out (rc $?): see $log"
@@ -36,7 +37,7 @@ bench 45 attention --kv-cache-dtype fp8 \
     --decode-shapes llama3-8b:64:4096,llama3-8b:8:32768,qwen2-0.5b:64:4096,qwen2-0.5b:16:16384
 for w in A B; do
     declare -n s="$w"
-    bench 75 throughput --preset llama3-8b --kv-cache-dtype fp8 --compare-kv-cache-dtype auto \
+    bench "$t_throughput" throughput --preset llama3-8b --kv-cache-dtype fp8 --compare-kv-cache-dtype auto \
         --num-requests "${s[0]}" --input-len "${s[1]}" --output-len "${s[2]}" \
         --max-model-len 8192 --max-num-seqs "${s[0]}" --gpu-memory-utilization "$util" \
         --skip-step-split --warm-up-requests 4 --name "fp8kv_throughput_$w"

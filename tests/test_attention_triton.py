@@ -210,6 +210,10 @@ def test_split_heuristic():
     assert tri.choose_num_splits(1, 8, 512, 132) == 2  # capped by partition length
     assert tri.choose_num_splits(1, 8, 1000, 132) == 2  # 3 by length, rounded down
     assert tri.choose_num_splits(1, 1, 100, 132) == 1
+    # the FP8 cache's one-warp warp-tile programs aim at 8 per SM (_decode_launch_config)
+    assert tri.choose_num_splits(64, 2, 4096, 132, programs_per_sm=8) == 8
+    assert tri.choose_num_splits(8, 8, 8192, 132, programs_per_sm=8) == 16
+    assert tri.choose_num_splits(64, 8, 4096, 132, programs_per_sm=8) == 1  # still >= 3
 
 
 def test_contract_errors():

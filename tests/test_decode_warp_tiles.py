@@ -73,6 +73,8 @@ def test_warp_tiles_equal_the_plain_kernel_on_bf16_queries_over_fp8():
     k, v, ks, vs, bt, seq_lens = fp8_paged_kv(lens, 2, 64, 16, seed=3, spread=False)
     query = torch.randn(len(lens), 8, 64).to(torch.bfloat16)
     plain = tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, 0.125, num_splits=2,
+                                              config={"BLOCK_N": 64, "num_warps": 4,
+                                                      "num_stages": 2},
                                               k_scales=ks, v_scales=vs)
     warp = tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, 0.125, num_splits=2,
                                              config=warp_config(64), k_scales=ks, v_scales=vs)
@@ -91,6 +93,44 @@ def test_warp_tiles_ignored_under_a_sliding_window():
     out = tri.paged_attention_decode_triton(query, k_cache, v_cache, bt, seq_lens, 0.25,
                                             config=warp_config(32), sliding_window=20)
     assert_close(out, expected, torch.float32)
+
+
+class _Recorder:
+    """Stands in for a Triton kernel: counts `kernel[grid](...)` launches, then launches."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
+def test_fp8_default_launch_runs_warp_tiles_and_a_window_runs_the_plain_kernel(monkeypatch):
+    """An FP8 cache's default decode (no config) is the warp-tile kernel at
+    `_decode_launch_config`'s BLOCK_N 32; with a sliding window it is `_decode_kernel`; a
+    bf16-style (fp32 here) cache never runs warp tiles. Each matches the reference."""
+    recorder = _Recorder(tri._decode_warp_kernel)
+    monkeypatch.setattr(tri, "_decode_warp_kernel", recorder)
+    lens = [1, 31, 32, 33, 100]
+    k, v, ks, vs, bt, seq_lens = fp8_paged_kv(lens, 2, 32, 16, seed=11)
+    query = torch.randn(len(lens), 6, 32)
+    for window, warp_launches in ((None, 1), (40, 0)):
+        recorder.launches = 0
+        expected = ref.paged_attention_decode_reference(query, k, v, bt, seq_lens, 0.2,
+                                                        k_scales=ks, v_scales=vs,
+                                                        sliding_window=window)
+        out = tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, 0.2,
+                                                sliding_window=window, k_scales=ks,
+                                                v_scales=vs)
+        assert_close_fp8(out, expected)
+        assert recorder.launches == warp_launches, window
+    k32, v32, bt, seq_lens = make_paged_kv(lens, 2, 32, 16, torch.float32)
+    recorder.launches = 0
+    out = tri.paged_attention_decode_triton(query, k32, v32, bt, seq_lens, 0.2)
+    assert_close(out, ref.paged_attention_decode_reference(query, k32, v32, bt, seq_lens, 0.2),
+                 torch.float32)
+    assert recorder.launches == 0
 
 
 def test_warp_tile_shape():

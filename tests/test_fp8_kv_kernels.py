@@ -230,16 +230,20 @@ def test_v_layouts_give_the_same_attention():
 
 
 def test_register_cap_of_the_fp8_launch_reaches_the_kernel_unchanged_results():
-    """The FP8 decode launch's default caps registers (`maxnreg`, a Triton compile option;
-    measured faster on the H200, `_decode_launch_config`), only at head_dim < 128 (at 128 it
-    runs 5 stages uncapped); a config that names its own cap, or 0 for none, is launched with
-    it and reads the same attention (the interpreter takes the option and ignores it;
-    tests/gpu/test_fp8_kv_gpu.py runs the capped kernel compiled)."""
-    assert tri._decode_launch_config(64, kv_bytes=1)["maxnreg"] == 128
-    assert tri._decode_launch_config(128, kv_bytes=1) == {"BLOCK_N": 128, "num_warps": 4,
-                                                          "num_stages": 5}
-    assert "maxnreg" not in tri._decode_launch_config(256, kv_bytes=1)
+    """Where the FP8 cache's decode runs `_decode_kernel` (no warp tiles: a window, fused
+    reduce or block-table prefetch), its default caps registers (`maxnreg`, a Triton compile
+    option; measured faster on the H200, `_decode_launch_config`), only at head_dim < 128 (at
+    128 it runs 5 stages uncapped); a config that names its own cap, or 0 for none, is
+    launched with it and reads the same attention (the interpreter takes the option and
+    ignores it; tests/gpu/test_fp8_kv_gpu.py runs the capped kernel compiled)."""
+    assert tri._decode_launch_config(64, 1, warp_tiles=False)["maxnreg"] == 128
+    assert tri._decode_launch_config(128, 1, warp_tiles=False) == {
+        "BLOCK_N": 128, "num_warps": 4, "num_stages": 5}
+    assert "maxnreg" not in tri._decode_launch_config(256, 1, warp_tiles=False)
     assert "maxnreg" not in tri._decode_launch_config(128, kv_bytes=2)
+    for head_dim in (64, 128):  # where it can, FP8 runs the warp-tile kernel
+        assert tri._decode_launch_config(head_dim, 1)["warp_tiles"] == 1
+        assert "warp_tiles" not in tri._decode_launch_config(head_dim, 2)
     lens = [1, 16, 17, 40]
     k, v, ks, vs, bt, seq_lens = fp8_paged_kv(lens, 2, 32, 8, seed=6)
     query = torch.randn(len(lens), 6, 32)

@@ -438,7 +438,8 @@ def _decode_reduce_kernel(
              out.to(out_ptr.dtype.element_ty))
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int,
+                      programs_per_sm: int = 4) -> int:
     """Split-K partitions per sequence for decode.
 
     Without splitting there are num_seqs * num_kv_heads programs, each streaming one KV head
@@ -449,39 +450,53 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sm
     wave); B64 L4096 (512 programs) is fastest unsplit (4.27 TB/s; 2 splits 4.17).
 
     So: no split from 3 programs per SM up; below that, the power of two at or under
-    cdiv(4 * num_sms, programs) (powers of two keep the program count a clean multiple of
-    typical batch shapes, avoiding a ragged last wave), with each partition at least
-    MIN_PARTITION_TOKENS long and at most MAX_SPLITS partitions.
+    cdiv(programs_per_sm * num_sms, programs) (powers of two keep the program count a clean
+    multiple of typical batch shapes, avoiding a ragged last wave), with each partition at
+    least MIN_PARTITION_TOKENS long and at most MAX_SPLITS partitions. programs_per_sm is 4
+    for `_decode_kernel`'s 4-warp programs and 8 for the FP8 cache's one-warp warp-tile
+    programs (`_decode_launch_config`, measured there).
     """
     programs = num_seqs * num_kv_heads
     if programs >= 3 * num_sms:
         return 1
-    by_occupancy = triton.cdiv(4 * num_sms, programs)
+    by_occupancy = triton.cdiv(programs_per_sm * num_sms, programs)
     by_length = max(1, max_context // MIN_PARTITION_TOKENS)
     splits = max(1, min(by_occupancy, by_length, MAX_SPLITS))
     return 1 << (splits.bit_length() - 1)  # round down to a power of two
 
 
-def _decode_launch_config(head_dim: int, kv_bytes: int = 2) -> dict:
-    """About 16 KB of K (and of V) per tile, at most 128 tokens: BLOCK_N = 64 tokens at
-    head_dim 128 in bf16, 128 at 64, and 128 over an FP8 cache (kv_bytes 1).
+def _decode_launch_config(head_dim: int, kv_bytes: int = 2, warp_tiles: bool = True) -> dict:
+    """The default decode launch: BLOCK_N, num_warps, num_stages; over an FP8 cache
+    (kv_bytes 1) where the warp-tile kernel can run (warp_tiles: no sliding window, fused
+    reduce or block-table prefetch) that kernel (`attention_decode_warp_triton`) and its
+    split-count target.
 
-    Measured on an H200 (bf16, block 16): at head_dim 128, BLOCK_N 64 / 4 warps / 3 stages
-    was within noise of the best of ten configs; at head_dim 64 BLOCK_N 128 beat 64 by 40%.
-    FP8 (`benchmarks/decode_tune.py`, H200, triton 3.6, 2026-12-02): uncapped, the FP8 kernel
-    takes 255 registers per thread (Nsight Compute; bf16: 125), which leaves 2 programs per
-    SM; capped at 128 (`maxnreg`, Triton's compile option) with 2 stages, 4 fit. Llama-3-8B
-    heads B64 L4096: 209.8 us against 229.6 uncapped at 3 stages (bf16 246.1); Qwen2-0.5B
-    heads B64 L4096 (4 splits): 38.1 against 50.2 (BENCHMARKS.md, 08:30 runs).
-    At head_dim 128 over FP8, 5 stages, uncapped: Triton gives the loop one shared-memory
-    buffer per K/V tile at 2-4 stages (the block-table load takes a stage, so a tile's copies
-    are issued after the previous tile's products and waited for at once) and two at 5, so the
-    next tile's copies stay in flight during the products (docs/design.md, "FP8 KV cache").
-    Llama-3-8B heads: 203.2 against 211.8 us at B64 L4096, 66.3 against 68.2 at B8 L8192 (capped
-    at 128 with 5 stages: 341.9, 93.2). At head_dim 64 it was slower (38.5 against 37.9 us,
-    Qwen2-0.5B heads B64 L4096), and the bf16 kernel gained nothing beyond noise at most
-    shapes (BENCHMARKS.md, 15:20 runs).
+    bf16/fp16/fp32 caches (`_decode_kernel`): about 16 KB of K (and of V) per tile, at most
+    128 tokens (64 at head_dim 128 in bf16, 128 at 64), 4 warps, 3 stages. Measured on an
+    H200 (bf16, block 16): at head_dim 128, BLOCK_N 64 / 4 warps / 3 stages was within noise
+    of the best of ten configs; at head_dim 64 BLOCK_N 128 beat 64 by 40%.
+
+    FP8 caches, warp tiles: BLOCK_N 32 (two 16-token sub-tiles), one warp, 5 stages, and
+    split-K aiming at 8 programs per SM (`choose_num_splits`' programs_per_sm).
+    `benchmarks/decode_tune.py` on an H200 (triton 3.6, 2026-12-03; BENCHMARKS.md, "Runs of
+    2026-12-03"): Llama-3-8B heads (32/8 x 128) B64 L4096 139.2 us (bf16 cache 246.0; FP8
+    with `_decode_kernel` below, 205.9), B8 L8192 46.0 us with 16 splits (bf16 73.6, FP8
+    with `_decode_kernel` 66.2); Qwen2-0.5B heads (14/2 x 64) B64 L4096 26.8 us with 8
+    splits (bf16 39.7, `_decode_kernel` 37.8). BLOCK_N 64 / 2 warps was within 2% at B64
+    L4096 and faster at Qwen2-0.5B B8 L8192 (11.2 against 12.9 us).
+
+    FP8 caches, `_decode_kernel` (with a window, fused reduce or block-table prefetch): it
+    takes 255 registers per thread uncapped (Nsight Compute; bf16: 125), 2 programs per SM.
+    At head_dim 128, BLOCK_N 128 / 4 warps / 5 stages, uncapped: at 5 stages Triton gives
+    the loop two shared-memory buffers per K/V tile, so the next tile's copies stay in
+    flight during the products (docs/design.md, "FP8 KV cache"); 203.2 against 211.8 us at
+    3 stages. Below head_dim 128, capped at 128 registers (`maxnreg`, Triton's compile
+    option) with 2 stages, 4 programs fit: Qwen2-0.5B heads B64 L4096 38.1 against 50.2 us
+    uncapped (BENCHMARKS.md, 2026-12-02 08:30 and 15:20 runs).
     """
+    if kv_bytes == 1 and warp_tiles:
+        return {"BLOCK_N": 32, "num_warps": 1, "num_stages": 5, "warp_tiles": 1,
+                "programs_per_sm": 8}
     block_n = max(16, min(128, 16384 // (head_dim * kv_bytes)))
     if kv_bytes == 1 and head_dim == 128:
         return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 5}
@@ -523,7 +538,9 @@ def paged_attention_decode_triton(
         config: launch overrides for tuning ({"BLOCK_N", "num_warps", "num_stages"}, and
             optionally "maxnreg" (a register cap, 0 none) and "warp_tiles" (1: the warp-tile
             kernel of `attention_decode_warp_triton`; ignored with a sliding window, the fused
-            reduce or the block-table prefetch, which only `_decode_kernel` has)).
+            reduce or the block-table prefetch, which only `_decode_kernel` has)). None: the
+            default (`_decode_launch_config`; over an FP8 cache, warp tiles where they can
+            run); a given config runs `_decode_kernel` unless it names warp_tiles 1.
         validate: check the arguments' contract (ValueError); the model's attention layers
             pass False for tensors they built (see `pagedrt.ops.fused_triton`).
         sliding_window: attend only to the last `sliding_window` tokens (>= 1); None = all.
@@ -552,17 +569,25 @@ def paged_attention_decode_triton(
     out = torch.empty_like(query)
     if num_seqs == 0:
         return out
+    fp8 = is_fp8(k_cache.dtype)
+    bt_prefetch = decode_bt_prefetch_requested()
+    # the warp-tile kernel has no window, fused reduce or block-table prefetch
+    # (a given config runs warp tiles only where it names them)
+    warp_tiles = not (sliding_window or bt_prefetch or decode_fused_reduce_requested()) and (
+        config is None or bool(config.get("warp_tiles")))
+    tuned = {**_decode_launch_config(head_dim, 1 if fp8 else 2, warp_tiles), **(config or {})}
+    warp_tiles = warp_tiles and bool(tuned.get("warp_tiles"))
     if num_splits is None:
         max_context = max_seq_len or block_tables.shape[1] * block_size
         if sliding_window is not None:  # the tokens a query reads
             max_context = min(max_context, sliding_window)
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, device_sms(query))
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, device_sms(query),
+                                       tuned.get("programs_per_sm", 4) if warp_tiles else 4)
     if num_splits < 1:
         raise ValueError(f"num_splits={num_splits}; must be >= 1")
     upcast = interpreting(query)
     split = num_splits > 1
     fused = split and decode_fused_reduce_requested()
-    bt_prefetch = decode_bt_prefetch_requested()
     # (first: raises RuntimeError under graph capture when too few counters exist)
     counters = fused_reduce_counters(query.device, num_seqs * num_kv_heads) if fused else out
     if split:
@@ -572,10 +597,8 @@ def paged_attention_decode_triton(
                                device=query.device)
     else:
         part_out = part_lse = out  # unused by the kernel
-    fp8 = is_fp8(k_cache.dtype)
     if not fp8:
         k_scales = v_scales = part_lse  # unused by the kernel
-    tuned = {**_decode_launch_config(head_dim, 1 if fp8 else 2), **(config or {})}
     # smaller fallbacks for GPUs with less shared memory (see launch_first_fitting)
     configs = [tuned] if config else [
         tuned, {"BLOCK_N": max(16, tuned["BLOCK_N"] // 2), "num_warps": 4, "num_stages": 2},
@@ -603,7 +626,7 @@ def paged_attention_decode_triton(
             **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),  # 0: no cap
         )
         grid = (num_kv_heads, num_splits, num_seqs)
-        if cfg.get("warp_tiles") and not (sliding_window or fused or bt_prefetch):
+        if cfg.get("warp_tiles") and warp_tiles:
             sub, sub_n = warp_tile_shape(cfg["BLOCK_N"])  # attention_decode_warp_triton
             _decode_warp_kernel[grid](*pointers, *scalars, SUB=sub, SUB_N=sub_n, **common)
             return
@@ -616,7 +639,7 @@ def paged_attention_decode_triton(
     dim_major = v_dim_major(v_cache)
     pdl = pdl_enabled(query)
     key = ("decode", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
-           dim_major, bt_prefetch, fused)
+           dim_major, bt_prefetch, fused, warp_tiles)
     launch_first_fitting(key, configs, launch)
     if split and not fused:
         _decode_reduce_kernel[(num_heads, num_seqs)](
