@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# 2026-12-03 06:45 UTC (carry .commit, .whl, .gguf_parts/p1, .gguf_parts/p2; ~6 min; call_s37
+# 2026-12-03 06:45 UTC (carry .commit, .whl, .gguf_parts/p1; ~6 min; a call carrying p2 and call_s37
 # must follow within 30 s). The FP8 decode default is now the warp-tile kernel (BLOCK_N 32,
 # one warp, 5 stages, splits for 8 programs per SM): its GPU tests (every FP8 launch against
 # the reference, windows on _decode_kernel), and its default against bf16's at shapes the
-# call_s35 grid did not cover. Keeps the first two GGUF parts in /tmp/gg for call_s37.
+# call_s35 grid did not cover. Keeps the first GGUF part in /tmp/gg (the tree leaves room
+# for one 33 MB part per call; the next call copies p2 there).
 set -u
-mkdir -p /tmp/gg && cp .gguf_parts/p1 .gguf_parts/p2 /tmp/gg/
+mkdir -p /tmp/gg && cp .gguf_parts/p1 /tmp/gg/
 . benchmarks/diagnostics/call_common.sh
 gpu_tests fp8 330 tests/gpu/test_fp8_kv_gpu.py
 tune def --kv-cache-dtype both --default-only \
