@@ -1,5 +1,6 @@
-"""Decode attention with one token slice per warp ("warp tiles"): an experimental variant of
-`attention_triton._decode_kernel` for issue 17's FP8 decode (docs/design.md, "FP8 KV cache").
+"""Decode attention with one token slice per warp ("warp tiles"): the FP8 cache's default
+decode kernel, a variant of `attention_triton._decode_kernel` (docs/design.md, "FP8 KV cache";
+launch: `attention_triton._decode_launch_config`).
 
 Why: in `_decode_kernel` a tile's BLOCK_N tokens are spread over the program's warps, so
 every tile's softmax max and sum, the largest V scale and the probabilities' change of layout

@@ -2,8 +2,8 @@
 
 Same signatures as `attention_reference.py`. The extend (prefill) kernel lives in
 `attention_extend_triton.py`, the naive v1 decode baseline in `attention_decode_naive_triton.py`,
-the K/V movers in `kv_write_triton.py`; all are re-exported here. The experimental warp-tile
-decode kernel (`attention_decode_warp_triton.py`, opt-in through the launch config's
+the K/V movers in `kv_write_triton.py`; all are re-exported here. The warp-tile decode kernel
+(`attention_decode_warp_triton.py`; the default over an FP8 cache, the launch config's
 "warp_tiles") is launched from `paged_attention_decode_triton` with the same arguments.
 
 Decode, GQA-aware with split-K ("flash-decoding"):
