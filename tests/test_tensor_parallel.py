@@ -12,6 +12,7 @@ import os
 import random
 import signal
 import socket
+import time
 
 import pytest
 import torch
@@ -470,7 +471,9 @@ def test_two_torchrun_nodes_on_loopback_generate_the_text_of_one_rank(tmp_path, 
                             resolve_checkpoint(smollm2_path).tokenizer_dir)
     prompts = ["Once upon a time", "The capital of France is"]
     port = _free_port()
-    env = dict(os.environ, PYTHONPATH=ROOT, PAGEDRT_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    # (PYTHONFAULTHANDLER: on a hang, SIGABRT makes every Python process print its stacks)
+    env = dict(os.environ, PYTHONPATH=ROOT, PAGEDRT_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               PYTHONFAULTHANDLER="1")
     env.pop("PAGEDRT_DIST_INIT_METHOD", None)
     log_files = [open(tmp_path / f"node{rank}.log", "w+") for rank in (0, 1)]  # noqa: SIM115
     nodes = [subprocess.Popen(
@@ -481,18 +484,26 @@ def test_two_torchrun_nodes_on_loopback_generate_the_text_of_one_rank(tmp_path, 
          "--tensor-parallel-size", "2", "--num-kv-blocks", "64"],
         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
         for rank, log in zip((0, 1), log_files)]
+    deadline, hung = time.monotonic() + 200, False
     try:
         for node in nodes:
-            node.wait(timeout=240)
+            node.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        hung = True
+        for node in nodes:  # every process's Python stacks into its node's log
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.pid, signal.SIGABRT)
+        time.sleep(3)
     finally:
         for node in nodes:  # the agents and their workers (one session each)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(node.pid, signal.SIGKILL)
     logs = []
-    for f in log_files:
+    for rank, f in enumerate(log_files):
         f.seek(0)
-        logs.append(f.read())
+        logs.append(f"--- node {rank} ---\n{f.read()}")
         f.close()
+    assert not hung, "the nodes did not finish in 200 s; their logs:\n" + "\n".join(logs)
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(logs)
     llm = LLM(folder, dtype="float32", device="cpu", num_kv_blocks=64)
     params = SamplingParams(temperature=0.0, max_tokens=12)
