@@ -10,9 +10,9 @@ the PyTorch reference first. A tuning diagnostic for the H200, not a benchmark o
 
 `--block-n`, `--warps`, `--stages`, `--splits` and `--maxnreg` (a register cap per thread
 passed to Triton's compiler, 0 for none) replace the full grid's axes; `--splits 0` is each
-shape's default (`choose_num_splits`). `--warp-tiles 0,1` adds the
+shape's default (`choose_num_splits`). `--warp-tiles 0,1,2` adds the
 warp-tile kernel (`pagedrt.ops.attention_decode_warp_triton`: one 16-token slice of each tile
-per warp) as an axis. `--fused-reduce 0,1`
+per warp; N >= 1 KV heads per program, 0 `_decode_kernel`) as an axis. `--fused-reduce 0,1`
 times each split setting with the split-K reduce in a second kernel (0, the default) and
 folded into the attention kernel (1: PAGEDRT_DECODE_FUSED_REDUCE=1 around the call; settings
 of 1 split have no reduce and run once), and prints per shape the default launch setting's

@@ -95,6 +95,39 @@ def test_warp_tiles_ignored_under_a_sliding_window():
     assert_close(out, expected, torch.float32)
 
 
+@pytest.mark.parametrize("kv_heads_per_program, group, v_dim_major",
+                         [(2, 7, True), (2, 1, False), (4, 3, True), (4, 8, False)])
+def test_warp_tiles_over_several_kv_heads_per_program(kv_heads_per_program, group,
+                                                      v_dim_major):
+    """warp_tiles N > 1: one program reads N KV heads (a token's rows of those heads together),
+    each head's query rows against its own keys only: the reference over FP8 (both V layouts,
+    scales differing per token and head) and over fp32, split and unsplit, with empty
+    partitions; and N not dividing num_kv_heads is a ValueError naming both."""
+    num_kv_heads, head_dim, block_size = 4, 32, 16
+    lens = [1, 15, 16, 17, 33, 100]
+    k, v, ks, vs, bt, seq_lens = fp8_paged_kv(lens, num_kv_heads, head_dim, block_size,
+                                              seed=kv_heads_per_program * 10 + group,
+                                              v_dim_major=v_dim_major)
+    query = torch.randn(len(lens), num_kv_heads * group, head_dim)
+    expected = ref.paged_attention_decode_reference(query, k, v, bt, seq_lens, 0.2,
+                                                    k_scales=ks, v_scales=vs)
+    config = {**warp_config(32), "warp_tiles": kv_heads_per_program}
+    for num_splits in (1, 3, 8):
+        out = tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, 0.2,
+                                                num_splits=num_splits, config=config,
+                                                k_scales=ks, v_scales=vs)
+        assert_close_fp8(out, expected)
+    k32, v32, bt32, lens32 = make_paged_kv(lens, num_kv_heads, head_dim, block_size,
+                                           torch.float32)
+    out = tri.paged_attention_decode_triton(query, k32, v32, bt32, lens32, 0.2, num_splits=2,
+                                            config={**config, "BLOCK_N": 64})
+    assert_close(out, ref.paged_attention_decode_reference(query, k32, v32, bt32, lens32, 0.2),
+                 torch.float32)
+    with pytest.raises(ValueError, match="warp_tiles=3.*num_kv_heads=4"):
+        tri.paged_attention_decode_triton(query, k32, v32, bt32, lens32, 0.2,
+                                          config={**config, "warp_tiles": 3})
+
+
 class _Recorder:
     """Stands in for a Triton kernel: counts `kernel[grid](...)` launches, then launches."""
 

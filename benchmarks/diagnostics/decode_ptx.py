@@ -77,6 +77,34 @@ def compile_decode(fp8: bool, dim_major: bool, head_dim: int, group: int, block_
                                    "launch_pdl": pdl})
 
 
+def compile_decode_warp(head_dim: int, group: int, block_n: int, num_warps: int,
+                        num_stages: int, kv_heads_per_program: int = 1, split: bool = False):
+    """The warp-tile decode kernel (`attention_decode_warp_triton`) over an FP8 cache with V
+    dim-major, bf16 queries, compiled for sm_90 as `compile_decode` compiles `_decode_kernel`
+    (KVH passed only where the kernel has it, so older trees compile too)."""
+    from pagedrt.ops.attention_decode_warp_triton import _decode_warp_kernel, warp_tile_shape
+    sub, sub_n = warp_tile_shape(block_n)
+    sig = {"q_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv",
+           "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*bf16",
+           "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "k_scales_ptr": "*fp32",
+           "v_scales_ptr": "*fp32", "scale_log2": "fp32", **dict.fromkeys(INTS, "i32")}
+    const = {"GROUP": group, "GROUP_PAD": 16, "BLOCK_SIZE": 16, "HEAD_DIM": head_dim,
+             "SUB": sub, "SUB_N": sub_n, "SPLIT": split, "UPCAST": False,
+             "DOT_PRECISION": "tf32", "KV_FP8": True, "F16_MMA": True, "V_DIM_MAJOR": True,
+             "PDL": False}
+    if "KVH" in _decode_warp_kernel.arg_names:
+        const["KVH"] = kv_heads_per_program
+    sig.update(dict.fromkeys(const, "constexpr"))
+    names = list(sig)
+    aligned = [n for n in names if sig[n].startswith("*")] + [
+        n for n in INTS if n not in ("num_splits", "stride_vs")]
+    src = ASTSource(_decode_warp_kernel, sig,
+                    constexprs={(names.index(k),): v for k, v in const.items()},
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
 def load_widths(ptx: str) -> Counter:
     """Global loads and asynchronous copies in the PTX, by instruction, and the grid
     dependency controls of programmatic dependent launch (griddepcontrol.*)."""

@@ -1,7 +1,8 @@
 """Fingerprint the attention kernels' code for the H200 (sm_90) without a GPU: compile the
 decode and extend kernels at the engine's settings (the cases of `decode_ptx.py`, block-table
 prefetch, and the extend kernel over bf16, FP8, FP8 with the chunk's rows, FP8 products, the
-wide tile, Qwen2-0.5B heads and a sliding window), strip what only describes the source
+wide tile, Qwen2-0.5B heads and a sliding window; the warp-tile decode kernel at three
+launches), strip what only describes the source
 (debug locations, their labels, comments, debug sections), and write each instruction stream
 with its md5. A tool for refactors of the kernels' Triton source that should not change what
 runs: identical streams before and after need no new timing on the GPU. Not a benchmark.
@@ -23,7 +24,7 @@ import os
 import re
 import sys
 
-from decode_ptx import CASES, compile_decode
+from decode_ptx import CASES, compile_decode, compile_decode_warp
 from extend_ptx import compile_extend
 
 EXTEND_CASES = {  # name: compile_extend keyword arguments
@@ -34,6 +35,16 @@ EXTEND_CASES = {  # name: compile_extend keyword arguments
     "extend bf16, wide tile": {"fp8": False, "narrow": False},
     "extend bf16, Qwen2-0.5B heads": {"fp8": False, "head_dim": 64, "group": 7},
     "extend bf16, window 100": {"fp8": False, "window": 100},
+}
+
+
+WARP_CASES = {  # name: compile_decode_warp's (head_dim, group, BLOCK_N, warps, stages, split)
+    "warp tiles fp8, Llama-3-8B heads, 32/1/5": (128, 4, 32, 1, 5),
+    "warp tiles fp8, Qwen2-0.5B heads, 32/1/5, split": (64, 7, 32, 1, 5, 1, True),
+    "warp tiles fp8, Llama-3-8B heads, 128/4/5": (128, 4, 128, 4, 5),
+    "warp tiles fp8, Qwen2-0.5B heads, 2 KV heads per program, 32/1/5": (64, 7, 32, 1, 5, 2),
+    "warp tiles fp8, Qwen2-0.5B heads, 2 KV heads per program, 64/2/5, split": (
+        64, 7, 64, 2, 5, 2, True),
 }
 
 
@@ -60,6 +71,8 @@ def kernels() -> dict[str, str]:
         True, True, 128, 4, 128, 0, 4, 3, bt_prefetch=True).asm["ptx"]
     for name, kwargs in EXTEND_CASES.items():
         ptx[name] = compile_extend(**kwargs).asm["ptx"]
+    for name, args in WARP_CASES.items():
+        ptx[name] = compile_decode_warp(*args).asm["ptx"]
     return ptx
 
 

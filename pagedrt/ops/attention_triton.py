@@ -536,9 +536,10 @@ def paged_attention_decode_triton(
         max_seq_len: bound on seq_lens for the heuristic; None uses the block table's width
             (no device sync, so the call can be captured in a CUDA graph).
         config: launch overrides for tuning ({"BLOCK_N", "num_warps", "num_stages"}, and
-            optionally "maxnreg" (a register cap, 0 none) and "warp_tiles" (1: the warp-tile
-            kernel of `attention_decode_warp_triton`; ignored with a sliding window, the fused
-            reduce or the block-table prefetch, which only `_decode_kernel` has)). None: the
+            optionally "maxnreg" (a register cap, 0 none) and "warp_tiles" (N >= 1: the
+            warp-tile kernel of `attention_decode_warp_triton` with N KV heads per program, N
+            dividing num_kv_heads; ignored with a sliding window, the fused reduce or the
+            block-table prefetch, which only `_decode_kernel` has)). None: the
             default (`_decode_launch_config`; over an FP8 cache, warp tiles where they can
             run); a given config runs `_decode_kernel` unless it names warp_tiles 1.
         validate: check the arguments' contract (ValueError); the model's attention layers
@@ -550,7 +551,8 @@ def paged_attention_decode_triton(
     Returns:
         [num_seqs, num_heads, head_dim] in query's dtype.
     Raises:
-        ValueError: a broken contract (with `validate`), or num_splits < 1.
+        ValueError: a broken contract (with `validate`), num_splits < 1, or a config's
+            warp_tiles that does not divide num_kv_heads.
         RuntimeError: with PAGEDRT_DECODE_FUSED_REDUCE=1 and num_splits > 1, a launch being
             captured in a CUDA graph needs more reduce counters (num_seqs * num_kv_heads) than
             exist (`fused_reduce_counters`).
@@ -577,11 +579,16 @@ def paged_attention_decode_triton(
         config is None or bool(config.get("warp_tiles")))
     tuned = {**_decode_launch_config(head_dim, 1 if fp8 else 2, warp_tiles), **(config or {})}
     warp_tiles = warp_tiles and bool(tuned.get("warp_tiles"))
+    kv_heads_per_program = int(tuned["warp_tiles"]) if warp_tiles else 1
+    if num_kv_heads % kv_heads_per_program:
+        raise ValueError(f"config warp_tiles={kv_heads_per_program} (KV heads per program) "
+                         f"must divide num_kv_heads={num_kv_heads}")
     if num_splits is None:
         max_context = max_seq_len or block_tables.shape[1] * block_size
         if sliding_window is not None:  # the tokens a query reads
             max_context = min(max_context, sliding_window)
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context, device_sms(query),
+        num_splits = choose_num_splits(num_seqs, num_kv_heads // kv_heads_per_program,
+                                       max_context, device_sms(query),
                                        tuned.get("programs_per_sm", 4) if warp_tiles else 4)
     if num_splits < 1:
         raise ValueError(f"num_splits={num_splits}; must be >= 1")
@@ -628,7 +635,8 @@ def paged_attention_decode_triton(
         grid = (num_kv_heads, num_splits, num_seqs)
         if cfg.get("warp_tiles") and warp_tiles:
             sub, sub_n = warp_tile_shape(cfg["BLOCK_N"])  # attention_decode_warp_triton
-            _decode_warp_kernel[grid](*pointers, *scalars, SUB=sub, SUB_N=sub_n, **common)
+            _decode_warp_kernel[(num_kv_heads // kv_heads_per_program, num_splits, num_seqs)](
+                *pointers, *scalars, SUB=sub, SUB_N=sub_n, KVH=kv_heads_per_program, **common)
             return
         _decode_kernel[grid](
             *pointers, counters, *scalars, BLOCK_N=cfg["BLOCK_N"],

@@ -111,12 +111,21 @@ def load_group_query(q_ptr, seq, kv_head, stride_qs, stride_qh, scale_log2,
     heads = kv_head * GROUP + offs_g
     q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None], other=0.0)
+    q, scale_log2 = query_operand(q, scale_log2, UPCAST, F16_MMA)
+    return q, heads, g_mask, scale_log2
+
+
+@triton.jit
+def query_operand(q, scale_log2, UPCAST: tl.constexpr, F16_MMA: tl.constexpr):
+    """A loaded query tile as the decode kernels' dot operand (`load_group_query`): fp32 when
+    UPCAST; with F16_MMA divided by 64 and cast to fp16, scale_log2 multiplied by 64.
+    Returns (q, scale_log2)."""
     if UPCAST:
         q = q.to(tl.float32)
     if F16_MMA:
         q = (q.to(tl.float32) * 0.015625).to(tl.float16)  # / 64, exact
         scale_log2 = scale_log2 * 64.0
-    return q, heads, g_mask, scale_log2
+    return q, scale_log2
 
 
 def check_cache(name: str, cache: torch.Tensor) -> None:
