@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Prepared 2026-12-03 07:10 UTC for the next lease (carry .commit and .whl; ~4 min; after
+# Prepared 2026-12-03 07:10 UTC for the next lease (carry .commit and .whl; ~7 min; after
 # call_s40). The warp-tile kernel over several KV heads per program (launch config
 # warp_tiles N: one program reads a token's rows of N heads together, 128 bytes at
 # Qwen2-0.5B's FP8 head_dim 64 instead of two 64-byte halves read by two programs), against
 # N = 1, the default, at Qwen2-0.5B and Llama-3-8B heads; splits over the halved programs.
 set -u
 . benchmarks/diagnostics/call_common.sh
+gpu_tests fp8 240 tests/gpu/test_fp8_kv_gpu.py -k decode_launches
 tune kvh --kv-cache-dtype fp8 \
   --cases qwen2-0.5b:64:4096,qwen2-0.5b:16:16384,qwen2-0.5b:64:2048,llama3-8b:64:4096 \
   --block-n 32,64 --warps 1,2 --stages 4,5 --splits 0,4,8,16 --warp-tiles 1,2
