@@ -647,7 +647,7 @@ def paged_attention_decode_triton(
     dim_major = v_dim_major(v_cache)
     pdl = pdl_enabled(query)
     key = ("decode", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
-           dim_major, bt_prefetch, fused, warp_tiles)
+           dim_major, bt_prefetch, warp_tiles, kv_heads_per_program, fused)
     launch_first_fitting(key, configs, launch)
     if split and not fused:
         _decode_reduce_kernel[(num_heads, num_seqs)](
