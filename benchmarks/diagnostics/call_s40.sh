@@ -29,6 +29,11 @@ for i in 1 2; do
   tune tm$i --kv-cache-dtype both --default-only \
     --cases qwen2-0.5b:64:4096,qwen2-0.5b:64:2048,llama3-8b:64:4096
 done
+# small batches: FP8 at B1 L4096 took 16.0 us against bf16's 11.8 (call_s36): 16 splits of a
+# one-warp program leave most SMs idle; more, shorter partitions, and 2 warps
+tune b1 --kv-cache-dtype fp8 --cases llama3-8b:1:4096,qwen2-0.5b:1:4096,llama3-8b:4:4096 \
+  --block-n 32,64 --warps 1,2 --stages 5 --splits 16,32,64 --warp-tiles 1
+echo "== tune b1"; grep -E "^(llama|qwen)" "$out/r/tune_b1.txt" | cut -c1-330
 for n in hm1 tm1 hm2 tm2; do
   echo "== $n"; grep -E "^(llama|qwen)" "$out/r/tune_$n.txt" | cut -c1-80
 done
