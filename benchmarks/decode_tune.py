@@ -10,9 +10,10 @@ the PyTorch reference first. A tuning diagnostic for the H200, not a benchmark o
 
 `--block-n`, `--warps`, `--stages`, `--splits` and `--maxnreg` (a register cap per thread
 passed to Triton's compiler, 0 for none) replace the full grid's axes; `--splits 0` is each
-shape's default (`choose_num_splits`). `--warp-tiles 0,1,2` adds the
-warp-tile kernel (`pagedrt.ops.attention_decode_warp_triton`: one 16-token slice of each tile
-per warp; N >= 1 KV heads per program, 0 `_decode_kernel`) as an axis. `--fused-reduce 0,1`
+setting's split count as the launch would pick it (`decode_launch_plan`). `--warp-tiles 0,1,2`
+adds the warp-tile kernel (`pagedrt.ops.attention_decode_warp_triton`: one 16-token slice of
+each tile per warp; N >= 1 KV heads per program, 0 `_decode_kernel`) as an axis.
+`--fused-reduce 0,1`
 times each split setting with the split-K reduce in a second kernel (0, the default) and
 folded into the attention kernel (1: PAGEDRT_DECODE_FUSED_REDUCE=1 around the call; settings
 of 1 split have no reduce and run once), and prints per shape the default launch setting's
@@ -59,8 +60,7 @@ from pagedrt.bench.common import int_list
 from pagedrt.kv.kv_cache import fp8_v_dim_major_requested
 from pagedrt.ops.attention_reference import paged_attention_decode_reference
 from pagedrt.ops.attention_triton import (
-    _decode_launch_config,
-    choose_num_splits,
+    decode_launch_plan,
     paged_attention_decode_triton,
 )
 from pagedrt.ops.fp8 import dequantize_fp8, quantize_fp8
@@ -108,6 +108,19 @@ def fused_reduce_env(fused: int):
             del os.environ[name]
         else:
             os.environ[name] = before
+
+
+def plan_splits(shape: tuple, block_n: int, warps: int, stages: int, maxnreg: int, fused: int,
+                warp_tiles: int) -> int:
+    """--splits 0: the split count the launch picks for this setting; shape = (num_seqs,
+    num_kv_heads, head_dim, fp8, context, num_sms)."""
+    config = {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages, "maxnreg": maxnreg,
+              "warp_tiles": warp_tiles}
+    with fused_reduce_env(fused):
+        try:
+            return decode_launch_plan(*shape, config=config)[2]
+        except ValueError:  # (the launch raises it again and is recorded as failed)
+            return 1
 
 
 def main() -> None:
@@ -168,24 +181,29 @@ def main() -> None:
         ref = paged_attention_decode_reference(q.float(), kf, vf, bt, sl, d ** -0.5)
         per_token = 2 * kvh * (d * k.element_size() + (4 if scales else 0))
         kv_bytes = num_seqs * ctx * per_token
-        default = _decode_launch_config(d, 1 if kv_dtype == "fp8" else 2)
-        default_splits = choose_num_splits(num_seqs, kvh, ctx, device_sms(q),
-                                           default.pop("programs_per_sm", 4))
-        default = {**default, "splits": default_splits, "fused_reduce": 0}
+        sms = device_sms(q)
+        defaults = {}  # fused_reduce -> the default launch's setting (decode_launch_plan)
+        for fused in (0, 1):
+            with fused_reduce_env(fused):
+                cfg, wt, sp = decode_launch_plan(num_seqs, kvh, d, kv_dtype == "fp8", ctx, sms)
+            defaults[fused] = {"BLOCK_N": cfg["BLOCK_N"], "num_warps": cfg["num_warps"],
+                               "num_stages": cfg["num_stages"], "maxnreg": cfg.get("maxnreg", 0),
+                               "warp_tiles": wt, "splits": sp, "fused_reduce": fused}
+        default = defaults[0]
         timings = []
-        default_points = [(default["BLOCK_N"], default["num_warps"], default["num_stages"],
-                           default_splits, default.get("maxnreg", 0), fused,
-                           default.get("warp_tiles", 0))
-                          for fused in args.fused_reduce]
+        default_points = [tuple(defaults[f][key] for key in (
+            "BLOCK_N", "num_warps", "num_stages", "splits", "maxnreg", "fused_reduce",
+            "warp_tiles")) for f in args.fused_reduce]
         run_grid = grid
         if args.small_grid:
-            run_grid = list(itertools.product([32, 64, 128], [4, 8], [2, 3], [default_splits],
-                                              [0], args.fused_reduce, [0]))
+            run_grid = list(itertools.product([32, 64, 128], [4, 8], [2, 3], [0], [0],
+                                              args.fused_reduce, [0]))
         if args.default_only:
             run_grid = []
-        # --splits 0: the shape's default number of splits (choose_num_splits)
+
+        shape = (num_seqs, kvh, d, kv_dtype == "fp8", ctx, sms)
         run_grid = list(dict.fromkeys(
-            (bn, w, st, sp or default_splits, r, f, wt)
+            (bn, w, st, sp or plan_splits(shape, bn, w, st, r, f, wt), r, f, wt)
             for bn, w, st, sp, r, f, wt in run_grid))
         run_grid = run_grid + [x for x in default_points if x not in run_grid]
         # one split has no reduce to fold: its fused setting would time the same launch again
@@ -214,7 +232,7 @@ def main() -> None:
             timings.append({**setting, "ms": ms, "error": err, "tb_s": kv_bytes / ms / 1e9})
         ok = [t for t in timings if t.get("ms")]
         ok.sort(key=lambda t: t["ms"])
-        d_t, d_fused = (timing_at(ok, {**default, "fused_reduce": f}) for f in (0, 1))
+        d_t, d_fused = (timing_at(ok, defaults[f]) for f in (0, 1))
         results.append({"model": model, "num_seqs": num_seqs, "ctx": ctx, "kv_bytes": kv_bytes,
                         "kv_cache_dtype": kv_dtype,
                         "default": default, "default_ms": d_t and d_t["ms"],

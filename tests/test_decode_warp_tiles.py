@@ -123,52 +123,67 @@ def test_warp_tiles_over_several_kv_heads_per_program(kv_heads_per_program, grou
                                             config={**config, "BLOCK_N": 64})
     assert_close(out, ref.paged_attention_decode_reference(query, k32, v32, bt32, lens32, 0.2),
                  torch.float32)
-    with pytest.raises(ValueError, match="warp_tiles=3.*num_kv_heads=4"):
-        tri.paged_attention_decode_triton(query, k32, v32, bt32, lens32, 0.2,
-                                          config={**config, "warp_tiles": 3})
+    for bad in (3, -2, 2.5, 8):  # not a power of two, negative, not an int, 8 > 4 heads
+        with pytest.raises(ValueError, match=f"warp_tiles={bad}.*num_kv_heads=4"):
+            tri.paged_attention_decode_triton(query, k32, v32, bt32, lens32, 0.2,
+                                              config={**config, "warp_tiles": bad})
+    # the default split count over the halved programs: the same attention
+    out = tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, 0.2, config=config,
+                                            k_scales=ks, v_scales=vs)
+    assert_close_fp8(out, expected)
 
 
 class _Recorder:
-    """Stands in for a Triton kernel: counts `kernel[grid](...)` launches, then launches."""
+    """Stands in for a Triton kernel: records each `kernel[grid](...)` launch's constexpr
+    SUB, then launches."""
 
     def __init__(self, kernel):
-        self.kernel, self.launches = kernel, 0
+        self.kernel, self.launches = kernel, []
 
     def __getitem__(self, grid):
-        self.launches += 1
-        return self.kernel[grid]
+        def launch(*args, **kwargs):
+            self.launches.append(kwargs["SUB"])
+            return self.kernel[grid](*args, **kwargs)
+        return launch
 
 
-def test_fp8_default_launch_runs_warp_tiles_and_a_window_runs_the_plain_kernel(monkeypatch):
+@pytest.mark.parametrize("env", [None, "PAGEDRT_DECODE_FUSED_REDUCE",
+                                 "PAGEDRT_DECODE_BT_PREFETCH"])
+def test_fp8_default_launch_runs_warp_tiles_and_a_window_runs_the_plain_kernel(monkeypatch,
+                                                                               env):
     """An FP8 cache's default decode (no config) is the warp-tile kernel at
-    `_decode_launch_config`'s BLOCK_N 32; with a sliding window it is `_decode_kernel`; a
-    bf16-style (fp32 here) cache never runs warp tiles. Each matches the reference."""
+    `_decode_launch_config`'s BLOCK_N 32 (SUB 2), split or not; with a sliding window, the
+    fused reduce or the block-table prefetch it is `_decode_kernel` (which alone has them);
+    a bf16-style (fp32 here) cache never runs warp tiles. Each matches the reference."""
     recorder = _Recorder(tri._decode_warp_kernel)
     monkeypatch.setattr(tri, "_decode_warp_kernel", recorder)
+    if env:
+        monkeypatch.setenv(env, "1")
     lens = [1, 31, 32, 33, 100]
-    k, v, ks, vs, bt, seq_lens = fp8_paged_kv(lens, 2, 32, 16, seed=11)
-    query = torch.randn(len(lens), 6, 32)
-    for window, warp_launches in ((None, 1), (40, 0)):
-        recorder.launches = 0
+    k, v, ks, vs, bt, seq_lens = fp8_paged_kv(lens, 2, 64, 16, seed=11)  # head_dim 64: the
+    query = torch.randn(len(lens), 6, 64)  # default's warp tiles are for 64 and 128 only
+    for window, num_splits in ((None, None), (None, 3), (40, None)):
+        recorder.launches = []
         expected = ref.paged_attention_decode_reference(query, k, v, bt, seq_lens, 0.2,
                                                         k_scales=ks, v_scales=vs,
                                                         sliding_window=window)
-        out = tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, 0.2,
+        out = tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, 0.2, num_splits,
                                                 sliding_window=window, k_scales=ks,
                                                 v_scales=vs)
         assert_close_fp8(out, expected)
-        assert recorder.launches == warp_launches, window
-    k32, v32, bt, seq_lens = make_paged_kv(lens, 2, 32, 16, torch.float32)
-    recorder.launches = 0
+        warp = window is None and env is None
+        assert recorder.launches == ([2] if warp else []), (window, num_splits)
+    k32, v32, bt, seq_lens = make_paged_kv(lens, 2, 64, 16, torch.float32)
+    recorder.launches = []
     out = tri.paged_attention_decode_triton(query, k32, v32, bt, seq_lens, 0.2)
     assert_close(out, ref.paged_attention_decode_reference(query, k32, v32, bt, seq_lens, 0.2),
                  torch.float32)
-    assert recorder.launches == 0
+    assert recorder.launches == []
 
 
 def test_warp_tile_shape():
     assert warp_tile_shape(64) == (4, 16)
     assert warp_tile_shape(128) == (8, 16)
-    for bad in (16, 48 + 8, 0):
+    for bad in (16, 48 + 8, 0, 48, 96):  # SUB must be a power of two
         with pytest.raises(ValueError, match="BLOCK_N"):
             warp_tile_shape(bad)

@@ -244,14 +244,16 @@ def test_register_cap_of_the_fp8_launch_reaches_the_kernel_unchanged_results():
     for head_dim in (64, 128):  # where it can, FP8 runs the warp-tile kernel
         assert tri._decode_launch_config(head_dim, 1)["warp_tiles"] == 1
         assert "warp_tiles" not in tri._decode_launch_config(head_dim, 2)
+    for head_dim in (32, 256):  # head sizes the warp tiles were not measured at
+        assert "warp_tiles" not in tri._decode_launch_config(head_dim, 1)
     lens = [1, 16, 17, 40]
     k, v, ks, vs, bt, seq_lens = fp8_paged_kv(lens, 2, 32, 8, seed=6)
     query = torch.randn(len(lens), 6, 32)
     expected = ref.paged_attention_decode_reference(query, k, v, bt, seq_lens, 0.2,
                                                     k_scales=ks, v_scales=vs)
-    for cap in (0, 128, None):
-        cfg = None if cap is None else {"BLOCK_N": 16, "num_warps": 4, "num_stages": 2,
-                                        "maxnreg": cap}
+    for cap in (0, 128, None):  # None: _decode_kernel's own FP8 launch at head_dim 32
+        cfg = tri._decode_launch_config(32, 1, warp_tiles=False) if cap is None else {
+            "BLOCK_N": 16, "num_warps": 4, "num_stages": 2, "maxnreg": cap}
         out = tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, 0.2, num_splits=2,
                                                 config=cfg, k_scales=ks, v_scales=vs)
         assert_close(out, expected)

@@ -159,10 +159,9 @@ def decode_row(name, num_seqs, context, num_heads, num_kv_heads, head_dim, peers
     else:
         kv_bytes = bf16_bytes
     scale = head_dim ** -0.5
-    auto_splits = tri.choose_num_splits(  # as the launch picks it (window: _decode_kernel)
-        num_seqs, num_kv_heads, seen, torch.cuda.get_device_properties(0).multi_processor_count,
-        tri._decode_launch_config(head_dim, 1 if fp8 else 2, not window).get(
-            "programs_per_sm", 4))
+    auto_splits = tri.decode_launch_plan(  # as the launch picks it
+        num_seqs, num_kv_heads, head_dim, fp8, seen,
+        torch.cuda.get_device_properties(0).multi_processor_count, sliding_window=window)[2]
     row = {"kind": "decode", "shape": name, "num_seqs": num_seqs, "context": context,
            "num_heads": num_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
            "dtype": "bf16", "kv_cache_dtype": "fp8_e4m3" if fp8 else "bf16",

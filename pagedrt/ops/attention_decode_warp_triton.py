@@ -14,11 +14,16 @@ its sub-tile's tokens, so the loop's reductions stay inside a warp (shuffles) an
 probabilities stay in registers. The SUB partial states are merged once, after the loop
 (the same merge as the split-K combine: weights exp2(m_w - max m)).
 
-    grid = (num_kv_heads, num_splits, num_seqs), as `_decode_kernel`
+    grid = (num_kv_heads / KVH, num_splits, num_seqs); KVH = 1 (the default) as `_decode_kernel`
     tile (BLOCK_N = SUB * SUB_N tokens):  | sub 0 | sub 1 | ... | sub SUB-1 |
-    state per sub-tile: m [SUB, GROUP_PAD], l [SUB, GROUP_PAD], acc [SUB, GROUP_PAD, HEAD_DIM]
+    pairs b = head * SUB + sub, B = KVH * SUB of them (each of the program's KVH KV heads)
+    state per pair: m [B, GROUP_PAD], l [B, GROUP_PAD], acc [B, GROUP_PAD, HEAD_DIM]
 
-The price is SUB copies of the output accumulator (fp32) and of the query operand. Same
+With KVH > 1 (launch config "warp_tiles": KVH) one program reads a token's rows of KVH heads
+together (128 bytes at head_dim 64 over FP8 with KVH 2, where one head's row is half a line),
+each head's query rows against its own keys, the states merged per head.
+
+The price is B copies of the output accumulator (fp32) and of the query operand. Same
 arguments, masking, FP8 scaling (scores' and probabilities' columns), V layouts and split-K
 partials as `_decode_kernel`; no sliding window, fused reduce or block-table prefetch (the
 launcher keeps those on `_decode_kernel`).
@@ -215,10 +220,13 @@ def warp_tile_shape(block_n: int) -> tuple[int, int]:
     dimension), so a 64-token tile is 4 sub-tiles, one per warp at num_warps 4.
 
     Raises:
-        ValueError: block_n not a multiple of 16 of at least 32.
+        ValueError: block_n not 16 times a power of two, at least 32 (tl.arange's lengths
+            are powers of two).
     """
-    if block_n < 32 or block_n % 16:
-        raise ValueError(f"BLOCK_N={block_n} for warp tiles; give a multiple of 16, >= 32")
+    sub = block_n // 16
+    if block_n < 32 or block_n % 16 or sub & (sub - 1):
+        raise ValueError(f"BLOCK_N={block_n} for warp tiles; give 16 times a power of two, "
+                         f">= 32 (32, 64, 128, ...)")
     return block_n // 16, 16
 
 

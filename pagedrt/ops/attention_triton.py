@@ -467,9 +467,9 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sm
 
 def _decode_launch_config(head_dim: int, kv_bytes: int = 2, warp_tiles: bool = True) -> dict:
     """The default decode launch: BLOCK_N, num_warps, num_stages; over an FP8 cache
-    (kv_bytes 1) where the warp-tile kernel can run (warp_tiles: no sliding window, fused
-    reduce or block-table prefetch) that kernel (`attention_decode_warp_triton`) and its
-    split-count target.
+    (kv_bytes 1) at head_dim 64 or 128 where the warp-tile kernel can run (warp_tiles: no
+    sliding window, fused reduce or block-table prefetch) that kernel
+    (`attention_decode_warp_triton`) and its split-count target ("programs_per_sm").
 
     bf16/fp16/fp32 caches (`_decode_kernel`): about 16 KB of K (and of V) per tile, at most
     128 tokens (64 at head_dim 128 in bf16, 128 at 64), 4 warps, 3 stages. Measured on an
@@ -483,7 +483,9 @@ def _decode_launch_config(head_dim: int, kv_bytes: int = 2, warp_tiles: bool = T
     with `_decode_kernel` below, 205.9), B8 L8192 46.0 us with 16 splits (bf16 73.6, FP8
     with `_decode_kernel` 66.2); Qwen2-0.5B heads (14/2 x 64) B64 L4096 26.8 us with 8
     splits (bf16 39.7, `_decode_kernel` 37.8). BLOCK_N 64 / 2 warps was within 2% at B64
-    L4096 and faster at Qwen2-0.5B B8 L8192 (11.2 against 12.9 us).
+    L4096 and faster at Qwen2-0.5B B8 L8192 (11.2 against 12.9 us). Slower than bf16 at
+    batch 1: 16.0 against 11.8 us at Llama-3-8B heads B1 L4096 (16 one-warp partitions per
+    KV head leave most SMs idle). Other head sizes keep `_decode_kernel` (unmeasured).
 
     FP8 caches, `_decode_kernel` (with a window, fused reduce or block-table prefetch): it
     takes 255 registers per thread uncapped (Nsight Compute; bf16: 125), 2 programs per SM.
@@ -494,7 +496,7 @@ def _decode_launch_config(head_dim: int, kv_bytes: int = 2, warp_tiles: bool = T
     option) with 2 stages, 4 programs fit: Qwen2-0.5B heads B64 L4096 38.1 against 50.2 us
     uncapped (BENCHMARKS.md, 2026-12-02 08:30 and 15:20 runs).
     """
-    if kv_bytes == 1 and warp_tiles:
+    if kv_bytes == 1 and warp_tiles and head_dim in (64, 128):  # the head sizes measured
         return {"BLOCK_N": 32, "num_warps": 1, "num_stages": 5, "warp_tiles": 1,
                 "programs_per_sm": 8}
     block_n = max(16, min(128, 16384 // (head_dim * kv_bytes)))
@@ -503,6 +505,45 @@ def _decode_launch_config(head_dim: int, kv_bytes: int = 2, warp_tiles: bool = T
     if kv_bytes == 1 and head_dim < 128:
         return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 2, "maxnreg": 128}
     return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3}
+
+
+def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: bool,
+                       max_context: int, num_sms: int, num_splits: int | None = None,
+                       config: dict | None = None, sliding_window: int | None = None
+                       ) -> tuple[dict, int, int]:
+    """What `paged_attention_decode_triton` launches, without launching: (launch config,
+    KV heads per warp-tile program (0: `_decode_kernel`), num_splits). max_context: the
+    longest context in tokens (the window's length with a window); num_splits None: the
+    heuristic's (`choose_num_splits`, over the programs the kernel has). Reads
+    PAGEDRT_DECODE_FUSED_REDUCE and PAGEDRT_DECODE_BT_PREFETCH as the launch does.
+
+    Raises:
+        ValueError: config's warp_tiles not a power of two >= 1 dividing num_kv_heads, or
+            num_splits < 1.
+    """
+    # the warp-tile kernel has no window, fused reduce or block-table prefetch (a given
+    # config runs warp tiles only where it names them)
+    warp_ok = not (sliding_window or decode_bt_prefetch_requested()
+                   or decode_fused_reduce_requested())
+    warp_ok = warp_ok and (config is None or bool(config.get("warp_tiles")))
+    tuned = {**_decode_launch_config(head_dim, 1 if fp8 else 2, warp_ok), **(config or {})}
+    kv_heads_per_program = tuned.get("warp_tiles", 0) if warp_ok else 0
+    if kv_heads_per_program:
+        n = kv_heads_per_program
+        if (not isinstance(n, int) or isinstance(n, bool) or n < 1 or n & (n - 1)
+                or num_kv_heads % n):
+            raise ValueError(f"config warp_tiles={n!r} (KV heads per program) must be a power "
+                             f"of two >= 1 dividing num_kv_heads={num_kv_heads}; give 1 for "
+                             f"one head per program, or 0 for _decode_kernel")
+    if num_splits is None:
+        programs = num_kv_heads // kv_heads_per_program if kv_heads_per_program else (
+            num_kv_heads)
+        num_splits = choose_num_splits(
+            num_seqs, programs, max_context, num_sms,
+            tuned.get("programs_per_sm", 4) if kv_heads_per_program else 4)
+    if num_splits < 1:
+        raise ValueError(f"num_splits={num_splits}; must be >= 1")
+    return tuned, kv_heads_per_program, num_splits
 
 
 def paged_attention_decode_triton(
@@ -536,12 +577,14 @@ def paged_attention_decode_triton(
         max_seq_len: bound on seq_lens for the heuristic; None uses the block table's width
             (no device sync, so the call can be captured in a CUDA graph).
         config: launch overrides for tuning ({"BLOCK_N", "num_warps", "num_stages"}, and
-            optionally "maxnreg" (a register cap, 0 none) and "warp_tiles" (N >= 1: the
+            optionally "maxnreg" (a register cap, 0 none), "warp_tiles" (N >= 1: the
             warp-tile kernel of `attention_decode_warp_triton` with N KV heads per program, N
-            dividing num_kv_heads; ignored with a sliding window, the fused reduce or the
-            block-table prefetch, which only `_decode_kernel` has)). None: the
-            default (`_decode_launch_config`; over an FP8 cache, warp tiles where they can
-            run); a given config runs `_decode_kernel` unless it names warp_tiles 1.
+            a power of two dividing num_kv_heads; ignored with a sliding window, the fused
+            reduce or the block-table prefetch, which only `_decode_kernel` has) and
+            "programs_per_sm" (the split heuristic's target for warp tiles; default 4)).
+            None: the default (`_decode_launch_config`; over an FP8 cache, warp tiles where
+            they can run); a given config runs `_decode_kernel` unless it names warp_tiles.
+            `decode_launch_plan` says what a call launches.
         validate: check the arguments' contract (ValueError); the model's attention layers
             pass False for tensors they built (see `pagedrt.ops.fused_triton`).
         sliding_window: attend only to the last `sliding_window` tokens (>= 1); None = all.
@@ -552,7 +595,7 @@ def paged_attention_decode_triton(
         [num_seqs, num_heads, head_dim] in query's dtype.
     Raises:
         ValueError: a broken contract (with `validate`), num_splits < 1, or a config's
-            warp_tiles that does not divide num_kv_heads.
+            warp_tiles that is not a power of two dividing num_kv_heads.
         RuntimeError: with PAGEDRT_DECODE_FUSED_REDUCE=1 and num_splits > 1, a launch being
             captured in a CUDA graph needs more reduce counters (num_seqs * num_kv_heads) than
             exist (`fused_reduce_counters`).
@@ -573,25 +616,13 @@ def paged_attention_decode_triton(
         return out
     fp8 = is_fp8(k_cache.dtype)
     bt_prefetch = decode_bt_prefetch_requested()
-    # the warp-tile kernel has no window, fused reduce or block-table prefetch
-    # (a given config runs warp tiles only where it names them)
-    warp_tiles = not (sliding_window or bt_prefetch or decode_fused_reduce_requested()) and (
-        config is None or bool(config.get("warp_tiles")))
-    tuned = {**_decode_launch_config(head_dim, 1 if fp8 else 2, warp_tiles), **(config or {})}
-    warp_tiles = warp_tiles and bool(tuned.get("warp_tiles"))
-    kv_heads_per_program = int(tuned["warp_tiles"]) if warp_tiles else 1
-    if num_kv_heads % kv_heads_per_program:
-        raise ValueError(f"config warp_tiles={kv_heads_per_program} (KV heads per program) "
-                         f"must divide num_kv_heads={num_kv_heads}")
-    if num_splits is None:
-        max_context = max_seq_len or block_tables.shape[1] * block_size
-        if sliding_window is not None:  # the tokens a query reads
-            max_context = min(max_context, sliding_window)
-        num_splits = choose_num_splits(num_seqs, num_kv_heads // kv_heads_per_program,
-                                       max_context, device_sms(query),
-                                       tuned.get("programs_per_sm", 4) if warp_tiles else 4)
-    if num_splits < 1:
-        raise ValueError(f"num_splits={num_splits}; must be >= 1")
+    max_context = max_seq_len or block_tables.shape[1] * block_size
+    if sliding_window is not None:  # the tokens a query reads
+        max_context = min(max_context, sliding_window)
+    tuned, kv_heads_per_program, num_splits = decode_launch_plan(
+        num_seqs, num_kv_heads, head_dim, fp8, max_context,
+        device_sms(query) if num_splits is None else 0, num_splits, config, sliding_window)
+    warp_tiles = kv_heads_per_program > 0
     upcast = interpreting(query)
     split = num_splits > 1
     fused = split and decode_fused_reduce_requested()
@@ -633,7 +664,7 @@ def paged_attention_decode_triton(
             **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),  # 0: no cap
         )
         grid = (num_kv_heads, num_splits, num_seqs)
-        if cfg.get("warp_tiles") and warp_tiles:
+        if cfg.get("warp_tiles") and warp_tiles:  # (not the fallbacks)
             sub, sub_n = warp_tile_shape(cfg["BLOCK_N"])  # attention_decode_warp_triton
             _decode_warp_kernel[(num_kv_heads // kv_heads_per_program, num_splits, num_seqs)](
                 *pointers, *scalars, SUB=sub, SUB_N=sub_n, KVH=kv_heads_per_program, **common)
@@ -660,6 +691,7 @@ def paged_attention_decode_triton(
 
 __all__ = [
     "choose_num_splits", "copy_blocks_triton", "decode_fused_reduce_requested",
+    "decode_launch_plan",
     "fused_reduce_counters", "paged_attention_decode_naive_triton",
     "paged_attention_decode_triton", "paged_attention_extend_triton", "write_kv_triton",
 ]

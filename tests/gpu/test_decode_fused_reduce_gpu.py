@@ -80,8 +80,14 @@ def make_case(model: str, batch: int, ctx: int, kv_dtype: str, seed: int = 0):
 
 
 def decode(monkeypatch, fused: bool, query, args, kwargs, num_splits: int) -> torch.Tensor:
+    """Both ways on `_decode_kernel` at its default launch for the cache's dtype (an FP8
+    cache's default is the warp-tile kernel, which has no fused reduce), so that the two
+    differ only in the reduce."""
     monkeypatch.setenv(ENV, "1" if fused else "0")
-    return tri.paged_attention_decode_triton(query, *args, num_splits=num_splits, **kwargs)
+    config = tri._decode_launch_config(query.shape[-1], args[0].element_size(),
+                                       warp_tiles=False)
+    return tri.paged_attention_decode_triton(query, *args, num_splits=num_splits,
+                                             config=config, **kwargs)
 
 
 def assert_counters_zero():

@@ -207,8 +207,8 @@ def test_fp8_decode_launches_on_gpu_match_reference(head_dim, group):
     warp tiles at BLOCK_N 64 / 2 warps and over both KV heads in one program (warp_tiles 2),
     `_decode_kernel`'s FP8 config, and the default under
     a sliding window (which runs `_decode_kernel`), bf16 queries, split and unsplit, with
-    lengths at 32-token tile edges and past 4096 (groups 4 and 8 at head_dim 128 run the
-    default in test_fp8_attention_on_gpu_matches_reference)."""
+    lengths at 32-token tile edges and past 4096 (group 4 at head_dim 128 runs the default
+    in test_fp8_attention_on_gpu_matches_reference)."""
     torch.manual_seed(100 + group + head_dim)
     num_kv_heads, block_size = 2, 16
     lens = [1, 31, 32, 33, 4096, 4129, 700]
