@@ -260,9 +260,9 @@ def test_register_cap_of_the_fp8_launch_reaches_the_kernel_unchanged_results():
 
 
 def test_strided_caches_read_as_contiguous_ones():
-    """The decode kernel reads contiguous caches with literal strides (CONTIGUOUS) and any
-    other view with its runtime strides: one KV head of a two-head cache (a non-contiguous
-    view; fp32, and FP8 with its scales) gives what its contiguous copy gives."""
+    """The decode kernel reads any view of a cache with its runtime strides: one KV head of a
+    two-head cache (a non-contiguous view; fp32, and FP8 with its scales) gives what its
+    contiguous copy gives."""
     lens = [1, 16, 17, 40]
     query = torch.randn(len(lens), 3, 32)
     k, v, ks, vs, bt, seq_lens = fp8_paged_kv(lens, 2, 32, 8, seed=5, v_dim_major=False)
