@@ -65,16 +65,22 @@ def compile_decode(fp8: bool, dim_major: bool, head_dim: int, group: int, block_
              "V_DIM_MAJOR": dim_major, "PDL": pdl, "FUSED_REDUCE": fused_splits > 0,
              "SPLITS_PAD": triton.next_power_of_2(max(fused_splits, 1)),
              "BT_PREFETCH": bt_prefetch}
-    sig.update(dict.fromkeys(const, "constexpr"))
+    return compile_sm90(_decode_kernel, sig, const,
+                        {"num_splits", "stride_vs" if dim_major else "stride_vd"},
+                        {"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": pdl})
+
+
+def compile_sm90(kernel, sig: dict, const: dict, unit: set, options: dict):
+    """`kernel` compiled for sm_90: sig maps argument names to Triton types, const the
+    constexprs (their values), and every pointer and every integer of INTS but those in
+    `unit` is declared a multiple of 16, as the engine's launches give them."""
+    sig = {**sig, **dict.fromkeys(const, "constexpr")}
     names = list(sig)
-    unit = {"num_splits", "stride_vs" if dim_major else "stride_vd"}
     aligned = [n for n in names if sig[n].startswith("*")] + [n for n in INTS if n not in unit]
-    src = ASTSource(_decode_kernel, sig,
+    src = ASTSource(kernel, sig,
                     constexprs={(names.index(k),): v for k, v in const.items()},
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages,
-                                   "launch_pdl": pdl})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def compile_decode_warp(head_dim: int, group: int, block_n: int, num_warps: int,
@@ -94,15 +100,8 @@ def compile_decode_warp(head_dim: int, group: int, block_n: int, num_warps: int,
              "PDL": False}
     if "KVH" in _decode_warp_kernel.arg_names:
         const["KVH"] = kv_heads_per_program
-    sig.update(dict.fromkeys(const, "constexpr"))
-    names = list(sig)
-    aligned = [n for n in names if sig[n].startswith("*")] + [
-        n for n in INTS if n not in ("num_splits", "stride_vs")]
-    src = ASTSource(_decode_warp_kernel, sig,
-                    constexprs={(names.index(k),): v for k, v in const.items()},
-                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages})
+    return compile_sm90(_decode_warp_kernel, sig, const, {"num_splits", "stride_vs"},
+                        {"num_warps": num_warps, "num_stages": num_stages})
 
 
 def load_widths(ptx: str) -> Counter:

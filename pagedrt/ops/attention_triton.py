@@ -527,23 +527,18 @@ def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: boo
                    or decode_fused_reduce_requested())
     warp_ok = warp_ok and (config is None or bool(config.get("warp_tiles")))
     tuned = {**_decode_launch_config(head_dim, 1 if fp8 else 2, warp_ok), **(config or {})}
-    kv_heads_per_program = tuned.get("warp_tiles", 0) if warp_ok else 0
-    if kv_heads_per_program:
-        n = kv_heads_per_program
-        if (not isinstance(n, int) or isinstance(n, bool) or n < 1 or n & (n - 1)
-                or num_kv_heads % n):
-            raise ValueError(f"config warp_tiles={n!r} (KV heads per program) must be a power "
-                             f"of two >= 1 dividing num_kv_heads={num_kv_heads}; give 1 for "
-                             f"one head per program, or 0 for _decode_kernel")
+    n = tuned.get("warp_tiles", 0) if warp_ok else 0  # KV heads per warp-tile program
+    if n and (not isinstance(n, int) or isinstance(n, bool) or n < 1 or n & (n - 1)
+              or num_kv_heads % n):
+        raise ValueError(f"config warp_tiles={n!r} (KV heads per program) must be a power "
+                         f"of two >= 1 dividing num_kv_heads={num_kv_heads}; give 1 for "
+                         f"one head per program, or 0 for _decode_kernel")
     if num_splits is None:
-        programs = num_kv_heads // kv_heads_per_program if kv_heads_per_program else (
-            num_kv_heads)
-        num_splits = choose_num_splits(
-            num_seqs, programs, max_context, num_sms,
-            tuned.get("programs_per_sm", 4) if kv_heads_per_program else 4)
+        num_splits = choose_num_splits(num_seqs, num_kv_heads // max(n, 1), max_context,
+                                       num_sms, tuned.get("programs_per_sm", 4) if n else 4)
     if num_splits < 1:
         raise ValueError(f"num_splits={num_splits}; must be >= 1")
-    return tuned, kv_heads_per_program, num_splits
+    return tuned, n, num_splits
 
 
 def paged_attention_decode_triton(
@@ -620,9 +615,8 @@ def paged_attention_decode_triton(
     if sliding_window is not None:  # the tokens a query reads
         max_context = min(max_context, sliding_window)
     tuned, kv_heads_per_program, num_splits = decode_launch_plan(
-        num_seqs, num_kv_heads, head_dim, fp8, max_context,
-        device_sms(query) if num_splits is None else 0, num_splits, config, sliding_window)
-    warp_tiles = kv_heads_per_program > 0
+        num_seqs, num_kv_heads, head_dim, fp8, max_context, device_sms(query), num_splits,
+        config, sliding_window)
     upcast = interpreting(query)
     split = num_splits > 1
     fused = split and decode_fused_reduce_requested()
@@ -664,7 +658,7 @@ def paged_attention_decode_triton(
             **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),  # 0: no cap
         )
         grid = (num_kv_heads, num_splits, num_seqs)
-        if cfg.get("warp_tiles") and warp_tiles:  # (not the fallbacks)
+        if cfg.get("warp_tiles") and kv_heads_per_program:  # (not the fallbacks)
             sub, sub_n = warp_tile_shape(cfg["BLOCK_N"])  # attention_decode_warp_triton
             _decode_warp_kernel[(num_kv_heads // kv_heads_per_program, num_splits, num_seqs)](
                 *pointers, *scalars, SUB=sub, SUB_N=sub_n, KVH=kv_heads_per_program, **common)
@@ -678,7 +672,7 @@ def paged_attention_decode_triton(
     dim_major = v_dim_major(v_cache)
     pdl = pdl_enabled(query)
     key = ("decode", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
-           dim_major, bt_prefetch, warp_tiles, kv_heads_per_program, fused)
+           dim_major, bt_prefetch, kv_heads_per_program, fused)
     launch_first_fitting(key, configs, launch)
     if split and not fused:
         _decode_reduce_kernel[(num_heads, num_seqs)](
