@@ -23,13 +23,17 @@ from tests.test_fp8_kv_kernels import assert_close as assert_close_fp8
 from tests.test_fp8_kv_kernels import fp8_paged_kv
 
 
-def warp_config(block_n: int) -> dict:
-    return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 2, "warp_tiles": 1}
+def warp_config(block_n: int, transposed: bool = False) -> dict:
+    """The warp tiles at block_n tokens per tile; transposed: keys x queries products (the
+    query group on the MMA's 8-wide side, GROUP_PAD >= 8 instead of 16)."""
+    return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 2, "warp_tiles": 1,
+            "transposed": int(transposed)}
 
 
+@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("group, block_size", [(1, 8), (2, 16), (4, 32), (7, 16), (8, 8)])
-def test_warp_tiles_match_reference(dtype, group, block_size):
+def test_warp_tiles_match_reference(dtype, group, block_size, transposed):
     num_kv_heads, head_dim = 2, 32
     lens = edge_lens(block_size) + [64, 127, 128, 129]
     k_cache, v_cache, bt, seq_lens = make_paged_kv(lens, num_kv_heads, head_dim, block_size,
@@ -42,13 +46,14 @@ def test_warp_tiles_match_reference(dtype, group, block_size):
     for block_n, num_splits in ((32, 1), (64, 2), (64, 8), (128, 1)):
         out = tri.paged_attention_decode_triton(query, k_cache, v_cache, bt, seq_lens, scale,
                                                 num_splits=num_splits,
-                                                config=warp_config(block_n))
+                                                config=warp_config(block_n, transposed))
         assert_close(out, expected, dtype)
 
 
+@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("v_dim_major", [True, False])
-@pytest.mark.parametrize("group, block_size", [(1, 8), (3, 32), (4, 16), (8, 16)])
-def test_warp_tiles_fp8_match_reference(v_dim_major, group, block_size):
+@pytest.mark.parametrize("group, block_size", [(1, 8), (3, 32), (4, 16), (8, 16), (16, 16)])
+def test_warp_tiles_fp8_match_reference(v_dim_major, group, block_size, transposed):
     num_kv_heads, head_dim = 2, 32
     lens = edge_lens(block_size) + [128, 129]
     k_cache, v_cache, k_scales, v_scales, bt, seq_lens = fp8_paged_kv(
@@ -61,12 +66,13 @@ def test_warp_tiles_fp8_match_reference(v_dim_major, group, block_size):
     for block_n, num_splits in ((32, 1), (64, 2), (128, 8)):
         out = tri.paged_attention_decode_triton(query, k_cache, v_cache, bt, seq_lens, scale,
                                                 num_splits=num_splits,
-                                                config=warp_config(block_n),
+                                                config=warp_config(block_n, transposed),
                                                 k_scales=k_scales, v_scales=v_scales)
         assert_close_fp8(out, expected)
 
 
-def test_warp_tiles_equal_the_plain_kernel_on_bf16_queries_over_fp8():
+@pytest.mark.parametrize("transposed", [False, True])
+def test_warp_tiles_equal_the_plain_kernel_on_bf16_queries_over_fp8(transposed):
     """A bf16 query over an FP8 cache (the engine's case: products in fp16, F16_MMA): the warp
     tiles give the plain kernel's attention within fp16 rounding."""
     lens = [1, 16, 17, 64, 65, 200]
@@ -77,7 +83,8 @@ def test_warp_tiles_equal_the_plain_kernel_on_bf16_queries_over_fp8():
                                                       "num_stages": 2},
                                               k_scales=ks, v_scales=vs)
     warp = tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, 0.125, num_splits=2,
-                                             config=warp_config(64), k_scales=ks, v_scales=vs)
+                                             config=warp_config(64, transposed), k_scales=ks,
+                                             v_scales=vs)
     assert torch.isfinite(warp).all()
     torch.testing.assert_close(warp.float(), plain.float(), rtol=0, atol=2e-2)
 
@@ -95,10 +102,11 @@ def test_warp_tiles_ignored_under_a_sliding_window():
     assert_close(out, expected, torch.float32)
 
 
-@pytest.mark.parametrize("kv_heads_per_program, group, v_dim_major",
-                         [(2, 7, True), (2, 1, False), (4, 3, True), (4, 8, False)])
+@pytest.mark.parametrize("kv_heads_per_program, group, v_dim_major, transposed",
+                         [(2, 7, True, False), (2, 1, False, False), (4, 3, True, False),
+                          (4, 8, False, False), (2, 7, True, True), (4, 3, False, True)])
 def test_warp_tiles_over_several_kv_heads_per_program(kv_heads_per_program, group,
-                                                      v_dim_major):
+                                                      v_dim_major, transposed):
     """warp_tiles N > 1: one program reads N KV heads (a token's rows of those heads together),
     each head's query rows against its own keys only: the reference over FP8 (both V layouts,
     scales differing per token and head) and over fp32, split and unsplit, with empty
@@ -111,7 +119,7 @@ def test_warp_tiles_over_several_kv_heads_per_program(kv_heads_per_program, grou
     query = torch.randn(len(lens), num_kv_heads * group, head_dim)
     expected = ref.paged_attention_decode_reference(query, k, v, bt, seq_lens, 0.2,
                                                     k_scales=ks, v_scales=vs)
-    config = {**warp_config(32), "warp_tiles": kv_heads_per_program}
+    config = {**warp_config(32, transposed), "warp_tiles": kv_heads_per_program}
     for num_splits in (1, 3, 8):
         out = tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, 0.2,
                                                 num_splits=num_splits, config=config,
