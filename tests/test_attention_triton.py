@@ -214,6 +214,14 @@ def test_split_heuristic():
     assert tri.choose_num_splits(64, 2, 4096, 132, programs_per_sm=8) == 8
     assert tri.choose_num_splits(8, 8, 8192, 132, programs_per_sm=8) == 16
     assert tri.choose_num_splits(64, 8, 4096, 132, programs_per_sm=8) == 1  # still >= 3
+    # ... with partitions down to 64 tokens: batch 1 fills the GPU (16 at 256 tokens)
+    assert tri.choose_num_splits(1, 8, 4096, 132, 8, min_partition_tokens=64) == 64
+    assert tri.choose_num_splits(1, 8, 4096, 132, 8) == 16
+    assert tri.choose_num_splits(1, 2, 1000, 132, 8, min_partition_tokens=64) == 8  # 15 by length
+    assert tri.choose_num_splits(64, 2, 2048, 132, 8, min_partition_tokens=64) == 8  # as before
+    plan = tri.decode_launch_plan(1, 8, 128, True, 4096, 132)  # the FP8 default uses both
+    assert plan[1:] == (1, 64)
+    assert tri.decode_launch_plan(1, 8, 128, False, 4096, 132)[1:] == (0, 16)  # bf16: 256
 
 
 def test_contract_errors():

@@ -30,8 +30,8 @@ def warp_config(block_n: int, transposed: bool = False) -> dict:
             "transposed": int(transposed)}
 
 
-@pytest.mark.parametrize("transposed", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype, transposed", [(torch.float32, False), (torch.float16, False),
+                                               (torch.float16, True)])
 @pytest.mark.parametrize("group, block_size", [(1, 8), (2, 16), (4, 32), (7, 16), (8, 8)])
 def test_warp_tiles_match_reference(dtype, group, block_size, transposed):
     num_kv_heads, head_dim = 2, 32

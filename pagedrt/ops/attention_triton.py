@@ -439,7 +439,8 @@ def _decode_reduce_kernel(
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int,
-                      programs_per_sm: int = 4) -> int:
+                      programs_per_sm: int = 4,
+                      min_partition_tokens: int = MIN_PARTITION_TOKENS) -> int:
     """Split-K partitions per sequence for decode.
 
     Without splitting there are num_seqs * num_kv_heads programs, each streaming one KV head
@@ -452,15 +453,16 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sm
     So: no split from 3 programs per SM up; below that, the power of two at or under
     cdiv(programs_per_sm * num_sms, programs) (powers of two keep the program count a clean
     multiple of typical batch shapes, avoiding a ragged last wave), with each partition at
-    least MIN_PARTITION_TOKENS long and at most MAX_SPLITS partitions. programs_per_sm is 4
+    least min_partition_tokens long and at most MAX_SPLITS partitions. programs_per_sm is 4
     for `_decode_kernel`'s 4-warp programs and 8 for the FP8 cache's one-warp warp-tile
-    programs (`_decode_launch_config`, measured there).
+    programs; min_partition_tokens MIN_PARTITION_TOKENS (256) for `_decode_kernel`, 64 (two
+    32-token tiles) for the warp tiles (`_decode_launch_config`, measured there).
     """
     programs = num_seqs * num_kv_heads
     if programs >= 3 * num_sms:
         return 1
     by_occupancy = triton.cdiv(programs_per_sm * num_sms, programs)
-    by_length = max(1, max_context // MIN_PARTITION_TOKENS)
+    by_length = max(1, max_context // min_partition_tokens)
     splits = max(1, min(by_occupancy, by_length, MAX_SPLITS))
     return 1 << (splits.bit_length() - 1)  # round down to a power of two
 
@@ -483,9 +485,11 @@ def _decode_launch_config(head_dim: int, kv_bytes: int = 2, warp_tiles: bool = T
     with `_decode_kernel` below, 205.9), B8 L8192 46.0 us with 16 splits (bf16 73.6, FP8
     with `_decode_kernel` 66.2); Qwen2-0.5B heads (14/2 x 64) B64 L4096 26.8 us with 8
     splits (bf16 39.7, `_decode_kernel` 37.8). BLOCK_N 64 / 2 warps was within 2% at B64
-    L4096 and faster at Qwen2-0.5B B8 L8192 (11.2 against 12.9 us). Slower than bf16 at
-    batch 1: 16.0 against 11.8 us at Llama-3-8B heads B1 L4096 (16 one-warp partitions per
-    KV head leave most SMs idle). Other head sizes keep `_decode_kernel` (unmeasured).
+    L4096 and faster at Qwen2-0.5B B8 L8192 (11.2 against 12.9 us). Partitions down to 64
+    tokens ("min_partition_tokens"): at batch 1, 16 partitions of 256 tokens per KV head left
+    most SMs idle, 15.6 us at Llama-3-8B heads B1 L4096 against 8.7 with 64 partitions (bf16
+    11.8), Qwen2-0.5B heads 7.8 against 5.7 (bf16 5.9; 2026-12-03 09:00 runs). Other head
+    sizes keep `_decode_kernel` (unmeasured).
 
     FP8 caches, `_decode_kernel` (with a window, fused reduce or block-table prefetch): it
     takes 255 registers per thread uncapped (Nsight Compute; bf16: 125), 2 programs per SM.
@@ -498,7 +502,7 @@ def _decode_launch_config(head_dim: int, kv_bytes: int = 2, warp_tiles: bool = T
     """
     if kv_bytes == 1 and warp_tiles and head_dim in (64, 128):  # the head sizes measured
         return {"BLOCK_N": 32, "num_warps": 1, "num_stages": 5, "warp_tiles": 1,
-                "programs_per_sm": 8}
+                "programs_per_sm": 8, "min_partition_tokens": 64}
     block_n = max(16, min(128, 16384 // (head_dim * kv_bytes)))
     if kv_bytes == 1 and head_dim == 128:
         return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 5}
@@ -534,8 +538,11 @@ def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: boo
                          f"of two >= 1 dividing num_kv_heads={num_kv_heads}; give 1 for "
                          f"one head per program, or 0 for _decode_kernel")
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads // max(n, 1), max_context,
-                                       num_sms, tuned.get("programs_per_sm", 4) if n else 4)
+        num_splits = choose_num_splits(
+            num_seqs, num_kv_heads // max(n, 1), max_context, num_sms,
+            tuned.get("programs_per_sm", 4) if n else 4,
+            tuned.get("min_partition_tokens", MIN_PARTITION_TOKENS) if n else
+            MIN_PARTITION_TOKENS)
     if num_splits < 1:
         raise ValueError(f"num_splits={num_splits}; must be >= 1")
     return tuned, n, num_splits
