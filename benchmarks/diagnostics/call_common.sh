@@ -19,7 +19,7 @@ gpu_tests() {  # name, cap, test files...
   grep -E "^(FAILED|ERROR)|passed|failed" "$out/r/$name.txt" | tail -8
 }
 tune() {  # name, then decode_tune arguments
-  local name=$1
+  local name=$1 i  # (i local: a caller looping over i keeps its value)
   shift
   for i in 0 1 2 3 4 5 6 7; do
     timeout 150 python3 benchmarks/decode_tune.py --out "$out/r/shard_$name$i" --shard $i/8 "$@" \
