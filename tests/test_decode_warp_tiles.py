@@ -23,17 +23,13 @@ from tests.test_fp8_kv_kernels import assert_close as assert_close_fp8
 from tests.test_fp8_kv_kernels import fp8_paged_kv
 
 
-def warp_config(block_n: int, transposed: bool = False) -> dict:
-    """The warp tiles at block_n tokens per tile; transposed: keys x queries products (the
-    query group on the MMA's 8-wide side, GROUP_PAD >= 8 instead of 16)."""
-    return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 2, "warp_tiles": 1,
-            "transposed": int(transposed)}
+def warp_config(block_n: int) -> dict:
+    return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 2, "warp_tiles": 1}
 
 
-@pytest.mark.parametrize("dtype, transposed", [(torch.float32, False), (torch.float16, False),
-                                               (torch.float16, True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("group, block_size", [(1, 8), (2, 16), (4, 32), (7, 16), (8, 8)])
-def test_warp_tiles_match_reference(dtype, group, block_size, transposed):
+def test_warp_tiles_match_reference(dtype, group, block_size):
     num_kv_heads, head_dim = 2, 32
     lens = edge_lens(block_size) + [64, 127, 128, 129]
     k_cache, v_cache, bt, seq_lens = make_paged_kv(lens, num_kv_heads, head_dim, block_size,
@@ -46,14 +42,13 @@ def test_warp_tiles_match_reference(dtype, group, block_size, transposed):
     for block_n, num_splits in ((32, 1), (64, 2), (64, 8), (128, 1)):
         out = tri.paged_attention_decode_triton(query, k_cache, v_cache, bt, seq_lens, scale,
                                                 num_splits=num_splits,
-                                                config=warp_config(block_n, transposed))
+                                                config=warp_config(block_n))
         assert_close(out, expected, dtype)
 
 
-@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("v_dim_major", [True, False])
-@pytest.mark.parametrize("group, block_size", [(1, 8), (3, 32), (4, 16), (8, 16), (16, 16)])
-def test_warp_tiles_fp8_match_reference(v_dim_major, group, block_size, transposed):
+@pytest.mark.parametrize("group, block_size", [(1, 8), (3, 32), (4, 16), (8, 16)])
+def test_warp_tiles_fp8_match_reference(v_dim_major, group, block_size):
     num_kv_heads, head_dim = 2, 32
     lens = edge_lens(block_size) + [128, 129]
     k_cache, v_cache, k_scales, v_scales, bt, seq_lens = fp8_paged_kv(
@@ -66,13 +61,12 @@ def test_warp_tiles_fp8_match_reference(v_dim_major, group, block_size, transpos
     for block_n, num_splits in ((32, 1), (64, 2), (128, 8)):
         out = tri.paged_attention_decode_triton(query, k_cache, v_cache, bt, seq_lens, scale,
                                                 num_splits=num_splits,
-                                                config=warp_config(block_n, transposed),
+                                                config=warp_config(block_n),
                                                 k_scales=k_scales, v_scales=v_scales)
         assert_close_fp8(out, expected)
 
 
-@pytest.mark.parametrize("transposed", [False, True])
-def test_warp_tiles_equal_the_plain_kernel_on_bf16_queries_over_fp8(transposed):
+def test_warp_tiles_equal_the_plain_kernel_on_bf16_queries_over_fp8():
     """A bf16 query over an FP8 cache (the engine's case: products in fp16, F16_MMA): the warp
     tiles give the plain kernel's attention within fp16 rounding."""
     lens = [1, 16, 17, 64, 65, 200]
@@ -83,8 +77,7 @@ def test_warp_tiles_equal_the_plain_kernel_on_bf16_queries_over_fp8(transposed):
                                                       "num_stages": 2},
                                               k_scales=ks, v_scales=vs)
     warp = tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, 0.125, num_splits=2,
-                                             config=warp_config(64, transposed), k_scales=ks,
-                                             v_scales=vs)
+                                             config=warp_config(64), k_scales=ks, v_scales=vs)
     assert torch.isfinite(warp).all()
     torch.testing.assert_close(warp.float(), plain.float(), rtol=0, atol=2e-2)
 
@@ -102,11 +95,10 @@ def test_warp_tiles_ignored_under_a_sliding_window():
     assert_close(out, expected, torch.float32)
 
 
-@pytest.mark.parametrize("kv_heads_per_program, group, v_dim_major, transposed",
-                         [(2, 7, True, False), (2, 1, False, False), (4, 3, True, False),
-                          (4, 8, False, False), (2, 7, True, True), (4, 3, False, True)])
+@pytest.mark.parametrize("kv_heads_per_program, group, v_dim_major",
+                         [(2, 7, True), (2, 1, False), (4, 3, True), (4, 8, False)])
 def test_warp_tiles_over_several_kv_heads_per_program(kv_heads_per_program, group,
-                                                      v_dim_major, transposed):
+                                                      v_dim_major):
     """warp_tiles N > 1: one program reads N KV heads (a token's rows of those heads together),
     each head's query rows against its own keys only: the reference over FP8 (both V layouts,
     scales differing per token and head) and over fp32, split and unsplit, with empty
@@ -119,7 +111,7 @@ def test_warp_tiles_over_several_kv_heads_per_program(kv_heads_per_program, grou
     query = torch.randn(len(lens), num_kv_heads * group, head_dim)
     expected = ref.paged_attention_decode_reference(query, k, v, bt, seq_lens, 0.2,
                                                     k_scales=ks, v_scales=vs)
-    config = {**warp_config(32, transposed), "warp_tiles": kv_heads_per_program}
+    config = {**warp_config(32), "warp_tiles": kv_heads_per_program}
     for num_splits in (1, 3, 8):
         out = tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, 0.2,
                                                 num_splits=num_splits, config=config,
@@ -195,3 +187,29 @@ def test_warp_tile_shape():
     for bad in (16, 48 + 8, 0, 48, 96):  # SUB must be a power of two
         with pytest.raises(ValueError, match="BLOCK_N"):
             warp_tile_shape(bad)
+
+
+@pytest.mark.parametrize("v_dim_major", [True, False])
+def test_lazy_rescale_matches_reference(v_dim_major):
+    """lazy_rescale: the running max a row's probabilities are taken against (and the rescale
+    of its output and sum) moves only when some row's max grew by more than 8 (log2), so
+    p <= 2^8 between moves. Over FP8 tokens of magnitudes 2^-6 .. 2^6 and fp32 queries x 10
+    (scores that grow by small and by large steps along a sequence), split and unsplit, with
+    empty partitions: the reference's attention."""
+    lens = edge_lens(16) + [100, 300]
+    k, v, ks, vs, bt, seq_lens = fp8_paged_kv(lens, 2, 32, 16, seed=5, v_dim_major=v_dim_major)
+    query = torch.randn(len(lens), 8, 32) * 4
+    expected = ref.paged_attention_decode_reference(query, k, v, bt, seq_lens, 0.2,
+                                                    k_scales=ks, v_scales=vs)
+    config = {**warp_config(32), "lazy_rescale": 1}
+    for block_n, num_splits in ((32, 1), (64, 3), (32, 16)):
+        out = tri.paged_attention_decode_triton(
+            query, k, v, bt, seq_lens, 0.2, num_splits=num_splits,
+            config={**config, "BLOCK_N": block_n}, k_scales=ks, v_scales=vs)
+        assert_close_fp8(out, expected)
+    k32, v32, bt32, lens32 = make_paged_kv(lens, 2, 32, 16, torch.float32)
+    query = torch.randn(len(lens), 8, 32) * 10
+    out = tri.paged_attention_decode_triton(query, k32, v32, bt32, lens32, 0.2, num_splits=2,
+                                            config=config)
+    assert_close(out, ref.paged_attention_decode_reference(query, k32, v32, bt32, lens32, 0.2),
+                 torch.float32)

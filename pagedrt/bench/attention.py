@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from pagedrt.bench.common import git_commit
 from pagedrt.kv.kv_cache import fp8_v_dim_major_requested
 from pagedrt.ops import attention_triton as tri
 from pagedrt.ops.fp8 import quantize_fp8
@@ -463,7 +464,8 @@ def print_window_table(rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="paged attention kernel benchmark (CUDA)")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
-    parser.add_argument("--commit", default="unknown")
+    parser.add_argument("--commit", default=None,
+                        help="recorded in the JSON (default: $PAGEDRT_COMMIT, else git's HEAD)")
     parser.add_argument("--sweep", action="store_true", help="also sweep split counts/configs")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
                         help="auto: bf16 caches; fp8: FP8 caches, each row timed against the "
@@ -477,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=32768,
                         help="context of the --window comparison (tokens)")
     args = parser.parse_args(argv)
+    args.commit = args.commit or os.environ.get("PAGEDRT_COMMIT") or git_commit()
     if not torch.cuda.is_available():
         print("bench attention needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -21,7 +21,8 @@ probabilities stay in registers. The SUB partial states are merged once, after t
 
 With KVH > 1 (launch config "warp_tiles": KVH) one program reads a token's rows of KVH heads
 together (128 bytes at head_dim 64 over FP8 with KVH 2, where one head's row is half a line),
-each head's query rows against its own keys, the states merged per head.
+each head's query rows against its own keys, the states merged per head. Opt-in: slower than
+KVH 1 at every shape timed on the H200 (BENCHMARKS.md, runs of 2026-12-03 09:00).
 
 The price is B copies of the output accumulator (fp32) and of the query operand. Same
 arguments, masking, FP8 scaling (scores' and probabilities' columns), V layouts and split-K
@@ -46,17 +47,11 @@ def _warp_tile(
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, SUB: tl.constexpr, SUB_N: tl.constexpr,
     KVH: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr, V_DIM_MAJOR: tl.constexpr, MASKED: tl.constexpr,
-    TRANSPOSED: tl.constexpr,
+    LAZY: tl.constexpr,
 ):
     """One BLOCK_N = SUB * SUB_N token tile of each of the program's KVH KV heads; returns the
     new state of each of the B = KVH * SUB (head, sub-tile) pairs, b = head * SUB + sub.
-    kv_head and head_off (its offset in a K row): scalars at KVH 1, else [B, 1].
-    TRANSPOSED (module doc): q3 is [B, HEAD_DIM, GROUP_PAD], acc [B, HEAD_DIM, GROUP_PAD] and
-    the scores [B, SUB_N, GROUP_PAD]; else q3 and acc [B, GROUP_PAD, HEAD_DIM], scores
-    [B, GROUP_PAD, SUB_N]."""
-    # the scores' token axis; a per-token [B, SUB_N] vector broadcasts over the query rows
-    # at axis 3 - TOK, a per-row [B, GROUP_PAD] one over the tokens (and head_dim) at TOK
-    TOK: tl.constexpr = 2 - TRANSPOSED
+    kv_head and head_off (its offset in a K row): scalars at KVH 1, else [B, 1]."""
     offs_d = tl.arange(0, HEAD_DIM)
     if KVH == 1:
         offs_n = tile_start + tl.arange(0, SUB)[:, None] * SUB_N + tl.arange(0, SUB_N)[None, :]
@@ -73,35 +68,44 @@ def _warp_tile(
         k = k.to(tl.float32)
     if KV_FP8:
         k = k.to(q3.dtype)
-    if TRANSPOSED:
-        s = tl.dot(k, q3, input_precision=DOT_PRECISION) * scale_log2
-    else:
-        s = tl.dot(q3, tl.permute(k, (0, 2, 1)), input_precision=DOT_PRECISION) * scale_log2
+    s = tl.dot(q3, tl.permute(k, (0, 2, 1)), input_precision=DOT_PRECISION) * scale_log2
     if KV_FP8:
         scale_off = block * stride_sb + kv_head * stride_sh + slot
-        s = s * tl.expand_dims(tile_load(k_scales_ptr + scale_off, n_mask, MASKED), 3 - TOK)
+        s = s * tile_load(k_scales_ptr + scale_off, n_mask, MASKED)[:, None, :]
     if MASKED:
-        s = tl.where(tl.expand_dims(n_mask, 3 - TOK), s, float("-inf"))
+        s = tl.where(n_mask[:, None, :], s, float("-inf"))
     # online softmax per (sub-tile, row); a sub-tile past `end` in the last tile has seen no
     # key: take it relative to 0 (p and alpha 0), never -inf - -inf
-    m_new = tl.maximum(m_i, tl.max(s, TOK))
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(s - tl.expand_dims(m_ref, TOK))
-    alpha = tl.exp2(m_i - m_ref)
-    l_i = l_i * alpha + tl.sum(p, TOK)
-    # V as the product wants it: [B, HEAD_DIM, SUB_N] transposed, else [B, SUB_N, HEAD_DIM]
-    if V_DIM_MAJOR:  # tokens contiguous
+    m_tile = tl.max(s, 2)
+    if LAZY:  # move the reference (and rescale) only when a row's max grew by more than 8
+        # (a row's first key: inf; a row without keys yet: 0; never -inf - -inf)
+        first = m_i == float("-inf")
+        grow = tl.where(first, tl.where(m_tile == float("-inf"), 0.0, float("inf")),
+                        m_tile - tl.where(first, 0.0, m_i))
+        if tl.max(tl.max(grow, 1), 0) > 8.0:
+            m_new = tl.maximum(m_i, m_tile)
+            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
+            acc = acc * alpha[:, :, None]
+            l_i = l_i * alpha
+            m_i = m_new
+        m_ref = tl.where(m_i == float("-inf"), 0.0, m_i)
+        p = tl.exp2(s - m_ref[:, :, None])  # <= 2^8
+        l_i = l_i + tl.sum(p, 2)
+        m_new = m_i
+    else:
+        m_new = tl.maximum(m_i, m_tile)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_ref[:, :, None])
+        alpha = tl.exp2(m_i - m_ref)
+        l_i = l_i * alpha + tl.sum(p, 2)
+    if V_DIM_MAJOR:  # tokens contiguous: load [B, HEAD_DIM, SUB_N], use its transpose
         v_ptrs = (v_cache_ptr + (block * stride_vb + kv_head * stride_vh + slot)[:, None, :]
                   + offs_d[None, :, None] * BLOCK_SIZE)
-        v = tile_load(v_ptrs, n_mask[:, None, :], MASKED)
-        if not TRANSPOSED:
-            v = tl.permute(v, (0, 2, 1))
+        v = tl.permute(tile_load(v_ptrs, n_mask[:, None, :], MASKED), (0, 2, 1))
     else:
         v_ptrs = (v_cache_ptr + (block * stride_vb + slot * stride_vs + kv_head * stride_vh)[
             :, :, None] + offs_d[None, None, :])
         v = tile_load(v_ptrs, n_mask[:, :, None], MASKED)
-        if TRANSPOSED:
-            v = tl.permute(v, (0, 2, 1))
     if UPCAST:
         v = v.to(tl.float32)
     if KV_FP8:
@@ -110,14 +114,14 @@ def _warp_tile(
         # p * v_scale / (the sub-tile's largest v_scale) stays in fp16's range (decode doc)
         v_max = tl.max(v_scale, 1)
         v_max = tl.where(v_max > 0, v_max, 1.0)
-        p = p * tl.expand_dims(v_scale / v_max[:, None], 3 - TOK)
-    if TRANSPOSED:
-        pv = tl.dot(v, p.to(v.dtype), input_precision=DOT_PRECISION)
+        p_v = (p * (v_scale / v_max[:, None])[:, None, :]).to(v.dtype)
+        pv = tl.dot(p_v, v, input_precision=DOT_PRECISION) * v_max[:, None, None]
     else:
         pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    if KV_FP8:
-        pv = pv * v_max[:, None, None]
-    acc = acc * tl.expand_dims(alpha, TOK) + pv
+    if LAZY:
+        acc = acc + pv
+    else:
+        acc = acc * alpha[:, :, None] + pv
     return m_new, l_i, acc
 
 
@@ -172,7 +176,7 @@ def _decode_warp_kernel(
     KV_FP8: tl.constexpr, F16_MMA: tl.constexpr, V_DIM_MAJOR: tl.constexpr = False,
     PDL: tl.constexpr = False,
     KVH: tl.constexpr = 1,  # KV heads per program (grid axis 0: num_kv_heads / KVH)
-    TRANSPOSED: tl.constexpr = False,  # keys x queries products (module doc)
+    LAZY: tl.constexpr = False,  # rescale only when a row's max grows by more than 8 (log2)
 ):
     pdl_prologue(PDL)
     BLOCK_N: tl.constexpr = SUB * SUB_N
@@ -203,11 +207,7 @@ def _decode_warp_kernel(
 
     m_i = tl.full([KVH * SUB, GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([KVH * SUB, GROUP_PAD], tl.float32)
-    if TRANSPOSED:
-        q3 = tl.permute(q3, (0, 2, 1))
-        acc = tl.zeros([KVH * SUB, HEAD_DIM, GROUP_PAD], tl.float32)
-    else:
-        acc = tl.zeros([KVH * SUB, GROUP_PAD, HEAD_DIM], tl.float32)
+    acc = tl.zeros([KVH * SUB, GROUP_PAD, HEAD_DIM], tl.float32)
     bt_row = block_tables_ptr + seq * stride_bt
     head_off = tile_head * stride_ch
     # full tiles unmasked, then the partial one masked (`_decode_kernel`'s V_DIM_MAJOR note)
@@ -217,16 +217,14 @@ def _decode_warp_kernel(
             m_i, l_i, acc, tile_start, end, q3, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
             v_scales_ptr, tile_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,
             stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, SUB, SUB_N, KVH,
-            UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, False, TRANSPOSED)
+            UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, False, LAZY)
     if loop_end < end:
         m_i, l_i, acc = _warp_tile(
             m_i, l_i, acc, loop_end, end, q3, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
             v_scales_ptr, tile_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,
             stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, SUB, SUB_N, KVH,
-            UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, True, TRANSPOSED)
+            UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, True, LAZY)
 
-    if TRANSPOSED:
-        acc = tl.permute(acc, (0, 2, 1))  # [B, GROUP_PAD, HEAD_DIM]
     if KVH == 1:
         _merge_store(m_i, l_i, acc, heads, g_mask, seq, split, num_splits, out_ptr,
                      part_out_ptr, part_lse_ptr, stride_os, stride_oh, HEAD_DIM, SPLIT, GROUP,

@@ -667,11 +667,9 @@ def paged_attention_decode_triton(
         grid = (num_kv_heads, num_splits, num_seqs)
         if cfg.get("warp_tiles") and kv_heads_per_program:  # (not the fallbacks)
             sub, sub_n = warp_tile_shape(cfg["BLOCK_N"])  # attention_decode_warp_triton
-            transposed = bool(cfg.get("transposed"))  # the group on the MMA's 8-wide side
             _decode_warp_kernel[(num_kv_heads // kv_heads_per_program, num_splits, num_seqs)](
                 *pointers, *scalars, SUB=sub, SUB_N=sub_n, KVH=kv_heads_per_program,
-                TRANSPOSED=transposed,
-                **{**common, "GROUP_PAD": max(8 if transposed else 16, next_pow2(group))})
+                LAZY=bool(cfg.get("lazy_rescale")), **common)
             return
         _decode_kernel[grid](
             *pointers, counters, *scalars, BLOCK_N=cfg["BLOCK_N"],
