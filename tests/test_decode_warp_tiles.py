@@ -187,29 +187,3 @@ def test_warp_tile_shape():
     for bad in (16, 48 + 8, 0, 48, 96):  # SUB must be a power of two
         with pytest.raises(ValueError, match="BLOCK_N"):
             warp_tile_shape(bad)
-
-
-@pytest.mark.parametrize("v_dim_major", [True, False])
-def test_lazy_rescale_matches_reference(v_dim_major):
-    """lazy_rescale: the running max a row's probabilities are taken against (and the rescale
-    of its output and sum) moves only when some row's max grew by more than 8 (log2), so
-    p <= 2^8 between moves. Over FP8 tokens of magnitudes 2^-6 .. 2^6 and fp32 queries x 10
-    (scores that grow by small and by large steps along a sequence), split and unsplit, with
-    empty partitions: the reference's attention."""
-    lens = edge_lens(16) + [100, 300]
-    k, v, ks, vs, bt, seq_lens = fp8_paged_kv(lens, 2, 32, 16, seed=5, v_dim_major=v_dim_major)
-    query = torch.randn(len(lens), 8, 32) * 4
-    expected = ref.paged_attention_decode_reference(query, k, v, bt, seq_lens, 0.2,
-                                                    k_scales=ks, v_scales=vs)
-    config = {**warp_config(32), "lazy_rescale": 1}
-    for block_n, num_splits in ((32, 1), (64, 3), (32, 16)):
-        out = tri.paged_attention_decode_triton(
-            query, k, v, bt, seq_lens, 0.2, num_splits=num_splits,
-            config={**config, "BLOCK_N": block_n}, k_scales=ks, v_scales=vs)
-        assert_close_fp8(out, expected)
-    k32, v32, bt32, lens32 = make_paged_kv(lens, 2, 32, 16, torch.float32)
-    query = torch.randn(len(lens), 8, 32) * 10
-    out = tri.paged_attention_decode_triton(query, k32, v32, bt32, lens32, 0.2, num_splits=2,
-                                            config=config)
-    assert_close(out, ref.paged_attention_decode_reference(query, k32, v32, bt32, lens32, 0.2),
-                 torch.float32)

@@ -84,8 +84,7 @@ def compile_sm90(kernel, sig: dict, const: dict, unit: set, options: dict):
 
 
 def compile_decode_warp(head_dim: int, group: int, block_n: int, num_warps: int,
-                        num_stages: int, kv_heads_per_program: int = 1, split: bool = False,
-                        lazy: bool = False):
+                        num_stages: int, kv_heads_per_program: int = 1, split: bool = False):
     """The warp-tile decode kernel (`attention_decode_warp_triton`) over an FP8 cache with V
     dim-major, bf16 queries, compiled for sm_90 as `compile_decode` compiles `_decode_kernel`
     (KVH passed only where the kernel has it, so older trees compile too)."""
@@ -101,8 +100,6 @@ def compile_decode_warp(head_dim: int, group: int, block_n: int, num_warps: int,
              "PDL": False}
     if "KVH" in _decode_warp_kernel.arg_names:
         const["KVH"] = kv_heads_per_program
-    if "LAZY" in _decode_warp_kernel.arg_names:  # (older trees have no LAZY)
-        const["LAZY"] = lazy
     return compile_sm90(_decode_warp_kernel, sig, const, {"num_splits", "stride_vs"},
                         {"num_warps": num_warps, "num_stages": num_stages})
 

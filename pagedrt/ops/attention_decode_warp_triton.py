@@ -47,7 +47,6 @@ def _warp_tile(
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, SUB: tl.constexpr, SUB_N: tl.constexpr,
     KVH: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr, V_DIM_MAJOR: tl.constexpr, MASKED: tl.constexpr,
-    LAZY: tl.constexpr,
 ):
     """One BLOCK_N = SUB * SUB_N token tile of each of the program's KVH KV heads; returns the
     new state of each of the B = KVH * SUB (head, sub-tile) pairs, b = head * SUB + sub.
@@ -76,28 +75,11 @@ def _warp_tile(
         s = tl.where(n_mask[:, None, :], s, float("-inf"))
     # online softmax per (sub-tile, row); a sub-tile past `end` in the last tile has seen no
     # key: take it relative to 0 (p and alpha 0), never -inf - -inf
-    m_tile = tl.max(s, 2)
-    if LAZY:  # move the reference (and rescale) only when a row's max grew by more than 8
-        # (a row's first key: inf; a row without keys yet: 0; never -inf - -inf)
-        first = m_i == float("-inf")
-        grow = tl.where(first, tl.where(m_tile == float("-inf"), 0.0, float("inf")),
-                        m_tile - tl.where(first, 0.0, m_i))
-        if tl.max(tl.max(grow, 1), 0) > 8.0:
-            m_new = tl.maximum(m_i, m_tile)
-            alpha = tl.exp2(m_i - tl.where(m_new == float("-inf"), 0.0, m_new))
-            acc = acc * alpha[:, :, None]
-            l_i = l_i * alpha
-            m_i = m_new
-        m_ref = tl.where(m_i == float("-inf"), 0.0, m_i)
-        p = tl.exp2(s - m_ref[:, :, None])  # <= 2^8
-        l_i = l_i + tl.sum(p, 2)
-        m_new = m_i
-    else:
-        m_new = tl.maximum(m_i, m_tile)
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_ref[:, :, None])
-        alpha = tl.exp2(m_i - m_ref)
-        l_i = l_i * alpha + tl.sum(p, 2)
+    m_new = tl.maximum(m_i, tl.max(s, 2))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_ref[:, :, None])
+    alpha = tl.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, 2)
     if V_DIM_MAJOR:  # tokens contiguous: load [B, HEAD_DIM, SUB_N], use its transpose
         v_ptrs = (v_cache_ptr + (block * stride_vb + kv_head * stride_vh + slot)[:, None, :]
                   + offs_d[None, :, None] * BLOCK_SIZE)
@@ -118,10 +100,7 @@ def _warp_tile(
         pv = tl.dot(p_v, v, input_precision=DOT_PRECISION) * v_max[:, None, None]
     else:
         pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    if LAZY:
-        acc = acc + pv
-    else:
-        acc = acc * alpha[:, :, None] + pv
+    acc = acc * alpha[:, :, None] + pv
     return m_new, l_i, acc
 
 
@@ -176,7 +155,6 @@ def _decode_warp_kernel(
     KV_FP8: tl.constexpr, F16_MMA: tl.constexpr, V_DIM_MAJOR: tl.constexpr = False,
     PDL: tl.constexpr = False,
     KVH: tl.constexpr = 1,  # KV heads per program (grid axis 0: num_kv_heads / KVH)
-    LAZY: tl.constexpr = False,  # rescale only when a row's max grows by more than 8 (log2)
 ):
     pdl_prologue(PDL)
     BLOCK_N: tl.constexpr = SUB * SUB_N
@@ -217,13 +195,13 @@ def _decode_warp_kernel(
             m_i, l_i, acc, tile_start, end, q3, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
             v_scales_ptr, tile_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,
             stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, SUB, SUB_N, KVH,
-            UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, False, LAZY)
+            UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, False)
     if loop_end < end:
         m_i, l_i, acc = _warp_tile(
             m_i, l_i, acc, loop_end, end, q3, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
             v_scales_ptr, tile_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,
             stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, SUB, SUB_N, KVH,
-            UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, True, LAZY)
+            UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, True)
 
     if KVH == 1:
         _merge_store(m_i, l_i, acc, heads, g_mask, seq, split, num_splits, out_ptr,

@@ -668,8 +668,7 @@ def paged_attention_decode_triton(
         if cfg.get("warp_tiles") and kv_heads_per_program:  # (not the fallbacks)
             sub, sub_n = warp_tile_shape(cfg["BLOCK_N"])  # attention_decode_warp_triton
             _decode_warp_kernel[(num_kv_heads // kv_heads_per_program, num_splits, num_seqs)](
-                *pointers, *scalars, SUB=sub, SUB_N=sub_n, KVH=kv_heads_per_program,
-                LAZY=bool(cfg.get("lazy_rescale")), **common)
+                *pointers, *scalars, SUB=sub, SUB_N=sub_n, KVH=kv_heads_per_program, **common)
             return
         _decode_kernel[grid](
             *pointers, counters, *scalars, BLOCK_N=cfg["BLOCK_N"],
