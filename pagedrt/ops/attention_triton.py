@@ -582,8 +582,10 @@ def paged_attention_decode_triton(
             optionally "maxnreg" (a register cap, 0 none), "warp_tiles" (N >= 1: the
             warp-tile kernel of `attention_decode_warp_triton` with N KV heads per program, N
             a power of two dividing num_kv_heads; ignored with a sliding window, the fused
-            reduce or the block-table prefetch, which only `_decode_kernel` has) and
-            "programs_per_sm" (the split heuristic's target for warp tiles; default 4)).
+            reduce or the block-table prefetch, which only `_decode_kernel` has),
+            "programs_per_sm" (the split heuristic's target for warp tiles; default 4) and
+            "min_partition_tokens" (its shortest partition for warp tiles; default
+            MIN_PARTITION_TOKENS, 256)).
             None: the default (`_decode_launch_config`; over an FP8 cache, warp tiles where
             they can run); a given config runs `_decode_kernel` unless it names warp_tiles.
             `decode_launch_plan` says what a call launches.
