@@ -200,7 +200,9 @@ def test_dispatcher_triton_backend(seq_lens, q_lens):
     torch.testing.assert_close(v_cache, v_ref, equal_nan=True)
 
 
-def test_split_heuristic():
+def test_split_heuristic(monkeypatch):
+    for name in ("PAGEDRT_DECODE_FUSED_REDUCE", "PAGEDRT_DECODE_BT_PREFETCH"):
+        monkeypatch.delenv(name, raising=False)  # (either keeps FP8 off the warp tiles)
     # a full GPU needs no split; one sequence on a 132-SM GPU is split, bounded by length
     assert tri.choose_num_splits(256, 8, 1024, 132) == 1
     assert tri.choose_num_splits(64, 8, 4096, 132) == 1  # 512 programs >= 3 per SM
@@ -222,6 +224,15 @@ def test_split_heuristic():
     plan = tri.decode_launch_plan(1, 8, 128, True, 4096, 132)  # the FP8 default uses both
     assert plan[1:] == (1, 64)
     assert tri.decode_launch_plan(1, 8, 128, False, 4096, 132)[1:] == (0, 16)  # bf16: 256
+    # a tuning config inherits the keys it leaves out from the default launch's
+    warp = {"BLOCK_N": 64, "num_warps": 2, "num_stages": 5, "warp_tiles": 1}
+    assert tri.decode_launch_plan(1, 8, 128, True, 4096, 132, config=warp)[1:] == (1, 64)
+    plain = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    assert tri.decode_launch_plan(1, 8, 128, True, 4096, 132, config=plain)[1:] == (0, 16)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=f"min_partition_tokens={bad!r}"):
+            tri.decode_launch_plan(1, 8, 128, True, 4096, 132,
+                                   config={**warp, "min_partition_tokens": bad})
 
 
 def test_contract_errors():

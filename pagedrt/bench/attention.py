@@ -17,7 +17,8 @@ Decode bandwidth = bytes of K and V read once / kernel time. Times are medians o
 triton.testing.do_bench over CUDA-graph replays (so host overhead is excluded, as in the
 engine's graph-captured decode; the eager time of ours is recorded too); do_bench flushes
 L2 before every run. Our decode kernel is also timed back to back (`bench_stream_ms`: many
-calls in one graph, over four batches' worth of blocks so that no call finds its K/V in L2),
+calls in one graph, cycling over enough batches' worth of blocks, at least four, that no
+call finds its K/V in L2; not for --window rows),
 which leaves out the replay's launch latency that a one-call replay adds to a kernel of tens
 of microseconds ("_stream" keys; the FP8 table's first columns). Writes DIR/attention.json and
 DIR/attention_bandwidth.png; prints a table last.
@@ -100,39 +101,52 @@ def paged_inputs(num_seqs, context, num_heads, num_kv_heads, head_dim, copies=1)
     return query, k_cache, v_cache, bt if copies > 1 else bt[0], seq_lens
 
 
-STREAM_COPIES = 4  # batches `bench_stream_ms` cycles through
-STREAM_ROUNDS = 4  # times one graph replay goes through them
+STREAM_CALLS = 16  # calls per graph replay in `bench_stream_ms` (at least)
+MAX_STREAM_COPIES = 64
 
 
-def bench_stream_ms(fn, tables: torch.Tensor) -> float:
+def stream_copies(kv_bytes: int) -> int:
+    """How many batches' worth of blocks `bench_stream_ms` cycles through for a call that
+    reads kv_bytes: enough that the other copies read at least twice the GPU's L2 between
+    two calls over one copy (so none finds its K/V in L2), at least 4, at most
+    MAX_STREAM_COPIES."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    return max(4, min(MAX_STREAM_COPIES, 1 + -(-2 * l2 // max(kv_bytes, 1))))
+
+
+def bench_stream_ms(fn, tables: torch.Tensor) -> float | None:
     """Median ms per call of `fn(block_tables)` run back to back, as the layers of a captured
-    decode step run it: one CUDA graph calls it STREAM_ROUNDS times over each of `tables`
-    ([copies, num_seqs, blocks_per_seq], each copy's blocks its own, `paged_inputs`), and
-    triton.testing.do_bench times replays of that graph (median), divided by the calls.
+    decode step run it: one CUDA graph goes through `tables` ([copies, num_seqs,
+    blocks_per_seq], each copy's blocks its own: `paged_inputs`, `stream_copies`) as many
+    times as give at least STREAM_CALLS calls, and triton.testing.do_bench times replays of
+    that graph (median), divided by the calls. None if the graph cannot be captured.
 
     Against `bench_ms`, which times one call per replay after flushing L2: the replay's
     launch latency (several microseconds, which a graph of many kernels pays once) is spread
-    over all the calls, and the caches still stay out of L2 between calls, since between two
-    calls over one copy the others read (copies - 1) x the K/V bytes, more than L2 holds at
-    the shapes measured (H200: 50 MB of L2; Qwen2-0.5B heads B64 L4096 reads 71 MB over FP8).
+    over all the calls, and the caches still stay out of L2 between calls.
     """
     import triton.testing
 
     for bt in tables:  # compile / warm up
         fn(bt)
     torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn(tables[0])
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(STREAM_ROUNDS):
-            for bt in tables:
-                fn(bt)
+    rounds = -(-STREAM_CALLS // len(tables))
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn(tables[0])
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(rounds):
+                for bt in tables:
+                    fn(bt)
+    except RuntimeError as e:
+        print(f"graph capture failed ({str(e)[:60]}); no back-to-back time")
+        return None
     ms = triton.testing.do_bench(g.replay, warmup=10, rep=100, return_mode="median")
-    return ms / (STREAM_ROUNDS * len(tables))
+    return ms / (rounds * len(tables))
 
 
 def fp8_cache(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,11 +198,15 @@ def decode_row(name, num_seqs, context, num_heads, num_kv_heads, head_dim, peers
                sweep=False, window=None, kv_cache_dtype="auto") -> dict:
     """window: sliding window in tokens (the K/V bytes counted are those of the window).
     kv_cache_dtype "fp8": an FP8 cache, timed against the bf16 cache it was quantized from."""
-    query, k_cache, v_cache, tables, seq_lens = paged_inputs(
-        num_seqs, context, num_heads, num_kv_heads, head_dim, copies=STREAM_COPIES)
-    bt = tables[0]
     seen = min(context, window or context)  # tokens each query reads
     fp8 = kv_cache_dtype == "fp8"
+    # back to back only without a window (the window table prints one-call times); the
+    # copies by the smaller (FP8) cache's bytes where both are timed
+    copies = 1 if window else stream_copies(
+        2 * num_seqs * context * num_kv_heads * (head_dim + 4 if fp8 else 2 * head_dim))
+    query, k_cache, v_cache, tables, seq_lens = paged_inputs(
+        num_seqs, context, num_heads, num_kv_heads, head_dim, copies=copies)
+    bt = tables[0] if copies > 1 else tables
     bf16_bytes = 2 * num_seqs * seen * num_kv_heads * head_dim * k_cache.element_size()
     scales = {}
     if fp8:
@@ -222,19 +240,24 @@ def decode_row(name, num_seqs, context, num_heads, num_kv_heads, head_dim, peers
     row["ours_eager_ms"] = bench_ms(lambda: tri.paged_attention_decode_triton(
         query, k_cache, v_cache, bt, seq_lens, scale, max_seq_len=context,
         sliding_window=window, **scales), graph=False)
-    record("ours_stream", bench_stream_ms(lambda t: tri.paged_attention_decode_triton(
-        query, k_cache, v_cache, t, seq_lens, scale, max_seq_len=context,
-        sliding_window=window, **scales), tables))
+    row["stream_copies"] = copies if copies > 1 else None
+    record("ours_stream", copies > 1 and bench_stream_ms(
+        lambda t: tri.paged_attention_decode_triton(query, k_cache, v_cache, t, seq_lens, scale,
+                                                    max_seq_len=context, **scales), tables)
+        or None)
     if fp8:  # the same kernel over the bf16 cache these values came from
         record("bf16", bench_ms(lambda: tri.paged_attention_decode_triton(
             query, bf16_k, bf16_v, bt, seq_lens, scale, max_seq_len=context,
             sliding_window=window)), bf16_bytes)
-        record("bf16_stream", bench_stream_ms(lambda t: tri.paged_attention_decode_triton(
-            query, bf16_k, bf16_v, t, seq_lens, scale, max_seq_len=context,
-            sliding_window=window), tables), bf16_bytes)
+        record("bf16_stream", copies > 1 and bench_stream_ms(
+            lambda t: tri.paged_attention_decode_triton(query, bf16_k, bf16_v, t, seq_lens,
+                                                        scale, max_seq_len=context), tables)
+            or None, bf16_bytes)
         row["bf16_kv_bytes"] = bf16_bytes
         row["time_vs_bf16"] = row["ours_ms"] / row["bf16_ms"]
-        row["stream_time_vs_bf16"] = row["ours_stream_ms"] / row["bf16_stream_ms"]
+        row["stream_time_vs_bf16"] = (row["ours_stream_ms"] / row["bf16_stream_ms"]
+                                      if row["ours_stream_ms"] and row["bf16_stream_ms"]
+                                      else None)
         record("split1", bench_ms(lambda: tri.paged_attention_decode_triton(
             query, k_cache, v_cache, bt, seq_lens, scale, num_splits=1,
             sliding_window=window, **scales)))
@@ -380,6 +403,13 @@ def _gb(row: dict, key: str) -> str:
     return f"{value:8.0f}" if value else f"{'-':>8}"
 
 
+def _num(value, spec: str, scale: float = 1.0) -> str:
+    """value * scale formatted by spec, or "-" as wide when value is None (a time not taken)."""
+    if value is None:
+        return "-".rjust(int(spec.split(".")[0] or 0))
+    return format(value * scale, spec)
+
+
 def print_fp8_table(results: list[dict]) -> None:
     """Decode rows twice: back to back (`bench_stream_ms`), then one call per replay after an
     L2 flush (`bench_ms`)."""
@@ -387,9 +417,10 @@ def print_fp8_table(results: list[dict]) -> None:
           f"{'bf16 GB/s':>9} {'bf16 us':>8} {'time fp8/bf16':>13}  (back to back | one call)")
     for r in results:
         if r["kind"] == "decode":
-            print(f"{r['shape'][:26]:26} {r['auto_splits']:>5} {r['ours_stream_gbps']:9.0f} "
-                  f"{r['ours_stream_ms'] * 1e3:8.1f} {r['bf16_stream_gbps']:9.0f} "
-                  f"{r['bf16_stream_ms'] * 1e3:8.1f} {r['stream_time_vs_bf16']:13.3f} | "
+            print(f"{r['shape'][:26]:26} {r['auto_splits']:>5} "
+                  f"{_num(r['ours_stream_gbps'], '9.0f')} {_num(r['ours_stream_ms'], '8.1f', 1e3)} "
+                  f"{_num(r['bf16_stream_gbps'], '9.0f')} {_num(r['bf16_stream_ms'], '8.1f', 1e3)} "
+                  f"{_num(r['stream_time_vs_bf16'], '13.3f')} | "
                   f"{r['ours_ms'] * 1e3:.1f} / {r['bf16_ms'] * 1e3:.1f} us = "
                   f"{r['time_vs_bf16']:.3f}")
         else:
@@ -411,7 +442,7 @@ def print_tables(results: list[dict]) -> None:
         print(f"{label[:26]:26} {r['auto_splits']:>5} {r['ours_gbps']:10.0f} {_gb(r, 'split1')} "
               f"{_gb(r, 'naive')} {_gb(r, 'sdpa')} {r['ours_ms'] * 1e3:8.1f} "
               f"{r['ours_eager_ms'] * 1e3:8.1f} {r['ours_tok_per_s']:10.0f} "
-              f"{r['ours_stream_ms'] * 1e3:15.1f}")
+              f"{_num(r['ours_stream_ms'], '15.1f', 1e3)}")
     for r in results:
         for key in ("sweep_splits", "sweep_configs"):
             if key in r:

@@ -139,7 +139,9 @@ from pagedrt.ops.triton_utils import (
     v_dim_major,
 )
 
-MIN_PARTITION_TOKENS = 256  # a split-K partition shorter than this costs more than it hides
+# `_decode_kernel`'s shortest split-K partition: a shorter one costs more than it hides (the
+# FP8 cache's warp tiles go down to 64: `_decode_launch_config`)
+MIN_PARTITION_TOKENS = 256
 MAX_SPLITS = 64
 MIN_REDUCE_COUNTERS = 65536  # (sequence, KV head) pairs the first counter tensor has room for
 
@@ -456,7 +458,10 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sm
     least min_partition_tokens long and at most MAX_SPLITS partitions. programs_per_sm is 4
     for `_decode_kernel`'s 4-warp programs and 8 for the FP8 cache's one-warp warp-tile
     programs; min_partition_tokens MIN_PARTITION_TOKENS (256) for `_decode_kernel`, 64 (two
-    32-token tiles) for the warp tiles (`_decode_launch_config`, measured there).
+    32-token tiles) for the FP8 cache's warp tiles (`_decode_launch_config`, measured there).
+    The engine's captured decode passes the block table's width as max_context, so at batch
+    1 an FP8 cache's table of 4,096 tokens gets 64 partitions whatever the real lengths; the
+    ones past a sequence's end read nothing.
     """
     programs = num_seqs * num_kv_heads
     if programs >= 3 * num_sms:
@@ -522,8 +527,8 @@ def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: boo
     PAGEDRT_DECODE_FUSED_REDUCE and PAGEDRT_DECODE_BT_PREFETCH as the launch does.
 
     Raises:
-        ValueError: config's warp_tiles not a power of two >= 1 dividing num_kv_heads, or
-            num_splits < 1.
+        ValueError: config's warp_tiles not a power of two >= 1 dividing num_kv_heads, its
+            programs_per_sm or min_partition_tokens not an int >= 1, or num_splits < 1.
     """
     # the warp-tile kernel has no window, fused reduce or block-table prefetch (a given
     # config runs warp tiles only where it names them)
@@ -537,6 +542,10 @@ def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: boo
         raise ValueError(f"config warp_tiles={n!r} (KV heads per program) must be a power "
                          f"of two >= 1 dividing num_kv_heads={num_kv_heads}; give 1 for "
                          f"one head per program, or 0 for _decode_kernel")
+    for key in ("programs_per_sm", "min_partition_tokens"):
+        value = tuned.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"config {key}={value!r} must be an int >= 1")
     if num_splits is None:
         num_splits = choose_num_splits(
             num_seqs, num_kv_heads // max(n, 1), max_context, num_sms,
@@ -583,9 +592,10 @@ def paged_attention_decode_triton(
             warp-tile kernel of `attention_decode_warp_triton` with N KV heads per program, N
             a power of two dividing num_kv_heads; ignored with a sliding window, the fused
             reduce or the block-table prefetch, which only `_decode_kernel` has),
-            "programs_per_sm" (the split heuristic's target for warp tiles; default 4) and
-            "min_partition_tokens" (its shortest partition for warp tiles; default
-            MIN_PARTITION_TOKENS, 256)).
+            "programs_per_sm" (the split heuristic's target for warp tiles) and
+            "min_partition_tokens" (its shortest partition for warp tiles); keys left out
+            come from `_decode_launch_config` (8 and 64 over an FP8 cache at head_dim 64 or
+            128, else 4 and MIN_PARTITION_TOKENS).
             None: the default (`_decode_launch_config`; over an FP8 cache, warp tiles where
             they can run); a given config runs `_decode_kernel` unless it names warp_tiles.
             `decode_launch_plan` says what a call launches.
