@@ -60,14 +60,14 @@ att = load("attention_fp8")
 if att:
     print(f"{'decode kernel':24} {'fp8 us':>8} {'bf16 us':>8} {'fp8/bf16':>8} {'fp8 GB/s':>9} "
           f"{'bf16 GB/s':>9}   back to back | one call per replay")
-    def num(r, key, spec, scale=1.0):  # "-" where a run has no such time
-        value = r.get(key)
-        return "-".rjust(int(spec.split(".")[0])) if value is None else format(value * scale, spec)
+    from pagedrt.bench.attention import format_or_dash as num  # "-" for a time not taken
     for r in att["results"]:
         if r["kind"] == "decode":
-            print(f"{r['shape']:24} {num(r, 'ours_stream_ms', '8.1f', 1e3)} "
-                  f"{num(r, 'bf16_stream_ms', '8.1f', 1e3)} {num(r, 'stream_time_vs_bf16', '8.3f')} "
-                  f"{num(r, 'ours_stream_gbps', '9.0f')} {num(r, 'bf16_stream_gbps', '9.0f')} | "
+            print(f"{r['shape']:24} {num(r.get('ours_stream_ms'), '8.1f', 1e3)} "
+                  f"{num(r.get('bf16_stream_ms'), '8.1f', 1e3)} "
+                  f"{num(r.get('stream_time_vs_bf16'), '8.3f')} "
+                  f"{num(r.get('ours_stream_gbps'), '9.0f')} "
+                  f"{num(r.get('bf16_stream_gbps'), '9.0f')} | "
                   f"{r['ours_ms']*1e3:.1f} / {r['bf16_ms']*1e3:.1f} = {r['time_vs_bf16']:.3f}")
         else:
             print(f"{r['shape']:24} {r['ours_ms']*1e3:8.1f} {r['bf16_ms']*1e3:8.1f} "

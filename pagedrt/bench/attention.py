@@ -86,10 +86,9 @@ def bench_ms(fn, graph: bool = True) -> float:
 
 
 def paged_inputs(num_seqs, context, num_heads, num_kv_heads, head_dim, copies=1):
-    """Full-length sequences in shuffled blocks (a realistic scattered cache). With copies > 1
-    the cache holds `copies` batches' blocks and the block tables are [copies, num_seqs,
-    blocks_per_seq], each batch's blocks its own (`bench_stream_ms`); else [num_seqs,
-    blocks_per_seq]."""
+    """Full-length sequences in shuffled blocks (a realistic scattered cache), `copies`
+    batches' worth of them: block tables [copies, num_seqs, blocks_per_seq], each batch's
+    blocks its own (`bench_stream_ms` cycles over them; a single call uses tables[0])."""
     blocks_per_seq = -(-context // BLOCK_SIZE)
     num_blocks = copies * num_seqs * blocks_per_seq
     shape = (num_blocks, BLOCK_SIZE, num_kv_heads, head_dim)
@@ -98,7 +97,7 @@ def paged_inputs(num_seqs, context, num_heads, num_kv_heads, head_dim, copies=1)
     bt = torch.randperm(num_blocks, device="cuda").view(copies, num_seqs, blocks_per_seq).int()
     seq_lens = torch.full((num_seqs,), context, dtype=torch.int32, device="cuda")
     query = torch.randn(num_seqs, num_heads, head_dim, device="cuda", dtype=DTYPE)
-    return query, k_cache, v_cache, bt if copies > 1 else bt[0], seq_lens
+    return query, k_cache, v_cache, bt, seq_lens
 
 
 STREAM_CALLS = 16  # calls per graph replay in `bench_stream_ms` (at least)
@@ -206,7 +205,7 @@ def decode_row(name, num_seqs, context, num_heads, num_kv_heads, head_dim, peers
         2 * num_seqs * context * num_kv_heads * (head_dim + 4 if fp8 else 2 * head_dim))
     query, k_cache, v_cache, tables, seq_lens = paged_inputs(
         num_seqs, context, num_heads, num_kv_heads, head_dim, copies=copies)
-    bt = tables[0] if copies > 1 else tables
+    bt = tables[0]
     bf16_bytes = 2 * num_seqs * seen * num_kv_heads * head_dim * k_cache.element_size()
     scales = {}
     if fp8:
@@ -240,19 +239,19 @@ def decode_row(name, num_seqs, context, num_heads, num_kv_heads, head_dim, peers
     row["ours_eager_ms"] = bench_ms(lambda: tri.paged_attention_decode_triton(
         query, k_cache, v_cache, bt, seq_lens, scale, max_seq_len=context,
         sliding_window=window, **scales), graph=False)
+
+    def stream_ms(k, v, **kv_scales) -> float | None:  # back to back over k, v (no window)
+        return bench_stream_ms(lambda t: tri.paged_attention_decode_triton(
+            query, k, v, t, seq_lens, scale, max_seq_len=context, **kv_scales),
+            tables) if copies > 1 else None
+
     row["stream_copies"] = copies if copies > 1 else None
-    record("ours_stream", copies > 1 and bench_stream_ms(
-        lambda t: tri.paged_attention_decode_triton(query, k_cache, v_cache, t, seq_lens, scale,
-                                                    max_seq_len=context, **scales), tables)
-        or None)
+    record("ours_stream", stream_ms(k_cache, v_cache, **scales))
     if fp8:  # the same kernel over the bf16 cache these values came from
         record("bf16", bench_ms(lambda: tri.paged_attention_decode_triton(
             query, bf16_k, bf16_v, bt, seq_lens, scale, max_seq_len=context,
             sliding_window=window)), bf16_bytes)
-        record("bf16_stream", copies > 1 and bench_stream_ms(
-            lambda t: tri.paged_attention_decode_triton(query, bf16_k, bf16_v, t, seq_lens,
-                                                        scale, max_seq_len=context), tables)
-            or None, bf16_bytes)
+        record("bf16_stream", stream_ms(bf16_k, bf16_v), bf16_bytes)
         row["bf16_kv_bytes"] = bf16_bytes
         row["time_vs_bf16"] = row["ours_ms"] / row["bf16_ms"]
         row["stream_time_vs_bf16"] = (row["ours_stream_ms"] / row["bf16_stream_ms"]
@@ -296,8 +295,9 @@ def extend_row(sweep=False, num_tokens=4096, num_heads=32, num_kv_heads=8, head_
     the step's K/V rows the writer left as the cache holds them (FRESH_CHUNK_KV, no window),
     and "from_cache" reading every key from the FP8 cache (what a chunk's cached prefix
     costs)."""
-    query, k_cache, v_cache, bt, seq_lens = paged_inputs(1, num_tokens, num_heads, num_kv_heads,
-                                                         head_dim)
+    query, k_cache, v_cache, tables, seq_lens = paged_inputs(1, num_tokens, num_heads,
+                                                             num_kv_heads, head_dim)
+    bt = tables[0]
     query = torch.randn(num_tokens, num_heads, head_dim, device="cuda", dtype=DTYPE)
     cu = torch.tensor([0, num_tokens], dtype=torch.int32, device="cuda")
     scale = head_dim ** -0.5
@@ -403,7 +403,7 @@ def _gb(row: dict, key: str) -> str:
     return f"{value:8.0f}" if value else f"{'-':>8}"
 
 
-def _num(value, spec: str, scale: float = 1.0) -> str:
+def format_or_dash(value, spec: str, scale: float = 1.0) -> str:
     """value * scale formatted by spec, or "-" as wide when value is None (a time not taken)."""
     if value is None:
         return "-".rjust(int(spec.split(".")[0] or 0))
@@ -417,10 +417,11 @@ def print_fp8_table(results: list[dict]) -> None:
           f"{'bf16 GB/s':>9} {'bf16 us':>8} {'time fp8/bf16':>13}  (back to back | one call)")
     for r in results:
         if r["kind"] == "decode":
+            num = format_or_dash
             print(f"{r['shape'][:26]:26} {r['auto_splits']:>5} "
-                  f"{_num(r['ours_stream_gbps'], '9.0f')} {_num(r['ours_stream_ms'], '8.1f', 1e3)} "
-                  f"{_num(r['bf16_stream_gbps'], '9.0f')} {_num(r['bf16_stream_ms'], '8.1f', 1e3)} "
-                  f"{_num(r['stream_time_vs_bf16'], '13.3f')} | "
+                  f"{num(r['ours_stream_gbps'], '9.0f')} {num(r['ours_stream_ms'], '8.1f', 1e3)} "
+                  f"{num(r['bf16_stream_gbps'], '9.0f')} {num(r['bf16_stream_ms'], '8.1f', 1e3)} "
+                  f"{num(r['stream_time_vs_bf16'], '13.3f')} | "
                   f"{r['ours_ms'] * 1e3:.1f} / {r['bf16_ms'] * 1e3:.1f} us = "
                   f"{r['time_vs_bf16']:.3f}")
         else:
@@ -442,7 +443,7 @@ def print_tables(results: list[dict]) -> None:
         print(f"{label[:26]:26} {r['auto_splits']:>5} {r['ours_gbps']:10.0f} {_gb(r, 'split1')} "
               f"{_gb(r, 'naive')} {_gb(r, 'sdpa')} {r['ours_ms'] * 1e3:8.1f} "
               f"{r['ours_eager_ms'] * 1e3:8.1f} {r['ours_tok_per_s']:10.0f} "
-              f"{_num(r['ours_stream_ms'], '15.1f', 1e3)}")
+              f"{format_or_dash(r['ours_stream_ms'], '15.1f', 1e3)}")
     for r in results:
         for key in ("sweep_splits", "sweep_configs"):
             if key in r:

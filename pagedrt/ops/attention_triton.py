@@ -516,6 +516,11 @@ def _decode_launch_config(head_dim: int, kv_bytes: int = 2, warp_tiles: bool = T
     return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3}
 
 
+def _positive_int(value) -> bool:
+    """An int >= 1 (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: bool,
                        max_context: int, num_sms: int, num_splits: int | None = None,
                        config: dict | None = None, sliding_window: int | None = None
@@ -537,15 +542,13 @@ def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: boo
     warp_ok = warp_ok and (config is None or bool(config.get("warp_tiles")))
     tuned = {**_decode_launch_config(head_dim, 1 if fp8 else 2, warp_ok), **(config or {})}
     n = tuned.get("warp_tiles", 0) if warp_ok else 0  # KV heads per warp-tile program
-    if n and (not isinstance(n, int) or isinstance(n, bool) or n < 1 or n & (n - 1)
-              or num_kv_heads % n):
+    if n and (not _positive_int(n) or n & (n - 1) or num_kv_heads % n):
         raise ValueError(f"config warp_tiles={n!r} (KV heads per program) must be a power "
                          f"of two >= 1 dividing num_kv_heads={num_kv_heads}; give 1 for "
                          f"one head per program, or 0 for _decode_kernel")
     for key in ("programs_per_sm", "min_partition_tokens"):
-        value = tuned.get(key, 1)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"config {key}={value!r} must be an int >= 1")
+        if not _positive_int(tuned.get(key, 1)):
+            raise ValueError(f"config {key}={tuned[key]!r} must be an int >= 1")
     if num_splits is None:
         num_splits = choose_num_splits(
             num_seqs, num_kv_heads // max(n, 1), max_context, num_sms,
