@@ -5,14 +5,16 @@ the PyTorch reference first. A tuning diagnostic for the H200, not a benchmark o
     PYTHONPATH=$PWD python3 benchmarks/decode_tune.py --out DIR [--quick]
         [--cases llama3-8b:64:4096,qwen2-0.5b:64:2048] [--kv-cache-dtype auto|fp8|both]
         [--small-grid | --default-only] [--block-n 64,128] [--warps 4,8] [--stages 2,3]
-        [--splits 1,2] [--maxnreg 0,168] [--fused-reduce 0,1] [--warp-tiles 0,1] [--shard I/N]
-        [--k-head-major]
+        [--splits 1,2] [--maxnreg 0,168] [--fused-reduce 0,1] [--warp-tiles 0,1]
+        [--reduce-heads 0,1,8] [--shard I/N] [--k-head-major]
 
 `--block-n`, `--warps`, `--stages`, `--splits` and `--maxnreg` (a register cap per thread
 passed to Triton's compiler, 0 for none) replace the full grid's axes; `--splits 0` is each
 setting's split count as the launch would pick it (`decode_launch_plan`). `--warp-tiles 0,1,2`
 adds the warp-tile kernel (`pagedrt.ops.attention_decode_warp_triton`: one 16-token slice of
-each tile per warp; N >= 1 KV heads per program, 0 `_decode_kernel`) as an axis.
+each tile per warp; N >= 1 KV heads per program, 0 `_decode_kernel`) as an axis, and
+`--reduce-heads 0,1,8` the query heads per split-K reduce program (0: the launch's,
+`reduce_heads_per_program`; with `--default-only`, the default launch with each).
 `--fused-reduce 0,1`
 times each split setting with the split-K reduce in a second kernel (0, the default) and
 folded into the attention kernel (1: PAGEDRT_DECODE_FUSED_REDUCE=1 around the call; settings
@@ -89,8 +91,9 @@ def make_case(num_seqs, ctx, num_heads, num_kv_heads, head_dim, block_size=16, s
 def timing_at(timings: list[dict], setting: dict) -> dict | None:
     """The first of `timings` taken at `setting` (its keys, maxnreg and warp_tiles; absent =
     0)."""
-    return next((t for t in timings if all(t.get(key, 0) == setting.get(key, 0)
-                                           for key in (*setting, "maxnreg", "warp_tiles"))),
+    return next((t for t in timings if all(
+        t.get(key, 0) == setting.get(key, 0)
+        for key in (*setting, "maxnreg", "warp_tiles", "reduce_heads"))),
                 None)
 
 
@@ -136,7 +139,7 @@ def main() -> None:
                    help="only the default launch setting (x --fused-reduce)")
     for axis, default in (("block-n", "32,64,128"), ("warps", "2,4,8"), ("stages", "2,3,4"),
                           ("splits", "1,2,4,8"), ("maxnreg", "0"), ("fused-reduce", "0"),
-                          ("warp-tiles", "0")):
+                          ("warp-tiles", "0"), ("reduce-heads", "0")):
         # (0 allowed: --maxnreg 0 is no cap, --fused-reduce 0 the reduce kernel)
         ints = functools.partial(int_list, minimum=0)
         p.add_argument(f"--{axis}", type=ints, default=ints(default),
@@ -156,7 +159,8 @@ def main() -> None:
     if args.quick:
         cases = cases[:2]
     grid = list(itertools.product(args.block_n, args.warps, args.stages, args.splits,
-                                  args.maxnreg, args.fused_reduce, args.warp_tiles))
+                                  args.maxnreg, args.fused_reduce, args.warp_tiles,
+                                  args.reduce_heads))
     shard, num_shards = (int(x) for x in args.shard.split("/"))
     dtypes = ["auto", "fp8"] if args.kv_cache_dtype == "both" else [args.kv_cache_dtype]
     results, table = [], []
@@ -191,28 +195,28 @@ def main() -> None:
                                "warp_tiles": wt, "splits": sp, "fused_reduce": fused}
         default = defaults[0]
         timings = []
-        default_points = [tuple(defaults[f][key] for key in (
+        default_points = [(*(defaults[f][key] for key in (
             "BLOCK_N", "num_warps", "num_stages", "splits", "maxnreg", "fused_reduce",
-            "warp_tiles")) for f in args.fused_reduce]
+            "warp_tiles")), rh) for f in args.fused_reduce for rh in args.reduce_heads]
         run_grid = grid
         if args.small_grid:
             run_grid = list(itertools.product([32, 64, 128], [4, 8], [2, 3], [0], [0],
-                                              args.fused_reduce, [0]))
+                                              args.fused_reduce, [0], [0]))
         if args.default_only:
             run_grid = []
 
         shape = (num_seqs, kvh, d, kv_dtype == "fp8", ctx, sms)
         run_grid = list(dict.fromkeys(
-            (bn, w, st, sp or plan_splits(shape, bn, w, st, r, f, wt), r, f, wt)
-            for bn, w, st, sp, r, f, wt in run_grid))
+            (bn, w, st, sp or plan_splits(shape, bn, w, st, r, f, wt), r, f, wt, rh)
+            for bn, w, st, sp, r, f, wt, rh in run_grid))
         run_grid = run_grid + [x for x in default_points if x not in run_grid]
         # one split has no reduce to fold: its fused setting would time the same launch again
         run_grid = [x for x in run_grid if not (x[5] and x[3] == 1)]
-        for bn, warps, stages, splits, maxnreg, fused, wt in run_grid[shard::num_shards]:
+        for bn, warps, stages, splits, maxnreg, fused, wt, rh in run_grid[shard::num_shards]:
             if model == "llama3-8b" and bn == 128 and kv_dtype != "fp8":
                 continue
             cfg = {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "maxnreg": maxnreg,
-                   "warp_tiles": wt}
+                   "warp_tiles": wt, **({"reduce_heads": rh} if rh else {})}
             setting = {**cfg, "splits": splits, "fused_reduce": fused}
             try:
                 with fused_reduce_env(fused):
@@ -251,9 +255,11 @@ def main() -> None:
                      f" | best {best['ms']*1e3:7.1f} us "
                      f"({best['tb_s']:.2f} TB/s) BN{best['BLOCK_N']} w{best['num_warps']} "
                      f"s{best['num_stages']} sp{best['splits']} r{best.get('maxnreg', 0)} "
-                     f"f{best['fused_reduce']} wt{best['warp_tiles']} | next: " + ", ".join(
+                     f"f{best['fused_reduce']} wt{best['warp_tiles']} "
+                     f"rh{best.get('reduce_heads', 0)} | next: " + ", ".join(
                          f"BN{t['BLOCK_N']}w{t['num_warps']}s{t['num_stages']}sp{t['splits']}"
                          f"r{t.get('maxnreg', 0)}f{t['fused_reduce']}wt{t['warp_tiles']}"
+                         f"rh{t.get('reduce_heads', 0)}"
                          f"={t['ms']*1e3:.1f}"
                          for t in ok[1:6]))
         print(table[-1], flush=True)

@@ -224,6 +224,11 @@ def test_split_heuristic(monkeypatch):
     plan = tri.decode_launch_plan(1, 8, 128, True, 4096, 132)  # the FP8 default uses both
     assert plan[1:] == (1, 64)
     assert tri.decode_launch_plan(1, 8, 128, False, 4096, 132)[1:] == (0, 16)  # bf16: 256
+    # 16-bit caches at head_dim 64: warp tiles, 4 programs per SM, partitions down to 32
+    assert tri.decode_launch_plan(1, 2, 64, False, 512, 132)[1:] == (1, 16)
+    assert tri.decode_launch_plan(64, 2, 64, False, 2048, 132)[1:] == (1, 4)
+    # ... not an fp32 cache (kv_bytes 4): `_decode_kernel`'s 256-token partitions
+    assert tri.decode_launch_plan(1, 2, 64, False, 512, 132, kv_bytes=4)[1:] == (0, 2)
     # a tuning config inherits the keys it leaves out from the default launch's
     warp = {"BLOCK_N": 64, "num_warps": 2, "num_stages": 5, "warp_tiles": 1}
     assert tri.decode_launch_plan(1, 8, 128, True, 4096, 132, config=warp)[1:] == (1, 64)
@@ -233,6 +238,38 @@ def test_split_heuristic(monkeypatch):
         with pytest.raises(ValueError, match=f"min_partition_tokens={bad!r}"):
             tri.decode_launch_plan(1, 8, 128, True, 4096, 132,
                                    config={**warp, "min_partition_tokens": bad})
+
+
+def test_reduce_heads_per_program():
+    """The split-K reduce's query heads per program: the fewest programs up to one per SM,
+    within REDUCE_TILE_ELEMENTS partials per program."""
+    assert tri.reduce_heads_per_program(64, 14, 8, 64, 132) == 8  # 128 programs
+    assert tri.reduce_heads_per_program(16, 14, 32, 64, 132) == 2  # 112
+    assert tri.reduce_heads_per_program(1, 14, 64, 64, 132) == 1  # 14 already
+    assert tri.reduce_heads_per_program(256, 2, 2, 64, 132) == 2  # at most the heads
+    assert tri.reduce_heads_per_program(64, 32, 64, 128, 132) == 1  # tile limit
+    assert tri.reduce_heads_per_program(64, 32, 8, 128, 132) == 8  # 8 * 8 * 128 = 8192
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_reduce_heads_blocks_combine_alike(dtype):
+    """The split-K reduce with 1 to 16 query heads per program (14 heads: the last block
+    partly masked) gives the same output bit for bit, and the reference's."""
+    lens = [1, 15, 16, 17, 64, 100]
+    k_cache, v_cache, bt, seq_lens = make_paged_kv(lens, 2, 32, 16, dtype)
+    query = torch.randn(len(lens), 14, 32).to(dtype)
+    expected = ref.paged_attention_decode_reference(query.float(), k_cache.float(),
+                                                    v_cache.float(), bt, seq_lens, 0.2)
+    outs = [tri.paged_attention_decode_triton(query, k_cache, v_cache, bt, seq_lens, 0.2, 3,
+                                              config={"reduce_heads": heads})
+            for heads in (1, 2, 4, 8, 16)]
+    assert_close(outs[0], expected, dtype)
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
+    for bad in (3, 0, 2.0):
+        with pytest.raises(ValueError, match=f"reduce_heads={bad!r}"):
+            tri.paged_attention_decode_triton(query, k_cache, v_cache, bt, seq_lens, 0.2, 3,
+                                              config={"reduce_heads": bad})
 
 
 def test_contract_errors():

@@ -76,9 +76,9 @@ def reduce_launches(monkeypatch) -> list:
 
 @pytest.fixture
 def combines(monkeypatch) -> list:
-    """Counts the calls of `_combine_partials` (one per (sequence, query head) combined, from
-    either kernel): the interpreter runs a kernel as Python, looking the helper up in the
-    module at each call. In the interpreter's one-at-a-time order a program that combined too
+    """Counts the (sequence, query head) pairs `_combine_partials` combines (its row_mask's
+    true entries; a call combines a block of pairs), from either kernel: the interpreter runs
+    a kernel as Python, looking the helper up in the module at each call. In the interpreter's one-at-a-time order a program that combined too
     early would still be followed by the right one (each resets the counter, so every later
     program would combine again, the last one with every partial stored): a count of the
     combines is what shows it."""
@@ -86,7 +86,8 @@ def combines(monkeypatch) -> list:
     helper = tri._combine_partials
 
     def counting(*args):
-        calls.append(1)
+        row_mask = args[3]  # an interpreter tensor: its values are a numpy array
+        calls.extend([1] * int(row_mask.handle.data.sum()))
         return helper(*args)
 
     monkeypatch.setattr(tri, "_combine_partials", counting)

@@ -154,7 +154,8 @@ def test_fp8_default_launch_runs_warp_tiles_and_a_window_runs_the_plain_kernel(m
     """An FP8 cache's default decode (no config) is the warp-tile kernel at
     `_decode_launch_config`'s BLOCK_N 32 (SUB 2), split or not; with a sliding window, the
     fused reduce or the block-table prefetch it is `_decode_kernel` (which alone has them);
-    a bf16-style (fp32 here) cache never runs warp tiles. Each matches the reference."""
+    an fp32 cache's default never runs warp tiles (16-bit ones do at head_dim 64:
+    test_16_bit_default_launch_runs_warp_tiles). Each matches the reference."""
     recorder = _Recorder(tri._decode_warp_kernel)
     monkeypatch.setattr(tri, "_decode_warp_kernel", recorder)
     if env:
@@ -179,6 +180,25 @@ def test_fp8_default_launch_runs_warp_tiles_and_a_window_runs_the_plain_kernel(m
     assert_close(out, ref.paged_attention_decode_reference(query, k32, v32, bt, seq_lens, 0.2),
                  torch.float32)
     assert recorder.launches == []
+
+
+def test_16_bit_default_launch_runs_warp_tiles(monkeypatch):
+    """A 16-bit cache's default decode at head_dim 64 is the warp-tile kernel (BLOCK_N 32,
+    SUB 2), split or not, and `_decode_kernel` at head_dim 128 (`_decode_launch_config`);
+    each matches the reference, over block-boundary lengths and NaN in unused slots."""
+    recorder = _Recorder(tri._decode_warp_kernel)
+    monkeypatch.setattr(tri, "_decode_warp_kernel", recorder)
+    lens = [1, 31, 32, 33, 100]
+    for head_dim, launches in ((64, [2]), (128, [])):
+        k, v, bt, seq_lens = make_paged_kv(lens, 2, head_dim, 16, torch.float16)
+        query = torch.randn(len(lens), 6, head_dim).half()
+        expected = ref.paged_attention_decode_reference(query.float(), k.float(), v.float(),
+                                                        bt, seq_lens, 0.2)
+        for num_splits in (None, 3):
+            recorder.launches = []
+            out = tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, 0.2, num_splits)
+            assert_close(out, expected, torch.float16)
+            assert recorder.launches == launches, (head_dim, num_splits)
 
 
 def test_warp_tile_shape():

@@ -143,6 +143,8 @@ from pagedrt.ops.triton_utils import (
 # FP8 cache's warp tiles go down to 64: `_decode_launch_config`)
 MIN_PARTITION_TOKENS = 256
 MAX_SPLITS = 64
+# fp32 partials one `_decode_reduce_kernel` program combines at most (64 per thread at 4 warps)
+REDUCE_TILE_ELEMENTS = 8192
 MIN_REDUCE_COUNTERS = 65536  # (sequence, KV head) pairs the first counter tensor has room for
 
 # the fused reduce's counters (module doc, "Fused reduce"): device -> int32 tensor of zeros
@@ -269,28 +271,31 @@ def _decode_tile(
 
 
 @triton.jit
-def _combine_partials(part_out_ptr, part_lse_ptr, row, num_splits, HEAD_DIM: tl.constexpr,
-                      SPLITS_PAD: tl.constexpr, CACHE: tl.constexpr):
-    """The split-K combine of one (sequence, query head): its num_splits partial outputs
-    part_out[row:row + num_splits, :HEAD_DIM] (fp32, each normalised over its partition) and
-    log-sum-exps part_lse[row:row + num_splits] (fp32, log2 domain; -inf for an empty
-    partition, whose weight is then 0), with row = (seq * num_heads + head) * num_splits,
-    weighted by exp2(lse_i - max lse) / sum of the weights. Loads with cache modifier CACHE
-    ("" or ".cg"). Returns [HEAD_DIM] fp32 (0 if every partition is empty, which a sequence of
-    seq_len >= 1 never has). Used by `_decode_reduce_kernel` and `_decode_kernel`'s
-    FUSED_REDUCE, so that both combine alike."""
+def _combine_partials(part_out_ptr, part_lse_ptr, rows, row_mask, num_splits,
+                      HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, CACHE: tl.constexpr):
+    """The split-K combine of a block of (sequence, query head) pairs: for each, its
+    num_splits partial outputs part_out[row:row + num_splits, :HEAD_DIM] (fp32, each
+    normalised over its partition) and log-sum-exps part_lse[row:row + num_splits] (fp32,
+    log2 domain; -inf for an empty partition, whose weight is then 0), with row = (seq *
+    num_heads + head) * num_splits given per pair in `rows` [HEADS] (pairs where `row_mask`
+    [HEADS] is False are not read), weighted by exp2(lse_i - max lse) / sum of the weights.
+    Loads with cache modifier CACHE ("" or ".cg"). Returns [HEADS, HEAD_DIM] fp32 (0 for a
+    pair whose partitions are all empty, which a sequence of seq_len >= 1 never has). Used
+    by `_decode_reduce_kernel` and `_decode_kernel`'s FUSED_REDUCE, so that both combine
+    alike."""
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
-    s_mask = offs_s < num_splits
-    lse = tl.load(part_lse_ptr + row + offs_s, mask=s_mask, other=float("-inf"),
-                  cache_modifier=CACHE)
-    lse_max = tl.max(lse, 0)
+    mask = row_mask[:, None] & (offs_s < num_splits)[None, :]  # [HEADS, SPLITS_PAD]
+    idx = rows[:, None] + offs_s[None, :]
+    lse = tl.load(part_lse_ptr + idx, mask=mask, other=float("-inf"), cache_modifier=CACHE)
     valid = lse > float("-inf")
-    weight = tl.where(valid, tl.exp2(tl.where(valid, lse - lse_max, 0.0)), 0.0)
-    part = tl.load(part_out_ptr + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                   mask=s_mask[:, None], other=0.0, cache_modifier=CACHE)
-    total = tl.sum(weight, 0)
-    return tl.sum(part * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
+    lse_max = tl.max(lse, 1)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # a masked pair: no -inf - -inf
+    weight = tl.where(valid, tl.exp2(tl.where(valid, lse - lse_max[:, None], 0.0)), 0.0)
+    part = tl.load(part_out_ptr + idx[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+                   mask=mask[:, :, None], other=0.0, cache_modifier=CACHE)
+    total = tl.sum(weight, 1)
+    return tl.sum(part * weight[:, :, None], 1) / tl.where(total > 0, total, 1.0)[:, None]
 
 
 @triton.jit
@@ -405,14 +410,14 @@ def _decode_kernel(
             counter = counters_ptr + seq * tl.num_programs(0) + kv_head
             count = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if count == num_splits - 1:  # the last one here: every partial is stored
-                for g in range(GROUP):
-                    head = kv_head * GROUP + g
-                    # .cg: read from L2, where the other SMs' stores are, never a stale L1 line
-                    combined = _combine_partials(
-                        part_out_ptr, part_lse_ptr, (seq * num_heads + head) * num_splits,
-                        num_splits, HEAD_DIM, SPLITS_PAD, ".cg")
-                    tl.store(out_ptr + seq * stride_os + head * stride_oh + offs_d,
-                             combined.to(out_ptr.dtype.element_ty))
+                # the GROUP query heads at once; .cg: read from L2, where the other SMs'
+                # stores are, never a stale L1 line
+                combined = _combine_partials(
+                    part_out_ptr, part_lse_ptr, (seq * num_heads + heads) * num_splits, g_mask,
+                    num_splits, HEAD_DIM, SPLITS_PAD, ".cg")
+                tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh
+                         + offs_d[None, :], combined.to(out_ptr.dtype.element_ty),
+                         mask=g_mask[:, None])
                 tl.store(counter, 0)  # ready for the next launch (and graph replay)
     else:
         tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :],
@@ -429,15 +434,41 @@ def _decode_reduce_kernel(
     num_splits,
     HEAD_DIM: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
+    HEADS: tl.constexpr = 1,  # query heads per program (`reduce_heads_per_program`)
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_enabled)
 ):
     pdl_prologue(PDL)
-    head = tl.program_id(0)
+    heads = tl.program_id(0) * HEADS + tl.arange(0, HEADS)
     seq = tl.program_id(1).to(tl.int64)
-    out = _combine_partials(part_out_ptr, part_lse_ptr, (seq * num_heads + head) * num_splits,
-                            num_splits, HEAD_DIM, SPLITS_PAD, "")
-    tl.store(out_ptr + seq * stride_os + head * stride_oh + tl.arange(0, HEAD_DIM),
-             out.to(out_ptr.dtype.element_ty))
+    h_mask = heads < num_heads
+    out = _combine_partials(part_out_ptr, part_lse_ptr, (seq * num_heads + heads) * num_splits,
+                            h_mask, num_splits, HEAD_DIM, SPLITS_PAD, "")
+    tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh
+             + tl.arange(0, HEAD_DIM)[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=h_mask[:, None])
+
+
+def reduce_heads_per_program(num_seqs: int, num_heads: int, num_splits: int, head_dim: int,
+                             num_sms: int) -> int:
+    """Query heads per `_decode_reduce_kernel` program: the smallest power of two that
+    brings the programs (num_seqs * cdiv(num_heads, heads)) to num_sms or fewer, while a
+    program's partials (heads * next_pow2(num_splits) * head_dim fp32) stay within
+    REDUCE_TILE_ELEMENTS; at most next_pow2(num_heads).
+
+    Why: with PDL (`pdl_enabled`) the reduce's programs are launched while the split kernel
+    still runs and wait there, so they start combining the moment it ends, but only as many
+    as fit beside the split kernel's programs. One program per (sequence, query head) made
+    896 at Qwen2-0.5B heads B64 (14 heads, 8 splits) over the FP8 cache, whose one-warp
+    programs of 220 registers leave room for a few per SM: Nsight Compute timed that reduce
+    at 4.6 us against 3.9 us for B16 L16384's 224 programs, and back to back the pair took
+    28.0 against 25.0 us while the split kernels took 24.7 and 24.5 (BENCHMARKS.md, runs of
+    2026-12-03 17:10).
+    """
+    heads = 1
+    while (heads < next_pow2(num_heads) and num_seqs * triton.cdiv(num_heads, heads) > num_sms
+           and 2 * heads * next_pow2(num_splits) * head_dim <= REDUCE_TILE_ELEMENTS):
+        heads *= 2
+    return heads
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sms: int,
@@ -474,9 +505,10 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sm
 
 def _decode_launch_config(head_dim: int, kv_bytes: int = 2, warp_tiles: bool = True) -> dict:
     """The default decode launch: BLOCK_N, num_warps, num_stages; over an FP8 cache
-    (kv_bytes 1) at head_dim 64 or 128 where the warp-tile kernel can run (warp_tiles: no
-    sliding window, fused reduce or block-table prefetch) that kernel
-    (`attention_decode_warp_triton`) and its split-count target ("programs_per_sm").
+    (kv_bytes 1) at head_dim 64 or 128, and a 16-bit one (kv_bytes 2) at head_dim 64, where
+    the warp-tile kernel can run (warp_tiles: no sliding window, fused reduce or block-table
+    prefetch) that kernel (`attention_decode_warp_triton`) and its split-count settings
+    ("programs_per_sm", "min_partition_tokens").
 
     bf16/fp16/fp32 caches (`_decode_kernel`): about 16 KB of K (and of V) per tile, at most
     128 tokens (64 at head_dim 128 in bf16, 128 at 64), 4 warps, 3 stages. Measured on an
@@ -496,6 +528,15 @@ def _decode_launch_config(head_dim: int, kv_bytes: int = 2, warp_tiles: bool = T
     11.8), Qwen2-0.5B heads 7.8 against 5.7 (bf16 5.9; 2026-12-03 09:00 runs). Other head
     sizes keep `_decode_kernel` (unmeasured).
 
+    16-bit caches at head_dim 64, warp tiles: the same 32/1/5 tiles, split-K aiming at 4
+    programs per SM with partitions down to 32 tokens (one tile). Measured on an H200 at
+    Qwen2-0.5B heads (`decode_tune.py --kv-cache-dtype auto --warp-tiles 1`, 2026-12-03
+    17:10; BENCHMARKS.md): B64 L2048 22.1 us with 4 splits (3.04 TB/s; `_decode_kernel`
+    24.1), B64 L4096 38.2 (40.5), B16 L16384 37.4 with 16 splits (41.6), B8 L4096 6.8 with 32
+    (8.4), B1 L512 4.1 with 16 (5.3), B1 L4096 6.0 with 64 (5.9), B256 L640 24.9 unsplit
+    (24.8). At head_dim 128 they were slower over bf16 (Llama-3-8B heads B64 L4096 326.5
+    against 250.4 us), so other head sizes keep `_decode_kernel`.
+
     FP8 caches, `_decode_kernel` (with a window, fused reduce or block-table prefetch): it
     takes 255 registers per thread uncapped (Nsight Compute; bf16: 125), 2 programs per SM.
     At head_dim 128, BLOCK_N 128 / 4 warps / 5 stages, uncapped: at 5 stages Triton gives
@@ -508,6 +549,9 @@ def _decode_launch_config(head_dim: int, kv_bytes: int = 2, warp_tiles: bool = T
     if kv_bytes == 1 and warp_tiles and head_dim in (64, 128):  # the head sizes measured
         return {"BLOCK_N": 32, "num_warps": 1, "num_stages": 5, "warp_tiles": 1,
                 "programs_per_sm": 8, "min_partition_tokens": 64}
+    if kv_bytes == 2 and warp_tiles and head_dim == 64:
+        return {"BLOCK_N": 32, "num_warps": 1, "num_stages": 5, "warp_tiles": 1,
+                "programs_per_sm": 4, "min_partition_tokens": 32}
     block_n = max(16, min(128, 16384 // (head_dim * kv_bytes)))
     if kv_bytes == 1 and head_dim == 128:
         return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 5}
@@ -523,24 +567,29 @@ def _positive_int(value) -> bool:
 
 def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: bool,
                        max_context: int, num_sms: int, num_splits: int | None = None,
-                       config: dict | None = None, sliding_window: int | None = None
-                       ) -> tuple[dict, int, int]:
+                       config: dict | None = None, sliding_window: int | None = None,
+                       kv_bytes: int | None = None) -> tuple[dict, int, int]:
     """What `paged_attention_decode_triton` launches, without launching: (launch config,
     KV heads per warp-tile program (0: `_decode_kernel`), num_splits). max_context: the
     longest context in tokens (the window's length with a window); num_splits None: the
-    heuristic's (`choose_num_splits`, over the programs the kernel has). Reads
+    heuristic's (`choose_num_splits`, over the programs the kernel has); kv_bytes: bytes per
+    cache element, None for 1 with fp8 and 2 otherwise (a 4-byte fp32 cache gets the 16-bit
+    launch without warp tiles: unmeasured on a GPU). Reads
     PAGEDRT_DECODE_FUSED_REDUCE and PAGEDRT_DECODE_BT_PREFETCH as the launch does.
 
     Raises:
         ValueError: config's warp_tiles not a power of two >= 1 dividing num_kv_heads, its
-            programs_per_sm or min_partition_tokens not an int >= 1, or num_splits < 1.
+            programs_per_sm or min_partition_tokens not an int >= 1, its reduce_heads not a
+            power of two >= 1, or num_splits < 1.
     """
     # the warp-tile kernel has no window, fused reduce or block-table prefetch (a given
     # config runs warp tiles only where it names them)
     warp_ok = not (sliding_window or decode_bt_prefetch_requested()
                    or decode_fused_reduce_requested())
     warp_ok = warp_ok and (config is None or bool(config.get("warp_tiles")))
-    tuned = {**_decode_launch_config(head_dim, 1 if fp8 else 2, warp_ok), **(config or {})}
+    default = _decode_launch_config(head_dim, 1 if fp8 else 2,
+                                    warp_ok and (fp8 or (kv_bytes or 2) <= 2))
+    tuned = {**default, **(config or {})}
     n = tuned.get("warp_tiles", 0) if warp_ok else 0  # KV heads per warp-tile program
     if n and (not _positive_int(n) or n & (n - 1) or num_kv_heads % n):
         raise ValueError(f"config warp_tiles={n!r} (KV heads per program) must be a power "
@@ -549,6 +598,10 @@ def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: boo
     for key in ("programs_per_sm", "min_partition_tokens"):
         if not _positive_int(tuned.get(key, 1)):
             raise ValueError(f"config {key}={tuned[key]!r} must be an int >= 1")
+    heads = tuned.get("reduce_heads", 1)
+    if not _positive_int(heads) or heads & (heads - 1):
+        raise ValueError(f"config reduce_heads={heads!r} (query heads per split-K reduce "
+                         "program) must be a power of two >= 1")
     if num_splits is None:
         num_splits = choose_num_splits(
             num_seqs, num_kv_heads // max(n, 1), max_context, num_sms,
@@ -596,11 +649,14 @@ def paged_attention_decode_triton(
             a power of two dividing num_kv_heads; ignored with a sliding window, the fused
             reduce or the block-table prefetch, which only `_decode_kernel` has),
             "programs_per_sm" (the split heuristic's target for warp tiles) and
-            "min_partition_tokens" (its shortest partition for warp tiles); keys left out
-            come from `_decode_launch_config` (8 and 64 over an FP8 cache at head_dim 64 or
-            128, else 4 and MIN_PARTITION_TOKENS).
-            None: the default (`_decode_launch_config`; over an FP8 cache, warp tiles where
-            they can run); a given config runs `_decode_kernel` unless it names warp_tiles.
+            "min_partition_tokens" (its shortest partition for warp tiles), "reduce_heads"
+            (query heads per split-K reduce program, a power of two; default
+            `reduce_heads_per_program`); keys left out come from `_decode_launch_config` (8
+            and 64 over an FP8 cache at head_dim 64 or 128, 4 and 32 over a 16-bit cache at
+            head_dim 64, else 4 and MIN_PARTITION_TOKENS).
+            None: the default (`_decode_launch_config`: warp tiles where they can run over
+            an FP8 cache at head_dim 64 or 128 and a 16-bit cache at head_dim 64); a given
+            config runs `_decode_kernel` unless it names warp_tiles.
             `decode_launch_plan` says what a call launches.
         validate: check the arguments' contract (ValueError); the model's attention layers
             pass False for tensors they built (see `pagedrt.ops.fused_triton`).
@@ -638,7 +694,7 @@ def paged_attention_decode_triton(
         max_context = min(max_context, sliding_window)
     tuned, kv_heads_per_program, num_splits = decode_launch_plan(
         num_seqs, num_kv_heads, head_dim, fp8, max_context, device_sms(query), num_splits,
-        config, sliding_window)
+        config, sliding_window, k_cache.element_size())
     upcast = interpreting(query)
     split = num_splits > 1
     fused = split and decode_fused_reduce_requested()
@@ -697,17 +753,25 @@ def paged_attention_decode_triton(
            dim_major, bt_prefetch, kv_heads_per_program, fused)
     launch_first_fitting(key, configs, launch)
     if split and not fused:
-        _decode_reduce_kernel[(num_heads, num_seqs)](
+        heads = (config or {}).get("reduce_heads") or reduce_heads_per_program(
+            num_seqs, num_heads, num_splits, head_dim, device_sms(query))
+        _decode_reduce_kernel[(triton.cdiv(num_heads, heads), num_seqs)](
             part_out, part_lse, out, out.stride(0), out.stride(1), num_heads, num_splits,
-            HEAD_DIM=head_dim, SPLITS_PAD=next_pow2(num_splits), num_warps=4,
+            HEAD_DIM=head_dim, SPLITS_PAD=next_pow2(num_splits), HEADS=heads, num_warps=4,
             **pdl_launch(pdl),
         )
     return out
 
 
 __all__ = [
-    "choose_num_splits", "copy_blocks_triton", "decode_fused_reduce_requested",
+    "choose_num_splits",
+    "copy_blocks_triton",
+    "decode_fused_reduce_requested",
     "decode_launch_plan",
-    "fused_reduce_counters", "paged_attention_decode_naive_triton",
-    "paged_attention_decode_triton", "paged_attention_extend_triton", "write_kv_triton",
+    "fused_reduce_counters",
+    "paged_attention_decode_naive_triton",
+    "paged_attention_decode_triton",
+    "paged_attention_extend_triton",
+    "reduce_heads_per_program",
+    "write_kv_triton",
 ]
