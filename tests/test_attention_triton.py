@@ -227,6 +227,7 @@ def test_split_heuristic(monkeypatch):
     # 16-bit caches at head_dim 64: warp tiles, 4 programs per SM, partitions down to 32
     assert tri.decode_launch_plan(1, 2, 64, False, 512, 132)[1:] == (1, 16)
     assert tri.decode_launch_plan(64, 2, 64, False, 2048, 132)[1:] == (1, 4)
+    assert tri.decode_launch_plan(256, 2, 64, False, 640, 132)[1:] == (0, 1)  # unsplit: not
     # ... not an fp32 cache (kv_bytes 4): `_decode_kernel`'s 256-token partitions
     assert tri.decode_launch_plan(1, 2, 64, False, 512, 132, kv_bytes=4)[1:] == (0, 2)
     # a tuning config inherits the keys it leaves out from the default launch's

@@ -587,8 +587,12 @@ def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: boo
     warp_ok = not (sliding_window or decode_bt_prefetch_requested()
                    or decode_fused_reduce_requested())
     warp_ok = warp_ok and (config is None or bool(config.get("warp_tiles")))
+    # 16-bit caches: warp tiles only where the launch would split (fewer than 3 programs
+    # per SM unsplit); unsplit, at Qwen2-0.5B's 256 x 512/128, the engine's decode step took
+    # 2.07 against 1.86 ms on the H200 with them (BENCHMARKS.md, runs of 2026-12-03 17:10)
+    few = num_seqs * num_kv_heads < 3 * num_sms
     default = _decode_launch_config(head_dim, 1 if fp8 else 2,
-                                    warp_ok and (fp8 or (kv_bytes or 2) <= 2))
+                                    warp_ok and (fp8 or ((kv_bytes or 2) <= 2 and few)))
     tuned = {**default, **(config or {})}
     n = tuned.get("warp_tiles", 0) if warp_ok else 0  # KV heads per warp-tile program
     if n and (not _positive_int(n) or n & (n - 1) or num_kv_heads % n):
