@@ -1,6 +1,7 @@
 """Decode attention with one token slice per warp ("warp tiles"): the FP8 cache's default
-decode kernel, a variant of `attention_triton._decode_kernel` (docs/design.md, "FP8 KV cache";
-launch: `attention_triton._decode_launch_config`).
+decode kernel, and a 16-bit cache's at head_dim 64 where the launch splits, a variant of
+`attention_triton._decode_kernel` (docs/design.md, "FP8 KV cache"; launch:
+`attention_triton._decode_launch_config` and `decode_launch_plan`).
 
 Why: in `_decode_kernel` a tile's BLOCK_N tokens are spread over the program's warps, so
 every tile's softmax max and sum, the largest V scale and the probabilities' change of layout

@@ -3,8 +3,8 @@
 Same signatures as `attention_reference.py`. The extend (prefill) kernel lives in
 `attention_extend_triton.py`, the naive v1 decode baseline in `attention_decode_naive_triton.py`,
 the K/V movers in `kv_write_triton.py`; all are re-exported here. The warp-tile decode kernel
-(`attention_decode_warp_triton.py`; the default over an FP8 cache, the launch config's
-"warp_tiles") is launched from `paged_attention_decode_triton` with the same arguments.
+(`attention_decode_warp_triton.py`; the default over an FP8 cache, and over a 16-bit one at
+head_dim 64 where the launch splits; the launch config's "warp_tiles") is launched from `paged_attention_decode_triton` with the same arguments.
 
 Decode, GQA-aware with split-K ("flash-decoding"):
 
@@ -488,8 +488,9 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sm
     multiple of typical batch shapes, avoiding a ragged last wave), with each partition at
     least min_partition_tokens long and at most MAX_SPLITS partitions. programs_per_sm is 4
     for `_decode_kernel`'s 4-warp programs and 8 for the FP8 cache's one-warp warp-tile
-    programs; min_partition_tokens MIN_PARTITION_TOKENS (256) for `_decode_kernel`, 64 (two
-    32-token tiles) for the FP8 cache's warp tiles (`_decode_launch_config`, measured there).
+    programs (4 for a 16-bit cache's); min_partition_tokens MIN_PARTITION_TOKENS (256) for
+    `_decode_kernel`, 64 (two 32-token tiles) for the FP8 cache's warp tiles, 32 for a 16-bit
+    cache's (`_decode_launch_config`, measured there).
     The engine's captured decode passes the block table's width as max_context, so at batch
     1 an FP8 cache's table of 4,096 tokens gets 64 partitions whatever the real lengths; the
     ones past a sequence's end read nothing.
@@ -535,7 +536,9 @@ def _decode_launch_config(head_dim: int, kv_bytes: int = 2, warp_tiles: bool = T
     24.1), B64 L4096 38.2 (40.5), B16 L16384 37.4 with 16 splits (41.6), B8 L4096 6.8 with 32
     (8.4), B1 L512 4.1 with 16 (5.3), B1 L4096 6.0 with 64 (5.9), B256 L640 24.9 unsplit
     (24.8). At head_dim 128 they were slower over bf16 (Llama-3-8B heads B64 L4096 326.5
-    against 250.4 us), so other head sizes keep `_decode_kernel`.
+    against 250.4 us), so other head sizes keep `_decode_kernel`; so does an unsplit launch
+    (`decode_launch_plan`: the engine's 256-row decode step of Qwen2-0.5B took 2.07 against
+    1.86 ms with them, 2026-12-03 17:40), and fp32 caches (kv_bytes 4, unmeasured).
 
     FP8 caches, `_decode_kernel` (with a window, fused reduce or block-table prefetch): it
     takes 255 registers per thread uncapped (Nsight Compute; bf16: 125), 2 programs per SM.
