@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from pagedrt.ops.triton_utils import pdl_enabled, pdl_launch, pdl_prologue
+from pagedrt.ops.triton_utils import fastest_config, pdl_enabled, pdl_launch, pdl_prologue
 
 MAX_ROWS = 4  # rows of x (tokens) this path serves
 ENABLED = os.environ.get("PAGEDRT_GEMV", "1") != "0"  # PAGEDRT_GEMV=0: always torch
@@ -262,28 +262,6 @@ def gemv_silu_mul_triton(x: torch.Tensor, weight: torch.Tensor,
 _CHOICE: dict[tuple, tuple[int, int, int] | None] = {}  # shape key -> config, None = torch
 
 
-def _fastest(baseline, candidate, configs, rep: int) -> tuple | None:
-    """Of `configs` (iterated after `baseline` has run), the config for which
-    `candidate(config)` beats `baseline()` (and every earlier winner) by 5%, or None. Timed as the engine runs them: replayed from a CUDA graph
-    (triton.testing.do_bench_cudagraph), where launch overhead does not hide the kernels' own
-    time; each is run once first, outside the capture, to compile it."""
-    from triton.testing import do_bench_cudagraph
-
-    def timed(fn) -> float:
-        fn()
-        return do_bench_cudagraph(fn, rep=rep)
-
-    best, best_ms = None, timed(baseline)
-    for cfg in configs:
-        try:
-            ms = timed(lambda cfg=cfg: candidate(cfg))
-        except Exception:  # noqa: BLE001, S112 - a config this GPU cannot run is skipped
-            continue
-        if ms < 0.95 * best_ms:  # a clear win only
-            best, best_ms = cfg, ms
-    return best
-
-
 def _plain_key(weight: torch.Tensor, rows: int, has_bias: bool) -> tuple:
     """`_CHOICE`'s key: the weight's shape, dtype and device, the rows, whether a bias."""
     return (weight.shape, rows, weight.dtype, has_bias, weight.device.index)
@@ -300,7 +278,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if key not in _CHOICE:
         if torch.cuda.is_current_stream_capturing():
             return F.linear(x, weight, bias)
-        _CHOICE[key] = _fastest(lambda: F.linear(x, weight, bias),
+        _CHOICE[key] = fastest_config(lambda: F.linear(x, weight, bias),
                                 lambda cfg: gemv_triton(x, weight, bias, cfg), CONFIGS, rep=20)
     cfg = _CHOICE[key]
     return F.linear(x, weight, bias) if cfg is None else gemv_triton(x, weight, bias, cfg)
@@ -327,6 +305,6 @@ def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int
             plain = _CHOICE.get(_plain_key(weight, rows, has_bias))
             yield from dict.fromkeys(c for c in (plain, FUSED_DEFAULT) if c is not None)
 
-        _FUSED_CHOICE[key] = _fastest(unfused, fused, configs(), rep=10)
+        _FUSED_CHOICE[key] = fastest_config(unfused, fused, configs(), rep=10)
     cfg = _FUSED_CHOICE[key]
     return unfused() if cfg is None else fused(cfg)

@@ -285,3 +285,27 @@ def launch_first_fitting(key: tuple, configs: list[dict], launch: Callable[[dict
         _FITTING_CONFIG[key] = i
         return
     raise ValueError(f"no launch config fits this GPU's shared memory for {key}: {error}")
+
+
+def fastest_config(baseline, candidate, configs, rep: int) -> tuple | None:
+    """Of `configs` (iterated after `baseline` has run), the config for which
+    `candidate(config)` beats `baseline()` (and every earlier winner) by 5%, or None. Timed as
+    the engine runs them: replayed from a CUDA graph (triton.testing.do_bench_cudagraph),
+    where launch overhead does not hide the kernels' own time; each is run once first,
+    outside the capture, to compile it. A config the GPU cannot run is skipped. Used by the
+    skinny matmul (gemv_triton.py) and the decode matmul (matmul_triton.py)."""
+    from triton.testing import do_bench_cudagraph
+
+    def timed(fn) -> float:
+        fn()
+        return do_bench_cudagraph(fn, rep=rep)
+
+    best, best_ms = None, timed(baseline)
+    for cfg in configs:
+        try:
+            ms = timed(lambda cfg=cfg: candidate(cfg))
+        except Exception:  # noqa: BLE001, S112 - a config this GPU cannot run is skipped
+            continue
+        if ms < 0.95 * best_ms:  # a clear win only
+            best, best_ms = cfg, ms
+    return best
