@@ -64,11 +64,25 @@ def _fused():
     return fused_triton
 
 
+def _decode_matmul(x: torch.Tensor) -> bool:
+    """Whether x [M, K] is a decode batch of 8 to 256 rows on CUDA that the tiled Triton
+    matmul may take (`pagedrt.ops.matmul_triton`, chosen per shape against cuBLAS)."""
+    from pagedrt.ops.matmul_triton import ENABLED, MAX_ROWS, MIN_ROWS
+
+    return (ENABLED and x.dim() == 2 and MIN_ROWS <= x.shape[0] <= MAX_ROWS
+            and _use_fused(x))
+
+
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear; on CUDA, 1 to 4 rows go through the skinny Triton kernel where it was timed
-    faster (`pagedrt.ops.gemv_triton`)."""
+    """F.linear; on CUDA, 1 to 4 rows go through the skinny Triton kernel and 8 to 256 rows
+    through the tiled one where it was timed faster (`pagedrt.ops.gemv_triton`,
+    `pagedrt.ops.matmul_triton`)."""
     if x.dim() == 2 and x.shape[0] <= 4 and _use_fused(x):
         from pagedrt.ops.gemv_triton import linear
+
+        return linear(x, weight, bias)
+    if _decode_matmul(x):
+        from pagedrt.ops.matmul_triton import linear
 
         return linear(x, weight, bias)
     return F.linear(x, weight, bias)
@@ -344,9 +358,14 @@ class RowParallelLinear(LinearBase):
     def forward_silu_mul(self, x: torch.Tensor, act: SiluAndMul) -> torch.Tensor:
         """`self(act(x))` for x [num_tokens, 2 * input_size] (gate | up of this rank); for 1 to
         4 rows on CUDA one kernel does the activation and the matmul (`gemv_silu_mul_triton`)
-        where that was timed faster."""
+        where that was timed faster, and so for 8 to 256 rows (`matmul_triton`'s
+        `silu_mul_linear`)."""
         if not _small_batch_fusion(x, self.weight):
-            return self(act(x))
+            if not _decode_matmul(x) or self.tp_size > 1:  # (timing an all-reduce could
+                return self(act(x))  # run different counts of them on the ranks)
+            from pagedrt.ops.matmul_triton import silu_mul_linear
+
+            return silu_mul_linear(x, self.weight, self.bias, unfused=lambda: self(act(x)))
         from pagedrt.ops.gemv_triton import fused_or_unfused, gemv_silu_mul_triton
 
         bias = self.bias if self.tp_rank == 0 else None
