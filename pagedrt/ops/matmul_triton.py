@@ -4,10 +4,10 @@ SwiGLU's silu(gate) * up as the prologue of its input (issue 16's "fewer, fuller
 At these row counts a decoder's linear layers are short GEMMs (Qwen2-0.5B: K = 896 for three
 of its four, 256 x 896 outputs for two) where cuBLAS reaches a fraction of the H200's matmul
 rate and adds a split-K reduction kernel for the down projection (docs/design.md, "Decode
-matmuls"). This kernel keeps a whole K loop per output tile, so there is no reduction pass;
-it can launch with programmatic dependent launch like the decode step's other Triton kernels
-(pagedrt/ops/triton_utils.py), and its SiLU prologue removes the activation kernel and a
-round trip of the [M, intermediate] activations per layer.
+matmuls (8 to 256 rows)"). This kernel keeps a whole K loop per output tile, so there is no
+reduction pass; it can launch with programmatic dependent launch like the decode step's other
+Triton kernels (pagedrt/ops/triton_utils.py), and its SiLU prologue removes the activation
+kernel and a round trip of the [M, intermediate] activations per layer.
 
 Tiles: each program owns BLOCK_M x BLOCK_N outputs; programs that share weight columns are
 adjacent in launch order (the M tiles are the inner index), so a weight tile is read from
