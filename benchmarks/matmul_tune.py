@@ -9,9 +9,7 @@ Two timings per op, both from CUDA graphs: "cold", the op called once on each of
 copies of its weight that the copies exceed twice the L2 cache between two calls on one (as
 in a decode step, where each layer's weights are read once per step and the other layers'
 pass through L2 in between); and "hot", `triton.testing.do_bench_cudagraph` on one weight,
-which is what `fastest_config` (the engine's choice at start-up) times. The fused op
-(`silu_mul`) is timed against the engine's unfused chain: the Triton SiLU-and-mul kernel,
-then cuBLAS.
+which is what `fastest_config` (the engine's choice at start-up) times.
 
 `--shard I/N` only compiles every N-th config from the I-th (N shards run at once compile in
 parallel; one unsharded run then finds every kernel in Triton's cache).
@@ -35,7 +33,6 @@ import torch
 import torch.nn.functional as F
 
 from pagedrt.bench.presets import get_preset
-from pagedrt.ops.fused_triton import silu_and_mul_triton
 from pagedrt.ops.matmul_triton import CONFIGS, matmul_triton
 
 
@@ -47,17 +44,16 @@ def grid() -> list[tuple]:
     return list(dict.fromkeys(swapped + plain + CONFIGS))
 
 
-def ops(model: str) -> list[tuple[str, int, int, bool, bool]]:
-    """(name, N, K, bias, silu_mul) of a decoder layer's matmuls."""
+def ops(model: str) -> list[tuple[str, int, int, bool]]:
+    """(name, N, K, bias) of a decoder layer's matmuls."""
     c = get_preset(model)
     hd = c.head_dim or c.hidden_size // c.num_attention_heads
     qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * hd
     bias = c.architecture.startswith("Qwen2")
-    return [("qkv", qkv, c.hidden_size, bias, False),
-            ("o", c.hidden_size, c.num_attention_heads * hd, False, False),
-            ("gate_up", 2 * c.intermediate_size, c.hidden_size, False, False),
-            ("down", c.hidden_size, c.intermediate_size, False, False),
-            ("down_silu", c.hidden_size, c.intermediate_size, False, True)]
+    return [("qkv", qkv, c.hidden_size, bias),
+            ("o", c.hidden_size, c.num_attention_heads * hd, False),
+            ("gate_up", 2 * c.intermediate_size, c.hidden_size, False),
+            ("down", c.hidden_size, c.intermediate_size, False)]
 
 
 def cold_us(fns: list, reps: int = 3) -> float:
@@ -81,16 +77,16 @@ def cold_us(fns: list, reps: int = 3) -> float:
     return 1e3 * start.elapsed_time(end) / (5 * reps * len(fns))
 
 
-def time_op(weights: list, bias, x: torch.Tensor, silu: bool, configs: list) -> dict:
-    """cuBLAS (after the SiLU kernel when `silu`) and every config on x and `weights`, each
-    config checked against cuBLAS first."""
+def time_op(weights: list, bias, x: torch.Tensor, configs: list) -> dict:
+    """cuBLAS and every config on x and `weights`, each config checked against cuBLAS
+    first."""
     from triton.testing import do_bench_cudagraph
 
     def base(w):
-        return F.linear(silu_and_mul_triton(x) if silu else x, w, bias)
+        return F.linear(x, w, bias)
 
     def ours(w, cfg):
-        return matmul_triton(x, w, bias, cfg, silu_mul=silu)
+        return matmul_triton(x, w, bias, cfg)
 
     ref = base(weights[0]).float()
     scale = max(ref.abs().max().item(), 1e-6)
@@ -114,10 +110,10 @@ def time_op(weights: list, bias, x: torch.Tensor, silu: bool, configs: list) -> 
     return row
 
 
-def compile_only(weights: list, bias, x: torch.Tensor, silu: bool, configs: list) -> None:
+def compile_only(weights: list, bias, x: torch.Tensor, configs: list) -> None:
     for cfg in configs:
         with contextlib.suppress(Exception):  # configs this GPU cannot run
-            matmul_triton(x, weights[0], bias, cfg, silu_mul=silu)
+            matmul_triton(x, weights[0], bias, cfg)
 
 
 def main() -> None:
@@ -136,17 +132,17 @@ def main() -> None:
     results = []
     candidates = {str(c) for c in CONFIGS}
     for model in args.models.split(","):
-        for name, n, k, has_bias, silu in ops(model):
+        for name, n, k, has_bias in ops(model):
             copies = max(2, min(64, math.ceil(2 * l2 / (n * k * 2)) + 1))
             weights = [torch.randn(n, k, device=dev, dtype=dt) * 0.02 for _ in range(copies)]
             bias = torch.randn(n, device=dev, dtype=dt) * 0.02 if has_bias else None
             for m in rows_list:
-                x = torch.randn(m, 2 * k if silu else k, device=dev, dtype=dt)
+                x = torch.randn(m, k, device=dev, dtype=dt)
                 if num_shards > 1:
-                    compile_only(weights, bias, x, silu, configs[shard::num_shards])
+                    compile_only(weights, bias, x, configs[shard::num_shards])
                     continue
                 row = {"model": model, "op": name, "n": n, "k": k, "rows": m,
-                       "copies": copies, **time_op(weights, bias, x, silu, configs)}
+                       "copies": copies, **time_op(weights, bias, x, configs)}
                 results.append(row)
                 timed = {c: v for c, v in row["configs"].items() if "cold_us" in v}
                 best = min(timed, key=lambda c, t=timed: t[c]["cold_us"])

@@ -358,14 +358,9 @@ class RowParallelLinear(LinearBase):
     def forward_silu_mul(self, x: torch.Tensor, act: SiluAndMul) -> torch.Tensor:
         """`self(act(x))` for x [num_tokens, 2 * input_size] (gate | up of this rank); for 1 to
         4 rows on CUDA one kernel does the activation and the matmul (`gemv_silu_mul_triton`)
-        where that was timed faster, and so for 8 to 256 rows (`matmul_triton`'s
-        `silu_mul_linear`)."""
+        where that was timed faster."""
         if not _small_batch_fusion(x, self.weight):
-            if not _decode_matmul(x) or self.tp_size > 1:  # (timing an all-reduce could
-                return self(act(x))  # run different counts of them on the ranks)
-            from pagedrt.ops.matmul_triton import silu_mul_linear
-
-            return silu_mul_linear(x, self.weight, self.bias, unfused=lambda: self(act(x)))
+            return self(act(x))
         from pagedrt.ops.gemv_triton import fused_or_unfused, gemv_silu_mul_triton
 
         bias = self.bias if self.tp_rank == 0 else None

@@ -1,13 +1,12 @@
-"""Tiled matmul y = x @ W.T (+ bias) for the decode batches of 8 to 256 rows, optionally with
-SwiGLU's silu(gate) * up as the prologue of its input (issue 16's "fewer, fuller kernels").
+"""Tiled matmul y = x @ W.T (+ bias) for the decode batches of 8 to 256 rows (issue 16).
 
 At these row counts a decoder's linear layers are short GEMMs (Qwen2-0.5B: K = 896 for three
 of its four, 256 x 896 outputs for two) where cuBLAS reaches a fraction of the H200's matmul
 rate and adds a split-K reduction kernel for the down projection (docs/design.md, "Decode
-matmuls (8 to 256 rows)"). This kernel keeps a whole K loop per output tile, so there is no
-reduction pass; it can launch with programmatic dependent launch like the decode step's other
-Triton kernels (pagedrt/ops/triton_utils.py), and its SiLU prologue removes the activation
-kernel and a round trip of the [M, intermediate] activations per layer.
+matmuls (8 to 256 rows)", with what this kernel measured against it). This kernel keeps a
+whole K loop per output tile, so there is no reduction pass, and it launches with
+programmatic dependent launch like the decode step's other Triton kernels
+(pagedrt/ops/triton_utils.py).
 
 Tiles: each program owns BLOCK_M x BLOCK_N outputs; programs that share weight columns are
 adjacent in launch order (the M tiles are the inner index), so a weight tile is read from
@@ -15,10 +14,9 @@ DRAM once and from L2 by the other row tiles. With `swap_ab` the product is take
 (W x^T)^T: the weight tile is the MMA's left operand, whose 64-row granularity on Hopper then
 falls on the weight's N instead of on a few token rows.
 
-`linear` and `silu_mul_linear` pick, once per (weight shape, rows, dtype, bias), the fastest
-of a few tile configs against cuBLAS (and, for the fused op, against the plain
-activation-then-matmul chain), timed from CUDA graphs outside graph capture, as the skinny
-matmul of 1-4 rows does (pagedrt/ops/gemv_triton.py). Only row counts of the decode graphs'
+`linear` picks, once per (weight shape, rows, dtype, bias), the fastest of a few tile configs
+against cuBLAS, timed from CUDA graphs outside graph capture, as the skinny matmul of 1-4 rows
+does (pagedrt/ops/gemv_triton.py). Only row counts of the decode graphs'
 buckets (8 and multiples of 16 up to 256, `ROW_COUNTS`) are timed, at start-up when the graphs
 are captured; other row counts take cuBLAS, so no step of a running engine stops to time.
 """
@@ -44,26 +42,26 @@ def row_count_timed(m: int) -> bool:
 
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab): the candidates timed per shape
+# (benchmarks/matmul_tune.py on the H200: the fastest of 84 configs at Qwen2-0.5B's and
+# Llama-3-8B's decode GEMMs where one beat cuBLAS; BENCHMARKS.md, "Runs of 2026-12-03
+# (23:05-01:00 UTC)")
 CONFIGS = [
-    (16, 64, 128, 4, 4, True),
-    (32, 64, 128, 4, 4, True),
-    (64, 64, 128, 4, 4, False),
-    (64, 128, 64, 4, 4, False),
-    (128, 64, 64, 4, 4, False),
-    (128, 128, 64, 8, 3, False),
+    (16, 64, 128, 4, 5, True),
+    (32, 64, 128, 4, 5, True),
+    (64, 64, 64, 4, 5, True),
+    (16, 128, 64, 4, 5, True),
 ]
 
 
 @triton.jit
 def _matmul_kernel(
-    x_ptr,  # [M, K] (SILU_MUL: [M, 2K], gate | up), last dim contiguous
+    x_ptr,  # [M, K], last dim contiguous
     w_ptr,  # [N, K], K contiguous
     b_ptr,  # [N], read only when HAS_BIAS
     y_ptr,  # [M, N], N contiguous
     M, N, K,
     stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr,
-    SILU_MUL: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -84,7 +82,6 @@ def _matmul_kernel(
     mask_n = offs_n < N
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    dt = x_ptr.dtype.element_ty
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
@@ -98,11 +95,6 @@ def _matmul_kernel(
             mask_x = mask_m[:, None] & (kk < K)[None, :]
             mask_w = mask_n[:, None] & (kk < K)[None, :]
         a = tl.load(x_rows + kk[None, :], mask=mask_x, other=0.0)
-        if SILU_MUL:  # rounded where SiluAndMul's torch ops round
-            up = tl.load(x_rows + K + kk[None, :], mask=mask_x, other=0.0).to(tl.float32)
-            gate = a.to(tl.float32)
-            act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
-            a = (act * up).to(dt)
         w = tl.load(w_rows + kk[None, :], mask=mask_w, other=0.0)
         if SWAP_AB:
             if IEEE:
@@ -124,13 +116,10 @@ def _matmul_kernel(
     tl.store(y, out.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-           silu_mul: bool) -> None:
-    width = weight.shape[-1] * (2 if silu_mul else 1) if weight.dim() == 2 else -1
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != width:
+def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)} do not "
-                         + ("fit the silu prologue (x is [M, 2K] for a [N, K] weight)"
-                            if silu_mul else "multiply (x is [M, K] for a [N, K] weight)"))
+                         "multiply (x is [M, K] for a [N, K] weight)")
     if x.dtype != weight.dtype or x.device != weight.device:
         raise ValueError(f"x is {x.dtype} on {x.device}, weight {weight.dtype} on "
                          f"{weight.device}; they must match")
@@ -143,13 +132,12 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 def matmul_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  config: tuple = CONFIGS[0], silu_mul: bool = False) -> torch.Tensor:
-    """y = x @ weight.T (+ bias), or with `silu_mul` y = (silu(x[:, :K]) * x[:, K:]) @ weight.T
-    (+ bias), rounded as `pagedrt.models.layers.SiluAndMul` rounds, in one kernel.
+                  config: tuple = CONFIGS[0]) -> torch.Tensor:
+    """y = x @ weight.T (+ bias) in one kernel.
 
     Args:
-        x: [M, K] (silu_mul: [M, 2K], gate | up), any M >= 0, last dim contiguous; fp16,
-            bf16 or fp32 (fp32 products exact, not TF32).
+        x: [M, K], any M >= 0, last dim contiguous; fp16, bf16 or fp32 (fp32 products exact,
+            not TF32).
         weight: [N, K] contiguous, x's dtype and device. bias: [N] or None.
         config: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab), `CONFIGS`' form;
             the blocks powers of two, at least 16.
@@ -158,7 +146,7 @@ def matmul_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     Raises:
         ValueError: shapes, dtypes or devices that do not match, a config out of form.
     """
-    _check(x, weight, bias, silu_mul)
+    _check(x, weight, bias)
     block_m, block_n, block_k, num_warps, num_stages, swap_ab = config
     for name, b in (("BLOCK_M", block_m), ("BLOCK_N", block_n), ("BLOCK_K", block_k)):
         if b < 16 or b & (b - 1):
@@ -171,8 +159,8 @@ def matmul_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     _matmul_kernel[grid](
         x, weight, bias if bias is not None else weight, y, m, n, k,
         x.stride(0), weight.stride(0), y.stride(0),
-        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, SWAP_AB=bool(swap_ab), EVEN_K=k % block_k == 0,
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        SWAP_AB=bool(swap_ab), EVEN_K=k % block_k == 0,
         IEEE=x.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages,
         **pdl_launch(pdl_enabled(x)),
     )
@@ -209,16 +197,3 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     cfg = _choice(key, lambda: F.linear(x, weight, bias),
                   lambda c: matmul_triton(x, weight, bias, c))
     return F.linear(x, weight, bias) if cfg is None else matmul_triton(x, weight, bias, cfg)
-
-
-def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                    unfused) -> torch.Tensor:
-    """`unfused()` (the caller's activation-then-matmul chain, which must equal
-    linear(silu(x[:, :K]) * x[:, K:], weight, bias)), or `matmul_triton(..., silu_mul=True)`
-    where that was timed faster; x [M, 2K], weight [N, K]."""
-    if not _eligible(x, weight) or x.shape[1] != 2 * weight.shape[1]:
-        return unfused()
-    key = ("silu_mul", weight.shape, x.shape[0], weight.dtype, bias is not None,
-           weight.device.index)
-    cfg = _choice(key, unfused, lambda c: matmul_triton(x, weight, bias, c, silu_mul=True))
-    return unfused() if cfg is None else matmul_triton(x, weight, bias, cfg, silu_mul=True)
