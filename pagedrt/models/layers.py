@@ -65,7 +65,7 @@ def _fused():
 
 
 def _decode_matmul(x: torch.Tensor) -> bool:
-    """Whether x [M, K] is a decode batch of 8 to 256 rows on CUDA that the tiled Triton
+    """Whether x [M, K] is a decode batch of 8 to 64 rows on CUDA that the tiled Triton
     matmul may take (`pagedrt.ops.matmul_triton`, chosen per shape against cuBLAS)."""
     from pagedrt.ops.matmul_triton import ENABLED, MAX_ROWS, MIN_ROWS
 
@@ -74,7 +74,7 @@ def _decode_matmul(x: torch.Tensor) -> bool:
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear; on CUDA, 1 to 4 rows go through the skinny Triton kernel and 8 to 256 rows
+    """F.linear; on CUDA, 1 to 4 rows go through the skinny Triton kernel and 8 to 64 rows
     through the tiled one where it was timed faster (`pagedrt.ops.gemv_triton`,
     `pagedrt.ops.matmul_triton`)."""
     if x.dim() == 2 and x.shape[0] <= 4 and _use_fused(x):

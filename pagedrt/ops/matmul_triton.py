@@ -1,9 +1,8 @@
-"""Tiled matmul y = x @ W.T (+ bias) for the decode batches of 8 to 256 rows (issue 16).
+"""Tiled matmul y = x @ W.T (+ bias) for the decode batches of 8 to 64 rows (issue 16).
 
 At these row counts a decoder's linear layers are short GEMMs (Qwen2-0.5B: K = 896 for three
-of its four, 256 x 896 outputs for two) where cuBLAS reaches a fraction of the H200's matmul
-rate and adds a split-K reduction kernel for the down projection (docs/design.md, "Decode
-matmuls (8 to 256 rows)", with what this kernel measured against it). This kernel keeps a
+of its four) where cuBLAS reaches a fraction of the H200's bandwidth (docs/design.md, "Decode
+matmuls (8 to 64 rows)", with what this kernel measured against it). This kernel keeps a
 whole K loop per output tile, so there is no reduction pass, and it launches with
 programmatic dependent launch like the decode step's other Triton kernels
 (pagedrt/ops/triton_utils.py).
@@ -16,9 +15,11 @@ falls on the weight's N instead of on a few token rows.
 
 `linear` picks, once per (weight shape, rows, dtype, bias), the fastest of a few tile configs
 against cuBLAS, timed from CUDA graphs outside graph capture, as the skinny matmul of 1-4 rows
-does (pagedrt/ops/gemv_triton.py). Only row counts of the decode graphs'
-buckets (8 and multiples of 16 up to 256, `ROW_COUNTS`) are timed, at start-up when the graphs
-are captured; other row counts take cuBLAS, so no step of a running engine stops to time.
+does (pagedrt/ops/gemv_triton.py). Only row counts of the decode graphs' buckets (8, 16, 32,
+48, 64: `row_count_timed`) are timed, at start-up when the graphs are captured; other row
+counts take cuBLAS, so no step of a running engine stops to time. Past 64 rows cuBLAS: there
+the kernel won only on the smallest projections, and the start-up timing (hot weights, 5%
+margin) once chose it where the tuning with cold weights had it slower.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ import triton.language as tl
 from pagedrt.ops.triton_utils import fastest_config, pdl_enabled, pdl_launch, pdl_prologue
 
 ENABLED = os.environ.get("PAGEDRT_MATMUL", "1") != "0"  # PAGEDRT_MATMUL=0: always cuBLAS
-MIN_ROWS, MAX_ROWS = 8, 256
+MIN_ROWS, MAX_ROWS = 8, 64
 
 
 def row_count_timed(m: int) -> bool:
-    """Whether `m` rows are a decode-graph bucket this path times (8, 16, 32, 48, ... 256)."""
+    """Whether `m` rows are a decode-graph bucket this path times (8, 16, 32, 48, 64)."""
     return MIN_ROWS <= m <= MAX_ROWS and (m == 8 or m % 16 == 0)
 
 

@@ -14,7 +14,7 @@ SHAPES = {"qwen2": (896, 1152, 9728, 4864), "llama3": (4096, 6144, 28672, 14336)
 
 
 @pytest.mark.parametrize("model", SHAPES)
-@pytest.mark.parametrize("m", [8, 48, 256])
+@pytest.mark.parametrize("m", [8, 48, 64])
 def test_configs_match_cublas_in_bf16(model, m):
     hidden, qkv, gate_up, _ = SHAPES[model]
     g = torch.Generator(device="cuda").manual_seed(m)
@@ -31,7 +31,7 @@ def test_configs_match_cublas_in_bf16(model, m):
 
 def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch):
     """fp16 tiny model (the path serves 16-bit weights; fp16 keeps near-ties of the argmax
-    rarer than bf16), CUDA graphs: greedy tokens of 8 and 16 requests with every 8-256-row
+    rarer than bf16), CUDA graphs: greedy tokens of 8 and 16 requests with every 8-64-row
     matmul forced through the Triton kernel (one config per op) equal those with cuBLAS."""
     loaded = build_tiny_llama(seed=0)
     loaded = loaded._replace(model=loaded.model.to("cuda", torch.float16))
