@@ -144,3 +144,26 @@ def test_decoder_small_batches_give_the_unfused_tokens(tiny_model, fused_everywh
             for lf, lp in zip(f.outputs[0].logprobs, p.outputs[0].logprobs, strict=True):
                 assert lf.token_id == lp.token_id and abs(lf.logprob - lp.logprob) < 1e-4
     assert {"rmsnorm", "silu_mul"} <= set(fused_everywhere)
+
+
+def test_row_parallel_down_projection_keeps_the_chain_under_tensor_parallelism(monkeypatch):
+    """With tp_size > 1 the fused SiLU down projection is never timed (both candidates end in
+    the all-reduce, which the ranks would run different numbers of times): the plain chain
+    runs, and its all-reduce once."""
+    from pagedrt.distributed.group import TPGroup
+    from pagedrt.models.layers import RowParallelLinear
+
+    class CountingGroup(TPGroup):
+        def all_reduce(self, x):
+            reduced.append(x.shape)
+            return x
+
+    reduced, timed = [], []
+    monkeypatch.setattr(layers, "_small_batch_fusion", lambda x, *w: True)
+    monkeypatch.setattr(gemv_triton, "fused_or_unfused", lambda *a: timed.append(a))
+    down = RowParallelLinear(32, 8, tp=CountingGroup(rank=0, size=2))
+    torch.nn.init.normal_(down.weight)
+    x = torch.randn(2, 32)  # [M, 2 * (32 / 2)]: gate | up of this rank
+    y = down.forward_silu_mul(x, SiluAndMul())
+    torch.testing.assert_close(y, torch.nn.functional.linear(SiluAndMul()(x), down.weight))
+    assert timed == [] and len(reduced) == 1

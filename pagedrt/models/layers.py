@@ -358,8 +358,9 @@ class RowParallelLinear(LinearBase):
     def forward_silu_mul(self, x: torch.Tensor, act: SiluAndMul) -> torch.Tensor:
         """`self(act(x))` for x [num_tokens, 2 * input_size] (gate | up of this rank); for 1 to
         4 rows on CUDA one kernel does the activation and the matmul (`gemv_silu_mul_triton`)
-        where that was timed faster."""
-        if not _small_batch_fusion(x, self.weight):
+        where that was timed faster. Not under tensor parallelism: both candidates end in the
+        all-reduce, and timing them runs a count of all-reduces that differs between ranks."""
+        if not _small_batch_fusion(x, self.weight) or self.tp_size > 1:
             return self(act(x))
         from pagedrt.ops.gemv_triton import fused_or_unfused, gemv_silu_mul_triton
 
