@@ -64,18 +64,24 @@ def test_row_counts_timed_are_the_decode_graph_buckets():
     assert [m for m in range(1, 400) if row_count_timed(m)] == buckets
 
 
-def test_untimed_key_under_capture_takes_the_baseline(monkeypatch):
-    """Under graph capture a shape not yet timed runs cuBLAS (None) and is not recorded, so
-    that it is timed at its first call outside capture; a timed key keeps its choice."""
+def test_shapes_are_timed_only_inside_timing_and_outside_capture(monkeypatch):
+    """An untimed shape takes cuBLAS (None) and stays untimed outside `timing()` (a running
+    engine) and under graph capture; inside `timing()` its first call times it, and the choice
+    then holds everywhere."""
     monkeypatch.setattr(matmul_triton, "_CHOICE", {})
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    assert matmul_triton._choice(("k",), None, None) is None
-    assert matmul_triton._CHOICE == {}
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(matmul_triton, "fastest_config", lambda *a, **k: CONFIGS[1])
-    assert matmul_triton._choice(("k",), None, None) == CONFIGS[1]
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    assert matmul_triton._choice(("k",), None, None) is None
+    with matmul_triton.timing():
+        capturing[0] = True
+        assert matmul_triton._choice(("k",), None, None) is None
+        assert matmul_triton._CHOICE == {}
+        capturing[0] = False
+        assert matmul_triton._choice(("k",), None, None) == CONFIGS[1]
     monkeypatch.setattr(matmul_triton, "fastest_config", lambda *a, **k: None)
     assert matmul_triton._choice(("k",), None, None) == CONFIGS[1]
+    assert not matmul_triton._TIMING
 
 
 def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch):

@@ -90,6 +90,12 @@ class CUDAGraphRunner:
     def capture(self) -> None:
         """Capture one graph per bucket, largest first (later ones reuse its memory pool):
         the decode graphs, then the verification graphs."""
+        from pagedrt.ops.matmul_triton import timing
+
+        with timing():  # the decode matmul picks its tiles per shape here (matmul_triton.py)
+            self._capture()
+
+    def _capture(self) -> None:
         shapes = [(1, bs) for bs in reversed(self.batch_sizes)]
         shapes += [(self.verify_query_len, bs) for bs in reversed(self.verify_batch_sizes)]
         for q in {q for q, _ in shapes}:  # compile and autotune the kernels outside capture

@@ -16,14 +16,17 @@ falls on the weight's N instead of on a few token rows.
 `linear` picks, once per (weight shape, rows, dtype, bias), the fastest of a few tile configs
 against cuBLAS, timed from CUDA graphs outside graph capture, as the skinny matmul of 1-4 rows
 does (pagedrt/ops/gemv_triton.py). Only row counts of the decode graphs' buckets (8, 16, 32,
-48, 64: `row_count_timed`) are timed, at start-up when the graphs are captured; other row
-counts take cuBLAS, so no step of a running engine stops to time. Past 64 rows cuBLAS: there
+48, 64: `row_count_timed`) are timed, and only inside `timing()`, which the CUDA-graph runner
+holds while it warms up and captures the graphs at start-up; a shape not timed then (another
+row count, an engine without graphs) takes cuBLAS, so no step of a running engine stops to
+time. Past 64 rows cuBLAS: there
 the kernel won only on the smallest projections, and the start-up timing (hot weights, 5%
 margin) once chose it where the tuning with cold weights had it slower.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -169,6 +172,20 @@ def matmul_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 _CHOICE: dict[tuple, tuple | None] = {}  # key -> config; None = the torch path
+_TIMING = False  # inside `timing()`
+
+
+@contextlib.contextmanager
+def timing():
+    """While held, the first call of an untimed shape (outside stream capture) times it; the
+    CUDA-graph runner holds it around the warm-up and capture of the decode graphs
+    (pagedrt/engine/cuda_graphs.py). Elsewhere an untimed shape takes cuBLAS."""
+    global _TIMING
+    previous, _TIMING = _TIMING, True
+    try:
+        yield
+    finally:
+        _TIMING = previous
 
 
 def _eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -179,9 +196,10 @@ def _eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def _choice(key: tuple, baseline, candidate) -> tuple | None:
     """The config timed fastest for `key` against `baseline` (None: the baseline), timed on
-    the first call outside graph capture; under capture an untimed key takes the baseline."""
+    the first call inside `timing()` outside graph capture; elsewhere an untimed key takes
+    the baseline."""
     if key not in _CHOICE:
-        if torch.cuda.is_current_stream_capturing():
+        if not _TIMING or torch.cuda.is_current_stream_capturing():
             return None
         _CHOICE[key] = fastest_config(baseline, candidate, CONFIGS, rep=10)
     return _CHOICE[key]
@@ -193,8 +211,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     CUDA tensors at the row counts of `row_count_timed`); x [M, K], weight [N, K]."""
     if not _eligible(x, weight):
         return F.linear(x, weight, bias)
-    key = ("plain", weight.shape, x.shape[0], weight.dtype, bias is not None,
-           weight.device.index)
+    key = (weight.shape, x.shape[0], weight.dtype, bias is not None, weight.device.index)
     cfg = _choice(key, lambda: F.linear(x, weight, bias),
                   lambda c: matmul_triton(x, weight, bias, c))
     return F.linear(x, weight, bias) if cfg is None else matmul_triton(x, weight, bias, cfg)
