@@ -23,11 +23,12 @@ docs/design.md, "Speculative decoding"); PAGEDRT_VERIFY_ATTENTION=extend capture
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
 
-from pagedrt.ops.attention import AttentionMetadata
+from pagedrt.ops.attention import AttentionMetadata, triton_available
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -90,8 +91,9 @@ class CUDAGraphRunner:
     def capture(self) -> None:
         """Capture one graph per bucket, largest first (later ones reuse its memory pool):
         the decode graphs, then the verification graphs."""
-        from pagedrt.ops.matmul_triton import timing
-
+        timing = contextlib.nullcontext
+        if triton_available():  # (optional: the torch backend runs graphs without it)
+            from pagedrt.ops.matmul_triton import timing
         with timing():  # the decode matmul picks its tiles per shape here (matmul_triton.py)
             self._capture()
 

@@ -31,7 +31,8 @@ from pagedrt.ops.attention import triton_available, uses_triton
 
 FUSED_OPS = os.environ.get("PAGEDRT_FUSED_OPS", "1") != "0"
 """Run RMSNorm, RoPE and SiluAndMul as the Triton kernels of `pagedrt.ops.fused_triton`, and
-linear layers of 1-4 rows through `pagedrt.ops.gemv_triton` where faster, on CUDA tensors.
+linear layers of 1-4 rows through `pagedrt.ops.gemv_triton` and of 8-64 rows through
+`pagedrt.ops.matmul_triton` where faster, on CUDA tensors.
 `PAGEDRT_FUSED_OPS=0` (read at import) or setting this to False keeps the eager torch code,
 which is always the path on CPU and the oracle the kernels are tested against."""
 
@@ -66,11 +67,13 @@ def _fused():
 
 def _decode_matmul(x: torch.Tensor) -> bool:
     """Whether x [M, K] is a decode batch of 8 to 64 rows on CUDA that the tiled Triton
-    matmul may take (`pagedrt.ops.matmul_triton`, chosen per shape against cuBLAS)."""
+    matmul may take (`pagedrt.ops.matmul_triton`, chosen per shape against cuBLAS). Imports
+    it only then: triton is optional."""
+    if not (x.dim() == 2 and 8 <= x.shape[0] <= 64 and _use_fused(x)):
+        return False
     from pagedrt.ops.matmul_triton import ENABLED, MAX_ROWS, MIN_ROWS
 
-    return (ENABLED and x.dim() == 2 and MIN_ROWS <= x.shape[0] <= MAX_ROWS
-            and _use_fused(x))
+    return ENABLED and MIN_ROWS <= x.shape[0] <= MAX_ROWS
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -15,8 +15,8 @@ falls on the weight's N instead of on a few token rows.
 
 `linear` picks, once per (weight shape, rows, dtype, bias), the fastest of a few tile configs
 against cuBLAS, timed from CUDA graphs outside graph capture, as the skinny matmul of 1-4 rows
-does (pagedrt/ops/gemv_triton.py). Only row counts of the decode graphs' buckets (8, 16, 32,
-48, 64: `row_count_timed`) are timed, and only inside `timing()`, which the CUDA-graph runner
+does (pagedrt/ops/gemv_triton.py). Only the decode graphs' usual bucket sizes (8, 16, 32, 48,
+64: `row_count_timed`; not a `max_num_seqs` bucket of another size) are timed, and only inside `timing()`, which the CUDA-graph runner
 holds while it warms up and captures the graphs at start-up; a shape not timed then (another
 row count, an engine without graphs) takes cuBLAS, so no step of a running engine stops to
 time. Past 64 rows cuBLAS: there
@@ -34,14 +34,22 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from pagedrt.ops.triton_utils import fastest_config, pdl_enabled, pdl_launch, pdl_prologue
+from pagedrt.ops.triton_utils import (
+    fastest_config,
+    interpreting,
+    pdl_enabled,
+    pdl_launch,
+    pdl_prologue,
+)
 
 ENABLED = os.environ.get("PAGEDRT_MATMUL", "1") != "0"  # PAGEDRT_MATMUL=0: always cuBLAS
 MIN_ROWS, MAX_ROWS = 8, 64
 
 
 def row_count_timed(m: int) -> bool:
-    """Whether `m` rows are a decode-graph bucket this path times (8, 16, 32, 48, 64)."""
+    """Whether `m` rows are a decode-graph bucket size this path times (8, 16, 32, 48, 64;
+    `graph_batch_sizes` in pagedrt/engine/cuda_graphs.py, less a `max_num_seqs` of another
+    size)."""
     return MIN_ROWS <= m <= MAX_ROWS and (m == 8 or m % 16 == 0)
 
 
@@ -72,6 +80,7 @@ def _matmul_kernel(
     SWAP_AB: tl.constexpr,
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no mask along K
     IEEE: tl.constexpr,  # fp32 operands: exact products (no TF32), as F.linear by default
+    UPCAST: tl.constexpr,  # bf16 under the interpreter, whose bf16 tl.dot is wrong: fp32 dot
     PDL: tl.constexpr = False,
 ):
     pdl_prologue(PDL)
@@ -100,6 +109,9 @@ def _matmul_kernel(
             mask_w = mask_n[:, None] & (kk < K)[None, :]
         a = tl.load(x_rows + kk[None, :], mask=mask_x, other=0.0)
         w = tl.load(w_rows + kk[None, :], mask=mask_w, other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            w = w.to(tl.float32)
         if SWAP_AB:
             if IEEE:
                 acc = tl.dot(w, tl.trans(a), acc, input_precision="ieee")
@@ -131,8 +143,11 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
         raise ValueError(f"dtype {x.dtype}: float16, bfloat16 or float32 only")
     if x.stride(1) != 1 or not weight.is_contiguous():
         raise ValueError("x's last dim and weight must be contiguous")
-    if bias is not None and bias.shape != (weight.shape[0],):
-        raise ValueError(f"bias has shape {tuple(bias.shape)}; expected ({weight.shape[0]},)")
+    if bias is not None and (bias.shape != (weight.shape[0],) or bias.stride(0) != 1
+                             or bias.dtype != x.dtype or bias.device != x.device):
+        raise ValueError(f"bias is {bias.dtype} {tuple(bias.shape)} (stride "
+                         f"{bias.stride()}) on {bias.device}; expected a contiguous "
+                         f"({weight.shape[0]},) {x.dtype} on {x.device}")
 
 
 def matmul_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -141,8 +156,10 @@ def matmul_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
     Args:
         x: [M, K], any M >= 0, last dim contiguous; fp16, bf16 or fp32 (fp32 products exact,
-            not TF32).
-        weight: [N, K] contiguous, x's dtype and device. bias: [N] or None.
+            not TF32; bf16 under the interpreter is multiplied in fp32, since its bf16 dot is
+            wrong).
+        weight: [N, K] contiguous, x's dtype and device. bias: [N] contiguous, x's dtype
+            and device, or None.
         config: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab), `CONFIGS`' form;
             the blocks powers of two, at least 16.
     Returns:
@@ -156,6 +173,7 @@ def matmul_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         if b < 16 or b & (b - 1):
             raise ValueError(f"config {config}: {name} = {b} must be a power of two >= 16")
     m, (n, k) = x.shape[0], weight.shape
+    upcast = x.dtype == torch.bfloat16 and interpreting(x)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
@@ -165,7 +183,8 @@ def matmul_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         x.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         SWAP_AB=bool(swap_ab), EVEN_K=k % block_k == 0,
-        IEEE=x.dtype == torch.float32, num_warps=num_warps, num_stages=num_stages,
+        IEEE=x.dtype == torch.float32 or upcast, UPCAST=upcast, num_warps=num_warps,
+        num_stages=num_stages,
         **pdl_launch(pdl_enabled(x)),
     )
     return y

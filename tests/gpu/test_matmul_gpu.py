@@ -16,12 +16,16 @@ SHAPES = {"qwen2": (896, 1152, 9728, 4864), "llama3": (4096, 6144, 28672, 14336)
 @pytest.mark.parametrize("model", SHAPES)
 @pytest.mark.parametrize("m", [8, 48, 64])
 def test_configs_match_cublas_in_bf16(model, m):
-    hidden, qkv, gate_up, _ = SHAPES[model]
+    """QKV (with bias), gate/up, O, the down projection (the longest K loop) and a K that no
+    BLOCK_K divides."""
+    hidden, qkv, gate_up, inter = SHAPES[model]
     g = torch.Generator(device="cuda").manual_seed(m)
     dev, bf16 = "cuda", torch.bfloat16
-    x = torch.randn(m, hidden, device=dev, generator=g).to(bf16)
-    for n, with_bias in ((qkv, True), (gate_up, False), (hidden, False)):
-        w = (torch.randn(n, hidden, device=dev, generator=g) * 0.02).to(bf16)
+    for n, k, with_bias in ((qkv, hidden, True), (gate_up, hidden, False),
+                            (hidden, hidden, False), (hidden, inter, False),
+                            (hidden, hidden + 40, False)):
+        x = torch.randn(m, k, device=dev, generator=g).to(bf16)
+        w = (torch.randn(n, k, device=dev, generator=g) * 0.02).to(bf16)
         b = (torch.randn(n, device=dev, generator=g) * 0.02).to(bf16) if with_bias else None
         want = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
         for cfg in CONFIGS:
