@@ -66,14 +66,10 @@ def _fused():
 
 
 def _decode_matmul(x: torch.Tensor) -> bool:
-    """Whether x [M, K] is a decode batch of 8 to 64 rows on CUDA that the tiled Triton
-    matmul may take (`pagedrt.ops.matmul_triton`, chosen per shape against cuBLAS). Imports
-    it only then: triton is optional."""
-    if not (x.dim() == 2 and 8 <= x.shape[0] <= 64 and _use_fused(x)):
-        return False
-    from pagedrt.ops.matmul_triton import ENABLED, MAX_ROWS, MIN_ROWS
-
-    return ENABLED and MIN_ROWS <= x.shape[0] <= MAX_ROWS
+    """Whether x [M, K] (more than 4 rows, on CUDA with Triton) goes to
+    `pagedrt.ops.matmul_triton.linear`, which itself takes 8 to 64 rows where timed faster
+    than cuBLAS and passes the rest to F.linear (triton is optional: imported only then)."""
+    return x.dim() == 2 and x.shape[0] > 4 and _use_fused(x)
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -279,7 +279,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if torch.cuda.is_current_stream_capturing():
             return F.linear(x, weight, bias)
         _CHOICE[key] = fastest_config(lambda: F.linear(x, weight, bias),
-                                lambda cfg: gemv_triton(x, weight, bias, cfg), CONFIGS, rep=20)
+                                      lambda cfg: gemv_triton(x, weight, bias, cfg), CONFIGS,
+                                      rep=20)
     cfg = _CHOICE[key]
     return F.linear(x, weight, bias) if cfg is None else gemv_triton(x, weight, bias, cfg)
 

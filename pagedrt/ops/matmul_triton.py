@@ -16,12 +16,12 @@ falls on the weight's N instead of on a few token rows.
 `linear` picks, once per (weight shape, rows, dtype, bias), the fastest of a few tile configs
 against cuBLAS, timed from CUDA graphs outside graph capture, as the skinny matmul of 1-4 rows
 does (pagedrt/ops/gemv_triton.py). Only the decode graphs' usual bucket sizes (8, 16, 32, 48,
-64: `row_count_timed`; not a `max_num_seqs` bucket of another size) are timed, and only inside `timing()`, which the CUDA-graph runner
-holds while it warms up and captures the graphs at start-up; a shape not timed then (another
-row count, an engine without graphs) takes cuBLAS, so no step of a running engine stops to
-time. Past 64 rows cuBLAS: there
-the kernel won only on the smallest projections, and the start-up timing (hot weights, 5%
-margin) once chose it where the tuning with cold weights had it slower.
+64: `row_count_timed`; not a `max_num_seqs` bucket of another size) are timed, and only inside
+`timing()`, which the CUDA-graph runner holds while it warms up and captures the graphs at
+start-up; a shape not timed then (another row count, an engine without graphs) takes cuBLAS,
+so no step of a running engine stops to time. Past 64 rows cuBLAS: there the kernel won only
+on the smallest projections, and the start-up timing (hot weights, 5% margin) once chose it
+where the tuning with cold weights had it slower.
 """
 
 from __future__ import annotations
