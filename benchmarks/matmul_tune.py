@@ -3,7 +3,8 @@ Qwen2-0.5B and Llama-3-8B over a grid of tile configs, each checked against F.li
 A tuning diagnostic for the H200 (issue 16), not a benchmark of record.
 
     PYTHONPATH=$PWD python3 benchmarks/matmul_tune.py --out DIR [--rows 8,32,64,128,256]
-        [--models qwen2-0.5b,llama3-8b] [--shard I/N]
+        [--models qwen2-0.5b,llama3-8b] [--ops qkv,o,gate_up,down] [--grid tiles|split]
+        [--shard I/N]
 
 Two timings per op, both from CUDA graphs: "cold", the op called once on each of enough
 copies of its weight that the copies exceed twice the L2 cache between two calls on one (as
@@ -36,7 +37,15 @@ from pagedrt.bench.presets import get_preset
 from pagedrt.ops.matmul_triton import CONFIGS, matmul_triton
 
 
-def grid() -> list[tuple]:
+def grid(name: str = "tiles") -> list[tuple]:
+    """"tiles": the 84 whole-K configs of the first tuning; "split": split-K over fewer
+    tile shapes (split 1 included, as the reference)."""
+    if name == "split":
+        swapped = [(bm, bn, bk, 4, st, True, sk) for bm, bn, bk, st, sk in
+                   itertools.product((16, 32, 64), (64, 128), (64, 128), (4,), (1, 2, 3, 4, 6, 8))]
+        plain = [(bm, bn, 64, w, 3, False, sk) for bm, bn, w, sk in
+                 itertools.product((64, 128), (64, 128), (4, 8), (1, 2, 4))]
+        return list(dict.fromkeys(swapped + plain + CONFIGS))
     swapped = [(bm, bn, bk, 4, st, True) for bm, bn, bk, st in
                itertools.product((16, 32, 64), (64, 128), (64, 128), (3, 4, 5))]
     plain = [(bm, bn, bk, w, st, False) for bm, bn, bk, w, st in
@@ -122,10 +131,12 @@ def main() -> None:
     p.add_argument("--rows", default="8,32,64,128,256")
     p.add_argument("--models", default="qwen2-0.5b,llama3-8b")
     p.add_argument("--shard", default="0/1")
+    p.add_argument("--grid", default="tiles", choices=("tiles", "split"))
+    p.add_argument("--ops", default="qkv,o,gate_up,down")
     args = p.parse_args()
     shard, num_shards = (int(v) for v in args.shard.split("/"))
     rows_list = [int(v) for v in args.rows.split(",")]
-    configs = grid()
+    configs = grid(args.grid)
     dev, dt = torch.device("cuda"), torch.bfloat16
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
     torch.manual_seed(0)
@@ -133,6 +144,8 @@ def main() -> None:
     candidates = {str(c) for c in CONFIGS}
     for model in args.models.split(","):
         for name, n, k, has_bias in ops(model):
+            if name not in args.ops.split(","):
+                continue
             copies = max(2, min(64, math.ceil(2 * l2 / (n * k * 2)) + 1))
             weights = [torch.randn(n, k, device=dev, dtype=dt) * 0.02 for _ in range(copies)]
             bias = torch.randn(n, device=dev, dtype=dt) * 0.02 if has_bias else None

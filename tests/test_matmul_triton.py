@@ -39,6 +39,27 @@ def test_matches_torch(m, dtype, config):
             torch.testing.assert_close(got, want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("split_k", [2, 3, 8])
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_split_k_matches_torch_and_leaves_counters_at_zero(split_k, swap_ab):
+    """Split-K: K = 200 in BLOCK_K = 32 steps is 7 steps, so split 8 leaves one split empty
+    and split 3 splits unevenly; bias added once; the same bits on a second call (the sum runs
+    in split order whichever program is last); every arrival counter back at 0."""
+    from pagedrt.ops.attention_triton import _REDUCE_COUNTERS
+
+    g = torch.Generator().manual_seed(split_k)
+    config = (16, 32, 32, 4, 2, swap_ab, split_k)
+    for m, dtype in ((8, torch.float32), (19, torch.float16)):
+        x = torch.randn(m, 200, generator=g).to(dtype)
+        w, b = torch.randn(70, 200, generator=g).to(dtype), torch.randn(70, generator=g).to(dtype)
+        got = mm(x, w, b, config)
+        want = torch.nn.functional.linear(x.double(), w.double(), b.double())
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+        assert torch.equal(mm(x, w, b, config), got)
+    assert int(_REDUCE_COUNTERS[torch.device("cpu")].abs().sum()) == 0
+
+
 def test_bf16_under_the_interpreter_is_multiplied_in_fp32():
     """The interpreter's bf16 tl.dot is wrong (triton 3.9): the kernel upcasts there, so bf16
     matches torch within the output's rounding."""
@@ -70,6 +91,10 @@ def test_bad_inputs():
         mm(x, w, None, (16, 24, 32, 4, 2, False))
     with pytest.raises(ValueError, match="contiguous"):
         mm(x, torch.randn(32, 16).T)
+    with pytest.raises(ValueError, match="split_k = 0"):
+        mm(x, w, None, (16, 32, 32, 4, 2, False, 0))
+    with pytest.raises(ValueError, match="expected"):
+        mm(x, w, None, (16, 32, 32, 4))
 
 
 def test_row_counts_timed_are_the_decode_graph_buckets():

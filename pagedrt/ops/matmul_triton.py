@@ -34,6 +34,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from pagedrt.ops.attention_triton import fused_reduce_counters
 from pagedrt.ops.triton_utils import (
     fastest_config,
     interpreting,
@@ -71,12 +72,15 @@ def _matmul_kernel(
     w_ptr,  # [N, K], K contiguous
     b_ptr,  # [N], read only when HAS_BIAS
     y_ptr,  # [M, N], N contiguous
+    part_ptr,  # [SPLIT_K, M, N] fp32 partial products, used when SPLIT_K > 1
+    counters_ptr,  # int32, one arrival counter per output tile, all 0, used when SPLIT_K > 1
     M, N, K,
     stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,  # programs per output tile, each over its own range of K
     SWAP_AB: tl.constexpr,
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no mask along K
     IEEE: tl.constexpr,  # fp32 operands: exact products (no TF32), as F.linear by default
@@ -87,7 +91,11 @@ def _matmul_kernel(
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     pid_m = pid % num_pid_m  # row tiles inner: the programs of one weight tile are adjacent
-    pid_n = pid // num_pid_m
+    pid_k = (pid // num_pid_m) % SPLIT_K
+    pid_n = pid // (num_pid_m * SPLIT_K)
+    k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K  # whole BLOCK_K steps
+    k_begin = pid_k * k_per_split
+    k_end = tl.minimum(K, k_begin + k_per_split)  # empty for a split past K: partial of 0
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -99,7 +107,7 @@ def _matmul_kernel(
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_begin, k_end, BLOCK_K):
         kk = k0 + offs_k
         if EVEN_K:
             mask_x = mask_m[:, None]
@@ -126,10 +134,36 @@ def _matmul_kernel(
         out = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
     else:
         out = acc
+    mask_mn = mask_m[:, None] & mask_n[None, :]
+    if SPLIT_K > 1:
+        # store this split's partial, count in; the tile's last program to arrive sums all
+        # SPLIT_K partials in split order (the same sum whoever is last) and writes y
+        # (the ordering argument is the fused decode reduce's: attention_triton's docstring)
+        parts = part_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        tl.store(parts + pid_k.to(tl.int64) * M * N, out, mask=mask_mn)
+        tl.debug_barrier()
+        counter = counters_ptr + pid_n * num_pid_m + pid_m
+        count = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if count == SPLIT_K - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                total += tl.load(parts + s * M * N, mask=mask_mn, other=0.0,
+                                 cache_modifier=".cg")
+            _store_tile(total, b_ptr, y_ptr, offs_m, offs_n, mask_n, mask_mn, stride_ym,
+                        HAS_BIAS)
+            tl.store(counter, 0)  # ready for the next launch (and graph replay)
+    else:
+        _store_tile(out, b_ptr, y_ptr, offs_m, offs_n, mask_n, mask_mn, stride_ym, HAS_BIAS)
+
+
+@triton.jit
+def _store_tile(out, b_ptr, y_ptr, offs_m, offs_n, mask_n, mask_mn, stride_ym,
+                HAS_BIAS: tl.constexpr):
+    """y[offs_m, offs_n] = out (+ bias), in y's dtype."""
     if HAS_BIAS:
         out += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     y = y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
-    tl.store(y, out.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    tl.store(y, out.to(y_ptr.dtype.element_ty), mask=mask_mn)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -160,29 +194,42 @@ def matmul_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             wrong).
         weight: [N, K] contiguous, x's dtype and device. bias: [N] contiguous, x's dtype
             and device, or None.
-        config: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab), `CONFIGS`' form;
-            the blocks powers of two, at least 16.
+        config: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab[, split_k]),
+            `CONFIGS`' form; the blocks powers of two, at least 16; split_k (default 1) >= 1
+            programs per output tile, each over 1/split_k of K's BLOCK_K steps, the last to
+            finish summing the fp32 partials in split order (deterministic).
     Returns:
         [M, N] in x's dtype, fp32 accumulation.
     Raises:
         ValueError: shapes, dtypes or devices that do not match, a config out of form.
     """
     _check(x, weight, bias)
-    block_m, block_n, block_k, num_warps, num_stages, swap_ab = config
+    if len(config) not in (6, 7):
+        raise ValueError(f"config {config}: expected (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, "
+                         "num_stages, swap_ab[, split_k])")
+    block_m, block_n, block_k, num_warps, num_stages, swap_ab = config[:6]
+    split_k = config[6] if len(config) == 7 else 1
     for name, b in (("BLOCK_M", block_m), ("BLOCK_N", block_n), ("BLOCK_K", block_k)):
         if b < 16 or b & (b - 1):
             raise ValueError(f"config {config}: {name} = {b} must be a power of two >= 16")
+    if not isinstance(split_k, int) or split_k < 1:
+        raise ValueError(f"config {config}: split_k = {split_k!r} must be an int >= 1")
     m, (n, k) = x.shape[0], weight.shape
     upcast = x.dtype == torch.bfloat16 and interpreting(x)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y
-    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
-    _matmul_kernel[grid](
-        x, weight, bias if bias is not None else weight, y, m, n, k,
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    if split_k > 1:
+        parts = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+        counters = fused_reduce_counters(x.device, tiles)
+    else:
+        parts = counters = y  # not read
+    _matmul_kernel[(tiles * split_k,)](
+        x, weight, bias if bias is not None else weight, y, parts, counters, m, n, k,
         x.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        SWAP_AB=bool(swap_ab), EVEN_K=k % block_k == 0,
+        SPLIT_K=split_k, SWAP_AB=bool(swap_ab), EVEN_K=k % block_k == 0,
         IEEE=x.dtype == torch.float32 or upcast, UPCAST=upcast, num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(pdl_enabled(x)),

@@ -1,6 +1,7 @@
 """The tiled decode matmul on CUDA (pagedrt/ops/matmul_triton.py): every candidate config in
 bf16 against cuBLAS on the Qwen2-0.5B and Llama-3-8B decode GEMMs (with and without bias), and
-the engine's greedy tokens with the path on and off (CUDA graphs, batches of 8 and 16)."""
+split-K configs in a replayed CUDA graph, and the engine's greedy tokens with the path on
+(a whole-K and a split-K config) and off (CUDA graphs, batches of 8 and 16)."""
 
 import pytest
 import torch
@@ -33,7 +34,39 @@ def test_configs_match_cublas_in_bf16(model, m):
             torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
 
 
-def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch):
+SPLIT_CONFIGS = [(16, 64, 128, 4, 4, True, 4), (64, 64, 64, 4, 3, False, 3),
+                 (32, 128, 64, 4, 4, True, 8)]
+
+
+@pytest.mark.parametrize("m", [8, 64, 256])
+def test_split_k_matches_cublas_in_a_replayed_graph(m):
+    """Split-K configs at Qwen2-0.5B's down (K = 4,864) and QKV (bias) shapes: three launches
+    captured in one CUDA graph, replayed three times: each replay equals the eager result bit
+    for bit (the counters are back at 0 after every launch) and cuBLAS within bf16 rounding."""
+    from pagedrt.ops.attention_triton import _REDUCE_COUNTERS
+
+    g = torch.Generator(device="cuda").manual_seed(m)
+    dev, bf16 = "cuda", torch.bfloat16
+    for n, k, with_bias in ((896, 4864, False), (1152, 896, True)):
+        x = torch.randn(m, k, device=dev, generator=g).to(bf16)
+        w = (torch.randn(n, k, device=dev, generator=g) * 0.02).to(bf16)
+        b = (torch.randn(n, device=dev, generator=g) * 0.02).to(bf16) if with_bias else None
+        want = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
+        eager = [matmul_triton.matmul_triton(x, w, b, c) for c in SPLIT_CONFIGS]
+        for got in eager:
+            torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+        graph, outs = torch.cuda.CUDAGraph(), []
+        with torch.cuda.graph(graph):
+            outs = [matmul_triton.matmul_triton(x, w, b, c) for c in SPLIT_CONFIGS]
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert all(torch.equal(o, e) for o, e in zip(outs, eager, strict=True))
+    assert int(_REDUCE_COUNTERS[torch.device("cuda", 0)].abs().sum()) == 0
+
+
+@pytest.mark.parametrize("forced", [CONFIGS[0], SPLIT_CONFIGS[0]], ids=["whole_k", "split_k"])
+def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch, forced):
     """fp16 tiny model (the path serves 16-bit weights; fp16 keeps near-ties of the argmax
     rarer than bf16), CUDA graphs: greedy tokens of 8 and 16 requests with every 8-64-row
     matmul forced through the Triton kernel (one config per op) equal those with cuBLAS."""
@@ -47,7 +80,7 @@ def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch):
         monkeypatch.setattr(matmul_triton, "_CHOICE", {})
         if tiled:
             monkeypatch.setattr(matmul_triton, "fastest_config",
-                                lambda baseline, candidate, configs, rep: CONFIGS[0])
+                                lambda baseline, candidate, configs, rep: forced)
         else:
             monkeypatch.setattr(matmul_triton, "ENABLED", False)
         llm = LLM(loaded, num_kv_blocks=128, block_size=16)
@@ -55,6 +88,6 @@ def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch):
                                                                       use_tqdm=False)]
                        for n in (8, 16)]
         if tiled:
-            assert matmul_triton._CHOICE and all(c == CONFIGS[0]
+            assert matmul_triton._CHOICE and all(c == forced
                                                  for c in matmul_triton._CHOICE.values())
     assert outs[True] == outs[False]
