@@ -1,6 +1,6 @@
 """The tiled decode matmul (pagedrt/ops/matmul_triton.py) under the Triton interpreter on CPU:
 both tile orientations against torch, its contract errors, its timed choice, and the decoder
-layers' 8-64-row path end to end on the tiny model."""
+layers' 8-128-row path end to end on the tiny model."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def test_bad_inputs():
 def test_row_counts_timed_are_the_decode_graph_buckets():
     from pagedrt.engine.cuda_graphs import graph_batch_sizes
 
-    buckets = [b for b in graph_batch_sizes(256) if 5 <= b <= 64]
+    buckets = [b for b in graph_batch_sizes(256) if 5 <= b <= 128]
     assert [m for m in range(1, 400) if row_count_timed(m)] == buckets
 
 
@@ -125,7 +125,7 @@ def test_shapes_are_timed_only_inside_timing_and_outside_capture(monkeypatch):
 
 
 def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch):
-    """Greedy decoding of 8 and 16 requests with every 8-64-row matmul of the layers through
+    """Greedy decoding of 8 and 16 requests with every 8-128-row matmul of the layers through
     the Triton kernel (the interpreter runs it; fp32, so exact products) gives the plain
     path's tokens and nearly its logprobs."""
     from pagedrt.entrypoints.llm import LLM
@@ -135,7 +135,8 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch):
 
     def always(key, baseline, candidate):
         calls.append(key[0])
-        return (16, 32, 32, 4, 2, len(calls) % 2 == 0)  # both orientations
+        # both orientations, whole K and split in 3
+        return (16, 32, 32, 4, 2, len(calls) % 2 == 0, 3 if len(calls) % 3 == 0 else 1)
 
     monkeypatch.setattr(matmul_triton, "_choice", always)
     monkeypatch.setattr(matmul_triton, "_eligible",
@@ -158,7 +159,7 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch):
 
 
 def test_layers_and_graph_runner_need_no_triton():
-    """Triton is optional: with it unimportable the layers' linear (8-64 rows and 1-4 rows)
+    """Triton is optional: with it unimportable the layers' linear (8-128 rows and 1-4 rows)
     is F.linear on CPU tensors, and the CUDA-graph runner's module imports."""
     import subprocess
     import sys

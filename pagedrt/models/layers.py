@@ -31,7 +31,7 @@ from pagedrt.ops.attention import triton_available, uses_triton
 
 FUSED_OPS = os.environ.get("PAGEDRT_FUSED_OPS", "1") != "0"
 """Run RMSNorm, RoPE and SiluAndMul as the Triton kernels of `pagedrt.ops.fused_triton`, and
-linear layers of 1-4 rows through `pagedrt.ops.gemv_triton` and of 8-64 rows through
+linear layers of 1-4 rows through `pagedrt.ops.gemv_triton` and of 8-128 rows through
 `pagedrt.ops.matmul_triton` where faster, on CUDA tensors.
 `PAGEDRT_FUSED_OPS=0` (read at import) or setting this to False keeps the eager torch code,
 which is always the path on CPU and the oracle the kernels are tested against."""
@@ -67,13 +67,13 @@ def _fused():
 
 def _decode_matmul(x: torch.Tensor) -> bool:
     """Whether x [M, K] (more than 4 rows, on CUDA with Triton) goes to
-    `pagedrt.ops.matmul_triton.linear`, which itself takes 8 to 64 rows where timed faster
+    `pagedrt.ops.matmul_triton.linear`, which itself takes 8 to 128 rows where timed faster
     than cuBLAS and passes the rest to F.linear (triton is optional: imported only then)."""
     return x.dim() == 2 and x.shape[0] > 4 and _use_fused(x)
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear; on CUDA, 1 to 4 rows go through the skinny Triton kernel and 8 to 64 rows
+    """F.linear; on CUDA, 1 to 4 rows go through the skinny Triton kernel and 8 to 128 rows
     through the tiled one where it was timed faster (`pagedrt.ops.gemv_triton`,
     `pagedrt.ops.matmul_triton`)."""
     if x.dim() == 2 and x.shape[0] <= 4 and _use_fused(x):

@@ -1,9 +1,8 @@
-"""Tiled matmul y = x @ W.T (+ bias) for the decode batches of 8 to 64 rows (issue 16).
+"""Tiled matmul y = x @ W.T (+ bias) for the decode batches of 8 to 128 rows (issue 16).
 
 At these row counts a decoder's linear layers are short GEMMs (Qwen2-0.5B: K = 896 for three
 of its four) where cuBLAS reaches a fraction of the H200's bandwidth (docs/design.md, "Decode
-matmuls (8 to 64 rows)", with what this kernel measured against it). This kernel keeps a
-whole K loop per output tile, so there is no reduction pass, and it launches with
+matmuls (8 to 128 rows)", with what this kernel measured against it). It launches with
 programmatic dependent launch like the decode step's other Triton kernels
 (pagedrt/ops/triton_utils.py).
 
@@ -13,15 +12,28 @@ DRAM once and from L2 by the other row tiles. With `swap_ab` the product is take
 (W x^T)^T: the weight tile is the MMA's left operand, whose 64-row granularity on Hopper then
 falls on the weight's N instead of on a few token rows.
 
-`linear` picks, once per (weight shape, rows, dtype, bias), the fastest of a few tile configs
-against cuBLAS, timed from CUDA graphs outside graph capture, as the skinny matmul of 1-4 rows
-does (pagedrt/ops/gemv_triton.py). Only the decode graphs' usual bucket sizes (8, 16, 32, 48,
-64: `row_count_timed`; not a `max_num_seqs` bucket of another size) are timed, and only inside
-`timing()`, which the CUDA-graph runner holds while it warms up and captures the graphs at
-start-up; a shape not timed then (another row count, an engine without graphs) takes cuBLAS,
-so no step of a running engine stops to time. Past 64 rows cuBLAS: there the kernel won only
-on the smallest projections, and the start-up timing (hot weights, 5% margin) once chose it
-where the tuning with cold weights had it slower.
+Split-K (`split_k` > 1): a long K with few output tiles (a down projection: N = 896,
+K = 4,864 on Qwen2-0.5B, 14 weight tiles of 64 columns, so 14 programs at 8 rows) leaves most
+SMs idle, so split_k programs share a tile, each over its own run of BLOCK_K steps. Each
+stores its fp32 partial, then counts in on an arrival counter of its tile (a CTA barrier, then
+an acq_rel atomic at GPU scope); the one that arrives last sums the split_k partials in split
+order (so the bits do not depend on which one that is), adds the bias, writes y and sets the
+counter back to 0. No program waits for another. This is the fused decode reduce's scheme, and
+it uses the same persistent zeroed counters (`fused_reduce_counters` in attention_triton.py,
+whose docstring gives the memory-ordering argument; launches on one stream never overlap on
+them: under PDL a kernel touches nothing before the kernel ahead of it has finished). The
+partials are a [split_k, M, N] fp32 tensor allocated per call (from the graph's pool when
+captured).
+
+`linear` picks, once per (weight shape, rows, dtype, bias), the fastest of `CONFIGS` against
+cuBLAS, timed from CUDA graphs outside graph capture, as the skinny matmul of 1-4 rows does
+(pagedrt/ops/gemv_triton.py). Only the decode graphs' usual bucket sizes (8 and the multiples
+of 16 up to 128: `row_count_timed`; not a `max_num_seqs` bucket of another size) are timed,
+and only inside `timing()`, which the CUDA-graph runner holds while it warms up and captures
+the graphs at start-up; a shape not timed then (another row count, an engine without graphs)
+takes cuBLAS, so no step of a running engine stops to time. Past 128 rows cuBLAS: there the
+kernel lost on every projection but the smallest, and the start-up timing (hot weights, 5%
+margin) once chose it where the tuning with cold weights had it slower (at 160 rows).
 """
 
 from __future__ import annotations
@@ -44,25 +56,30 @@ from pagedrt.ops.triton_utils import (
 )
 
 ENABLED = os.environ.get("PAGEDRT_MATMUL", "1") != "0"  # PAGEDRT_MATMUL=0: always cuBLAS
-MIN_ROWS, MAX_ROWS = 8, 64
+MIN_ROWS, MAX_ROWS = 8, 128
 
 
 def row_count_timed(m: int) -> bool:
-    """Whether `m` rows are a decode-graph bucket size this path times (8, 16, 32, 48, 64;
-    `graph_batch_sizes` in pagedrt/engine/cuda_graphs.py, less a `max_num_seqs` of another
-    size)."""
+    """Whether `m` rows are a decode-graph bucket size this path times (8 and the multiples
+    of 16 up to 128; `graph_batch_sizes` in pagedrt/engine/cuda_graphs.py, less a
+    `max_num_seqs` of another size)."""
     return MIN_ROWS <= m <= MAX_ROWS and (m == 8 or m % 16 == 0)
 
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab): the candidates timed per shape
-# (benchmarks/matmul_tune.py on the H200: the fastest of 84 configs at Qwen2-0.5B's and
-# Llama-3-8B's decode GEMMs where one beat cuBLAS; BENCHMARKS.md, "Runs of 2026-12-03
-# (23:05-01:00 UTC)")
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab[, split_k]): the candidates timed
+# per shape (benchmarks/matmul_tune.py on the H200, configs checked against F.linear and timed
+# with cold weights: the whole-K tiles won on Qwen2-0.5B's QKV, O and gate/up projections, the
+# split-K ones on the down projections (K = 4,864 and 14,336) and on Llama-3-8B's O at 8 rows;
+# BENCHMARKS.md, "Runs of 2026-12-03 (23:05-01:00 UTC)" and "Runs of 2026-12-04")
 CONFIGS = [
     (16, 64, 128, 4, 5, True),
     (32, 64, 128, 4, 5, True),
     (64, 64, 64, 4, 5, True),
     (16, 128, 64, 4, 5, True),
+    (16, 64, 128, 4, 4, True, 8),
+    (16, 64, 128, 4, 4, True, 4),
+    (32, 64, 128, 4, 4, True, 4),
+    (64, 64, 128, 4, 4, True, 2),
 ]
 
 

@@ -68,7 +68,7 @@ def test_split_k_matches_cublas_in_a_replayed_graph(m):
 @pytest.mark.parametrize("forced", [CONFIGS[0], SPLIT_CONFIGS[0]], ids=["whole_k", "split_k"])
 def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch, forced):
     """fp16 tiny model (the path serves 16-bit weights; fp16 keeps near-ties of the argmax
-    rarer than bf16), CUDA graphs: greedy tokens of 8 and 16 requests with every 8-64-row
+    rarer than bf16), CUDA graphs: greedy tokens of 8 and 16 requests with every 8-128-row
     matmul forced through the Triton kernel (one config per op) equal those with cuBLAS."""
     loaded = build_tiny_llama(seed=0)
     loaded = loaded._replace(model=loaded.model.to("cuda", torch.float16))
