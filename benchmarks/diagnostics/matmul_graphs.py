@@ -1,0 +1,84 @@
+"""Device time of the decode CUDA graph with the tiled decode matmul (pagedrt/ops/
+matmul_triton.py) on and off, in one process: two engines over the same random Qwen2-0.5B
+weights, one built with the path (its start-up timing choosing per shape), one with cuBLAS
+only; for each batch size N, N requests of 512 prompt tokens are brought into decode on each
+engine and its N-row decode graph is replayed (its static inputs hold that engine's last real
+step), the two alternated ABBA. A diagnostic for issue 16, not a benchmark of record.
+
+    PYTHONPATH=$PWD python3 benchmarks/diagnostics/matmul_graphs.py [--batch-sizes 8,32,64,128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from pagedrt import LLM, SamplingParams
+from pagedrt.bench.presets import get_preset, random_model
+from pagedrt.ops import matmul_triton
+
+
+def replay_us(graph, iters: int = 50) -> float:
+    """Median device time of one replay, us (CUDA events around each)."""
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(1e3 * a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def into_decode(llm, n: int, tag: str) -> None:
+    """n requests of 512 tokens, stepped until every one has decoded a few tokens."""
+    engine = llm.llm_engine
+    g = torch.Generator().manual_seed(n)
+    for i in range(n):
+        engine.add_request(f"{tag}{i}", torch.randint(0, 10000, (512,), generator=g).tolist(),
+                           SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4000),
+                           stream=False)
+    while engine.scheduler.waiting or any(r.num_output_tokens < 4 for r in engine.scheduler.running):
+        engine.step()
+    torch.cuda.synchronize()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch-sizes", default="8,32,64,128")
+    args = p.parse_args()
+    sizes = [int(v) for v in args.batch_sizes.split(",")]
+    model = random_model(get_preset("qwen2-0.5b"), torch.bfloat16, torch.device("cuda"))
+    llms = {}
+    for on in (True, False):
+        matmul_triton.ENABLED = on
+        llms[on] = LLM(model, max_num_seqs=max(sizes), max_model_len=4096,
+                       gpu_memory_utilization=0.3)
+    matmul_triton.ENABLED = True
+    chosen = {k: v for k, v in matmul_triton._CHOICE.items() if v is not None}
+    print(f"{len(chosen)} of {len(matmul_triton._CHOICE)} timed shapes took the kernel")
+    for k, v in sorted(chosen.items(), key=str):
+        print(f"  weight {tuple(k[0])} rows {k[1]} bias {k[3]} -> {v}")
+    rows = []
+    for n in sizes:
+        for on in (True, False):
+            into_decode(llms[on], n, f"b{n}_")
+        graphs = {on: llms[on].llm_engine.model_runner.graph_runner.graphs[1, n] for on in llms}
+        t = {True: [], False: []}
+        for on in (True, False, False, True):
+            t[on].append(replay_us(graphs[on]))
+        for on in (True, False):
+            for i in range(n):
+                llms[on].llm_engine.abort_request(f"b{n}_{i}")
+        off, with_ = statistics.mean(t[False]), statistics.mean(t[True])
+        rows.append((n, off, with_))
+    print("rows  cuBLAS graph us  with the kernel us  ratio")
+    for n, off, with_ in rows:
+        print(f"{n:4d}  {off:15.1f}  {with_:18.1f}  {with_ / off:5.3f}")
+
+
+if __name__ == "__main__":
+    main()
