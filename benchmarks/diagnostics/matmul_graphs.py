@@ -56,7 +56,7 @@ def main() -> None:
     for on in (True, False):
         matmul_triton.ENABLED = on
         llms[on] = LLM(model, max_num_seqs=max(sizes), max_model_len=4096,
-                       gpu_memory_utilization=0.3)
+                       num_kv_blocks=8192)
     matmul_triton.ENABLED = True
     chosen = {k: v for k, v in matmul_triton._CHOICE.items() if v is not None}
     print(f"{len(chosen)} of {len(matmul_triton._CHOICE)} timed shapes took the kernel")
