@@ -39,7 +39,7 @@ def into_decode(llm, n: int, tag: str) -> None:
     g = torch.Generator().manual_seed(n)
     for i in range(n):
         engine.add_request(f"{tag}{i}", torch.randint(0, 10000, (512,), generator=g).tolist(),
-                           SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=4000),
+                           SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=3000),
                            stream=False)
     while engine.scheduler.waiting or any(r.num_output_tokens < 4 for r in engine.scheduler.running):
         engine.step()
