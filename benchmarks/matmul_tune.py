@@ -3,7 +3,7 @@ Qwen2-0.5B and Llama-3-8B over a grid of tile configs, each checked against F.li
 A tuning diagnostic for the H200 (issue 16), not a benchmark of record.
 
     PYTHONPATH=$PWD python3 benchmarks/matmul_tune.py --out DIR [--rows 8,32,64,128,256]
-        [--models qwen2-0.5b,llama3-8b] [--ops qkv,o,gate_up,down] [--grid tiles|split]
+        [--models qwen2-0.5b,llama3-8b] [--ops qkv,o,gate_up,down] [--grid tiles|split|silu]
         [--shard I/N]
 
 Two timings per op, both from CUDA graphs: "cold", the op called once on each of enough
@@ -40,6 +40,12 @@ from pagedrt.ops.matmul_triton import CONFIGS, matmul_triton
 def grid(name: str = "tiles") -> list[tuple]:
     """"tiles": the 84 whole-K configs of the first tuning; "split": split-K over fewer
     tile shapes (split 1 included, as the reference)."""
+    if name == "silu":  # whole K only (what silu_mul runs)
+        swapped = [(bm, bn, bk, 4, st, True) for bm, bn, bk, st in
+                   itertools.product((16, 32, 64), (64, 128), (64, 128), (3, 4, 5))]
+        plain = [(bm, bn, 64, w, 3, False) for bm, bn, w in
+                 itertools.product((64, 128), (64, 128), (4, 8))]
+        return list(dict.fromkeys(swapped + plain))
     if name == "split":
         swapped = [(bm, bn, bk, 4, st, True, sk) for bm, bn, bk, st, sk in
                    itertools.product((16, 32, 64), (64, 128), (64, 128), (4,), (1, 2, 3, 4, 6, 8))]
@@ -62,6 +68,7 @@ def ops(model: str) -> list[tuple[str, int, int, bool]]:
     return [("qkv", qkv, c.hidden_size, bias),
             ("o", c.hidden_size, c.num_attention_heads * hd, False),
             ("gate_up", 2 * c.intermediate_size, c.hidden_size, False),
+            ("gate_up_silu", 2 * c.intermediate_size, c.hidden_size, False),
             ("down", c.hidden_size, c.intermediate_size, False)]
 
 
@@ -86,16 +93,19 @@ def cold_us(fns: list, reps: int = 3) -> float:
     return 1e3 * start.elapsed_time(end) / (5 * reps * len(fns))
 
 
-def time_op(weights: list, bias, x: torch.Tensor, configs: list) -> dict:
+def time_op(weights: list, bias, x: torch.Tensor, configs: list, silu: bool = False) -> dict:
     """cuBLAS and every config on x and `weights`, each config checked against cuBLAS
-    first."""
+    first. silu: gate/up with SwiGLU's activation, against cuBLAS + the activation kernel."""
     from triton.testing import do_bench_cudagraph
 
+    from pagedrt.ops.fused_triton import silu_and_mul_triton
+
     def base(w):
-        return F.linear(x, w, bias)
+        y = F.linear(x, w, bias)
+        return silu_and_mul_triton(y) if silu else y
 
     def ours(w, cfg):
-        return matmul_triton(x, w, bias, cfg)
+        return matmul_triton(x, w, bias, cfg, silu_mul=silu)
 
     ref = base(weights[0]).float()
     scale = max(ref.abs().max().item(), 1e-6)
@@ -119,10 +129,10 @@ def time_op(weights: list, bias, x: torch.Tensor, configs: list) -> dict:
     return row
 
 
-def compile_only(weights: list, bias, x: torch.Tensor, configs: list) -> None:
+def compile_only(weights: list, bias, x: torch.Tensor, configs: list, silu: bool) -> None:
     for cfg in configs:
         with contextlib.suppress(Exception):  # configs this GPU cannot run
-            matmul_triton(x, weights[0], bias, cfg)
+            matmul_triton(x, weights[0], bias, cfg, silu_mul=silu)
 
 
 def main() -> None:
@@ -131,8 +141,9 @@ def main() -> None:
     p.add_argument("--rows", default="8,32,64,128,256")
     p.add_argument("--models", default="qwen2-0.5b,llama3-8b")
     p.add_argument("--shard", default="0/1")
-    p.add_argument("--grid", default="tiles", choices=("tiles", "split"))
-    p.add_argument("--ops", default="qkv,o,gate_up,down")
+    p.add_argument("--grid", default="tiles", choices=("tiles", "split", "silu"))
+    p.add_argument("--ops", default="qkv,o,gate_up,down",
+                   help="of qkv, o, gate_up, gate_up_silu (with SwiGLU's activation), down")
     args = p.parse_args()
     shard, num_shards = (int(v) for v in args.shard.split("/"))
     rows_list = [int(v) for v in args.rows.split(",")]
@@ -152,10 +163,12 @@ def main() -> None:
             for m in rows_list:
                 x = torch.randn(m, k, device=dev, dtype=dt)
                 if num_shards > 1:
-                    compile_only(weights, bias, x, configs[shard::num_shards])
+                    compile_only(weights, bias, x, configs[shard::num_shards],
+                                 name == "gate_up_silu")
                     continue
                 row = {"model": model, "op": name, "n": n, "k": k, "rows": m,
-                       "copies": copies, **time_op(weights, bias, x, configs)}
+                       "copies": copies,
+                       **time_op(weights, bias, x, configs, name == "gate_up_silu")}
                 results.append(row)
                 timed = {c: v for c, v in row["configs"].items() if "cold_us" in v}
                 best = min(timed, key=lambda c, t=timed: t[c]["cold_us"])

@@ -60,6 +60,25 @@ def test_split_k_matches_torch_and_leaves_counters_at_zero(split_k, swap_ab):
     assert int(_REDUCE_COUNTERS[torch.device("cpu")].abs().sum()) == 0
 
 
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_silu_mul_matches_the_plain_path(dtype, config):
+    """silu_mul: the gate/up product with SwiGLU's activation in the epilogue equals the
+    plain path's rounding chain (the product rounded, silu rounded, the product with up); an
+    intermediate size no tile divides, K that BLOCK_K does and does not divide."""
+    from pagedrt.ops.fused_triton import silu_and_mul_triton
+
+    g = torch.Generator().manual_seed(config[0] + config[1])
+    for m, k in ((8, 128), (19, 100)):
+        x = torch.randn(m, k, generator=g).to(dtype)
+        w = (torch.randn(2 * 70, k, generator=g) / k ** 0.5).to(dtype)
+        got = mm(x, w, None, config, silu_mul=True)
+        assert got.shape == (m, 70) and got.dtype == dtype
+        plain = silu_and_mul_triton(torch.nn.functional.linear(x, w))
+        tol = 1e-5 if dtype == torch.float32 else 2e-3  # fp16: where the products round
+        torch.testing.assert_close(got, plain, rtol=tol, atol=tol)
+
+
 def test_bf16_under_the_interpreter_is_multiplied_in_fp32():
     """The interpreter's bf16 tl.dot is wrong (triton 3.9): the kernel upcasts there, so bf16
     matches torch within the output's rounding."""
@@ -95,6 +114,12 @@ def test_bad_inputs():
         mm(x, w, None, (16, 32, 32, 4, 2, False, 0))
     with pytest.raises(ValueError, match="expected"):
         mm(x, w, None, (16, 32, 32, 4))
+    with pytest.raises(ValueError, match="silu_mul"):
+        mm(x, w, torch.randn(16), silu_mul=True)
+    with pytest.raises(ValueError, match="silu_mul"):
+        mm(x, w, None, (16, 32, 32, 4, 2, False, 2), silu_mul=True)
+    with pytest.raises(ValueError, match="silu_mul"):
+        mm(x, torch.randn(15, 32), None, silu_mul=True)
 
 
 def test_row_counts_timed_are_the_decode_graph_buckets():
@@ -133,8 +158,10 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch):
 
     calls = []
 
-    def always(key, baseline, candidate):
+    def always(key, baseline, candidate, configs=None):
         calls.append(key[0])
+        if key[0] == "silu_mul":  # gate/up with the activation in its epilogue
+            return (16, 32, 32, 4, 2, len(calls) % 2 == 0)
         # both orientations, whole K and split in 3
         return (16, 32, 32, 4, 2, len(calls) % 2 == 0, 3 if len(calls) % 3 == 0 else 1)
 
@@ -155,7 +182,7 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch):
             assert t.outputs[0].token_ids == p.outputs[0].token_ids
             for lt, lp in zip(t.outputs[0].logprobs, p.outputs[0].logprobs, strict=True):
                 assert lt.token_id == lp.token_id and abs(lt.logprob - lp.logprob) < 1e-4
-    assert calls  # the layers took the path
+    assert calls and "silu_mul" in calls  # the layers took the path, gate/up's fused too
 
 
 def test_layers_and_graph_runner_need_no_triton():

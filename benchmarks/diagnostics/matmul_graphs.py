@@ -61,7 +61,7 @@ def main() -> None:
     chosen = {k: v for k, v in matmul_triton._CHOICE.items() if v is not None}
     print(f"{len(chosen)} of {len(matmul_triton._CHOICE)} timed shapes took the kernel")
     for k, v in sorted(chosen.items(), key=str):
-        print(f"  weight {tuple(k[0])} rows {k[1]} bias {k[3]} -> {v}")
+        print(f"  {k} -> {v}")
     rows = []
     for n in sizes:
         for on in (True, False):

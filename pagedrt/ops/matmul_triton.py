@@ -81,6 +81,7 @@ CONFIGS = [
     (32, 64, 128, 4, 4, True, 4),
     (64, 64, 128, 4, 4, True, 2),
 ]
+WHOLE_K_CONFIGS = [c for c in CONFIGS if len(c) == 6 or c[6] == 1]  # what silu_mul can run
 
 
 @triton.jit
@@ -98,6 +99,7 @@ def _matmul_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,  # programs per output tile, each over its own range of K
+    SILU_MUL: tl.constexpr,  # w is [2N, K] = [gate | up]: y = silu(x @ gate.T) * (x @ up.T)
     SWAP_AB: tl.constexpr,
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no mask along K
     IEEE: tl.constexpr,  # fp32 operands: exact products (no TF32), as F.linear by default
@@ -124,6 +126,7 @@ def _matmul_kernel(
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = acc  # the up half's product, SILU_MUL only
     for k0 in range(k_begin, k_end, BLOCK_K):
         kk = k0 + offs_k
         if EVEN_K:
@@ -137,20 +140,25 @@ def _matmul_kernel(
         if UPCAST:
             a = a.to(tl.float32)
             w = w.to(tl.float32)
-        if SWAP_AB:
-            if IEEE:
-                acc = tl.dot(w, tl.trans(a), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(w, tl.trans(a), acc)
-        else:
-            if IEEE:
-                acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, tl.trans(w), acc)
+        acc = _mma(a, w, acc, SWAP_AB, IEEE)
+        if SILU_MUL:
+            w_up = tl.load(w_rows + N * stride_wn + kk[None, :], mask=mask_w, other=0.0)
+            if UPCAST:
+                w_up = w_up.to(tl.float32)
+            acc_up = _mma(a, w_up, acc_up, SWAP_AB, IEEE)
     if SWAP_AB:
         out = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
     else:
         out = acc
+    if SILU_MUL:
+        if SWAP_AB:
+            acc_up = tl.trans(acc_up)
+        # rounded as the plain path rounds: gate/up's output in y's dtype, then the SiLU
+        # kernel's silu(gate) rounded before the product (fused_triton._silu_and_mul_kernel)
+        dtype = y_ptr.dtype.element_ty
+        gate = out.to(dtype).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        out = act * acc_up.to(dtype).to(tl.float32)
     mask_mn = mask_m[:, None] & mask_n[None, :]
     if SPLIT_K > 1:
         # store this split's partial, count in; the tile's last program to arrive sums all
@@ -171,6 +179,23 @@ def _matmul_kernel(
             tl.store(counter, 0)  # ready for the next launch (and graph replay)
     else:
         _store_tile(out, b_ptr, y_ptr, offs_m, offs_n, mask_n, mask_mn, stride_ym, HAS_BIAS)
+
+
+@triton.jit
+def _mma(a, w, acc, SWAP_AB: tl.constexpr, IEEE: tl.constexpr):
+    """acc + a @ w.T for a [BLOCK_M, BLOCK_K], w [BLOCK_N, BLOCK_K]; with SWAP_AB acc is
+    [BLOCK_N, BLOCK_M] and gets w @ a.T."""
+    if SWAP_AB:
+        if IEEE:
+            acc = tl.dot(w, tl.trans(a), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, tl.trans(a), acc)
+    else:
+        if IEEE:
+            acc = tl.dot(a, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, tl.trans(w), acc)
+    return acc
 
 
 @triton.jit
@@ -202,8 +227,8 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 
 
 def matmul_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  config: tuple = CONFIGS[0]) -> torch.Tensor:
-    """y = x @ weight.T (+ bias) in one kernel.
+                  config: tuple = CONFIGS[0], silu_mul: bool = False) -> torch.Tensor:
+    """y = x @ weight.T (+ bias) in one kernel; with `silu_mul`, SwiGLU's activation of it.
 
     Args:
         x: [M, K], any M >= 0, last dim contiguous; fp16, bf16 or fp32 (fp32 products exact,
@@ -215,10 +240,15 @@ def matmul_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             `CONFIGS`' form; the blocks powers of two, at least 16; split_k (default 1) >= 1
             programs per output tile, each over 1/split_k of K's BLOCK_K steps, the last to
             finish summing the fp32 partials in split order (deterministic).
+        silu_mul: weight is [2 * N, K], gate's rows then up's (a gate/up projection), and y is
+            silu(x @ gate.T) * (x @ up.T), each product rounded to x's dtype before the
+            activation, and silu(gate) before the product, as the plain path rounds
+            (`silu_and_mul_triton` after the matmul). No bias, split_k 1.
     Returns:
         [M, N] in x's dtype, fp32 accumulation.
     Raises:
-        ValueError: shapes, dtypes or devices that do not match, a config out of form.
+        ValueError: shapes, dtypes or devices that do not match, a config out of form, a bias
+            or split_k > 1 or an odd number of weight rows with silu_mul.
     """
     _check(x, weight, bias)
     if len(config) not in (6, 7):
@@ -232,6 +262,13 @@ def matmul_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if not isinstance(split_k, int) or split_k < 1:
         raise ValueError(f"config {config}: split_k = {split_k!r} must be an int >= 1")
     m, (n, k) = x.shape[0], weight.shape
+    if silu_mul:
+        if bias is not None or split_k != 1 or n % 2:
+            raise ValueError(f"silu_mul: weight {tuple(weight.shape)}, bias "
+                             f"{'given' if bias is not None else 'None'}, split_k {split_k}; "
+                             "it needs an even number of weight rows (gate | up), no bias "
+                             "and split_k 1")
+        n //= 2
     upcast = x.dtype == torch.bfloat16 and interpreting(x)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
@@ -246,7 +283,7 @@ def matmul_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         x, weight, bias if bias is not None else weight, y, parts, counters, m, n, k,
         x.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        SPLIT_K=split_k, SWAP_AB=bool(swap_ab), EVEN_K=k % block_k == 0,
+        SPLIT_K=split_k, SILU_MUL=silu_mul, SWAP_AB=bool(swap_ab), EVEN_K=k % block_k == 0,
         IEEE=x.dtype == torch.float32 or upcast, UPCAST=upcast, num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(pdl_enabled(x)),
@@ -277,14 +314,14 @@ def _eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and x.dtype == weight.dtype and row_count_timed(x.shape[0]))
 
 
-def _choice(key: tuple, baseline, candidate) -> tuple | None:
-    """The config timed fastest for `key` against `baseline` (None: the baseline), timed on
-    the first call inside `timing()` outside graph capture; elsewhere an untimed key takes
-    the baseline."""
+def _choice(key: tuple, baseline, candidate, configs: list = CONFIGS) -> tuple | None:
+    """The config of `configs` timed fastest for `key` against `baseline` (None: the
+    baseline), timed on the first call inside `timing()` outside graph capture; elsewhere an
+    untimed key takes the baseline."""
     if key not in _CHOICE:
         if not _TIMING or torch.cuda.is_current_stream_capturing():
             return None
-        _CHOICE[key] = fastest_config(baseline, candidate, CONFIGS, rep=10)
+        _CHOICE[key] = fastest_config(baseline, candidate, configs, rep=10)
     return _CHOICE[key]
 
 
@@ -298,3 +335,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     cfg = _choice(key, lambda: F.linear(x, weight, bias),
                   lambda c: matmul_triton(x, weight, bias, c))
     return F.linear(x, weight, bias) if cfg is None else matmul_triton(x, weight, bias, cfg)
+
+
+def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, baseline) -> torch.Tensor:
+    """SwiGLU's silu(x @ gate.T) * (x @ up.T) for a gate/up weight [2 * I, K] (gate's rows,
+    then up's): `matmul_triton(..., silu_mul=True)`, one kernel, where that was timed faster
+    than `baseline()`, the plain path that computes the same (the gate/up matmul, then the
+    activation kernel); else `baseline()`. The whole-K `CONFIGS` only. Returns [M, I]."""
+    if not _eligible(x, weight) or weight.shape[0] % 2:
+        return baseline()
+    key = ("silu_mul", weight.shape, x.shape[0], weight.dtype, weight.device.index)
+    cfg = _choice(key, baseline, lambda c: matmul_triton(x, weight, None, c, silu_mul=True),
+                  WHOLE_K_CONFIGS)
+    return baseline() if cfg is None else matmul_triton(x, weight, None, cfg, silu_mul=True)

@@ -65,6 +65,23 @@ def test_split_k_matches_cublas_in_a_replayed_graph(m):
     assert int(_REDUCE_COUNTERS[torch.device("cuda", 0)].abs().sum()) == 0
 
 
+@pytest.mark.parametrize("m", [8, 64, 128])
+def test_silu_mul_matches_the_plain_path_in_bf16(m):
+    """Gate/up with SwiGLU's activation in the epilogue, every whole-K config, at Qwen2-0.5B's
+    and Llama-3-8B's gate/up shapes, against the plain path (cuBLAS, then the activation
+    kernel): equal within bf16 rounding of the products (the two sum in different orders)."""
+    from pagedrt.ops.fused_triton import silu_and_mul_triton
+
+    g = torch.Generator(device="cuda").manual_seed(m)
+    for hidden, gate_up, _, _ in (SHAPES["qwen2"], SHAPES["llama3"]):
+        x = torch.randn(m, hidden, device="cuda", generator=g).to(torch.bfloat16)
+        w = (torch.randn(gate_up, hidden, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+        plain = silu_and_mul_triton(torch.nn.functional.linear(x, w)).float()
+        for cfg in matmul_triton.WHOLE_K_CONFIGS:
+            got = matmul_triton.matmul_triton(x, w, None, cfg, silu_mul=True).float()
+            torch.testing.assert_close(got, plain, rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("forced", [CONFIGS[0], SPLIT_CONFIGS[0]], ids=["whole_k", "split_k"])
 def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch, forced):
     """fp16 tiny model (the path serves 16-bit weights; fp16 keeps near-ties of the argmax
@@ -80,7 +97,8 @@ def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch, forced):
         monkeypatch.setattr(matmul_triton, "_CHOICE", {})
         if tiled:
             monkeypatch.setattr(matmul_triton, "fastest_config",
-                                lambda baseline, candidate, configs, rep: forced)
+                                lambda baseline, candidate, configs, rep:
+                                forced if forced in configs else configs[0])
         else:
             monkeypatch.setattr(matmul_triton, "ENABLED", False)
         llm = LLM(loaded, num_kv_blocks=128, block_size=16)
@@ -88,6 +106,7 @@ def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch, forced):
                                                                       use_tqdm=False)]
                        for n in (8, 16)]
         if tiled:
-            assert matmul_triton._CHOICE and all(c == forced
-                                                 for c in matmul_triton._CHOICE.values())
+            chosen = matmul_triton._CHOICE
+            assert chosen and all(c == forced for k, c in chosen.items() if k[0] != "silu_mul")
+            assert any(k[0] == "silu_mul" for k in chosen)  # gate/up with its activation
     assert outs[True] == outs[False]
