@@ -81,7 +81,15 @@ CONFIGS = [
     (32, 64, 128, 4, 4, True, 4),
     (64, 64, 128, 4, 4, True, 2),
 ]
-WHOLE_K_CONFIGS = [c for c in CONFIGS if len(c) == 6 or c[6] == 1]  # what silu_mul can run
+# gate/up with SwiGLU's activation (silu_mul, whole K only): the fastest at Qwen2-0.5B's and
+# Llama-3-8B's gate/up, 8-128 rows (matmul_tune.py --grid silu; BENCHMARKS.md, "Runs of
+# 2026-12-04")
+SILU_CONFIGS = [
+    (16, 64, 64, 4, 5, True),
+    (32, 64, 64, 4, 5, True),
+    (64, 64, 64, 4, 4, True),
+    (16, 64, 128, 4, 5, True),
+]
 
 
 @triton.jit
@@ -341,10 +349,10 @@ def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, baseline) -> torch.Te
     """SwiGLU's silu(x @ gate.T) * (x @ up.T) for a gate/up weight [2 * I, K] (gate's rows,
     then up's): `matmul_triton(..., silu_mul=True)`, one kernel, where that was timed faster
     than `baseline()`, the plain path that computes the same (the gate/up matmul, then the
-    activation kernel); else `baseline()`. The whole-K `CONFIGS` only. Returns [M, I]."""
+    activation kernel); else `baseline()`. Candidates: `SILU_CONFIGS`. Returns [M, I]."""
     if not _eligible(x, weight) or weight.shape[0] % 2:
         return baseline()
     key = ("silu_mul", weight.shape, x.shape[0], weight.dtype, weight.device.index)
     cfg = _choice(key, baseline, lambda c: matmul_triton(x, weight, None, c, silu_mul=True),
-                  WHOLE_K_CONFIGS)
+                  SILU_CONFIGS)
     return baseline() if cfg is None else matmul_triton(x, weight, None, cfg, silu_mul=True)

@@ -67,7 +67,7 @@ def test_split_k_matches_cublas_in_a_replayed_graph(m):
 
 @pytest.mark.parametrize("m", [8, 64, 128])
 def test_silu_mul_matches_the_plain_path_in_bf16(m):
-    """Gate/up with SwiGLU's activation in the epilogue, every whole-K config, at Qwen2-0.5B's
+    """Gate/up with SwiGLU's activation in the epilogue, every SILU_CONFIGS config, at Qwen2-0.5B's
     and Llama-3-8B's gate/up shapes, against the plain path (cuBLAS, then the activation
     kernel): equal within bf16 rounding of the products (the two sum in different orders)."""
     from pagedrt.ops.fused_triton import silu_and_mul_triton
@@ -77,7 +77,7 @@ def test_silu_mul_matches_the_plain_path_in_bf16(m):
         x = torch.randn(m, hidden, device="cuda", generator=g).to(torch.bfloat16)
         w = (torch.randn(gate_up, hidden, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
         plain = silu_and_mul_triton(torch.nn.functional.linear(x, w)).float()
-        for cfg in matmul_triton.WHOLE_K_CONFIGS:
+        for cfg in matmul_triton.SILU_CONFIGS:
             got = matmul_triton.matmul_triton(x, w, None, cfg, silu_mul=True).float()
             torch.testing.assert_close(got, plain, rtol=2e-2, atol=2e-2)
 
