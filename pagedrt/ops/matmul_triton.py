@@ -81,15 +81,11 @@ CONFIGS = [
     (32, 64, 128, 4, 4, True, 4),
     (64, 64, 128, 4, 4, True, 2),
 ]
-# gate/up with SwiGLU's activation (silu_mul, whole K only): the fastest at Qwen2-0.5B's and
-# Llama-3-8B's gate/up, 8-128 rows (matmul_tune.py --grid silu; BENCHMARKS.md, "Runs of
-# 2026-12-04")
-SILU_CONFIGS = [
-    (16, 64, 64, 4, 5, True),
-    (32, 64, 64, 4, 5, True),
-    (64, 64, 64, 4, 4, True),
-    (16, 64, 128, 4, 5, True),
-]
+# gate/up with SwiGLU's activation (silu_mul) times the whole-K configs of CONFIGS: in the
+# decode graphs on the H200 they gave 0.836-0.845x of cuBLAS + the activation kernel at 8-64
+# rows, and the tiles that matmul_tune.py --grid silu timed fastest alone 0.841-0.909x (worse
+# at 64 rows; BENCHMARKS.md, "Runs of 2026-12-04")
+SILU_CONFIGS = [c for c in CONFIGS if len(c) == 6 or c[6] == 1]
 
 
 @triton.jit
