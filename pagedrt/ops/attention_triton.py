@@ -177,8 +177,9 @@ def _capturing(device: torch.device) -> bool:
 
 
 def fused_reduce_counters(device: torch.device | str, needed: int) -> torch.Tensor:
-    """The fused split-K reduce's arrival counters on `device`: one persistent int32 tensor
-    of zeros per device, with room for at least `needed` (sequence, KV head) pairs, allocated
+    """The fused split-K reduce's arrival counters on `device` (the split-K decode matmul,
+    pagedrt/ops/matmul_triton.py, counts its output tiles on them too): one persistent int32
+    tensor of zeros per device, with room for at least `needed` (sequence, KV head) pairs, allocated
     on first use with max(MIN_REDUCE_COUNTERS, next power of two >= needed) entries and cached
     here for the life of the process. Every launch leaves them all 0 (the last program of each
     pair resets its own), so no launch clears them.

@@ -25,6 +25,11 @@ them: under PDL a kernel touches nothing before the kernel ahead of it has finis
 partials are a [split_k, M, N] fp32 tensor allocated per call (from the graph's pool when
 captured).
 
+SwiGLU's activation (`silu_mul`): for a gate/up weight [2I, K] a program loads the gate rows of
+its tile and the up rows I further on, keeps two accumulators and writes silu(gate) * up,
+rounded as the plain path rounds, so the [M, 2I] product is never written and the activation
+kernel never launched (`linear_silu_mul`, for `MergedColumnParallelLinear.silu_mul_of`).
+
 `linear` picks, once per (weight shape, rows, dtype, bias), the fastest of `CONFIGS` against
 cuBLAS, timed from CUDA graphs outside graph capture, as the skinny matmul of 1-4 rows does
 (pagedrt/ops/gemv_triton.py). Only the decode graphs' usual bucket sizes (8 and the multiples
@@ -81,10 +86,10 @@ CONFIGS = [
     (32, 64, 128, 4, 4, True, 4),
     (64, 64, 128, 4, 4, True, 2),
 ]
-# gate/up with SwiGLU's activation (silu_mul) times the whole-K configs of CONFIGS: in the
-# decode graphs on the H200 they gave 0.836-0.845x of cuBLAS + the activation kernel at 8-64
-# rows, and the tiles that matmul_tune.py --grid silu timed fastest alone 0.841-0.909x (worse
-# at 64 rows; BENCHMARKS.md, "Runs of 2026-12-04")
+# gate/up with SwiGLU's activation (silu_mul) times the whole-K configs of CONFIGS: with them
+# the H200's Qwen2-0.5B decode graphs took 0.82-0.85x of the cuBLAS graphs' time at 8-64 rows;
+# with the tiles matmul_tune.py --grid silu timed fastest alone, 0.84-0.91x (BENCHMARKS.md,
+# "Runs of 2026-12-04")
 SILU_CONFIGS = [c for c in CONFIGS if len(c) == 6 or c[6] == 1]
 
 
