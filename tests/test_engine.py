@@ -387,3 +387,17 @@ def test_bench_throughput_repeats_reports_the_median_run(smollm2_path, tmp_path,
     assert row["output_tok_s"] == sorted(rates)[1]
     with pytest.raises(SystemExit):
         throughput.main(["--repeats", "0"])
+
+
+def test_warm_up_covers_a_prefill_beside_decoding_rows():
+    """`bench throughput`'s warm-up is raised to one request past the prompts that overflow a
+    step's token budget (a prompt then prefills beside decoding rows, one continuing from the
+    cache), capped at the workload; all prompts in one step leave the request as it is."""
+    from pagedrt.bench.throughput import min_warm_up_requests
+
+    lens = [4096] * 8
+    assert min_warm_up_requests(4, lens, 16384) == 6  # 5 prompts overflow 16,384, plus one
+    assert min_warm_up_requests(7, lens, 16384) == 7
+    assert min_warm_up_requests(4, lens, 10000) == 4  # 3 overflow: 4 already covers it
+    assert min_warm_up_requests(1, lens[:5], 16384) == 5  # capped at the workload
+    assert min_warm_up_requests(2, [100] * 8, 16384) == 2  # all in one step

@@ -378,11 +378,30 @@ def _tokenizer(model, in_process: bool):
 
 def warm_up(llm, args) -> None:
     """The same shapes and sampling settings on other token ids, 8 output tokens each
-    (compiles kernels, grows the allocator's pools); the timed runs are then steady state."""
+    (compiles kernels, grows the allocator's pools); the timed runs are then steady state.
+
+    --warm-up-requests is raised, where the workload has that many, to one request past those
+    whose prompts overflow a step's token budget (max_num_batched_tokens): then a prompt's
+    prefill runs beside decoding rows, and the prompt that straddles the budget continues from
+    the cache there. Fewer warm-up requests left those steps' kernels to compile inside the
+    timed run (a batch-8 FP8 run at 8 x 4,096 read 277 against 463 tok/s with 4)."""
     warm, warm_params, _ = make_workload(args, seed=3)
-    n = args.warm_up_requests or len(warm)
+    n = min_warm_up_requests(args.warm_up_requests or len(warm), [len(p) for p in warm],
+                             llm.llm_engine.config.max_num_batched_tokens)
     llm.generate(warm[:n], [dataclasses.replace(p, max_tokens=min(8, p.max_tokens))
                             for p in warm_params[:n]], use_tqdm=False)
+
+
+def min_warm_up_requests(requested: int, prompt_lens: list[int], budget: int) -> int:
+    """`requested`, raised to cover a mixed step (`warm_up`): the fewest first prompts whose
+    tokens exceed `budget`, plus one, capped at len(prompt_lens); `requested` itself when all
+    the prompts fit in one step."""
+    total = 0
+    for i, length in enumerate(prompt_lens):
+        total += length
+        if total > budget:
+            return max(requested, min(len(prompt_lens), i + 2))
+    return requested  # every prompt fits one step: no mixed step to cover
 
 
 def compare_speculative(args, model, name, prompts, params, ceilings, workload) -> int:
@@ -528,7 +547,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--skip-step-split", action="store_true",
                    help="leave out the second, synchronizing pass that splits the step time")
     p.add_argument("--warm-up-requests", type=int, default=None,
-                   help="requests in the warm-up run (default: as many as the workload)")
+                   help="requests in the warm-up run (default: as many as the workload); "
+                        "raised to one past those whose prompts overflow a step's token "
+                        "budget, so that the warm-up has a prefill beside decoding rows")
     args = p.parse_args(argv)
     if args.beam_width and args.workload != "fixed":
         p.error("--beam-width runs the fixed workload only")
