@@ -79,6 +79,44 @@ def test_silu_mul_matches_the_plain_path(dtype, config):
         torch.testing.assert_close(got, plain, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("config", [(16, 32, 32, 4, 2, False), (16, 64, 32, 4, 2, True, 3)],
+                         ids=["whole_k", "swap_split3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_add_rmsnorm_matches_the_norm_kernel(dtype, config):
+    """The projection with the residual add and RMSNorm after it equals the projection, then
+    `rms_norm_triton` with the residual: N = 300 spans two NORM_BLOCK chunks and no tile
+    divides it, a bias, 19 rows (a partial row tile); the arrival counters end at 0."""
+    from pagedrt.ops.attention_triton import _REDUCE_COUNTERS
+    from pagedrt.ops.fused_triton import rms_norm_triton
+    from pagedrt.ops.matmul_triton import matmul_add_rmsnorm_triton
+
+    g = torch.Generator().manual_seed(config[1])
+    for m in (8, 19):
+        x = torch.randn(m, 96, generator=g).to(dtype)
+        w = (torch.randn(300, 96, generator=g) / 96 ** 0.5).to(dtype)
+        b, r = torch.randn(300, generator=g).to(dtype), torch.randn(m, 300, generator=g).to(dtype)
+        norm_w = torch.randn(300, generator=g).to(dtype)
+        normed, new_residual = matmul_add_rmsnorm_triton(x, w, b, r, norm_w, 1e-6, config)
+        want_normed, want_residual = rms_norm_triton(torch.nn.functional.linear(x, w, b),
+                                                     norm_w, 1e-6, r)
+        tol = 1e-5 if dtype == torch.float32 else 4e-3  # fp16: where the product rounds
+        torch.testing.assert_close(new_residual, want_residual, rtol=tol, atol=tol)
+        torch.testing.assert_close(normed, want_normed, rtol=tol, atol=tol)
+    assert int(_REDUCE_COUNTERS[torch.device("cpu")].abs().sum()) == 0
+
+
+def test_add_rmsnorm_bad_inputs():
+    from pagedrt.ops.matmul_triton import matmul_add_rmsnorm_triton
+
+    x, w = torch.randn(8, 32), torch.randn(16, 32)
+    with pytest.raises(ValueError, match="residual"):
+        matmul_add_rmsnorm_triton(x, w, None, torch.randn(8, 15), torch.randn(16), 1e-6)
+    with pytest.raises(ValueError, match="residual"):
+        matmul_add_rmsnorm_triton(x, w, None, torch.randn(16, 8).T, torch.randn(16), 1e-6)
+    with pytest.raises(ValueError, match="norm_weight"):
+        matmul_add_rmsnorm_triton(x, w, None, torch.randn(8, 16), torch.randn(16).half(), 1e-6)
+
+
 def test_bf16_under_the_interpreter_is_multiplied_in_fp32():
     """The interpreter's bf16 tl.dot is wrong (triton 3.9): the kernel upcasts there, so bf16
     matches torch within the output's rounding."""
@@ -149,10 +187,12 @@ def test_shapes_are_timed_only_inside_timing_and_outside_capture(monkeypatch):
     assert not matmul_triton._TIMING
 
 
-def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch):
+@pytest.mark.parametrize("norm", [False, True], ids=["norm_kernels", "norms_in_matmuls"])
+def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm):
     """Greedy decoding of 8 and 16 requests with every 8-128-row matmul of the layers through
     the Triton kernel (the interpreter runs it; fp32, so exact products) gives the plain
-    path's tokens and nearly its logprobs."""
+    path's tokens and nearly its logprobs; with `norm` (PAGEDRT_MATMUL_NORM=1) the O and down
+    projections also run the residual add and the RMSNorm after them."""
     from pagedrt.entrypoints.llm import LLM
     from tests.tiny_model import build_tiny_llama
 
@@ -166,6 +206,7 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch):
         return (16, 32, 32, 4, 2, len(calls) % 2 == 0, 3 if len(calls) % 3 == 0 else 1)
 
     monkeypatch.setattr(matmul_triton, "_choice", always)
+    monkeypatch.setattr(matmul_triton, "NORM_ENABLED", norm)
     monkeypatch.setattr(matmul_triton, "_eligible",
                         lambda x, w: x.dim() == 2 and row_count_timed(x.shape[0]))
     model = build_tiny_llama(seed=0)
@@ -183,6 +224,7 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch):
             for lt, lp in zip(t.outputs[0].logprobs, p.outputs[0].logprobs, strict=True):
                 assert lt.token_id == lp.token_id and abs(lt.logprob - lp.logprob) < 1e-4
     assert calls and "silu_mul" in calls  # the layers took the path, gate/up's fused too
+    assert ("add_rmsnorm" in calls) == norm
 
 
 def test_layers_and_graph_runner_need_no_triton():

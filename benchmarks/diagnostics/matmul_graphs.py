@@ -1,11 +1,13 @@
 """Device time of the decode CUDA graph with the tiled decode matmul (pagedrt/ops/
-matmul_triton.py) on and off, in one process: two engines over the same random Qwen2-0.5B
+matmul_triton.py) on and off, in one process: engines over the same random Qwen2-0.5B
 weights, one built with the path (its start-up timing choosing per shape), one with cuBLAS
-only; for each batch size N, N requests of 512 prompt tokens are brought into decode on each
-engine and its N-row decode graph is replayed (its static inputs hold that engine's last real
-step), the two alternated ABBA. A diagnostic for issue 16, not a benchmark of record.
+only, and optionally one with PAGEDRT_MATMUL_NORM's norms in the projections; for each batch
+size N, N requests of 512 prompt tokens are brought into decode on each engine and its N-row
+decode graph is replayed (its static inputs hold that engine's last real step), the engines
+alternated ABC CBA. A diagnostic for issue 16, not a benchmark of record.
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/matmul_graphs.py [--batch-sizes 8,32,64,128]
+        [--variants on,off[,norm]]
 """
 
 from __future__ import annotations
@@ -46,38 +48,47 @@ def into_decode(llm, n: int, tag: str) -> None:
     torch.cuda.synchronize()
 
 
+VARIANTS = {"off": (False, False), "on": (True, False), "norm": (True, True)}  # ENABLED, NORM
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--batch-sizes", default="8,32,64,128")
+    p.add_argument("--variants", default="on,off",
+                   help="engines to build, of off (cuBLAS), on (the default path) and norm "
+                        "(with PAGEDRT_MATMUL_NORM's norms in the projections)")
     args = p.parse_args()
     sizes = [int(v) for v in args.batch_sizes.split(",")]
+    names = args.variants.split(",")
     model = random_model(get_preset("qwen2-0.5b"), torch.bfloat16, torch.device("cuda"))
     llms = {}
-    for on in (True, False):
-        matmul_triton.ENABLED = on
-        llms[on] = LLM(model, max_num_seqs=max(sizes), max_model_len=4096,
-                       num_kv_blocks=8192)
-    matmul_triton.ENABLED = True
+    for name in names:
+        matmul_triton.ENABLED, matmul_triton.NORM_ENABLED = VARIANTS[name]
+        llms[name] = LLM(model, max_num_seqs=max(sizes), max_model_len=4096,
+                         num_kv_blocks=8192)
+    matmul_triton.ENABLED, matmul_triton.NORM_ENABLED = True, True
     chosen = {k: v for k, v in matmul_triton._CHOICE.items() if v is not None}
     print(f"{len(chosen)} of {len(matmul_triton._CHOICE)} timed shapes took the kernel")
     for k, v in sorted(chosen.items(), key=str):
         print(f"  {k} -> {v}")
     rows = []
     for n in sizes:
-        for on in (True, False):
-            into_decode(llms[on], n, f"b{n}_")
-        graphs = {on: llms[on].llm_engine.model_runner.graph_runner.graphs[1, n] for on in llms}
-        t = {True: [], False: []}
-        for on in (True, False, False, True):
-            t[on].append(replay_us(graphs[on]))
-        for on in (True, False):
+        for name in names:
+            into_decode(llms[name], n, f"b{n}_")
+        graphs = {name: llms[name].llm_engine.model_runner.graph_runner.graphs[1, n]
+                  for name in names}
+        t = {name: [] for name in names}
+        for name in names + names[::-1]:  # ABC CBA
+            t[name].append(replay_us(graphs[name]))
+        for name in names:
             for i in range(n):
-                llms[on].llm_engine.abort_request(f"b{n}_{i}")
-        off, with_ = statistics.mean(t[False]), statistics.mean(t[True])
-        rows.append((n, off, with_))
-    print("rows  cuBLAS graph us  with the kernel us  ratio")
-    for n, off, with_ in rows:
-        print(f"{n:4d}  {off:15.1f}  {with_:18.1f}  {with_ / off:5.3f}")
+                llms[name].llm_engine.abort_request(f"b{n}_{i}")
+        rows.append((n, {name: statistics.mean(v) for name, v in t.items()}))
+    base = "off" if "off" in names else names[0]
+    print("rows  " + "  ".join(f"{name:>8s} us" for name in names) + f"  (ratios to {base})")
+    for n, us in rows:
+        print(f"{n:4d}  " + "  ".join(f"{us[name]:11.1f}" for name in names) + "  "
+              + " ".join(f"{us[name] / us[base]:.3f}" for name in names))
 
 
 if __name__ == "__main__":
