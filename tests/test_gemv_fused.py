@@ -104,7 +104,7 @@ def fused_everywhere(monkeypatch):
     one config for every shape; counts the fused calls."""
     calls = []
 
-    def always_fused(key, unfused, fused, *_):
+    def always_fused(key, unfused, fused, *_, **__):
         calls.append(key[0])
         return fused((8, 128, 4))
 
@@ -167,3 +167,93 @@ def test_row_parallel_down_projection_keeps_the_chain_under_tensor_parallelism(m
     y = down.forward_silu_mul(x, SiluAndMul())
     torch.testing.assert_close(y, torch.nn.functional.linear(SiluAndMul()(x), down.weight))
     assert timed == [] and len(reduced) == 1
+
+
+@pytest.mark.parametrize("heads", [(6, 6), (6, 2), (8, 1)], ids=["mha", "gqa3", "gqa8"])
+@pytest.mark.parametrize("m", [1, 3, 4])
+def test_qkv_rope_matches_the_chain(m, heads):
+    """QKV with RoPE and the K/V write in the epilogue (`qkv_rope_triton`) against the plain
+    chain (the skinny matmul, with the RMSNorm prologue or without, then
+    `rotary_write_kv_triton`): GQA ratios 1, 3 and 8, fp32 and fp16, a bias, a padding row
+    (slot -1), slots at a block's first and last token; the qkv rows, both caches, the new
+    residual."""
+    from pagedrt.ops.fused_triton import rotary_write_kv_triton
+    from pagedrt.ops.gemv_rope_triton import qkv_rope_triton
+
+    num_heads, num_kv_heads = heads
+    d, k, block_size = 16, 40, 8
+    n = (num_heads + 2 * num_kv_heads) * d
+    g = torch.Generator().manual_seed(m * 10 + num_kv_heads)
+    for dtype, norm_mode in ((torch.float32, "residual"), (torch.float16, "none"),
+                             (torch.float32, "norm")):
+        x = torch.randn(m, k, generator=g).to(dtype)
+        w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
+        b = torch.randn(n, generator=g).to(dtype)
+        residual = torch.randn(m, k, generator=g).to(dtype) if norm_mode == "residual" else None
+        norm_w = (1 + 0.3 * torch.randn(k, generator=g)).to(dtype)
+        positions = torch.randint(0, 60, (m,), generator=g)
+        cos_sin = torch.randn(64, d, generator=g)
+        slots = torch.tensor([7, 8, -1, 31][:m])  # last and first of a block, padding
+        caches = [torch.zeros(4, block_size, num_kv_heads, d, dtype=dtype) for _ in range(4)]
+        norm = None if norm_mode == "none" else (residual, norm_w, 1e-6)
+        got, got_res = qkv_rope_triton(x, w, b, positions, cos_sin, caches[0], caches[1],
+                                       slots, num_heads, num_kv_heads, norm, (4, 16, 4))
+        if norm is None:
+            want, want_res = gemv_triton.gemv_triton(x, w, b, (8, 16, 4)), None
+        else:
+            want, want_res = gemv_rmsnorm_triton(x, residual, norm_w, 1e-6, w, b, (8, 16, 4))
+        q, kk, v = want.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
+        rotary_write_kv_triton(positions, q.view(m, num_heads, d), kk.view(m, num_kv_heads, d),
+                               v.view(m, num_kv_heads, d), cos_sin, caches[2], caches[3], slots)
+        tol = 1e-5 if dtype == torch.float32 else 2e-3
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+        torch.testing.assert_close(caches[0], caches[2], rtol=tol, atol=tol)
+        torch.testing.assert_close(caches[1], caches[3], rtol=tol, atol=tol)
+        assert (got_res is None) == (want_res is None)
+        if want_res is not None:
+            assert torch.equal(got_res, want_res)
+
+
+def test_qkv_rope_bad_inputs():
+    from pagedrt.ops.gemv_rope_triton import qkv_rope_triton
+
+    x, w = torch.randn(2, 16), torch.randn(64, 16)  # 2 + 2 x 1 heads of 16
+    cs, pos, slots = torch.randn(8, 16), torch.zeros(2, dtype=torch.long), torch.zeros(2)
+    cache = torch.zeros(2, 4, 1, 16)
+    with pytest.raises(ValueError, match="heads of 16"):
+        qkv_rope_triton(x, w, None, pos, cs, cache, cache, slots, 3, 1)
+    with pytest.raises(ValueError, match="k_cache"):
+        qkv_rope_triton(x, w, None, pos, cs, torch.zeros(2, 4, 2, 16), cache, slots, 2, 1)
+    with pytest.raises(ValueError, match="v_cache"):
+        qkv_rope_triton(x, w, None, pos, cs, cache, cache.half(), slots, 2, 1)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        qkv_rope_triton(x, w, None, pos, cs, cache, cache, slots[:1], 2, 1)
+
+
+def test_decoder_with_rope_in_the_qkv_kernel_gives_the_unfused_tokens(tiny_model,
+                                                                     fused_everywhere,
+                                                                     monkeypatch):
+    """PAGEDRT_FUSED_ROPE=1: decode steps of 1-4 rows run the norm, QKV, RoPE and the K/V write
+    in one kernel; greedy tokens and logprobs as the plain modules'."""
+    from pagedrt.entrypoints.llm import LLM
+    from pagedrt.models import llama
+    from pagedrt.ops import gemv_rope_triton
+    from tests.tiny_model import build_tiny_llama
+
+    monkeypatch.setattr(gemv_rope_triton, "ENABLED", True)
+    monkeypatch.setattr(llama, "uses_triton", lambda backend, x: True)
+    model = build_tiny_llama(seed=0)
+    _perturbed_norms(model.model)
+    prompts = [[5, 9, 200, 17], [1, 2, 3], [300, 301, 7, 8, 9, 10], [42]]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1)
+    llm = LLM(model, num_kv_blocks=64, block_size=8)
+    for count in (4,):  # 4 decode rows (one row: test_qkv_rope_matches_the_chain)
+        fused_outs = llm.generate(prompts[:count], params, use_tqdm=False)
+        with monkeypatch.context() as m:
+            m.setattr(layers, "_small_batch_fusion", lambda x, *w: False)
+            plain_outs = llm.generate(prompts[:count], params, use_tqdm=False)
+        for f, p in zip(fused_outs, plain_outs, strict=True):
+            assert f.outputs[0].token_ids == p.outputs[0].token_ids
+            for lf, lp in zip(f.outputs[0].logprobs, p.outputs[0].logprobs, strict=True):
+                assert lf.token_id == lp.token_id and abs(lf.logprob - lp.logprob) < 1e-4
+    assert "qkv_rope" in fused_everywhere

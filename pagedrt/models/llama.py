@@ -30,7 +30,7 @@ from pagedrt.models.layers import (
     VocabParallelEmbedding,
     fused_norm_rows,
 )
-from pagedrt.ops.attention import AttentionMetadata, KVCacheLayer, paged_attention
+from pagedrt.ops.attention import AttentionMetadata, KVCacheLayer, paged_attention, uses_triton
 
 # Hugging Face projection name -> (our fused parameter, shard id)
 _STACKED_PARAMS = {
@@ -84,6 +84,72 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:  # [T, hidden_size]
         return self.attend(positions, self.qkv_proj(hidden_states), kv_cache, meta)
 
+    def forward_normed(
+        self,
+        norm: RMSNorm,
+        positions: torch.Tensor,  # [T] int64
+        x: torch.Tensor,  # [T, hidden_size]
+        residual: torch.Tensor | None,
+        kv_cache: KVCacheLayer | tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(self.attend(positions, qkv_proj(norm(x + residual)), ...), x + residual)`
+        (without a residual, norm(x) and x). For 1 to 4 CUDA rows the norm runs in the QKV
+        projection's kernel (`RMSNorm.forward_linear`), and with PAGEDRT_FUSED_ROPE=1 RoPE and
+        the K/V cache write in its epilogue too (`pagedrt.ops.gemv_rope_triton`), where timed
+        faster (docs/design.md, "Small-batch decode")."""
+        if self._rope_fusion(norm, x, kv_cache, meta):
+            qkv, residual = self._qkv_rope(norm, positions, x, residual, kv_cache, meta)
+            return self.o_proj(self.attention(positions, qkv, kv_cache, meta, True)), residual
+        qkv, residual = norm.forward_linear(x, residual, self.qkv_proj)
+        return self.attend(positions, qkv, kv_cache, meta), residual
+
+    def _rope_fusion(self, norm: RMSNorm, x: torch.Tensor, kv_cache, meta) -> bool:
+        """Whether `_qkv_rope` may run: 1-4 CUDA rows of the small-batch kernels, the Triton
+        attention backend, a cache in the model's dtype, no per-head q/k norm."""
+        from pagedrt.models import layers
+
+        if self.q_norm is not None or not layers._small_batch_fusion(x, norm.weight,
+                                                                      self.qkv_proj.weight):
+            return False
+        from pagedrt.ops import gemv_rope_triton
+
+        k_cache = KVCacheLayer(*kv_cache).k_cache
+        return (gemv_rope_triton.ENABLED and k_cache.dtype == x.dtype
+                and uses_triton(meta.backend, x))
+
+    def _qkv_rope(self, norm, positions, x, residual, kv_cache, meta):
+        """(qkv with q and k rotated, the new residual), the K/V written: one kernel or the
+        plain chain, whichever was timed faster for the shape (`fused_or_unfused`)."""
+        from pagedrt.ops.gemv_rope_triton import CONFIGS, qkv_rope_triton
+        from pagedrt.ops.gemv_triton import fused_or_unfused
+
+        k_cache, v_cache = KVCacheLayer(*kv_cache)[:2]
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        weight, bias = self.qkv_proj.weight, self.qkv_proj.bias
+
+        def unfused():
+            qkv, new_residual = norm.forward_linear(x, residual, self.qkv_proj)
+            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+            self.rotary_emb.forward_and_write_kv(
+                positions, q.view(-1, self.num_heads, self.head_dim),
+                k.view(-1, self.num_kv_heads, self.head_dim),
+                v.view(-1, self.num_kv_heads, self.head_dim), k_cache, v_cache,
+                meta.slot_mapping, meta.backend)
+            return qkv, new_residual
+
+        def fused(cfg):
+            qkv, new_residual = qkv_rope_triton(
+                x, weight, bias, positions, self.rotary_emb.cos_sin_cache, k_cache, v_cache,
+                meta.slot_mapping, self.num_heads, self.num_kv_heads,
+                (residual, norm.weight, norm.eps), cfg)
+            return qkv, (x if new_residual is None else new_residual)
+
+        key = ("qkv_rope", tuple(weight.shape), x.shape[0], x.dtype, bias is not None,
+               residual is not None, x.device.index)
+        return fused_or_unfused(key, unfused, fused, weight, x.shape[0], bias is not None,
+                                candidates=CONFIGS)
+
     def attend(
         self,
         positions: torch.Tensor,  # [T] int64
@@ -101,8 +167,10 @@ class LlamaAttention(nn.Module):
         qkv: torch.Tensor,  # [T, (num_heads + 2 * num_kv_heads) * head_dim], qkv_proj's output
         kv_cache: KVCacheLayer | tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
+        rotated: bool = False,
     ) -> torch.Tensor:  # [T, num_heads * head_dim]
-        """`attend` before the O projection: RoPE, the K/V write and paged attention."""
+        """`attend` before the O projection: RoPE, the K/V write and paged attention; with
+        `rotated`, q and k in qkv are rotated and K/V written already (`_qkv_rope`)."""
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)  # [T, num_heads, head_dim]
@@ -113,7 +181,7 @@ class LlamaAttention(nn.Module):
             k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
         k_cache, v_cache, k_scales, v_scales = KVCacheLayer(*kv_cache)
         # on CUDA one kernel rotates q and k and writes k and v (quantized, into an FP8 cache)
-        kv_written = self.rotary_emb.forward_and_write_kv(
+        kv_written = rotated or self.rotary_emb.forward_and_write_kv(
             positions, q, k, v, k_cache, v_cache, meta.slot_mapping, meta.backend,
             k_scales=k_scales, v_scales=v_scales)
         if not kv_written:
@@ -179,9 +247,8 @@ class LlamaDecoderLayer(nn.Module):
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # each norm with the projection after it: one kernel each for small CUDA batches
-        qkv, residual = self.input_layernorm.forward_linear(hidden_states, residual,
-                                                            self.self_attn.qkv_proj)
-        hidden_states = self.self_attn.attend(positions, qkv, kv_cache, meta)
+        hidden_states, residual = self.self_attn.forward_normed(
+            self.input_layernorm, positions, hidden_states, residual, kv_cache, meta)
         return self.mlp.forward_normed(self.post_attention_layernorm, hidden_states, residual)
 
     def forward_prenormed(

@@ -292,17 +292,21 @@ FUSED_DEFAULT = (8, 256, 4)  # tried for every fused op, beside the plain matmul
 
 
 def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int,
-                     has_bias: bool):
+                     has_bias: bool, candidates: list | None = None):
     """`fused(config)` with the config timed fastest for `key`, or `unfused()` where no config
     beat it by 5% (timed once per key from a CUDA graph, outside capture; under capture an
     untimed key runs `unfused()`). Both callables must compute the same thing: the layers
     pass the plain module chain as `unfused` (pagedrt/models/layers.py). The candidates are
     the config `linear` chose for the same `weight` at `rows` rows and FUSED_DEFAULT: each one
-    is a Triton compilation at start-up (three prologues x three row counts per model)."""
+    is a Triton compilation at start-up (three prologues x three row counts per model);
+    `candidates`, where given, replaces them (a kernel with a config of another form)."""
     if key not in _FUSED_CHOICE:
         if torch.cuda.is_current_stream_capturing():
             return unfused()
         def configs():  # read once the baseline has run: it makes linear's choice
+            if candidates is not None:
+                yield from candidates
+                return
             plain = _CHOICE.get(_plain_key(weight, rows, has_bias))
             yield from dict.fromkeys(c for c in (plain, FUSED_DEFAULT) if c is not None)
 

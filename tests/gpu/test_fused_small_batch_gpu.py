@@ -63,3 +63,76 @@ def test_engine_tokens_with_and_without_the_fusion(monkeypatch):
                                                                        use_tqdm=False)]
                         for n in (1, 4)]
     assert outs[True] == outs[False]
+
+
+@pytest.mark.parametrize("heads", [(14, 2, 64), (32, 8, 128)], ids=["qwen2", "llama3"])
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_qkv_rope_matches_the_chain_in_bf16(m, heads):
+    """QKV with RoPE and the K/V write in its epilogue (pagedrt/ops/gemv_rope_triton.py,
+    PAGEDRT_FUSED_ROPE) against the skinny matmul with the RMSNorm prologue, then
+    `rotary_write_kv_triton`, at Qwen2-0.5B's and Llama-3-8B's heads, every config: the qkv
+    rows and the caches within bf16 rounding (the two sum in different orders)."""
+    from pagedrt.ops.fused_triton import rotary_write_kv_triton
+    from pagedrt.ops.gemv_rope_triton import CONFIGS as ROPE_CONFIGS
+    from pagedrt.ops.gemv_rope_triton import qkv_rope_triton
+
+    num_heads, num_kv_heads, d = heads
+    hidden = num_heads * d
+    n = (num_heads + 2 * num_kv_heads) * d
+    g = torch.Generator(device="cuda").manual_seed(m)
+    dev, bf16 = "cuda", torch.bfloat16
+    x = torch.randn(m, hidden, device=dev, generator=g).to(bf16)
+    residual = torch.randn(m, hidden, device=dev, generator=g).to(bf16)
+    norm_w = (1 + 0.2 * torch.randn(hidden, device=dev, generator=g)).to(bf16)
+    w = (torch.randn(n, hidden, device=dev, generator=g) * 0.02).to(bf16)
+    b = (torch.randn(n, device=dev, generator=g) * 0.02).to(bf16)
+    positions = torch.tensor([5, 4095, 77, 1000][:m], device=dev)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device=dev).float() / d))
+    freqs = torch.outer(torch.arange(4096, device=dev).float(), inv)
+    cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+    slots = torch.tensor([15, 16, -1, 40][:m], device=dev)
+    want, want_res = gemv_rmsnorm_triton(x, residual, norm_w, 1e-6, w, b, CONFIGS[1])
+    q, k, v = want.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
+    want_k = torch.zeros(4, 16, num_kv_heads, d, device=dev, dtype=bf16)
+    want_v = torch.zeros_like(want_k)
+    rotary_write_kv_triton(positions, q.view(m, num_heads, d), k.view(m, num_kv_heads, d),
+                           v.view(m, num_kv_heads, d), cos_sin, want_k, want_v, slots)
+    for cfg in ROPE_CONFIGS:
+        k_cache, v_cache = torch.zeros_like(want_k), torch.zeros_like(want_v)
+        got, got_res = qkv_rope_triton(x, w, b, positions, cos_sin, k_cache, v_cache, slots,
+                                       num_heads, num_kv_heads, (residual, norm_w, 1e-6), cfg)
+        assert torch.equal(got_res, want_res)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(k_cache.float(), want_k.float(), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(v_cache.float(), want_v.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_engine_tokens_with_rope_in_the_qkv_kernel(monkeypatch):
+    """PAGEDRT_FUSED_ROPE=1 (every 1-4-row QKV forced through the kernel), CUDA graphs: greedy
+    tokens of 1 and 4 requests equal those of the unfused chain."""
+    from pagedrt.ops import gemv_rope_triton, gemv_triton
+
+    loaded = build_tiny_llama(seed=0)
+    loaded = loaded._replace(model=loaded.model.to("cuda"))
+    prompts = [[1, 5, 9, 20, 7], list(range(3, 40)), list(range(100, 164)), [7]]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    outs = {}
+    original = gemv_triton.fused_or_unfused
+    forced_keys = []
+
+    def forced(key, unfused, fused, *args, **kwargs):  # the kernel for every rope key
+        if key[0] == "qkv_rope":
+            forced_keys.append(key)
+            return fused(gemv_rope_triton.CONFIGS[1])
+        return original(key, unfused, fused, *args, **kwargs)
+
+    for rope in (True, False):
+        forced_keys.clear()
+        monkeypatch.setattr(gemv_rope_triton, "ENABLED", rope)
+        monkeypatch.setattr(gemv_triton, "fused_or_unfused", forced)
+        llm = LLM(loaded, num_kv_blocks=64, block_size=16)
+        outs[rope] = [[o.outputs[0].token_ids for o in llm.generate(prompts[:n], params,
+                                                                     use_tqdm=False)]
+                      for n in (1, 4)]
+        assert bool(forced_keys) == rope
+    assert outs[True] == outs[False]

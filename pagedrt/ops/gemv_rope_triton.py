@@ -1,0 +1,213 @@
+"""The QKV projection of 1 to 4 decode rows with RoPE and the K/V cache write in its epilogue
+(issue 16: a batch-1 step is bound by launches, and this one kernel replaces two: the skinny
+QKV matmul, with or without the RMSNorm before it, and `rotary_write_kv_triton`).
+
+Each program owns BLOCK_P rotation pairs: pair p of head h holds the columns h * head_dim + j
+and h * head_dim + head_dim / 2 + j (j = p mod head_dim / 2; NeoX's rotate_half layout,
+`pagedrt/ops/fused_triton.py`), so both halves that RoPE mixes are in the program's registers
+when its K loop ends. The weight rows of the two halves are read as two row sets, each row once,
+as the skinny matmul reads them (`pagedrt/ops/gemv_triton.py`, whose prologue code this
+reuses). The epilogue rounds the products to the model dtype (the plain path's matmul output),
+rotates query and key columns in fp32 with the position's cos and sin and rounds again (the
+rotary kernel's arithmetic), stores the qkv row, and stores the key and value columns into the
+cache slot of the row (`slot_mapping`, negative: none). Opt-in (PAGEDRT_FUSED_ROPE=1) until
+measured on a GPU; caches in the model's dtype only (not FP8), V in K's layout.
+docs/design.md, "Small-batch decode".
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from pagedrt.ops.gemv_triton import MAX_ROWS, _input_chunk
+from pagedrt.ops.triton_utils import pdl_enabled, pdl_launch, pdl_prologue
+
+ENABLED = os.environ.get("PAGEDRT_FUSED_ROPE", "0") == "1"
+CONFIGS = [(4, 256, 4), (8, 256, 4), (16, 256, 4), (32, 128, 4)]  # (BLOCK_P, BLOCK_K, warps)
+
+
+@triton.jit
+def _qkv_rope_kernel(
+    x_ptr,  # [M, K]
+    w_ptr,  # [N, K] (N = q_size + 2 * kv_size), K contiguous
+    b_ptr,  # [N], read only when HAS_BIAS
+    y_ptr,  # [M, N] contiguous: q (rotated) | k (rotated) | v
+    r_ptr,  # NORM with HAS_RESIDUAL: residual [M, K]
+    nw_ptr,  # NORM: the RMSNorm weight [K]
+    new_r_ptr,  # NORM with HAS_RESIDUAL: x + residual [M, K] contiguous, program 0 writes
+    positions_ptr,  # [M] int
+    cos_sin_ptr,  # [max_position, head_dim]: cos | sin
+    slot_mapping_ptr,  # [M], negative: no cache write
+    k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim], head_dim contiguous
+    v_cache_ptr,  # like k_cache
+    num_pairs, K, q_size, kv_size,
+    stride_xm, stride_wn, stride_rm, stride_c,
+    stride_cb, stride_cs, stride_ch,  # K cache strides (block, slot, head)
+    stride_vb, stride_vs, stride_vh,  # V cache strides
+    eps,
+    M: tl.constexpr,
+    M_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,  # HEAD_DIM // 2
+    BLOCK_SIZE: tl.constexpr,  # tokens per cache block
+    HAS_BIAS: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PROLOGUE: tl.constexpr,  # 1: the RMSNorm (with the residual add) first, 0: none
+    HAS_RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr = False,
+):
+    pdl_prologue(PDL)
+    pid = tl.program_id(0)
+    offs_p = pid * BLOCK_P + tl.arange(0, BLOCK_P)
+    mask_p = offs_p < num_pairs
+    j = offs_p % HALF
+    lo = (offs_p // HALF) * HEAD_DIM + j  # column of the pair's first half
+    hi = lo + HALF
+    offs_k0 = tl.arange(0, BLOCK_K)
+    offs_m = tl.arange(0, M_PAD)
+    rstd_m = tl.zeros((M_PAD,), dtype=tl.float32)
+    if PROLOGUE == 1:  # each row's 1/rms, as the skinny matmul's prologue takes it
+        for m in tl.static_range(M):
+            ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                offs_k = k0 + offs_k0
+                mask_k = offs_k < K
+                x = tl.load(x_ptr + m * stride_xm + offs_k, mask=mask_k, other=0.0)
+                if HAS_RESIDUAL:
+                    r = tl.load(r_ptr + m * stride_rm + offs_k, mask=mask_k, other=0.0)
+                    x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+                    if pid == 0:
+                        tl.store(new_r_ptr + m * K + offs_k, x, mask=mask_k)
+                xf = x.to(tl.float32)
+                ss += xf * xf
+            rstd = tl.math.rsqrt(tl.sum(ss, axis=0) / K + eps)
+            rstd_m = tl.where(offs_m == m, rstd, rstd_m)
+    acc_lo = tl.zeros((M_PAD, BLOCK_P), dtype=tl.float32)
+    acc_hi = tl.zeros((M_PAD, BLOCK_P), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + offs_k0
+        mask_k = offs_k < K
+        mask_w = mask_p[:, None] & mask_k[None, :]
+        w_lo = tl.load(w_ptr + lo.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
+                       mask=mask_w, other=0.0).to(tl.float32)
+        w_hi = tl.load(w_ptr + hi.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
+                       mask=mask_w, other=0.0).to(tl.float32)
+        for m in tl.static_range(M):
+            rstd = tl.sum(tl.where(offs_m == m, rstd_m, 0.0), axis=0)
+            x = _input_chunk(x_ptr, r_ptr, nw_ptr, m, stride_xm, stride_rm, offs_k, mask_k,
+                             rstd, K, PROLOGUE, HAS_RESIDUAL)
+            row = offs_m[:, None] == m
+            acc_lo = tl.where(row, acc_lo + tl.sum(w_lo * x[None, :], axis=1)[None, :], acc_lo)
+            acc_hi = tl.where(row, acc_hi + tl.sum(w_hi * x[None, :], axis=1)[None, :], acc_hi)
+    if HAS_BIAS:
+        acc_lo += tl.load(b_ptr + lo, mask=mask_p, other=0.0).to(tl.float32)[None, :]
+        acc_hi += tl.load(b_ptr + hi, mask=mask_p, other=0.0).to(tl.float32)[None, :]
+    dtype = y_ptr.dtype.element_ty
+    x1 = acc_lo.to(dtype).to(tl.float32)  # the matmul's output, as the plain path stores it
+    x2 = acc_hi.to(dtype).to(tl.float32)
+    mask_m = offs_m < M
+    pos = tl.load(positions_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
+    cs = cos_sin_ptr + pos[:, None] * stride_c + j[None, :]
+    mask = mask_m[:, None] & mask_p[None, :]
+    cos = tl.load(cs, mask=mask, other=0.0).to(tl.float32)
+    sin = tl.load(cs + HALF, mask=mask, other=0.0).to(tl.float32)
+    rotate = (lo < q_size + kv_size)[None, :]  # query and key heads; value heads as they are
+    out1 = tl.where(rotate, x1 * cos - x2 * sin, x1).to(dtype)
+    out2 = tl.where(rotate, x2 * cos + x1 * sin, x2).to(dtype)
+    n = q_size + 2 * kv_size
+    tl.store(y_ptr + offs_m[:, None] * n + lo[None, :], out1, mask=mask)
+    tl.store(y_ptr + offs_m[:, None] * n + hi[None, :], out2, mask=mask)
+    # key and value columns into the row's cache slot
+    slot = tl.load(slot_mapping_ptr + offs_m, mask=mask_m, other=-1).to(tl.int64)
+    block, in_block = (slot // BLOCK_SIZE)[:, None], (slot % BLOCK_SIZE)[:, None]
+    write = mask & (slot >= 0)[:, None]
+    is_k = (lo >= q_size) & (lo < q_size + kv_size)
+    is_v = lo >= q_size + kv_size
+    col_k = lo - q_size  # kv_head * head_dim + j within the key's section
+    col_v = lo - q_size - kv_size
+    k_dst = (k_cache_ptr + block * stride_cb + in_block * stride_cs
+             + ((col_k // HEAD_DIM) * stride_ch + col_k % HEAD_DIM)[None, :])
+    v_dst = (v_cache_ptr + block * stride_vb + in_block * stride_vs
+             + ((col_v // HEAD_DIM) * stride_vh + col_v % HEAD_DIM)[None, :])
+    k_ty = k_cache_ptr.dtype.element_ty
+    tl.store(k_dst, out1.to(k_ty), mask=write & is_k[None, :])
+    tl.store(k_dst + HALF, out2.to(k_ty), mask=write & is_k[None, :])
+    tl.store(v_dst, out1.to(k_ty), mask=write & is_v[None, :])
+    tl.store(v_dst + HALF, out2.to(k_ty), mask=write & is_v[None, :])
+
+
+def qkv_rope_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+                    k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                    num_heads: int, num_kv_heads: int,
+                    norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None,
+                    config: tuple[int, int, int] = CONFIGS[1],
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The QKV projection of x with RoPE on its query and key heads and the new key and value
+    written into the caches: what `gemv_triton` (or `gemv_rmsnorm_triton` with `norm`) and then
+    `fused_triton.rotary_write_kv_triton` on the projection's q, k and v views compute.
+
+    Args:
+        x: [M, K], M in 1..4, last dim contiguous; fp16, bf16 or fp32.
+        weight: [(num_heads + 2 * num_kv_heads) * head_dim, K] contiguous, x's dtype (q | k |
+            v rows); bias: its [N] or None.
+        positions: [M] int; cos_sin_cache: [max_position, head_dim] (cos | sin).
+        k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], x's dtype,
+            head_dim contiguous. slot_mapping: [M] int, negative: no write.
+        num_heads, num_kv_heads: of this rank's projection.
+        norm: None, or (residual or None, norm weight [K], eps): RMSNorm(x + residual) is the
+            projection's input, as in `gemv_rmsnorm_triton`.
+        config: (BLOCK_P pairs per program, BLOCK_K, num_warps).
+    Returns:
+        (qkv [M, N], q and k rotated; the new residual [M, K] or None).
+    Raises:
+        ValueError: shapes, dtypes or devices that do not fit.
+    """
+    m, k = x.shape
+    n = weight.shape[0]
+    head_dim = cos_sin_cache.shape[-1]
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    if (x.dim() != 2 or not 1 <= m <= MAX_ROWS or weight.shape != (q_size + 2 * kv_size, k)
+            or head_dim % 2 or x.stride(1) != 1 or not weight.is_contiguous()):
+        raise ValueError(f"x {tuple(x.shape)}, weight {tuple(weight.shape)}, {num_heads} + 2 x "
+                         f"{num_kv_heads} heads of {head_dim}: expected 1-{MAX_ROWS} rows of a "
+                         "contiguous [q | k | v, K] weight and an even head_dim")
+    for name, t in (("weight", weight), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != x.dtype or t.device != x.device:
+            raise ValueError(f"{name} is {t.dtype} on {t.device}; expected x's {x.dtype} on "
+                             f"{x.device}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4 or t.shape[2:] != (num_kv_heads, head_dim) or t.stride(3) != 1:
+            raise ValueError(f"{name} {tuple(t.shape)} (strides {t.stride()}): expected "
+                             f"[num_blocks, block_size, {num_kv_heads}, {head_dim}], head_dim "
+                             "contiguous")
+    if positions.shape != (m,) or slot_mapping.shape != (m,):
+        raise ValueError(f"positions {tuple(positions.shape)} and slot_mapping "
+                         f"{tuple(slot_mapping.shape)} must be ({m},)")
+    residual, norm_weight, eps = norm if norm is not None else (None, x, 0.0)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    new_residual = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None \
+        else None
+    block_p, block_k, num_warps = config
+    num_pairs = n // 2
+    _qkv_rope_kernel[(triton.cdiv(num_pairs, block_p),)](
+        x, weight, bias if bias is not None else weight, y,
+        residual if residual is not None else x, norm_weight,
+        new_residual if new_residual is not None else x,
+        positions, cos_sin_cache, slot_mapping, k_cache, v_cache,
+        num_pairs, k, q_size, kv_size,
+        x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0,
+        cos_sin_cache.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), eps,
+        M=m, M_PAD=max(2, triton.next_power_of_2(m)), HEAD_DIM=head_dim, HALF=head_dim // 2,
+        BLOCK_SIZE=k_cache.shape[1], HAS_BIAS=bias is not None, BLOCK_P=block_p,
+        BLOCK_K=block_k, PROLOGUE=int(norm is not None), HAS_RESIDUAL=residual is not None,
+        num_warps=num_warps, **pdl_launch(pdl_enabled(x)),
+    )
+    return y, new_residual
