@@ -38,8 +38,9 @@ from pagedrt.ops.matmul_triton import CONFIGS, matmul_triton
 
 
 def grid(name: str = "tiles") -> list[tuple]:
-    """"tiles": the 84 whole-K configs of the first tuning; "split": split-K over fewer
-    tile shapes (split 1 included, as the reference)."""
+    """"tiles": the 84 whole-K configs of the first tuning (and CONFIGS); "split": split-K
+    over fewer tile shapes (split 1 included, as the reference); "silu": whole-K configs for
+    gate/up with SwiGLU's activation (`--ops gate_up_silu`)."""
     if name == "silu":  # whole K only (what silu_mul runs)
         swapped = [(bm, bn, bk, 4, st, True) for bm, bn, bk, st in
                    itertools.product((16, 32, 64), (64, 128), (64, 128), (3, 4, 5))]
@@ -93,11 +94,18 @@ def cold_us(fns: list, reps: int = 3) -> float:
     return 1e3 * start.elapsed_time(end) / (5 * reps * len(fns))
 
 
+def hot_us(fn) -> float:
+    """`do_bench_cudagraph(fn)` in us, after this stream's work has finished: it runs fn on a
+    stream of its own, and two split-K launches at once would share arrival counters."""
+    from triton.testing import do_bench_cudagraph
+
+    torch.cuda.synchronize()
+    return 1e3 * do_bench_cudagraph(fn, rep=10)
+
+
 def time_op(weights: list, bias, x: torch.Tensor, configs: list, silu: bool = False) -> dict:
     """cuBLAS and every config on x and `weights`, each config checked against cuBLAS
     first. silu: gate/up with SwiGLU's activation, against cuBLAS + the activation kernel."""
-    from triton.testing import do_bench_cudagraph
-
     from pagedrt.ops.fused_triton import silu_and_mul_triton
 
     def base(w):
@@ -110,8 +118,7 @@ def time_op(weights: list, bias, x: torch.Tensor, configs: list, silu: bool = Fa
     ref = base(weights[0]).float()
     scale = max(ref.abs().max().item(), 1e-6)
     row = {"cublas_cold_us": cold_us([functools.partial(base, w) for w in weights]),
-           "cublas_hot_us": 1e3 * do_bench_cudagraph(lambda: base(weights[0]), rep=10),
-           "configs": {}}
+           "cublas_hot_us": hot_us(lambda: base(weights[0])), "configs": {}}
     for cfg in configs:
         try:
             err = (ours(weights[0], cfg).float() - ref).abs().max().item() / scale
@@ -123,8 +130,7 @@ def time_op(weights: list, bias, x: torch.Tensor, configs: list, silu: bool = Fa
             continue
         row["configs"][str(cfg)] = {
             "cold_us": cold_us([functools.partial(ours, w, cfg) for w in weights]),
-            "hot_us": 1e3 * do_bench_cudagraph(functools.partial(ours, weights[0], cfg),
-                                               rep=10),
+            "hot_us": hot_us(functools.partial(ours, weights[0], cfg)),
             "rel_err": err}
     return row
 

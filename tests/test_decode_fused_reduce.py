@@ -254,7 +254,7 @@ def test_counters_grow_outside_capture_and_raise_inside(decode, monkeypatch):
     monkeypatch.setattr(tri, "_capturing", lambda device: True)
     run(4)  # 8 pairs fit: no allocation needed under capture
     assert tri._REDUCE_COUNTERS[CPU] is grown
-    with pytest.raises(RuntimeError, match=r"needs 10 counters .* 8 exist .* CUDA graph"):
+    with pytest.raises(RuntimeError, match=r"needs 10 arrival counters .* 8 exist .* CUDA graph"):
         run(5)
     assert tri._REDUCE_COUNTERS[CPU] is grown and tri._RETIRED_COUNTERS == [first]
     assert tri.fused_reduce_counters("cpu", 8) is grown

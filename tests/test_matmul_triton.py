@@ -192,7 +192,10 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm):
     """Greedy decoding of 8 and 16 requests with every 8-128-row matmul of the layers through
     the Triton kernel (the interpreter runs it; fp32, so exact products) gives the plain
     path's tokens and nearly its logprobs; with `norm` (PAGEDRT_MATMUL_NORM=1) the O and down
-    projections also run the residual add and the RMSNorm after them."""
+    projections also run the residual add and the RMSNorm after them, and where every fused op
+    falls back the logprobs are the plain path's bit for bit. The norms' weights are
+    perturbed (the tiny model's are 1), so a norm applied in the wrong place shows; each
+    variant runs in an engine of its own."""
     from pagedrt.entrypoints.llm import LLM
     from tests.tiny_model import build_tiny_llama
 
@@ -205,26 +208,39 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm):
         # both orientations, whole K and split in 3
         return (16, 32, 32, 4, 2, len(calls) % 2 == 0, 3 if len(calls) % 3 == 0 else 1)
 
-    monkeypatch.setattr(matmul_triton, "_choice", always)
-    monkeypatch.setattr(matmul_triton, "NORM_ENABLED", norm)
-    monkeypatch.setattr(matmul_triton, "_eligible",
-                        lambda x, w: x.dim() == 2 and row_count_timed(x.shape[0]))
     model = build_tiny_llama(seed=0)
-    g = torch.Generator().manual_seed(5)
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        for name, p in model.model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
     prompts = [torch.randint(0, 384, (3 + i,), generator=g).tolist() for i in range(16)]
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=1)
-    llm = LLM(model, num_kv_blocks=64, block_size=8)
-    for count in (8, 16):
+
+    def generate(tiled: bool, choice) -> list:
         with monkeypatch.context() as mp:
-            mp.setattr(layers, "_decode_matmul", lambda x: x.dim() == 2 and 8 <= len(x) <= 64)
-            tiled = llm.generate(prompts[:count], params, use_tqdm=False)
-        plain = llm.generate(prompts[:count], params, use_tqdm=False)
-        for t, p in zip(tiled, plain, strict=True):
-            assert t.outputs[0].token_ids == p.outputs[0].token_ids
-            for lt, lp in zip(t.outputs[0].logprobs, p.outputs[0].logprobs, strict=True):
-                assert lt.token_id == lp.token_id and abs(lt.logprob - lp.logprob) < 1e-4
+            mp.setattr(matmul_triton, "NORM_ENABLED", norm)
+            mp.setattr(matmul_triton, "_choice", choice)
+            mp.setattr(matmul_triton, "_eligible",
+                       lambda x, w: x.dim() == 2 and row_count_timed(x.shape[0]))
+            if tiled:
+                mp.setattr(layers, "_decode_matmul",
+                           lambda x: x.dim() == 2 and 8 <= len(x) <= 128)
+            llm = LLM(model, num_kv_blocks=64, block_size=8)
+            return [o.outputs[0] for n in (8, 16)
+                    for o in llm.generate(prompts[:n], params, use_tqdm=False)]
+
+    plain = generate(False, always)
+    assert not calls
+    for t, p in zip(generate(True, always), plain, strict=True):
+        assert t.token_ids == p.token_ids
+        for lt, lp in zip(t.logprobs, p.logprobs, strict=True):
+            assert lt.token_id == lp.token_id and abs(lt.logprob - lp.logprob) < 1e-4
     assert calls and "silu_mul" in calls  # the layers took the path, gate/up's fused too
     assert ("add_rmsnorm" in calls) == norm
+    if norm:  # forward_prenormed with every op falling back: the plain ops in the same order
+        fallback = generate(True, lambda key, baseline, candidate, configs=None: None)
+        assert [o.logprobs for o in fallback] == [o.logprobs for o in plain]
 
 
 def test_layers_and_graph_runner_need_no_triton():

@@ -177,12 +177,14 @@ def _capturing(device: torch.device) -> bool:
 
 
 def fused_reduce_counters(device: torch.device | str, needed: int) -> torch.Tensor:
-    """The fused split-K reduce's arrival counters on `device` (the split-K decode matmul,
-    pagedrt/ops/matmul_triton.py, counts its output tiles on them too): one persistent int32
-    tensor of zeros per device, with room for at least `needed` (sequence, KV head) pairs, allocated
-    on first use with max(MIN_REDUCE_COUNTERS, next power of two >= needed) entries and cached
-    here for the life of the process. Every launch leaves them all 0 (the last program of each
-    pair resets its own), so no launch clears them.
+    """The fused split-K reduce's arrival counters on `device` (the split-K and add-norm
+    decode matmuls, pagedrt/ops/matmul_triton.py, count their output and row tiles on them
+    too): one persistent int32 tensor of zeros per device, with room for at least `needed`
+    counters ((sequence, KV head) pairs for the reduce), allocated on first use with
+    max(MIN_REDUCE_COUNTERS, next power of two >= needed) entries and cached here for the life
+    of the process. Every launch leaves them all 0 (the last program of each pair or tile
+    resets its own), so no launch clears them; launches that use them must not run at once
+    (one stream; `fastest_config` synchronizes around its timing on a stream of its own).
 
     A CUDA graph that captured a fused decode launch holds the tensor's address and replays
     atomics on it, so the tensor is never freed nor reallocated while a graph may hold it:
@@ -205,12 +207,14 @@ def fused_reduce_counters(device: torch.device | str, needed: int) -> torch.Tens
     have = 0 if counters is None else counters.numel()
     if _capturing(device):
         raise RuntimeError(
-            f"the fused split-K decode reduce (PAGEDRT_DECODE_FUSED_REDUCE=1) needs {needed} "
-            f"counters (num_seqs x num_kv_heads) on {device}, but {have} exist and they "
-            "cannot be allocated while a CUDA graph is being captured (the graph would hold "
-            "memory of its own pool). Make a decode launch of this size eagerly before "
-            "capturing, or call pagedrt.ops.attention_triton.fused_reduce_counters(device, "
-            f"{needed}) first, or set PAGEDRT_DECODE_FUSED_REDUCE=0.")
+            f"a launch needs {needed} arrival counters on {device} (the fused split-K decode "
+            "reduce of PAGEDRT_DECODE_FUSED_REDUCE=1: num_seqs x num_kv_heads; a split-K or "
+            "add-norm decode matmul: its output and row tiles), but "
+            f"{have} exist and they cannot be allocated while a CUDA graph is being captured "
+            "(the graph would hold memory of its own pool). Make a launch of this size "
+            "eagerly before capturing, or call "
+            "pagedrt.ops.attention_triton.fused_reduce_counters(device, "
+            f"{needed}) first, or set PAGEDRT_DECODE_FUSED_REDUCE=0 / PAGEDRT_MATMUL=0.")
     if counters is not None:
         _RETIRED_COUNTERS.append(counters)
     counters = torch.zeros(max(MIN_REDUCE_COUNTERS, next_pow2(needed)), dtype=torch.int32,

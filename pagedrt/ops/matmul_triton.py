@@ -359,7 +359,6 @@ def matmul_add_rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch
     return _launch(x, weight, bias, config, False, (residual, norm_weight, float(eps)))
 
 
-NORM_BLOCK = 256  # columns per chunk of the fused RMSNorm's two passes
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: tuple,
@@ -390,6 +389,9 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
     normed = torch.empty_like(y) if norm is not None else y
     if m == 0:
         return y if norm is None else (normed, y)
+    if split_k > 1 and split_k * m * n >= 2**31:
+        raise ValueError(f"split_k {split_k} x {m} x {n} partials exceed the kernel's int32 "
+                         "offsets; use split_k 1")
     num_pid_m = triton.cdiv(m, block_m)
     tiles = num_pid_m * triton.cdiv(n, block_n)
     if split_k > 1 or norm is not None:
@@ -405,7 +407,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
         residual, norm_weight, normed, counters[tiles:] if norm is not None else counters, eps,
         m, n, k, x.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        SPLIT_K=split_k, SILU_MUL=silu_mul, ADD_NORM=norm is not None, NORM_BLOCK=NORM_BLOCK,
+        SPLIT_K=split_k, SILU_MUL=silu_mul, ADD_NORM=norm is not None,
+        NORM_BLOCK=max(32, 4096 // block_m),  # the norm pass's tile: 4,096 fp32 at most
         SWAP_AB=bool(swap_ab), EVEN_K=k % block_k == 0,
         IEEE=x.dtype == torch.float32 or upcast, UPCAST=upcast, num_warps=num_warps,
         num_stages=num_stages,

@@ -297,8 +297,16 @@ def fastest_config(baseline, candidate, configs, rep: int) -> tuple | None:
     from triton.testing import do_bench_cudagraph
 
     def timed(fn) -> float:
+        # do_bench_cudagraph runs fn on a stream of its own, unordered with this one: nothing
+        # may still run here then, since the split-K matmuls and the fused reduce count on
+        # shared arrival counters (pagedrt/ops/matmul_triton.py), which two launches at once
+        # would leave nonzero
+        torch.cuda.synchronize()
         fn()
-        return do_bench_cudagraph(fn, rep=rep)
+        torch.cuda.synchronize()
+        ms = do_bench_cudagraph(fn, rep=rep)
+        torch.cuda.synchronize()
+        return ms
 
     best, best_ms = None, timed(baseline)
     for cfg in configs:
