@@ -122,6 +122,15 @@ def _perturbed_norms(model):
                 p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
 
 
+def _assert_same_tokens(fused_outs, plain_outs) -> None:
+    """The same greedy tokens and logprobs within 1e-4 (the fused kernels sum in another
+    order)."""
+    for f, p in zip(fused_outs, plain_outs, strict=True):
+        assert f.outputs[0].token_ids == p.outputs[0].token_ids
+        for lf, lp in zip(f.outputs[0].logprobs, p.outputs[0].logprobs, strict=True):
+            assert lf.token_id == lp.token_id and abs(lf.logprob - lp.logprob) < 1e-4
+
+
 def test_decoder_small_batches_give_the_unfused_tokens(tiny_model, fused_everywhere,
                                                        monkeypatch):
     """Greedy decoding of 1 to 4 requests (decode steps of <= 4 rows run the fused path; the
@@ -139,10 +148,7 @@ def test_decoder_small_batches_give_the_unfused_tokens(tiny_model, fused_everywh
         with monkeypatch.context() as m:
             m.setattr(layers, "_small_batch_fusion", lambda x, *w: False)
             plain_outs = llm.generate(prompts[:count], params, use_tqdm=False)
-        for f, p in zip(fused_outs, plain_outs, strict=True):
-            assert f.outputs[0].token_ids == p.outputs[0].token_ids
-            for lf, lp in zip(f.outputs[0].logprobs, p.outputs[0].logprobs, strict=True):
-                assert lf.token_id == lp.token_id and abs(lf.logprob - lp.logprob) < 1e-4
+        _assert_same_tokens(fused_outs, plain_outs)
     assert {"rmsnorm", "silu_mul"} <= set(fused_everywhere)
 
 
@@ -252,8 +258,5 @@ def test_decoder_with_rope_in_the_qkv_kernel_gives_the_unfused_tokens(tiny_model
         with monkeypatch.context() as m:
             m.setattr(layers, "_small_batch_fusion", lambda x, *w: False)
             plain_outs = llm.generate(prompts[:count], params, use_tqdm=False)
-        for f, p in zip(fused_outs, plain_outs, strict=True):
-            assert f.outputs[0].token_ids == p.outputs[0].token_ids
-            for lf, lp in zip(f.outputs[0].logprobs, p.outputs[0].logprobs, strict=True):
-                assert lf.token_id == lp.token_id and abs(lf.logprob - lp.logprob) < 1e-4
+        _assert_same_tokens(fused_outs, plain_outs)
     assert "qkv_rope" in fused_everywhere

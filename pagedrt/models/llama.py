@@ -82,7 +82,8 @@ class LlamaAttention(nn.Module):
         # k_scales, v_scales]): 2 x [num_blocks, block_size, kv_heads, d] (+ FP8 scales)
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden_size]
-        return self.attend(positions, self.qkv_proj(hidden_states), kv_cache, meta)
+        return self.o_proj(self.attention(positions, self.qkv_proj(hidden_states), kv_cache,
+                                          meta))
 
     def forward_normed(
         self,
@@ -93,7 +94,7 @@ class LlamaAttention(nn.Module):
         kv_cache: KVCacheLayer | tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(self.attend(positions, qkv_proj(norm(x + residual)), ...), x + residual)`
+        """`(self(positions, norm(x + residual), ...), x + residual)`
         (without a residual, norm(x) and x). For 1 to 4 CUDA rows the norm runs in the QKV
         projection's kernel (`RMSNorm.forward_linear`), and with PAGEDRT_FUSED_ROPE=1 RoPE and
         the K/V cache write in its epilogue too (`pagedrt.ops.gemv_rope_triton`), where timed
@@ -102,7 +103,7 @@ class LlamaAttention(nn.Module):
             qkv, residual = self._qkv_rope(norm, positions, x, residual, kv_cache, meta)
             return self.o_proj(self.attention(positions, qkv, kv_cache, meta, True)), residual
         qkv, residual = norm.forward_linear(x, residual, self.qkv_proj)
-        return self.attend(positions, qkv, kv_cache, meta), residual
+        return self.o_proj(self.attention(positions, qkv, kv_cache, meta)), residual
 
     def _rope_fusion(self, norm: RMSNorm, x: torch.Tensor, kv_cache, meta) -> bool:
         """Whether `_qkv_rope` may run: 1-4 CUDA rows of the small-batch kernels, the Triton
@@ -150,17 +151,6 @@ class LlamaAttention(nn.Module):
         return fused_or_unfused(key, unfused, fused, weight, x.shape[0], bias is not None,
                                 candidates=CONFIGS)
 
-    def attend(
-        self,
-        positions: torch.Tensor,  # [T] int64
-        qkv: torch.Tensor,  # [T, (num_heads + 2 * num_kv_heads) * head_dim], qkv_proj's output
-        kv_cache: KVCacheLayer | tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:  # [T, hidden_size]
-        """The attention after the QKV projection (the decoder layer may fuse that projection
-        with the norm before it)."""
-        return self.o_proj(self.attention(positions, qkv, kv_cache, meta))
-
     def attention(
         self,
         positions: torch.Tensor,  # [T] int64
@@ -169,8 +159,10 @@ class LlamaAttention(nn.Module):
         meta: AttentionMetadata,
         rotated: bool = False,
     ) -> torch.Tensor:  # [T, num_heads * head_dim]
-        """`attend` before the O projection: RoPE, the K/V write and paged attention; with
-        `rotated`, q and k in qkv are rotated and K/V written already (`_qkv_rope`)."""
+        """The attention after the QKV projection and before the O projection (the decoder
+        layer may fuse the projections with the norms around them): RoPE, the K/V write and
+        paged attention; with `rotated`, q and k in qkv are rotated and K/V written already
+        (`_qkv_rope`)."""
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)  # [T, num_heads, head_dim]

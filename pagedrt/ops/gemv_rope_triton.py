@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedrt.ops.gemv_triton import MAX_ROWS, _input_chunk
+from pagedrt.ops.gemv_triton import MAX_ROWS, _input_chunk, _rows_rstd
 from pagedrt.ops.triton_utils import pdl_enabled, pdl_launch, pdl_prologue
 
 ENABLED = os.environ.get("PAGEDRT_FUSED_ROPE", "0") == "1"
@@ -72,21 +72,8 @@ def _qkv_rope_kernel(
     offs_m = tl.arange(0, M_PAD)
     rstd_m = tl.zeros((M_PAD,), dtype=tl.float32)
     if PROLOGUE == 1:  # each row's 1/rms, as the skinny matmul's prologue takes it
-        for m in tl.static_range(M):
-            ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                offs_k = k0 + offs_k0
-                mask_k = offs_k < K
-                x = tl.load(x_ptr + m * stride_xm + offs_k, mask=mask_k, other=0.0)
-                if HAS_RESIDUAL:
-                    r = tl.load(r_ptr + m * stride_rm + offs_k, mask=mask_k, other=0.0)
-                    x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-                    if pid == 0:
-                        tl.store(new_r_ptr + m * K + offs_k, x, mask=mask_k)
-                xf = x.to(tl.float32)
-                ss += xf * xf
-            rstd = tl.math.rsqrt(tl.sum(ss, axis=0) / K + eps)
-            rstd_m = tl.where(offs_m == m, rstd, rstd_m)
+        rstd_m = _rows_rstd(x_ptr, r_ptr, new_r_ptr, stride_xm, stride_rm, K, eps, pid == 0,
+                            M, M_PAD, BLOCK_K, HAS_RESIDUAL)
     acc_lo = tl.zeros((M_PAD, BLOCK_P), dtype=tl.float32)
     acc_hi = tl.zeros((M_PAD, BLOCK_P), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):

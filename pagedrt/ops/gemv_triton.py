@@ -63,6 +63,33 @@ def _input_chunk(x_ptr, r_ptr, nw_ptr, row, stride_xm, stride_rm, offs_k, mask_k
 
 
 @triton.jit
+def _rows_rstd(x_ptr, r_ptr, new_r_ptr, stride_xm, stride_rm, K, eps, write_residual,
+               M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_K: tl.constexpr,
+               HAS_RESIDUAL: tl.constexpr):
+    """[M_PAD] fp32: 1/rms of each of the M rows of x (+ residual, summed as RMSNorm sums it),
+    0 past M; with `write_residual` also stores x + residual ([M, K] contiguous)."""
+    offs_m = tl.arange(0, M_PAD)
+    offs_k0 = tl.arange(0, BLOCK_K)
+    rstd_m = tl.zeros((M_PAD,), dtype=tl.float32)
+    for m in tl.static_range(M):
+        ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + offs_k0
+            mask_k = offs_k < K
+            x = tl.load(x_ptr + m * stride_xm + offs_k, mask=mask_k, other=0.0)
+            if HAS_RESIDUAL:
+                r = tl.load(r_ptr + m * stride_rm + offs_k, mask=mask_k, other=0.0)
+                x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+                if write_residual:
+                    tl.store(new_r_ptr + m * K + offs_k, x, mask=mask_k)
+            xf = x.to(tl.float32)
+            ss += xf * xf
+        rstd = tl.math.rsqrt(tl.sum(ss, axis=0) / K + eps)
+        rstd_m = tl.where(offs_m == m, rstd, rstd_m)
+    return rstd_m
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,  # [M, K] (PROLOGUE 2: [M, 2K], gate | up)
     w_ptr,  # [N, K], K contiguous
@@ -93,21 +120,8 @@ def _gemv_kernel(
     # RMSNorm: every program first takes each row's 1/rms itself (x is small and in L2)
     rstd_m = tl.zeros((M_PAD,), dtype=tl.float32)
     if PROLOGUE == 1:
-        for m in tl.static_range(M):
-            ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                offs_k = k0 + offs_k0
-                mask_k = offs_k < K
-                x = tl.load(x_ptr + m * stride_xm + offs_k, mask=mask_k, other=0.0)
-                if HAS_RESIDUAL:
-                    r = tl.load(r_ptr + m * stride_rm + offs_k, mask=mask_k, other=0.0)
-                    x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-                    if pid == 0:
-                        tl.store(new_r_ptr + m * K + offs_k, x, mask=mask_k)
-                xf = x.to(tl.float32)
-                ss += xf * xf
-            rstd = tl.math.rsqrt(tl.sum(ss, axis=0) / K + eps)
-            rstd_m = tl.where(offs_m == m, rstd, rstd_m)
+        rstd_m = _rows_rstd(x_ptr, r_ptr, new_r_ptr, stride_xm, stride_rm, K, eps, pid == 0,
+                            M, M_PAD, BLOCK_K, HAS_RESIDUAL)
     if M == 1:
         # one row: keep the products per lane and reduce once at the end
         rstd0 = tl.sum(tl.where(offs_m == 0, rstd_m, 0.0), axis=0)
