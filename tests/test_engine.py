@@ -257,6 +257,19 @@ def test_cpu_threads_note_names_the_count_and_the_knob(monkeypatch):
     assert cpu_threads_note("cpu", 1) == ", 1 CPU thread"
 
 
+def test_slow_cpu_generation_suggests_one_thread(monkeypatch):
+    """`generate` prints a hint when a multi-threaded CPU run is slow and the knob is unset."""
+    from pagedrt.entrypoints.cli import slow_cpu_hint
+
+    monkeypatch.delenv("PAGEDRT_NUM_THREADS", raising=False)
+    assert "PAGEDRT_NUM_THREADS=1" in slow_cpu_hint("cpu", 2, 1.6)
+    assert slow_cpu_hint("cpu", 2, 30.0) == ""  # fast enough
+    assert slow_cpu_hint("cpu", 1, 1.6) == ""  # one thread already
+    assert slow_cpu_hint("cuda:0", 16, 1.6) == ""
+    monkeypatch.setenv("PAGEDRT_NUM_THREADS", "2")
+    assert slow_cpu_hint("cpu", 2, 1.6) == ""  # the user chose
+
+
 def test_cli_bad_input_exit_code():
     proc = subprocess.run(
         [sys.executable, "-m", "pagedrt.entrypoints.cli", "generate", "hi", "--max-tokens", "0",

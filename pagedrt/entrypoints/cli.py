@@ -58,6 +58,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         f"{cpu_threads_note(str(llm.llm_engine.device), torch.get_num_threads())}"
         f" | model load {t_load:.1f} s"
     )
+    hint = slow_cpu_hint(str(llm.llm_engine.device), torch.get_num_threads(), n_gen / elapsed)
+    if hint:
+        print(hint)
     return 0
 
 
@@ -141,6 +144,20 @@ def cpu_threads_note(device: str, threads: int) -> str:
         return ""
     hint = "" if os.environ.get("PAGEDRT_NUM_THREADS") else "; PAGEDRT_NUM_THREADS sets them"
     return f", {threads} CPU thread{'s' if threads != 1 else ''}{hint}"
+
+
+SLOW_CPU_TOK_S = 8.0  # below this `generate` suggests one thread (the default model does 22-40)
+
+
+def slow_cpu_hint(device: str, threads: int, generated_tok_s: float) -> str:
+    """A line for `generate` when a CPU run with several threads and no PAGEDRT_NUM_THREADS
+    generated under SLOW_CPU_TOK_S tokens/s (on a CPU that other processes share, one thread
+    was 11-23x faster: README, "Quick start"); else ""."""
+    if (not device.startswith("cpu") or threads < 2 or os.environ.get("PAGEDRT_NUM_THREADS")
+            or generated_tok_s >= SLOW_CPU_TOK_S):
+        return ""
+    return (f"[hint] {generated_tok_s:.1f} generated tok/s with {threads} CPU threads: if other "
+            "processes share this CPU, PAGEDRT_NUM_THREADS=1 is often several times faster")
 
 
 def set_num_threads_from_env() -> None:
