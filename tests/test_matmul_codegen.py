@@ -1,0 +1,70 @@
+"""The decode matmul's variants and the QKV + RoPE kernel as compiled for the H200 (sm_90), on
+a CPU (benchmarks/diagnostics/matmul_ptx.py in a subprocess without TRITON_INTERPRET): they
+compile, the tiled matmul's K loop stays on Hopper's wgmma with asynchronous copies in every
+variant (the SwiGLU epilogue's second weight half too), and the variants that count arrivals
+order them as split-K's last-arriver scheme needs (pagedrt/ops/matmul_triton.py): a barrier
+between the stores and each atomic, acq_rel at GPU scope, the other programs' data read
+through L2 (.cg)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[1]
+MATMULS = ["whole K, swap", "whole K", "split-K 8, swap", "SwiGLU epilogue, swap",
+           "add + RMSNorm epilogue, swap", "add + RMSNorm epilogue, split-K 4"]
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    if importlib.util.find_spec("triton.backends.nvidia") is None:
+        pytest.skip("this triton has no NVIDIA backend to compile for sm_90 with")
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks/diagnostics/matmul_ptx.py"),
+                          "--json"], check=False, capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", MATMULS)
+def test_matmuls_run_wgmma_from_pipelined_copies(compiled, case):
+    got = compiled[case]
+    assert any(k.startswith("wgmma.mma_async") for k in got["matrix"]), got["matrix"]
+    assert got["cp_async"] > 0
+    assert got["griddepcontrol"] == {"griddepcontrol.wait": 1,
+                                     "griddepcontrol.launch_dependents": 1}
+
+
+def test_swiglu_epilogue_pipelines_both_weight_halves(compiled):
+    plain, silu = compiled["whole K, swap"], compiled["SwiGLU epilogue, swap"]
+    assert sum(silu["matrix"].values()) == 2 * sum(plain["matrix"].values())
+    assert silu["cp_async"] > plain["cp_async"]
+
+
+@pytest.mark.parametrize("case, atoms", [("split-K 8, swap", 1),
+                                         ("add + RMSNorm epilogue, swap", 1),
+                                         ("add + RMSNorm epilogue, split-K 4", 2)])
+def test_arrivals_are_ordered(compiled, case, atoms):
+    got = compiled[case]
+    assert got["arrivals"]["atoms"] == {"atom.global.gpu.acq_rel.add.u32": atoms}
+    assert got["barrier_before_each_atom"]
+    loads = got["arrivals"]["loads_after_atom"]
+    assert sum(n for k, n in loads.items() if ".cg" in k) >= 8
+
+
+@pytest.mark.parametrize("case", ["QKV + RoPE, 1 row", "QKV + RoPE, 4 rows"])
+def test_qkv_rope_compiles_with_pdl(compiled, case):
+    assert compiled[case]["griddepcontrol"] == {"griddepcontrol.wait": 1,
+                                                "griddepcontrol.launch_dependents": 1}
+    assert not compiled[case]["arrivals"]["atoms"]
