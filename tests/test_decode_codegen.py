@@ -11,32 +11,19 @@ loads remain only in a partition's last, partial tile."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from ptx_report import ptx_report
 
 pytest.importorskip("triton")
 
-ROOT = Path(__file__).resolve().parents[1]
 CG, B8 = "cp.async.cg.shared.global", "ld.global.b8"
 
 
 @pytest.fixture(scope="module")
 def loads() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    if importlib.util.find_spec("triton.backends.nvidia") is None:
-        pytest.skip("this triton has no NVIDIA backend to compile for sm_90 with")
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks/diagnostics/decode_ptx.py"),
-                          "--json"], check=False, capture_output=True, text=True, env=env,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return ptx_report("decode_ptx.py")
 
 
 def test_dim_major_fp8_v_comes_by_16_byte_copies(loads):

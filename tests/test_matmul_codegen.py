@@ -8,33 +8,18 @@ through L2 (.cg)."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from ptx_report import ptx_report
 
 pytest.importorskip("triton")
 
-ROOT = Path(__file__).resolve().parents[1]
 MATMULS = ["whole K, swap", "whole K", "split-K 8, swap", "SwiGLU epilogue, swap",
            "add + RMSNorm epilogue, swap", "add + RMSNorm epilogue, split-K 4"]
 
 
 @pytest.fixture(scope="module")
 def compiled() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    if importlib.util.find_spec("triton.backends.nvidia") is None:
-        pytest.skip("this triton has no NVIDIA backend to compile for sm_90 with")
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks/diagnostics/matmul_ptx.py"),
-                          "--json"], check=False, capture_output=True, text=True, env=env,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return ptx_report("matmul_ptx.py")
 
 
 @pytest.mark.parametrize("case", MATMULS)
