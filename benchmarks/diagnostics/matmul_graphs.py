@@ -13,7 +13,9 @@ alternated ABC CBA. A diagnostic for issue 16, not a benchmark of record.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 
 import torch
 
@@ -21,18 +23,13 @@ from pagedrt import LLM, SamplingParams
 from pagedrt.bench.presets import get_preset, random_model
 from pagedrt.ops import matmul_triton
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from profile_step import cuda_ms  # benchmarks/profile_step.py
+
 
 def replay_us(graph, iters: int = 50) -> float:
-    """Median device time of one replay, us (CUDA events around each)."""
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(1e3 * a.elapsed_time(b))
-    return statistics.median(times)
+    """Median device time of one replay, us (`cuda_ms` of benchmarks/profile_step.py)."""
+    return 1e3 * cuda_ms(graph.replay, iters)
 
 
 def into_decode(llm, n: int, tag: str) -> None:

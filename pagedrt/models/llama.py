@@ -126,17 +126,12 @@ class LlamaAttention(nn.Module):
         from pagedrt.ops.gemv_triton import fused_or_unfused
 
         k_cache, v_cache = KVCacheLayer(*kv_cache)[:2]
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         weight, bias = self.qkv_proj.weight, self.qkv_proj.bias
 
         def unfused():
             qkv, new_residual = norm.forward_linear(x, residual, self.qkv_proj)
-            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            self.rotary_emb.forward_and_write_kv(
-                positions, q.view(-1, self.num_heads, self.head_dim),
-                k.view(-1, self.num_kv_heads, self.head_dim),
-                v.view(-1, self.num_kv_heads, self.head_dim), k_cache, v_cache,
-                meta.slot_mapping, meta.backend)
+            self.rotary_emb.forward_and_write_kv(positions, *self._heads(qkv), k_cache,
+                                                 v_cache, meta.slot_mapping, meta.backend)
             return qkv, new_residual
 
         def fused(cfg):
@@ -151,6 +146,15 @@ class LlamaAttention(nn.Module):
         return fused_or_unfused(key, unfused, fused, weight, x.shape[0], bias is not None,
                                 candidates=CONFIGS)
 
+    def _heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Views of qkv [T, (num_heads + 2 * num_kv_heads) * head_dim]: q [T, num_heads,
+        head_dim], k and v [T, num_kv_heads, head_dim]."""
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        return (q.view(-1, self.num_heads, self.head_dim),
+                k.view(-1, self.num_kv_heads, self.head_dim),
+                v.view(-1, self.num_kv_heads, self.head_dim))
+
     def attention(
         self,
         positions: torch.Tensor,  # [T] int64
@@ -163,11 +167,7 @@ class LlamaAttention(nn.Module):
         layer may fuse the projections with the norms around them): RoPE, the K/V write and
         paged attention; with `rotated`, q and k in qkv are rotated and K/V written already
         (`_qkv_rope`)."""
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)  # [T, num_heads, head_dim]
-        k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, num_kv_heads, head_dim]
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k, v = self._heads(qkv)
         if self.q_norm is not None:  # per head: rows of [T * heads, head_dim]
             q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)

@@ -359,8 +359,6 @@ def matmul_add_rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch
     return _launch(x, weight, bias, config, False, (residual, norm_weight, float(eps)))
 
 
-
-
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: tuple,
             silu_mul: bool, norm: tuple | None):
     """`matmul_triton` (norm None) or `matmul_add_rmsnorm_triton` (norm = (residual,
