@@ -10,8 +10,9 @@ as the skinny matmul reads them (`pagedrt/ops/gemv_triton.py`, whose prologue co
 reuses). The epilogue rounds the products to the model dtype (the plain path's matmul output),
 rotates query and key columns in fp32 with the position's cos and sin and rounds again (the
 rotary kernel's arithmetic), stores the qkv row, and stores the key and value columns into the
-cache slot of the row (`slot_mapping`, negative: none). Opt-in (PAGEDRT_FUSED_ROPE=1) until
-measured on a GPU; caches in the model's dtype only (not FP8), V in K's layout.
+cache slot of the row (`slot_mapping`, negative: none). On by default (PAGEDRT_FUSED_ROPE=0 turns
+it off; batch-1 decode 3% shorter on the H200, BENCHMARKS.md); caches in the model's dtype only
+(not FP8), V in K's layout.
 docs/design.md, "Small-batch decode".
 """
 
@@ -26,7 +27,7 @@ import triton.language as tl
 from pagedrt.ops.gemv_triton import MAX_ROWS, _input_chunk, _rows_rstd
 from pagedrt.ops.triton_utils import pdl_enabled, pdl_launch, pdl_prologue
 
-ENABLED = os.environ.get("PAGEDRT_FUSED_ROPE", "0") == "1"
+ENABLED = os.environ.get("PAGEDRT_FUSED_ROPE", "1") == "1"
 CONFIGS = [(4, 256, 4), (8, 256, 4), (16, 256, 4), (32, 128, 4)]  # (BLOCK_P, BLOCK_K, warps)
 
 
