@@ -96,14 +96,49 @@ class LlamaAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`(self(positions, norm(x + residual), ...), x + residual)`
         (without a residual, norm(x) and x). For 1 to 4 CUDA rows the norm runs in the QKV
-        projection's kernel (`RMSNorm.forward_linear`), and with PAGEDRT_FUSED_ROPE=1 RoPE and
-        the K/V cache write in its epilogue too (`pagedrt.ops.gemv_rope_triton`), where timed
-        faster (docs/design.md, "Small-batch decode")."""
+        projection's kernel (`RMSNorm.forward_linear`), and RoPE and the K/V cache write in its
+        epilogue too (`pagedrt.ops.gemv_rope_triton`; PAGEDRT_FUSED_ROPE=0 turns that off),
+        where timed faster (docs/design.md, "Small-batch decode"); for 8 to 128 rows see
+        `attention_of_normed`."""
         if self._rope_fusion(norm, x, kv_cache, meta):
             qkv, residual = self._qkv_rope(norm, positions, x, residual, kv_cache, meta)
             return self.o_proj(self.attention(positions, qkv, kv_cache, meta, True)), residual
-        qkv, residual = norm.forward_linear(x, residual, self.qkv_proj)
-        return self.o_proj(self.attention(positions, qkv, kv_cache, meta)), residual
+        if x.shape[0] <= 4:  # the norm in the QKV kernel, where timed faster
+            qkv, residual = norm.forward_linear(x, residual, self.qkv_proj)
+            return self.o_proj(self.attention(positions, qkv, kv_cache, meta)), residual
+        h, residual = (norm(x), x) if residual is None else norm(x, residual)
+        return self.o_proj(self.attention_of_normed(positions, h, kv_cache, meta)), residual
+
+    def attention_of_normed(self, positions: torch.Tensor, h: torch.Tensor, kv_cache,
+                            meta: AttentionMetadata) -> torch.Tensor:
+        """`attention(positions, qkv_proj(h), kv_cache, meta)` for the normed input h
+        [T, hidden_size]. For 8-128 CUDA rows the QKV matmul does RoPE and the K/V write in
+        its epilogue (`pagedrt.ops.matmul_rope_triton`) where timed faster than the matmul
+        and the rotary kernel, with PAGEDRT_FUSED_ROPE on (the default), a cache in the
+        model's dtype, the Triton backend and no per-head q/k norm."""
+        from pagedrt.models import layers
+
+        k_cache, v_cache = KVCacheLayer(*kv_cache)[:2]
+        if not (self.q_norm is None and layers._decode_matmul(h) and k_cache.dtype == h.dtype
+                and uses_triton(meta.backend, h)):
+            return self.attention(positions, self.qkv_proj(h), kv_cache, meta)
+        from pagedrt.ops import gemv_rope_triton
+        from pagedrt.ops.matmul_rope_triton import linear_qkv_rope
+
+        if not gemv_rope_triton.ENABLED:
+            return self.attention(positions, self.qkv_proj(h), kv_cache, meta)
+
+        def plain() -> tuple[torch.Tensor, bool]:
+            qkv = self.qkv_proj(h)
+            return qkv, self.rotary_emb.forward_and_write_kv(
+                positions, *self._heads(qkv), k_cache, v_cache, meta.slot_mapping,
+                meta.backend)
+
+        qkv, rotated = linear_qkv_rope(h, self.qkv_proj.weight, self.qkv_proj.bias, positions,
+                                       self.rotary_emb.cos_sin_cache, k_cache, v_cache,
+                                       meta.slot_mapping, self.num_heads, self.num_kv_heads,
+                                       plain)
+        return self.attention(positions, qkv, kv_cache, meta, rotated)
 
     def _rope_fusion(self, norm: RMSNorm, x: torch.Tensor, kv_cache, meta) -> bool:
         """Whether `_qkv_rope` may run: 1-4 CUDA rows of the small-batch kernels, the Triton
@@ -259,7 +294,7 @@ class LlamaDecoderLayer(nn.Module):
         `next_norm` (`RowParallelLinear.forward_add_norm`), so the RMSNorm kernels go where
         that is timed faster (LlamaModel.forward takes this path for 8-128 CUDA rows with
         PAGEDRT_MATMUL_NORM=1; docs/design.md, "Decode matmuls (8 to 128 rows)")."""
-        attn = self.self_attn.attention(positions, self.self_attn.qkv_proj(x), kv_cache, meta)
+        attn = self.self_attn.attention_of_normed(positions, x, kv_cache, meta)
         h, residual = self.self_attn.o_proj.forward_add_norm(attn, residual,
                                                              self.post_attention_layernorm)
         act = self.mlp.gate_up_proj.silu_mul_of(h, self.mlp.act_fn)

@@ -92,13 +92,31 @@ def _qkv_rope_kernel(
             row = offs_m[:, None] == m
             acc_lo = tl.where(row, acc_lo + tl.sum(w_lo * x[None, :], axis=1)[None, :], acc_lo)
             acc_hi = tl.where(row, acc_hi + tl.sum(w_hi * x[None, :], axis=1)[None, :], acc_hi)
+    _rope_qkv_store(acc_lo, acc_hi, offs_m, offs_m < M, lo, j, mask_p, b_ptr, y_ptr,
+                    positions_ptr, cos_sin_ptr, slot_mapping_ptr, k_cache_ptr, v_cache_ptr,
+                    q_size, kv_size, stride_c, stride_cb, stride_cs, stride_ch, stride_vb,
+                    stride_vs, stride_vh, HEAD_DIM, HALF, BLOCK_SIZE, HAS_BIAS)
+
+
+@triton.jit
+def _rope_qkv_store(acc_lo, acc_hi, offs_m, mask_m, lo, j, mask_p, b_ptr, y_ptr,
+                    positions_ptr, cos_sin_ptr, slot_mapping_ptr, k_cache_ptr, v_cache_ptr,
+                    q_size, kv_size, stride_c, stride_cb, stride_cs, stride_ch, stride_vb,
+                    stride_vs, stride_vh, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+                    BLOCK_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The epilogue shared with the decode matmul's (pagedrt/ops/matmul_rope_triton.py):
+    acc_lo, acc_hi [rows, pairs] fp32 are the products of rows `offs_m` with the weight rows
+    `lo` (pair j's first half in its head) and lo + HALF. Adds the bias, rounds to y's dtype
+    (the matmul's output), rotates query and key columns in fp32 with each row's cos and sin and
+    rounds again (`rotary_write_kv_triton`'s arithmetic), stores the qkv rows and the key and
+    value columns into each row's cache slot (negative: none)."""
+    hi = lo + HALF
     if HAS_BIAS:
         acc_lo += tl.load(b_ptr + lo, mask=mask_p, other=0.0).to(tl.float32)[None, :]
         acc_hi += tl.load(b_ptr + hi, mask=mask_p, other=0.0).to(tl.float32)[None, :]
     dtype = y_ptr.dtype.element_ty
     x1 = acc_lo.to(dtype).to(tl.float32)  # the matmul's output, as the plain path stores it
     x2 = acc_hi.to(dtype).to(tl.float32)
-    mask_m = offs_m < M
     pos = tl.load(positions_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
     cs = cos_sin_ptr + pos[:, None] * stride_c + j[None, :]
     mask = mask_m[:, None] & mask_p[None, :]
@@ -156,27 +174,12 @@ def qkv_rope_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     Raises:
         ValueError: shapes, dtypes or devices that do not fit.
     """
+    check_qkv_rope(x, weight, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                   num_heads, num_kv_heads, 1, MAX_ROWS)
     m, k = x.shape
     n = weight.shape[0]
     head_dim = cos_sin_cache.shape[-1]
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
-    if (x.dim() != 2 or not 1 <= m <= MAX_ROWS or weight.shape != (q_size + 2 * kv_size, k)
-            or head_dim % 2 or x.stride(1) != 1 or not weight.is_contiguous()):
-        raise ValueError(f"x {tuple(x.shape)}, weight {tuple(weight.shape)}, {num_heads} + 2 x "
-                         f"{num_kv_heads} heads of {head_dim}: expected 1-{MAX_ROWS} rows of a "
-                         "contiguous [q | k | v, K] weight and an even head_dim")
-    for name, t in (("weight", weight), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dtype != x.dtype or t.device != x.device:
-            raise ValueError(f"{name} is {t.dtype} on {t.device}; expected x's {x.dtype} on "
-                             f"{x.device}")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.dim() != 4 or t.shape[2:] != (num_kv_heads, head_dim) or t.stride(3) != 1:
-            raise ValueError(f"{name} {tuple(t.shape)} (strides {t.stride()}): expected "
-                             f"[num_blocks, block_size, {num_kv_heads}, {head_dim}], head_dim "
-                             "contiguous")
-    if positions.shape != (m,) or slot_mapping.shape != (m,):
-        raise ValueError(f"positions {tuple(positions.shape)} and slot_mapping "
-                         f"{tuple(slot_mapping.shape)} must be ({m},)")
     residual, norm_weight, eps = norm if norm is not None else (None, x, 0.0)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     new_residual = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None \
@@ -199,3 +202,33 @@ def qkv_rope_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         num_warps=num_warps, **pdl_launch(pdl_enabled(x)),
     )
     return y, new_residual
+
+
+def check_qkv_rope(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor,
+                   cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int,
+                   min_rows: int, max_rows: int) -> None:
+    """The argument checks of `qkv_rope_triton` and the decode matmul's
+    `matmul_qkv_rope_triton` (rows from min_rows to max_rows): ValueError naming what does
+    not fit."""
+    m, k = x.shape if x.dim() == 2 else (0, -1)
+    head_dim = cos_sin_cache.shape[-1]
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    if (x.dim() != 2 or not min_rows <= m <= max_rows
+            or weight.shape != (q_size + 2 * kv_size, k) or head_dim % 2
+            or x.stride(-1) != 1 or not weight.is_contiguous()):
+        raise ValueError(f"x {tuple(x.shape)}, weight {tuple(weight.shape)}, {num_heads} + 2 x "
+                         f"{num_kv_heads} heads of {head_dim}: expected {min_rows}-{max_rows} "
+                         "rows of a contiguous [q | k | v, K] weight and an even head_dim")
+    for name, t in (("weight", weight), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != x.dtype or t.device != x.device:
+            raise ValueError(f"{name} is {t.dtype} on {t.device}; expected x's {x.dtype} on "
+                             f"{x.device}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dim() != 4 or t.shape[2:] != (num_kv_heads, head_dim) or t.stride(3) != 1:
+            raise ValueError(f"{name} {tuple(t.shape)} (strides {t.stride()}): expected "
+                             f"[num_blocks, block_size, {num_kv_heads}, {head_dim}], head_dim "
+                             "contiguous")
+    if positions.shape != (m,) or slot_mapping.shape != (m,):
+        raise ValueError(f"positions {tuple(positions.shape)} and slot_mapping "
+                         f"{tuple(slot_mapping.shape)} must be ({m},)")

@@ -143,42 +143,15 @@ def _matmul_kernel(
     k_end = tl.minimum(K, k_begin + k_per_split)  # empty for a split past K: partial of 0
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
     mask_m = offs_m < M
     mask_n = offs_n < N
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    if SWAP_AB:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = acc  # the up half's product, SILU_MUL only
-    for k0 in range(k_begin, k_end, BLOCK_K):
-        kk = k0 + offs_k
-        if EVEN_K:
-            mask_x = mask_m[:, None]
-            mask_w = mask_n[:, None]
-        else:
-            mask_x = mask_m[:, None] & (kk < K)[None, :]
-            mask_w = mask_n[:, None] & (kk < K)[None, :]
-        a = tl.load(x_rows + kk[None, :], mask=mask_x, other=0.0)
-        w = tl.load(w_rows + kk[None, :], mask=mask_w, other=0.0)
-        if UPCAST:
-            a = a.to(tl.float32)
-            w = w.to(tl.float32)
-        acc = _mma(a, w, acc, SWAP_AB, IEEE)
-        if SILU_MUL:
-            w_up = tl.load(w_rows + N * stride_wn + kk[None, :], mask=mask_w, other=0.0)
-            if UPCAST:
-                w_up = w_up.to(tl.float32)
-            acc_up = _mma(a, w_up, acc_up, SWAP_AB, IEEE)
-    if SWAP_AB:
-        out = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
-    else:
-        out = acc
+    # [BLOCK_M, BLOCK_N] each; acc_up: the up half's product, SILU_MUL only
+    out, acc_up = _tile_products(x_rows, w_rows, w_rows + N * stride_wn, mask_m, mask_n,
+                                 k_begin, k_end, K, BLOCK_M, BLOCK_N, BLOCK_K, SILU_MUL,
+                                 SWAP_AB, EVEN_K, IEEE, UPCAST)
     if SILU_MUL:
-        if SWAP_AB:
-            acc_up = tl.trans(acc_up)
         # rounded as the plain path rounds: gate/up's output in y's dtype, then the SiLU
         # kernel's silu(gate) rounded before the product (fused_triton._silu_and_mul_kernel)
         dtype = y_ptr.dtype.element_ty
@@ -209,6 +182,46 @@ def _matmul_kernel(
         _finish_tile(out, b_ptr, y_ptr, res_ptr, norm_w_ptr, norm_out_ptr,
                      row_counters_ptr + pid_m, eps, offs_m, offs_n, mask_m, mask_n, N,
                      stride_ym, tl.cdiv(N, BLOCK_N), HAS_BIAS, ADD_NORM, BLOCK_M, NORM_BLOCK)
+
+
+@triton.jit
+def _tile_products(x_rows, w_rows, w_rows2, mask_m, mask_n, k_begin, k_end, K,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   TWO: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr,
+                   IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """(x @ W.T, x @ W2.T) over K in [k_begin, k_end), each [BLOCK_M, BLOCK_N] fp32: x's rows at
+    `x_rows` ([BLOCK_M, 1] pointers), W's at `w_rows` and, with TWO, a second row set's at
+    `w_rows2` ([BLOCK_N, 1] each; without TWO the second product is the first). The K loop of
+    `_matmul_kernel` and of the QKV + RoPE kernel (pagedrt/ops/matmul_rope_triton.py)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = acc
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        kk = k0 + offs_k
+        if EVEN_K:
+            mask_x = mask_m[:, None]
+            mask_w = mask_n[:, None]
+        else:
+            mask_x = mask_m[:, None] & (kk < K)[None, :]
+            mask_w = mask_n[:, None] & (kk < K)[None, :]
+        a = tl.load(x_rows + kk[None, :], mask=mask_x, other=0.0)
+        w = tl.load(w_rows + kk[None, :], mask=mask_w, other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = _mma(a, w, acc, SWAP_AB, IEEE)
+        if TWO:
+            w2 = tl.load(w_rows2 + kk[None, :], mask=mask_w, other=0.0)
+            if UPCAST:
+                w2 = w2.to(tl.float32)
+            acc2 = _mma(a, w2, acc2, SWAP_AB, IEEE)
+    if SWAP_AB:
+        acc = tl.trans(acc)
+        acc2 = tl.trans(acc2)
+    return acc, acc2
 
 
 @triton.jit
