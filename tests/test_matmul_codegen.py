@@ -1,7 +1,7 @@
 """The decode matmul's variants and the QKV + RoPE kernel as compiled for the H200 (sm_90), on
 a CPU (benchmarks/diagnostics/matmul_ptx.py in a subprocess without TRITON_INTERPRET): they
 compile, the tiled matmul's K loop stays on Hopper's wgmma with asynchronous copies in every
-variant (the SwiGLU epilogue's second weight half too), and the variants that count arrivals
+variant (the second weight row set of the SwiGLU and RoPE epilogues too), and the variants that count arrivals
 order them as split-K's last-arriver scheme needs (pagedrt/ops/matmul_triton.py): a barrier
 between the stores and each atomic, acq_rel at GPU scope, the other programs' data read
 through L2 (.cg)."""
@@ -14,7 +14,8 @@ from ptx_report import ptx_report
 pytest.importorskip("triton")
 
 MATMULS = ["whole K, swap", "whole K", "split-K 8, swap", "SwiGLU epilogue, swap",
-           "add + RMSNorm epilogue, swap", "add + RMSNorm epilogue, split-K 4"]
+           "add + RMSNorm epilogue, swap", "add + RMSNorm epilogue, split-K 4",
+           "QKV + RoPE epilogue, swap"]
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +32,23 @@ def test_matmuls_run_wgmma_from_pipelined_copies(compiled, case):
                                      "griddepcontrol.launch_dependents": 1}
 
 
-def test_swiglu_epilogue_pipelines_both_weight_halves(compiled):
-    plain, silu = compiled["whole K, swap"], compiled["SwiGLU epilogue, swap"]
-    assert sum(silu["matrix"].values()) == 2 * sum(plain["matrix"].values())
-    assert silu["cp_async"] > plain["cp_async"]
+def test_narrow_rope_tile_runs_ampere_mma_from_pipelined_copies(compiled):
+    """32 pairs a program: the weight side of the swapped product is under wgmma's 64 rows, so
+    Triton emits mma.sync, still fed by asynchronous copies."""
+    got = compiled["QKV + RoPE epilogue, 32 pairs"]
+    assert got["matrix"] and all(k.startswith("mma.sync") for k in got["matrix"])
+    assert got["cp_async"] > 0
+    assert got["griddepcontrol"] == {"griddepcontrol.wait": 1,
+                                     "griddepcontrol.launch_dependents": 1}
+
+
+@pytest.mark.parametrize("case", ["SwiGLU epilogue, swap", "QKV + RoPE epilogue, swap"])
+def test_two_row_set_epilogues_pipeline_both_weight_halves(compiled, case):
+    """SwiGLU's gate and up rows, RoPE's two halves of each head: two MMAs per K step, both
+    weight tiles copied asynchronously."""
+    plain, two = compiled["whole K, swap"], compiled[case]
+    assert sum(two["matrix"].values()) == 2 * sum(plain["matrix"].values())
+    assert two["cp_async"] > plain["cp_async"]
 
 
 @pytest.mark.parametrize("case, atoms", [("split-K 8, swap", 1),

@@ -1,13 +1,14 @@
 """Device time of the decode CUDA graph with the tiled decode matmul (pagedrt/ops/
 matmul_triton.py) on and off, in one process: engines over the same random Qwen2-0.5B
 weights, one built with the path (its start-up timing choosing per shape), one with cuBLAS
-only, and optionally one with PAGEDRT_MATMUL_NORM's norms in the projections; for each batch
+only, and optionally one without RoPE in the QKV matmul's epilogue (PAGEDRT_FUSED_ROPE=0) and
+one with PAGEDRT_MATMUL_NORM's norms in the projections; for each batch
 size N, N requests of 512 prompt tokens are brought into decode on each engine and its N-row
 decode graph is replayed (its static inputs hold that engine's last real step), the engines
 alternated ABC CBA. A diagnostic for issue 16, not a benchmark of record.
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/matmul_graphs.py [--batch-sizes 8,32,64,128]
-        [--variants on,off[,norm]]
+        [--variants on,off[,norope][,norm]]
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from pagedrt import LLM, SamplingParams
 from pagedrt.bench.presets import get_preset, random_model
-from pagedrt.ops import matmul_triton
+from pagedrt.ops import gemv_rope_triton, matmul_triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from profile_step import cuda_ms  # benchmarks/profile_step.py
@@ -45,25 +46,32 @@ def into_decode(llm, n: int, tag: str) -> None:
     torch.cuda.synchronize()
 
 
-VARIANTS = {"off": (False, False), "on": (True, False), "norm": (True, True)}  # ENABLED, NORM
+# matmul_triton.ENABLED, matmul_triton.NORM_ENABLED, gemv_rope_triton.ENABLED
+VARIANTS = {"off": (False, False, True), "on": (True, False, True),
+            "norope": (True, False, False), "norm": (True, True, True)}
+
+
+def set_variant(name: str) -> None:
+    matmul_triton.ENABLED, matmul_triton.NORM_ENABLED, gemv_rope_triton.ENABLED = VARIANTS[name]
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--batch-sizes", default="8,32,64,128")
     p.add_argument("--variants", default="on,off",
-                   help="engines to build, of off (cuBLAS), on (the default path) and norm "
-                        "(with PAGEDRT_MATMUL_NORM's norms in the projections)")
+                   help="engines to build, of off (cuBLAS), on (the default path), norope "
+                        "(the path without RoPE in the QKV epilogue) and norm (with "
+                        "PAGEDRT_MATMUL_NORM's norms in the projections)")
     args = p.parse_args()
     sizes = [int(v) for v in args.batch_sizes.split(",")]
     names = args.variants.split(",")
     model = random_model(get_preset("qwen2-0.5b"), torch.bfloat16, torch.device("cuda"))
     llms = {}
     for name in names:
-        matmul_triton.ENABLED, matmul_triton.NORM_ENABLED = VARIANTS[name]
+        set_variant(name)
         llms[name] = LLM(model, max_num_seqs=max(sizes), max_model_len=4096,
                          num_kv_blocks=8192)
-    matmul_triton.ENABLED, matmul_triton.NORM_ENABLED = True, True
+    set_variant("on")
     chosen = {k: v for k, v in matmul_triton._CHOICE.items() if v is not None}
     print(f"{len(chosen)} of {len(matmul_triton._CHOICE)} timed shapes took the kernel")
     for k, v in sorted(chosen.items(), key=str):

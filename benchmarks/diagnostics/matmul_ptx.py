@@ -1,6 +1,7 @@
 """Compile the decode matmul's variants (pagedrt/ops/matmul_triton.py: whole K, split-K, the
-SwiGLU epilogue, the residual-add + RMSNorm epilogue) and the 1-4-row QKV + RoPE kernel
-(pagedrt/ops/gemv_rope_triton.py) for the H200 (sm_90) without a GPU, and report what their
+SwiGLU epilogue, the residual-add + RMSNorm epilogue; pagedrt/ops/matmul_rope_triton.py: the
+QKV + RoPE epilogue) and the 1-4-row QKV + RoPE kernel (pagedrt/ops/gemv_rope_triton.py) for
+the H200 (sm_90) without a GPU, and report what their
 PTX holds: the matrix instructions (wgmma / mma), the asynchronous copies of a pipelined K loop
 (cp.async), PDL's grid controls, and for the variants that count arrivals the order of the
 partial stores, the barrier, the atomic and the loads after it (`fused_reduce_order` of
@@ -29,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decode_ptx import fused_reduce_order
 
 from pagedrt.ops.gemv_rope_triton import _qkv_rope_kernel
+from pagedrt.ops.matmul_rope_triton import _matmul_rope_kernel
 from pagedrt.ops.matmul_triton import _matmul_kernel
 
 # name: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab, split_k, silu, add_norm)
@@ -86,6 +88,21 @@ def compile_qkv_rope(m: int = 1, block_p: int = 8, block_k: int = 256, num_warps
                         {"num_warps": num_warps, "launch_pdl": True})
 
 
+def compile_matmul_rope(block_m, block_n, block_k, num_warps, num_stages, swap_ab):
+    ptrs = ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "positions_ptr", "cos_sin_ptr",
+            "slot_mapping_ptr", "k_cache_ptr", "v_cache_ptr"]
+    types = ["*bf16"] * 4 + ["*i64", "*fp32", "*i64", "*bf16", "*bf16"]
+    ints = ["M", "K", "num_pairs", "q_size", "kv_size", "stride_xm", "stride_wn", "stride_c",
+            "stride_cb", "stride_cs", "stride_ch", "stride_vb", "stride_vs", "stride_vh"]
+    sig = {**dict(zip(ptrs, types, strict=True)), **dict.fromkeys(ints, "i32")}
+    const = {"HEAD_DIM": 64, "HALF": 32, "BLOCK_SIZE": 16, "HAS_BIAS": True,
+             "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "SWAP_AB": swap_ab,
+             "EVEN_K": True, "IEEE": False, "UPCAST": False, "PDL": True}
+    aligned = ptrs + [n for n in ints if n != "M"]
+    return compile_sm90(_matmul_rope_kernel, sig, const, aligned,
+                        {"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": True})
+
+
 def barrier_before_each_atom(ptx: str) -> bool:
     """Whether a bar.sync stands between every atomic and the last global store before it
     (every thread's stores before the one thread's arrival; a kernel with no atomic: True)."""
@@ -111,6 +128,8 @@ def main() -> None:
     args = p.parse_args()
     results = {}
     kernels = {name: (compile_matmul, case) for name, case in CASES.items()}
+    kernels["QKV + RoPE epilogue, swap"] = (compile_matmul_rope, (16, 64, 128, 4, 5, True))
+    kernels["QKV + RoPE epilogue, 32 pairs"] = (compile_matmul_rope, (16, 32, 128, 4, 4, True))
     kernels["QKV + RoPE, 1 row"] = (compile_qkv_rope, (1,))
     kernels["QKV + RoPE, 4 rows"] = (compile_qkv_rope, (4,))
     for name, (fn, case) in kernels.items():

@@ -1,7 +1,9 @@
 """The tiled decode matmul on CUDA (pagedrt/ops/matmul_triton.py): every candidate config in
 bf16 against cuBLAS on the Qwen2-0.5B and Llama-3-8B decode GEMMs (with and without bias), and
-split-K configs in a replayed CUDA graph, and the engine's greedy tokens with the path on
-(a whole-K and a split-K config) and off (CUDA graphs, batches of 8 and 16)."""
+split-K configs in a replayed CUDA graph, the QKV + RoPE epilogue
+(pagedrt/ops/matmul_rope_triton.py) against the matmul and the rotary kernel, and the engine's
+greedy tokens with the path on (a whole-K and a split-K config) and off (CUDA graphs, batches
+of 8 and 16)."""
 
 import pytest
 import torch
@@ -116,6 +118,45 @@ def test_add_rmsnorm_matches_the_norm_kernel_in_a_replayed_graph(m):
                     assert torch.equal(o_n, e_n) and torch.equal(o_r, e_r)
 
 
+@pytest.mark.parametrize("model", ["qwen2", "llama3"])
+@pytest.mark.parametrize("m", [8, 64, 128])
+def test_qkv_rope_matches_the_chain_in_bf16(model, m):
+    """Every candidate of the QKV + RoPE epilogue at Qwen2-0.5B's heads (14 + 2 x 2 of 64,
+    bias) and Llama-3-8B's (32 + 2 x 8 of 128): the qkv rows and both caches against cuBLAS and
+    `rotary_write_kv_triton`, with padding rows (slot -1) that must leave the cache alone."""
+    from pagedrt.models.layers import RotaryEmbedding
+    from pagedrt.ops.fused_triton import rotary_write_kv_triton
+    from pagedrt.ops.matmul_rope_triton import CONFIGS as ROPE_CONFIGS
+    from pagedrt.ops.matmul_rope_triton import matmul_qkv_rope_triton
+
+    hidden, heads, kv_heads, d, with_bias = {"qwen2": (896, 14, 2, 64, True),
+                                             "llama3": (4096, 32, 8, 128, False)}[model]
+    g = torch.Generator(device="cuda").manual_seed(m + d)
+    dev, bf16 = "cuda", torch.bfloat16
+    n, block_size = (heads + 2 * kv_heads) * d, 16
+    x = torch.randn(m, hidden, device=dev, generator=g).to(bf16)
+    w = (torch.randn(n, hidden, device=dev, generator=g) * 0.02).to(bf16)
+    b = (torch.randn(n, device=dev, generator=g) * 0.02).to(bf16) if with_bias else None
+    positions = torch.randint(0, 4000, (m,), device=dev, generator=g)
+    cos_sin = RotaryEmbedding(d, 4096, 1e6).cos_sin_cache.to(dev)
+    num_blocks = (m + block_size) // block_size + 1
+    slots = torch.randperm(num_blocks * block_size, device=dev, generator=g)[:m]
+    slots[-(m // 4):] = -1  # a graph's padding rows
+    caches = torch.zeros(2, num_blocks, block_size, kv_heads, d, device=dev, dtype=bf16)
+    want = torch.nn.functional.linear(x, w, b)
+    q, k, v = want.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    rotary_write_kv_triton(positions, q.view(m, heads, d), k.view(m, kv_heads, d),
+                           v.view(m, kv_heads, d), cos_sin, caches[0], caches[1], slots)
+    for cfg in ROPE_CONFIGS:
+        got_caches = torch.zeros_like(caches)
+        got = matmul_qkv_rope_triton(x, w, b, positions, cos_sin, got_caches[0],
+                                     got_caches[1], slots, heads, kv_heads, cfg)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(got_caches.float(), caches.float(), rtol=2e-2, atol=2e-2)
+        assert torch.count_nonzero(got_caches.view(2, -1, kv_heads * d).abs().sum(-1)) == \
+            2 * (m - m // 4)  # exactly the real rows' slots written
+
+
 @pytest.mark.parametrize("forced", [CONFIGS[0], SPLIT_CONFIGS[0]], ids=["whole_k", "split_k"])
 @pytest.mark.parametrize("norm", [False, True], ids=["norm_kernels", "norms_in_matmuls"])
 def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch, forced, norm):
@@ -143,7 +184,9 @@ def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch, forced, no
                        for n in (8, 16)]
         if tiled:
             chosen = matmul_triton._CHOICE
-            assert chosen and all(c == forced for k, c in chosen.items() if k[0] != "silu_mul")
+            assert chosen and all(c == forced for k, c in chosen.items()
+                                  if k[0] not in ("silu_mul", "qkv_rope"))
             assert any(k[0] == "silu_mul" for k in chosen)  # gate/up with its activation
+            assert any(k[0] == "qkv_rope" for k in chosen)  # QKV with RoPE and the K/V write
             assert any(k[0] == "add_rmsnorm" for k in chosen) == norm
     assert outs[True] == outs[False]
