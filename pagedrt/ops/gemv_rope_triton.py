@@ -75,6 +75,10 @@ def _qkv_rope_kernel(
     if PROLOGUE == 1:  # each row's 1/rms, as the skinny matmul's prologue takes it
         rstd_m = _rows_rstd(x_ptr, r_ptr, new_r_ptr, stride_xm, stride_rm, K, eps, pid == 0,
                             M, M_PAD, BLOCK_K, HAS_RESIDUAL)
+    # RoPE's operands first: their loads' latency passes under the K loop
+    cos, sin, slot, b_lo, b_hi = _rope_operands(offs_m, offs_m < M, lo, j, mask_p, b_ptr,
+                                                positions_ptr, cos_sin_ptr, slot_mapping_ptr,
+                                                stride_c, HALF, HAS_BIAS)
     acc_lo = tl.zeros((M_PAD, BLOCK_P), dtype=tl.float32)
     acc_hi = tl.zeros((M_PAD, BLOCK_P), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -92,36 +96,50 @@ def _qkv_rope_kernel(
             row = offs_m[:, None] == m
             acc_lo = tl.where(row, acc_lo + tl.sum(w_lo * x[None, :], axis=1)[None, :], acc_lo)
             acc_hi = tl.where(row, acc_hi + tl.sum(w_hi * x[None, :], axis=1)[None, :], acc_hi)
-    _rope_qkv_store(acc_lo, acc_hi, offs_m, offs_m < M, lo, j, mask_p, b_ptr, y_ptr,
-                    positions_ptr, cos_sin_ptr, slot_mapping_ptr, k_cache_ptr, v_cache_ptr,
-                    q_size, kv_size, stride_c, stride_cb, stride_cs, stride_ch, stride_vb,
-                    stride_vs, stride_vh, HEAD_DIM, HALF, BLOCK_SIZE, HAS_BIAS)
+    _rope_qkv_store(acc_lo + b_lo[None, :], acc_hi + b_hi[None, :], cos, sin, slot, offs_m,
+                    offs_m < M, lo, mask_p, y_ptr, k_cache_ptr, v_cache_ptr, q_size, kv_size,
+                    stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, HEAD_DIM,
+                    HALF, BLOCK_SIZE)
 
 
 @triton.jit
-def _rope_qkv_store(acc_lo, acc_hi, offs_m, mask_m, lo, j, mask_p, b_ptr, y_ptr,
-                    positions_ptr, cos_sin_ptr, slot_mapping_ptr, k_cache_ptr, v_cache_ptr,
-                    q_size, kv_size, stride_c, stride_cb, stride_cs, stride_ch, stride_vb,
-                    stride_vs, stride_vh, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-                    BLOCK_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """The epilogue shared with the decode matmul's (pagedrt/ops/matmul_rope_triton.py):
-    acc_lo, acc_hi [rows, pairs] fp32 are the products of rows `offs_m` with the weight rows
-    `lo` (pair j's first half in its head) and lo + HALF. Adds the bias, rounds to y's dtype
-    (the matmul's output), rotates query and key columns in fp32 with each row's cos and sin and
-    rounds again (`rotary_write_kv_triton`'s arithmetic), stores the qkv rows and the key and
-    value columns into each row's cache slot (negative: none)."""
-    hi = lo + HALF
-    if HAS_BIAS:
-        acc_lo += tl.load(b_ptr + lo, mask=mask_p, other=0.0).to(tl.float32)[None, :]
-        acc_hi += tl.load(b_ptr + hi, mask=mask_p, other=0.0).to(tl.float32)[None, :]
-    dtype = y_ptr.dtype.element_ty
-    x1 = acc_lo.to(dtype).to(tl.float32)  # the matmul's output, as the plain path stores it
-    x2 = acc_hi.to(dtype).to(tl.float32)
+def _rope_operands(offs_m, mask_m, lo, j, mask_p, b_ptr, positions_ptr, cos_sin_ptr,
+                   slot_mapping_ptr, stride_c, HALF: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """What the RoPE epilogue needs besides the products, loaded before the K loop (shared with
+    pagedrt/ops/matmul_rope_triton.py): cos and sin [rows, pairs] fp32 at each row's position,
+    each row's cache slot (int64; padding rows -1) and the bias of both halves' columns [pairs]
+    fp32 (zeros without one)."""
     pos = tl.load(positions_ptr + offs_m, mask=mask_m, other=0).to(tl.int64)
     cs = cos_sin_ptr + pos[:, None] * stride_c + j[None, :]
     mask = mask_m[:, None] & mask_p[None, :]
     cos = tl.load(cs, mask=mask, other=0.0).to(tl.float32)
     sin = tl.load(cs + HALF, mask=mask, other=0.0).to(tl.float32)
+    slot = tl.load(slot_mapping_ptr + offs_m, mask=mask_m, other=-1).to(tl.int64)
+    if HAS_BIAS:
+        b_lo = tl.load(b_ptr + lo, mask=mask_p, other=0.0).to(tl.float32)
+        b_hi = tl.load(b_ptr + lo + HALF, mask=mask_p, other=0.0).to(tl.float32)
+    else:
+        b_lo = tl.zeros(lo.shape, dtype=tl.float32)
+        b_hi = b_lo
+    return cos, sin, slot, b_lo, b_hi
+
+
+@triton.jit
+def _rope_qkv_store(acc_lo, acc_hi, cos, sin, slot, offs_m, mask_m, lo, mask_p, y_ptr,
+                    k_cache_ptr, v_cache_ptr, q_size, kv_size, stride_cb, stride_cs, stride_ch,
+                    stride_vb, stride_vs, stride_vh, HEAD_DIM: tl.constexpr,
+                    HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    """The epilogue shared with the decode matmul's (pagedrt/ops/matmul_rope_triton.py):
+    acc_lo, acc_hi [rows, pairs] fp32 are the products (bias added) of rows `offs_m` with the
+    weight rows `lo` (pair j's first half in its head) and lo + HALF; cos, sin and slot are
+    `_rope_operands`'. Rounds the products to y's dtype (the matmul's output), rotates query
+    and key columns in fp32 and rounds again (`rotary_write_kv_triton`'s arithmetic), stores
+    the qkv rows and the key and value columns into each row's cache slot (negative: none)."""
+    hi = lo + HALF
+    dtype = y_ptr.dtype.element_ty
+    x1 = acc_lo.to(dtype).to(tl.float32)  # the matmul's output, as the plain path stores it
+    x2 = acc_hi.to(dtype).to(tl.float32)
+    mask = mask_m[:, None] & mask_p[None, :]
     rotate = (lo < q_size + kv_size)[None, :]  # query and key heads; value heads as they are
     out1 = tl.where(rotate, x1 * cos - x2 * sin, x1).to(dtype)
     out2 = tl.where(rotate, x2 * cos + x1 * sin, x2).to(dtype)
@@ -129,7 +147,6 @@ def _rope_qkv_store(acc_lo, acc_hi, offs_m, mask_m, lo, j, mask_p, b_ptr, y_ptr,
     tl.store(y_ptr + offs_m[:, None] * n + lo[None, :], out1, mask=mask)
     tl.store(y_ptr + offs_m[:, None] * n + hi[None, :], out2, mask=mask)
     # key and value columns into the row's cache slot
-    slot = tl.load(slot_mapping_ptr + offs_m, mask=mask_m, other=-1).to(tl.int64)
     block, in_block = (slot // BLOCK_SIZE)[:, None], (slot % BLOCK_SIZE)[:, None]
     write = mask & (slot >= 0)[:, None]
     is_k = (lo >= q_size) & (lo < q_size + kv_size)

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from pagedrt.ops import matmul_triton
-from pagedrt.ops.gemv_rope_triton import _rope_qkv_store, check_qkv_rope
+from pagedrt.ops.gemv_rope_triton import _rope_operands, _rope_qkv_store, check_qkv_rope
 from pagedrt.ops.matmul_triton import MAX_ROWS, MIN_ROWS, SILU_CONFIGS, _tile_products
 from pagedrt.ops.triton_utils import interpreting, pdl_enabled, pdl_launch, pdl_prologue
 
@@ -76,15 +76,19 @@ def _matmul_rope_kernel(
     mask_p = offs_p < num_pairs
     j = offs_p % HALF
     lo = (offs_p // HALF) * HEAD_DIM + j  # the pair's first column; its second is lo + HALF
+    # RoPE's operands first: their loads' latency passes under the K loop
+    cos, sin, slot, b_lo, b_hi = _rope_operands(offs_m, mask_m, lo, j, mask_p, b_ptr,
+                                                positions_ptr, cos_sin_ptr, slot_mapping_ptr,
+                                                stride_c, HALF, HAS_BIAS)
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     w_lo = w_ptr + lo.to(tl.int64)[:, None] * stride_wn
     acc_lo, acc_hi = _tile_products(x_rows, w_lo, w_lo + HALF * stride_wn, mask_m, mask_p,
                                     0, K, K, BLOCK_M, BLOCK_N, BLOCK_K, True, SWAP_AB, EVEN_K,
                                     IEEE, UPCAST)
-    _rope_qkv_store(acc_lo, acc_hi, offs_m, mask_m, lo, j, mask_p, b_ptr, y_ptr,
-                    positions_ptr, cos_sin_ptr, slot_mapping_ptr, k_cache_ptr, v_cache_ptr,
-                    q_size, kv_size, stride_c, stride_cb, stride_cs, stride_ch, stride_vb,
-                    stride_vs, stride_vh, HEAD_DIM, HALF, BLOCK_SIZE, HAS_BIAS)
+    _rope_qkv_store(acc_lo + b_lo[None, :], acc_hi + b_hi[None, :], cos, sin, slot, offs_m,
+                    mask_m, lo, mask_p, y_ptr, k_cache_ptr, v_cache_ptr, q_size, kv_size,
+                    stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, HEAD_DIM,
+                    HALF, BLOCK_SIZE)
 
 
 def matmul_qkv_rope_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
