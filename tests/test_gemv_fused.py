@@ -48,6 +48,24 @@ def test_rmsnorm_prologue_matches_the_modules(m, config):
                                    atol=1e-4)
 
 
+def test_rmsnorm_prologue_past_one_load_of_the_row():
+    """The 1/rms takes a row in loads of `rstd_block(K)` columns: the whole row where K fits
+    8,192, else several; a K of 9,000 takes two (and the new residual is still exact)."""
+    from pagedrt.ops.gemv_triton import rstd_block
+
+    assert [rstd_block(k) for k in (300, 896, 4096, 9000)] == [512, 1024, 4096, 8192]
+    g = torch.Generator().manual_seed(5)
+    n, k = 6, 9000
+    norm = _norm(k, g)
+    x, residual = torch.randn(2, k, generator=g), torch.randn(2, k, generator=g)
+    w = torch.randn(n, k, generator=g)
+    y, new_residual = gemv_rmsnorm_triton(x, residual, norm.weight.data, norm.eps, w, None,
+                                          (8, 512, 4))
+    h, want_residual = norm(x, residual)
+    torch.testing.assert_close(new_residual, want_residual, rtol=0, atol=0)
+    torch.testing.assert_close(y, torch.nn.functional.linear(h, w), rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("config", SOME_CONFIGS, ids=[f"n{c[0]}k{c[1]}w{c[2]}" for c in SOME_CONFIGS])
 @pytest.mark.parametrize("m", range(1, MAX_ROWS + 1))
 def test_silu_mul_prologue_matches_the_modules(m, config):

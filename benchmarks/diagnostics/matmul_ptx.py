@@ -83,7 +83,7 @@ def compile_qkv_rope(m: int = 1, block_p: int = 8, block_k: int = 256, num_warps
     sig = {**dict(zip(ptrs, types, strict=True)), **dict.fromkeys(ints, "i32"), "eps": "fp32"}
     const = {"M": m, "M_PAD": max(2, triton.next_power_of_2(m)), "HEAD_DIM": 64, "HALF": 32,
              "BLOCK_SIZE": 16, "HAS_BIAS": True, "BLOCK_P": block_p, "BLOCK_K": block_k,
-             "PROLOGUE": 1, "HAS_RESIDUAL": True, "PDL": True}
+             "PROLOGUE": 1, "HAS_RESIDUAL": True, "RSTD_BLOCK": 1024, "PDL": True}
     return compile_sm90(_qkv_rope_kernel, sig, const, ptrs + ints,
                         {"num_warps": num_warps, "launch_pdl": True})
 

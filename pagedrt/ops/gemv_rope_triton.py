@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedrt.ops.gemv_triton import MAX_ROWS, _input_chunk, _rows_rstd
+from pagedrt.ops.gemv_triton import MAX_ROWS, _input_chunk, _rows_rstd, rstd_block
 from pagedrt.ops.triton_utils import pdl_enabled, pdl_launch, pdl_prologue
 
 ENABLED = os.environ.get("PAGEDRT_FUSED_ROPE", "1") == "1"
@@ -60,6 +60,7 @@ def _qkv_rope_kernel(
     BLOCK_K: tl.constexpr,
     PROLOGUE: tl.constexpr,  # 1: the RMSNorm (with the residual add) first, 0: none
     HAS_RESIDUAL: tl.constexpr,
+    RSTD_BLOCK: tl.constexpr,  # PROLOGUE 1: gemv_triton.rstd_block(K)
     PDL: tl.constexpr = False,
 ):
     pdl_prologue(PDL)
@@ -74,7 +75,7 @@ def _qkv_rope_kernel(
     rstd_m = tl.zeros((M_PAD,), dtype=tl.float32)
     if PROLOGUE == 1:  # each row's 1/rms, as the skinny matmul's prologue takes it
         rstd_m = _rows_rstd(x_ptr, r_ptr, new_r_ptr, stride_xm, stride_rm, K, eps, pid == 0,
-                            M, M_PAD, BLOCK_K, HAS_RESIDUAL)
+                            M, M_PAD, RSTD_BLOCK, HAS_RESIDUAL)
     # RoPE's operands first: their loads' latency passes under the K loop
     cos, sin, slot, b_lo, b_hi = _rope_operands(offs_m, offs_m < M, lo, j, mask_p, b_ptr,
                                                 positions_ptr, cos_sin_ptr, slot_mapping_ptr,
@@ -216,7 +217,8 @@ def qkv_rope_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         M=m, M_PAD=max(2, triton.next_power_of_2(m)), HEAD_DIM=head_dim, HALF=head_dim // 2,
         BLOCK_SIZE=k_cache.shape[1], HAS_BIAS=bias is not None, BLOCK_P=block_p,
         BLOCK_K=block_k, PROLOGUE=int(norm is not None), HAS_RESIDUAL=residual is not None,
-        num_warps=num_warps, **pdl_launch(pdl_enabled(x)),
+        RSTD_BLOCK=rstd_block(k) if norm is not None else 16, num_warps=num_warps,
+        **pdl_launch(pdl_enabled(x)),
     )
     return y, new_residual
 

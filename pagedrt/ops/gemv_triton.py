@@ -67,7 +67,9 @@ def _rows_rstd(x_ptr, r_ptr, new_r_ptr, stride_xm, stride_rm, K, eps, write_resi
                M: tl.constexpr, M_PAD: tl.constexpr, BLOCK_K: tl.constexpr,
                HAS_RESIDUAL: tl.constexpr):
     """[M_PAD] fp32: 1/rms of each of the M rows of x (+ residual, summed as RMSNorm sums it),
-    0 past M; with `write_residual` also stores x + residual ([M, K] contiguous)."""
+    0 past M; with `write_residual` also stores x + residual ([M, K] contiguous). BLOCK_K:
+    `rstd_block(K)`, the whole row at once where it fits, so that a program pays one round
+    trip to L2 per row before its weight loads, not K / BLOCK_K of them."""
     offs_m = tl.arange(0, M_PAD)
     offs_k0 = tl.arange(0, BLOCK_K)
     rstd_m = tl.zeros((M_PAD,), dtype=tl.float32)
@@ -108,6 +110,7 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     PROLOGUE: tl.constexpr = 0,  # 0 none, 1 RMSNorm (+ residual add), 2 silu(gate) * up
     HAS_RESIDUAL: tl.constexpr = False,
+    RSTD_BLOCK: tl.constexpr = 16,  # PROLOGUE 1: `rstd_block(K)`
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_enabled)
 ):
     pdl_prologue(PDL)
@@ -121,7 +124,7 @@ def _gemv_kernel(
     rstd_m = tl.zeros((M_PAD,), dtype=tl.float32)
     if PROLOGUE == 1:
         rstd_m = _rows_rstd(x_ptr, r_ptr, new_r_ptr, stride_xm, stride_rm, K, eps, pid == 0,
-                            M, M_PAD, BLOCK_K, HAS_RESIDUAL)
+                            M, M_PAD, RSTD_BLOCK, HAS_RESIDUAL)
     if M == 1:
         # one row: keep the products per lane and reduce once at the end
         rstd0 = tl.sum(tl.where(offs_m == 0, rstd_m, 0.0), axis=0)
@@ -155,6 +158,12 @@ def _gemv_kernel(
             acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         y = y_ptr + offs_m[:, None] * N + offs_n[None, :]
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & mask_n[None, :])
+
+
+def rstd_block(k: int) -> int:
+    """The RMSNorm prologue's columns per load of a row (`_rows_rstd`): the row's K rounded up
+    to a power of two, at most 8,192 (32 KB of fp32 over a program's threads)."""
+    return min(triton.next_power_of_2(k), 8192)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -199,7 +208,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         residual.stride(0) if residual is not None else 0, eps,
         M=m, M_PAD=max(2, triton.next_power_of_2(m)), HAS_BIAS=bias is not None,
         BLOCK_N=block_n, BLOCK_K=block_k, PROLOGUE=prologue,
-        HAS_RESIDUAL=residual is not None, num_warps=num_warps,
+        HAS_RESIDUAL=residual is not None, RSTD_BLOCK=rstd_block(k) if prologue == 1 else 16,
+        num_warps=num_warps,
         **pdl_launch(pdl_enabled(x)),
     )
     return y, new_residual
