@@ -242,7 +242,8 @@ def test_qkv_rope_bad_inputs():
     from pagedrt.ops.gemv_rope_triton import qkv_rope_triton
 
     x, w = torch.randn(2, 16), torch.randn(64, 16)  # 2 + 2 x 1 heads of 16
-    cs, pos, slots = torch.randn(8, 16), torch.zeros(2, dtype=torch.long), torch.zeros(2)
+    cs, pos = torch.randn(8, 16), torch.zeros(2, dtype=torch.long)
+    slots = torch.zeros(2, dtype=torch.long)
     cache = torch.zeros(2, 4, 1, 16)
     with pytest.raises(ValueError, match="heads of 16"):
         qkv_rope_triton(x, w, None, pos, cs, cache, cache, slots, 3, 1)

@@ -12,13 +12,10 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
 import pytest
 import torch
 
-from pagedrt.models import layers, llama
-from pagedrt.ops import matmul_triton
+from pagedrt.models import llama
 from pagedrt.ops.fused_triton import rotary_write_kv_triton
 from pagedrt.ops.matmul_rope_triton import matmul_qkv_rope_triton
 from pagedrt.ops.matmul_triton import matmul_triton as mm
-from pagedrt.ops.matmul_triton import row_count_timed
-from pagedrt.sampling_params import SamplingParams
 
 # both orientations; 16 pairs at head_dim 16 span two heads, 32 four; a K tile that does not
 # divide K
@@ -74,7 +71,8 @@ def test_matches_the_chain(m, heads, config):
 
 def test_bad_inputs():
     x, w = torch.randn(8, 16), torch.randn(64, 16)  # 2 + 2 x 1 heads of 16
-    cs, pos, slots = torch.randn(8, 16), torch.zeros(8, dtype=torch.long), torch.zeros(8)
+    cs, pos = torch.randn(8, 16), torch.zeros(8, dtype=torch.long)
+    slots = torch.zeros(8, dtype=torch.long)
     cache = torch.zeros(2, 4, 1, 16)
     with pytest.raises(ValueError, match="expected 8-128 rows"):
         matmul_qkv_rope_triton(x[:4], w, None, pos[:4], cs, cache, cache, slots[:4], 2, 1)
@@ -86,6 +84,12 @@ def test_bad_inputs():
         matmul_qkv_rope_triton(x, w, None, pos, cs, cache, cache, slots[:3], 2, 1)
     with pytest.raises(ValueError, match="bias"):
         matmul_qkv_rope_triton(x, w, torch.randn(63), pos, cs, cache, cache, slots, 2, 1)
+    with pytest.raises(ValueError, match="positions is torch.float32"):
+        matmul_qkv_rope_triton(x, w, None, pos.float(), cs, cache, cache, slots, 2, 1)
+    with pytest.raises(ValueError, match="cos_sin_cache"):
+        matmul_qkv_rope_triton(x, w, None, pos, cs.T.contiguous().T, cache, cache, slots, 2, 1)
+    with pytest.raises(ValueError, match="bias is torch.float16"):
+        matmul_qkv_rope_triton(x, w, torch.randn(64).half(), pos, cs, cache, cache, slots, 2, 1)
     with pytest.raises(ValueError, match="powers of two"):
         matmul_qkv_rope_triton(x, w, None, pos, cs, cache, cache, slots, 2, 1,
                                (16, 24, 32, 4, 2, False))
@@ -95,7 +99,12 @@ def test_decoder_batches_of_8_to_16_give_the_plain_tokens(monkeypatch):
     """Greedy decoding of 8 and 16 requests with every QKV projection of 8-16 rows through
     the kernel (fp32 under the interpreter) gives the plain path's tokens and nearly its
     logprobs; with every fused op falling back, the plain path's logprobs bit for bit."""
-    from pagedrt.entrypoints.llm import LLM
+    from tests.decode_path import (
+        assert_same_tokens,
+        fall_back,
+        generate_8_and_16,
+        prompts_and_params,
+    )
     from tests.tiny_model import build_tiny_llama
 
     calls = []
@@ -105,29 +114,15 @@ def test_decoder_batches_of_8_to_16_give_the_plain_tokens(monkeypatch):
         return CONFIGS[len(calls) % len(CONFIGS)] if key[0] == "qkv_rope" else None
 
     model = build_tiny_llama(seed=0)
-    g = torch.Generator().manual_seed(9)
-    prompts = [torch.randint(0, 384, (3 + i,), generator=g).tolist() for i in range(16)]
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=1)
+    prompts, params = prompts_and_params(torch.Generator().manual_seed(9))
+    patches = ((llama, "uses_triton", lambda backend, x: True),)
 
-    def generate(tiled: bool, choice) -> list:
-        with monkeypatch.context() as mp:
-            mp.setattr(matmul_triton, "_choice", choice)
-            mp.setattr(matmul_triton, "_eligible",
-                       lambda x, w: x.dim() == 2 and row_count_timed(x.shape[0]))
-            mp.setattr(llama, "uses_triton", lambda backend, x: True)
-            if tiled:
-                mp.setattr(layers, "_decode_matmul",
-                           lambda x: x.dim() == 2 and 8 <= len(x) <= 128)
-            llm = LLM(model, num_kv_blocks=64, block_size=8)
-            return [o.outputs[0] for n in (8, 16)
-                    for o in llm.generate(prompts[:n], params, use_tqdm=False)]
+    def generate(tiled, choice):
+        return generate_8_and_16(monkeypatch, model, prompts, params, tiled, choice, patches)
 
     plain = generate(False, rope_only)
     assert not calls
-    for t, p in zip(generate(True, rope_only), plain, strict=True):
-        assert t.token_ids == p.token_ids
-        for lt, lp in zip(t.logprobs, p.logprobs, strict=True):
-            assert lt.token_id == lp.token_id and abs(lt.logprob - lp.logprob) < 1e-4
+    assert_same_tokens(generate(True, rope_only), plain)
     assert "qkv_rope" in calls  # the layers took the path
-    fallback = generate(True, lambda key, baseline, candidate, configs=None: None)
+    fallback = generate(True, fall_back)
     assert [o.logprobs for o in fallback] == [o.logprobs for o in plain]

@@ -11,11 +11,9 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
 import pytest
 import torch
 
-from pagedrt.models import layers
 from pagedrt.ops import matmul_triton
 from pagedrt.ops.matmul_triton import matmul_triton as mm
 from pagedrt.ops.matmul_triton import row_count_timed
-from pagedrt.sampling_params import SamplingParams
 
 # small tiles keep the interpreter quick; both orientations, K tiles that do and do not divide K
 CONFIGS = [(16, 32, 32, 4, 2, False), (16, 64, 64, 4, 3, True), (32, 16, 64, 4, 2, True)]
@@ -196,7 +194,12 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm):
     falls back the logprobs are the plain path's bit for bit. The norms' weights are
     perturbed (the tiny model's are 1), so a norm applied in the wrong place shows; each
     variant runs in an engine of its own."""
-    from pagedrt.entrypoints.llm import LLM
+    from tests.decode_path import (
+        assert_same_tokens,
+        fall_back,
+        generate_8_and_16,
+        prompts_and_params,
+    )
     from tests.tiny_model import build_tiny_llama
 
     calls = []
@@ -205,6 +208,8 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm):
         calls.append(key[0])
         if key[0] == "silu_mul":  # gate/up with the activation in its epilogue
             return (16, 32, 32, 4, 2, len(calls) % 2 == 0)
+        if key[0] == "qkv_rope":  # the plain QKV projection and RoPE kernel here
+            return None
         # both orientations, whole K and split in 3
         return (16, 32, 32, 4, 2, len(calls) % 2 == 0, 3 if len(calls) % 3 == 0 else 1)
 
@@ -214,32 +219,19 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm):
         for name, p in model.model.named_parameters():
             if "norm" in name:
                 p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
-    prompts = [torch.randint(0, 384, (3 + i,), generator=g).tolist() for i in range(16)]
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=1)
+    prompts, params = prompts_and_params(g)
+    patches = ((matmul_triton, "NORM_ENABLED", norm),)
 
-    def generate(tiled: bool, choice) -> list:
-        with monkeypatch.context() as mp:
-            mp.setattr(matmul_triton, "NORM_ENABLED", norm)
-            mp.setattr(matmul_triton, "_choice", choice)
-            mp.setattr(matmul_triton, "_eligible",
-                       lambda x, w: x.dim() == 2 and row_count_timed(x.shape[0]))
-            if tiled:
-                mp.setattr(layers, "_decode_matmul",
-                           lambda x: x.dim() == 2 and 8 <= len(x) <= 128)
-            llm = LLM(model, num_kv_blocks=64, block_size=8)
-            return [o.outputs[0] for n in (8, 16)
-                    for o in llm.generate(prompts[:n], params, use_tqdm=False)]
+    def generate(tiled, choice):
+        return generate_8_and_16(monkeypatch, model, prompts, params, tiled, choice, patches)
 
     plain = generate(False, always)
     assert not calls
-    for t, p in zip(generate(True, always), plain, strict=True):
-        assert t.token_ids == p.token_ids
-        for lt, lp in zip(t.logprobs, p.logprobs, strict=True):
-            assert lt.token_id == lp.token_id and abs(lt.logprob - lp.logprob) < 1e-4
+    assert_same_tokens(generate(True, always), plain)
     assert calls and "silu_mul" in calls  # the layers took the path, gate/up's fused too
     assert ("add_rmsnorm" in calls) == norm
     if norm:  # forward_prenormed with every op falling back: the plain ops in the same order
-        fallback = generate(True, lambda key, baseline, candidate, configs=None: None)
+        fallback = generate(True, fall_back)
         assert [o.logprobs for o in fallback] == [o.logprobs for o in plain]
 
 

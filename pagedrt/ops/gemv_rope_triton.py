@@ -27,7 +27,7 @@ import triton.language as tl
 from pagedrt.ops.gemv_triton import MAX_ROWS, _input_chunk, _rows_rstd, rstd_block
 from pagedrt.ops.triton_utils import pdl_enabled, pdl_launch, pdl_prologue
 
-ENABLED = os.environ.get("PAGEDRT_FUSED_ROPE", "1") == "1"
+ENABLED = os.environ.get("PAGEDRT_FUSED_ROPE", "1") != "0"  # PAGEDRT_FUSED_ROPE=0: off
 CONFIGS = [(4, 256, 4), (8, 256, 4), (16, 256, 4), (32, 128, 4)]  # (BLOCK_P, BLOCK_K, warps)
 
 
@@ -192,7 +192,7 @@ def qkv_rope_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     Raises:
         ValueError: shapes, dtypes or devices that do not fit.
     """
-    check_qkv_rope(x, weight, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+    check_qkv_rope(x, weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                    num_heads, num_kv_heads, 1, MAX_ROWS)
     m, k = x.shape
     n = weight.shape[0]
@@ -223,7 +223,8 @@ def qkv_rope_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return y, new_residual
 
 
-def check_qkv_rope(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor,
+def check_qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                   positions: torch.Tensor,
                    cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int,
                    min_rows: int, max_rows: int) -> None:
@@ -239,7 +240,11 @@ def check_qkv_rope(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tenso
         raise ValueError(f"x {tuple(x.shape)}, weight {tuple(weight.shape)}, {num_heads} + 2 x "
                          f"{num_kv_heads} heads of {head_dim}: expected {min_rows}-{max_rows} "
                          "rows of a contiguous [q | k | v, K] weight and an even head_dim")
-    for name, t in (("weight", weight), ("k_cache", k_cache), ("v_cache", v_cache)):
+    if bias is not None and (bias.shape != (weight.shape[0],) or bias.stride(0) != 1):
+        raise ValueError(f"bias {tuple(bias.shape)} (stride {bias.stride()}); expected a "
+                         f"contiguous ({weight.shape[0]},)")
+    named = (("weight", weight), ("bias", bias), ("k_cache", k_cache), ("v_cache", v_cache))
+    for name, t in ((n, t) for n, t in named if t is not None):
         if t.dtype != x.dtype or t.device != x.device:
             raise ValueError(f"{name} is {t.dtype} on {t.device}; expected x's {x.dtype} on "
                              f"{x.device}")
@@ -251,3 +256,12 @@ def check_qkv_rope(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tenso
     if positions.shape != (m,) or slot_mapping.shape != (m,):
         raise ValueError(f"positions {tuple(positions.shape)} and slot_mapping "
                          f"{tuple(slot_mapping.shape)} must be ({m},)")
+    for name, t in (("positions", positions), ("slot_mapping", slot_mapping)):
+        if t.dtype not in (torch.int32, torch.int64) or t.device != x.device:
+            raise ValueError(f"{name} is {t.dtype} on {t.device}; expected int32 or int64 on "
+                             f"{x.device}")
+    if (cos_sin_cache.dim() != 2 or not cos_sin_cache.is_floating_point()
+            or cos_sin_cache.stride(-1) != 1 or cos_sin_cache.device != x.device):
+        raise ValueError(f"cos_sin_cache is {cos_sin_cache.dtype} {tuple(cos_sin_cache.shape)} "
+                         f"on {cos_sin_cache.device}; expected a floating [max_position, "
+                         f"head_dim] (cos | sin, last dim contiguous) on {x.device}")

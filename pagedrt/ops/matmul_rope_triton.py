@@ -103,12 +103,10 @@ def matmul_qkv_rope_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     Args:
         x: [M, K], M in MIN_ROWS..MAX_ROWS (8-128), last dim contiguous; fp16, bf16 or fp32
             (fp32 products exact; bf16 under the interpreter multiplied in fp32).
-        weight: [(num_heads + 2 * num_kv_heads) * head_dim, K] contiguous, x's dtype (q | k |
-            v rows); bias: its [N] or None.
-        positions: [M] int; cos_sin_cache: [max_position, head_dim] (cos | sin).
-        k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim], x's dtype,
-            head_dim contiguous. slot_mapping: [M] int, negative: no write.
-        num_heads, num_kv_heads: of this rank's projection.
+        weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads,
+            num_kv_heads: as `gemv_rope_triton.qkv_rope_triton` (weight [N, K] with q | k | v
+            rows, caches [num_blocks, block_size, num_kv_heads, head_dim] in x's dtype,
+            slot_mapping [M], negative: no write).
         config: (BLOCK_M, BLOCK_N pairs, BLOCK_K, num_warps, num_stages, swap_ab), `CONFIGS`'
             form; blocks powers of two >= 16.
     Returns:
@@ -116,14 +114,10 @@ def matmul_qkv_rope_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     Raises:
         ValueError: shapes, dtypes or devices that do not fit, or a config out of form.
     """
-    check_qkv_rope(x, weight, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+    check_qkv_rope(x, weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                    num_heads, num_kv_heads, MIN_ROWS, MAX_ROWS)
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"dtype {x.dtype}: float16, bfloat16 or float32 only")
-    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != x.dtype
-                             or bias.stride(0) != 1):
-        raise ValueError(f"bias is {bias.dtype} {tuple(bias.shape)}; expected a contiguous "
-                         f"({weight.shape[0]},) {x.dtype}")
     if len(config) != 6 or any(b < 16 or b & (b - 1) for b in config[:3]):
         raise ValueError(f"config {config}: expected (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, "
                          "num_stages, swap_ab), the blocks powers of two >= 16")

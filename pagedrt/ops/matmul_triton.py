@@ -191,7 +191,7 @@ def _tile_products(x_rows, w_rows, w_rows2, mask_m, mask_n, k_begin, k_end, K,
                    IEEE: tl.constexpr, UPCAST: tl.constexpr):
     """(x @ W.T, x @ W2.T) over K in [k_begin, k_end), each [BLOCK_M, BLOCK_N] fp32: x's rows at
     `x_rows` ([BLOCK_M, 1] pointers), W's at `w_rows` and, with TWO, a second row set's at
-    `w_rows2` ([BLOCK_N, 1] each; without TWO the second product is the first). The K loop of
+    `w_rows2` ([BLOCK_N, 1] each; without TWO the second is zeros, unused). The K loop of
     `_matmul_kernel` and of the QKV + RoPE kernel (pagedrt/ops/matmul_rope_triton.py)."""
     offs_k = tl.arange(0, BLOCK_K)
     if SWAP_AB:
