@@ -205,3 +205,22 @@ def test_async_scheduling_variable_takes_0_or_1(tiny, monkeypatch):
         LLM(tiny, num_kv_blocks=16)
     monkeypatch.setenv("PAGEDRT_ASYNC_SCHEDULING", "0")
     assert LLM(tiny, num_kv_blocks=16).llm_engine.async_scheduling is False
+
+
+def test_bench_results_record_the_start_up_timing_choices(tmp_path, monkeypatch):
+    """Each results file names what the start-up timing chose in its process (shape key ->
+    config, None for the plain path), so that a figure can be traced to its kernels."""
+    import json
+
+    from pagedrt.bench.common import write_results
+    from pagedrt.ops import gemv_triton, matmul_triton
+
+    monkeypatch.setattr(gemv_triton, "_CHOICE", {((896, 896), 1): (8, 256, 4)})
+    monkeypatch.setattr(gemv_triton, "_FUSED_CHOICE", {})
+    monkeypatch.setattr(matmul_triton, "_CHOICE", {("qkv_rope", 16): None})
+    with open(write_results(str(tmp_path), "run", [{"x": 1}])) as f:
+        doc = json.load(f)
+    assert doc["results"] == [{"x": 1}]
+    assert doc["kernel_choices"] == {
+        "gemv_triton._CHOICE": {"((896, 896), 1)": [8, 256, 4]},
+        "matmul_triton._CHOICE": {"('qkv_rope', 16)": None}}

@@ -143,14 +143,39 @@ def git_commit() -> str:
         return "unknown"
 
 
+# the start-up timing's tables: module -> its dicts of (shape key -> config or None)
+_CHOICE_TABLES = (("pagedrt.ops.gemv_triton", ("_CHOICE", "_FUSED_CHOICE")),
+                  ("pagedrt.ops.matmul_triton", ("_CHOICE",)))
+
+
+def kernel_choices() -> dict:
+    """What the start-up timing chose in this process (the skinny matmul and its fused ops,
+    pagedrt/ops/gemv_triton.py; the decode matmul, pagedrt/ops/matmul_triton.py): {"module.TABLE":
+    {str(shape key): config as a list, or None for the plain path}}, only for modules already
+    imported and tables not empty. Engines whose model runs in worker processes time there,
+    so their choices are not here. Lets a run's figures be traced to the kernels it ran."""
+    out = {}
+    for module, tables in _CHOICE_TABLES:
+        mod = sys.modules.get(module)
+        for table in tables:
+            chosen = getattr(mod, table, None) if mod is not None else None
+            if chosen:
+                out[f"{module.rsplit('.', 1)[1]}.{table}"] = {
+                    str(k): None if v is None else list(v) for k, v in chosen.items()}
+    return out
+
+
 def write_results(out_dir: str, name: str, results: list[dict], extra: dict | None = None) -> str:
+    """Write {gpu, commit, date, command, results, kernel_choices, **extra} to
+    out_dir/name.json and return its path (`kernel_choices`: the start-up timing's choices of
+    this process)."""
     os.makedirs(out_dir, exist_ok=True)
     doc = {
         "gpu": gpu_name(), "commit": os.environ.get("PAGEDRT_COMMIT") or git_commit(),
         "date": datetime.date.today().isoformat(),
         "command": "pagedrt " + " ".join(sys.argv[1:]) if "pagedrt" in sys.argv[0]
         else " ".join(sys.argv),
-        "results": results, **(extra or {}),
+        "results": results, "kernel_choices": kernel_choices(), **(extra or {}),
     }
     path = os.path.join(out_dir, f"{name}.json")
     with open(path, "w") as f:
