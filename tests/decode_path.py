@@ -18,9 +18,21 @@ def prompts_and_params(g: torch.Generator) -> tuple[list[list[int]], SamplingPar
     return prompts, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=1)
 
 
+def mixed_sampling(n: int) -> list[SamplingParams]:
+    """Per-request params for n prompts, a mixed batch: greedy, then seeded sampling with
+    top-k, top-p, min-p, and presence / frequency / repetition penalties, in turn."""
+    kinds = [{"temperature": 0.0}, {"temperature": 0.8, "top_k": 20},
+             {"temperature": 0.9, "top_p": 0.8}, {"temperature": 1.0, "min_p": 0.1},
+             {"temperature": 0.7, "presence_penalty": 0.5, "frequency_penalty": 0.3,
+              "repetition_penalty": 1.2}]
+    return [SamplingParams(max_tokens=6, ignore_eos=True, logprobs=1, seed=100 + i,
+                           **kinds[i % len(kinds)]) for i in range(n)]
+
+
 def generate_8_and_16(monkeypatch, model, prompts, params, tiled: bool, choice,
                       patches: tuple = ()) -> list:
-    """The outputs of the first 8, then the 16 prompts, in an engine of their own, with
+    """The outputs of the first 8, then the 16 prompts (params: one for all, or a list of one
+    per prompt), in an engine of their own, with
     `matmul_triton._choice` replaced by `choice` (key, baseline, candidate, configs) -> config
     or None, every tensor eligible for the path, and with `tiled` the layers routing 8-128 rows
     to it; `patches`: more (object, attribute, value) to set meanwhile."""
@@ -36,7 +48,9 @@ def generate_8_and_16(monkeypatch, model, prompts, params, tiled: bool, choice,
             mp.setattr(layers, "_decode_matmul", lambda x: x.dim() == 2 and 8 <= len(x) <= 128)
         llm = LLM(model, num_kv_blocks=64, block_size=8)
         return [o.outputs[0] for n in (8, 16)
-                for o in llm.generate(prompts[:n], params, use_tqdm=False)]
+                for o in llm.generate(prompts[:n],
+                                      params[:n] if isinstance(params, list) else params,
+                                      use_tqdm=False)]
 
 
 def assert_same_tokens(got: list, want: list, logprob_tol: float = 1e-4) -> None:

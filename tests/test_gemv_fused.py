@@ -141,7 +141,7 @@ def _perturbed_norms(model):
 
 
 def _assert_same_tokens(fused_outs, plain_outs) -> None:
-    """The same greedy tokens and logprobs within 1e-4 (the fused kernels sum in another
+    """The same tokens and their logprobs within 1e-4 (the fused kernels sum in another
     order)."""
     for f, p in zip(fused_outs, plain_outs, strict=True):
         assert f.outputs[0].token_ids == p.outputs[0].token_ids
@@ -149,19 +149,32 @@ def _assert_same_tokens(fused_outs, plain_outs) -> None:
             assert lf.token_id == lp.token_id and abs(lf.logprob - lp.logprob) < 1e-4
 
 
+def _params(sampling: str, count: int, max_tokens: int):
+    """One greedy SamplingParams, or ("mixed") seeded sampling with top-k, top-p, min-p and
+    penalties, one kind per request (tests/decode_path.py)."""
+    from tests.decode_path import mixed_sampling
+
+    if sampling == "greedy":
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                              logprobs=1)
+    return mixed_sampling(count + 1)[1:]  # the four sampled kinds
+
+
+@pytest.mark.parametrize("sampling", ["greedy", "mixed"])
 def test_decoder_small_batches_give_the_unfused_tokens(tiny_model, fused_everywhere,
-                                                       monkeypatch):
-    """Greedy decoding of 1 to 4 requests (decode steps of <= 4 rows run the fused path; the
-    prefill steps, larger, do not) gives the tokens and nearly the logprobs of the modules."""
+                                                       monkeypatch, sampling):
+    """Decoding 1 to 4 requests (decode steps of <= 4 rows run the fused path; the prefill
+    steps, larger, do not) gives the tokens and nearly the logprobs of the modules, greedy and
+    with seeded sampling (top-k, top-p, min-p, penalties)."""
     from pagedrt.entrypoints.llm import LLM
     from tests.tiny_model import build_tiny_llama
 
     model = build_tiny_llama(seed=0)
     _perturbed_norms(model.model)
     prompts = [[5, 9, 200, 17], [1, 2, 3], [300, 301, 7, 8, 9, 10], [42]]
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)
     llm = LLM(model, num_kv_blocks=64, block_size=8)
     for count in (1, 4):
+        params = _params(sampling, count, 12)
         fused_outs = llm.generate(prompts[:count], params, use_tqdm=False)
         with monkeypatch.context() as m:
             m.setattr(layers, "_small_batch_fusion", lambda x, *w: False)
@@ -255,11 +268,13 @@ def test_qkv_rope_bad_inputs():
         qkv_rope_triton(x, w, None, pos, cs, cache, cache, slots[:1], 2, 1)
 
 
+@pytest.mark.parametrize("sampling", ["greedy", "mixed"])
 def test_decoder_with_rope_in_the_qkv_kernel_gives_the_unfused_tokens(tiny_model,
                                                                      fused_everywhere,
-                                                                     monkeypatch):
-    """PAGEDRT_FUSED_ROPE=1: decode steps of 1-4 rows run the norm, QKV, RoPE and the K/V write
-    in one kernel; greedy tokens and logprobs as the plain modules'."""
+                                                                     monkeypatch, sampling):
+    """PAGEDRT_FUSED_ROPE (the default): decode steps of 1-4 rows run the norm, QKV, RoPE and
+    the K/V write in one kernel; tokens and logprobs as the plain modules', greedy and with
+    seeded sampling."""
     from pagedrt.entrypoints.llm import LLM
     from pagedrt.models import llama
     from pagedrt.ops import gemv_rope_triton
@@ -270,9 +285,9 @@ def test_decoder_with_rope_in_the_qkv_kernel_gives_the_unfused_tokens(tiny_model
     model = build_tiny_llama(seed=0)
     _perturbed_norms(model.model)
     prompts = [[5, 9, 200, 17], [1, 2, 3], [300, 301, 7, 8, 9, 10], [42]]
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1)
     llm = LLM(model, num_kv_blocks=64, block_size=8)
     for count in (4,):  # 4 decode rows (one row: test_qkv_rope_matches_the_chain)
+        params = _params(sampling, count, 8)
         fused_outs = llm.generate(prompts[:count], params, use_tqdm=False)
         with monkeypatch.context() as m:
             m.setattr(layers, "_small_batch_fusion", lambda x, *w: False)

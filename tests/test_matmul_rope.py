@@ -95,14 +95,17 @@ def test_bad_inputs():
                                (16, 24, 32, 4, 2, False))
 
 
-def test_decoder_batches_of_8_to_16_give_the_plain_tokens(monkeypatch):
-    """Greedy decoding of 8 and 16 requests with every QKV projection of 8-16 rows through
-    the kernel (fp32 under the interpreter) gives the plain path's tokens and nearly its
-    logprobs; with every fused op falling back, the plain path's logprobs bit for bit."""
+@pytest.mark.parametrize("sampling", ["greedy", "mixed"])
+def test_decoder_batches_of_8_to_16_give_the_plain_tokens(monkeypatch, sampling):
+    """Decoding 8 and 16 requests with every QKV projection of 8-16 rows through the kernel
+    (fp32 under the interpreter) gives the plain path's tokens and nearly its logprobs, greedy
+    and in a mixed batch of seeded sampling (top-k, top-p, min-p, penalties); with every fused
+    op falling back, the plain path's logprobs bit for bit."""
     from tests.decode_path import (
         assert_same_tokens,
         fall_back,
         generate_8_and_16,
+        mixed_sampling,
         prompts_and_params,
     )
     from tests.tiny_model import build_tiny_llama
@@ -114,7 +117,8 @@ def test_decoder_batches_of_8_to_16_give_the_plain_tokens(monkeypatch):
         return CONFIGS[len(calls) % len(CONFIGS)] if key[0] == "qkv_rope" else None
 
     model = build_tiny_llama(seed=0)
-    prompts, params = prompts_and_params(torch.Generator().manual_seed(9))
+    prompts, greedy = prompts_and_params(torch.Generator().manual_seed(9))
+    params = mixed_sampling(len(prompts)) if sampling == "mixed" else greedy
     patches = ((llama, "uses_triton", lambda backend, x: True),)
 
     def generate(tiled, choice):
@@ -122,6 +126,10 @@ def test_decoder_batches_of_8_to_16_give_the_plain_tokens(monkeypatch):
 
     plain = generate(False, rope_only)
     assert not calls
+    if sampling == "mixed":  # the seeded draws leave the greedy path somewhere
+        plain_greedy = generate_8_and_16(monkeypatch, model, prompts, greedy, False, rope_only,
+                                         patches)
+        assert any(p.token_ids != g.token_ids for p, g in zip(plain, plain_greedy, strict=True))
     assert_same_tokens(generate(True, rope_only), plain)
     assert "qkv_rope" in calls  # the layers took the path
     fallback = generate(True, fall_back)

@@ -185,19 +185,22 @@ def test_shapes_are_timed_only_inside_timing_and_outside_capture(monkeypatch):
     assert not matmul_triton._TIMING
 
 
+@pytest.mark.parametrize("sampling", ["greedy", "mixed"])
 @pytest.mark.parametrize("norm", [False, True], ids=["norm_kernels", "norms_in_matmuls"])
-def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm):
+def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm, sampling):
     """Greedy decoding of 8 and 16 requests with every 8-128-row matmul of the layers through
     the Triton kernel (the interpreter runs it; fp32, so exact products) gives the plain
     path's tokens and nearly its logprobs; with `norm` (PAGEDRT_MATMUL_NORM=1) the O and down
     projections also run the residual add and the RMSNorm after them, and where every fused op
     falls back the logprobs are the plain path's bit for bit. The norms' weights are
     perturbed (the tiny model's are 1), so a norm applied in the wrong place shows; each
-    variant runs in an engine of its own."""
+    variant runs in an engine of its own. `mixed`: a mixed batch of greedy and seeded sampling
+    (top-k, top-p, min-p, penalties) instead of greedy only."""
     from tests.decode_path import (
         assert_same_tokens,
         fall_back,
         generate_8_and_16,
+        mixed_sampling,
         prompts_and_params,
     )
     from tests.tiny_model import build_tiny_llama
@@ -220,6 +223,8 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm):
             if "norm" in name:
                 p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
     prompts, params = prompts_and_params(g)
+    if sampling == "mixed":
+        params = mixed_sampling(len(prompts))
     patches = ((matmul_triton, "NORM_ENABLED", norm),)
 
     def generate(tiled, choice):
