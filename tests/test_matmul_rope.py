@@ -16,6 +16,14 @@ from pagedrt.models import llama
 from pagedrt.ops.fused_triton import rotary_write_kv_triton
 from pagedrt.ops.matmul_rope_triton import matmul_qkv_rope_triton
 from pagedrt.ops.matmul_triton import matmul_triton as mm
+from tests.decode_path import (
+    assert_same_tokens,
+    fall_back,
+    generate_8_and_16,
+    mixed_sampling,
+    prompts_and_params,
+)
+from tests.tiny_model import build_tiny_llama
 
 # both orientations; 16 pairs at head_dim 16 span two heads, 32 four; a K tile that does not
 # divide K
@@ -101,14 +109,6 @@ def test_decoder_batches_of_8_to_16_give_the_plain_tokens(monkeypatch, sampling)
     (fp32 under the interpreter) gives the plain path's tokens and nearly its logprobs, greedy
     and in a mixed batch of seeded sampling (top-k, top-p, min-p, penalties); with every fused
     op falling back, the plain path's logprobs bit for bit."""
-    from tests.decode_path import (
-        assert_same_tokens,
-        fall_back,
-        generate_8_and_16,
-        mixed_sampling,
-        prompts_and_params,
-    )
-    from tests.tiny_model import build_tiny_llama
 
     calls = []
 

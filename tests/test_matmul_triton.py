@@ -14,6 +14,14 @@ import torch
 from pagedrt.ops import matmul_triton
 from pagedrt.ops.matmul_triton import matmul_triton as mm
 from pagedrt.ops.matmul_triton import row_count_timed
+from tests.decode_path import (
+    assert_same_tokens,
+    fall_back,
+    generate_8_and_16,
+    mixed_sampling,
+    prompts_and_params,
+)
+from tests.tiny_model import build_tiny_llama
 
 # small tiles keep the interpreter quick; both orientations, K tiles that do and do not divide K
 CONFIGS = [(16, 32, 32, 4, 2, False), (16, 64, 64, 4, 3, True), (32, 16, 64, 4, 2, True)]
@@ -196,14 +204,6 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm, sa
     perturbed (the tiny model's are 1), so a norm applied in the wrong place shows; each
     variant runs in an engine of its own. `mixed`: a mixed batch of greedy and seeded sampling
     (top-k, top-p, min-p, penalties) instead of greedy only."""
-    from tests.decode_path import (
-        assert_same_tokens,
-        fall_back,
-        generate_8_and_16,
-        mixed_sampling,
-        prompts_and_params,
-    )
-    from tests.tiny_model import build_tiny_llama
 
     calls = []
 
