@@ -31,7 +31,7 @@ rounded as the plain path rounds, so the [M, 2I] product is never written and th
 kernel never launched (`linear_silu_mul`, for `MergedColumnParallelLinear.silu_mul_of`).
 
 The RMSNorm after a projection (`matmul_add_rmsnorm_triton`, opt-in with
-PAGEDRT_MATMUL_NORM=1 until measured on a GPU): each program adds the residual to its tile and
+PAGEDRT_MATMUL_NORM=1: on the H200 no faster than the norm kernel): each program adds the residual to its tile and
 stores the sum, then counts in on an arrival counter of its row tile (after the tile counters
 in the same tensor); the last of the row tile's programs normalizes those rows in two passes
 from L2, rounding as the norm kernel rounds (`_rms_norm_rows`; docs/design.md, "Decode matmuls
@@ -69,7 +69,7 @@ from pagedrt.ops.triton_utils import (
 
 ENABLED = os.environ.get("PAGEDRT_MATMUL", "1") != "0"  # PAGEDRT_MATMUL=0: always cuBLAS
 # PAGEDRT_MATMUL_NORM=1: O and down projections with the residual add and RMSNorm after them
-# in one kernel (`linear_add_rmsnorm`); off until measured on a GPU (docs/design.md)
+# in one kernel (`linear_add_rmsnorm`); off: no faster on the H200 (docs/design.md)
 NORM_ENABLED = os.environ.get("PAGEDRT_MATMUL_NORM", "0") == "1"
 MIN_ROWS, MAX_ROWS = 8, 128
 
