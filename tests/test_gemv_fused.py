@@ -140,6 +140,16 @@ def _perturbed_norms(model):
                 p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
 
 
+def _assert_fused_gives_the_plain_tokens(llm, prompts, params, monkeypatch) -> None:
+    """Generate with the small-batch fusions as the test set them up, then with every one off
+    (the plain modules), and compare (`_assert_same_tokens`)."""
+    fused_outs = llm.generate(prompts, params, use_tqdm=False)
+    with monkeypatch.context() as m:
+        m.setattr(layers, "_small_batch_fusion", lambda x, *w: False)
+        plain_outs = llm.generate(prompts, params, use_tqdm=False)
+    _assert_same_tokens(fused_outs, plain_outs)
+
+
 def _assert_same_tokens(fused_outs, plain_outs) -> None:
     """The same tokens and their logprobs within 1e-4 (the fused kernels sum in another
     order)."""
@@ -175,11 +185,7 @@ def test_decoder_small_batches_give_the_unfused_tokens(tiny_model, fused_everywh
     llm = LLM(model, num_kv_blocks=64, block_size=8)
     for count in (1, 4):
         params = _params(sampling, count, 12)
-        fused_outs = llm.generate(prompts[:count], params, use_tqdm=False)
-        with monkeypatch.context() as m:
-            m.setattr(layers, "_small_batch_fusion", lambda x, *w: False)
-            plain_outs = llm.generate(prompts[:count], params, use_tqdm=False)
-        _assert_same_tokens(fused_outs, plain_outs)
+        _assert_fused_gives_the_plain_tokens(llm, prompts[:count], params, monkeypatch)
     assert {"rmsnorm", "silu_mul"} <= set(fused_everywhere)
 
 
@@ -288,9 +294,5 @@ def test_decoder_with_rope_in_the_qkv_kernel_gives_the_unfused_tokens(tiny_model
     llm = LLM(model, num_kv_blocks=64, block_size=8)
     for count in (4,):  # 4 decode rows (one row: test_qkv_rope_matches_the_chain)
         params = _params(sampling, count, 8)
-        fused_outs = llm.generate(prompts[:count], params, use_tqdm=False)
-        with monkeypatch.context() as m:
-            m.setattr(layers, "_small_batch_fusion", lambda x, *w: False)
-            plain_outs = llm.generate(prompts[:count], params, use_tqdm=False)
-        _assert_same_tokens(fused_outs, plain_outs)
+        _assert_fused_gives_the_plain_tokens(llm, prompts[:count], params, monkeypatch)
     assert "qkv_rope" in fused_everywhere

@@ -131,15 +131,19 @@ class RMSNorm(nn.Module):
         residual = x + residual
         return self._norm(residual), residual
 
+    def forward_pair(self, x: torch.Tensor, residual: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(norm(x + residual), x + residual)`; without a residual, `(norm(x), x)`: the
+        normed input and the residual stream after it, whether or not a residual came in."""
+        return (self(x), x) if residual is None else self(x, residual)
+
     def forward_linear(self, x: torch.Tensor, residual: torch.Tensor | None,
                        linear: LinearBase) -> tuple[torch.Tensor, torch.Tensor]:
         """`(linear(norm(x + residual)), x + residual)`; without a residual, `(linear(norm(x)),
         x)`. x, residual: [num_tokens, hidden_size]. For 1 to 4 rows on CUDA one kernel does the
         add, the norm and the matmul (`gemv_rmsnorm_triton`) where that was timed faster."""
         def unfused():
-            if residual is None:
-                return linear(self(x)), x
-            h, new_residual = self(x, residual)
+            h, new_residual = self.forward_pair(x, residual)
             return linear(h), new_residual
 
         if linear.weight.dim() != 2 or not _small_batch_fusion(x, self.weight, linear.weight):

@@ -106,7 +106,7 @@ class LlamaAttention(nn.Module):
         if x.shape[0] <= 4:  # the norm in the QKV kernel, where timed faster
             qkv, residual = norm.forward_linear(x, residual, self.qkv_proj)
             return self.o_proj(self.attention(positions, qkv, kv_cache, meta)), residual
-        h, residual = (norm(x), x) if residual is None else norm(x, residual)
+        h, residual = norm.forward_pair(x, residual)
         return self.o_proj(self.attention_of_normed(positions, h, kv_cache, meta)), residual
 
     def attention_of_normed(self, positions: torch.Tensor, h: torch.Tensor, kv_cache,
@@ -118,15 +118,11 @@ class LlamaAttention(nn.Module):
         model's dtype, the Triton backend and no per-head q/k norm."""
         from pagedrt.models import layers
 
-        k_cache, v_cache = KVCacheLayer(*kv_cache)[:2]
-        if not (self.q_norm is None and layers._decode_matmul(h) and k_cache.dtype == h.dtype
-                and uses_triton(meta.backend, h)):
+        if not (layers._decode_matmul(h) and self._rope_in_qkv(h, kv_cache, meta)):
             return self.attention(positions, self.qkv_proj(h), kv_cache, meta)
-        from pagedrt.ops import gemv_rope_triton
         from pagedrt.ops.matmul_rope_triton import linear_qkv_rope
 
-        if not gemv_rope_triton.ENABLED:
-            return self.attention(positions, self.qkv_proj(h), kv_cache, meta)
+        k_cache, v_cache = KVCacheLayer(*kv_cache)[:2]
 
         def plain() -> tuple[torch.Tensor, bool]:
             qkv = self.qkv_proj(h)
@@ -141,17 +137,21 @@ class LlamaAttention(nn.Module):
         return self.attention(positions, qkv, kv_cache, meta, rotated)
 
     def _rope_fusion(self, norm: RMSNorm, x: torch.Tensor, kv_cache, meta) -> bool:
-        """Whether `_qkv_rope` may run: 1-4 CUDA rows of the small-batch kernels, the Triton
-        attention backend, a cache in the model's dtype, no per-head q/k norm."""
+        """Whether `_qkv_rope` may run: 1-4 CUDA rows of the small-batch kernels and
+        `_rope_in_qkv`."""
         from pagedrt.models import layers
 
-        if self.q_norm is not None or not layers._small_batch_fusion(x, norm.weight,
-                                                                      self.qkv_proj.weight):
-            return False
+        return (layers._small_batch_fusion(x, norm.weight, self.qkv_proj.weight)
+                and self._rope_in_qkv(x, kv_cache, meta))
+
+    def _rope_in_qkv(self, x: torch.Tensor, kv_cache, meta: AttentionMetadata) -> bool:
+        """Whether RoPE and the K/V write may run in the QKV projection's epilogue (either
+        kernel: 1-4 or 8-128 rows): PAGEDRT_FUSED_ROPE on, no per-head q/k norm, a cache in
+        x's dtype (not FP8), the Triton attention backend."""
         from pagedrt.ops import gemv_rope_triton
 
-        k_cache = KVCacheLayer(*kv_cache).k_cache
-        return (gemv_rope_triton.ENABLED and k_cache.dtype == x.dtype
+        return (gemv_rope_triton.ENABLED and self.q_norm is None
+                and KVCacheLayer(*kv_cache).k_cache.dtype == x.dtype
                 and uses_triton(meta.backend, x))
 
     def _qkv_rope(self, norm, positions, x, residual, kv_cache, meta):

@@ -31,8 +31,8 @@ rounded as the plain path rounds, so the [M, 2I] product is never written and th
 kernel never launched (`linear_silu_mul`, for `MergedColumnParallelLinear.silu_mul_of`).
 
 The RMSNorm after a projection (`matmul_add_rmsnorm_triton`, opt-in with
-PAGEDRT_MATMUL_NORM=1: on the H200 no faster than the norm kernel): each program adds the residual to its tile and
-stores the sum, then counts in on an arrival counter of its row tile (after the tile counters
+PAGEDRT_MATMUL_NORM=1: on the H200 no faster than the norm kernel): each program adds the
+residual to its tile and stores the sum, then counts in on an arrival counter of its row tile (after the tile counters
 in the same tensor); the last of the row tile's programs normalizes those rows in two passes
 from L2, rounding as the norm kernel rounds (`_rms_norm_rows`; docs/design.md, "Decode matmuls
 (8 to 128 rows)", says how the decoder uses it).
