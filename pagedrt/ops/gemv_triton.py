@@ -313,6 +313,11 @@ _FUSED_CHOICE: dict[tuple, tuple[int, int, int] | None] = {}  # key -> config, N
 
 
 FUSED_DEFAULT = (8, 256, 4)  # tried for every fused op, beside the plain matmul's choice
+# also tried for one row, where the layer's step is a chain of launches: the best fused
+# configs at Qwen2-0.5B's batch 1 on the H200 (RMSNorm + gate/up 4.76 us at (32, 128, 4)
+# against the norm + matmul chain's 5.07; silu + down 5.03 at (8, 512, 4) against 6.13;
+# neither among the two tried before; BENCHMARKS.md, runs of 2026-12-04 08:50)
+FUSED_ONE_ROW = ((32, 128, 4), (8, 512, 4))
 
 
 def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int,
@@ -321,8 +326,8 @@ def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int
     beat it by 5% (timed once per key from a CUDA graph, outside capture; under capture an
     untimed key runs `unfused()`). Both callables must compute the same thing: the layers
     pass the plain module chain as `unfused` (pagedrt/models/layers.py). The candidates are
-    the config `linear` chose for the same `weight` at `rows` rows and FUSED_DEFAULT: each one
-    is a Triton compilation at start-up (three prologues x three row counts per model);
+    the config `linear` chose for the same `weight` at `rows` rows and FUSED_DEFAULT (and
+    FUSED_ONE_ROW at one row): each one is a Triton compilation at start-up;
     `candidates`, where given, replaces them (a kernel with a config of another form)."""
     if key not in _FUSED_CHOICE:
         if torch.cuda.is_current_stream_capturing():
@@ -332,7 +337,9 @@ def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int
                 yield from candidates
                 return
             plain = _CHOICE.get(_plain_key(weight, rows, has_bias))
-            yield from dict.fromkeys(c for c in (plain, FUSED_DEFAULT) if c is not None)
+            extra = FUSED_ONE_ROW if rows == 1 else ()
+            yield from dict.fromkeys(c for c in (plain, FUSED_DEFAULT, *extra)
+                                     if c is not None)
 
         _FUSED_CHOICE[key] = fastest_config(unfused, fused, configs(), rep=10)
     cfg = _FUSED_CHOICE[key]
