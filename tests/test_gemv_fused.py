@@ -214,17 +214,20 @@ def test_row_parallel_down_projection_keeps_the_chain_under_tensor_parallelism(m
 
 @pytest.mark.parametrize("heads", [(6, 6), (6, 2), (8, 1)], ids=["mha", "gqa3", "gqa8"])
 @pytest.mark.parametrize("m", [1, 3, 4])
-def test_qkv_rope_matches_the_chain(m, heads):
+@pytest.mark.parametrize("k,config", [(40, (4, 16, 4)), (300, (32, 128, 4))],
+                         ids=["k40", "k300"])
+def test_qkv_rope_matches_the_chain(m, heads, k, config):
     """QKV with RoPE and the K/V write in the epilogue (`qkv_rope_triton`) against the plain
     chain (the skinny matmul, with the RMSNorm prologue or without, then
     `rotary_write_kv_triton`): GQA ratios 1, 3 and 8, fp32 and fp16, a bias, a padding row
     (slot -1), slots at a block's first and last token; the qkv rows, both caches, the new
-    residual."""
+    residual. K 40: all of W's columns loaded before the PDL wait; K 300 at (32, 128, 4): the
+    first 128 (`pre_wait_columns`), then the K loop."""
     from pagedrt.ops.fused_triton import rotary_write_kv_triton
     from pagedrt.ops.gemv_rope_triton import qkv_rope_triton
 
     num_heads, num_kv_heads = heads
-    d, k, block_size = 16, 40, 8
+    d, block_size = 16, 8
     n = (num_heads + 2 * num_kv_heads) * d
     g = torch.Generator().manual_seed(m * 10 + num_kv_heads)
     for dtype, norm_mode in ((torch.float32, "residual"), (torch.float16, "none"),
@@ -240,7 +243,7 @@ def test_qkv_rope_matches_the_chain(m, heads):
         caches = [torch.zeros(4, block_size, num_kv_heads, d, dtype=dtype) for _ in range(4)]
         norm = None if norm_mode == "none" else (residual, norm_w, 1e-6)
         got, got_res = qkv_rope_triton(x, w, b, positions, cos_sin, caches[0], caches[1],
-                                       slots, num_heads, num_kv_heads, norm, (4, 16, 4))
+                                       slots, num_heads, num_kv_heads, norm, config)
         if norm is None:
             want, want_res = gemv_triton.gemv_triton(x, w, b, (8, 16, 4)), None
         else:
@@ -255,6 +258,22 @@ def test_qkv_rope_matches_the_chain(m, heads):
         assert (got_res is None) == (want_res is None)
         if want_res is not None:
             assert torch.equal(got_res, want_res)
+
+
+def test_pre_wait_columns():
+    """W's columns the 1-4-row kernels load before the PDL wait: a power of two, K's at most
+    (rounded up), PRE_WAIT_VALUES_PER_THREAD values per thread, none under 16."""
+    pre = gemv_triton.pre_wait_columns
+    per_thread = gemv_triton.PRE_WAIT_VALUES_PER_THREAD
+    assert pre(4, 896, 4) == 1024  # all of a Qwen2-0.5B row: 4 x 1024 <= 64 x 128
+    assert pre(4, 4864, 4) == 2048  # the down projection: the first 2,048 of 4,864
+    assert pre(64, 300, 4) == 128  # qkv_rope_triton at (32, 128, 4): 2 x 32 rows
+    assert pre(8, 40, 4) == 64
+    assert pre(4096, 896, 1) == 0  # under 16 columns: none
+    for rows, k, warps in ((4, 896, 4), (64, 4096, 8), (16, 100, 4), (2, 5000, 1)):
+        cols = pre(rows, k, warps)
+        assert cols & (cols - 1) == 0 and cols <= max(16, 2 * k)
+        assert rows * cols <= per_thread * 32 * warps
 
 
 def test_qkv_rope_bad_inputs():

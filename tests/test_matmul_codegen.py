@@ -67,3 +67,15 @@ def test_qkv_rope_compiles_with_pdl(compiled, case):
     assert compiled[case]["griddepcontrol"] == {"griddepcontrol.wait": 1,
                                                 "griddepcontrol.launch_dependents": 1}
     assert not compiled[case]["arrivals"]["atoms"]
+
+
+@pytest.mark.parametrize("case", ["QKV + RoPE, 1 row", "QKV + RoPE, 4 rows",
+                                  "gemv + RMSNorm, 1 row", "gemv + SwiGLU, 1 row, K 4864",
+                                  "gemv, 4 rows"])
+def test_small_batch_kernels_load_weights_before_the_pdl_wait(compiled, case):
+    """The 1-4-row kernels issue their first weight columns (`pre_wait_columns`) before
+    griddepcontrol.wait, so the weights stream while the kernel before runs: at least one
+    16-byte load per thread of each weight row set, and only one wait."""
+    got = compiled[case]
+    assert got["griddepcontrol"]["griddepcontrol.wait"] == 1
+    assert got["loads_before_wait"] >= (2 if "RoPE" in case else 1)

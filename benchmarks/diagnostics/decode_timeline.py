@@ -4,7 +4,9 @@ torch.profiler trace, with their start and end times, summed per kernel name thr
 its own durations (with programmatic dependent launch a kernel starts early and waits, so
 these overlap), its "exposed" time (the part of each kernel's interval no earlier kernel
 covers: what it adds to the timeline), and the idle gaps before it (no kernel running).
-The three columns of exposed time and gaps add up to the span of the steps. A one-off
+The exposed times and gaps add up to the span of the steps (the profiler slows the host, so
+the gaps are larger than unprofiled). Before that, two unprofiled runs' wall time per step
+and the start-up timing's fused-op choices. A one-off
 diagnostic, not a benchmark of record.
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/decode_timeline.py [--batch 1]
@@ -82,6 +84,20 @@ def main() -> None:
             prof.stop()
 
     run(1, 16)  # compiles, start-up timing, graphs
+    import time
+
+    walls = []
+    for seed in (3, 4):  # unprofiled: wall ms per decode step
+        t = time.perf_counter()
+        run(seed, args.steps)
+        walls.append(1e3 * (time.perf_counter() - t) / (args.steps + 2))
+    from pagedrt.ops import gemv_triton
+
+    choices = {str(k): v for k, v in gemv_triton._FUSED_CHOICE.items()
+               if k[2] == args.batch}
+    print(f"wall ms/step (with the prefill and first step of each run): "
+          f"{', '.join(f'{w:.3f}' for w in walls)}")
+    print(f"fused choices at {args.batch} rows: {choices}")
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CUDA])
@@ -101,7 +117,8 @@ def main() -> None:
     print(f"{'total':70} {'':6} {'':8} {total_exp:8.1f} {total_gap:8.1f}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"span_us_per_step": span / steps, "steps": steps,
+            json.dump({"span_us_per_step": span / steps, "steps": steps, "wall_ms": walls,
+                       "fused_choices": choices,
                        "kernels": {k: v for k, v in rows}}, f, indent=1)
 
 

@@ -1,9 +1,9 @@
 """Compile the decode matmul's variants (pagedrt/ops/matmul_triton.py: whole K, split-K, the
 SwiGLU epilogue, the residual-add + RMSNorm epilogue; pagedrt/ops/matmul_rope_triton.py: the
-QKV + RoPE epilogue) and the 1-4-row QKV + RoPE kernel (pagedrt/ops/gemv_rope_triton.py) for
-the H200 (sm_90) without a GPU, and report what their
+QKV + RoPE epilogue), the 1-4-row QKV + RoPE kernel (pagedrt/ops/gemv_rope_triton.py) and
+skinny matmul (gemv_triton.py) for the H200 (sm_90) without a GPU, and report what their
 PTX holds: the matrix instructions (wgmma / mma), the asynchronous copies of a pipelined K loop
-(cp.async), PDL's grid controls, and for the variants that count arrivals the order of the
+(cp.async), PDL's grid controls and the loads issued before its wait, and for the variants that count arrivals the order of the
 partial stores, the barrier, the atomic and the loads after it (`fused_reduce_order` of
 decode_ptx.py). A change that breaks a kernel's compilation or its pipelining shows here on a
 CPU machine; tests/test_matmul_codegen.py runs it. Not a benchmark.
@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decode_ptx import fused_reduce_order
 
 from pagedrt.ops.gemv_rope_triton import _qkv_rope_kernel
+from pagedrt.ops.gemv_triton import _gemv_kernel, pre_wait_columns, rstd_block
 from pagedrt.ops.matmul_rope_triton import _matmul_rope_kernel
 from pagedrt.ops.matmul_triton import _matmul_kernel
 
@@ -83,9 +84,33 @@ def compile_qkv_rope(m: int = 1, block_p: int = 8, block_k: int = 256, num_warps
     sig = {**dict(zip(ptrs, types, strict=True)), **dict.fromkeys(ints, "i32"), "eps": "fp32"}
     const = {"M": m, "M_PAD": max(2, triton.next_power_of_2(m)), "HEAD_DIM": 64, "HALF": 32,
              "BLOCK_SIZE": 16, "HAS_BIAS": True, "BLOCK_P": block_p, "BLOCK_K": block_k,
-             "PROLOGUE": 1, "HAS_RESIDUAL": True, "RSTD_BLOCK": 1024, "PDL": True}
+             "PROLOGUE": 1, "HAS_RESIDUAL": True, "RSTD_BLOCK": 1024, "PDL": True,
+             "PRE_K": pre_wait_columns(2 * block_p, 896, num_warps)}
     return compile_sm90(_qkv_rope_kernel, sig, const, ptrs + ints,
                         {"num_warps": num_warps, "launch_pdl": True})
+
+
+def compile_gemv(m: int = 1, prologue: int = 1, block_n: int = 8, block_k: int = 256,
+                 num_warps: int = 4, k: int = 896):
+    """The 1-4-row skinny matmul (pagedrt/ops/gemv_triton.py) with a prologue (0 none, 1
+    RMSNorm with a residual, 2 SwiGLU's activation) over K columns, as the engine launches it
+    with PDL."""
+    ptrs = ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "r_ptr", "nw_ptr", "new_r_ptr"]
+    ints = ["N", "K", "stride_xm", "stride_wn", "stride_rm"]
+    sig = {**dict.fromkeys(ptrs, "*bf16"), **dict.fromkeys(ints, "i32"), "eps": "fp32"}
+    const = {"M": m, "M_PAD": max(2, triton.next_power_of_2(m)), "HAS_BIAS": False,
+             "BLOCK_N": block_n, "BLOCK_K": block_k, "PROLOGUE": prologue,
+             "HAS_RESIDUAL": prologue == 1, "RSTD_BLOCK": rstd_block(k), "PDL": True,
+             "PRE_K": pre_wait_columns(block_n, k, num_warps)}
+    return compile_sm90(_gemv_kernel, sig, const, ptrs + ints,
+                        {"num_warps": num_warps, "launch_pdl": True})
+
+
+def loads_before_wait(ptx: str) -> int:
+    """Global loads the PTX issues before its first griddepcontrol.wait (PDL: reads of what
+    no earlier kernel writes, the weights); 0 without a wait."""
+    wait = ptx.find("griddepcontrol.wait")
+    return len(re.findall(r"ld\.global", ptx[:wait])) if wait >= 0 else 0
 
 
 def compile_matmul_rope(block_m, block_n, block_k, num_warps, num_stages, swap_ab):
@@ -118,6 +143,7 @@ def summary(ptx: str) -> dict:
             "cp_async": len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx)),
             "griddepcontrol": dict(Counter(re.findall(r"griddepcontrol\.\w+", ptx))),
             "arrivals": fused_reduce_order(ptx),
+            "loads_before_wait": loads_before_wait(ptx),
             "barrier_before_each_atom": barrier_before_each_atom(ptx)}
 
 
@@ -132,6 +158,9 @@ def main() -> None:
     kernels["QKV + RoPE epilogue, 32 pairs"] = (compile_matmul_rope, (16, 32, 128, 4, 4, True))
     kernels["QKV + RoPE, 1 row"] = (compile_qkv_rope, (1,))
     kernels["QKV + RoPE, 4 rows"] = (compile_qkv_rope, (4,))
+    kernels["gemv + RMSNorm, 1 row"] = (compile_gemv, (1, 1))
+    kernels["gemv + SwiGLU, 1 row, K 4864"] = (compile_gemv, (1, 2, 4, 512, 4, 4864))
+    kernels["gemv, 4 rows"] = (compile_gemv, (4, 0))
     for name, (fn, case) in kernels.items():
         ptx = fn(*case).asm["ptx"]
         results[name] = summary(ptx)

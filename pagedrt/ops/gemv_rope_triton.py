@@ -24,7 +24,13 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedrt.ops.gemv_triton import MAX_ROWS, _input_chunk, _rows_rstd, rstd_block
+from pagedrt.ops.gemv_triton import (
+    MAX_ROWS,
+    _input_chunk,
+    _rows_rstd,
+    pre_wait_columns,
+    rstd_block,
+)
 from pagedrt.ops.triton_utils import pdl_enabled, pdl_launch, pdl_prologue
 
 ENABLED = os.environ.get("PAGEDRT_FUSED_ROPE", "1") != "0"  # PAGEDRT_FUSED_ROPE=0: off
@@ -62,14 +68,23 @@ def _qkv_rope_kernel(
     HAS_RESIDUAL: tl.constexpr,
     RSTD_BLOCK: tl.constexpr,  # PROLOGUE 1: gemv_triton.rstd_block(K)
     PDL: tl.constexpr = False,
+    PRE_K: tl.constexpr = 0,  # W's first PRE_K columns loaded before the PDL wait
 ):
-    pdl_prologue(PDL)
     pid = tl.program_id(0)
     offs_p = pid * BLOCK_P + tl.arange(0, BLOCK_P)
     mask_p = offs_p < num_pairs
     j = offs_p % HALF
     lo = (offs_p // HALF) * HEAD_DIM + j  # column of the pair's first half
     hi = lo + HALF
+    w_lo_rows = w_ptr + lo.to(tl.int64)[:, None] * stride_wn
+    w_hi_rows = w_ptr + hi.to(tl.int64)[:, None] * stride_wn
+    if PRE_K > 0:  # the weights are no earlier kernel's output (`gemv_triton.pre_wait_columns`)
+        offs_pre = tl.arange(0, PRE_K)
+        mask_pre = offs_pre < K
+        mask_w_pre = mask_p[:, None] & mask_pre[None, :]
+        w_lo_pre = tl.load(w_lo_rows + offs_pre[None, :], mask=mask_w_pre, other=0.0)
+        w_hi_pre = tl.load(w_hi_rows + offs_pre[None, :], mask=mask_w_pre, other=0.0)
+    pdl_prologue(PDL)
     offs_k0 = tl.arange(0, BLOCK_K)
     offs_m = tl.arange(0, M_PAD)
     rstd_m = tl.zeros((M_PAD,), dtype=tl.float32)
@@ -82,25 +97,40 @@ def _qkv_rope_kernel(
                                                 stride_c, HALF, HAS_BIAS)
     acc_lo = tl.zeros((M_PAD, BLOCK_P), dtype=tl.float32)
     acc_hi = tl.zeros((M_PAD, BLOCK_P), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    if PRE_K > 0:
+        acc_lo, acc_hi = _pair_products(acc_lo, acc_hi, w_lo_pre.to(tl.float32),
+                                        w_hi_pre.to(tl.float32), x_ptr, r_ptr, nw_ptr,
+                                        stride_xm, stride_rm, offs_pre, mask_pre, rstd_m, K,
+                                        offs_m, M, PROLOGUE, HAS_RESIDUAL)
+    for k0 in range(PRE_K, K, BLOCK_K):
         offs_k = k0 + offs_k0
         mask_k = offs_k < K
         mask_w = mask_p[:, None] & mask_k[None, :]
-        w_lo = tl.load(w_ptr + lo.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
-                       mask=mask_w, other=0.0).to(tl.float32)
-        w_hi = tl.load(w_ptr + hi.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
-                       mask=mask_w, other=0.0).to(tl.float32)
-        for m in tl.static_range(M):
-            rstd = tl.sum(tl.where(offs_m == m, rstd_m, 0.0), axis=0)
-            x = _input_chunk(x_ptr, r_ptr, nw_ptr, m, stride_xm, stride_rm, offs_k, mask_k,
-                             rstd, K, PROLOGUE, HAS_RESIDUAL)
-            row = offs_m[:, None] == m
-            acc_lo = tl.where(row, acc_lo + tl.sum(w_lo * x[None, :], axis=1)[None, :], acc_lo)
-            acc_hi = tl.where(row, acc_hi + tl.sum(w_hi * x[None, :], axis=1)[None, :], acc_hi)
+        w_lo = tl.load(w_lo_rows + offs_k[None, :], mask=mask_w, other=0.0).to(tl.float32)
+        w_hi = tl.load(w_hi_rows + offs_k[None, :], mask=mask_w, other=0.0).to(tl.float32)
+        acc_lo, acc_hi = _pair_products(acc_lo, acc_hi, w_lo, w_hi, x_ptr, r_ptr, nw_ptr,
+                                        stride_xm, stride_rm, offs_k, mask_k, rstd_m, K,
+                                        offs_m, M, PROLOGUE, HAS_RESIDUAL)
     _rope_qkv_store(acc_lo + b_lo[None, :], acc_hi + b_hi[None, :], cos, sin, slot, offs_m,
                     offs_m < M, lo, mask_p, y_ptr, k_cache_ptr, v_cache_ptr, q_size, kv_size,
                     stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, HEAD_DIM,
                     HALF, BLOCK_SIZE)
+
+
+@triton.jit
+def _pair_products(acc_lo, acc_hi, w_lo, w_hi, x_ptr, r_ptr, nw_ptr, stride_xm, stride_rm,
+                   offs_k, mask_k, rstd_m, K, offs_m, M: tl.constexpr, PROLOGUE: tl.constexpr,
+                   HAS_RESIDUAL: tl.constexpr):
+    """acc_lo, acc_hi [M_PAD, BLOCK_P] plus each row's input at columns offs_k (after the
+    prologue) times the two halves' weight columns w_lo, w_hi [BLOCK_P, len(offs_k)] fp32."""
+    for m in tl.static_range(M):
+        rstd = tl.sum(tl.where(offs_m == m, rstd_m, 0.0), axis=0)
+        x = _input_chunk(x_ptr, r_ptr, nw_ptr, m, stride_xm, stride_rm, offs_k, mask_k,
+                         rstd, K, PROLOGUE, HAS_RESIDUAL)
+        row = offs_m[:, None] == m
+        acc_lo = tl.where(row, acc_lo + tl.sum(w_lo * x[None, :], axis=1)[None, :], acc_lo)
+        acc_hi = tl.where(row, acc_hi + tl.sum(w_hi * x[None, :], axis=1)[None, :], acc_hi)
+    return acc_lo, acc_hi
 
 
 @triton.jit
@@ -217,7 +247,8 @@ def qkv_rope_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         M=m, M_PAD=max(2, triton.next_power_of_2(m)), HEAD_DIM=head_dim, HALF=head_dim // 2,
         BLOCK_SIZE=k_cache.shape[1], HAS_BIAS=bias is not None, BLOCK_P=block_p,
         BLOCK_K=block_k, PROLOGUE=int(norm is not None), HAS_RESIDUAL=residual is not None,
-        RSTD_BLOCK=rstd_block(k) if norm is not None else 16, num_warps=num_warps,
+        RSTD_BLOCK=rstd_block(k) if norm is not None else 16,
+        PRE_K=pre_wait_columns(2 * block_p, k, num_warps), num_warps=num_warps,
         **pdl_launch(pdl_enabled(x)),
     )
     return y, new_residual

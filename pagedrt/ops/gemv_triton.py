@@ -112,14 +112,20 @@ def _gemv_kernel(
     HAS_RESIDUAL: tl.constexpr = False,
     RSTD_BLOCK: tl.constexpr = 16,  # PROLOGUE 1: `rstd_block(K)`
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_enabled)
+    PRE_K: tl.constexpr = 0,  # W's first PRE_K columns loaded before the PDL wait (`pre_wait_columns`)
 ):
-    pdl_prologue(PDL)
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    if PRE_K > 0:  # the weights are no earlier kernel's output: read them while it runs
+        offs_pre = tl.arange(0, PRE_K)
+        mask_pre = offs_pre < K
+        w_pre = tl.load(w_rows + offs_pre[None, :], mask=mask_n[:, None] & mask_pre[None, :],
+                        other=0.0)
+    pdl_prologue(PDL)
     offs_k0 = tl.arange(0, BLOCK_K)
     offs_m = tl.arange(0, M_PAD)
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     # RMSNorm: every program first takes each row's 1/rms itself (x is small and in L2)
     rstd_m = tl.zeros((M_PAD,), dtype=tl.float32)
     if PROLOGUE == 1:
@@ -128,8 +134,13 @@ def _gemv_kernel(
     if M == 1:
         # one row: keep the products per lane and reduce once at the end
         rstd0 = tl.sum(tl.where(offs_m == 0, rstd_m, 0.0), axis=0)
+        acc1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        if PRE_K > 0:
+            x_pre = _input_chunk(x_ptr, r_ptr, nw_ptr, 0, stride_xm, stride_rm, offs_pre,
+                                 mask_pre, rstd0, K, PROLOGUE, HAS_RESIDUAL)
+            acc1 = tl.sum(w_pre.to(tl.float32) * x_pre[None, :], axis=1)
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in range(PRE_K, K, BLOCK_K):
             offs_k = k0 + offs_k0
             mask_k = offs_k < K
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
@@ -137,13 +148,21 @@ def _gemv_kernel(
             x = _input_chunk(x_ptr, r_ptr, nw_ptr, 0, stride_xm, stride_rm, offs_k, mask_k,
                              rstd0, K, PROLOGUE, HAS_RESIDUAL)
             acc2 += w.to(tl.float32) * x[None, :]
-        acc1 = tl.sum(acc2, axis=1)  # [BLOCK_N]
+        acc1 += tl.sum(acc2, axis=1)  # [BLOCK_N]
         if HAS_BIAS:
             acc1 += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
         tl.store(y_ptr + offs_n, acc1.to(y_ptr.dtype.element_ty), mask=mask_n)
     else:
         acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        if PRE_K > 0:
+            w_pre_f = w_pre.to(tl.float32)
+            for m in tl.static_range(M):
+                rstd = tl.sum(tl.where(offs_m == m, rstd_m, 0.0), axis=0)
+                x_pre = _input_chunk(x_ptr, r_ptr, nw_ptr, m, stride_xm, stride_rm, offs_pre,
+                                     mask_pre, rstd, K, PROLOGUE, HAS_RESIDUAL)
+                part = tl.sum(w_pre_f * x_pre[None, :], axis=1)  # [BLOCK_N]
+                acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+        for k0 in range(PRE_K, K, BLOCK_K):
             offs_k = k0 + offs_k0
             mask_k = offs_k < K
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
@@ -158,6 +177,23 @@ def _gemv_kernel(
             acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         y = y_ptr + offs_m[:, None] * N + offs_n[None, :]
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & mask_n[None, :])
+
+
+# values of W per thread a program holds across the PDL wait (`pre_wait_columns`)
+PRE_WAIT_VALUES_PER_THREAD = 64
+
+
+def pre_wait_columns(w_rows: int, k: int, num_warps: int) -> int:
+    """PRE_K of the 1-4-row kernels (`_gemv_kernel`, gemv_rope_triton's): how many of K's
+    columns of its `w_rows` weight rows a program loads before its PDL wait, so that the
+    weights stream from memory while the kernel before it still runs (they are no kernel's
+    output; the activations are read after the wait). The largest power of two up to K's
+    (rounded up) that keeps PRE_WAIT_VALUES_PER_THREAD values per thread, 0 where that is
+    under 16 columns. The same code runs without PDL (the loads are then the loop's first)."""
+    cols = min(triton.next_power_of_2(k),
+               PRE_WAIT_VALUES_PER_THREAD * 32 * num_warps // max(1, w_rows))
+    cols = 1 << (max(cols, 1).bit_length() - 1)  # a power of two
+    return cols if cols >= 16 else 0
 
 
 def rstd_block(k: int) -> int:
@@ -209,7 +245,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         M=m, M_PAD=max(2, triton.next_power_of_2(m)), HAS_BIAS=bias is not None,
         BLOCK_N=block_n, BLOCK_K=block_k, PROLOGUE=prologue,
         HAS_RESIDUAL=residual is not None, RSTD_BLOCK=rstd_block(k) if prologue == 1 else 16,
-        num_warps=num_warps,
+        PRE_K=pre_wait_columns(block_n, k, num_warps), num_warps=num_warps,
         **pdl_launch(pdl_enabled(x)),
     )
     return y, new_residual
