@@ -79,3 +79,15 @@ def test_small_batch_kernels_load_weights_before_the_pdl_wait(compiled, case):
     got = compiled[case]
     assert got["griddepcontrol"]["griddepcontrol.wait"] == 1
     assert got["loads_before_wait"] >= (2 if "RoPE" in case else 1)
+
+
+@pytest.mark.parametrize("case,requests", [("whole K, swap", 1), ("split-K 8, swap", 1),
+                                           ("SwiGLU epilogue, swap", 2),
+                                           ("add + RMSNorm epilogue, split-K 4", 1),
+                                           ("gemv + SwiGLU, 1 row, K 4864", 1)])
+def test_decode_matmuls_prefetch_weights_into_l2_before_the_pdl_wait(compiled, case, requests):
+    """With PREFETCH the decode matmuls ask L2 for their weight tile (both halves' rows with
+    the SwiGLU epilogue) before griddepcontrol.wait (`triton_utils.prefetch_rows_l2`)."""
+    got = compiled[case]
+    assert got["l2_prefetches_before_wait"] == requests
+    assert got["griddepcontrol"]["griddepcontrol.wait"] == 1

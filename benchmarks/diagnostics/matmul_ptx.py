@@ -68,7 +68,7 @@ def compile_matmul(block_m, block_n, block_k, num_warps, num_stages, swap_ab, sp
     const = {"HAS_BIAS": False, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
              "SPLIT_K": split_k, "SILU_MUL": silu, "ADD_NORM": add_norm,
              "NORM_BLOCK": max(32, 4096 // block_m), "SWAP_AB": swap_ab, "EVEN_K": True,
-             "IEEE": False, "UPCAST": False, "PDL": True}
+             "IEEE": False, "UPCAST": False, "PDL": True, "PREFETCH": 32 * num_warps}
     aligned = ptrs + ["N", "K", "stride_xm", "stride_wn", "stride_ym"]
     return compile_sm90(_matmul_kernel, sig, const, aligned,
                         {"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": True})
@@ -101,7 +101,8 @@ def compile_gemv(m: int = 1, prologue: int = 1, block_n: int = 8, block_k: int =
     const = {"M": m, "M_PAD": max(2, triton.next_power_of_2(m)), "HAS_BIAS": False,
              "BLOCK_N": block_n, "BLOCK_K": block_k, "PROLOGUE": prologue,
              "HAS_RESIDUAL": prologue == 1, "RSTD_BLOCK": rstd_block(k), "PDL": True,
-             "PRE_K": pre_wait_columns(block_n, k, num_warps)}
+             "PRE_K": pre_wait_columns(block_n, k, num_warps),
+             "PREFETCH": 32 * num_warps if k > pre_wait_columns(block_n, k, num_warps) else 0}
     return compile_sm90(_gemv_kernel, sig, const, ptrs + ints,
                         {"num_warps": num_warps, "launch_pdl": True})
 
@@ -141,6 +142,8 @@ def barrier_before_each_atom(ptx: str) -> bool:
 def summary(ptx: str) -> dict:
     return {"matrix": dict(Counter(re.findall(MATRIX, ptx))),
             "cp_async": len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx)),
+            "l2_prefetches_before_wait": len(re.findall(
+                r"cp\.async\.bulk\.prefetch\.L2", ptx[:max(ptx.find("griddepcontrol.wait"), 0)])),
             "griddepcontrol": dict(Counter(re.findall(r"griddepcontrol\.\w+", ptx))),
             "arrivals": fused_reduce_order(ptx),
             "loads_before_wait": loads_before_wait(ptx),

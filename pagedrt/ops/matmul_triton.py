@@ -62,9 +62,11 @@ from pagedrt.ops.attention_triton import fused_reduce_counters
 from pagedrt.ops.triton_utils import (
     fastest_config,
     interpreting,
+    l2_prefetch_slots,
     pdl_enabled,
     pdl_launch,
     pdl_prologue,
+    prefetch_rows_l2,
 )
 
 ENABLED = os.environ.get("PAGEDRT_MATMUL", "1") != "0"  # PAGEDRT_MATMUL=0: always cuBLAS
@@ -131,8 +133,9 @@ def _matmul_kernel(
     IEEE: tl.constexpr,  # fp32 operands: exact products (no TF32), as F.linear by default
     UPCAST: tl.constexpr,  # bf16 under the interpreter, whose bf16 tl.dot is wrong: fp32 dot
     PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr = 0,  # > 0: the program's W tile into L2 before the PDL wait, in
+    # PREFETCH requests (one per thread; the first row tile's programs only)
 ):
-    pdl_prologue(PDL)
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     pid_m = pid % num_pid_m  # row tiles inner: the programs of one weight tile are adjacent
@@ -141,6 +144,14 @@ def _matmul_kernel(
     k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K  # whole BLOCK_K steps
     k_begin = pid_k * k_per_split
     k_end = tl.minimum(K, k_begin + k_per_split)  # empty for a split past K: partial of 0
+    if PREFETCH > 0:  # noqa: SIM102 (a constexpr: compiled away when 0)
+        if pid_m == 0:
+            prefetch_rows_l2(w_ptr, pid_n * BLOCK_N, N, stride_wn, k_begin, k_end - k_begin,
+                             BLOCK_N, PREFETCH)
+            if SILU_MUL:  # the up half's rows
+                prefetch_rows_l2(w_ptr + N * stride_wn, pid_n * BLOCK_N, N, stride_wn,
+                                 k_begin, k_end - k_begin, BLOCK_N, PREFETCH)
+    pdl_prologue(PDL)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
@@ -422,7 +433,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
         NORM_BLOCK=max(32, 4096 // block_m),  # the norm pass's tile: 4,096 fp32 at most
         SWAP_AB=bool(swap_ab), EVEN_K=k % block_k == 0,
         IEEE=x.dtype == torch.float32 or upcast, UPCAST=upcast, num_warps=num_warps,
-        num_stages=num_stages,
+        num_stages=num_stages, PREFETCH=l2_prefetch_slots(weight, block_n, num_warps),
         **pdl_launch(pdl_enabled(x)),
     )
     return y if norm is None else (normed, y)

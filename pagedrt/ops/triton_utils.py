@@ -85,6 +85,66 @@ def pdl_prologue(PDL: tl.constexpr):
 
 
 @triton.jit
+def prefetch_l2(ptrs, nbytes):
+    """Ask L2 to fetch `nbytes` (int32, a multiple of 16) from each of `ptrs` (16-byte
+    aligned), without waiting: Hopper's bulk L2 prefetch (PTX ISA 8.0,
+    cp.async.bulk.prefetch.L2.global; sm_90 and later). Returns a dummy int32 tensor of ptrs'
+    shape (unused). Not for the interpreter, which has no inline assembly."""
+    return tl.inline_asm_elementwise(
+        "cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
+        [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def prefetch_rows_l2(w_ptr, first_row, num_rows, stride_row, col0, ncols,
+                     NROWS: tl.constexpr, SLOTS: tl.constexpr):
+    """`prefetch_l2` of columns [col0, col0 + ncols) of rows first_row .. first_row + NROWS - 1
+    (rows from num_rows on: the last row instead) of the row-major matrix at w_ptr (row stride
+    stride_row elements), in SLOTS requests (one per thread: SLOTS the program's threads, a
+    multiple of NROWS): each row in SLOTS / NROWS chunks of whole 16-byte units. The caller
+    guarantees 16-byte alignment of rows and col0, and ncols * element size a multiple of 16
+    (`can_prefetch_l2`)."""
+    elem: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+    chunks: tl.constexpr = SLOTS // NROWS
+    slot = tl.arange(0, SLOTS)
+    row = tl.minimum(first_row + slot % NROWS, num_rows - 1).to(tl.int64)
+    row_bytes = ncols * elem
+    chunk_bytes = tl.cdiv(row_bytes, chunks * 16) * 16
+    start = (slot // NROWS) * chunk_bytes
+    size = tl.minimum(chunk_bytes, row_bytes - start)
+    valid = size > 0  # a short row's last slots: its first 16 bytes again
+    base = (w_ptr + row * stride_row + col0).to(tl.pointer_type(tl.uint8))
+    return prefetch_l2(base + tl.where(valid, start, 0), tl.where(valid, size, 16))
+
+
+L2_PREFETCH = os.environ.get("PAGEDRT_L2_PREFETCH", "1") != "0"  # "0": no weight prefetch
+
+
+def can_prefetch_l2(weight: torch.Tensor) -> bool:
+    """Whether a decode matmul may `prefetch_rows_l2` its rows of `weight` [N, K] (K
+    contiguous) before its PDL wait: PAGEDRT_L2_PREFETCH not "0" (read at import), a GPU of
+    compute capability 9.0 or later, outside the interpreter, rows 16-byte aligned (the data
+    pointer and a row's bytes multiples of 16)."""
+    return (L2_PREFETCH and weight.is_cuda and not interpreting(weight)
+            and torch.cuda.get_device_capability(weight.device)[0] >= 9
+            and weight.data_ptr() % 16 == 0
+            and (weight.stride(0) * weight.element_size()) % 16 == 0
+            and (weight.shape[-1] * weight.element_size()) % 16 == 0)
+
+
+def l2_prefetch_slots(weight: torch.Tensor, block_n: int, num_warps: int) -> int:
+    """The PREFETCH constexpr of the decode matmuls (gemv_triton.py, matmul_triton.py): the
+    `prefetch_rows_l2` requests a program makes before its PDL wait for its block_n weight
+    rows, one per thread and at least one per row, or 0 (none) where `can_prefetch_l2` says
+    no. Issue 16: a decode step at small batch is a chain of short kernels, each waiting for
+    the one before; the weights are no kernel's output, so each kernel can have them streamed
+    into L2 while the one before still runs (docs/design.md, "Small-batch decode")."""
+    if not can_prefetch_l2(weight):
+        return 0
+    return max(32 * num_warps, triton.next_power_of_2(block_n))
+
+
+@triton.jit
 def tile_load(ptrs, mask, MASKED: tl.constexpr):
     """tl.load of ptrs, masked (other 0) when MASKED, else not at all (a decode tile that lies
     wholly below the partition's end loads unmasked, so its loads can stay 16 bytes wide)."""
