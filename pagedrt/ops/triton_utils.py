@@ -117,12 +117,16 @@ def prefetch_rows_l2(w_ptr, first_row, num_rows, stride_row, col0, ncols,
     return prefetch_l2(base + tl.where(valid, start, 0), tl.where(valid, size, 16))
 
 
-L2_PREFETCH = os.environ.get("PAGEDRT_L2_PREFETCH", "1") != "0"  # "0": no weight prefetch
+# PAGEDRT_L2_PREFETCH=1: the decode matmuls prefetch their weights into L2 before the PDL
+# wait. Off by default: slower on the H200 (batch-1 decode 0.736 against 0.671 ms per token;
+# Qwen2-0.5B 512/128 at batch 8 / 64: 7,098 / 33,038 against 7,770 / 37,593 output tok/s;
+# BENCHMARKS.md, runs of 2026-12-04 08:50)
+L2_PREFETCH = os.environ.get("PAGEDRT_L2_PREFETCH", "0") == "1"
 
 
 def can_prefetch_l2(weight: torch.Tensor) -> bool:
     """Whether a decode matmul may `prefetch_rows_l2` its rows of `weight` [N, K] (K
-    contiguous) before its PDL wait: PAGEDRT_L2_PREFETCH not "0" (read at import), a GPU of
+    contiguous) before its PDL wait: PAGEDRT_L2_PREFETCH=1 (read at import), a GPU of
     compute capability 9.0 or later, outside the interpreter, rows 16-byte aligned (the data
     pointer and a row's bytes multiples of 16)."""
     return (L2_PREFETCH and weight.is_cuda and not interpreting(weight)
