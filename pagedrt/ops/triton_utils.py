@@ -96,31 +96,45 @@ def prefetch_l2(ptrs, nbytes):
 
 
 @triton.jit
-def prefetch_rows_l2(w_ptr, first_row, num_rows, stride_row, col0, ncols,
-                     NROWS: tl.constexpr, SLOTS: tl.constexpr):
-    """`prefetch_l2` of columns [col0, col0 + ncols) of rows first_row .. first_row + NROWS - 1
-    (rows from num_rows on: the last row instead) of the row-major matrix at w_ptr (row stride
-    stride_row elements), in SLOTS requests (one per thread: SLOTS the program's threads, a
-    multiple of NROWS): each row in SLOTS / NROWS chunks of whole 16-byte units. The caller
-    guarantees 16-byte alignment of rows and col0, and ncols * element size a multiple of 16
-    (`can_prefetch_l2`)."""
-    elem: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+def prefetch_chunks(first_row, num_rows, stride_row, col0, ncols, ELEM: tl.constexpr,
+                    NROWS: tl.constexpr, SLOTS: tl.constexpr):
+    """`prefetch_rows_l2`'s requests, [SLOTS] each: the byte offset of each from the matrix's
+    start (int64) and its size in bytes (int32, a multiple of 16 when ncols * ELEM is): slot s
+    takes row first_row + s % NROWS (rows from num_rows on: the last row instead) and chunk
+    s // NROWS of the row's bytes [col0 * ELEM, (col0 + ncols) * ELEM) cut in SLOTS / NROWS
+    chunks of whole 16-byte units; a slot past the row's end asks for its first 16 bytes
+    again (no request may be empty)."""
     chunks: tl.constexpr = SLOTS // NROWS
     slot = tl.arange(0, SLOTS)
     row = tl.minimum(first_row + slot % NROWS, num_rows - 1).to(tl.int64)
-    row_bytes = ncols * elem
+    row_bytes = ncols * ELEM
     chunk_bytes = tl.cdiv(row_bytes, chunks * 16) * 16
     start = (slot // NROWS) * chunk_bytes
     size = tl.minimum(chunk_bytes, row_bytes - start)
-    valid = size > 0  # a short row's last slots: its first 16 bytes again
-    base = (w_ptr + row * stride_row + col0).to(tl.pointer_type(tl.uint8))
-    return prefetch_l2(base + tl.where(valid, start, 0), tl.where(valid, size, 16))
+    valid = size > 0
+    offset = (row * stride_row + col0) * ELEM + tl.where(valid, start, 0)
+    return offset, tl.where(valid, size, 16).to(tl.int32)
+
+
+@triton.jit
+def prefetch_rows_l2(w_ptr, first_row, num_rows, stride_row, col0, ncols,
+                     NROWS: tl.constexpr, SLOTS: tl.constexpr):
+    """`prefetch_l2` of columns [col0, col0 + ncols) of rows first_row .. first_row + NROWS - 1
+    of the row-major matrix at w_ptr (row stride stride_row elements), in SLOTS requests (one
+    per thread: SLOTS the program's threads, a multiple of NROWS; `prefetch_chunks`). The
+    caller guarantees 16-byte alignment of rows and col0, and ncols * element size a multiple
+    of 16 (`can_prefetch_l2`)."""
+    elem: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+    offset, size = prefetch_chunks(first_row, num_rows, stride_row, col0, ncols, elem, NROWS,
+                                   SLOTS)
+    return prefetch_l2(w_ptr.to(tl.pointer_type(tl.uint8)) + offset, size)
 
 
 # PAGEDRT_L2_PREFETCH=1: the decode matmuls prefetch their weights into L2 before the PDL
-# wait. Off by default: slower on the H200 (batch-1 decode 0.736 against 0.671 ms per token;
-# Qwen2-0.5B 512/128 at batch 8 / 64: 7,098 / 33,038 against 7,770 / 37,593 output tok/s;
-# BENCHMARKS.md, runs of 2026-12-04 08:50)
+# wait. Off by default: it read slower on the H200 (batch-1 decode 0.736 against 0.671-0.676
+# ms per token; Qwen2-0.5B 512/128 at batch 8 / 64: 7,098 / 33,038 against 7,770 / 37,593
+# output tok/s), in a run whose GPU may have been shared (BENCHMARKS.md, runs of 2026-12-04
+# 08:50); a clean comparison is still to do
 L2_PREFETCH = os.environ.get("PAGEDRT_L2_PREFETCH", "0") == "1"
 
 
