@@ -34,7 +34,8 @@ from pagedrt.ops.gemv_triton import _gemv_kernel, pre_wait_columns, rstd_block
 from pagedrt.ops.matmul_rope_triton import _matmul_rope_kernel
 from pagedrt.ops.matmul_triton import _matmul_kernel
 
-# name: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab, split_k, silu, add_norm)
+# name: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab, split_k, silu, add_norm[,
+# pre_w])
 CASES = {
     "whole K, swap": (16, 64, 128, 4, 5, True, 1, False, False),
     "whole K": (64, 64, 64, 4, 5, False, 1, False, False),
@@ -42,6 +43,10 @@ CASES = {
     "SwiGLU epilogue, swap": (16, 64, 128, 4, 5, True, 1, True, False),
     "add + RMSNorm epilogue, swap": (16, 64, 128, 4, 5, True, 1, False, True),
     "add + RMSNorm epilogue, split-K 4": (32, 64, 128, 4, 4, True, 4, False, True),
+    # PAGEDRT_MATMUL_PRE_WAIT=1: the first weight tile(s) in registers before the PDL wait
+    "whole K, swap, W before the wait": (16, 64, 128, 4, 5, True, 1, False, False, True),
+    "split-K 8, swap, W before the wait": (16, 64, 128, 4, 4, True, 8, False, False, True),
+    "SwiGLU epilogue, swap, W before the wait": (16, 64, 128, 4, 5, True, 1, True, False, True),
 }
 MATRIX = r"(wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)"
 
@@ -58,7 +63,7 @@ def compile_sm90(kernel, sig: dict, const: dict, aligned: list, options: dict):
 
 
 def compile_matmul(block_m, block_n, block_k, num_warps, num_stages, swap_ab, split_k, silu,
-                   add_norm):
+                   add_norm, pre_w=False):
     ptrs = ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "part_ptr", "counters_ptr", "res_ptr",
             "norm_w_ptr", "norm_out_ptr", "row_counters_ptr"]
     types = ["*bf16", "*bf16", "*bf16", "*bf16", "*fp32", "*i32", "*bf16", "*bf16", "*bf16",
@@ -68,7 +73,8 @@ def compile_matmul(block_m, block_n, block_k, num_warps, num_stages, swap_ab, sp
     const = {"HAS_BIAS": False, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
              "SPLIT_K": split_k, "SILU_MUL": silu, "ADD_NORM": add_norm,
              "NORM_BLOCK": max(32, 4096 // block_m), "SWAP_AB": swap_ab, "EVEN_K": True,
-             "IEEE": False, "UPCAST": False, "PDL": True, "PREFETCH": 32 * num_warps}
+             "IEEE": False, "UPCAST": False, "PDL": True, "PREFETCH": 32 * num_warps,
+             "PRE_W": pre_w}
     aligned = ptrs + ["N", "K", "stride_xm", "stride_wn", "stride_ym"]
     return compile_sm90(_matmul_kernel, sig, const, aligned,
                         {"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": True})
@@ -114,7 +120,8 @@ def loads_before_wait(ptx: str) -> int:
     return len(re.findall(r"ld\.global", ptx[:wait])) if wait >= 0 else 0
 
 
-def compile_matmul_rope(block_m, block_n, block_k, num_warps, num_stages, swap_ab):
+def compile_matmul_rope(block_m, block_n, block_k, num_warps, num_stages, swap_ab,
+                        pre_w=False):
     ptrs = ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "positions_ptr", "cos_sin_ptr",
             "slot_mapping_ptr", "k_cache_ptr", "v_cache_ptr"]
     types = ["*bf16"] * 4 + ["*i64", "*fp32", "*i64", "*bf16", "*bf16"]
@@ -123,7 +130,7 @@ def compile_matmul_rope(block_m, block_n, block_k, num_warps, num_stages, swap_a
     sig = {**dict(zip(ptrs, types, strict=True)), **dict.fromkeys(ints, "i32")}
     const = {"HEAD_DIM": 64, "HALF": 32, "BLOCK_SIZE": 16, "HAS_BIAS": True,
              "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "SWAP_AB": swap_ab,
-             "EVEN_K": True, "IEEE": False, "UPCAST": False, "PDL": True}
+             "EVEN_K": True, "IEEE": False, "UPCAST": False, "PDL": True, "PRE_W": pre_w}
     aligned = ptrs + [n for n in ints if n != "M"]
     return compile_sm90(_matmul_rope_kernel, sig, const, aligned,
                         {"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": True})
@@ -159,6 +166,8 @@ def main() -> None:
     kernels = {name: (compile_matmul, case) for name, case in CASES.items()}
     kernels["QKV + RoPE epilogue, swap"] = (compile_matmul_rope, (16, 64, 128, 4, 5, True))
     kernels["QKV + RoPE epilogue, 32 pairs"] = (compile_matmul_rope, (16, 32, 128, 4, 4, True))
+    kernels["QKV + RoPE epilogue, swap, W before the wait"] = (
+        compile_matmul_rope, (16, 64, 128, 4, 5, True, True))
     kernels["QKV + RoPE, 1 row"] = (compile_qkv_rope, (1,))
     kernels["QKV + RoPE, 4 rows"] = (compile_qkv_rope, (4,))
     kernels["gemv + RMSNorm, 1 row"] = (compile_gemv, (1, 1))

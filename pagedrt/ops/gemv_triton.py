@@ -374,7 +374,7 @@ FUSED_DEFAULT = (8, 256, 4)  # tried for every fused op, beside the plain matmul
 # also tried for one row, where the layer's step is a chain of launches: the best fused
 # configs at Qwen2-0.5B's batch 1 on the H200 (RMSNorm + gate/up 4.76 us at (32, 128, 4)
 # against the norm + matmul chain's 5.07; silu + down 5.03 at (8, 512, 4) against 6.13;
-# neither among the two tried before; BENCHMARKS.md, runs of 2026-12-04 08:50)
+# neither among the two tried before; BENCHMARKS.md, runs of 2026-12-04 08:45)
 FUSED_ONE_ROW = ((32, 128, 4), (8, 512, 4))
 
 

@@ -74,6 +74,11 @@ ENABLED = os.environ.get("PAGEDRT_MATMUL", "1") != "0"  # PAGEDRT_MATMUL=0: alwa
 # in one kernel (`linear_add_rmsnorm`); off: no faster on the H200 (docs/design.md)
 NORM_ENABLED = os.environ.get("PAGEDRT_MATMUL_NORM", "0") == "1"
 MIN_ROWS, MAX_ROWS = 8, 128
+# PAGEDRT_MATMUL_PRE_WAIT=1: each program loads its first weight tile (both row sets' with two)
+# into registers before the PDL wait, as the 1-4-row kernels do by default
+# (`gemv_triton.pre_wait_columns`: batch-1 decode 0.795 -> 0.67 ms on the H200). Off until
+# measured at 8-128 rows (docs/design.md, "Small-batch decode")
+PRE_WAIT = os.environ.get("PAGEDRT_MATMUL_PRE_WAIT", "0") == "1"
 
 
 def row_count_timed(m: int) -> bool:
@@ -135,6 +140,7 @@ def _matmul_kernel(
     PDL: tl.constexpr = False,
     PREFETCH: tl.constexpr = 0,  # > 0: the program's W tile into L2 before the PDL wait, in
     # PREFETCH requests (one per thread; the first row tile's programs only)
+    PRE_W: tl.constexpr = False,  # the first W tile(s) in registers before the PDL wait
 ):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -151,17 +157,19 @@ def _matmul_kernel(
             if SILU_MUL:  # the up half's rows
                 prefetch_rows_l2(w_ptr + N * stride_wn, pid_n * BLOCK_N, N, stride_wn,
                                  k_begin, k_end - k_begin, BLOCK_N, PREFETCH)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    w_first, w2_first = _first_w_tiles(w_rows, w_rows + N * stride_wn, mask_n, k_begin, k_end,
+                                       BLOCK_K, SILU_MUL, PRE_W)
     pdl_prologue(PDL)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
-    mask_n = offs_n < N
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     # [BLOCK_M, BLOCK_N] each; acc_up: the up half's product, SILU_MUL only
     out, acc_up = _tile_products(x_rows, w_rows, w_rows + N * stride_wn, mask_m, mask_n,
                                  k_begin, k_end, K, BLOCK_M, BLOCK_N, BLOCK_K, SILU_MUL,
-                                 SWAP_AB, EVEN_K, IEEE, UPCAST)
+                                 SWAP_AB, EVEN_K, IEEE, UPCAST, w_first, w2_first, PRE_W)
     if SILU_MUL:
         # rounded as the plain path rounds: gate/up's output in y's dtype, then the SiLU
         # kernel's silu(gate) rounded before the product (fused_triton._silu_and_mul_kernel)
@@ -196,21 +204,59 @@ def _matmul_kernel(
 
 
 @triton.jit
+def _first_w_tiles(w_rows, w_rows2, mask_n, k_begin, k_end, BLOCK_K: tl.constexpr,
+                   TWO: tl.constexpr, PRE_W: tl.constexpr):
+    """With PRE_W, the weight tiles [BLOCK_N, BLOCK_K] of the first K step (columns from
+    k_begin, masked at k_end, so an empty split loads nothing) of the row sets at w_rows and,
+    with TWO, w_rows2: loaded before the PDL wait, since no kernel writes the weights, and
+    handed to `_tile_products`. Without PRE_W: (None, None)."""
+    if PRE_W:
+        kk = k_begin + tl.arange(0, BLOCK_K)
+        mask_w = mask_n[:, None] & (kk < k_end)[None, :]
+        w_first = tl.load(w_rows + kk[None, :], mask=mask_w, other=0.0)
+        w2_first = w_first
+        if TWO:
+            w2_first = tl.load(w_rows2 + kk[None, :], mask=mask_w, other=0.0)
+        return w_first, w2_first
+    else:
+        return None, None
+
+
+@triton.jit
 def _tile_products(x_rows, w_rows, w_rows2, mask_m, mask_n, k_begin, k_end, K,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    TWO: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr,
-                   IEEE: tl.constexpr, UPCAST: tl.constexpr):
+                   IEEE: tl.constexpr, UPCAST: tl.constexpr, w_first=None, w2_first=None,
+                   PRE_W: tl.constexpr = False):
     """(x @ W.T, x @ W2.T) over K in [k_begin, k_end), each [BLOCK_M, BLOCK_N] fp32: x's rows at
     `x_rows` ([BLOCK_M, 1] pointers), W's at `w_rows` and, with TWO, a second row set's at
     `w_rows2` ([BLOCK_N, 1] each; without TWO the second is zeros, unused). The K loop of
-    `_matmul_kernel` and of the QKV + RoPE kernel (pagedrt/ops/matmul_rope_triton.py)."""
+    `_matmul_kernel` and of the QKV + RoPE kernel (pagedrt/ops/matmul_rope_triton.py). With
+    PRE_W the first K step's weight tiles come loaded (`_first_w_tiles`) and the loop starts
+    at the second."""
     offs_k = tl.arange(0, BLOCK_K)
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = acc
-    for k0 in range(k_begin, k_end, BLOCK_K):
+    loop_begin = k_begin
+    if PRE_W:
+        kk0 = k_begin + offs_k
+        a0 = tl.load(x_rows + kk0[None, :], mask=mask_m[:, None] & (kk0 < k_end)[None, :],
+                     other=0.0)
+        w0 = w_first
+        if UPCAST:
+            a0 = a0.to(tl.float32)
+            w0 = w0.to(tl.float32)
+        acc = _mma(a0, w0, acc, SWAP_AB, IEEE)
+        if TWO:
+            w02 = w2_first
+            if UPCAST:
+                w02 = w02.to(tl.float32)
+            acc2 = _mma(a0, w02, acc2, SWAP_AB, IEEE)
+        loop_begin = k_begin + BLOCK_K
+    for k0 in range(loop_begin, k_end, BLOCK_K):
         kk = k0 + offs_k
         if EVEN_K:
             mask_x = mask_m[:, None]
@@ -434,6 +480,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
         SWAP_AB=bool(swap_ab), EVEN_K=k % block_k == 0,
         IEEE=x.dtype == torch.float32 or upcast, UPCAST=upcast, num_warps=num_warps,
         num_stages=num_stages, PREFETCH=l2_prefetch_slots(weight, block_n, num_warps),
+        PRE_W=PRE_WAIT,
         **pdl_launch(pdl_enabled(x)),
     )
     return y if norm is None else (normed, y)

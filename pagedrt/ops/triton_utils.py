@@ -134,7 +134,7 @@ def prefetch_rows_l2(w_ptr, first_row, num_rows, stride_row, col0, ncols,
 # wait. Off by default: it read slower on the H200 (batch-1 decode 0.736 against 0.671-0.676
 # ms per token; Qwen2-0.5B 512/128 at batch 8 / 64: 7,098 / 33,038 against 7,770 / 37,593
 # output tok/s), in a run whose GPU may have been shared (BENCHMARKS.md, runs of 2026-12-04
-# 08:50); a clean comparison is still to do
+# 08:45); a clean comparison is still to do
 L2_PREFETCH = os.environ.get("PAGEDRT_L2_PREFETCH", "0") == "1"
 
 

@@ -190,3 +190,49 @@ def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch, forced, no
             assert any(k[0] == "qkv_rope" for k in chosen)  # QKV with RoPE and the K/V write
             assert any(k[0] == "add_rmsnorm" for k in chosen) == norm
     assert outs[True] == outs[False]
+
+
+@pytest.mark.parametrize("pre_wait", [False, True], ids=["w_in_loop", "w_before_wait"])
+@pytest.mark.parametrize("l2", [False, True], ids=["no_prefetch", "l2_prefetch"])
+def test_weights_before_the_wait_and_l2_prefetch_in_a_replayed_graph(monkeypatch, pre_wait, l2):
+    """PAGEDRT_MATMUL_PRE_WAIT (the first weight tiles in registers before the PDL wait) and
+    PAGEDRT_L2_PREFETCH (the weight rows prefetched into L2 before it), each on and off, in
+    graphs of three back-to-back launches at Qwen2-0.5B's shapes (PDL between them): the
+    8-128-row matmul whole-K, split-K and with the SwiGLU epilogue, and the 1-4-row skinny
+    matmul over the down projection's K (its L2 prefetch covers the columns past its register
+    pre-load), against cuBLAS."""
+    from pagedrt.ops import gemv_triton, triton_utils
+
+    monkeypatch.setattr(matmul_triton, "PRE_WAIT", pre_wait)
+    monkeypatch.setattr(triton_utils, "L2_PREFETCH", l2)
+    dev, bf16 = "cuda", torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(5)
+    cases = [(8, 1152, 896, True, CONFIGS[0]), (64, 896, 4864, False, SPLIT_CONFIGS[0]),
+             (1, 896, 4864, False, None), (4, 9728, 896, False, None)]
+    for m, n, k, with_bias, cfg in cases:
+        x = torch.randn(m, k, device=dev, generator=g).to(bf16)
+        w = (torch.randn(n, k, device=dev, generator=g) * 0.02).to(bf16)
+        b = (torch.randn(n, device=dev, generator=g) * 0.02).to(bf16) if with_bias else None
+
+        def run(x=x, w=w, b=b, cfg=cfg):
+            if cfg is None:
+                return [gemv_triton.gemv_triton(x, w, b, (4, 512, 4)) for _ in range(3)]
+            return [matmul_triton.matmul_triton(x, w, b, cfg) for _ in range(3)]
+
+        run()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = run()
+        graph.replay()
+        torch.cuda.synchronize()
+        want = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
+        for got in outs:
+            torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+    x = torch.randn(16, 896, device=dev, generator=g).to(bf16)
+    w = (torch.randn(2 * 4864, 896, device=dev, generator=g) * 0.02).to(bf16)
+    got = matmul_triton.matmul_triton(x, w, None, CONFIGS[0], silu_mul=True)
+    from pagedrt.ops.fused_triton import silu_and_mul_triton
+
+    want = silu_and_mul_triton(torch.nn.functional.linear(x, w))
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)

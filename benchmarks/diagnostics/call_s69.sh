@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# For the next lease (carry .commit and .whl; ~9 min). Issue 16, batches 8-128 and 1: the
+# opt-ins of 2026-12-04 on a GPU nobody else uses. First the GPU tests of both (their own
+# call if this one runs long), then Qwen2-0.5B 512/128 at batches 8-128 with
+# PAGEDRT_MATMUL_PRE_WAIT=1 / 0 in ABBA order, then batch-1 latency with PAGEDRT_L2_PREFETCH
+# =1 / 0 in ABBA order.
+set -u
+. benchmarks/diagnostics/call_common.sh
+PYTHONUNBUFFERED=1 timeout 200 python3 -u -m pytest -v -m gpu -p no:cacheprovider \
+  tests/gpu/test_matmul_gpu.py -k "before_the_wait or engine_tokens" > "$out/r/gpu_mm.txt" 2>&1
+echo "gpu_mm status $?"; grep -E "FAILED|ERROR|passed|failed" "$out/r/gpu_mm.txt" | tail -5
+pkill -f pytest; sleep 2  # nothing of the tests left on the GPU
+for n in pre1:1 pre0a:0 pre0b:0 pre1b:1; do
+  IFS=: read -r name v <<< "$n"
+  PAGEDRT_MATMUL_PRE_WAIT=$v timeout 100 python3 -m pagedrt.entrypoints.cli bench throughput \
+    --preset qwen2-0.5b --skip-step-split --batch-sizes 8,32,64,128 --name "thr_$name" \
+    --out "$out/r" > "$out/r/thr_$name.txt" 2>&1
+  echo "thr_$name status $?"
+  grep -E "^pagedrt +qwen" "$out/r/thr_$name.txt" | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ' '; echo
+done
+for n in l2a:1 nol2a:0 nol2b:0 l2b:1; do
+  IFS=: read -r name v <<< "$n"
+  PAGEDRT_L2_PREFETCH=$v timeout 90 python3 -m pagedrt.entrypoints.cli bench latency \
+    --preset qwen2-0.5b --contexts 512,4096 --graphs on --repeats 3 --name "lat_$name" \
+    --out "$out/r" > "$out/r/lat_$name.txt" 2>&1
+  echo "lat_$name status $?"; grep -E "batch1" "$out/r/lat_$name.txt" | tr -s ' ' | cut -d' ' -f4,6 | tr '\n' ' '; echo
+done
+tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"
