@@ -33,13 +33,25 @@ def kernel_intervals(prof) -> list[tuple[float, float, str]]:
     return sorted(out)
 
 
-def exposed_times(spans: list[tuple[float, float, str]]) -> tuple[dict, float]:
+def exposed_times(spans: list[tuple[float, float, str]], steps: int, layers: int
+                  ) -> tuple[dict, float]:
     """{name: [count, own us, exposed us, gap-before us]} and the span (first start to last
-    end, us)."""
+    end, us). A kernel launched a multiple of `layers` times per step is split by its place
+    in the layer ("name #i": the i-th launch of that name in each layer, e.g. the O, gate/up
+    and down projections of one matmul kernel), since every step launches the same sequence."""
+    totals: dict = {}
+    for _, _, name in spans:
+        totals[name] = totals.get(name, 0) + 1
+    seen: dict = {}
     by_name: dict = {}
     covered = spans[0][0]  # the latest end so far
     for start, end, name in spans:
-        row = by_name.setdefault(name, [0, 0.0, 0.0, 0.0])
+        k = seen[name] = seen.get(name, -1) + 1
+        per_step = totals[name] // steps
+        label = name
+        if totals[name] % steps == 0 and per_step % layers == 0 and per_step > layers:
+            label = f"{name[:64]} #{k % per_step % (per_step // layers)}"
+        row = by_name.setdefault(label, [0, 0.0, 0.0, 0.0])
         row[0] += 1
         row[1] += end - start
         row[3] += max(0.0, start - covered)
@@ -103,7 +115,8 @@ def main() -> None:
     prof = profile(activities=[ProfilerActivity.CUDA])
     run(2, args.steps, prof)
     spans = kernel_intervals(prof)
-    by_name, span = exposed_times(spans)
+    layers = get_preset("qwen2-0.5b").num_hidden_layers
+    by_name, span = exposed_times(spans, args.steps, layers)
     steps = args.steps
     rows = sorted(by_name.items(), key=lambda kv: -(kv[1][2] + kv[1][3]))
     print(f"batch {args.batch} ctx {args.context}: {steps} decode steps, span "
