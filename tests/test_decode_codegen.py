@@ -56,6 +56,17 @@ def test_pdl_waits_before_the_first_read(loads):
     assert "griddepcontrol.wait" not in plain and plain["wait_at"] == -1
 
 
+def test_warp_tiles_read_lengths_and_block_ids_before_the_wait_only_with_pre_bt(loads):
+    """PAGEDRT_DECODE_PRE_WAIT=1 (PRE_BT): the warp-tile kernel reads its sequence's length
+    and its first tile's block ids before griddepcontrol.wait (two loads), nothing else; by
+    default it waits before any read."""
+    plain = loads["warp tiles, fp8, Qwen2-0.5B heads, PDL"]
+    pre = loads["warp tiles, fp8, Qwen2-0.5B heads, PDL, PRE_BT"]
+    assert plain["griddepcontrol.wait"] == pre["griddepcontrol.wait"] == 1
+    assert plain["loads_before_wait"] == 0 and 0 <= plain["wait_at"] < plain["first_read_at"]
+    assert pre["loads_before_wait"] == 2 and pre["first_read_at"] < pre["wait_at"]
+
+
 def test_pdl_is_on_by_default_off_on_cpu_and_for_prefill(monkeypatch):
     """PDL is requested unless PAGEDRT_PDL=0 at import (`PDL_REQUESTED`); a CPU tensor (the
     interpreter) never launches with it, nor a launch over more than PDL_MAX_ROWS rows (a
