@@ -2,10 +2,11 @@
 # For the next lease, after call_s69.sh (carry .commit and .whl; ~8 min). Issue 16, batch 1:
 # latency with PAGEDRT_L2_PREFETCH=1 / 0, then PAGEDRT_DECODE_PRE_WAIT=1 / 0, each in ABBA
 # order on a GPU nobody else uses, then the step's timeline with each projection's matmul
-# apart (decode_timeline.py). The GPU test of PRE_WAIT: run tests/gpu/test_decode_gpu.py with
-# PAGEDRT_DECODE_PRE_WAIT=1 in a call of its own.
+# apart (decode_timeline.py). Its GPU test first: tests/gpu/test_decode_gpu.py -k
+# before_the_wait.
 set -u
 . benchmarks/diagnostics/call_common.sh
+gpu_tests gpu_decode_pre 120 tests/gpu/test_decode_gpu.py -k before_the_wait
 for n in l2a:1 nol2a:0 nol2b:0 l2b:1; do
   IFS=: read -r name v <<< "$n"
   PAGEDRT_L2_PREFETCH=$v timeout 90 python3 -m pagedrt.entrypoints.cli bench latency \
