@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# For the next lease (carry .commit and .whl; ~7 min). Issue 16, batches 8-128: the opt-ins
+# For the next lease (carry .commit and .whl; ~8 min). Issue 16, batches 8-128: the opt-ins
 # of 2026-12-04 on a GPU nobody else uses. First the GPU tests of both, then Qwen2-0.5B
-# 512/128 at batches 8-128 with PAGEDRT_MATMUL_PRE_WAIT=1 / 0 in ABBA order (call_s70.sh
-# follows with batch 1).
+# 512/128 at batches 8-128 with PAGEDRT_MATMUL_PRE_WAIT=1 / 0 in ABBA order, then the batch-1
+# step's timeline with each projection's matmul apart (call_s70.sh follows with batch 1).
 set -u
 . benchmarks/diagnostics/call_common.sh
 PYTHONUNBUFFERED=1 timeout 200 python3 -u -m pytest -v -m gpu -p no:cacheprovider \
@@ -17,4 +17,7 @@ for n in pre1:1 pre0a:0 pre0b:0 pre1b:1; do
   echo "thr_$name status $?"
   grep -E "^pagedrt +qwen" "$out/r/thr_$name.txt" | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ' '; echo
 done
+timeout 90 python3 benchmarks/diagnostics/decode_timeline.py --batch 1 --context 512 \
+  --steps 48 --out "$out/r/tl_b1.json" > "$out/r/tl_b1.txt" 2>&1
+echo "tl_b1 status $?"; grep -E "^batch|#|^total" "$out/r/tl_b1.txt" | head -8
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"

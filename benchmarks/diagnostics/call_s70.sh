@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# For the next lease, after call_s69.sh (carry .commit and .whl; ~8 min). Issue 16, batch 1:
+# For the next lease, after call_s69.sh (carry .commit and .whl; ~9 min). Issue 16, batch 1:
 # latency with PAGEDRT_L2_PREFETCH=1 / 0, then PAGEDRT_DECODE_PRE_WAIT=1 / 0, each in ABBA
-# order on a GPU nobody else uses, then the step's timeline with each projection's matmul
-# apart (decode_timeline.py). Its GPU test first: tests/gpu/test_decode_gpu.py -k
-# before_the_wait.
+# order on a GPU nobody else uses; the latter's GPU test first (tests/gpu/test_decode_gpu.py -k
+# before_the_wait).
 set -u
 . benchmarks/diagnostics/call_common.sh
 gpu_tests gpu_decode_pre 120 tests/gpu/test_decode_gpu.py -k before_the_wait
@@ -21,7 +20,4 @@ for n in prea:1 nopa:0 nopb:0 preb:1; do  # the decode kernel's lengths and bloc
     --out "$out/r" > "$out/r/lat_$name.txt" 2>&1
   echo "lat_$name status $?"; grep -E "batch1" "$out/r/lat_$name.txt" | tr -s ' ' | cut -d' ' -f4,6 | tr '\n' ' '; echo
 done
-timeout 90 python3 benchmarks/diagnostics/decode_timeline.py --batch 1 --context 512 \
-  --steps 48 --out "$out/r/tl_b1.json" > "$out/r/tl_b1.txt" 2>&1
-echo "tl_b1 status $?"; grep -E "^batch|#|^total" "$out/r/tl_b1.txt" | head -8
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"
