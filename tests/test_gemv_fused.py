@@ -276,6 +276,16 @@ def test_pre_wait_columns():
         assert rows * cols <= per_thread * 32 * warps
 
 
+def test_pre_wait_values_from_the_environment():
+    """PAGEDRT_GEMV_PRE_VALUES: unset 64, a power of two from 16 to 512, or 0 (none); anything
+    else a ValueError naming the value."""
+    parse = gemv_triton._pre_wait_values
+    assert parse(None) == 64 and parse("128") == 128 and parse("16") == 16 and parse("0") == 0
+    for bad in ("100", "8", "1024", "-64", "lots", ""):
+        with pytest.raises(ValueError, match="PAGEDRT_GEMV_PRE_VALUES"):
+            parse(bad)
+
+
 def test_qkv_rope_bad_inputs():
     from pagedrt.ops.gemv_rope_triton import qkv_rope_triton
 

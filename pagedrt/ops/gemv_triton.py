@@ -191,8 +191,24 @@ def _gemv_kernel(
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & mask_n[None, :])
 
 
+def _pre_wait_values(env: str | None) -> int:
+    """PAGEDRT_GEMV_PRE_VALUES: W's values per thread a 1-4-row program holds across the PDL
+    wait (`pre_wait_columns`), 64 unless set; 0 turns the pre-load off.
+
+    Raises:
+        ValueError: not 0 or a power of two from 16 to 512.
+    """
+    if env is None:
+        return 64
+    value = int(env) if env.strip().isdigit() else -1
+    if value != 0 and not (16 <= value <= 512 and value & (value - 1) == 0):
+        raise ValueError(f"PAGEDRT_GEMV_PRE_VALUES={env!r}: give 0 (no weights loaded before "
+                         "the PDL wait) or a power of two from 16 to 512 (default 64)")
+    return value
+
+
 # values of W per thread a program holds across the PDL wait (`pre_wait_columns`)
-PRE_WAIT_VALUES_PER_THREAD = 64
+PRE_WAIT_VALUES_PER_THREAD = _pre_wait_values(os.environ.get("PAGEDRT_GEMV_PRE_VALUES"))
 
 
 def pre_wait_columns(w_rows: int, k: int, num_warps: int) -> int:
@@ -200,8 +216,9 @@ def pre_wait_columns(w_rows: int, k: int, num_warps: int) -> int:
     columns of its `w_rows` weight rows a program loads before its PDL wait, so that the
     weights stream from memory while the kernel before it still runs (they are no kernel's
     output; the activations are read after the wait). The largest power of two up to K's
-    (rounded up) that keeps PRE_WAIT_VALUES_PER_THREAD values per thread, 0 where that is
-    under 16 columns. The same code runs without PDL (the loads are then the loop's first)."""
+    (rounded up) that keeps PRE_WAIT_VALUES_PER_THREAD values per thread (64, or
+    PAGEDRT_GEMV_PRE_VALUES), 0 where that is under 16 columns. The same code runs without
+    PDL (the loads are then the loop's first)."""
     cols = min(triton.next_power_of_2(k),
                PRE_WAIT_VALUES_PER_THREAD * 32 * num_warps // max(1, w_rows))
     cols = 1 << (max(cols, 1).bit_length() - 1)  # a power of two
