@@ -99,6 +99,22 @@ def _rows_rstd(x_ptr, r_ptr, new_r_ptr, stride_xm, stride_rm, K, eps, write_resi
 
 
 @triton.jit
+def _rows_products(acc, w, x_ptr, r_ptr, nw_ptr, stride_xm, stride_rm, offs_k, mask_k, rstd_m,
+                   K, offs_m, M: tl.constexpr, PROLOGUE: tl.constexpr,
+                   HAS_RESIDUAL: tl.constexpr):
+    """acc [M_PAD, BLOCK_N] plus each of the M rows' input at columns offs_k (after the
+    prologue, 1/rms from rstd_m [M_PAD]) times the weight columns w [BLOCK_N, len(offs_k)]
+    fp32."""
+    for m in tl.static_range(M):
+        rstd = tl.sum(tl.where(offs_m == m, rstd_m, 0.0), axis=0)
+        x = _input_chunk(x_ptr, r_ptr, nw_ptr, m, stride_xm, stride_rm, offs_k, mask_k, rstd,
+                         K, PROLOGUE, HAS_RESIDUAL)
+        part = tl.sum(w * x[None, :], axis=1)  # [BLOCK_N]
+        acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+    return acc
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,  # [M, K] (PROLOGUE 2: [M, 2K], gate | up)
     w_ptr,  # [N, K], K contiguous
@@ -167,24 +183,16 @@ def _gemv_kernel(
     else:
         acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
         if PRE_K > 0:
-            w_pre_f = w_pre.to(tl.float32)
-            for m in tl.static_range(M):
-                rstd = tl.sum(tl.where(offs_m == m, rstd_m, 0.0), axis=0)
-                x_pre = _input_chunk(x_ptr, r_ptr, nw_ptr, m, stride_xm, stride_rm, offs_pre,
-                                     mask_pre, rstd, K, PROLOGUE, HAS_RESIDUAL)
-                part = tl.sum(w_pre_f * x_pre[None, :], axis=1)  # [BLOCK_N]
-                acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+            acc = _rows_products(acc, w_pre.to(tl.float32), x_ptr, r_ptr, nw_ptr, stride_xm,
+                                 stride_rm, offs_pre, mask_pre, rstd_m, K, offs_m, M, PROLOGUE,
+                                 HAS_RESIDUAL)
         for k0 in range(PRE_K, K, BLOCK_K):
             offs_k = k0 + offs_k0
             mask_k = offs_k < K
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
                         other=0.0).to(tl.float32)
-            for m in tl.static_range(M):
-                rstd = tl.sum(tl.where(offs_m == m, rstd_m, 0.0), axis=0)
-                x = _input_chunk(x_ptr, r_ptr, nw_ptr, m, stride_xm, stride_rm, offs_k,
-                                 mask_k, rstd, K, PROLOGUE, HAS_RESIDUAL)
-                part = tl.sum(w * x[None, :], axis=1)  # [BLOCK_N]
-                acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+            acc = _rows_products(acc, w, x_ptr, r_ptr, nw_ptr, stride_xm, stride_rm, offs_k,
+                                 mask_k, rstd_m, K, offs_m, M, PROLOGUE, HAS_RESIDUAL)
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         y = y_ptr + offs_m[:, None] * N + offs_n[None, :]
