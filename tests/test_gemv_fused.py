@@ -222,7 +222,7 @@ def test_qkv_rope_matches_the_chain(m, heads, k, config):
     `rotary_write_kv_triton`): GQA ratios 1, 3 and 8, fp32 and fp16, a bias, a padding row
     (slot -1), slots at a block's first and last token; the qkv rows, both caches, the new
     residual. K 40: all of W's columns loaded before the PDL wait; K 300 at (32, 128, 4): the
-    first 128 (`pre_wait_columns`), then the K loop."""
+    first 128 at the default 64 values per thread (`pre_wait_columns`), then the K loop."""
     from pagedrt.ops.fused_triton import rotary_write_kv_triton
     from pagedrt.ops.gemv_rope_triton import qkv_rope_triton
 
@@ -260,9 +260,11 @@ def test_qkv_rope_matches_the_chain(m, heads, k, config):
             assert torch.equal(got_res, want_res)
 
 
-def test_pre_wait_columns():
+def test_pre_wait_columns(monkeypatch):
     """W's columns the 1-4-row kernels load before the PDL wait: a power of two, K's at most
-    (rounded up), PRE_WAIT_VALUES_PER_THREAD values per thread, none under 16."""
+    (rounded up), PRE_WAIT_VALUES_PER_THREAD values per thread (the default 64 here, whatever
+    PAGEDRT_GEMV_PRE_VALUES says), none under 16."""
+    monkeypatch.setattr(gemv_triton, "PRE_WAIT_VALUES_PER_THREAD", 64)
     pre = gemv_triton.pre_wait_columns
     per_thread = gemv_triton.PRE_WAIT_VALUES_PER_THREAD
     assert pre(4, 896, 4) == 1024  # all of a Qwen2-0.5B row: 4 x 1024 <= 64 x 128

@@ -74,20 +74,26 @@ def test_qkv_rope_compiles_with_pdl(compiled, case):
                                   "gemv, 4 rows"])
 def test_small_batch_kernels_load_weights_before_the_pdl_wait(compiled, case):
     """The 1-4-row kernels issue their first weight columns (`pre_wait_columns`) before
-    griddepcontrol.wait, so the weights stream while the kernel before runs: at least one
-    16-byte load per thread of each weight row set, and only one wait."""
+    griddepcontrol.wait, so the weights stream while the kernel before runs, and nothing
+    else: exactly the 16-byte loads of the pre-loaded weights (8 rows x 1,024 columns, or 16 x
+    512 for the RoPE kernel's two row sets, or 4 x 2,048: 16 KB over 128 threads, eight each),
+    so an activation load moved above the wait would show; and only one wait."""
     got = compiled[case]
     assert got["griddepcontrol"]["griddepcontrol.wait"] == 1
-    assert got["loads_before_wait"] >= (2 if "RoPE" in case else 1)
+    assert got["loads_before_wait"] == 8
 
 
-@pytest.mark.parametrize("case,requests", [("whole K, swap", 1), ("split-K 8, swap", 1),
-                                           ("SwiGLU epilogue, swap", 2),
-                                           ("add + RMSNorm epilogue, split-K 4", 1),
-                                           ("gemv + SwiGLU, 1 row, K 4864", 1)])
+@pytest.mark.parametrize("case,requests", [("whole K, swap, L2 prefetch", 1),
+                                           ("split-K 8, swap, L2 prefetch", 1),
+                                           ("SwiGLU epilogue, swap, L2 prefetch", 2),
+                                           ("add + RMSNorm epilogue, split-K 4, L2 prefetch", 1),
+                                           ("gemv + SwiGLU, 1 row, K 4864, L2 prefetch", 1)])
 def test_decode_matmuls_prefetch_weights_into_l2_before_the_pdl_wait(compiled, case, requests):
-    """With PREFETCH the decode matmuls ask L2 for their weight tile (both halves' rows with
-    the SwiGLU epilogue) before griddepcontrol.wait (`triton_utils.prefetch_rows_l2`)."""
+    """With PAGEDRT_L2_PREFETCH=1 (PREFETCH) the decode matmuls ask L2 for their weight tile
+    (both halves' rows with the SwiGLU epilogue) before griddepcontrol.wait
+    (`triton_utils.prefetch_rows_l2`); the default kernels (the same case without the opt-in)
+    ask for nothing."""
+    assert compiled[case.replace(", L2 prefetch", "")]["l2_prefetches_before_wait"] == 0
     got = compiled[case]
     assert got["l2_prefetches_before_wait"] == requests
     assert got["griddepcontrol"]["griddepcontrol.wait"] == 1

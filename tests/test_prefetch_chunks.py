@@ -37,6 +37,7 @@ def test_prefetch_requests_cover_each_row_in_16_byte_units(case):
     _chunks_kernel[(1,)](offset, size, first, num_rows, stride, col0, ncols, ELEM=elem,
                          NROWS=nrows, SLOTS=slots)
     assert (size > 0).all() and (size % 16 == 0).all() and (offset % 16 == 0).all()
+    assert (offset >= 0).all() and (offset + size <= num_rows * stride * elem).all()
     rows = sorted({min(first + r, num_rows - 1) for r in range(nrows)})
     covered = {r: set() for r in rows}
     for o, n in zip(offset.tolist(), size.tolist(), strict=True):
@@ -46,3 +47,20 @@ def test_prefetch_requests_cover_each_row_in_16_byte_units(case):
         covered[row].update(range(start // 16, (start + n) // 16))
     for row, units in covered.items():
         assert units == set(range(ncols * elem // 16)), f"row {row} not covered exactly"
+
+
+@pytest.mark.parametrize("case", [(1088, 1152, 896, 896, 0, 2, 64, 128),
+                                  (0, 4, 32, 112, -80, 2, 16, 128)],
+                         ids=["empty_split_qwen_qkv", "split_past_k"])
+def test_an_empty_range_asks_only_for_row_starts_inside_the_matrix(case):
+    """ncols <= 0 (an empty split-K range; the matmul skips it, this is the fallback): every
+    request is the first 16 bytes of one of the program's rows, never past the matrix's end
+    (found by review: col0 past K pointed the last row's requests past W's allocation)."""
+    first, num_rows, stride, col0, ncols, elem, nrows, slots = case
+    offset = torch.empty(slots, dtype=torch.int64)
+    size = torch.empty(slots, dtype=torch.int32)
+    _chunks_kernel[(1,)](offset, size, first, num_rows, stride, col0, ncols, ELEM=elem,
+                         NROWS=nrows, SLOTS=slots)
+    assert (size == 16).all()
+    starts = {min(first + r, num_rows - 1) * stride * elem for r in range(nrows)}
+    assert set(offset.tolist()) <= starts

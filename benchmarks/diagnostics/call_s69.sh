@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # For the next lease (carry .commit and .whl; ~8 min). Issue 16, batches 8-128: the opt-ins
-# of 2026-12-04 on a GPU nobody else uses. First the GPU tests of both, then Qwen2-0.5B
+# of 2026-12-04 on a GPU nobody else uses. First the GPU tests of both and of what each
+# kernel reads before its PDL wait (test_pdl_early_reads_gpu.py), then Qwen2-0.5B
 # 512/128 at batches 8-128 with PAGEDRT_MATMUL_PRE_WAIT=1 / 0 in ABBA order, then the batch-1
 # step's timeline with each projection's matmul apart (call_s70.sh follows with batch 1).
 set -u
 . benchmarks/diagnostics/call_common.sh
-PYTHONUNBUFFERED=1 timeout 200 python3 -u -m pytest -v -m gpu -p no:cacheprovider \
-  tests/gpu/test_matmul_gpu.py -k "before_the_wait or engine_tokens" > "$out/r/gpu_mm.txt" 2>&1
+PYTHONUNBUFFERED=1 timeout 240 python3 -u -m pytest -v -m gpu -p no:cacheprovider \
+  tests/gpu/test_pdl_early_reads_gpu.py tests/gpu/test_matmul_gpu.py \
+  -k "early or before_the_wait or engine_tokens" > "$out/r/gpu_mm.txt" 2>&1
 echo "gpu_mm status $?"; grep -E "FAILED|ERROR|passed|failed" "$out/r/gpu_mm.txt" | tail -5
 pkill -f pytest; sleep 2  # nothing of the tests left on the GPU
 for n in pre1:1 pre0a:0 pre0b:0 pre1b:1; do

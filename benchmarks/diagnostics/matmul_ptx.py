@@ -35,7 +35,7 @@ from pagedrt.ops.matmul_rope_triton import _matmul_rope_kernel
 from pagedrt.ops.matmul_triton import _matmul_kernel
 
 # name: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab, split_k, silu, add_norm[,
-# pre_w])
+# pre_w[, l2]]): the defaults of the engine unless a case names an opt-in
 CASES = {
     "whole K, swap": (16, 64, 128, 4, 5, True, 1, False, False),
     "whole K": (64, 64, 64, 4, 5, False, 1, False, False),
@@ -47,6 +47,12 @@ CASES = {
     "whole K, swap, W before the wait": (16, 64, 128, 4, 5, True, 1, False, False, True),
     "split-K 8, swap, W before the wait": (16, 64, 128, 4, 4, True, 8, False, False, True),
     "SwiGLU epilogue, swap, W before the wait": (16, 64, 128, 4, 5, True, 1, True, False, True),
+    # PAGEDRT_L2_PREFETCH=1: the weight tile prefetched into L2 before the PDL wait
+    "whole K, swap, L2 prefetch": (16, 64, 128, 4, 5, True, 1, False, False, False, True),
+    "split-K 8, swap, L2 prefetch": (16, 64, 128, 4, 4, True, 8, False, False, False, True),
+    "SwiGLU epilogue, swap, L2 prefetch": (16, 64, 128, 4, 5, True, 1, True, False, False, True),
+    "add + RMSNorm epilogue, split-K 4, L2 prefetch": (32, 64, 128, 4, 4, True, 4, False, True,
+                                                       False, True),
 }
 MATRIX = r"(wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)"
 
@@ -63,7 +69,7 @@ def compile_sm90(kernel, sig: dict, const: dict, aligned: list, options: dict):
 
 
 def compile_matmul(block_m, block_n, block_k, num_warps, num_stages, swap_ab, split_k, silu,
-                   add_norm, pre_w=False):
+                   add_norm, pre_w=False, l2=False):
     ptrs = ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "part_ptr", "counters_ptr", "res_ptr",
             "norm_w_ptr", "norm_out_ptr", "row_counters_ptr"]
     types = ["*bf16", "*bf16", "*bf16", "*bf16", "*fp32", "*i32", "*bf16", "*bf16", "*bf16",
@@ -73,8 +79,8 @@ def compile_matmul(block_m, block_n, block_k, num_warps, num_stages, swap_ab, sp
     const = {"HAS_BIAS": False, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
              "SPLIT_K": split_k, "SILU_MUL": silu, "ADD_NORM": add_norm,
              "NORM_BLOCK": max(32, 4096 // block_m), "SWAP_AB": swap_ab, "EVEN_K": True,
-             "IEEE": False, "UPCAST": False, "PDL": True, "PREFETCH": 32 * num_warps,
-             "PRE_W": pre_w}
+             "IEEE": False, "UPCAST": False, "PDL": True,
+             "PREFETCH": 32 * num_warps if l2 else 0, "PRE_W": pre_w}
     aligned = ptrs + ["N", "K", "stride_xm", "stride_wn", "stride_ym"]
     return compile_sm90(_matmul_kernel, sig, const, aligned,
                         {"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": True})
@@ -97,10 +103,10 @@ def compile_qkv_rope(m: int = 1, block_p: int = 8, block_k: int = 256, num_warps
 
 
 def compile_gemv(m: int = 1, prologue: int = 1, block_n: int = 8, block_k: int = 256,
-                 num_warps: int = 4, k: int = 896):
+                 num_warps: int = 4, k: int = 896, l2: bool = False):
     """The 1-4-row skinny matmul (pagedrt/ops/gemv_triton.py) with a prologue (0 none, 1
     RMSNorm with a residual, 2 SwiGLU's activation) over K columns, as the engine launches it
-    with PDL."""
+    with PDL (with `l2`, as PAGEDRT_L2_PREFETCH=1 launches it)."""
     ptrs = ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "r_ptr", "nw_ptr", "new_r_ptr"]
     ints = ["N", "K", "stride_xm", "stride_wn", "stride_rm"]
     sig = {**dict.fromkeys(ptrs, "*bf16"), **dict.fromkeys(ints, "i32"), "eps": "fp32"}
@@ -108,7 +114,8 @@ def compile_gemv(m: int = 1, prologue: int = 1, block_n: int = 8, block_k: int =
              "BLOCK_N": block_n, "BLOCK_K": block_k, "PROLOGUE": prologue,
              "HAS_RESIDUAL": prologue == 1, "RSTD_BLOCK": rstd_block(k), "PDL": True,
              "PRE_K": pre_wait_columns(block_n, k, num_warps),
-             "PREFETCH": 32 * num_warps if k > pre_wait_columns(block_n, k, num_warps) else 0}
+             "PREFETCH": 32 * num_warps if l2 and k > pre_wait_columns(block_n, k, num_warps)
+             else 0}
     return compile_sm90(_gemv_kernel, sig, const, ptrs + ints,
                         {"num_warps": num_warps, "launch_pdl": True})
 
@@ -172,6 +179,8 @@ def main() -> None:
     kernels["QKV + RoPE, 4 rows"] = (compile_qkv_rope, (4,))
     kernels["gemv + RMSNorm, 1 row"] = (compile_gemv, (1, 1))
     kernels["gemv + SwiGLU, 1 row, K 4864"] = (compile_gemv, (1, 2, 4, 512, 4, 4864))
+    kernels["gemv + SwiGLU, 1 row, K 4864, L2 prefetch"] = (compile_gemv,
+                                                          (1, 2, 4, 512, 4, 4864, True))
     kernels["gemv, 4 rows"] = (compile_gemv, (4, 0))
     for name, (fn, case) in kernels.items():
         ptx = fn(*case).asm["ptx"]

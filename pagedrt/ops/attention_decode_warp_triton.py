@@ -159,7 +159,8 @@ def _decode_warp_kernel(
     PDL: tl.constexpr = False,
     KVH: tl.constexpr = 1,  # KV heads per program (grid axis 0: num_kv_heads / KVH)
     PRE_BT: tl.constexpr = False,  # KVH 1: seq_len and the first tile's block ids before the
-    # PDL wait (no kernel of the step writes them; `decode_pre_wait_requested`)
+    # PDL wait (written before the step's layers, never by the kernel just before:
+    # `decode_pre_wait_requested`, `pdl_prologue`)
 ):
     if not PRE_BT:
         pdl_prologue(PDL)

@@ -171,10 +171,13 @@ def decode_bt_prefetch_requested() -> bool:
 def decode_pre_wait_requested() -> bool:
     """PAGEDRT_DECODE_PRE_WAIT=1: the warp-tile decode kernel (one KV head per program) reads
     its sequence's length and its first tile's block ids before the PDL wait (PRE_BT,
-    `attention_decode_warp_triton`): no kernel of the decode step writes them, so their two
-    dependent round trips to memory pass under the kernel before, as the 1-4-row matmuls'
-    weights do (docs/design.md, "Small-batch decode"). Off by default ("0"): not yet timed on
-    a GPU. Read at every launch."""
+    `attention_decode_warp_triton`), so their two dependent round trips to memory pass under
+    the kernel before, as the 1-4-row matmuls' weights do (docs/design.md, "Small-batch
+    decode"). Safe because they are written before the step's layers (host copies; in a
+    verification graph, the kernels at its start that expand them per draft token) and a
+    kernel's pre-wait reads run only after every kernel but the one just before it has
+    finished (`pdl_prologue`). Off by default ("0"): not yet timed on a GPU. Read at every
+    launch."""
     return os.environ.get("PAGEDRT_DECODE_PRE_WAIT", "0") == "1"
 
 

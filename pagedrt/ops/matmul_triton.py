@@ -151,7 +151,7 @@ def _matmul_kernel(
     k_begin = pid_k * k_per_split
     k_end = tl.minimum(K, k_begin + k_per_split)  # empty for a split past K: partial of 0
     if PREFETCH > 0:  # noqa: SIM102 (a constexpr: compiled away when 0)
-        if pid_m == 0:
+        if (pid_m == 0) & (k_begin < k_end):  # (an empty split fetches nothing)
             prefetch_rows_l2(w_ptr, pid_n * BLOCK_N, N, stride_wn, k_begin, k_end - k_begin,
                              BLOCK_N, PREFETCH)
             if SILU_MUL:  # the up half's rows

@@ -60,9 +60,11 @@ def pdl_enabled(tensor: torch.Tensor) -> bool:
     a GPU of compute capability 9.0 or later, with a Triton that has it, outside the
     interpreter, for launches over at most PDL_MAX_ROWS rows (`tensor.shape[0]`: tokens or
     sequences; the decode step's kernels, not prefill's). A kernel launched so may start
-    while the one before it finishes; each such kernel begins with `pdl_prologue`, which
-    waits for the one before, so it reads nothing early. Batch-1 decode on the H200:
-    0.89 -> 0.79 ms per token (docs/design.md, "Small-batch decode")."""
+    while the one before it finishes; each such kernel calls `pdl_prologue`, which waits for
+    the one before, and reads before it only what the kernel before cannot be writing (the
+    weights; the decode attention's lengths and block ids under PAGEDRT_DECODE_PRE_WAIT; see
+    `pdl_prologue`). Batch-1 decode on the H200: 0.89 -> 0.79 ms per token, 0.67 with the
+    weights read before the wait (docs/design.md, "Small-batch decode")."""
     return (PDL_REQUESTED and gdc_wait is not None and tensor.shape[0] <= PDL_MAX_ROWS
             and not interpreting(tensor) and _pdl_capable(tensor.device.index or 0))
 
@@ -76,9 +78,17 @@ def pdl_launch(enabled: bool) -> dict:
 
 @triton.jit
 def pdl_prologue(PDL: tl.constexpr):
-    """A kernel's first statement when it may be launched with PDL: wait until the kernel
-    before it has finished and its writes are visible (`griddepcontrol.wait`), then let the
-    kernel after it launch (its own prologue waits for this one). Nothing when PDL is False."""
+    """Where a kernel that may be launched with PDL waits until the kernel before it has
+    finished and its writes are visible (`griddepcontrol.wait`), then lets the kernel after it
+    launch (`griddepcontrol.launch_dependents`; its own prologue waits for this one). Nothing
+    when PDL is False.
+
+    Before this call a kernel may read only what the kernel just before it cannot be writing:
+    the weights (no kernel writes them), and what kernels two or more launches back wrote,
+    such as the lengths and block tables the step's first kernels compute. That holds
+    because launch_dependents stays after the wait: kernel i + 1 starts only once every
+    program of kernel i has passed its wait, i.e. once kernel i - 1 has finished. Keep that
+    order."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -102,8 +112,10 @@ def prefetch_chunks(first_row, num_rows, stride_row, col0, ncols, ELEM: tl.const
     start (int64) and its size in bytes (int32, a multiple of 16 when ncols * ELEM is): slot s
     takes row first_row + s % NROWS (rows from num_rows on: the last row instead) and chunk
     s // NROWS of the row's bytes [col0 * ELEM, (col0 + ncols) * ELEM) cut in SLOTS / NROWS
-    chunks of whole 16-byte units; a slot past the row's end asks for its first 16 bytes
-    again (no request may be empty)."""
+    chunks of whole 16-byte units. A slot with nothing of its row to fetch (past the row's
+    end, or every slot where ncols <= 0: an empty split-K range) asks for the row's first 16
+    bytes (column 0), so that no request is empty and none leaves the matrix's rows; callers
+    skip empty ranges anyway."""
     chunks: tl.constexpr = SLOTS // NROWS
     slot = tl.arange(0, SLOTS)
     row = tl.minimum(first_row + slot % NROWS, num_rows - 1).to(tl.int64)
@@ -112,7 +124,7 @@ def prefetch_chunks(first_row, num_rows, stride_row, col0, ncols, ELEM: tl.const
     start = (slot // NROWS) * chunk_bytes
     size = tl.minimum(chunk_bytes, row_bytes - start)
     valid = size > 0
-    offset = (row * stride_row + col0) * ELEM + tl.where(valid, start, 0)
+    offset = row * stride_row * ELEM + tl.where(valid, col0 * ELEM + start, 0)
     return offset, tl.where(valid, size, 16).to(tl.int32)
 
 
@@ -122,8 +134,8 @@ def prefetch_rows_l2(w_ptr, first_row, num_rows, stride_row, col0, ncols,
     """`prefetch_l2` of columns [col0, col0 + ncols) of rows first_row .. first_row + NROWS - 1
     of the row-major matrix at w_ptr (row stride stride_row elements), in SLOTS requests (one
     per thread: SLOTS the program's threads, a multiple of NROWS; `prefetch_chunks`). The
-    caller guarantees 16-byte alignment of rows and col0, and ncols * element size a multiple
-    of 16 (`can_prefetch_l2`)."""
+    caller guarantees 16-byte alignment of rows and col0, ncols * element size a multiple of
+    16 (`can_prefetch_l2`), and should skip ncols <= 0 (nothing to fetch)."""
     elem: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
     offset, size = prefetch_chunks(first_row, num_rows, stride_row, col0, ncols, elem, NROWS,
                                    SLOTS)

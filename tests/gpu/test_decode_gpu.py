@@ -71,9 +71,10 @@ def test_default_decode_matches_reference(dtype, head_dim, group):
 @pytest.mark.parametrize("group", [1, 7])
 def test_lengths_and_block_ids_before_the_wait_match_the_default(monkeypatch, group):
     """PAGEDRT_DECODE_PRE_WAIT=1 (the warp-tile kernel's PRE_BT) at Qwen2-0.5B's head_dim 64,
-    launched with PDL (12 sequences: within PDL_MAX_ROWS) after a kernel that writes the
-    query: the same bits as the default launch and the reference's values, over split
-    counts that leave whole, partial-only and empty partitions."""
+    launched with PDL (12 sequences: within PDL_MAX_ROWS): the same bits as the default launch
+    and the reference's values, over split counts that leave whole, partial-only and empty
+    partitions. (The kernel before is torch's, which never lets it start early: what it reads
+    before its wait is checked by tests/gpu/test_pdl_early_reads_gpu.py.)"""
     num_kv_heads, head_dim = 2, 64
     lens = [1, 15, 16, 17, 31, 32, 33, 64, 65, 500, 4096, 4097]
     k, v, bt, seq_lens = paged_case(lens, num_kv_heads, head_dim, torch.bfloat16, seed=group)
@@ -82,7 +83,7 @@ def test_lengths_and_block_ids_before_the_wait_match_the_default(monkeypatch, gr
     for num_splits in (None, 3, 64):
         def run(pre: str, num_splits=num_splits):
             monkeypatch.setenv("PAGEDRT_DECODE_PRE_WAIT", pre)
-            query = (source * 2).to(torch.bfloat16)  # a kernel just before, as in a layer
+            query = (source * 2).to(torch.bfloat16)
             return query, tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, scale,
                                                             num_splits=num_splits)
         query, plain = run("0")

@@ -198,9 +198,10 @@ def test_weights_before_the_wait_and_l2_prefetch_in_a_replayed_graph(monkeypatch
     """PAGEDRT_MATMUL_PRE_WAIT (the first weight tiles in registers before the PDL wait) and
     PAGEDRT_L2_PREFETCH (the weight rows prefetched into L2 before it), each on and off, in
     graphs of three back-to-back launches at Qwen2-0.5B's shapes (PDL between them): the
-    8-128-row matmul whole-K, split-K and with the SwiGLU epilogue, and the 1-4-row skinny
-    matmul over the down projection's K (its L2 prefetch covers the columns past its register
-    pre-load), against cuBLAS."""
+    8-128-row matmul whole-K, split-K (one with an empty split: 7 K steps in 8) and with the
+    SwiGLU epilogue, and the 1-4-row skinny matmul over the down projection's K (its L2
+    prefetch covers the columns past its register pre-load), against cuBLAS. (Three launches
+    on the same inputs show numbers and capture, not ordering: test_pdl_early_reads_gpu.py.)"""
     from pagedrt.ops import gemv_triton, triton_utils
 
     monkeypatch.setattr(matmul_triton, "PRE_WAIT", pre_wait)
@@ -208,6 +209,7 @@ def test_weights_before_the_wait_and_l2_prefetch_in_a_replayed_graph(monkeypatch
     dev, bf16 = "cuda", torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(5)
     cases = [(8, 1152, 896, True, CONFIGS[0]), (64, 896, 4864, False, SPLIT_CONFIGS[0]),
+             (8, 1152, 896, False, (16, 64, 128, 4, 4, True, 8)),
              (1, 896, 4864, False, None), (4, 9728, 896, False, None)]
     for m, n, k, with_bias, cfg in cases:
         x = torch.randn(m, k, device=dev, generator=g).to(bf16)
