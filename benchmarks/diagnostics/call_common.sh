@@ -6,7 +6,11 @@
 # compiled in 8 parallel shards, timings discarded, then timed in one process from Triton's
 # cache: $out/r/tune_NAME.txt and tune_NAME/), and fp8_vs_bf16 NAME REQUESTS INPUT OUTPUT
 # MAX_MODEL_LEN (Llama-3-8B preset, FP8 against bf16 in one `bench throughput`, KV-bound at
-# gpu_memory_utilization 0.30: $out/r/NAME.txt and .json, its summary printed).
+# gpu_memory_utilization 0.30: $out/r/NAME.txt and .json, its summary printed), and
+# switch_runs KIND VAR NAME:VALUE... (one process per NAME:VALUE with VAR=VALUE in its
+# environment, in the order given: KIND latency = Qwen2-0.5B batch-1 ms/token at ctx 512 and
+# 4,096, KIND throughput = Qwen2-0.5B 512/128 at batches 8-128; $out/r/<kind>_NAME.txt and
+# .json, one summary line each).
 out="${OUT:-out}"; mkdir -p "$out/r"
 export PAGEDRT_COMMIT="$(cat .commit 2>/dev/null || echo head)"
 . benchmarks/use_wheels.sh
@@ -36,4 +40,24 @@ fp8_vs_bf16() {  # name, requests, input, output, max model len
     --gpu-memory-utilization 0.30 --skip-step-split --warm-up-requests 4 --name "$1" \
     --out "$out/r" > "$out/r/$1.txt" 2>&1
   grep -h "^pagedrt KV\|fp8_e4m3 / bfloat16\|prefill steps\|decode steps" "$out/r/$1.txt"
+}
+switch_runs() {  # kind (latency|throughput), environment variable, name:value...
+  local kind=$1 var=$2 n name v
+  shift 2
+  for n in "$@"; do
+    IFS=: read -r name v <<< "$n"
+    if [ "$kind" = latency ]; then
+      env "$var=$v" timeout 90 python3 -m pagedrt.entrypoints.cli bench latency \
+        --preset qwen2-0.5b --contexts 512,4096 --graphs on --repeats 3 \
+        --name "latency_$name" --out "$out/r" > "$out/r/latency_$name.txt" 2>&1
+      echo "latency_$name ($var=$v) status $?: $(grep -E "batch1" "$out/r/latency_$name.txt" \
+        | tr -s ' ' | cut -d' ' -f4,6 | tr '\n' ' ')"
+    else
+      env "$var=$v" timeout 100 python3 -m pagedrt.entrypoints.cli bench throughput \
+        --preset qwen2-0.5b --skip-step-split --batch-sizes 8,32,64,128 \
+        --name "throughput_$name" --out "$out/r" > "$out/r/throughput_$name.txt" 2>&1
+      echo "throughput_$name ($var=$v) status $?: $(grep -E "^pagedrt +qwen" \
+        "$out/r/throughput_$name.txt" | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ' ')"
+    fi
+  done
 }

@@ -11,14 +11,7 @@ PYTHONUNBUFFERED=1 timeout 240 python3 -u -m pytest -v -m gpu -p no:cacheprovide
   -k "early or before_the_wait or engine_tokens" > "$out/r/gpu_mm.txt" 2>&1
 echo "gpu_mm status $?"; grep -E "FAILED|ERROR|passed|failed" "$out/r/gpu_mm.txt" | tail -5
 pkill -f pytest; sleep 2  # nothing of the tests left on the GPU
-for n in pre1:1 pre0a:0 pre0b:0 pre1b:1; do
-  IFS=: read -r name v <<< "$n"
-  PAGEDRT_MATMUL_PRE_WAIT=$v timeout 100 python3 -m pagedrt.entrypoints.cli bench throughput \
-    --preset qwen2-0.5b --skip-step-split --batch-sizes 8,32,64,128 --name "thr_$name" \
-    --out "$out/r" > "$out/r/thr_$name.txt" 2>&1
-  echo "thr_$name status $?"
-  grep -E "^pagedrt +qwen" "$out/r/thr_$name.txt" | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ' '; echo
-done
+switch_runs throughput PAGEDRT_MATMUL_PRE_WAIT pre1a:1 pre0a:0 pre0b:0 pre1b:1
 timeout 90 python3 benchmarks/diagnostics/decode_timeline.py --batch 1 --context 512 \
   --steps 48 --out "$out/r/tl_b1.json" > "$out/r/tl_b1.txt" 2>&1
 echo "tl_b1 status $?"; grep -E "^batch|#|^total" "$out/r/tl_b1.txt" | head -8

@@ -5,11 +5,6 @@
 # each in the order 64, 128, 256, 0, 256, 128, 64.
 set -u
 . benchmarks/diagnostics/call_common.sh
-for n in a64:64 a128:128 a256:256 none:0 b256:256 b128:128 b64:64; do
-  IFS=: read -r name v <<< "$n"
-  PAGEDRT_GEMV_PRE_VALUES=$v timeout 80 python3 -m pagedrt.entrypoints.cli bench latency \
-    --preset qwen2-0.5b --contexts 512,4096 --graphs on --repeats 3 --name "lat_$name" \
-    --out "$out/r" > "$out/r/lat_$name.txt" 2>&1
-  echo "lat_$name status $?"; grep -E "batch1" "$out/r/lat_$name.txt" | tr -s ' ' | cut -d' ' -f4,6 | tr '\n' ' '; echo
-done
+switch_runs latency PAGEDRT_GEMV_PRE_VALUES a64:64 a128:128 a256:256 none:0 b256:256 \
+  b128:128 b64:64
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"
