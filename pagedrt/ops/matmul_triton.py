@@ -245,16 +245,9 @@ def _tile_products(x_rows, w_rows, w_rows2, mask_m, mask_n, k_begin, k_end, K,
         kk0 = k_begin + offs_k
         a0 = tl.load(x_rows + kk0[None, :], mask=mask_m[:, None] & (kk0 < k_end)[None, :],
                      other=0.0)
-        w0 = w_first
-        if UPCAST:
-            a0 = a0.to(tl.float32)
-            w0 = w0.to(tl.float32)
-        acc = _mma(a0, w0, acc, SWAP_AB, IEEE)
+        acc = _mma(a0, w_first, acc, SWAP_AB, IEEE, UPCAST)
         if TWO:
-            w02 = w2_first
-            if UPCAST:
-                w02 = w02.to(tl.float32)
-            acc2 = _mma(a0, w02, acc2, SWAP_AB, IEEE)
+            acc2 = _mma(a0, w2_first, acc2, SWAP_AB, IEEE, UPCAST)
         loop_begin = k_begin + BLOCK_K
     for k0 in range(loop_begin, k_end, BLOCK_K):
         kk = k0 + offs_k
@@ -266,15 +259,10 @@ def _tile_products(x_rows, w_rows, w_rows2, mask_m, mask_n, k_begin, k_end, K,
             mask_w = mask_n[:, None] & (kk < K)[None, :]
         a = tl.load(x_rows + kk[None, :], mask=mask_x, other=0.0)
         w = tl.load(w_rows + kk[None, :], mask=mask_w, other=0.0)
-        if UPCAST:
-            a = a.to(tl.float32)
-            w = w.to(tl.float32)
-        acc = _mma(a, w, acc, SWAP_AB, IEEE)
+        acc = _mma(a, w, acc, SWAP_AB, IEEE, UPCAST)
         if TWO:
             w2 = tl.load(w_rows2 + kk[None, :], mask=mask_w, other=0.0)
-            if UPCAST:
-                w2 = w2.to(tl.float32)
-            acc2 = _mma(a, w2, acc2, SWAP_AB, IEEE)
+            acc2 = _mma(a, w2, acc2, SWAP_AB, IEEE, UPCAST)
     if SWAP_AB:
         acc = tl.trans(acc)
         acc2 = tl.trans(acc2)
@@ -282,9 +270,13 @@ def _tile_products(x_rows, w_rows, w_rows2, mask_m, mask_n, k_begin, k_end, K,
 
 
 @triton.jit
-def _mma(a, w, acc, SWAP_AB: tl.constexpr, IEEE: tl.constexpr):
+def _mma(a, w, acc, SWAP_AB: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     """acc + a @ w.T for a [BLOCK_M, BLOCK_K], w [BLOCK_N, BLOCK_K]; with SWAP_AB acc is
-    [BLOCK_N, BLOCK_M] and gets w @ a.T."""
+    [BLOCK_N, BLOCK_M] and gets w @ a.T. UPCAST: both operands to fp32 first (bf16 under the
+    interpreter)."""
+    if UPCAST:
+        a = a.to(tl.float32)
+        w = w.to(tl.float32)
     if SWAP_AB:
         if IEEE:
             acc = tl.dot(w, tl.trans(a), acc, input_precision="ieee")
