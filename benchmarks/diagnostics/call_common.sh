@@ -53,7 +53,7 @@ switch_runs() {  # kind (latency|throughput), environment variable, name:value..
       echo "latency_$name ($var=$v) status $?: $(grep -E "batch1" "$out/r/latency_$name.txt" \
         | tr -s ' ' | cut -d' ' -f4,6 | tr '\n' ' ')"
     else
-      env "$var=$v" timeout 100 python3 -m pagedrt.entrypoints.cli bench throughput \
+      env "$var=$v" timeout 150 python3 -m pagedrt.entrypoints.cli bench throughput \
         --preset qwen2-0.5b --skip-step-split --batch-sizes 8,32,64,128 \
         --name "throughput_$name" --out "$out/r" > "$out/r/throughput_$name.txt" 2>&1
       echo "throughput_$name ($var=$v) status $?: $(grep -E "^pagedrt +qwen" \

@@ -81,8 +81,11 @@ def _matmul_rope_kernel(
     j = offs_p % HALF
     lo = (offs_p // HALF) * HEAD_DIM + j  # the pair's first column; its second is lo + HALF
     w_lo = w_ptr + lo.to(tl.int64)[:, None] * stride_wn
-    w_first, w2_first = _first_w_tiles(w_lo, w_lo + HALF * stride_wn, mask_p, 0, K, BLOCK_K,
-                                       True, PRE_W)
+    w_first = None  # (bound in a constexpr branch: Triton 3.6 cannot return None from a jit call)
+    w2_first = None
+    if PRE_W:
+        w_first, w2_first = _first_w_tiles(w_lo, w_lo + HALF * stride_wn, mask_p, 0, K, BLOCK_K,
+                                           True)
     pdl_prologue(PDL)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < M

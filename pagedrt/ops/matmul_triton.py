@@ -160,8 +160,11 @@ def _matmul_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    w_first, w2_first = _first_w_tiles(w_rows, w_rows + N * stride_wn, mask_n, k_begin, k_end,
-                                       BLOCK_K, SILU_MUL, PRE_W)
+    w_first = None  # (bound in a constexpr branch: Triton 3.6 cannot return None from a jit call)
+    w2_first = None
+    if PRE_W:
+        w_first, w2_first = _first_w_tiles(w_rows, w_rows + N * stride_wn, mask_n, k_begin,
+                                           k_end, BLOCK_K, SILU_MUL)
     pdl_prologue(PDL)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
@@ -205,21 +208,18 @@ def _matmul_kernel(
 
 @triton.jit
 def _first_w_tiles(w_rows, w_rows2, mask_n, k_begin, k_end, BLOCK_K: tl.constexpr,
-                   TWO: tl.constexpr, PRE_W: tl.constexpr):
-    """With PRE_W, the weight tiles [BLOCK_N, BLOCK_K] of the first K step (columns from
-    k_begin, masked at k_end, so an empty split loads nothing) of the row sets at w_rows and,
-    with TWO, w_rows2: loaded before the PDL wait, since no kernel writes the weights, and
-    handed to `_tile_products`. Without PRE_W: (None, None)."""
-    if PRE_W:
-        kk = k_begin + tl.arange(0, BLOCK_K)
-        mask_w = mask_n[:, None] & (kk < k_end)[None, :]
-        w_first = tl.load(w_rows + kk[None, :], mask=mask_w, other=0.0)
-        w2_first = w_first
-        if TWO:
-            w2_first = tl.load(w_rows2 + kk[None, :], mask=mask_w, other=0.0)
-        return w_first, w2_first
-    else:
-        return None, None
+                   TWO: tl.constexpr):
+    """The weight tiles [BLOCK_N, BLOCK_K] of the first K step (columns from k_begin, masked
+    at k_end, so an empty split loads nothing) of the row sets at w_rows and, with TWO,
+    w_rows2: loaded before the PDL wait (PRE_W), since no kernel writes the weights, and
+    handed to `_tile_products`. Callers call it only under PRE_W and bind None otherwise."""
+    kk = k_begin + tl.arange(0, BLOCK_K)
+    mask_w = mask_n[:, None] & (kk < k_end)[None, :]
+    w_first = tl.load(w_rows + kk[None, :], mask=mask_w, other=0.0)
+    w2_first = w_first
+    if TWO:
+        w2_first = tl.load(w_rows2 + kk[None, :], mask=mask_w, other=0.0)
+    return w_first, w2_first
 
 
 @triton.jit
