@@ -3,10 +3,9 @@ kernel under test runs right after a Triton kernel that lets it launch at once
 (`pdl_prologue` at its start) and only then, after spinning for about a hundred microseconds,
 writes the very input the kernel under test consumes. A kernel that read that input before
 its wait would read the zeros left there and give another answer. Covers the defaults (the
-1-4-row skinny matmul with and without its RMSNorm prologue, the QKV + RoPE kernel, PRE_K)
-and the opt-ins PAGEDRT_MATMUL_PRE_WAIT (8-128-row matmul) and PAGEDRT_DECODE_PRE_WAIT (decode
-attention), against the same launches without the wait in play (no spin, a synchronize
-between). Run on the H200: python3 -m pytest -m gpu tests/gpu/test_pdl_early_reads_gpu.py
+1-4-row skinny matmul with and without its RMSNorm prologue, the QKV + RoPE kernel, PRE_K),
+against the same launches without the wait in play (a short spin, a synchronize between).
+Run on the H200: python3 -m pytest -m gpu tests/gpu/test_pdl_early_reads_gpu.py
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedrt.ops import attention_triton, matmul_triton, triton_utils
+from pagedrt.ops import triton_utils
 from pagedrt.ops.triton_utils import pdl_launch, pdl_prologue
 
 pytestmark = pytest.mark.skipif(
@@ -107,38 +106,3 @@ def test_skinny_matmuls_read_only_weights_before_the_wait():
                                    heads, kv_heads)[0]
 
         check_early_reads(torch.randn(m, 896, device=dev, generator=g).to(bf16), qkv_rope)
-
-
-def test_matmuls_with_weights_before_the_wait_read_x_after_it(monkeypatch):
-    """PAGEDRT_MATMUL_PRE_WAIT=1: whole K and split-K at 8 and 64 rows."""
-    monkeypatch.setattr(matmul_triton, "PRE_WAIT", True)
-    g = torch.Generator(device="cuda").manual_seed(1)
-    for m, n, k, cfg in ((8, 1152, 896, matmul_triton.CONFIGS[0]),
-                         (64, 896, 4864, (16, 64, 128, 4, 4, True, 4))):
-        w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
-        x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
-        check_early_reads(x, lambda b, w=w, cfg=cfg: matmul_triton.matmul_triton(b, w, None, cfg))
-
-
-def test_decode_with_lengths_before_the_wait_reads_the_query_after_it(monkeypatch):
-    """PAGEDRT_DECODE_PRE_WAIT=1 at Qwen2-0.5B's heads (14 / 2 x 64), 12 sequences of 1 to
-    4,097 tokens: the query is written late."""
-    monkeypatch.setenv("PAGEDRT_DECODE_PRE_WAIT", "1")
-    g = torch.Generator(device="cuda").manual_seed(2)
-    lens = [1, 15, 16, 17, 31, 32, 33, 64, 65, 500, 4096, 4097]
-    num_kv_heads, heads, d, block_size = 2, 14, 64, 16
-    per_seq = [-(-n // block_size) for n in lens]
-    blocks = sum(per_seq)
-    k = torch.randn(blocks, block_size, num_kv_heads, d, device="cuda", generator=g
-                    ).to(torch.bfloat16)
-    v = torch.randn_like(k)
-    tables = torch.zeros(len(lens), max(per_seq), dtype=torch.int32, device="cuda")
-    perm = torch.randperm(blocks, device="cuda", generator=g).to(torch.int32)
-    at = 0
-    for i, count in enumerate(per_seq):
-        tables[i, :count] = perm[at:at + count]
-        at += count
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    query = torch.randn(len(lens), heads, d, device="cuda", generator=g).to(torch.bfloat16)
-    check_early_reads(query, lambda b: attention_triton.paged_attention_decode_triton(
-        b, k, v, tables, seq_lens, d ** -0.5))

@@ -1,0 +1,50 @@
+"""triton_utils.fastest_config: which errors skip a candidate config and which propagate. The
+CUDA timing is replaced by a table of times, so this runs on CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton.testing
+from triton.compiler.errors import CompilationError
+from triton.runtime.errors import OutOfResources
+
+from pagedrt.ops import triton_utils
+
+
+@pytest.fixture
+def fake_timing(monkeypatch):
+    """do_bench_cudagraph(fn) -> the time fn returns; torch.cuda.synchronize a no-op."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", lambda fn, rep: fn())
+
+
+def candidate_with(errors: dict, times: dict):
+    def candidate(cfg):
+        if cfg in errors:
+            raise errors[cfg]
+        return times[cfg]
+    return candidate
+
+
+def test_a_config_out_of_resources_is_skipped(fake_timing):
+    candidate = candidate_with({"big": OutOfResources(300_000, 232_448, "shared memory")},
+                               {"slow": 1.2, "fast": 0.5})
+    assert triton_utils.fastest_config(lambda: 1.0, candidate, ["big", "slow", "fast"],
+                                       rep=1) == "fast"
+
+
+def test_a_clear_win_only(fake_timing):
+    candidate = candidate_with({}, {"a": 0.97, "b": 0.96})  # within 5% of the baseline's 1.0
+    assert triton_utils.fastest_config(lambda: 1.0, candidate, ["a", "b"], rep=1) is None
+
+
+@pytest.mark.parametrize("error", [
+    CompilationError("src", None, "cannot convert None of type <class 'NoneType'> to tensor"),
+    RuntimeError("an illegal memory access was encountered"),
+])
+def test_any_other_error_propagates(fake_timing, error):
+    """A kernel that does not compile (or crashes) is a bug, not a config to pass over."""
+    candidate = candidate_with({"broken": error}, {"fast": 0.5})
+    with pytest.raises(type(error)):
+        triton_utils.fastest_config(lambda: 1.0, candidate, ["fast", "broken"], rep=1)
