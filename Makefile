@@ -36,9 +36,16 @@ $(STAMP): pyproject.toml
 run: setup
 	$(VENV)/bin/pagedrt generate $(PROMPTS)
 
+# Triton 3.6, the GPU machines' version, beside the venv's: tests/test_triton36_compile.py
+# compiles the kernels for sm_90 with it (no GPU needed), since 3.6 rejects code that 3.9 takes
+TRITON36 := .triton36
+$(TRITON36)/.installed:
+	$(PIP) install --no-deps --target $(TRITON36) "triton==3.6.0"
+	touch $@
+
 # the engine's end-to-end files again with async scheduling, the CUDA default (the scheduler,
 # prefix-cache and async test files run both modes on their own)
-test: setup
+test: setup $(TRITON36)/.installed
 	$(PY) -m pytest -q -p no:cacheprovider
 	PAGEDRT_ASYNC_SCHEDULING=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_engine.py tests/test_server.py
 

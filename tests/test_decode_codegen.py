@@ -46,25 +46,16 @@ def test_other_paths_load_no_single_bytes(loads, case):
 
 
 def test_pdl_waits_before_the_first_read(loads):
-    """With PDL (`pdl_enabled`) the decode kernel is compiled with it: its PTX waits
-    for the kernel before it (griddepcontrol.wait) ahead of any global read, and lets the next
-    one launch; without, neither instruction is there."""
-    pdl = loads["bf16, Llama-3-8B heads, PDL"]
-    assert pdl.get("griddepcontrol.wait") == 1 and pdl.get("griddepcontrol.launch_dependents") == 1
-    assert 0 <= pdl["wait_at"] < pdl["first_read_at"]
+    """With PDL (`pdl_enabled`) the decode kernel and the warp-tile one are compiled with it:
+    their PTX waits for the kernel before it (griddepcontrol.wait) ahead of any global read,
+    and lets the next one launch; without, neither instruction is there."""
+    for case in ("bf16, Llama-3-8B heads, PDL", "warp tiles, fp8, Qwen2-0.5B heads, PDL"):
+        pdl = loads[case]
+        assert pdl.get("griddepcontrol.wait") == 1, case
+        assert pdl.get("griddepcontrol.launch_dependents") == 1, case
+        assert 0 <= pdl["wait_at"] < pdl["first_read_at"], case
     plain = loads["bf16, Llama-3-8B heads"]
     assert "griddepcontrol.wait" not in plain and plain["wait_at"] == -1
-
-
-def test_warp_tiles_read_lengths_and_block_ids_before_the_wait_only_with_pre_bt(loads):
-    """PAGEDRT_DECODE_PRE_WAIT=1 (PRE_BT): the warp-tile kernel reads its sequence's length
-    and its first tile's block ids before griddepcontrol.wait (two loads), nothing else; by
-    default it waits before any read."""
-    plain = loads["warp tiles, fp8, Qwen2-0.5B heads, PDL"]
-    pre = loads["warp tiles, fp8, Qwen2-0.5B heads, PDL, PRE_BT"]
-    assert plain["griddepcontrol.wait"] == pre["griddepcontrol.wait"] == 1
-    assert plain["loads_before_wait"] == 0 and 0 <= plain["wait_at"] < plain["first_read_at"]
-    assert pre["loads_before_wait"] == 2 and pre["first_read_at"] < pre["wait_at"]
 
 
 def test_pdl_is_on_by_default_off_on_cpu_and_for_prefill(monkeypatch):

@@ -66,39 +66,6 @@ def test_warp_tiles_fp8_match_reference(v_dim_major, group, block_size):
         assert_close_fp8(out, expected)
 
 
-@pytest.mark.parametrize("group, block_size", [(1, 8), (7, 16)])
-def test_lengths_and_block_ids_before_the_pdl_wait(monkeypatch, group, block_size):
-    """PAGEDRT_DECODE_PRE_WAIT=1 (PRE_BT: seq_len and the first tile's block ids read before
-    the PDL wait, that tile run first): partitions of whole tiles, of one partial tile, of
-    several tiles and a partial one, empty ones; a 16-bit and an FP8 cache, against the
-    reference and bit for bit against the default launch."""
-    num_kv_heads, head_dim = 2, 32
-    lens = edge_lens(block_size) + [64, 127, 128, 129]
-    k_cache, v_cache, bt, seq_lens = make_paged_kv(lens, num_kv_heads, head_dim, block_size,
-                                                   torch.float16)
-    fp8 = fp8_paged_kv(lens, num_kv_heads, head_dim, block_size, seed=group)
-    query = torch.randn(len(lens), num_kv_heads * group, head_dim).to(torch.float16)
-    scale = head_dim ** -0.5
-    expected = ref.paged_attention_decode_reference(query.float(), k_cache.float(),
-                                                    v_cache.float(), bt, seq_lens, scale)
-    expected_fp8 = ref.paged_attention_decode_reference(
-        query.float(), fp8[0], fp8[1], fp8[4], fp8[5], scale, k_scales=fp8[2], v_scales=fp8[3])
-    for block_n, num_splits in ((32, 1), (32, 3), (64, 8)):
-        def run(pre: str, block_n=block_n, num_splits=num_splits):
-            monkeypatch.setenv("PAGEDRT_DECODE_PRE_WAIT", pre)
-            plain = tri.paged_attention_decode_triton(
-                query, k_cache, v_cache, bt, seq_lens, scale, num_splits=num_splits,
-                config=warp_config(block_n))
-            over_fp8 = tri.paged_attention_decode_triton(
-                query.float(), fp8[0], fp8[1], fp8[4], fp8[5], scale, num_splits=num_splits,
-                config=warp_config(block_n), k_scales=fp8[2], v_scales=fp8[3])
-            return plain, over_fp8
-        (plain, over_fp8), (plain_pre, over_fp8_pre) = run("0"), run("1")
-        assert_close(plain_pre, expected, torch.float16)
-        assert_close_fp8(over_fp8_pre, expected_fp8)
-        assert torch.equal(plain_pre, plain) and torch.equal(over_fp8_pre, over_fp8)
-
-
 def test_warp_tiles_equal_the_plain_kernel_on_bf16_queries_over_fp8():
     """A bf16 query over an FP8 cache (the engine's case: products in fp16, F16_MMA): the warp
     tiles give the plain kernel's attention within fp16 rounding."""

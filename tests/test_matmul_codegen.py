@@ -81,34 +81,3 @@ def test_small_batch_kernels_load_weights_before_the_pdl_wait(compiled, case):
     got = compiled[case]
     assert got["griddepcontrol"]["griddepcontrol.wait"] == 1
     assert got["loads_before_wait"] == 8
-
-
-@pytest.mark.parametrize("case,requests", [("whole K, swap, L2 prefetch", 1),
-                                           ("split-K 8, swap, L2 prefetch", 1),
-                                           ("SwiGLU epilogue, swap, L2 prefetch", 2),
-                                           ("add + RMSNorm epilogue, split-K 4, L2 prefetch", 1),
-                                           ("gemv + SwiGLU, 1 row, K 4864, L2 prefetch", 1)])
-def test_decode_matmuls_prefetch_weights_into_l2_before_the_pdl_wait(compiled, case, requests):
-    """With PAGEDRT_L2_PREFETCH=1 (PREFETCH) the decode matmuls ask L2 for their weight tile
-    (both halves' rows with the SwiGLU epilogue) before griddepcontrol.wait
-    (`triton_utils.prefetch_rows_l2`); the default kernels (the same case without the opt-in)
-    ask for nothing."""
-    assert compiled[case.replace(", L2 prefetch", "")]["l2_prefetches_before_wait"] == 0
-    got = compiled[case]
-    assert got["l2_prefetches_before_wait"] == requests
-    assert got["griddepcontrol"]["griddepcontrol.wait"] == 1
-
-@pytest.mark.parametrize("case,loads", [("whole K, swap, W before the wait", 8),
-                                        ("split-K 8, swap, W before the wait", 8),
-                                        ("SwiGLU epilogue, swap, W before the wait", 16),
-                                        ("QKV + RoPE epilogue, swap, W before the wait", 16)])
-def test_decode_matmuls_can_load_their_first_weight_tiles_before_the_pdl_wait(compiled, case,
-                                                                              loads):
-    """PAGEDRT_MATMUL_PRE_WAIT=1 (`matmul_triton._first_w_tiles`): the first K step's weight
-    tile of each row set (16 KB at 64 x 128 bf16 over 128 threads: eight 16-byte loads per
-    thread) issued before griddepcontrol.wait, while the rest of the K loop still runs on
-    wgmma from pipelined asynchronous copies; the same kernels without it issue none."""
-    got = compiled[case]
-    assert got["loads_before_wait"] == loads
-    assert got["cp_async"] > 0 and any(k.startswith("wgmma") for k in got["matrix"])
-    assert compiled[case.replace(", W before the wait", "")]["loads_before_wait"] == 0

@@ -77,17 +77,6 @@ def test_matches_the_chain(m, heads, config):
             assert (~torch.isnan(c_got)).sum() == (m - 1) * num_kv_heads * d
 
 
-def test_weights_before_the_pdl_wait_match_the_chain(monkeypatch):
-    """PAGEDRT_MATMUL_PRE_WAIT=1: the first K step of both halves' weight rows loaded before
-    the PDL wait (`matmul_triton._first_w_tiles`), against the chain; K of one partial step
-    and of several."""
-    from pagedrt.ops import matmul_triton
-
-    monkeypatch.setattr(matmul_triton, "PRE_WAIT", True)
-    test_matches_the_chain(19, (6, 2), CONFIGS[0])
-    test_matches_the_chain(8, (8, 1), CONFIGS[-1])
-
-
 def test_bad_inputs():
     x, w = torch.randn(8, 16), torch.randn(64, 16)  # 2 + 2 x 1 heads of 16
     cs, pos = torch.randn(8, 16), torch.zeros(8, dtype=torch.long)

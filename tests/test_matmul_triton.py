@@ -85,31 +85,6 @@ def test_silu_mul_matches_the_plain_path(dtype, config):
         torch.testing.assert_close(got, plain, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("swap_ab", [False, True])
-def test_weights_before_the_pdl_wait_match_torch(monkeypatch, swap_ab):
-    """PAGEDRT_MATMUL_PRE_WAIT=1 (`_first_w_tiles`: the first K step's weight tiles loaded
-    before the PDL wait, the K loop from the second): whole K with K a multiple of BLOCK_K and
-    not, K shorter than one step, split-K with an uneven and an empty split, the SwiGLU
-    epilogue's two row sets; fp32 and fp16."""
-    from pagedrt.ops.fused_triton import silu_and_mul_triton
-
-    monkeypatch.setattr(matmul_triton, "PRE_WAIT", True)
-    g = torch.Generator().manual_seed(11 + swap_ab)
-    for dtype in (torch.float32, torch.float16):
-        tol = 1e-4 if dtype == torch.float32 else 2e-2
-        for m, k, split_k in ((8, 128, 1), (19, 100, 1), (8, 20, 1), (8, 200, 3), (19, 200, 8)):
-            x = torch.randn(m, k, generator=g).to(dtype)
-            w, b = torch.randn(70, k, generator=g).to(dtype), torch.randn(70, generator=g).to(dtype)
-            got = mm(x, w, b, (16, 32, 32, 4, 2, swap_ab, split_k))
-            want = torch.nn.functional.linear(x.double(), w.double(), b.double())
-            torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
-        x = torch.randn(19, 100, generator=g).to(dtype)
-        w = (torch.randn(2 * 70, 100, generator=g) / 10).to(dtype)
-        got = mm(x, w, None, (16, 32, 32, 4, 2, swap_ab), silu_mul=True)
-        plain = silu_and_mul_triton(torch.nn.functional.linear(x, w))
-        torch.testing.assert_close(got, plain, rtol=tol / 10, atol=tol / 10)
-
-
 @pytest.mark.parametrize("config", [(16, 32, 32, 4, 2, False), (16, 64, 32, 4, 2, True, 3)],
                          ids=["whole_k", "swap_split3"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -85,10 +85,10 @@ def compile_sm90(kernel, sig: dict, const: dict, unit: set, options: dict):
 
 def compile_decode_warp(head_dim: int, group: int, block_n: int, num_warps: int,
                         num_stages: int, kv_heads_per_program: int = 1, split: bool = False,
-                        pdl: bool = False, pre_bt: bool = False):
+                        pdl: bool = False):
     """The warp-tile decode kernel (`attention_decode_warp_triton`) over an FP8 cache with V
     dim-major, bf16 queries, compiled for sm_90 as `compile_decode` compiles `_decode_kernel`
-    (KVH and PRE_BT passed only where the kernel has them, so older trees compile too)."""
+    (KVH passed only where the kernel has it, so older trees compile too)."""
     from pagedrt.ops.attention_decode_warp_triton import _decode_warp_kernel, warp_tile_shape
     sub, sub_n = warp_tile_shape(block_n)
     sig = {"q_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv",
@@ -101,8 +101,6 @@ def compile_decode_warp(head_dim: int, group: int, block_n: int, num_warps: int,
              "PDL": pdl}
     if "KVH" in _decode_warp_kernel.arg_names:
         const["KVH"] = kv_heads_per_program
-    if "PRE_BT" in _decode_warp_kernel.arg_names:
-        const["PRE_BT"] = pre_bt
     return compile_sm90(_decode_warp_kernel, sig, const, {"num_splits", "stride_vs"},
                         {"num_warps": num_warps, "num_stages": num_stages,
                          **({"launch_pdl": True} if pdl else {})})
@@ -139,14 +137,12 @@ def main() -> None:
     args = p.parse_args()
     counts = {}
     kernels = {name: (compile_decode, case) for name, case in CASES.items()}
-    for pre_bt in (False, True):  # the warp-tile kernel, split, with PDL
-        name = "warp tiles, fp8, Qwen2-0.5B heads, PDL" + (", PRE_BT" if pre_bt else "")
-        kernels[name] = (compile_decode_warp, (64, 7, 32, 1, 5, 1, True, True, pre_bt))
+    # the warp-tile kernel, split, with PDL
+    kernels["warp tiles, fp8, Qwen2-0.5B heads, PDL"] = (compile_decode_warp,
+                                                         (64, 7, 32, 1, 5, 1, True, True))
     for name, (compile_fn, case) in kernels.items():
         ptx = compile_fn(*case).asm["ptx"]
         counts[name] = dict(load_widths(ptx))
-        counts[name]["loads_before_wait"] = len(re.findall(
-            r"ld\.global", ptx[:max(ptx.find("griddepcontrol.wait"), 0)]))
         # where the first global read and the PDL wait stand in the PTX (character offsets)
         first_read = re.search(r"ld\.global|cp\.async\.c[ag]", ptx)
         wait = ptx.find("griddepcontrol.wait")

@@ -34,8 +34,7 @@ from pagedrt.ops.gemv_triton import _gemv_kernel, pre_wait_columns, rstd_block
 from pagedrt.ops.matmul_rope_triton import _matmul_rope_kernel
 from pagedrt.ops.matmul_triton import _matmul_kernel
 
-# name: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab, split_k, silu, add_norm[,
-# pre_w[, l2]]): the defaults of the engine unless a case names an opt-in
+# name: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab, split_k, silu, add_norm)
 CASES = {
     "whole K, swap": (16, 64, 128, 4, 5, True, 1, False, False),
     "whole K": (64, 64, 64, 4, 5, False, 1, False, False),
@@ -43,16 +42,6 @@ CASES = {
     "SwiGLU epilogue, swap": (16, 64, 128, 4, 5, True, 1, True, False),
     "add + RMSNorm epilogue, swap": (16, 64, 128, 4, 5, True, 1, False, True),
     "add + RMSNorm epilogue, split-K 4": (32, 64, 128, 4, 4, True, 4, False, True),
-    # PAGEDRT_MATMUL_PRE_WAIT=1: the first weight tile(s) in registers before the PDL wait
-    "whole K, swap, W before the wait": (16, 64, 128, 4, 5, True, 1, False, False, True),
-    "split-K 8, swap, W before the wait": (16, 64, 128, 4, 4, True, 8, False, False, True),
-    "SwiGLU epilogue, swap, W before the wait": (16, 64, 128, 4, 5, True, 1, True, False, True),
-    # PAGEDRT_L2_PREFETCH=1: the weight tile prefetched into L2 before the PDL wait
-    "whole K, swap, L2 prefetch": (16, 64, 128, 4, 5, True, 1, False, False, False, True),
-    "split-K 8, swap, L2 prefetch": (16, 64, 128, 4, 4, True, 8, False, False, False, True),
-    "SwiGLU epilogue, swap, L2 prefetch": (16, 64, 128, 4, 5, True, 1, True, False, False, True),
-    "add + RMSNorm epilogue, split-K 4, L2 prefetch": (32, 64, 128, 4, 4, True, 4, False, True,
-                                                       False, True),
 }
 MATRIX = r"(wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)"
 
@@ -69,7 +58,7 @@ def compile_sm90(kernel, sig: dict, const: dict, aligned: list, options: dict):
 
 
 def compile_matmul(block_m, block_n, block_k, num_warps, num_stages, swap_ab, split_k, silu,
-                   add_norm, pre_w=False, l2=False):
+                   add_norm):
     ptrs = ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "part_ptr", "counters_ptr", "res_ptr",
             "norm_w_ptr", "norm_out_ptr", "row_counters_ptr"]
     types = ["*bf16", "*bf16", "*bf16", "*bf16", "*fp32", "*i32", "*bf16", "*bf16", "*bf16",
@@ -79,8 +68,7 @@ def compile_matmul(block_m, block_n, block_k, num_warps, num_stages, swap_ab, sp
     const = {"HAS_BIAS": False, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
              "SPLIT_K": split_k, "SILU_MUL": silu, "ADD_NORM": add_norm,
              "NORM_BLOCK": max(32, 4096 // block_m), "SWAP_AB": swap_ab, "EVEN_K": True,
-             "IEEE": False, "UPCAST": False, "PDL": True,
-             "PREFETCH": 32 * num_warps if l2 else 0, "PRE_W": pre_w}
+             "IEEE": False, "UPCAST": False, "PDL": True}
     aligned = ptrs + ["N", "K", "stride_xm", "stride_wn", "stride_ym"]
     return compile_sm90(_matmul_kernel, sig, const, aligned,
                         {"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": True})
@@ -103,19 +91,17 @@ def compile_qkv_rope(m: int = 1, block_p: int = 8, block_k: int = 256, num_warps
 
 
 def compile_gemv(m: int = 1, prologue: int = 1, block_n: int = 8, block_k: int = 256,
-                 num_warps: int = 4, k: int = 896, l2: bool = False):
+                 num_warps: int = 4, k: int = 896):
     """The 1-4-row skinny matmul (pagedrt/ops/gemv_triton.py) with a prologue (0 none, 1
     RMSNorm with a residual, 2 SwiGLU's activation) over K columns, as the engine launches it
-    with PDL (with `l2`, as PAGEDRT_L2_PREFETCH=1 launches it)."""
+    with PDL."""
     ptrs = ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "r_ptr", "nw_ptr", "new_r_ptr"]
     ints = ["N", "K", "stride_xm", "stride_wn", "stride_rm"]
     sig = {**dict.fromkeys(ptrs, "*bf16"), **dict.fromkeys(ints, "i32"), "eps": "fp32"}
     const = {"M": m, "M_PAD": max(2, triton.next_power_of_2(m)), "HAS_BIAS": False,
              "BLOCK_N": block_n, "BLOCK_K": block_k, "PROLOGUE": prologue,
              "HAS_RESIDUAL": prologue == 1, "RSTD_BLOCK": rstd_block(k), "PDL": True,
-             "PRE_K": pre_wait_columns(block_n, k, num_warps),
-             "PREFETCH": 32 * num_warps if l2 and k > pre_wait_columns(block_n, k, num_warps)
-             else 0}
+             "PRE_K": pre_wait_columns(block_n, k, num_warps)}
     return compile_sm90(_gemv_kernel, sig, const, ptrs + ints,
                         {"num_warps": num_warps, "launch_pdl": True})
 
@@ -127,8 +113,7 @@ def loads_before_wait(ptx: str) -> int:
     return len(re.findall(r"ld\.global", ptx[:wait])) if wait >= 0 else 0
 
 
-def compile_matmul_rope(block_m, block_n, block_k, num_warps, num_stages, swap_ab,
-                        pre_w=False):
+def compile_matmul_rope(block_m, block_n, block_k, num_warps, num_stages, swap_ab):
     ptrs = ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "positions_ptr", "cos_sin_ptr",
             "slot_mapping_ptr", "k_cache_ptr", "v_cache_ptr"]
     types = ["*bf16"] * 4 + ["*i64", "*fp32", "*i64", "*bf16", "*bf16"]
@@ -137,7 +122,7 @@ def compile_matmul_rope(block_m, block_n, block_k, num_warps, num_stages, swap_a
     sig = {**dict(zip(ptrs, types, strict=True)), **dict.fromkeys(ints, "i32")}
     const = {"HEAD_DIM": 64, "HALF": 32, "BLOCK_SIZE": 16, "HAS_BIAS": True,
              "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "SWAP_AB": swap_ab,
-             "EVEN_K": True, "IEEE": False, "UPCAST": False, "PDL": True, "PRE_W": pre_w}
+             "EVEN_K": True, "IEEE": False, "UPCAST": False, "PDL": True}
     aligned = ptrs + [n for n in ints if n != "M"]
     return compile_sm90(_matmul_rope_kernel, sig, const, aligned,
                         {"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": True})
@@ -156,8 +141,6 @@ def barrier_before_each_atom(ptx: str) -> bool:
 def summary(ptx: str) -> dict:
     return {"matrix": dict(Counter(re.findall(MATRIX, ptx))),
             "cp_async": len(re.findall(r"cp\.async\.c[ag]\.shared\.global", ptx)),
-            "l2_prefetches_before_wait": len(re.findall(
-                r"cp\.async\.bulk\.prefetch\.L2", ptx[:max(ptx.find("griddepcontrol.wait"), 0)])),
             "griddepcontrol": dict(Counter(re.findall(r"griddepcontrol\.\w+", ptx))),
             "arrivals": fused_reduce_order(ptx),
             "loads_before_wait": loads_before_wait(ptx),
@@ -173,14 +156,10 @@ def main() -> None:
     kernels = {name: (compile_matmul, case) for name, case in CASES.items()}
     kernels["QKV + RoPE epilogue, swap"] = (compile_matmul_rope, (16, 64, 128, 4, 5, True))
     kernels["QKV + RoPE epilogue, 32 pairs"] = (compile_matmul_rope, (16, 32, 128, 4, 4, True))
-    kernels["QKV + RoPE epilogue, swap, W before the wait"] = (
-        compile_matmul_rope, (16, 64, 128, 4, 5, True, True))
     kernels["QKV + RoPE, 1 row"] = (compile_qkv_rope, (1,))
     kernels["QKV + RoPE, 4 rows"] = (compile_qkv_rope, (4,))
     kernels["gemv + RMSNorm, 1 row"] = (compile_gemv, (1, 1))
     kernels["gemv + SwiGLU, 1 row, K 4864"] = (compile_gemv, (1, 2, 4, 512, 4, 4864))
-    kernels["gemv + SwiGLU, 1 row, K 4864, L2 prefetch"] = (compile_gemv,
-                                                          (1, 2, 4, 512, 4, 4864, True))
     kernels["gemv, 4 rows"] = (compile_gemv, (4, 0))
     for name, (fn, case) in kernels.items():
         ptx = fn(*case).asm["ptx"]

@@ -77,9 +77,7 @@ class CUDAGraphRunner:
             seq_lens=self.seq_lens[:bs], cu_seqlens_q=self.cu_seqlens_q[q][: bs + 1],
             max_query_len=q, max_seq_len=self.block_tables.shape[1], backend=self.backend,
         )
-        # (captured: recomputed at every replay, before the layers: the decode kernel may read
-        # them before its PDL wait, PAGEDRT_DECODE_PRE_WAIT, which needs them written at least
-        # two kernels ahead of it; keep them here, not per layer)
+        # (captured: recomputed at every replay, once before the layers, not per layer)
         if q > 1 and self.verify_as_decode:
             meta.query_block_tables = meta.block_tables.repeat_interleave(q, dim=0)
             meta.query_seq_lens = (self.positions[: bs * q] + 1).to(torch.int32)

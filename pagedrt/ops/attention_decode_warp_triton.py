@@ -48,7 +48,6 @@ def _warp_tile(
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, SUB: tl.constexpr, SUB_N: tl.constexpr,
     KVH: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr, V_DIM_MAJOR: tl.constexpr, MASKED: tl.constexpr,
-    block=None,  # [B, SUB_N] int64: the tile's block ids, loaded before; None: load them here
 ):
     """One BLOCK_N = SUB * SUB_N token tile of each of the program's KVH KV heads; returns the
     new state of each of the B = KVH * SUB (head, sub-tile) pairs, b = head * SUB + sub.
@@ -60,8 +59,7 @@ def _warp_tile(
         offs_n = (tile_start + (tl.arange(0, KVH * SUB) % SUB)[:, None] * SUB_N
                   + tl.arange(0, SUB_N)[None, :])
     n_mask = offs_n < end  # [B, SUB_N]
-    if block is None:
-        block = tile_load(bt_row + offs_n // BLOCK_SIZE, n_mask, MASKED).to(tl.int64)
+    block = tile_load(bt_row + offs_n // BLOCK_SIZE, n_mask, MASKED).to(tl.int64)
     slot = offs_n % BLOCK_SIZE
     k_ptrs = (k_cache_ptr + (block * stride_cb + slot * stride_cs + head_off)[:, :, None]
               + offs_d[None, None, :])
@@ -158,12 +156,8 @@ def _decode_warp_kernel(
     KV_FP8: tl.constexpr, F16_MMA: tl.constexpr, V_DIM_MAJOR: tl.constexpr = False,
     PDL: tl.constexpr = False,
     KVH: tl.constexpr = 1,  # KV heads per program (grid axis 0: num_kv_heads / KVH)
-    PRE_BT: tl.constexpr = False,  # KVH 1: seq_len and the first tile's block ids before the
-    # PDL wait (written before the step's layers, never by the kernel just before:
-    # `decode_pre_wait_requested`, `pdl_prologue`)
 ):
-    if not PRE_BT:
-        pdl_prologue(PDL)
+    pdl_prologue(PDL)
     BLOCK_N: tl.constexpr = SUB * SUB_N
     kv_head = tl.program_id(0) * KVH  # the program's first KV head
     split = tl.program_id(1)
@@ -172,12 +166,6 @@ def _decode_warp_kernel(
     part_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * part_len
     end = tl.minimum(start + part_len, seq_len)
-    bt_row = block_tables_ptr + seq * stride_bt
-    if PRE_BT:
-        offs_n0 = start + tl.arange(0, SUB)[:, None] * SUB_N + tl.arange(0, SUB_N)[None, :]
-        block0 = tl.load(bt_row + offs_n0 // BLOCK_SIZE, mask=offs_n0 < end,
-                         other=0).to(tl.int64)
-        pdl_prologue(PDL)
 
     if KVH == 1:
         q, heads, g_mask, scale_log2 = load_group_query(
@@ -199,34 +187,17 @@ def _decode_warp_kernel(
     m_i = tl.full([KVH * SUB, GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([KVH * SUB, GROUP_PAD], tl.float32)
     acc = tl.zeros([KVH * SUB, GROUP_PAD, HEAD_DIM], tl.float32)
+    bt_row = block_tables_ptr + seq * stride_bt
     head_off = tile_head * stride_ch
     # full tiles unmasked, then the partial one masked (`_decode_kernel`'s V_DIM_MAJOR note)
     loop_end = start + (end - start) // BLOCK_N * BLOCK_N
-    loop_start = start
-    if PRE_BT:  # the first tile with the block ids loaded before the wait
-        if start < loop_end:
-            m_i, l_i, acc = _warp_tile(
-                m_i, l_i, acc, start, end, q3, bt_row, k_cache_ptr, v_cache_ptr,
-                k_scales_ptr, v_scales_ptr, tile_head, head_off, scale_log2, stride_cb,
-                stride_cs, stride_vb, stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE,
-                HEAD_DIM, SUB, SUB_N, KVH, UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, False,
-                block0)
-            loop_start = start + BLOCK_N
-        elif start < end:  # a partition of one partial tile
-            m_i, l_i, acc = _warp_tile(
-                m_i, l_i, acc, start, end, q3, bt_row, k_cache_ptr, v_cache_ptr,
-                k_scales_ptr, v_scales_ptr, tile_head, head_off, scale_log2, stride_cb,
-                stride_cs, stride_vb, stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE,
-                HEAD_DIM, SUB, SUB_N, KVH, UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, True,
-                block0)
-            loop_start = end  # nothing left
-    for tile_start in range(loop_start, loop_end, BLOCK_N):
+    for tile_start in range(start, loop_end, BLOCK_N):
         m_i, l_i, acc = _warp_tile(
             m_i, l_i, acc, tile_start, end, q3, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
             v_scales_ptr, tile_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,
             stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, SUB, SUB_N, KVH,
             UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, False)
-    if loop_end < end and loop_start <= loop_end:
+    if loop_end < end:
         m_i, l_i, acc = _warp_tile(
             m_i, l_i, acc, loop_end, end, q3, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
             v_scales_ptr, tile_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,

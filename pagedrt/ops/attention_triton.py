@@ -168,19 +168,6 @@ def decode_bt_prefetch_requested() -> bool:
     return os.environ.get("PAGEDRT_DECODE_BT_PREFETCH", "0") == "1"
 
 
-def decode_pre_wait_requested() -> bool:
-    """PAGEDRT_DECODE_PRE_WAIT=1: the warp-tile decode kernel (one KV head per program) reads
-    its sequence's length and its first tile's block ids before the PDL wait (PRE_BT,
-    `attention_decode_warp_triton`), so their two dependent round trips to memory pass under
-    the kernel before, as the 1-4-row matmuls' weights do (docs/design.md, "Small-batch
-    decode"). Safe because they are written before the step's layers (host copies; in a
-    verification graph, the kernels at its start that expand them per draft token) and a
-    kernel's pre-wait reads run only after every kernel but the one just before it has
-    finished (`pdl_prologue`). Off by default ("0"): not yet timed on a GPU. Read at every
-    launch."""
-    return os.environ.get("PAGEDRT_DECODE_PRE_WAIT", "0") == "1"
-
-
 def _capturing(device: torch.device) -> bool:
     """Whether the current stream of `device` is capturing a CUDA graph (False on CPU)."""
     if device.type != "cuda":
@@ -764,8 +751,7 @@ def paged_attention_decode_triton(
         if cfg.get("warp_tiles") and kv_heads_per_program:  # (not the fallbacks)
             sub, sub_n = warp_tile_shape(cfg["BLOCK_N"])  # attention_decode_warp_triton
             _decode_warp_kernel[(num_kv_heads // kv_heads_per_program, num_splits, num_seqs)](
-                *pointers, *scalars, SUB=sub, SUB_N=sub_n, KVH=kv_heads_per_program,
-                PRE_BT=kv_heads_per_program == 1 and decode_pre_wait_requested(), **common)
+                *pointers, *scalars, SUB=sub, SUB_N=sub_n, KVH=kv_heads_per_program, **common)
             return
         _decode_kernel[grid](
             *pointers, counters, *scalars, BLOCK_N=cfg["BLOCK_N"],
@@ -794,7 +780,6 @@ __all__ = [
     "copy_blocks_triton",
     "decode_fused_reduce_requested",
     "decode_launch_plan",
-    "decode_pre_wait_requested",
     "fused_reduce_counters",
     "paged_attention_decode_naive_triton",
     "paged_attention_decode_triton",

@@ -29,14 +29,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from pagedrt.ops.triton_utils import (
-    fastest_config,
-    l2_prefetch_slots,
-    pdl_enabled,
-    pdl_launch,
-    pdl_prologue,
-    prefetch_rows_l2,
-)
+from pagedrt.ops.triton_utils import fastest_config, pdl_enabled, pdl_launch, pdl_prologue
 
 MAX_ROWS = 4  # rows of x (tokens) this path serves
 ENABLED = os.environ.get("PAGEDRT_GEMV", "1") != "0"  # PAGEDRT_GEMV=0: always torch
@@ -136,8 +129,6 @@ def _gemv_kernel(
     RSTD_BLOCK: tl.constexpr = 16,  # PROLOGUE 1: `rstd_block(K)`
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_enabled)
     PRE_K: tl.constexpr = 0,  # W's first PRE_K columns loaded before the PDL wait (`pre_wait_columns`)
-    PREFETCH: tl.constexpr = 0,  # > 0: the rest of its W rows into L2 before the wait, in
-    # PREFETCH requests (`prefetch_slots`)
 ):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -148,9 +139,6 @@ def _gemv_kernel(
         mask_pre = offs_pre < K
         w_pre = tl.load(w_rows + offs_pre[None, :], mask=mask_n[:, None] & mask_pre[None, :],
                         other=0.0)
-    if PREFETCH > 0:  # columns PRE_K.. of each row
-        prefetch_rows_l2(w_ptr, pid * BLOCK_N, N, stride_wn, PRE_K, K - PRE_K, BLOCK_N,
-                         PREFETCH)
     pdl_prologue(PDL)
     offs_k0 = tl.arange(0, BLOCK_K)
     offs_m = tl.arange(0, M_PAD)
@@ -233,14 +221,6 @@ def pre_wait_columns(w_rows: int, k: int, num_warps: int) -> int:
     return cols if cols >= 16 else 0
 
 
-def prefetch_slots(weight: torch.Tensor, pre_k: int, block_n: int, num_warps: int) -> int:
-    """PREFETCH of the skinny matmul: the L2 prefetch requests a program makes before its PDL
-    wait for the columns of its weight rows past the first pre_k, which come in registers
-    (`pre_wait_columns`), so that all of W streams while the kernel before runs
-    (`triton_utils.l2_prefetch_slots`); 0 (none) where K <= pre_k."""
-    return 0 if weight.shape[-1] <= pre_k else l2_prefetch_slots(weight, block_n, num_warps)
-
-
 def rstd_block(k: int) -> int:
     """The RMSNorm prologue's columns per load of a row (`_rows_rstd`): the row's K rounded up
     to a power of two, at most 8,192 (32 KB of fp32 over a program's threads)."""
@@ -281,7 +261,6 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     new_residual = (torch.empty_like(x, memory_format=torch.contiguous_format)
                     if residual is not None else None)
     block_n, block_k, num_warps = config
-    pre = pre_wait_columns(block_n, k, num_warps)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, bias if bias is not None else weight, y,
         residual if residual is not None else x, norm_weight,
@@ -291,8 +270,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         M=m, M_PAD=max(2, triton.next_power_of_2(m)), HAS_BIAS=bias is not None,
         BLOCK_N=block_n, BLOCK_K=block_k, PROLOGUE=prologue,
         HAS_RESIDUAL=residual is not None, RSTD_BLOCK=rstd_block(k) if prologue == 1 else 16,
-        PRE_K=pre, PREFETCH=prefetch_slots(weight, pre, block_n, num_warps),
-        num_warps=num_warps,
+        PRE_K=pre_wait_columns(block_n, k, num_warps), num_warps=num_warps,
         **pdl_launch(pdl_enabled(x)),
     )
     return y, new_residual

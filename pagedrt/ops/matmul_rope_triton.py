@@ -28,13 +28,7 @@ import triton.language as tl
 
 from pagedrt.ops import matmul_triton
 from pagedrt.ops.gemv_rope_triton import _rope_operands, _rope_qkv_store, check_qkv_rope
-from pagedrt.ops.matmul_triton import (
-    MAX_ROWS,
-    MIN_ROWS,
-    SILU_CONFIGS,
-    _first_w_tiles,
-    _tile_products,
-)
+from pagedrt.ops.matmul_triton import MAX_ROWS, MIN_ROWS, SILU_CONFIGS, _tile_products
 from pagedrt.ops.triton_utils import interpreting, pdl_enabled, pdl_launch, pdl_prologue
 
 # (BLOCK_M, BLOCK_N pairs, BLOCK_K, num_warps, num_stages, swap_ab): the two-row-set tiles of
@@ -70,7 +64,6 @@ def _matmul_rope_kernel(
     IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr = False,
-    PRE_W: tl.constexpr = False,  # the first W tiles in registers before the PDL wait
 ):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -81,11 +74,6 @@ def _matmul_rope_kernel(
     j = offs_p % HALF
     lo = (offs_p // HALF) * HEAD_DIM + j  # the pair's first column; its second is lo + HALF
     w_lo = w_ptr + lo.to(tl.int64)[:, None] * stride_wn
-    w_first = None  # (bound in a constexpr branch: Triton 3.6 cannot return None from a jit call)
-    w2_first = None
-    if PRE_W:
-        w_first, w2_first = _first_w_tiles(w_lo, w_lo + HALF * stride_wn, mask_p, 0, K, BLOCK_K,
-                                           True)
     pdl_prologue(PDL)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
@@ -96,7 +84,7 @@ def _matmul_rope_kernel(
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     acc_lo, acc_hi = _tile_products(x_rows, w_lo, w_lo + HALF * stride_wn, mask_m, mask_p,
                                     0, K, K, BLOCK_M, BLOCK_N, BLOCK_K, True, SWAP_AB, EVEN_K,
-                                    IEEE, UPCAST, w_first, w2_first, PRE_W)
+                                    IEEE, UPCAST)
     _rope_qkv_store(acc_lo + b_lo[None, :], acc_hi + b_hi[None, :], cos, sin, slot, offs_m,
                     mask_m, lo, mask_p, y_ptr, k_cache_ptr, v_cache_ptr, q_size, kv_size,
                     stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, HEAD_DIM,
@@ -151,7 +139,7 @@ def matmul_qkv_rope_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         SWAP_AB=bool(swap_ab), EVEN_K=k % block_k == 0,
         IEEE=x.dtype == torch.float32 or upcast, UPCAST=upcast, num_warps=num_warps,
-        num_stages=num_stages, PRE_W=matmul_triton.PRE_WAIT, **pdl_launch(pdl_enabled(x)),
+        num_stages=num_stages, **pdl_launch(pdl_enabled(x)),
     )
     return y
 

@@ -62,11 +62,9 @@ from pagedrt.ops.attention_triton import fused_reduce_counters
 from pagedrt.ops.triton_utils import (
     fastest_config,
     interpreting,
-    l2_prefetch_slots,
     pdl_enabled,
     pdl_launch,
     pdl_prologue,
-    prefetch_rows_l2,
 )
 
 ENABLED = os.environ.get("PAGEDRT_MATMUL", "1") != "0"  # PAGEDRT_MATMUL=0: always cuBLAS
@@ -74,11 +72,6 @@ ENABLED = os.environ.get("PAGEDRT_MATMUL", "1") != "0"  # PAGEDRT_MATMUL=0: alwa
 # in one kernel (`linear_add_rmsnorm`); off: no faster on the H200 (docs/design.md)
 NORM_ENABLED = os.environ.get("PAGEDRT_MATMUL_NORM", "0") == "1"
 MIN_ROWS, MAX_ROWS = 8, 128
-# PAGEDRT_MATMUL_PRE_WAIT=1: each program loads its first weight tile (both row sets' with two)
-# into registers before the PDL wait, as the 1-4-row kernels do by default
-# (`gemv_triton.pre_wait_columns`: batch-1 decode 0.795 -> 0.67 ms on the H200). Off until
-# measured at 8-128 rows (docs/design.md, "Small-batch decode")
-PRE_WAIT = os.environ.get("PAGEDRT_MATMUL_PRE_WAIT", "0") == "1"
 
 
 def row_count_timed(m: int) -> bool:
@@ -138,9 +131,6 @@ def _matmul_kernel(
     IEEE: tl.constexpr,  # fp32 operands: exact products (no TF32), as F.linear by default
     UPCAST: tl.constexpr,  # bf16 under the interpreter, whose bf16 tl.dot is wrong: fp32 dot
     PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = 0,  # > 0: the program's W tile into L2 before the PDL wait, in
-    # PREFETCH requests (one per thread; the first row tile's programs only)
-    PRE_W: tl.constexpr = False,  # the first W tile(s) in registers before the PDL wait
 ):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -150,21 +140,9 @@ def _matmul_kernel(
     k_per_split = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K  # whole BLOCK_K steps
     k_begin = pid_k * k_per_split
     k_end = tl.minimum(K, k_begin + k_per_split)  # empty for a split past K: partial of 0
-    if PREFETCH > 0:  # noqa: SIM102 (a constexpr: compiled away when 0)
-        if (pid_m == 0) & (k_begin < k_end):  # (an empty split fetches nothing)
-            prefetch_rows_l2(w_ptr, pid_n * BLOCK_N, N, stride_wn, k_begin, k_end - k_begin,
-                             BLOCK_N, PREFETCH)
-            if SILU_MUL:  # the up half's rows
-                prefetch_rows_l2(w_ptr + N * stride_wn, pid_n * BLOCK_N, N, stride_wn,
-                                 k_begin, k_end - k_begin, BLOCK_N, PREFETCH)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    w_first = None  # (bound in a constexpr branch: Triton 3.6 cannot return None from a jit call)
-    w2_first = None
-    if PRE_W:
-        w_first, w2_first = _first_w_tiles(w_rows, w_rows + N * stride_wn, mask_n, k_begin,
-                                           k_end, BLOCK_K, SILU_MUL)
     pdl_prologue(PDL)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
@@ -172,7 +150,7 @@ def _matmul_kernel(
     # [BLOCK_M, BLOCK_N] each; acc_up: the up half's product, SILU_MUL only
     out, acc_up = _tile_products(x_rows, w_rows, w_rows + N * stride_wn, mask_m, mask_n,
                                  k_begin, k_end, K, BLOCK_M, BLOCK_N, BLOCK_K, SILU_MUL,
-                                 SWAP_AB, EVEN_K, IEEE, UPCAST, w_first, w2_first, PRE_W)
+                                 SWAP_AB, EVEN_K, IEEE, UPCAST)
     if SILU_MUL:
         # rounded as the plain path rounds: gate/up's output in y's dtype, then the SiLU
         # kernel's silu(gate) rounded before the product (fused_triton._silu_and_mul_kernel)
@@ -207,49 +185,21 @@ def _matmul_kernel(
 
 
 @triton.jit
-def _first_w_tiles(w_rows, w_rows2, mask_n, k_begin, k_end, BLOCK_K: tl.constexpr,
-                   TWO: tl.constexpr):
-    """The weight tiles [BLOCK_N, BLOCK_K] of the first K step (columns from k_begin, masked
-    at k_end, so an empty split loads nothing) of the row sets at w_rows and, with TWO,
-    w_rows2: loaded before the PDL wait (PRE_W), since no kernel writes the weights, and
-    handed to `_tile_products`. Callers call it only under PRE_W and bind None otherwise."""
-    kk = k_begin + tl.arange(0, BLOCK_K)
-    mask_w = mask_n[:, None] & (kk < k_end)[None, :]
-    w_first = tl.load(w_rows + kk[None, :], mask=mask_w, other=0.0)
-    w2_first = w_first
-    if TWO:
-        w2_first = tl.load(w_rows2 + kk[None, :], mask=mask_w, other=0.0)
-    return w_first, w2_first
-
-
-@triton.jit
 def _tile_products(x_rows, w_rows, w_rows2, mask_m, mask_n, k_begin, k_end, K,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    TWO: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr,
-                   IEEE: tl.constexpr, UPCAST: tl.constexpr, w_first=None, w2_first=None,
-                   PRE_W: tl.constexpr = False):
+                   IEEE: tl.constexpr, UPCAST: tl.constexpr):
     """(x @ W.T, x @ W2.T) over K in [k_begin, k_end), each [BLOCK_M, BLOCK_N] fp32: x's rows at
     `x_rows` ([BLOCK_M, 1] pointers), W's at `w_rows` and, with TWO, a second row set's at
     `w_rows2` ([BLOCK_N, 1] each; without TWO the second is zeros, unused). The K loop of
-    `_matmul_kernel` and of the QKV + RoPE kernel (pagedrt/ops/matmul_rope_triton.py). With
-    PRE_W the first K step's weight tiles come loaded (`_first_w_tiles`) and the loop starts
-    at the second."""
+    `_matmul_kernel` and of the QKV + RoPE kernel (pagedrt/ops/matmul_rope_triton.py)."""
     offs_k = tl.arange(0, BLOCK_K)
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = acc
-    loop_begin = k_begin
-    if PRE_W:
-        kk0 = k_begin + offs_k
-        a0 = tl.load(x_rows + kk0[None, :], mask=mask_m[:, None] & (kk0 < k_end)[None, :],
-                     other=0.0)
-        acc = _mma(a0, w_first, acc, SWAP_AB, IEEE, UPCAST)
-        if TWO:
-            acc2 = _mma(a0, w2_first, acc2, SWAP_AB, IEEE, UPCAST)
-        loop_begin = k_begin + BLOCK_K
-    for k0 in range(loop_begin, k_end, BLOCK_K):
+    for k0 in range(k_begin, k_end, BLOCK_K):
         kk = k0 + offs_k
         if EVEN_K:
             mask_x = mask_m[:, None]
@@ -471,9 +421,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
         NORM_BLOCK=max(32, 4096 // block_m),  # the norm pass's tile: 4,096 fp32 at most
         SWAP_AB=bool(swap_ab), EVEN_K=k % block_k == 0,
         IEEE=x.dtype == torch.float32 or upcast, UPCAST=upcast, num_warps=num_warps,
-        num_stages=num_stages, PREFETCH=l2_prefetch_slots(weight, block_n, num_warps),
-        PRE_W=PRE_WAIT,
-        **pdl_launch(pdl_enabled(x)),
+        num_stages=num_stages, **pdl_launch(pdl_enabled(x)),
     )
     return y if norm is None else (normed, y)
 

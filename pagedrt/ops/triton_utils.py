@@ -62,8 +62,7 @@ def pdl_enabled(tensor: torch.Tensor) -> bool:
     sequences; the decode step's kernels, not prefill's). A kernel launched so may start
     while the one before it finishes; each such kernel calls `pdl_prologue`, which waits for
     the one before, and reads before it only what the kernel before cannot be writing (the
-    weights; the decode attention's lengths and block ids under PAGEDRT_DECODE_PRE_WAIT; see
-    `pdl_prologue`). Batch-1 decode on the H200: 0.89 -> 0.79 ms per token, 0.67 with the
+    weights; see `pdl_prologue`). Batch-1 decode on the H200: 0.89 -> 0.79 ms per token, 0.67 with the
     weights read before the wait (docs/design.md, "Small-batch decode")."""
     return (PDL_REQUESTED and gdc_wait is not None and tensor.shape[0] <= PDL_MAX_ROWS
             and not interpreting(tensor) and _pdl_capable(tensor.device.index or 0))
@@ -92,86 +91,6 @@ def pdl_prologue(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-
-
-@triton.jit
-def prefetch_l2(ptrs, nbytes):
-    """Ask L2 to fetch `nbytes` (int32, a multiple of 16) from each of `ptrs` (16-byte
-    aligned), without waiting: Hopper's bulk L2 prefetch (PTX ISA 8.0,
-    cp.async.bulk.prefetch.L2.global; sm_90 and later). Returns a dummy int32 tensor of ptrs'
-    shape (unused). Not for the interpreter, which has no inline assembly."""
-    return tl.inline_asm_elementwise(
-        "cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-        [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def prefetch_chunks(first_row, num_rows, stride_row, col0, ncols, ELEM: tl.constexpr,
-                    NROWS: tl.constexpr, SLOTS: tl.constexpr):
-    """`prefetch_rows_l2`'s requests, [SLOTS] each: the byte offset of each from the matrix's
-    start (int64) and its size in bytes (int32, a multiple of 16 when ncols * ELEM is): slot s
-    takes row first_row + s % NROWS (rows from num_rows on: the last row instead) and chunk
-    s // NROWS of the row's bytes [col0 * ELEM, (col0 + ncols) * ELEM) cut in SLOTS / NROWS
-    chunks of whole 16-byte units. A slot with nothing of its row to fetch (past the row's
-    end, or every slot where ncols <= 0: an empty split-K range) asks for the row's first 16
-    bytes (column 0), so that no request is empty and none leaves the matrix's rows; callers
-    skip empty ranges anyway."""
-    chunks: tl.constexpr = SLOTS // NROWS
-    slot = tl.arange(0, SLOTS)
-    row = tl.minimum(first_row + slot % NROWS, num_rows - 1).to(tl.int64)
-    row_bytes = ncols * ELEM
-    chunk_bytes = tl.cdiv(row_bytes, chunks * 16) * 16
-    start = (slot // NROWS) * chunk_bytes
-    size = tl.minimum(chunk_bytes, row_bytes - start)
-    valid = size > 0
-    offset = row * stride_row * ELEM + tl.where(valid, col0 * ELEM + start, 0)
-    return offset, tl.where(valid, size, 16).to(tl.int32)
-
-
-@triton.jit
-def prefetch_rows_l2(w_ptr, first_row, num_rows, stride_row, col0, ncols,
-                     NROWS: tl.constexpr, SLOTS: tl.constexpr):
-    """`prefetch_l2` of columns [col0, col0 + ncols) of rows first_row .. first_row + NROWS - 1
-    of the row-major matrix at w_ptr (row stride stride_row elements), in SLOTS requests (one
-    per thread: SLOTS the program's threads, a multiple of NROWS; `prefetch_chunks`). The
-    caller guarantees 16-byte alignment of rows and col0, ncols * element size a multiple of
-    16 (`can_prefetch_l2`), and should skip ncols <= 0 (nothing to fetch)."""
-    elem: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-    offset, size = prefetch_chunks(first_row, num_rows, stride_row, col0, ncols, elem, NROWS,
-                                   SLOTS)
-    return prefetch_l2(w_ptr.to(tl.pointer_type(tl.uint8)) + offset, size)
-
-
-# PAGEDRT_L2_PREFETCH=1: the decode matmuls prefetch their weights into L2 before the PDL
-# wait. Off by default: it read slower on the H200 (batch-1 decode 0.736 against 0.671-0.676
-# ms per token; Qwen2-0.5B 512/128 at batch 8 / 64: 7,098 / 33,038 against 7,770 / 37,593
-# output tok/s), in a run whose GPU may have been shared (BENCHMARKS.md, runs of 2026-12-04
-# 08:45); a clean comparison is still to do
-L2_PREFETCH = os.environ.get("PAGEDRT_L2_PREFETCH", "0") == "1"
-
-
-def can_prefetch_l2(weight: torch.Tensor) -> bool:
-    """Whether a decode matmul may `prefetch_rows_l2` its rows of `weight` [N, K] (K
-    contiguous) before its PDL wait: PAGEDRT_L2_PREFETCH=1 (read at import), a GPU of
-    compute capability 9.0 or later, outside the interpreter, rows 16-byte aligned (the data
-    pointer and a row's bytes multiples of 16)."""
-    return (L2_PREFETCH and weight.is_cuda and not interpreting(weight)
-            and torch.cuda.get_device_capability(weight.device)[0] >= 9
-            and weight.data_ptr() % 16 == 0
-            and (weight.stride(0) * weight.element_size()) % 16 == 0
-            and (weight.shape[-1] * weight.element_size()) % 16 == 0)
-
-
-def l2_prefetch_slots(weight: torch.Tensor, block_n: int, num_warps: int) -> int:
-    """The PREFETCH constexpr of the decode matmuls (gemv_triton.py, matmul_triton.py): the
-    `prefetch_rows_l2` requests a program makes before its PDL wait for its block_n weight
-    rows, one per thread and at least one per row, or 0 (none) where `can_prefetch_l2` says
-    no. Issue 16: a decode step at small batch is a chain of short kernels, each waiting for
-    the one before; the weights are no kernel's output, so each kernel can have them streamed
-    into L2 while the one before still runs (docs/design.md, "Small-batch decode")."""
-    if not can_prefetch_l2(weight):
-        return 0
-    return max(32 * num_warps, triton.next_power_of_2(block_n))
 
 
 @triton.jit

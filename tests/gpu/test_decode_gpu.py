@@ -66,30 +66,3 @@ def test_default_decode_matches_reference(dtype, head_dim, group):
         assert torch.isfinite(out).all(), (num_splits, config)
         err = (out.float() - expected).abs().max().item()
         assert err < 2e-2, (num_splits, config, err)
-
-
-@pytest.mark.parametrize("group", [1, 7])
-def test_lengths_and_block_ids_before_the_wait_match_the_default(monkeypatch, group):
-    """PAGEDRT_DECODE_PRE_WAIT=1 (the warp-tile kernel's PRE_BT) at Qwen2-0.5B's head_dim 64,
-    launched with PDL (12 sequences: within PDL_MAX_ROWS): the same bits as the default launch
-    and the reference's values, over split counts that leave whole, partial-only and empty
-    partitions. (The kernel before is torch's, which never lets it start early: what it reads
-    before its wait is checked by tests/gpu/test_pdl_early_reads_gpu.py.)"""
-    num_kv_heads, head_dim = 2, 64
-    lens = [1, 15, 16, 17, 31, 32, 33, 64, 65, 500, 4096, 4097]
-    k, v, bt, seq_lens = paged_case(lens, num_kv_heads, head_dim, torch.bfloat16, seed=group)
-    source = torch.randn(len(lens), num_kv_heads * group, head_dim, device=CUDA)
-    scale = head_dim ** -0.5
-    for num_splits in (None, 3, 64):
-        def run(pre: str, num_splits=num_splits):
-            monkeypatch.setenv("PAGEDRT_DECODE_PRE_WAIT", pre)
-            query = (source * 2).to(torch.bfloat16)
-            return query, tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, scale,
-                                                            num_splits=num_splits)
-        query, plain = run("0")
-        _, pre = run("1")
-        torch.cuda.synchronize()
-        assert torch.equal(pre, plain)
-        expected = ref.paged_attention_decode_reference(query.float(), k.float(), v.float(),
-                                                        bt, seq_lens, scale)
-        torch.testing.assert_close(pre.float(), expected, rtol=2e-2, atol=2e-2)
