@@ -3,7 +3,7 @@
 # of 2026-12-04 on a GPU nobody else uses. First the GPU tests of both and of what each
 # kernel reads before its PDL wait (test_pdl_early_reads_gpu.py), then Qwen2-0.5B
 # 512/128 at batches 8-128 with PAGEDRT_MATMUL_PRE_WAIT=1 / 0 in ABBA order, then the batch-1
-# step's timeline with each projection's matmul apart (call_s70.sh follows with batch 1).
+# step's timeline with each projection's matmul apart. (call_s70-72, planned after it, never ran as written: call_s74 and the inline sweeps of 2026-12-04 11:4x took their place.)
 set -u
 . benchmarks/diagnostics/call_common.sh
 PYTHONUNBUFFERED=1 timeout 240 python3 -u -m pytest -v -m gpu -p no:cacheprovider \
