@@ -10,10 +10,20 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
 import pytest
 import torch
 
-from pagedrt.ops.gemv_triton import CONFIGS, MAX_ROWS, gemv_triton, linear
+from pagedrt.ops.gemv_triton import (
+    CONFIGS,
+    MAX_ROWS,
+    NARROW_CONFIGS,
+    candidate_configs,
+    gemv_triton,
+    linear,
+)
+
+ALL_CONFIGS = CONFIGS + NARROW_CONFIGS
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=[f"n{c[0]}k{c[1]}w{c[2]}" for c in CONFIGS])
+@pytest.mark.parametrize("config", ALL_CONFIGS,
+                         ids=[f"n{c[0]}k{c[1]}w{c[2]}" for c in ALL_CONFIGS])
 @pytest.mark.parametrize("m", range(1, MAX_ROWS + 1))
 def test_matches_torch(m, config):
     g = torch.Generator().manual_seed(m * 100 + config[0])
@@ -25,6 +35,38 @@ def test_matches_torch(m, config):
         got = gemv_triton(x, w, bias, config)
         want = torch.nn.functional.linear(x, w, bias)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_narrow_tiles_are_timed_only_where_four_row_tiles_underfill_the_gpu():
+    assert candidate_configs(896, 132) == CONFIGS + NARROW_CONFIGS  # 224 programs < 264
+    assert candidate_configs(1152, 132) == CONFIGS  # 288 programs
+    assert candidate_configs(1152, 200) == CONFIGS + NARROW_CONFIGS
+
+
+@pytest.mark.parametrize("prologue", ["rmsnorm", "silu_mul"])
+@pytest.mark.parametrize("config", NARROW_CONFIGS)
+@pytest.mark.parametrize("m", [1, 3])
+def test_narrow_tiles_with_prologues_and_a_long_row(m, config, prologue):
+    """K = 4,864 (Qwen2-0.5B's down projection): the pre-wait columns (PRE_K) cover all of a
+    one-row tile's row and part of a two-row tile's, the loop the rest."""
+    from pagedrt.ops.gemv_triton import gemv_rmsnorm_triton, gemv_silu_mul_triton
+
+    g = torch.Generator().manual_seed(m + config[0])
+    n, k = 5, 4864
+    w = torch.randn(n, k, generator=g)
+    if prologue == "silu_mul":
+        x = torch.randn(m, 2 * k, generator=g)
+        got = gemv_silu_mul_triton(x, w, None, config)
+        gate, up = x[:, :k], x[:, k:]
+        want = (torch.nn.functional.silu(gate) * up) @ w.T
+    else:
+        x, res = torch.randn(m, k, generator=g), torch.randn(m, k, generator=g)
+        norm_w = torch.randn(k, generator=g)
+        got, new_res = gemv_rmsnorm_triton(x, res, norm_w, 1e-6, w, None, config)
+        h = x + res
+        torch.testing.assert_close(new_res, h)
+        want = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_w) @ w.T
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
 
 
 def test_half_precision_and_strided_rows():

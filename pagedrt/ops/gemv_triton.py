@@ -29,7 +29,13 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from pagedrt.ops.triton_utils import fastest_config, pdl_enabled, pdl_launch, pdl_prologue
+from pagedrt.ops.triton_utils import (
+    device_sms,
+    fastest_config,
+    pdl_enabled,
+    pdl_launch,
+    pdl_prologue,
+)
 
 MAX_ROWS = 4  # rows of x (tokens) this path serves
 ENABLED = os.environ.get("PAGEDRT_GEMV", "1") != "0"  # PAGEDRT_GEMV=0: always torch
@@ -37,6 +43,18 @@ ENABLED = os.environ.get("PAGEDRT_GEMV", "1") != "0"  # PAGEDRT_GEMV=0: always t
 # (BLOCK_N, BLOCK_K, num_warps): tiles of W of 2-16 KB, read once each
 CONFIGS = [(4, 512, 4), (8, 256, 4), (8, 512, 4), (16, 256, 4), (16, 512, 8), (32, 128, 4),
            (32, 256, 8), (64, 128, 8)]
+# one or two weight rows per program, also timed where CONFIGS' narrowest tile (4 rows) leaves
+# fewer than two programs per SM (`candidate_configs`): Qwen2-0.5B's O and down projections
+# (N = 896: 224 programs on the H200's 132 SMs) read at 0.9-1.3 TB/s in a batch-1 step
+# (BENCHMARKS.md, runs of 2026-12-04 08:45), too few loads in flight to cover HBM latency
+NARROW_CONFIGS = [(1, 1024, 4), (2, 512, 4)]
+
+
+def candidate_configs(n: int, sms: int) -> list[tuple[int, int, int]]:
+    """The tile configs `linear` times for a weight of `n` rows on a GPU of `sms`
+    multiprocessors: CONFIGS, and NARROW_CONFIGS where 4-row tiles give under 2 programs per
+    SM."""
+    return CONFIGS + NARROW_CONFIGS if triton.cdiv(n, 4) < 2 * sms else CONFIGS
 
 
 @triton.jit
@@ -364,8 +382,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if torch.cuda.is_current_stream_capturing():
             return F.linear(x, weight, bias)
         _CHOICE[key] = fastest_config(lambda: F.linear(x, weight, bias),
-                                      lambda cfg: gemv_triton(x, weight, bias, cfg), CONFIGS,
-                                      rep=20)
+                                      lambda cfg: gemv_triton(x, weight, bias, cfg),
+                                      candidate_configs(weight.shape[0], device_sms(x)), rep=20)
     cfg = _CHOICE[key]
     return F.linear(x, weight, bias) if cfg is None else gemv_triton(x, weight, bias, cfg)
 
