@@ -1,24 +1,20 @@
 #!/usr/bin/env bash
-# For the next lease (carry .commit and .whl; ~8 min, each piece capped). Issue 16's batch
-# targets (40 / 50 / 55% at batches 8 / 32 / 64): where a decode step's device time goes at
-# those batches (the timeline by kernel, as call_s66 did at batch 1), the batch sweep of record
-# with --repeats 3 (single runs spread 38-44k tok/s at batch 64 in call_s73), and Llama-3-8B's
-# batch-1 latency with PRE_K (K = 4,096: 1,024 columns per row before the wait; its 4.46 ms
-# target was met before PRE_K and not re-measured since).
+# For the next lease (carry .commit, .whl and .base = `git archive 5e59755 pagedrt`, the tree
+# before NARROW_CONFIGS; ~7 min). Issue 16, batch 1: the skinny matmul's one- and two-row
+# tiles (gemv_triton.NARROW_CONFIGS, timed at start-up for the O and down projections)
+# against the tree without them, in the order new, base, base, new: the batch-1 step's
+# timeline by kernel (each line also gives two unprofiled wall times per step and the
+# timing's choices), then batch-1 latency at ctx 512 / 4,096 with HEAD.
 set -u
 . benchmarks/diagnostics/call_common.sh
-for b in 8 32 64; do
-  timeout 100 python3 benchmarks/diagnostics/decode_timeline.py --batch $b --context 512 \
-    --steps 32 --out "$out/r/tl_b$b.json" > "$out/r/tl_b$b.txt" 2>&1
-  echo "tl_b$b status $?"; grep -E "^batch|^total" "$out/r/tl_b$b.txt" | head -3
+for v in "new1:" "base1:.base" "base2:.base" "new2:"; do
+  IFS=: read -r name tree <<< "$v"
+  PYTHONPATH="/tmp/site:$PWD/$tree" timeout 100 python3 benchmarks/diagnostics/decode_timeline.py \
+    --batch 1 --context 512 --steps 48 --out "$out/r/tl_$name.json" \
+    > "$out/r/tl_$name.txt" 2>&1
+  echo "== tl_$name status $?"; grep -E "^wall|^batch|^total|_gemv_kernel" "$out/r/tl_$name.txt" | head -7
 done
-timeout 200 python3 -m pagedrt.entrypoints.cli bench throughput --preset qwen2-0.5b \
-  --skip-step-split --batch-sizes 8,32,64,128 --repeats 3 --name sweep3 --out "$out/r" \
-  > "$out/r/sweep3.txt" 2>&1
-echo "sweep3 status $?"; grep -E "^pagedrt +qwen" "$out/r/sweep3.txt" | tail -5
-timeout 120 python3 -m pagedrt.entrypoints.cli bench latency --preset llama3-8b \
-  --contexts 512,4096 --graphs on --repeats 3 --name latency_llama3 --out "$out/r" \
-  > "$out/r/latency_llama3.txt" 2>&1
-echo "latency_llama3 status $?"; grep -E "batch1" "$out/r/latency_llama3.txt"
-rm -f "$out"/r/*.png
+timeout 150 python3 -m pagedrt.entrypoints.cli bench latency --preset qwen2-0.5b \
+  --contexts 512,4096 --graphs on --repeats 3 --name lat --out "$out/r" > "$out/r/lat.txt" 2>&1
+echo "lat status $?"; grep -E "batch1" "$out/r/lat.txt"
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"
