@@ -45,8 +45,11 @@ $(TRITON36)/.installed:
 
 # the engine's end-to-end files again with async scheduling, the CUDA default (the scheduler,
 # prefix-cache and async test files run both modes on their own)
+# (the first run records its kernel launches, which tests/compile_launches.py then compiles for
+# sm_90 with Triton 3.6)
 test: setup $(TRITON36)/.installed
-	$(PY) -m pytest -q -p no:cacheprovider
+	PAGEDRT_RECORD_LAUNCHES=$(TRITON36)/launches.json $(PY) -m pytest -q -p no:cacheprovider
+	PYTHONPATH=$(TRITON36):$(CURDIR) $(PY) tests/compile_launches.py $(TRITON36)/launches.json
 	PAGEDRT_ASYNC_SCHEDULING=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_engine.py tests/test_server.py
 
 lint: setup

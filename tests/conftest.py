@@ -13,6 +13,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 from tiny_model import build_tiny_llama
 
+if os.environ.get("PAGEDRT_RECORD_LAUNCHES") and os.environ.get("TRITON_INTERPRET") == "1":
+    import launch_recorder  # every interpreted kernel launch, for tests/compile_launches.py
+
+    launch_recorder.install()
+
+    def pytest_sessionfinish(session, exitstatus):
+        launch_recorder.dump(os.environ["PAGEDRT_RECORD_LAUNCHES"])
+
 from pagedrt.models.loader import LoadedModel, ModelNotFoundError, default_model_path, load_model
 
 
