@@ -47,6 +47,7 @@ def covering(entries: list[dict]) -> list[dict]:
 
 def compile_sm90(entry: dict):
     """The recorded launch's kernel compiled for sm_90 (constexprs and options as recorded)."""
+    os.environ.pop("TRITON_INTERPRET", None)  # (in case a module imported so far set it)
     fn = getattr(importlib.import_module(entry["module"]), entry["name"])
     signature, constexprs = {}, {}
     for i, name in enumerate(fn.arg_names):
