@@ -13,13 +13,13 @@ import torch
 from pagedrt.ops.gemv_triton import (
     CONFIGS,
     MAX_ROWS,
-    NARROW_CONFIGS,
+    WIDE_K_CONFIGS,
     candidate_configs,
     gemv_triton,
     linear,
 )
 
-ALL_CONFIGS = CONFIGS + NARROW_CONFIGS
+ALL_CONFIGS = CONFIGS + WIDE_K_CONFIGS
 
 
 @pytest.mark.parametrize("config", ALL_CONFIGS,
@@ -37,18 +37,18 @@ def test_matches_torch(m, config):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
-def test_narrow_tiles_are_timed_only_where_four_row_tiles_underfill_the_gpu():
-    assert candidate_configs(896, 132) == CONFIGS + NARROW_CONFIGS  # 224 programs < 264
+def test_wide_k_tiles_are_timed_only_where_four_row_tiles_underfill_the_gpu():
+    assert candidate_configs(896, 132) == CONFIGS + WIDE_K_CONFIGS  # 224 programs < 264
     assert candidate_configs(1152, 132) == CONFIGS  # 288 programs
-    assert candidate_configs(1152, 200) == CONFIGS + NARROW_CONFIGS
+    assert candidate_configs(1152, 200) == CONFIGS + WIDE_K_CONFIGS
 
 
 @pytest.mark.parametrize("prologue", ["rmsnorm", "silu_mul"])
-@pytest.mark.parametrize("config", NARROW_CONFIGS)
+@pytest.mark.parametrize("config", WIDE_K_CONFIGS)
 @pytest.mark.parametrize("m", [1, 3])
-def test_narrow_tiles_with_prologues_and_a_long_row(m, config, prologue):
-    """K = 4,864 (Qwen2-0.5B's down projection): the pre-wait columns (PRE_K) cover all of a
-    one-row tile's row and part of a two-row tile's, the loop the rest."""
+def test_wide_k_tiles_with_prologues_and_a_long_row(m, config, prologue):
+    """K = 4,864 (Qwen2-0.5B's down projection): the pre-wait columns (PRE_K: 2,048 or 4,096)
+    cover part of the row, the loop the rest in full and masked (the last) steps."""
     from pagedrt.ops.gemv_triton import gemv_rmsnorm_triton, gemv_silu_mul_triton
 
     g = torch.Generator().manual_seed(m + config[0])

@@ -161,8 +161,10 @@ def main() -> None:
     kernels["gemv + RMSNorm, 1 row"] = (compile_gemv, (1, 1))
     kernels["gemv + SwiGLU, 1 row, K 4864"] = (compile_gemv, (1, 2, 4, 512, 4, 4864))
     kernels["gemv, 4 rows"] = (compile_gemv, (4, 0))
-    kernels["gemv + SwiGLU, 1 row, K 4864, one-row tile"] = (compile_gemv,
-                                                             (1, 2, 1, 1024, 4, 4864))
+    kernels["gemv + SwiGLU, 1 row, K 4864, 4x2048 tile"] = (compile_gemv,
+                                                            (1, 2, 4, 2048, 8, 4864))
+    kernels["gemv + SwiGLU, 4 rows, K 4864, 4x2048 tile"] = (compile_gemv,
+                                                             (4, 2, 4, 2048, 8, 4864))
     for name, (fn, case) in kernels.items():
         ptx = fn(*case).asm["ptx"]
         results[name] = summary(ptx)

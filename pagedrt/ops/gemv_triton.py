@@ -43,18 +43,20 @@ ENABLED = os.environ.get("PAGEDRT_GEMV", "1") != "0"  # PAGEDRT_GEMV=0: always t
 # (BLOCK_N, BLOCK_K, num_warps): tiles of W of 2-16 KB, read once each
 CONFIGS = [(4, 512, 4), (8, 256, 4), (8, 512, 4), (16, 256, 4), (16, 512, 8), (32, 128, 4),
            (32, 256, 8), (64, 128, 8)]
-# one or two weight rows per program, also timed where CONFIGS' narrowest tile (4 rows) leaves
-# fewer than two programs per SM (`candidate_configs`): Qwen2-0.5B's O and down projections
-# (N = 896: 224 programs on the H200's 132 SMs) read at 0.9-1.3 TB/s in a batch-1 step
-# (BENCHMARKS.md, runs of 2026-12-04 08:45), too few loads in flight to cover HBM latency
-NARROW_CONFIGS = [(1, 1024, 4), (2, 512, 4)]
+# long-K tiles, also timed where CONFIGS' narrowest tile (4 rows) leaves fewer than two
+# programs per SM (`candidate_configs`): Qwen2-0.5B's down projection (N = 896, K = 4,864:
+# 224 programs on the H200's 132 SMs) read at about 1.3 TB/s in a batch-1 step with 512-column
+# tiles, a few KB in flight per SM where HBM needs tens (Little's law: ~4 TB/s times ~1 us);
+# each loop step here loads 4-8 KB per program. One- and two-row tiles of 512-1,024 columns
+# were timed there and gained nothing (BENCHMARKS.md, runs of 2026-12-04 14:30)
+WIDE_K_CONFIGS = [(4, 1024, 4), (4, 2048, 8), (2, 2048, 4), (8, 1024, 8)]
 
 
 def candidate_configs(n: int, sms: int) -> list[tuple[int, int, int]]:
     """The tile configs `linear` times for a weight of `n` rows on a GPU of `sms`
-    multiprocessors: CONFIGS, and NARROW_CONFIGS where 4-row tiles give under 2 programs per
+    multiprocessors: CONFIGS, and WIDE_K_CONFIGS where 4-row tiles give under 2 programs per
     SM."""
-    return CONFIGS + NARROW_CONFIGS if triton.cdiv(n, 4) < 2 * sms else CONFIGS
+    return CONFIGS + WIDE_K_CONFIGS if triton.cdiv(n, 4) < 2 * sms else CONFIGS
 
 
 @triton.jit
@@ -406,7 +408,8 @@ def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int
     untimed key runs `unfused()`). Both callables must compute the same thing: the layers
     pass the plain module chain as `unfused` (pagedrt/models/layers.py). The candidates are
     the config `linear` chose for the same `weight` at `rows` rows and FUSED_DEFAULT (and
-    FUSED_ONE_ROW at one row): each one is a Triton compilation at start-up;
+    FUSED_ONE_ROW at one row, and WIDE_K_CONFIGS where `candidate_configs` adds them): each
+    one is a Triton compilation at start-up;
     `candidates`, where given, replaces them (a kernel with a config of another form)."""
     if key not in _FUSED_CHOICE:
         if torch.cuda.is_current_stream_capturing():
@@ -417,7 +420,9 @@ def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int
                 return
             plain = _CHOICE.get(_plain_key(weight, rows, has_bias))
             extra = FUSED_ONE_ROW if rows == 1 else ()
-            yield from dict.fromkeys(c for c in (plain, FUSED_DEFAULT, *extra)
+            wide = [c for c in candidate_configs(weight.shape[0], device_sms(weight))
+                    if c in WIDE_K_CONFIGS]
+            yield from dict.fromkeys(c for c in (plain, FUSED_DEFAULT, *extra, *wide)
                                      if c is not None)
 
         _FUSED_CHOICE[key] = fastest_config(unfused, fused, configs(), rep=10)
