@@ -1,5 +1,5 @@
 """triton_utils.fastest_config: which errors skip a candidate config and which propagate. The
-CUDA timing is replaced by a table of times, so this runs on CPU."""
+CUDA timing is replaced by a clock the faked kernels advance, so this runs on CPU."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
 from pagedrt.ops import triton_utils
-
 
 CLOCK: list[float] = []  # device time the faked kernels "ran", per timed replay
 
