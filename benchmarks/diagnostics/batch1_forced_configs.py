@@ -84,9 +84,9 @@ def main() -> None:
         row = {"key": str(key), "chosen": chosen[table][key], "ms": {str(c): [] for c in configs}}
         for r in range(args.rounds):
             for cfg in (configs if r % 2 == 0 else configs[::-1]):
-                for name in tables:
-                    tables[name].clear()
-                    tables[name].update(chosen[name])
+                for name, live in tables.items():
+                    live.clear()
+                    live.update(chosen[name])
                 tables[table][key] = cfg
                 row["ms"][str(cfg)].append(timed(args.context, args.repeats))
                 print(f"{op} {cfg}: {row['ms'][str(cfg)][-1]:.4f}", flush=True)
