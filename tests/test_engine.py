@@ -248,7 +248,7 @@ def test_cli_generate_answers_paris():
 def test_cpu_threads_note_names_the_count_and_the_knob(monkeypatch):
     """The CPU status lines (`generate`'s stats, `serve`'s ready line) give torch's thread
     count, and point at PAGEDRT_NUM_THREADS unless it is set; nothing for other devices."""
-    from pagedrt.entrypoints.cli import cpu_threads_note
+    from pagedrt.entrypoints.cpu_threads import cpu_threads_note
 
     monkeypatch.delenv("PAGEDRT_NUM_THREADS", raising=False)
     assert cpu_threads_note("cpu", 2) == ", 2 CPU threads; PAGEDRT_NUM_THREADS sets them"
@@ -259,7 +259,7 @@ def test_cpu_threads_note_names_the_count_and_the_knob(monkeypatch):
 
 def test_slow_cpu_generation_suggests_one_thread(monkeypatch):
     """`generate` prints a hint when a multi-threaded CPU run is slow and the knob is unset."""
-    from pagedrt.entrypoints.cli import slow_cpu_hint
+    from pagedrt.entrypoints.cpu_threads import slow_cpu_hint
 
     monkeypatch.delenv("PAGEDRT_NUM_THREADS", raising=False)
     assert "PAGEDRT_NUM_THREADS=1" in slow_cpu_hint("cpu", 2, 1.6)
@@ -268,6 +268,34 @@ def test_slow_cpu_generation_suggests_one_thread(monkeypatch):
     assert slow_cpu_hint("cuda:0", 16, 1.6) == ""
     monkeypatch.setenv("PAGEDRT_NUM_THREADS", "2")
     assert slow_cpu_hint("cpu", 2, 1.6) == ""  # the user chose
+
+
+def test_slow_cpu_generate_warns_once_in_python(llm, prompts, monkeypatch):
+    """LLM.generate on a multi-threaded CPU run under the slow threshold warns once per LLM,
+    naming torch.set_num_threads(1) (the CLI's env var is no fix inside a Python process)."""
+    import warnings
+
+    from pagedrt.entrypoints import cpu_threads
+
+    monkeypatch.delenv("PAGEDRT_NUM_THREADS", raising=False)
+    monkeypatch.setattr(cpu_threads, "SLOW_CPU_TOK_S", 1e12)  # every run is "slow"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    llm._warned_slow_cpu = False
+    try:
+        with pytest.warns(RuntimeWarning, match=r"torch\.set_num_threads\(1\)"):
+            llm.generate([prompts[0]], greedy(max_tokens=2), use_tqdm=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a second warning would raise here
+            llm.generate([prompts[0]], greedy(max_tokens=2), use_tqdm=False)
+        llm._warned_slow_cpu = False
+        torch.set_num_threads(1)  # one thread already: nothing to suggest
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            llm.generate([prompts[0]], greedy(max_tokens=2), use_tqdm=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert_free(llm)
 
 
 def test_cli_bad_input_exit_code():
@@ -284,7 +312,8 @@ def test_cli_num_threads_from_env(monkeypatch):
     is a clear error (exit 2) before any model is loaded."""
     import torch
 
-    from pagedrt.entrypoints.cli import main, set_num_threads_from_env
+    from pagedrt.entrypoints.cli import main
+    from pagedrt.entrypoints.cpu_threads import set_num_threads_from_env
 
     before = torch.get_num_threads()
     try:

@@ -257,7 +257,7 @@ def run_worker_process(rank: int, world_size: int, device: str, init_method: str
                        conn: Connection) -> None:
     """Entry point of a worker process started by the engine (torch.multiprocessing, spawn):
     join the process group, then `serve`."""
-    from pagedrt.entrypoints.cli import set_num_threads_from_env
+    from pagedrt.entrypoints.cpu_threads import set_num_threads_from_env
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
     _exit_with_parent()

@@ -9,6 +9,11 @@ import os
 import sys
 import time
 
+from pagedrt.entrypoints.cpu_threads import (
+    cpu_threads_note,
+    set_num_threads_from_env,
+    slow_cpu_hint,
+)
 from pagedrt.entrypoints.engine_args import add_engine_config_args, engine_kwargs
 
 
@@ -38,6 +43,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         prompts = list(args.prompts)
     t0 = time.perf_counter()
+    llm._warned_slow_cpu = True  # the CLI prints its own hint (slow_cpu_hint) below
     outputs = llm.generate(prompts, params, use_tqdm=not args.quiet)
     elapsed = time.perf_counter() - t0
     for question, out in zip(args.prompts, outputs):
@@ -135,42 +141,6 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCHES))
     b.add_argument("which", choices=BENCHES)
     return parser
-
-
-def cpu_threads_note(device: str, threads: int) -> str:
-    """", N CPU threads" after a CPU device in a status line (empty for other devices): on a
-    CPU that other processes share, fewer threads can be several times faster (README)."""
-    if not device.startswith("cpu"):
-        return ""
-    hint = "" if os.environ.get("PAGEDRT_NUM_THREADS") else "; PAGEDRT_NUM_THREADS sets them"
-    return f", {threads} CPU thread{'s' if threads != 1 else ''}{hint}"
-
-
-SLOW_CPU_TOK_S = 8.0  # below this `generate` suggests one thread (the default model does 22-40)
-
-
-def slow_cpu_hint(device: str, threads: int, generated_tok_s: float) -> str:
-    """A line for `generate` when a CPU run with several threads and no PAGEDRT_NUM_THREADS
-    generated under SLOW_CPU_TOK_S tokens/s (on a CPU that other processes share, one thread
-    was 11-23x faster: README, "Quick start"); else ""."""
-    if (not device.startswith("cpu") or threads < 2 or os.environ.get("PAGEDRT_NUM_THREADS")
-            or generated_tok_s >= SLOW_CPU_TOK_S):
-        return ""
-    return (f"[hint] {generated_tok_s:.1f} generated tok/s with {threads} CPU threads: if other "
-            "processes share this CPU, PAGEDRT_NUM_THREADS=1 is often several times faster")
-
-
-def set_num_threads_from_env() -> None:
-    """$PAGEDRT_NUM_THREADS sets torch's intra-op CPU threads for every `pagedrt` command
-    (default: torch's choice, one per core). Raises ValueError if it is not a positive int."""
-    value = os.environ.get("PAGEDRT_NUM_THREADS")
-    if not value:
-        return
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"PAGEDRT_NUM_THREADS={value!r} must be a positive integer")
-    import torch
-
-    torch.set_num_threads(int(value))
 
 
 def main(argv: list[str] | None = None) -> int:

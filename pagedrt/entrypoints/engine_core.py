@@ -137,7 +137,7 @@ def run_engine_core(spec: CoreSpec, conns: list[Connection]) -> None:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         from pagedrt.engine.llm_engine import LLMEngine
-        from pagedrt.entrypoints.cli import set_num_threads_from_env
+        from pagedrt.entrypoints.cpu_threads import set_num_threads_from_env
 
         set_num_threads_from_env()  # a spawned process starts with torch's default again
 

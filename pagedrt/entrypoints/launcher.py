@@ -131,7 +131,7 @@ def run_server(args) -> int:
         if not _wait_apis_ready(ready_conns, apis, core, stop):
             return 0 if stop["signal"] is not None else 1
         limits = info.limits
-        from pagedrt.entrypoints.cli import cpu_threads_note
+        from pagedrt.entrypoints.cpu_threads import cpu_threads_note
 
         print(f"pagedrt: serving {name!r} on http://{args.host}:{args.port} "
               f"(device {info.device} {info.dtype}{cpu_threads_note(info.device, info.cpu_threads)}"

@@ -11,13 +11,17 @@
 from __future__ import annotations
 
 import itertools
+import time
+import warnings
 from collections.abc import Sequence
 
+import torch
 from tqdm.auto import tqdm
 
 from pagedrt.config import EngineConfig
 from pagedrt.core.beam import beam_score
 from pagedrt.engine.llm_engine import LLMEngine
+from pagedrt.entrypoints.cpu_threads import slow_cpu_hint
 from pagedrt.models.loader import LoadedModel
 from pagedrt.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
 from pagedrt.sampling_params import BeamSearchParams, SamplingParams
@@ -64,6 +68,7 @@ class LLM:
         self.llm_engine = LLMEngine(model, EngineConfig(**engine_kwargs), dtype=dtype,
                                     device=device, loaded=loaded)
         self._ids = itertools.count()
+        self._warned_slow_cpu = False  # `_warn_if_slow_on_cpu` warns once
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
@@ -183,6 +188,7 @@ class LLM:
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine
+        start = time.perf_counter()
         pending = set(ids)
         results: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(ids), desc="requests", disable=not use_tqdm, dynamic_ncols=True)
@@ -201,7 +207,21 @@ class LLM:
             raise
         finally:
             bar.close()
+        self._warn_if_slow_on_cpu(results.values(), time.perf_counter() - start)
         return [results[i] for i in ids]
+
+    def _warn_if_slow_on_cpu(self, outputs, seconds: float) -> None:
+        """Once per LLM: a RuntimeWarning when a CPU run with several torch threads generated
+        under `cpu_threads.SLOW_CPU_TOK_S` tokens/s, naming torch.set_num_threads(1) (on a CPU
+        that other processes share, one thread was 11-23x faster: README, "Quick start")."""
+        if self._warned_slow_cpu or seconds <= 0:
+            return
+        generated = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+        hint = slow_cpu_hint(str(self.llm_engine.device), torch.get_num_threads(),
+                             generated / seconds, python_api=True)
+        if hint:
+            self._warned_slow_cpu = True
+            warnings.warn(hint.removeprefix("[hint] "), RuntimeWarning, stacklevel=3)
 
 
 def _as_prompt_list(prompts) -> list:

@@ -1,0 +1,47 @@
+"""CPU threads: torch's intra-op threads from $PAGEDRT_NUM_THREADS, and the hints that name
+them when a CPU run is slow. On a CPU that other busy processes share, fewer threads than
+cores can be several times faster (README, "Quick start")."""
+
+from __future__ import annotations
+
+import os
+
+
+def cpu_threads_note(device: str, threads: int) -> str:
+    """", N CPU threads" after a CPU device in a status line (empty for other devices): on a
+    CPU that other processes share, fewer threads can be several times faster (README)."""
+    if not device.startswith("cpu"):
+        return ""
+    hint = "" if os.environ.get("PAGEDRT_NUM_THREADS") else "; PAGEDRT_NUM_THREADS sets them"
+    return f", {threads} CPU thread{'s' if threads != 1 else ''}{hint}"
+
+
+SLOW_CPU_TOK_S = 8.0  # below this `generate` suggests one thread (the default model does 22-40)
+
+
+def slow_cpu_hint(device: str, threads: int, generated_tok_s: float,
+                  python_api: bool = False) -> str:
+    """A line for `pagedrt generate` (or, with `python_api`, for `LLM.generate`'s warning)
+    when a CPU run with several threads and no PAGEDRT_NUM_THREADS generated under
+    SLOW_CPU_TOK_S tokens/s (on a CPU that other processes share, one thread was 11-23x
+    faster: README, "Quick start"); else ""."""
+    if (not device.startswith("cpu") or threads < 2 or os.environ.get("PAGEDRT_NUM_THREADS")
+            or generated_tok_s >= SLOW_CPU_TOK_S):
+        return ""
+    fix = ("torch.set_num_threads(1) before generating" if python_api
+           else "PAGEDRT_NUM_THREADS=1")
+    return (f"[hint] {generated_tok_s:.1f} generated tok/s with {threads} CPU threads: if other "
+            f"processes share this CPU, {fix} is often several times faster")
+
+
+def set_num_threads_from_env() -> None:
+    """$PAGEDRT_NUM_THREADS sets torch's intra-op CPU threads for every `pagedrt` command
+    (default: torch's choice, one per core). Raises ValueError if it is not a positive int."""
+    value = os.environ.get("PAGEDRT_NUM_THREADS")
+    if not value:
+        return
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"PAGEDRT_NUM_THREADS={value!r} must be a positive integer")
+    import torch
+
+    torch.set_num_threads(int(value))
