@@ -71,7 +71,9 @@ def _search_kernel(vals_ptr, tok_ptr, max_ptr, sum_ptr, scores_ptr, out_val_ptr,
     s = tl.load(sum_ptr + rows[:, None] * NUM_CHUNKS + cc[None, :], mask=chunk_ok, other=0.0)
     top = tl.max(m, axis=1)
     top_safe = tl.where(top == float("-inf"), 0.0, top)
-    lse = top_safe + tl.log(tl.sum(s * tl.exp(m - top_safe[:, None]), axis=1))  # [WP]
+    total = tl.sum(s * tl.exp(m - top_safe[:, None]), axis=1)
+    # (padding rows past W sum to 0: log 1 there, so that no -inf - -inf makes a NaN)
+    lse = top_safe + tl.log(tl.where(total > 0, total, 1.0))  # [WP]
     score = tl.load(scores_ptr + rows, mask=w_ok, other=float("-inf"))
     j = tl.arange(0, CKP)
     cand_ok = w_ok[:, None] & (j[None, :] < NUM_CHUNKS * K)
