@@ -262,12 +262,16 @@ def test_slow_cpu_generation_suggests_one_thread(monkeypatch):
     from pagedrt.entrypoints.cpu_threads import slow_cpu_hint
 
     monkeypatch.delenv("PAGEDRT_NUM_THREADS", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # (set by other test modules)
     assert "PAGEDRT_NUM_THREADS=1" in slow_cpu_hint("cpu", 2, 1.6)
     assert slow_cpu_hint("cpu", 2, 30.0) == ""  # fast enough
     assert slow_cpu_hint("cpu", 1, 1.6) == ""  # one thread already
     assert slow_cpu_hint("cuda:0", 16, 1.6) == ""
     monkeypatch.setenv("PAGEDRT_NUM_THREADS", "2")
     assert slow_cpu_hint("cpu", 2, 1.6) == ""  # the user chose
+    monkeypatch.delenv("PAGEDRT_NUM_THREADS")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert slow_cpu_hint("cpu", 2, 1.6) == ""  # interpreted kernels: slow whatever the threads
 
 
 def test_slow_cpu_generate_warns_once_in_python(llm, prompts, monkeypatch):
@@ -278,6 +282,7 @@ def test_slow_cpu_generate_warns_once_in_python(llm, prompts, monkeypatch):
     from pagedrt.entrypoints import cpu_threads
 
     monkeypatch.delenv("PAGEDRT_NUM_THREADS", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # (set by other test modules)
     monkeypatch.setattr(cpu_threads, "SLOW_CPU_TOK_S", 1e12)  # every run is "slow"
     threads = torch.get_num_threads()
     torch.set_num_threads(2)

@@ -71,13 +71,14 @@ def test_qkv_rope_compiles_with_pdl(compiled, case):
 
 @pytest.mark.parametrize("case", ["QKV + RoPE, 1 row", "QKV + RoPE, 4 rows",
                                   "gemv + RMSNorm, 1 row", "gemv + SwiGLU, 1 row, K 4864",
-                                  "gemv, 4 rows", "gemv + SwiGLU, 1 row, K 4864, one-row tile"])
+                                  "gemv, 4 rows", "gemv + SwiGLU, 1 row, K 4864, 4x2048 tile",
+                                  "gemv + SwiGLU, 4 rows, K 4864, 4x2048 tile"])
 def test_small_batch_kernels_load_weights_before_the_pdl_wait(compiled, case):
     """The 1-4-row kernels issue their first weight columns (`pre_wait_columns`) before
     griddepcontrol.wait, so the weights stream while the kernel before runs, and nothing
     else: exactly the 16-byte loads of the pre-loaded weights (8 rows x 1,024 columns, or 16 x
-    512 for the RoPE kernel's two row sets, or 4 x 2,048, or 1 x 8,192 (K = 4,864 masked):
-    16 KB over 128 threads, eight each), so an activation load moved above the wait would
+    512 for the RoPE kernel's two row sets, or 4 x 2,048 over 128 threads; 4 x 4,096 over
+    the 4 x 2,048 tile's 256: eight 16-byte loads per thread each time), so an activation load moved above the wait would
     show; and only one wait."""
     got = compiled[case]
     assert got["griddepcontrol"]["griddepcontrol.wait"] == 1

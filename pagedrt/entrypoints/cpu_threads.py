@@ -24,9 +24,11 @@ def slow_cpu_hint(device: str, threads: int, generated_tok_s: float,
     """A line for `pagedrt generate` (or, with `python_api`, for `LLM.generate`'s warning)
     when a CPU run with several threads and no PAGEDRT_NUM_THREADS generated under
     SLOW_CPU_TOK_S tokens/s (on a CPU that other processes share, one thread was 11-23x
-    faster: README, "Quick start"); else ""."""
+    faster: README, "Quick start"); else "", and "" under TRITON_INTERPRET=1 (the Triton
+    interpreter is slow whatever the threads)."""
     if (not device.startswith("cpu") or threads < 2 or os.environ.get("PAGEDRT_NUM_THREADS")
-            or generated_tok_s >= SLOW_CPU_TOK_S):
+            or generated_tok_s >= SLOW_CPU_TOK_S
+            or os.environ.get("TRITON_INTERPRET") == "1"):  # interpreted kernels: expected
         return ""
     fix = ("torch.set_num_threads(1) before generating" if python_api
            else "PAGEDRT_NUM_THREADS=1")

@@ -221,7 +221,7 @@ class LLM:
                              generated / seconds, python_api=True)
         if hint:
             self._warned_slow_cpu = True
-            warnings.warn(hint.removeprefix("[hint] "), RuntimeWarning, stacklevel=3)
+            warnings.warn(hint.removeprefix("[hint] "), RuntimeWarning, stacklevel=4)
 
 
 def _as_prompt_list(prompts) -> list:
