@@ -302,8 +302,11 @@ class EngineCore:
                 spent["step"] += t3 - t2
                 spent["publish"] += clock() - t3
         finally:
-            print(f"pagedrt engine core: {self.num_steps} steps; loop seconds "
-                  + ", ".join(f"{k} {v:.2f}" for k, v in spent.items()), flush=True)
+            names = {"poll": "waiting for work", "commands": "taking requests",
+                     "step": "engine steps", "publish": "sending outputs"}
+            print(f"pagedrt engine core: stopped after {self.num_steps} engine steps; seconds "
+                  "of its loop spent " + ", ".join(f"{names[k]} {v:.2f}"
+                                                   for k, v in spent.items()), flush=True)
             if self.trace_path:
                 import json
 
