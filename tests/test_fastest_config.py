@@ -25,7 +25,7 @@ def fake_timing(monkeypatch, request):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(triton.testing, "do_bench_cudagraph", bench)
     monkeypatch.setattr(triton_utils, "COLD_L2_TIMING", request.param)
-    monkeypatch.setattr(triton_utils, "_l2_flush", lambda: CLOCK.append(10.0))
+    monkeypatch.setattr(triton_utils, "_l2_flusher", lambda: lambda: CLOCK.append(10.0))
 
 
 def runs(ms: float):

@@ -52,11 +52,16 @@ CONFIGS = [(4, 512, 4), (8, 256, 4), (8, 512, 4), (16, 256, 4), (16, 512, 8), (3
 WIDE_K_CONFIGS = [(4, 1024, 4), (4, 2048, 8), (2, 2048, 4), (8, 1024, 8)]
 
 
+def wide_k_configs(n: int, sms: int) -> list[tuple[int, int, int]]:
+    """WIDE_K_CONFIGS where 4-row tiles of a weight of `n` rows give under 2 programs per SM
+    of a GPU of `sms` multiprocessors, else none."""
+    return WIDE_K_CONFIGS if triton.cdiv(n, 4) < 2 * sms else []
+
+
 def candidate_configs(n: int, sms: int) -> list[tuple[int, int, int]]:
     """The tile configs `linear` times for a weight of `n` rows on a GPU of `sms`
-    multiprocessors: CONFIGS, and WIDE_K_CONFIGS where 4-row tiles give under 2 programs per
-    SM."""
-    return CONFIGS + WIDE_K_CONFIGS if triton.cdiv(n, 4) < 2 * sms else CONFIGS
+    multiprocessors: CONFIGS and `wide_k_configs`."""
+    return CONFIGS + wide_k_configs(n, sms)
 
 
 @triton.jit
@@ -408,8 +413,8 @@ def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int
     untimed key runs `unfused()`). Both callables must compute the same thing: the layers
     pass the plain module chain as `unfused` (pagedrt/models/layers.py). The candidates are
     the config `linear` chose for the same `weight` at `rows` rows and FUSED_DEFAULT (and
-    FUSED_ONE_ROW at one row, and WIDE_K_CONFIGS where `candidate_configs` adds them): each
-    one is a Triton compilation at start-up;
+    FUSED_ONE_ROW at one row, and `wide_k_configs`): each one is a Triton compilation at
+    start-up;
     `candidates`, where given, replaces them (a kernel with a config of another form)."""
     if key not in _FUSED_CHOICE:
         if torch.cuda.is_current_stream_capturing():
@@ -420,8 +425,7 @@ def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int
                 return
             plain = _CHOICE.get(_plain_key(weight, rows, has_bias))
             extra = FUSED_ONE_ROW if rows == 1 else ()
-            wide = [c for c in candidate_configs(weight.shape[0], device_sms(weight))
-                    if c in WIDE_K_CONFIGS]
+            wide = wide_k_configs(weight.shape[0], device_sms(weight))
             yield from dict.fromkeys(c for c in (plain, FUSED_DEFAULT, *extra, *wide)
                                      if c is not None)
 

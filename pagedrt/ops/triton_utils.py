@@ -300,18 +300,14 @@ def launch_first_fitting(key: tuple, configs: list[dict], launch: Callable[[dict
 COLD_L2_TIMING = os.environ.get("PAGEDRT_COLD_L2_TIMING", "1") != "0"
 
 
-@functools.cache
-def _l2_flush_buffer(device_index: int) -> torch.Tensor:
-    """fp32 zeros of twice the device's L2 size (64 MB if torch does not report it)."""
-    props = torch.cuda.get_device_properties(device_index)
+def _l2_flusher() -> Callable[[], torch.Tensor]:
+    """A function that reads twice the current device's L2 size of other data (64 MB if
+    torch does not report the size), so that the next kernel's weights come from HBM as they
+    do in a decode step (a step's weights are many times the L2). Its buffer lives as long as
+    the function: one `fastest_config` call, not the engine's lifetime."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
     l2_bytes = getattr(props, "L2_cache_size", 0) or (32 << 20)
-    return torch.zeros(2 * l2_bytes // 4, dtype=torch.float32, device=f"cuda:{device_index}")
-
-
-def _l2_flush():
-    """Read twice the L2's size of other data, so that the next kernel's weights come from
-    HBM as they do in a decode step (a step's weights are many times the L2)."""
-    return _l2_flush_buffer(torch.cuda.current_device()).sum()
+    return torch.zeros(2 * l2_bytes // 4, dtype=torch.float32, device="cuda").sum
 
 
 def fastest_config(baseline, candidate, configs, rep: int) -> tuple | None:
@@ -322,7 +318,7 @@ def fastest_config(baseline, candidate, configs, rep: int) -> tuple | None:
     outside the capture, to compile it. A config the GPU cannot run is skipped. Used by the
     skinny matmul (gemv_triton.py) and the decode matmul (matmul_triton.py).
 
-    Each call is timed after an L2 flush (`_l2_flush`), the flush's own time subtracted:
+    Each call is timed after an L2 flush (`_l2_flusher`), the flush's own time subtracted:
     replayed back to back, a weight of up to tens of MB stays in the H200's 50 MB L2 and
     reads at L2 latency, which favours tiles with few loads in flight that starve on HBM
     (the engine's steps read every weight from HBM). PAGEDRT_COLD_L2_TIMING=0 times warm.
@@ -345,14 +341,16 @@ def fastest_config(baseline, candidate, configs, rep: int) -> tuple | None:
         torch.cuda.synchronize()
         return ms
 
-    flush_ms = bench(_l2_flush) if COLD_L2_TIMING else 0.0
+    if COLD_L2_TIMING:
+        flush = _l2_flusher()
+        flush_ms = bench(flush)
 
     def timed(fn) -> float:
         if not COLD_L2_TIMING:
             return bench(fn)
 
         def flushed():
-            _l2_flush()
+            flush()
             return fn()
         return bench(flushed) - flush_ms
 
