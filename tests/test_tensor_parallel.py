@@ -451,6 +451,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _process_tree(root: int) -> list[int]:
+    """`root` and every process below it, parents first (from /proc). torchrun starts its
+    workers in sessions of their own, so signalling the agent's process group misses them."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+            children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop(0)
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
 @pytest.mark.timeout(300)
 def test_two_torchrun_nodes_on_loopback_generate_the_text_of_one_rank(tmp_path, smollm2_path):
     """`torchrun --nnodes 2 --node-rank R ... -m pagedrt.entrypoints.cli generate ...` twice on
@@ -471,9 +497,10 @@ def test_two_torchrun_nodes_on_loopback_generate_the_text_of_one_rank(tmp_path, 
                             resolve_checkpoint(smollm2_path).tokenizer_dir)
     prompts = ["Once upon a time", "The capital of France is"]
     port = _free_port()
-    # (PYTHONFAULTHANDLER: on a hang, SIGABRT makes every Python process print its stacks)
+    # (PYTHONFAULTHANDLER: on a hang, SIGABRT makes every Python process print its stacks;
+    # unbuffered, the logs show how far each got; a collective waits 60 s at most, not 300)
     env = dict(os.environ, PYTHONPATH=ROOT, PAGEDRT_NUM_THREADS="1", OMP_NUM_THREADS="1",
-               PYTHONFAULTHANDLER="1")
+               PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1", PAGEDRT_DIST_TIMEOUT_S="60")
     env.pop("PAGEDRT_DIST_INIT_METHOD", None)
     log_files = [open(tmp_path / f"node{rank}.log", "w+") for rank in (0, 1)]  # noqa: SIM115
     nodes = [subprocess.Popen(
@@ -484,20 +511,26 @@ def test_two_torchrun_nodes_on_loopback_generate_the_text_of_one_rank(tmp_path, 
          "--tensor-parallel-size", "2", "--num-kv-blocks", "64"],
         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
         for rank, log in zip((0, 1), log_files)]
-    deadline, hung = time.monotonic() + 200, False
+    deadline, hung, trees = time.monotonic() + 200, False, []
     try:
         for node in nodes:
             node.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         hung = True
-        for node in nodes:  # every process's Python stacks into its node's log
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(node.pid, signal.SIGABRT)
-        time.sleep(3)
+        # every process's Python stacks into its node's log, one process at a time (the
+        # workers, then the agents, which die of it)
+        trees = [_process_tree(node.pid) for node in nodes]  # (before an agent dies)
+        for pid in [pid for tree in trees for pid in tree[1:]] + [tree[0] for tree in trees]:
+            _signal_all([pid], signal.SIGABRT)
+            time.sleep(1)
     finally:
-        for node in nodes:  # the agents and their workers (one session each)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(node.pid, signal.SIGKILL)
+        for node in nodes:  # the agents and their workers, wherever they are
+            if node.poll() is None:
+                trees.append(_process_tree(node.pid))
+        _signal_all([pid for tree in trees for pid in tree], signal.SIGKILL)
+        for node in nodes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                node.wait(timeout=10)
     logs = []
     for rank, f in enumerate(log_files):
         f.seek(0)

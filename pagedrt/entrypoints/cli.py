@@ -153,10 +153,15 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.WARNING)
         try:
             set_num_threads_from_env()
-            return run_worker(device_option(argv))
+            status = run_worker(device_option(argv))
         except ValueError as e:
             print(f"pagedrt: error: {e}", file=sys.stderr)
             return 2
+        # its group is destroyed: end without the interpreter's teardown, as rank 0 does
+        # (`pagedrt.distributed.torchrun.exit_if_rank0`)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(status)
     if len(argv) >= 2 and argv[0] == "bench" and argv[1] in BENCHES:
         # each benchmark has its own options (and --help): hand it the rest of the line
         logging.basicConfig(level=logging.WARNING)
