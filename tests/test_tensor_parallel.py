@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import multiprocessing
 import os
+import pickle
 import random
 import signal
 import socket
@@ -359,6 +360,36 @@ def test_an_error_sent_just_before_a_rank_exits_is_still_the_reason(tiny_model, 
                                 "model": "unused-path"})
     assert len(drains) >= 2
     assert worker_processes() == before
+
+
+def test_an_answer_that_comes_before_rank_0_runs_its_part_is_not_lost():
+    """collective_rpc sends the command, runs rank 0's part, then gathers the others' answers.
+    A rank that answers before rank 0's part starts has its answer read by the error poll
+    there; it must still be the gathered answer (it was dropped, and the engine waited until
+    its time-out: the torchrun test's hang on a loaded 2-core machine). Forced here: the
+    remote rank's answer is in the pipe before the call."""
+    from multiprocessing import Pipe
+
+    from pagedrt.distributed.executor import Executor, RemoteRank
+
+    class Rank0:
+        def load_model(self):
+            return "rank 0's answer"
+
+    ours, theirs = Pipe()
+    executor = Executor(Rank0(), [RemoteRank(1, ours)], tokenizer=None, model_path="")
+    theirs.send_bytes(pickle.dumps(("ok", 1, "rank 1's answer")))
+    assert executor.collective_rpc("load_model", timeout_s=5) == [
+        "rank 0's answer", "rank 1's answer"]
+    method, args, _reply = pickle.loads(theirs.recv_bytes())  # what rank 1 was sent
+    assert (method, args) == ("load_model", ())
+    # two answers early, the second for the next command: each goes to its own gather
+    theirs.send_bytes(pickle.dumps(("ok", 1, "first")))
+    theirs.send_bytes(pickle.dumps(("ok", 1, "second")))
+    assert executor.collective_rpc("load_model", timeout_s=5)[1] == "first"
+    assert executor.collective_rpc("load_model", timeout_s=5)[1] == "second"
+    theirs.close()
+    executor.shutdown()
 
 
 # --------------------------------------------------------------------------- checks first

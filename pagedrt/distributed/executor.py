@@ -128,6 +128,9 @@ class Executor:
         self.num_blocks = self.num_cpu_blocks = 0
         self._health = _Health()
         self._closed = False
+        # answers read before they were gathered (by _poll_errors, or from a rank that a
+        # _gather did not ask): rank -> answers, oldest first
+        self._early: dict[int, list] = {}
         processes = [r.process for r in remotes if r.process is not None]
         monitor = None
         if processes:
@@ -242,8 +245,11 @@ class Executor:
 
     def _gather(self, ranks: list[int], timeout_s: float = WORKER_TIMEOUT_S) -> dict[int, Any]:
         """The answers of `ranks`, failing on any error message, end of file or time-out."""
-        pending = set(ranks)
         out: dict[int, Any] = {}
+        for rank in ranks:
+            if self._early.get(rank):
+                out[rank] = self._early[rank].pop(0)
+        pending = set(ranks) - set(out)
         deadline = time.monotonic() + timeout_s
         by_conn = {r.conn: r for r in self.remotes}
         while pending:
@@ -252,27 +258,38 @@ class Executor:
                 self._fail(f"ranks {sorted(pending)} did not answer within {timeout_s:.0f} s "
                            "(PAGEDRT_WORKER_TIMEOUT_S)")
             for conn in wait(list(by_conn), timeout=min(remaining, 1.0)):
-                r = by_conn[conn]
-                try:
-                    message = pickle.loads(conn.recv_bytes())
-                except (EOFError, OSError):
-                    self._fail(f"rank {r.rank} exited")
-                if message[0] == "error":
-                    self._fail(_logged(message), message[2], message[1])
-                out[message[1]] = message[2]
-                pending.discard(message[1])
+                rank, answer = self._receive(by_conn[conn])
+                if rank in pending:
+                    out[rank] = answer
+                    pending.discard(rank)
+                else:
+                    self._early.setdefault(rank, []).append(answer)
         return out
 
     def _poll_errors(self) -> None:
-        """Fail now if a remote rank has reported an error or gone away."""
+        """Fail now if a remote rank has reported an error or gone away. An answer that has
+        already come is kept for the `_gather` that asks for it: a fast rank can answer a
+        command before rank 0 has run its own part of it."""
         for r in self.remotes:
             try:
                 ready = r.conn.poll(0)
-                message = pickle.loads(r.conn.recv_bytes()) if ready else None
             except (EOFError, OSError):
                 self._fail(f"rank {r.rank} exited")
-            if message is not None and message[0] == "error":
-                self._fail(_logged(message), message[2], message[1])
+            if ready:
+                rank, answer = self._receive(r)
+                self._early.setdefault(rank, []).append(answer)
+
+    def _receive(self, r: RemoteRank) -> tuple[int, Any]:
+        """(rank, answer) of the next message from `r`; fails on an error message or an end
+        of file."""
+        try:
+            data = r.conn.recv_bytes()
+        except (EOFError, OSError):
+            self._fail(f"rank {r.rank} exited")
+        message = pickle.loads(data)
+        if message[0] == "error":
+            self._fail(_logged(message), message[2], message[1])
+        return message[1], message[2]
 
     def _fail(self, reason: str, from_value_error: bool = False,
               error_rank: int | None = None) -> NoReturn:

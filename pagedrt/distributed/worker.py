@@ -213,12 +213,13 @@ def serve(conn: Connection, tp: TPGroup, device: torch.device) -> int:
     worker: Worker | None = None
     while True:
         try:
-            method, args, reply = pickle.loads(conn.recv_bytes())
+            data = conn.recv_bytes()
         except (EOFError, OSError):
             return 0  # the engine is gone
-        if method == "shutdown":
-            return 0
         try:
+            method, args, reply = pickle.loads(data)
+            if method == "shutdown":
+                return 0
             if method == "init":
                 worker, out = Worker(args[0], tp, device), None
             elif method == "release":
