@@ -47,10 +47,13 @@ $(TRITON36)/.installed:
 # prefix-cache and async test files run both modes on their own)
 # (the first run records its kernel launches, which tests/compile_launches.py then compiles for
 # sm_90 with Triton 3.6)
+# (pytest-xdist: one worker process per core, at most 4, each test file on one worker)
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 --dist loadfile
 test: setup $(TRITON36)/.installed
-	PAGEDRT_RECORD_LAUNCHES=$(TRITON36)/launches.json $(PY) -m pytest -q -p no:cacheprovider
+	rm -f $(TRITON36)/launches.json*
+	PAGEDRT_RECORD_LAUNCHES=$(TRITON36)/launches.json $(PYTEST)
 	PYTHONPATH=$(TRITON36):$(CURDIR) $(PY) tests/compile_launches.py $(TRITON36)/launches.json
-	PAGEDRT_ASYNC_SCHEDULING=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_engine.py tests/test_server.py
+	PAGEDRT_ASYNC_SCHEDULING=1 $(PYTEST) tests/test_engine.py tests/test_server.py
 
 lint: setup
 	$(VENV)/bin/ruff check pagedrt tests benchmarks

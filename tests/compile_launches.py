@@ -1,6 +1,7 @@
-"""Compiles the kernels of recorded launches (`tests/launch_recorder.py`) for sm_90 with the
-Triton on the path, no GPU needed; exits 1 if any fails. `make test` runs it with Triton 3.6,
-the GPU machines' version, after the test suite:
+"""Compiles the kernels of recorded launches (`tests/launch_recorder.py`; under pytest-xdist,
+one file per worker beside the named one) for sm_90 with the Triton on the path, no GPU
+needed; exits 1 if any fails. `make test` runs it with Triton 3.6, the GPU machines' version,
+after the test suite:
 
     PYTHONPATH=.triton36:$PWD python tests/compile_launches.py .triton36/launches.json
 
@@ -10,6 +11,7 @@ each branch a constexpr selects is compiled at least once, not every combination
 
 from __future__ import annotations
 
+import glob
 import importlib
 import json
 import os
@@ -60,9 +62,23 @@ def compile_sm90(entry: dict):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=entry["options"])
 
 
+def read_recorded(path: str) -> list[dict]:
+    """The launches in `path` and in the per-worker files beside it (`path`.gw0, ... under
+    pytest-xdist), each distinct launch once."""
+    paths = [p for p in [path, *sorted(glob.glob(glob.escape(path) + ".gw*"))]
+             if os.path.exists(p)]
+    if not paths:
+        raise SystemExit(f"no recorded launches at {path} (or {path}.gw*)")
+    recorded: dict[str, dict] = {}
+    for p in paths:
+        with open(p) as f:
+            for entry in json.load(f):
+                recorded.setdefault(json.dumps(entry, sort_keys=True), entry)
+    return list(recorded.values())
+
+
 def main(path: str) -> int:
-    with open(path) as f:
-        recorded = json.load(f)
+    recorded = read_recorded(path)
     unrecorded = [e for e in recorded if "unrecorded" in e]
     for e in unrecorded:  # a launch the recorder could not describe: update launch_recorder.py
         print(f"FAILED to record {e['module']}.{e['name']}: {e['unrecorded']}")

@@ -19,7 +19,15 @@ if os.environ.get("PAGEDRT_RECORD_LAUNCHES") and os.environ.get("TRITON_INTERPRE
     launch_recorder.install()
 
     def pytest_sessionfinish(session, exitstatus):
-        launch_recorder.dump(os.environ["PAGEDRT_RECORD_LAUNCHES"])
+        # under pytest-xdist each worker writes its own file beside the named one
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        path = os.environ["PAGEDRT_RECORD_LAUNCHES"]
+        launch_recorder.dump(f"{path}.{worker}" if worker else path)
+
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    # pytest-xdist: the cores are shared among its worker processes
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))
+                              // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 from pagedrt.models.loader import LoadedModel, ModelNotFoundError, default_model_path, load_model
 
