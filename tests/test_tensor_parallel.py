@@ -378,18 +378,90 @@ def test_an_answer_that_comes_before_rank_0_runs_its_part_is_not_lost():
 
     ours, theirs = Pipe()
     executor = Executor(Rank0(), [RemoteRank(1, ours)], tokenizer=None, model_path="")
-    theirs.send_bytes(pickle.dumps(("ok", 1, "rank 1's answer")))
+    theirs.send_bytes(pickle.dumps(("ok", 1, "rank 1's answer", 1)))  # to command 1
     assert executor.collective_rpc("load_model", timeout_s=5) == [
         "rank 0's answer", "rank 1's answer"]
-    method, args, _reply = pickle.loads(theirs.recv_bytes())  # what rank 1 was sent
-    assert (method, args) == ("load_model", ())
+    method, args, _reply, seq = pickle.loads(theirs.recv_bytes())  # what rank 1 was sent
+    assert (method, args, seq) == ("load_model", (), 1)
     # two answers early, the second for the next command: each goes to its own gather
-    theirs.send_bytes(pickle.dumps(("ok", 1, "first")))
-    theirs.send_bytes(pickle.dumps(("ok", 1, "second")))
+    theirs.send_bytes(pickle.dumps(("ok", 1, "first", 2)))
+    theirs.send_bytes(pickle.dumps(("ok", 1, "second", 3)))
     assert executor.collective_rpc("load_model", timeout_s=5)[1] == "first"
     assert executor.collective_rpc("load_model", timeout_s=5)[1] == "second"
     theirs.close()
     executor.shutdown()
+
+
+def _echo(worker, value):
+    """collective_rpc's function form: rank 0 (a worker) answers at once, the remote rank
+    (no worker: serve was never sent init) after 0.5 s."""
+    if worker is None:
+        time.sleep(0.5)
+    return value
+
+
+def _interrupt_rank0(worker, value):
+    if worker is not None:
+        raise KeyboardInterrupt
+    return value
+
+
+def test_an_interrupted_gather_does_not_shift_the_later_answers(monkeypatch):
+    """A KeyboardInterrupt while rank 0 waits for the others' answers (Ctrl-C in a notebook;
+    LLM.generate aborts its requests and the engine stays usable) leaves the remote rank's
+    answer to come. The next command must get its own answers, not that one: every later
+    answer was one command late before answers carried their command's number. The remote
+    rank here is worker.serve in a thread, over a pipe."""
+    import threading
+    from multiprocessing import Pipe
+
+    from pagedrt.distributed import executor as executor_module
+    from pagedrt.distributed.executor import Executor, RemoteRank
+    from pagedrt.distributed.group import TPGroup
+    from pagedrt.distributed.worker import serve
+
+    ours, theirs = Pipe()
+    remote = threading.Thread(target=serve, args=(theirs, TPGroup(1, 2), torch.device("cpu")),
+                              daemon=True)
+    remote.start()
+    executor = Executor(object(), [RemoteRank(1, ours)], tokenizer=None, model_path="")
+    real_wait = executor_module.wait
+
+    def interrupted_wait(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(executor_module, "wait", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        executor.collective_rpc(_echo, "call 1", timeout_s=10)
+    monkeypatch.setattr(executor_module, "wait", real_wait)
+    for call in ("call 2", "call 3"):
+        assert executor.collective_rpc(_echo, call, timeout_s=10) == [call, call]
+    executor.shutdown()
+    remote.join(10)
+    assert not remote.is_alive()  # it was told to shut down
+
+
+def test_an_interrupt_in_rank_0s_own_part_stops_the_workers():
+    """Interrupted inside its own part (maybe inside a collective with the others), rank 0 is
+    out of step with the other ranks: the executor stops them and says so afterwards."""
+    import threading
+    from multiprocessing import Pipe
+
+    from pagedrt.distributed.executor import Executor, ExecutorError, RemoteRank
+    from pagedrt.distributed.group import TPGroup
+    from pagedrt.distributed.worker import serve
+
+    ours, theirs = Pipe()
+    remote = threading.Thread(target=serve, args=(theirs, TPGroup(1, 2), torch.device("cpu")),
+                              daemon=True)
+    remote.start()
+    executor = Executor(object(), [RemoteRank(1, ours)], tokenizer=None, model_path="")
+    with pytest.raises(KeyboardInterrupt):
+        executor.collective_rpc(_interrupt_rank0, "call 1", timeout_s=10)
+    remote.join(10)
+    assert not remote.is_alive()  # told to shut down (it answered the call without error)
+    with pytest.raises(ExecutorError, match="rank 0 was interrupted"):
+        executor.collective_rpc(_echo, "call 2", timeout_s=10)
 
 
 # --------------------------------------------------------------------------- checks first

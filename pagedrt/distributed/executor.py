@@ -128,8 +128,9 @@ class Executor:
         self.num_blocks = self.num_cpu_blocks = 0
         self._health = _Health()
         self._closed = False
+        self._seq = 0  # the number of the last command sent; answers echo theirs
         # answers read before they were gathered (by _poll_errors, or from a rank that a
-        # _gather did not ask): rank -> answers, oldest first
+        # _gather did not ask): rank -> [(command number, answer)], oldest first
         self._early: dict[int, list] = {}
         processes = [r.process for r in remotes if r.process is not None]
         monitor = None
@@ -234,9 +235,22 @@ class Executor:
         except Exception as e:  # the ranks are out of step: stop them all
             logger.exception("tensor-parallel rank 0 (this process) failed")
             self._fail(f"rank 0: {type(e).__name__}: {e}", isinstance(e, ValueError), 0)
+        except BaseException as e:  # KeyboardInterrupt: rank 0 may have left a collective
+            self._stop_interrupted(e)
+            raise
+
+    def _stop_interrupted(self, e: BaseException) -> None:
+        """Stop every worker after rank 0's own part was interrupted (the ranks may be out of
+        step in a collective); later calls raise ExecutorError."""
+        with self._health.lock:
+            self._health.failed = True
+        self.dead = f"rank 0 was interrupted ({type(e).__name__})"
+        self._closed = True
+        self._finalizer()
 
     def _send(self, method, args: tuple, reply: int) -> None:
-        data = pickle.dumps((method, args, reply), protocol=pickle.HIGHEST_PROTOCOL)
+        self._seq += 1
+        data = pickle.dumps((method, args, reply, self._seq), protocol=pickle.HIGHEST_PROTOCOL)
         for r in self.remotes:
             try:
                 r.conn.send_bytes(data)
@@ -244,11 +258,14 @@ class Executor:
                 self._fail(f"rank {r.rank} cannot be reached ({e!r}): it exited")
 
     def _gather(self, ranks: list[int], timeout_s: float = WORKER_TIMEOUT_S) -> dict[int, Any]:
-        """The answers of `ranks`, failing on any error message, end of file or time-out."""
+        """The answers of `ranks` to the last command sent, failing on any error message, end
+        of file or time-out. An answer to an earlier command is dropped: its gather was
+        interrupted (a KeyboardInterrupt while waiting), and the ranks answer in order."""
         out: dict[int, Any] = {}
         for rank in ranks:
-            if self._early.get(rank):
-                out[rank] = self._early[rank].pop(0)
+            for seq, answer in self._early.pop(rank, []):
+                if seq == self._seq:
+                    out[rank] = answer
         pending = set(ranks) - set(out)
         deadline = time.monotonic() + timeout_s
         by_conn = {r.conn: r for r in self.remotes}
@@ -258,12 +275,14 @@ class Executor:
                 self._fail(f"ranks {sorted(pending)} did not answer within {timeout_s:.0f} s "
                            "(PAGEDRT_WORKER_TIMEOUT_S)")
             for conn in wait(list(by_conn), timeout=min(remaining, 1.0)):
-                rank, answer = self._receive(by_conn[conn])
+                rank, seq, answer = self._receive(by_conn[conn])
+                if seq != self._seq:
+                    continue  # an interrupted gather's
                 if rank in pending:
                     out[rank] = answer
                     pending.discard(rank)
                 else:
-                    self._early.setdefault(rank, []).append(answer)
+                    self._early.setdefault(rank, []).append((seq, answer))
         return out
 
     def _poll_errors(self) -> None:
@@ -276,12 +295,12 @@ class Executor:
             except (EOFError, OSError):
                 self._fail(f"rank {r.rank} exited")
             if ready:
-                rank, answer = self._receive(r)
-                self._early.setdefault(rank, []).append(answer)
+                rank, seq, answer = self._receive(r)
+                self._early.setdefault(rank, []).append((seq, answer))
 
-    def _receive(self, r: RemoteRank) -> tuple[int, Any]:
-        """(rank, answer) of the next message from `r`; fails on an error message or an end
-        of file."""
+    def _receive(self, r: RemoteRank) -> tuple[int, int, Any]:
+        """(rank, command number, answer) of the next message from `r`; fails on an error
+        message or an end of file."""
         try:
             data = r.conn.recv_bytes()
         except (EOFError, OSError):
@@ -289,7 +308,7 @@ class Executor:
         message = pickle.loads(data)
         if message[0] == "error":
             self._fail(_logged(message), message[2], message[1])
-        return message[1], message[2]
+        return message[1], message[3], message[2]
 
     def _fail(self, reason: str, from_value_error: bool = False,
               error_rank: int | None = None) -> NoReturn:
@@ -393,7 +412,8 @@ def _stop(processes: list, conns: list[Connection], health: _Health, release: bo
         failed = health.failed
     if failed:
         _kill(processes)
-    message = pickle.dumps(("release" if release and not failed else "shutdown", (), NO_REPLY))
+    message = pickle.dumps(("release" if release and not failed else "shutdown", (), NO_REPLY,
+                            0))
     for conn in conns:
         try:
             conn.send_bytes(message)

@@ -19,9 +19,10 @@ tokens from the same gathered logits. Only rank 0's tokens go back to the engine
     ("release",) / ("shutdown",)              --->  drop the worker and wait for the next
                                                     init (torchrun ranks) / exit
 
-Messages are pickled tuples: to a worker (method, args, reply), `reply` one of NO_REPLY,
-RANK0_REPLIES, ALL_REPLY; back ("ok", rank, value) or ("error", rank, is_value_error, summary,
-traceback).
+Messages are pickled tuples: to a worker (method, args, reply, seq), `reply` one of NO_REPLY,
+RANK0_REPLIES, ALL_REPLY, `seq` the command's number; back ("ok", rank, value, seq) or
+("error", rank, is_value_error, summary, traceback). The engine drops an answer whose seq is
+not that of the command it waits on (one whose wait was interrupted).
 A worker that raises sends its traceback and exits: the ranks are out of step from then on, and
 the engine stops them all. A worker whose engine goes away (end of file on its connection, or
 its parent process gone) exits.
@@ -217,7 +218,7 @@ def serve(conn: Connection, tp: TPGroup, device: torch.device) -> int:
         except (EOFError, OSError):
             return 0  # the engine is gone
         try:
-            method, args, reply = pickle.loads(data)
+            method, args, reply, seq = pickle.loads(data)
             if method == "shutdown":
                 return 0
             if method == "init":
@@ -232,7 +233,7 @@ def serve(conn: Connection, tp: TPGroup, device: torch.device) -> int:
             else:
                 out = getattr(worker, method)(*args)
             if reply == ALL_REPLY or (reply == RANK0_REPLIES and tp.rank == 0):
-                send(conn, ("ok", tp.rank, out))
+                send(conn, ("ok", tp.rank, out, seq))
         except BaseException as e:  # noqa: BLE001 - reported to the engine, then exit
             try:
                 send(conn, error_message(tp.rank, e))
