@@ -580,6 +580,22 @@ def _signal_all(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
+def test_torchrun_command_connections_probe_a_silent_peer():
+    """The command connections between torchrun ranks keep TCP keepalive on with short
+    timers, so a peer machine that vanishes without closing its end is noticed (a blocking
+    receive on a plain socket would wait forever)."""
+    from pagedrt.distributed import torchrun
+
+    with socket.create_server(("127.0.0.1", 0)) as listener, \
+            socket.create_connection(listener.getsockname()) as sock:
+        torchrun._keep_alive(sock)
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        if hasattr(socket, "TCP_KEEPIDLE"):  # Linux
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 60
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 6
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 120_000
+
+
 @pytest.mark.timeout(300)
 def test_two_torchrun_nodes_on_loopback_generate_the_text_of_one_rank(tmp_path, smollm2_path):
     """`torchrun --nnodes 2 --node-rank R ... -m pagedrt.entrypoints.cli generate ...` twice on

@@ -16,7 +16,8 @@ TCP port and broadcasts the port and a random token over a gloo group; every oth
 connects to MASTER_ADDR on that port and sends its rank and the token. From then on a rank
 receives its commands over that connection (pagedrt/distributed/worker.py), and the end of
 file when rank 0's process goes away ends it. A rank that dies on another machine is seen by
-rank 0 when its connection closes, or, while rank 0 is inside a collective with it, when the
+rank 0 when its connection closes (a machine gone silent: when TCP keepalive gives up, about
+two minutes; `_keep_alive`), or, while rank 0 is inside a collective with it, when the
 collective times out (PAGEDRT_DIST_TIMEOUT_S).
 """
 
@@ -38,6 +39,10 @@ from pagedrt.distributed.sharding import check_devices
 
 _HELLO = struct.Struct("!q32s")  # rank, token
 _CONNECT_TIMEOUT_S = 120.0
+# A command connection whose peer machine vanished (power, network; no FIN or RST ever comes)
+# fails after about this long instead of never: TCP keepalive probes when it is idle, and a
+# bound on unacknowledged sends (Linux's TCP_USER_TIMEOUT)
+_KEEPALIVE_IDLE_S, _KEEPALIVE_INTERVAL_S, _KEEPALIVE_PROBES = 60, 10, 6
 
 _rank0_peers: tuple | None = None  # rank 0: (TPGroup, [RemoteRank]), formed once per process
 
@@ -113,6 +118,7 @@ def _connect_rank0(device: torch.device, world_size: int) -> tuple[TPGroup, list
                 sock.close()
                 raise ValueError("a connection to rank 0's command port sent a wrong token")
             sock.settimeout(None)
+            _keep_alive(sock)
             remotes.append(RemoteRank(rank, Connection(sock.detach())))
     except TimeoutError:
         raise ValueError(
@@ -153,6 +159,19 @@ def exit_if_rank0(status: int) -> int:
     os._exit(status)
 
 
+def _keep_alive(sock: socket.socket) -> None:
+    """Make a command connection fail within about two minutes of its peer machine going
+    silent (`_KEEPALIVE_*`), where the platform offers the options (Linux does)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", _KEEPALIVE_IDLE_S),
+                        ("TCP_KEEPINTVL", _KEEPALIVE_INTERVAL_S),
+                        ("TCP_KEEPCNT", _KEEPALIVE_PROBES),
+                        ("TCP_USER_TIMEOUT", 1000 * (_KEEPALIVE_IDLE_S + _KEEPALIVE_INTERVAL_S
+                                                     * _KEEPALIVE_PROBES))):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     data = b""
     while len(data) < n:
@@ -187,6 +206,7 @@ def run_worker(device: str = "auto") -> int:
                                     timeout=_CONNECT_TIMEOUT_S)
     sock.sendall(_HELLO.pack(rank, token))
     sock.settimeout(None)
+    _keep_alive(sock)
     try:
         return serve(Connection(sock.detach()), tp, dev)
     finally:
