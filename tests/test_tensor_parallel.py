@@ -13,6 +13,7 @@ import pickle
 import random
 import signal
 import socket
+import struct
 import time
 
 import pytest
@@ -578,6 +579,40 @@ def _signal_all(pids: list[int], sig: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
+
+
+def test_rank_0_takes_only_the_ranks_connections():
+    """Rank 0's command port skips connections that are not a rank's (a wrong token, one
+    closed before its hello, a rank out of range, a rank seen twice) and still takes the real
+    ranks'; ranks that never connect are a ValueError naming them."""
+    from pagedrt.distributed.torchrun import _HELLO, accept_ranks
+
+    token = os.urandom(32)
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        address = listener.getsockname()
+        clients = []
+        for rank, their_token in ((2, os.urandom(32)), (None, None), (7, token), (2, token),
+                                  (2, token), (1, token)):
+            client = socket.create_connection(address)
+            if rank is None:
+                client.close()  # closed before its hello
+                continue
+            client.sendall(_HELLO.pack(rank, their_token))
+            clients.append(client)
+        socks = accept_ranks(listener, token, 3, timeout_s=10)
+        assert sorted(socks) == [1, 2]
+        for rank, sock in socks.items():  # each is the connection its rank opened
+            sock.sendall(struct.pack("!q", rank))
+        # clients: wrong token, rank 7, rank 2, rank 2 again, rank 1
+        assert [struct.unpack("!q", c.recv(8))[0] for c in (clients[2], clients[4])] == [2, 1]
+        for sock in [*socks.values(), *clients]:
+            sock.close()
+
+        lone = socket.create_connection(address)
+        lone.sendall(_HELLO.pack(1, token))
+        with pytest.raises(ValueError, match=r"torchrun ranks \[2\] did not connect"):
+            accept_ranks(listener, token, 3, timeout_s=0.5)
+        lone.close()
 
 
 def test_torchrun_command_connections_probe_a_silent_peer():

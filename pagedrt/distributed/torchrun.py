@@ -25,17 +25,21 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import logging
 import os
 import secrets
 import socket
 import struct
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 
 from pagedrt.distributed.group import TPGroup, init_tp_group, torchrun_env
 from pagedrt.distributed.sharding import check_devices
+
+logger = logging.getLogger("pagedrt.torchrun")
 
 _HELLO = struct.Struct("!q32s")  # rank, token
 _CONNECT_TIMEOUT_S = 120.0
@@ -107,29 +111,63 @@ def _connect_rank0(device: torch.device, world_size: int) -> tuple[TPGroup, list
     listener = socket.create_server(("", 0))
     port, token = listener.getsockname()[1], secrets.token_bytes(32)
     dist.broadcast_object_list([port, token], src=0, group=_control_group(device))
-    listener.settimeout(_CONNECT_TIMEOUT_S)
-    remotes = []
     try:
-        for _ in range(world_size - 1):
-            sock, _addr = listener.accept()
-            sock.settimeout(_CONNECT_TIMEOUT_S)
-            rank, their_token = _HELLO.unpack(_recv_exact(sock, _HELLO.size))
-            if not secrets.compare_digest(their_token, token):
-                sock.close()
-                raise ValueError("a connection to rank 0's command port sent a wrong token")
-            sock.settimeout(None)
-            _keep_alive(sock)
-            remotes.append(RemoteRank(rank, Connection(sock.detach())))
-    except TimeoutError:
-        raise ValueError(
-            f"only {len(remotes)} of the {world_size - 1} other torchrun ranks connected to "
-            f"rank 0 (port {port}) within {_CONNECT_TIMEOUT_S:.0f} s") from None
+        socks = accept_ranks(listener, token, world_size, _CONNECT_TIMEOUT_S)
     finally:
         listener.close()
-    remotes.sort(key=lambda r: r.rank)
+    remotes = [RemoteRank(rank, Connection(sock.detach())) for rank, sock in sorted(socks.items())]
     _rank0_peers = (tp, remotes)
     atexit.register(_close_peers)
     return tp, remotes
+
+
+def accept_ranks(listener: socket.socket, token: bytes, world_size: int,
+                 timeout_s: float) -> dict[int, socket.socket]:
+    """Rank 0: accept the connections of ranks 1..world_size-1 on `listener`, each proving
+    itself by its rank and `token` (`_HELLO`) within `timeout_s` in all; returns rank ->
+    socket (blocking, keepalive on). A connection that is not a rank's (a wrong token, a rank
+    out of range or twice, nothing sent within the time left or 10 s, or closed early) is
+    closed and logged, and the others still count.
+
+    Raises:
+        ValueError: not every rank connected within `timeout_s`; names those missing.
+    """
+    deadline = time.monotonic() + timeout_s
+    socks: dict[int, socket.socket] = {}
+    while len(socks) < world_size - 1:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        listener.settimeout(remaining)
+        try:
+            sock, addr = listener.accept()
+        except TimeoutError:
+            break
+        sock.settimeout(min(remaining, 10.0))
+        try:
+            rank, their_token = _HELLO.unpack(_recv_exact(sock, _HELLO.size))
+        except (OSError, ConnectionError) as e:  # (TimeoutError is an OSError)
+            logger.warning("rank 0's command port: a connection from %s sent no hello (%s)",
+                           addr, e)
+            sock.close()
+            continue
+        if not secrets.compare_digest(their_token, token) or not 0 < rank < world_size \
+                or rank in socks:
+            logger.warning("rank 0's command port: a connection from %s is not a rank's (a "
+                           "wrong token, or rank %d out of range or seen before)", addr, rank)
+            sock.close()
+            continue
+        sock.settimeout(None)
+        _keep_alive(sock)
+        socks[rank] = sock
+    if len(socks) < world_size - 1:
+        for sock in socks.values():
+            sock.close()
+        missing = sorted(set(range(1, world_size)) - set(socks))
+        raise ValueError(
+            f"torchrun ranks {missing} did not connect to rank 0 (port "
+            f"{listener.getsockname()[1]}) within {timeout_s:.0f} s")
+    return socks
 
 
 def _close_peers() -> None:
