@@ -407,16 +407,12 @@ def _interrupt_rank0(worker, value):
     return value
 
 
-def test_an_interrupted_gather_does_not_shift_the_later_answers(monkeypatch):
-    """A KeyboardInterrupt while rank 0 waits for the others' answers (Ctrl-C in a notebook;
-    LLM.generate aborts its requests and the engine stays usable) leaves the remote rank's
-    answer to come. The next command must get its own answers, not that one: every later
-    answer was one command late before answers carried their command's number. The remote
-    rank here is worker.serve in a thread, over a pipe."""
+def _executor_with_a_thread_rank():
+    """An Executor whose rank 0 is a stand-in object and whose rank 1 is worker.serve in a
+    thread, over a pipe; returns (executor, the thread)."""
     import threading
     from multiprocessing import Pipe
 
-    from pagedrt.distributed import executor as executor_module
     from pagedrt.distributed.executor import Executor, RemoteRank
     from pagedrt.distributed.group import TPGroup
     from pagedrt.distributed.worker import serve
@@ -425,7 +421,18 @@ def test_an_interrupted_gather_does_not_shift_the_later_answers(monkeypatch):
     remote = threading.Thread(target=serve, args=(theirs, TPGroup(1, 2), torch.device("cpu")),
                               daemon=True)
     remote.start()
-    executor = Executor(object(), [RemoteRank(1, ours)], tokenizer=None, model_path="")
+    return Executor(object(), [RemoteRank(1, ours)], tokenizer=None, model_path=""), remote
+
+
+def test_an_interrupted_gather_does_not_shift_the_later_answers(monkeypatch):
+    """A KeyboardInterrupt while rank 0 waits for the others' answers (Ctrl-C in a notebook;
+    LLM.generate aborts its requests and the engine stays usable) leaves the remote rank's
+    answer to come. The next command must get its own answers, not that one: every later
+    answer was one command late before answers carried their command's number. The remote
+    rank here is worker.serve in a thread, over a pipe."""
+    from pagedrt.distributed import executor as executor_module
+
+    executor, remote = _executor_with_a_thread_rank()
     real_wait = executor_module.wait
 
     def interrupted_wait(*args, **kwargs):
@@ -445,18 +452,9 @@ def test_an_interrupted_gather_does_not_shift_the_later_answers(monkeypatch):
 def test_an_interrupt_in_rank_0s_own_part_stops_the_workers():
     """Interrupted inside its own part (maybe inside a collective with the others), rank 0 is
     out of step with the other ranks: the executor stops them and says so afterwards."""
-    import threading
-    from multiprocessing import Pipe
+    from pagedrt.distributed.executor import ExecutorError
 
-    from pagedrt.distributed.executor import Executor, ExecutorError, RemoteRank
-    from pagedrt.distributed.group import TPGroup
-    from pagedrt.distributed.worker import serve
-
-    ours, theirs = Pipe()
-    remote = threading.Thread(target=serve, args=(theirs, TPGroup(1, 2), torch.device("cpu")),
-                              daemon=True)
-    remote.start()
-    executor = Executor(object(), [RemoteRank(1, ours)], tokenizer=None, model_path="")
+    executor, remote = _executor_with_a_thread_rank()
     with pytest.raises(KeyboardInterrupt):
         executor.collective_rpc(_interrupt_rank0, "call 1", timeout_s=10)
     remote.join(10)

@@ -129,8 +129,7 @@ class Executor:
         self._health = _Health()
         self._closed = False
         self._seq = 0  # the number of the last command sent; answers echo theirs
-        # answers read before they were gathered (by _poll_errors, or from a rank that a
-        # _gather did not ask): rank -> [(command number, answer)], oldest first
+        # answers _poll_errors read before their _gather: rank -> [(command number, answer)]
         self._early: dict[int, list] = {}
         processes = [r.process for r in remotes if r.process is not None]
         monitor = None
@@ -236,17 +235,10 @@ class Executor:
             logger.exception("tensor-parallel rank 0 (this process) failed")
             self._fail(f"rank 0: {type(e).__name__}: {e}", isinstance(e, ValueError), 0)
         except BaseException as e:  # KeyboardInterrupt: rank 0 may have left a collective
-            self._stop_interrupted(e)
+            with self._health.lock:
+                self._health.failed = True
+            self._stop_failed(f"rank 0 was interrupted ({type(e).__name__})")
             raise
-
-    def _stop_interrupted(self, e: BaseException) -> None:
-        """Stop every worker after rank 0's own part was interrupted (the ranks may be out of
-        step in a collective); later calls raise ExecutorError."""
-        with self._health.lock:
-            self._health.failed = True
-        self.dead = f"rank 0 was interrupted ({type(e).__name__})"
-        self._closed = True
-        self._finalizer()
 
     def _send(self, method, args: tuple, reply: int) -> None:
         self._seq += 1
@@ -276,13 +268,9 @@ class Executor:
                            "(PAGEDRT_WORKER_TIMEOUT_S)")
             for conn in wait(list(by_conn), timeout=min(remaining, 1.0)):
                 rank, seq, answer = self._receive(by_conn[conn])
-                if seq != self._seq:
-                    continue  # an interrupted gather's
-                if rank in pending:
+                if seq == self._seq and rank in pending:  # (else an interrupted gather's)
                     out[rank] = answer
                     pending.discard(rank)
-                else:
-                    self._early.setdefault(rank, []).append((seq, answer))
         return out
 
     def _poll_errors(self) -> None:
@@ -347,10 +335,15 @@ class Executor:
             reason, from_value_error = errors.get(dead_rank, (text, False))
         elif errors:
             reason, from_value_error = errors[min(errors)]
+        self._stop_failed(reason)
+        raise ExecutorError(f"tensor-parallel worker failed: {reason}", from_value_error)
+
+    def _stop_failed(self, reason: str) -> None:
+        """After a fault (`_health.failed` set): stop every worker at once; later calls raise
+        ExecutorError naming `reason`."""
         self.dead = reason
         self._closed = True
         self._finalizer()
-        raise ExecutorError(f"tensor-parallel worker failed: {reason}", from_value_error)
 
     def _queued_errors(self) -> dict[int, tuple[str, bool]]:
         """rank -> (text, is_value_error) of the error messages the remote ranks have sent."""

@@ -32,6 +32,7 @@ import socket
 import struct
 import sys
 import time
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -146,7 +147,7 @@ def accept_ranks(listener: socket.socket, token: bytes, world_size: int,
         sock.settimeout(min(remaining, 10.0))
         try:
             rank, their_token = _HELLO.unpack(_recv_exact(sock, _HELLO.size))
-        except (OSError, ConnectionError) as e:  # (TimeoutError is an OSError)
+        except OSError as e:  # (a time-out, or ConnectionError from _recv_exact)
             logger.warning("rank 0's command port: a connection from %s sent no hello (%s)",
                            addr, e)
             sock.close()
@@ -182,8 +183,8 @@ def _close_peers() -> None:
 
 def exit_if_rank0(status: int) -> int:
     """For a command's end on rank 0 of a torchrun job whose engine has formed its peers:
-    flush stdout and stderr, close the peers and the process group (`_close_peers`), then end
-    the process with `status` at once, skipping the interpreter's teardown, as the engine's
+    close the peers and the process group (`_close_peers`), then flush stdout and stderr and
+    end the process with `status` at once, skipping the interpreter's teardown, as the engine's
     worker processes do (`pagedrt.distributed.worker`). Left to the teardown, rank 0 sometimes
     aborted ("terminate called without an active exception", exit -6) after its output was
     complete, in two full test runs on a loaded 2-core machine
@@ -191,9 +192,15 @@ def exit_if_rank0(status: int) -> int:
     exit. Elsewhere (no peers formed: not torchrun, or another rank) returns `status`."""
     if _rank0_peers is None:
         return status
+    _close_peers()
+    exit_without_teardown(status)
+
+
+def exit_without_teardown(status: int) -> NoReturn:
+    """Flush stdout and stderr and end the process with `status` at once: no atexit hooks,
+    no interpreter teardown (which gloo's threads can abort or hang)."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    _close_peers()
     os._exit(status)
 
 

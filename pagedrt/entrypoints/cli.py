@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("RANK", "0") != "0" and "LOCAL_RANK" in os.environ:
         # started by torchrun, not as rank 0: a tensor-parallel worker of rank 0's engine,
         # whatever the command (pagedrt/distributed/torchrun.py)
-        from pagedrt.distributed.torchrun import device_option, run_worker
+        from pagedrt.distributed.torchrun import device_option, exit_without_teardown, run_worker
 
         logging.basicConfig(level=logging.WARNING)
         try:
@@ -157,11 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"pagedrt: error: {e}", file=sys.stderr)
             return 2
-        # its group is destroyed: end without the interpreter's teardown, as rank 0 does
-        # (`pagedrt.distributed.torchrun.exit_if_rank0`)
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        os._exit(status)
+        exit_without_teardown(status)  # its group is destroyed; as rank 0 ends (exit_if_rank0)
     if len(argv) >= 2 and argv[0] == "bench" and argv[1] in BENCHES:
         # each benchmark has its own options (and --help): hand it the rest of the line
         logging.basicConfig(level=logging.WARNING)
