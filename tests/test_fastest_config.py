@@ -17,7 +17,8 @@ CLOCK: list[float] = []  # device time the faked kernels "ran", per timed replay
 @pytest.fixture(params=[True, False], ids=["cold_l2", "warm"])
 def fake_timing(monkeypatch, request):
     """do_bench_cudagraph(fn) -> the times the kernels fn ran add to CLOCK; the L2 flush
-    takes 10 (cold timing on) or is not run; torch.cuda.synchronize a no-op."""
+    takes 10 and the PDL lead kernel 2 (cold timing on), or neither runs;
+    torch.cuda.synchronize a no-op."""
     def bench(fn, rep):
         CLOCK.clear()
         fn()
@@ -26,6 +27,7 @@ def fake_timing(monkeypatch, request):
     monkeypatch.setattr(triton.testing, "do_bench_cudagraph", bench)
     monkeypatch.setattr(triton_utils, "COLD_L2_TIMING", request.param)
     monkeypatch.setattr(triton_utils, "_l2_flusher", lambda: lambda: CLOCK.append(10.0))
+    monkeypatch.setattr(triton_utils, "_pdl_lead", lambda: lambda: CLOCK.append(2.0))
 
 
 def runs(ms: float):
@@ -53,8 +55,8 @@ def test_a_clear_win_only(fake_timing):
 
 
 def test_the_flush_time_is_not_counted(fake_timing):
-    """A 6% faster kernel wins with and without the flush before each call (with it, the
-    totals 11.0 and 10.94 differ by under 1%: the flush's own time must be subtracted)."""
+    """A 6% faster kernel wins with and without the flush and lead before each call (with
+    them, the totals 13.0 and 12.94 differ by under 1%: their own time must be subtracted)."""
     candidate = candidate_with({}, {"a": 0.94})
     assert triton_utils.fastest_config(runs(1.0), candidate, ["a"], rep=1) == "a"
 
@@ -68,3 +70,38 @@ def test_any_other_error_propagates(fake_timing, error):
     candidate = candidate_with({"broken": error}, {"fast": 0.5})
     with pytest.raises(type(error)):
         triton_utils.fastest_config(runs(1.0), candidate, ["fast", "broken"], rep=1)
+
+
+def test_each_timed_call_follows_the_flush_then_the_lead(monkeypatch):
+    """With cold timing, every timed replay runs the flush, then the PDL lead, then the
+    kernel (the lead must come last: the kernel's programs load their weights while it runs);
+    without a lead (PDL off) the flush alone."""
+    calls: list[str] = []
+    replays: list[list[str]] = []
+
+    def bench(fn, rep):
+        calls.clear()
+        fn()
+        replays.append(list(calls))
+        return 1.0
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", bench)
+    monkeypatch.setattr(triton_utils, "COLD_L2_TIMING", True)
+    monkeypatch.setattr(triton_utils, "_l2_flusher", lambda: lambda: calls.append("flush"))
+    for lead, before in ((lambda: calls.append("lead"), ["flush", "lead"]), (None, ["flush"])):
+        replays.clear()
+        monkeypatch.setattr(triton_utils, "_pdl_lead", lambda lead=lead: lead)
+        triton_utils.fastest_config(lambda: calls.append("base"),
+                                    lambda cfg: calls.append(cfg), ["a"], rep=1)
+        assert replays == [before, [*before, "base"], [*before, "a"]], replays
+
+
+def test_the_lead_kernel_runs_its_fmas():
+    """The lead kernel (run here by the interpreter, without PDL) computes what it is asked:
+    `iters` steps of x -> 0.999 x + 0.001 per program, stored back."""
+    x = torch.tensor([0.0, 1.0, 2.0], dtype=torch.float32)
+    expect = x.clone()
+    for _ in range(5):
+        expect = expect * 0.999 + 0.001
+    triton_utils._lead_kernel[(3,)](x, 5, PDL=False, num_warps=1)
+    torch.testing.assert_close(x, expect)

@@ -298,6 +298,38 @@ def launch_first_fitting(key: tuple, configs: list[dict], launch: Callable[[dict
 
 # PAGEDRT_COLD_L2_TIMING=0: time configs with warm caches, as before 2026-12-04
 COLD_L2_TIMING = os.environ.get("PAGEDRT_COLD_L2_TIMING", "1") != "0"
+# PAGEDRT_TIMING_LEAD=0: no PDL lead kernel before each timed call, as before 2026-12-04 21:00
+TIMING_LEAD = os.environ.get("PAGEDRT_TIMING_LEAD", "1") != "0"
+LEAD_ITERS = 600  # the lead kernel's dependent FMAs per program: about 2 us on an H200
+
+
+@triton.jit
+def _lead_kernel(x_ptr, iters, PDL: tl.constexpr):
+    """Waits for the kernel before it (PDL), lets the next one launch, then runs `iters`
+    dependent FMAs per program and stores the result (so that they are not optimized away)."""
+    pdl_prologue(PDL)
+    x = tl.load(x_ptr + tl.program_id(0))
+    for _ in range(iters):
+        x = x * 0.999 + 0.001
+    tl.store(x_ptr + tl.program_id(0), x)
+
+
+def _pdl_lead() -> Callable[[], None] | None:
+    """A function launching a short kernel (one one-warp program per SM, about 2 us) with
+    programmatic dependent launch, or None where PDL is off (`pdl_enabled`). In a decode step
+    each kernel's programs become resident while the kernel before it still runs and load
+    their first weights before their wait (`pdl_prologue`); a kernel timed right after the L2
+    flush, which does not launch dependents, gets none of that overlap. Timed after this
+    lead, a candidate gets it as in the step: a tile that loads more before its wait is not
+    undervalued (batch-1 gate/up on the H200: the tile timed slower alone was 3% faster per
+    decode step; BENCHMARKS.md, runs of 2026-12-04 20:40)."""
+    buf = torch.zeros(num_sms(torch.cuda.current_device()), dtype=torch.float32, device="cuda")
+    if not (TIMING_LEAD and pdl_enabled(buf)):
+        return None
+
+    def lead() -> None:
+        _lead_kernel[(buf.numel(),)](buf, LEAD_ITERS, num_warps=1, **pdl_launch(True))
+    return lead
 
 
 def _l2_flusher() -> Callable[[], torch.Tensor]:
@@ -318,10 +350,13 @@ def fastest_config(baseline, candidate, configs, rep: int) -> tuple | None:
     outside the capture, to compile it. A config the GPU cannot run is skipped. Used by the
     skinny matmul (gemv_triton.py) and the decode matmul (matmul_triton.py).
 
-    Each call is timed after an L2 flush (`_l2_flusher`), the flush's own time subtracted:
-    replayed back to back, a weight of up to tens of MB stays in the H200's 50 MB L2 and
-    reads at L2 latency, which favours tiles with few loads in flight that starve on HBM
-    (the engine's steps read every weight from HBM). PAGEDRT_COLD_L2_TIMING=0 times warm.
+    Each call is timed after an L2 flush (`_l2_flusher`) and a short PDL lead kernel
+    (`_pdl_lead`), their own time subtracted: replayed back to back, a weight of up to tens
+    of MB stays in the H200's 50 MB L2 and reads at L2 latency, which favours tiles with few
+    loads in flight that starve on HBM (the engine's steps read every weight from HBM); the
+    lead lets a kernel launched with PDL load its weights before its wait, as it does in a
+    step. PAGEDRT_COLD_L2_TIMING=0 times warm with neither; PAGEDRT_TIMING_LEAD=0 flushes
+    without the lead.
 
     Only OutOfResources (too much shared memory or too many registers for this GPU) skips a
     config; any other error, a compilation error above all, propagates: a kernel that does not
@@ -342,17 +377,22 @@ def fastest_config(baseline, candidate, configs, rep: int) -> tuple | None:
         return ms
 
     if COLD_L2_TIMING:
-        flush = _l2_flusher()
-        flush_ms = bench(flush)
+        flush, lead = _l2_flusher(), _pdl_lead()
+
+        def before() -> None:  # what runs before each timed call; its time is subtracted
+            flush()
+            if lead is not None:
+                lead()
+        before_ms = bench(before)
 
     def timed(fn) -> float:
         if not COLD_L2_TIMING:
             return bench(fn)
 
         def flushed():
-            flush()
+            before()
             return fn()
-        return bench(flushed) - flush_ms
+        return bench(flushed) - before_ms
 
     best, best_ms = None, timed(baseline)
     for cfg in configs:

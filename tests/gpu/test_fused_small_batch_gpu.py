@@ -136,3 +136,59 @@ def test_engine_tokens_with_rope_in_the_qkv_kernel(monkeypatch):
                       for n in (1, 4)]
         assert bool(forced_keys) == rope
     assert outs[True] == outs[False]
+
+
+@pytest.mark.parametrize("heads", [(14, 64, 896), (32, 128, 4096)], ids=["qwen2", "llama3"])
+@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize("splits", [2, 5, 16])
+def test_attn_combine_matches_the_reduce_in_bf16(m, heads, splits):
+    """The O projection with the split-K combine in its prologue against the reduce kernel
+    and the plain projection, at Qwen2-0.5B's and Llama-3-8B's heads, every candidate config
+    whose chunk fits (`combine_chunk_fits`)."""
+    from pagedrt.ops.attention_triton import reduce_partials
+    from pagedrt.ops.decode_partials import DecodePartials
+    from pagedrt.ops.gemv_triton import (
+        FUSED_ONE_ROW,
+        WIDE_K_CONFIGS,
+        combine_chunk_fits,
+        gemv_attn_combine_triton,
+    )
+
+    num_heads, head_dim, hidden = heads
+    g = torch.Generator(device="cuda").manual_seed(m * splits)
+    part_out = torch.randn(m, num_heads, splits, head_dim, device="cuda", generator=g)
+    part_lse = 4 * torch.randn(m, num_heads, splits, device="cuda", generator=g)
+    part_lse[0, 0, -1] = float("-inf")  # an empty partition
+    parts = DecodePartials(part_out, part_lse, splits, torch.bfloat16)
+    w = (torch.randn(hidden, num_heads * head_dim, device="cuda", generator=g)
+         * 0.02).to(torch.bfloat16)
+    want = reduce_partials(parts).flatten(1).float() @ w.float().T
+    tried = 0
+    for cfg in dict.fromkeys([*CONFIGS, *FUSED_ONE_ROW, *WIDE_K_CONFIGS]):
+        if combine_chunk_fits(cfg, num_heads * head_dim, splits):
+            got = gemv_attn_combine_triton(parts, w, None, cfg).float()
+            torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+            tried += 1
+    assert tried > 0
+
+
+def test_engine_tokens_with_the_combine_in_the_o_projection(monkeypatch):
+    """fp32 tiny model, contexts long enough to split the decode launch: greedy tokens with
+    the combine folded into the O projection (timed per shape, inside CUDA graphs) and
+    without, for 1 to 4 requests; the combine was timed for at least one shape."""
+    from pagedrt.ops import gemv_triton
+
+    loaded = build_tiny_llama(seed=0)
+    loaded = loaded._replace(model=loaded.model.to("cuda"))
+    prompts = [[t % 384 for t in range(3, 300)], list(range(100, 164)), [7],
+               [t % 384 for t in range(5, 700)]]  # the tiny model's vocabulary: 384
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    outs = {}
+    for combine in (True, False):
+        monkeypatch.setattr(layers, "ATTN_COMBINE_FUSION", combine)
+        llm = LLM(loaded, num_kv_blocks=256, block_size=16, max_model_len=1024)
+        outs[combine] = [[o.outputs[0].token_ids for o in llm.generate(prompts[:n], params,
+                                                                        use_tqdm=False)]
+                         for n in (1, 4)]
+    assert outs[True] == outs[False]
+    assert any(k[0] == "attn_combine" for k in gemv_triton._FUSED_CHOICE)
