@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import os
-import statistics
 from collections.abc import Callable
 
 import torch
@@ -301,7 +300,6 @@ def launch_first_fitting(key: tuple, configs: list[dict], launch: Callable[[dict
 COLD_L2_TIMING = os.environ.get("PAGEDRT_COLD_L2_TIMING", "1") != "0"
 # PAGEDRT_TIMING_LEAD=0: no PDL lead kernel before each timed call, as before 2026-12-04 21:00
 TIMING_LEAD = os.environ.get("PAGEDRT_TIMING_LEAD", "1") != "0"
-COLD_ROUNDS = 3  # rounds of (flush alone, flush + call) per timed call, the median kept
 LEAD_ITERS = 600  # the lead kernel's dependent FMAs per program: about 2 us on an H200
 
 
@@ -353,8 +351,7 @@ def fastest_config(baseline, candidate, configs, rep: int) -> tuple | None:
     skinny matmul (gemv_triton.py) and the decode matmul (matmul_triton.py).
 
     Each call is timed after an L2 flush (`_l2_flusher`) and a short PDL lead kernel
-    (`_pdl_lead`), their own time subtracted (measured right before, in each of COLD_ROUNDS
-    rounds of rep / COLD_ROUNDS ms; the median round counts): replayed back to back, a weight of up to tens
+    (`_pdl_lead`), their own time subtracted: replayed back to back, a weight of up to tens
     of MB stays in the H200's 50 MB L2 and reads at L2 latency, which favours tiles with few
     loads in flight that starve on HBM (the engine's steps read every weight from HBM); the
     lead lets a kernel launched with PDL load its weights before its wait, as it does in a
@@ -367,7 +364,7 @@ def fastest_config(baseline, candidate, configs, rep: int) -> tuple | None:
     went unseen that way: every candidate failed and the baseline won)."""
     from triton.testing import do_bench_cudagraph
 
-    def bench(fn, rep: float) -> float:
+    def bench(fn) -> float:
         # do_bench_cudagraph runs fn on a stream of its own, unordered with this one: nothing
         # may still run here then, since the split-K matmuls and the fused reduce count on
         # shared arrival counters (pagedrt/ops/matmul_triton.py), which two launches at once
@@ -386,22 +383,16 @@ def fastest_config(baseline, candidate, configs, rep: int) -> tuple | None:
             flush()
             if lead is not None:
                 lead()
+        before_ms = bench(before)
 
     def timed(fn) -> float:
         if not COLD_L2_TIMING:
-            return bench(fn, rep)
+            return bench(fn)
 
         def flushed():
             before()
             return fn()
-        def one_round() -> float:
-            alone = bench(before, rep / COLD_ROUNDS)
-            return bench(flushed, rep / COLD_ROUNDS) - alone
-        # the flush (about 30 us on an H200) takes several times a decode kernel's time, so a
-        # drift of 1% in it between the two measurements moves a 5 us kernel's estimate by
-        # about 6%, past the 5% a config must win by: each round times the flush alone right
-        # before the flushed call, and the median round counts
-        return statistics.median(one_round() for _ in range(COLD_ROUNDS))
+        return bench(flushed) - before_ms
 
     best, best_ms = None, timed(baseline)
     for cfg in configs:
