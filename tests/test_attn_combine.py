@@ -150,8 +150,8 @@ def test_tensor_parallel_keeps_the_reduce_and_the_projection(monkeypatch):
 @pytest.mark.parametrize("sampling", ["greedy", "mixed"])
 def test_decoder_with_the_combine_in_the_o_projection_gives_the_plain_tokens(
         tiny_model, monkeypatch, sampling):
-    """Decode steps of 1-4 rows over a split decode launch (3 partitions, forced) hand the
-    partials to the O projection, which combines them (fused, one config for every shape):
+    """With PAGEDRT_FUSED_ATTN_COMBINE=1, decode steps of 1-4 rows over a split decode launch
+    (3 partitions, forced) hand the partials to the O projection, which combines them (fused, one config for every shape):
     tokens and logprobs as the plain modules' with the reduce kernel, greedy and with seeded
     sampling."""
     from pagedrt.entrypoints.llm import LLM
@@ -167,6 +167,7 @@ def test_decoder_with_the_combine_in_the_o_projection_gives_the_plain_tokens(
                         lambda x, *w: x.dim() == 2 and x.shape[0] <= MAX_ROWS)
     monkeypatch.setattr(gemv_triton, "fused_or_unfused", always_fused)
     monkeypatch.setattr(attention_triton, "choose_num_splits", lambda *a, **k: 3)
+    monkeypatch.setattr(layers, "ATTN_COMBINE_FUSION", True)  # opt-in
     model = build_tiny_llama(seed=0)
     _perturbed_norms(model.model)
     prompts = [[5, 9, 200, 17], [1, 2, 3], [300, 301, 7, 8, 9, 10], [42]]
@@ -175,3 +176,18 @@ def test_decoder_with_the_combine_in_the_o_projection_gives_the_plain_tokens(
         params = _params(sampling, count, 8)
         _assert_fused_gives_the_plain_tokens(llm, prompts[:count], params, monkeypatch)
     assert "attn_combine" in calls
+
+
+def test_the_combine_is_opt_in():
+    """Off unless PAGEDRT_FUSED_ATTN_COMBINE=1 (unmeasured faster on the H200)."""
+    import subprocess
+    import sys
+
+    code = "from pagedrt.models import layers; print(layers.ATTN_COMBINE_FUSION)"
+    for env, want in ((None, "False"), ("0", "False"), ("1", "True")):
+        environ = {k: v for k, v in os.environ.items() if k != "PAGEDRT_FUSED_ATTN_COMBINE"}
+        if env is not None:
+            environ["PAGEDRT_FUSED_ATTN_COMBINE"] = env
+        out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        assert out == want, (env, out)

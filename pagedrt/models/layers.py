@@ -41,10 +41,14 @@ SMALL_BATCH_FUSION = os.environ.get("PAGEDRT_FUSED_SMALL_BATCH", "1") != "0"
 """With FUSED_OPS, also fold RMSNorm into the projection after it and SiLU-and-mul into the
 down projection for 1 to 4 CUDA rows (`pagedrt.ops.gemv_triton`), where timed faster than the
 unfused chain. `PAGEDRT_FUSED_SMALL_BATCH=0` (read at import) keeps the chain."""
-ATTN_COMBINE_FUSION = os.environ.get("PAGEDRT_FUSED_ATTN_COMBINE", "1") != "0"
-"""With SMALL_BATCH_FUSION, also fold the split-K decode attention's combine into the O
-projection (`RowParallelLinear.forward_partials`), where timed faster than the reduce kernel
-and the projection. `PAGEDRT_FUSED_ATTN_COMBINE=0` (read at import) keeps the reduce."""
+ATTN_COMBINE_FUSION = os.environ.get("PAGEDRT_FUSED_ATTN_COMBINE", "0") == "1"
+"""With SMALL_BATCH_FUSION and `PAGEDRT_FUSED_ATTN_COMBINE=1` (read at import; off by
+default), also fold the split-K decode attention's combine into the O projection
+(`RowParallelLinear.forward_partials`), where timed faster than the reduce kernel and the
+projection. Off until measured faster: in the H200 runs of 2026-12-04 (BENCHMARKS.md) the
+batch-1 decode graphs of Qwen2-0.5B split 64 ways (the split count follows the graph's
+max_model_len, not the context), where its tiles do not fit (`combine_chunk_fits`) and the
+timing kept the reduce."""
 
 
 def _use_fused(x: torch.Tensor) -> bool:

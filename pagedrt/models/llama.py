@@ -142,7 +142,7 @@ class LlamaAttention(nn.Module):
     def _combine_in_o(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
         """Whether a decode step of 1-4 CUDA rows may hand the attention's split-K partials
         to the O projection, which combines them in its prologue (`_o_proj_of`): the
-        small-batch fusions and PAGEDRT_FUSED_ATTN_COMBINE on, decode rows only, the Triton
+        small-batch fusions and PAGEDRT_FUSED_ATTN_COMBINE=1 (opt-in), decode rows only, the Triton
         backend, no tensor parallelism."""
         from pagedrt.models import layers
 

@@ -13,8 +13,10 @@ under capture, a shape not yet timed falls back to torch.
 The same kernel takes an optional prologue on its input, which removes a kernel launch and a
 round trip of the activations per fused op (issue 16: at batch 1 a decode step is ~10 small
 kernels per layer, and each launch costs more than its bytes): `gemv_rmsnorm_triton` folds
-RMSNorm (with the residual add) into the projection after it (QKV, gate/up), and
-`gemv_silu_mul_triton` folds SwiGLU's silu(gate) * up into the down projection. Both round
+RMSNorm (with the residual add) into the projection after it (QKV, gate/up),
+`gemv_silu_mul_triton` folds SwiGLU's silu(gate) * up into the down projection, and
+`gemv_attn_combine_triton` the split-K decode attention's combine into the O projection
+(opt-in). They round
 where the torch modules round, so they agree with the unfused chain up to the order of fp32
 sums; `fused_or_unfused` times them against that chain per shape, as `linear` does.
 docs/design.md ("Small-batch decode") has the layer picture.
