@@ -13,6 +13,7 @@ import msgspec
 import pytest
 import zmq
 
+from pagedrt.distributed.executor import ExecutorError
 from pagedrt.engine.llm_engine import LLMEngine
 from pagedrt.engine.sampler import TokenLogprobs
 from pagedrt.engine.validation import EngineLimits
@@ -132,10 +133,12 @@ class _StandInEngine:
     def has_unfinished_requests(self):
         return bool(self.requests)
 
+    first_step_error = RuntimeError("boom")
+
     def step(self):
         self.num_steps += 1
         if self.num_steps == 1:
-            raise RuntimeError("boom")
+            raise self.first_step_error
         for rid in list(self.requests):
             self.token_events.append(TokenEvent(rid, 0, 7, None, "length", None))
             del self.requests[rid]
@@ -146,9 +149,12 @@ class _StandInEngine:
 
 
 @pytest.fixture
-def stand_in_core(tmp_path):
-    """(engine, core thread, command socket, output socket, the test's end of the pipe)."""
+def stand_in_core(tmp_path, request):
+    """(engine, core thread, command socket, output socket, the test's end of the pipe); the
+    engine's first step raises `request.param` where the test is parametrized so."""
     engine = _StandInEngine()
+    if hasattr(request, "param"):
+        engine.first_step_error = request.param
     ours, theirs = mp.Pipe()
     core = EngineCore(engine, [theirs], f"ipc://{tmp_path}/in", [f"ipc://{tmp_path}/out"])
     ctx = zmq.Context()
@@ -193,8 +199,58 @@ def test_core_fails_only_the_guilty_request_and_keeps_serving(stand_in_core):
     assert not failures and thread.is_alive()
 
 
+@pytest.mark.parametrize("stand_in_core", [ExecutorError("worker 1 raised: CUDA error")],
+                         indirect=True)
+def test_a_worker_fault_fails_the_requests_and_says_so_on_the_pipe(stand_in_core):
+    """A step that raises ExecutorError (the tensor-parallel workers are gone) fails every
+    request in flight with 500, ends the loop, and then sends ("failed", that message) on the
+    liveness pipe: an API process that reads the pipe's end before the failures still answers
+    500 (EngineCoreClient._core_died)."""
+    _, thread, push, pull, ours = stand_in_core
+    push.send(pickle.dumps(Add(0, "a", [1], SamplingParams(max_tokens=1))))
+    _, failures = _receive_until(pull, lambda e, f: f)
+    assert [(f.request_id, f.status) for f in failures] == [("a", 500)]
+    assert "CUDA error" in failures[0].message
+    thread.join(10)
+    assert not thread.is_alive()
+    assert ours.poll(10)
+    assert ours.recv() == ("failed", failures[0].message)
+
+
 def test_core_exits_when_its_peer_is_gone(stand_in_core):
     _, thread, _, _, ours = stand_in_core
     ours.close()  # the API process (or the launcher) died
     thread.join(10)
     assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("notice,status,text", [
+    (("failed", "engine step failed: ExecutorError('worker 1 died')"), 500, "worker 1 died"),
+    (("stopping", "SIGTERM"), 503, "stopped on SIGTERM"),
+    (None, 503, "process died"),
+])
+def test_the_client_fails_its_requests_by_what_the_core_said(notice, status, text):
+    """The API process's side: the pipe's end (read before any failure message from the
+    outputs socket) fails every request in flight with the core's fault (500) where it sent
+    one, else 503; `alive` turns False and on_death runs once."""
+    import asyncio
+
+    from pagedrt.entrypoints.core_client import EngineCoreClient, RequestRun, RequestState
+
+    async def scenario():
+        ours, theirs = mp.Pipe()
+        client = EngineCoreClient(ours, None, "", "", 0)
+        deaths = []
+        client.on_death = lambda: deaths.append(1)
+        runs = [RequestRun(), RequestRun()]
+        for i, run in enumerate(runs):
+            client.states[f"r{i}"] = RequestState(f"r{i}", [1], 1, run, time.monotonic())
+        if notice is not None:
+            theirs.send(notice)
+        theirs.close()
+        while client.alive:
+            client._on_pipe()
+        assert deaths == [1] and not client.states
+        for run in runs:
+            assert run.wake.is_set() and run.error_status == status and text in run.error
+    asyncio.run(scenario())

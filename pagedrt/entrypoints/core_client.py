@@ -115,6 +115,7 @@ class EngineCoreClient:
         self.num_finished: dict[str, int] = {}  # finish reason -> samples
         self.alive = True
         self.stopping: str | None = None  # the signal the core said it is stopping on
+        self.failed: str | None = None  # the fault the core said it stopped on
         self.on_death: Callable[[], None] | None = None
         self._tasks: list[asyncio.Task] = []
 
@@ -245,17 +246,28 @@ class EngineCoreClient:
         if isinstance(message, tuple) and message[:1] == ("stopping",):
             self.stopping = str(message[1])  # the end of file follows
             return
+        if isinstance(message, tuple) and message[:1] == ("failed",):
+            self.failed = str(message[1])  # the end of file follows
+            return
         logger.warning("unexpected message from the engine core: %r", message)
 
     def _core_died(self) -> None:
-        """The core's pipe ended: fail every request in flight (503). A core that said it is
-        stopping on a signal (a supervisor's stop of the whole process group) is logged as
-        such, at INFO with nothing in flight; any other end is a crash (ERROR)."""
+        """The core's pipe ended: fail every request in flight. A core that stopped on a fault
+        it sent ("failed": a tensor-parallel worker died or raised) fails them with that fault
+        (500, as its own failure messages would have, had they been read first); otherwise
+        503. A core that said it is stopping on a signal (a supervisor's stop of the whole
+        process group) is logged as such, at INFO with nothing in flight; any other end is a
+        crash (ERROR)."""
         if not self.alive:
             return
         self.alive = False
         asyncio.get_running_loop().remove_reader(self.conn.fileno())
-        if self.stopping is None:
+        status = 503
+        if self.failed is not None:
+            status, reason = 500, self.failed
+            logger.error("the engine core stopped after a fault (%s); failing %d requests",
+                         reason, len(self.states))
+        elif self.stopping is None:
             reason = "the engine core process died"
             logger.error("%s; failing %d requests", reason, len(self.states))
         else:
@@ -263,7 +275,7 @@ class EngineCoreClient:
             logger.log(logging.WARNING if self.states else logging.INFO,
                        "%s; failing %d requests", reason, len(self.states))
         for state in self.states.values():
-            state.run.fail(503, f"{reason}; the server is shutting down")
+            state.run.fail(status, f"{reason}; the server is shutting down")
         self.states.clear()
         if self.on_death is not None:
             self.on_death()

@@ -22,7 +22,8 @@ API process; the core only detokenizes requests with stop strings (it must find 
 Faults: a ValueError from `add` fails that request only (400); an exception in a step fails
 the requests in flight (500), which are aborted, and the loop goes on, unless it is an
 `ExecutorError` (a tensor-parallel worker died or raised: the workers are gone), after which the
-failures are sent and the process exits with status 1. The process exits when any liveness pipe
+failures are sent, then a ("failed", message) notice on every liveness pipe, and the process
+exits with status 1. The process exits when any liveness pipe
 closes (a parent or API process died) or a Shutdown command arrives; on SIGTERM it first sends
 a ("stopping", "SIGTERM") notice on every pipe (SIGINT it ignores: the launcher decides). See
 docs/design.md for the whole process layout.
@@ -247,7 +248,9 @@ class EngineCore:
         self.failures: list[list[Failure]] = [[] for _ in self.outputs]
         self._last_stats_time = 0.0
         self._stopping = False
-        self.fatal: str | None = None  # why the loop stopped after a fault it cannot outlive
+        # why the loop stopped after a fault it cannot outlive (the message each request in
+        # flight was failed with); also sent as ("failed", fatal) on every liveness pipe
+        self.fatal: str | None = None
         # seconds spent per part of the loop, and steps run: logged when the loop ends
         self.loop_time_s = {"poll": 0.0, "commands": 0.0, "step": 0.0, "publish": 0.0}
         self.num_steps = 0
@@ -316,6 +319,13 @@ class EngineCore:
             for sock in self.outputs:  # after a fault, the failures just sent must get out
                 sock.close(linger=1000 if self.fatal is not None else 0)
             self.zmq_context.term()
+            if self.fatal is not None:
+                # the API processes read this pipe and the outputs in whichever order they
+                # become readable; with this notice, one that sees the pipe end before the
+                # failures still fails its requests with the fault (500), not as a crash (503)
+                for conn in self.conns:
+                    with contextlib.suppress(OSError, ValueError):
+                        conn.send(("failed", self.fatal))
 
     def _apply(self, command) -> None:
         engine = self.engine
@@ -358,7 +368,7 @@ class EngineCore:
                 self.failures[client].append(Failure(rid, 500, f"engine step failed: {e!r}"))
             self.client_of.clear()
             if isinstance(e, ExecutorError):  # the model's workers are gone: so is the core
-                self.fatal = str(e)
+                self.fatal = f"engine step failed: {e!r}"  # what each request was failed with
                 self._stopping = True
 
     def _publish(self, with_stats: bool) -> None:

@@ -16,8 +16,9 @@ holds text back while it could still become a stop string or while it ends insid
 character, so the concatenated stream is the non-streamed text. A client that goes away
 (streaming or not) has its requests aborted.
 
-Faults: if the engine core dies, every open request ends at once with a 503 (an error event,
-then `[DONE]`, on a stream), `/health` and new requests answer 503, and the process exits with
+Faults: if the engine core dies, every open request ends at once with a 503 (500 with the
+fault where the core said it stopped on a worker's fault; an error event, then `[DONE]`, on a
+stream), `/health` and new requests answer 503, and the process exits with
 status 1 `DEAD_CORE_EXIT_DELAY_S` later (the launcher then exits non-zero: restarting is left to
 the supervisor that started the server). SIGTERM stops admission (503), gives open requests
 `--shutdown-timeout` seconds to finish, fails the rest with an error, and exits.
