@@ -105,3 +105,9 @@ def test_the_lead_kernel_runs_its_fmas():
         expect = expect * 0.999 + 0.001
     triton_utils._lead_kernel[(3,)](x, 5, PDL=False, num_warps=1)
     torch.testing.assert_close(x, expect)
+
+
+def test_the_lead_is_opt_in(monkeypatch):
+    """Without PAGEDRT_TIMING_LEAD=1 there is no lead kernel (and nothing touches CUDA)."""
+    monkeypatch.setattr(triton_utils, "TIMING_LEAD", False)
+    assert triton_utils._pdl_lead() is None

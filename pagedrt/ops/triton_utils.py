@@ -298,8 +298,9 @@ def launch_first_fitting(key: tuple, configs: list[dict], launch: Callable[[dict
 
 # PAGEDRT_COLD_L2_TIMING=0: time configs with warm caches, as before 2026-12-04
 COLD_L2_TIMING = os.environ.get("PAGEDRT_COLD_L2_TIMING", "1") != "0"
-# PAGEDRT_TIMING_LEAD=0: no PDL lead kernel before each timed call, as before 2026-12-04 21:00
-TIMING_LEAD = os.environ.get("PAGEDRT_TIMING_LEAD", "1") != "0"
+# PAGEDRT_TIMING_LEAD=1: a PDL lead kernel before each timed call (`_pdl_lead`); off by
+# default until measured across batch sizes (BENCHMARKS.md, runs of 2026-12-04 20:40)
+TIMING_LEAD = os.environ.get("PAGEDRT_TIMING_LEAD", "0") == "1"
 LEAD_ITERS = 600  # the lead kernel's dependent FMAs per program: about 2 us on an H200
 
 
@@ -316,15 +317,18 @@ def _lead_kernel(x_ptr, iters, PDL: tl.constexpr):
 
 def _pdl_lead() -> Callable[[], None] | None:
     """A function launching a short kernel (one one-warp program per SM, about 2 us) with
-    programmatic dependent launch, or None where PDL is off (`pdl_enabled`). In a decode step
-    each kernel's programs become resident while the kernel before it still runs and load
-    their first weights before their wait (`pdl_prologue`); a kernel timed right after the L2
-    flush, which does not launch dependents, gets none of that overlap. Timed after this
-    lead, a candidate gets it as in the step: a tile that loads more before its wait is not
-    undervalued (batch-1 gate/up on the H200: the tile timed slower alone was 3% faster per
-    decode step; BENCHMARKS.md, runs of 2026-12-04 20:40)."""
+    programmatic dependent launch, or None unless PAGEDRT_TIMING_LEAD=1 (`TIMING_LEAD`) and
+    PDL is on (`pdl_enabled`). In a decode step each kernel's programs become resident while
+    the kernel before it still runs and load their first weights before their wait
+    (`pdl_prologue`); a kernel timed right after the L2 flush, which launches no dependents,
+    gets none of that head start. After this lead a candidate gets it as in a step. The
+    motivation: the batch-1 gate/up tile the timing picked without it was 3% slower per decode
+    step than one it passed over (BENCHMARKS.md, runs of 2026-12-04 20:40); that the lead
+    picks better tiles is not yet shown, hence off by default."""
+    if not TIMING_LEAD:
+        return None
     buf = torch.zeros(num_sms(torch.cuda.current_device()), dtype=torch.float32, device="cuda")
-    if not (TIMING_LEAD and pdl_enabled(buf)):
+    if not pdl_enabled(buf):
         return None
 
     def lead() -> None:
@@ -355,8 +359,8 @@ def fastest_config(baseline, candidate, configs, rep: int) -> tuple | None:
     of MB stays in the H200's 50 MB L2 and reads at L2 latency, which favours tiles with few
     loads in flight that starve on HBM (the engine's steps read every weight from HBM); the
     lead lets a kernel launched with PDL load its weights before its wait, as it does in a
-    step. PAGEDRT_COLD_L2_TIMING=0 times warm with neither; PAGEDRT_TIMING_LEAD=0 flushes
-    without the lead.
+    step (with PAGEDRT_TIMING_LEAD=1; off by default). PAGEDRT_COLD_L2_TIMING=0 times warm
+    with neither.
 
     Only OutOfResources (too much shared memory or too many registers for this GPU) skips a
     config; any other error, a compilation error above all, propagates: a kernel that does not
