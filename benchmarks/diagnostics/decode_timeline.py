@@ -78,22 +78,29 @@ def main() -> None:
               max_model_len=args.context + 4 * args.steps + 64)
     engine = llm.llm_engine
 
-    def run(seed: int, steps: int, prof=None) -> None:
+    def run(seed: int, steps: int, prof=None) -> int:
+        """Prefill `args.batch` requests, then decode; the decode steps taken after the first
+        (the ones `prof` sees, when given)."""
         g = torch.Generator().manual_seed(seed)
         params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=steps + 2)
         for i in range(args.batch):
             engine.add_request(f"r{seed}-{i}", torch.randint(
                 0, 10000, (args.context,), generator=g).tolist(), params, stream=False)
+        # every prefill (a large batch's prompts take several steps), then the first decode
+        while any(r.num_output_tokens < 1 for r in engine.requests.values()):
+            engine.step()
         engine.step()
-        engine.step()  # prefill, then the first decode
         torch.cuda.synchronize()
         if prof is not None:
             prof.start()
+        taken = 0
         while engine.has_unfinished_requests():
             engine.step()
+            taken += 1
         torch.cuda.synchronize()
         if prof is not None:
             prof.stop()
+        return taken
 
     run(1, 16)  # compiles, start-up timing, graphs
     import time
@@ -113,11 +120,10 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CUDA])
-    run(2, args.steps, prof)
+    steps = run(2, args.steps, prof)
     spans = kernel_intervals(prof)
     layers = get_preset("qwen2-0.5b").num_hidden_layers
-    by_name, span = exposed_times(spans, args.steps, layers)
-    steps = args.steps
+    by_name, span = exposed_times(spans, steps, layers)
     rows = sorted(by_name.items(), key=lambda kv: -(kv[1][2] + kv[1][3]))
     print(f"batch {args.batch} ctx {args.context}: {steps} decode steps, span "
           f"{span / steps:.1f} us/step, {len(spans) / steps:.1f} kernels/step")

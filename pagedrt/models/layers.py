@@ -41,14 +41,6 @@ SMALL_BATCH_FUSION = os.environ.get("PAGEDRT_FUSED_SMALL_BATCH", "1") != "0"
 """With FUSED_OPS, also fold RMSNorm into the projection after it and SiLU-and-mul into the
 down projection for 1 to 4 CUDA rows (`pagedrt.ops.gemv_triton`), where timed faster than the
 unfused chain. `PAGEDRT_FUSED_SMALL_BATCH=0` (read at import) keeps the chain."""
-ATTN_COMBINE_FUSION = os.environ.get("PAGEDRT_FUSED_ATTN_COMBINE", "0") == "1"
-"""With SMALL_BATCH_FUSION and `PAGEDRT_FUSED_ATTN_COMBINE=1` (read at import; off by
-default), also fold the split-K decode attention's combine into the O projection
-(`RowParallelLinear.forward_partials`), where timed faster than the reduce kernel and the
-projection. Off until measured faster: in the H200 runs of 2026-12-04 (BENCHMARKS.md) the
-batch-1 decode graphs of Qwen2-0.5B split 64 ways (the split count follows the graph's
-max_model_len, not the context), where its tiles do not fit (`combine_chunk_fits`) and the
-timing kept the reduce."""
 
 
 def _use_fused(x: torch.Tensor) -> bool:
@@ -406,35 +398,6 @@ class RowParallelLinear(LinearBase):
                x.device.index)
         return fused_or_unfused(key, lambda: self(act(x)), fused, self.weight, x.shape[0],
                                 bias is not None)
-
-    def forward_partials(self, partials) -> torch.Tensor:
-        """`self(out)` for the decode attention's output `out` [M, heads * head_dim] held
-        split in `partials` (`pagedrt.ops.decode_partials.DecodePartials`, 1 to 4 rows on
-        CUDA): one kernel combines the partitions in its prologue and projects
-        (`gemv_attn_combine_triton`), or the reduce kernel and then this layer, whichever
-        was timed faster (`fused_or_unfused`). Under tensor parallelism the chain, as
-        `forward_silu_mul`."""
-        from pagedrt.ops.attention_triton import reduce_partials
-        from pagedrt.ops.gemv_triton import (
-            combine_chunk_fits,
-            fused_or_unfused,
-            gemv_attn_combine_triton,
-        )
-
-        def unfused():
-            return self(reduce_partials(partials).flatten(1))
-        if self.tp_size > 1:
-            return unfused()
-        rows, k = partials.part_out.shape[0], self.weight.shape[1]
-
-        def fused(cfg):
-            return gemv_attn_combine_triton(partials, self.weight, self.bias, cfg)
-
-        key = ("attn_combine", tuple(self.weight.shape), rows, self.weight.dtype,
-               self.bias is not None, partials.num_splits, self.weight.device.index)
-        return fused_or_unfused(
-            key, unfused, fused, self.weight, rows, self.bias is not None,
-            keep=lambda cfg: combine_chunk_fits(cfg, k, partials.num_splits))
 
     def forward_add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
                          ) -> tuple[torch.Tensor, torch.Tensor]:

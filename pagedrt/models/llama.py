@@ -31,7 +31,6 @@ from pagedrt.models.layers import (
     fused_norm_rows,
 )
 from pagedrt.ops.attention import AttentionMetadata, KVCacheLayer, paged_attention, uses_triton
-from pagedrt.ops.decode_partials import DecodePartials
 
 # Hugging Face projection name -> (our fused parameter, shard id)
 _STACKED_PARAMS = {
@@ -103,12 +102,10 @@ class LlamaAttention(nn.Module):
         `attention_of_normed`."""
         if self._rope_fusion(norm, x, kv_cache, meta):
             qkv, residual = self._qkv_rope(norm, positions, x, residual, kv_cache, meta)
-            return self._o_proj_of(self.attention(
-                positions, qkv, kv_cache, meta, True, self._combine_in_o(x, meta))), residual
+            return self.o_proj(self.attention(positions, qkv, kv_cache, meta, True)), residual
         if x.shape[0] <= 4:  # the norm in the QKV kernel, where timed faster
             qkv, residual = norm.forward_linear(x, residual, self.qkv_proj)
-            return self._o_proj_of(self.attention(
-                positions, qkv, kv_cache, meta, partials=self._combine_in_o(x, meta))), residual
+            return self.o_proj(self.attention(positions, qkv, kv_cache, meta)), residual
         h, residual = norm.forward_pair(x, residual)
         return self.o_proj(self.attention_of_normed(positions, h, kv_cache, meta)), residual
 
@@ -138,25 +135,6 @@ class LlamaAttention(nn.Module):
                                        meta.slot_mapping, self.num_heads, self.num_kv_heads,
                                        plain)
         return self.attention(positions, qkv, kv_cache, meta, rotated)
-
-    def _combine_in_o(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
-        """Whether a decode step of 1-4 CUDA rows may hand the attention's split-K partials
-        to the O projection, which combines them in its prologue (`_o_proj_of`): the
-        small-batch fusions and PAGEDRT_FUSED_ATTN_COMBINE=1 (opt-in), decode rows only, the Triton
-        backend, no tensor parallelism."""
-        from pagedrt.models import layers
-
-        return (layers.ATTN_COMBINE_FUSION and meta.is_decode_only
-                and meta.query_seq_lens is None and self.o_proj.tp_size == 1
-                and layers._small_batch_fusion(x, self.o_proj.weight)
-                and uses_triton(meta.backend, x))
-
-    def _o_proj_of(self, attn: torch.Tensor | DecodePartials) -> torch.Tensor:
-        """The O projection of the attention's output, given whole [T, heads * head_dim] or
-        as split-K partials (`RowParallelLinear.forward_partials`)."""
-        if isinstance(attn, DecodePartials):
-            return self.o_proj.forward_partials(attn)
-        return self.o_proj(attn)
 
     def _rope_fusion(self, norm: RMSNorm, x: torch.Tensor, kv_cache, meta) -> bool:
         """Whether `_qkv_rope` may run: 1-4 CUDA rows of the small-batch kernels and
@@ -219,13 +197,11 @@ class LlamaAttention(nn.Module):
         kv_cache: KVCacheLayer | tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         rotated: bool = False,
-        partials: bool = False,
-    ) -> torch.Tensor | DecodePartials:  # [T, num_heads * head_dim]
+    ) -> torch.Tensor:  # [T, num_heads * head_dim]
         """The attention after the QKV projection and before the O projection (the decoder
         layer may fuse the projections with the norms around them): RoPE, the K/V write and
         paged attention; with `rotated`, q and k in qkv are rotated and K/V written already
-        (`_qkv_rope`); with `partials` (`_combine_in_o`), a split decode launch's partials
-        uncombined, for `_o_proj_of`."""
+        (`_qkv_rope`)."""
         q, k, v = self._heads(qkv)
         if self.q_norm is not None:  # per head: rows of [T * heads, head_dim]
             q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
@@ -239,8 +215,8 @@ class LlamaAttention(nn.Module):
             q, k = self.rotary_emb(positions, q, k)
         out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale,
                               kv_written, self.sliding_window, k_scales,
-                              v_scales, partials)  # [T, heads, d]
-        return out if isinstance(out, DecodePartials) else out.flatten(1)
+                              v_scales)  # [T, heads, d]
+        return out.flatten(1)
 
 
 class LlamaMLP(nn.Module):

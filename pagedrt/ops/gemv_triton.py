@@ -13,10 +13,8 @@ under capture, a shape not yet timed falls back to torch.
 The same kernel takes an optional prologue on its input, which removes a kernel launch and a
 round trip of the activations per fused op (issue 16: at batch 1 a decode step is ~10 small
 kernels per layer, and each launch costs more than its bytes): `gemv_rmsnorm_triton` folds
-RMSNorm (with the residual add) into the projection after it (QKV, gate/up),
-`gemv_silu_mul_triton` folds SwiGLU's silu(gate) * up into the down projection, and
-`gemv_attn_combine_triton` the split-K decode attention's combine into the O projection
-(opt-in). They round
+RMSNorm (with the residual add) into the projection after it (QKV, gate/up), and
+`gemv_silu_mul_triton` folds SwiGLU's silu(gate) * up into the down projection. Both round
 where the torch modules round, so they agree with the unfused chain up to the order of fp32
 sums; `fused_or_unfused` times them against that chain per shape, as `linear` does.
 docs/design.md ("Small-batch decode") has the layer picture.
@@ -31,7 +29,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from pagedrt.ops.decode_partials import DecodePartials
 from pagedrt.ops.triton_utils import (
     device_sms,
     fastest_config,
@@ -68,43 +65,11 @@ def candidate_configs(n: int, sms: int) -> list[tuple[int, int, int]]:
 
 
 @triton.jit
-def _combined_chunk(part_ptr, lse_ptr, row, stride_pm, stride_lm, offs_k, mask_k, num_splits,
-                    out_dtype: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr):
-    """Row `row` of the decode attention's output at columns offs_k (column c = head
-    c // HEAD_DIM, dim c % HEAD_DIM), fp32, from its split-K partials: part_ptr
-    [M, heads, num_splits, HEAD_DIM] fp32 (row stride stride_pm), lse_ptr [M, heads,
-    num_splits] fp32 log2-domain log-sum-exps, -inf for an empty partition (row stride
-    stride_lm). The combine of `attention_triton._combine_partials` (weights exp2(lse - max
-    lse) over their sum), per column instead of per head, rounded to out_dtype as the reduce
-    kernel stores it."""
-    offs_s = tl.arange(0, SPLITS_PAD)
-    head = offs_k // HEAD_DIM
-    mask = (offs_s < num_splits)[:, None] & mask_k[None, :]  # [SPLITS_PAD, BLOCK_K]
-    idx = head[None, :] * num_splits + offs_s[:, None]
-    lse = tl.load(lse_ptr + row * stride_lm + idx, mask=mask, other=float("-inf"))
-    part = tl.load(part_ptr + row * stride_pm + idx * HEAD_DIM + (offs_k % HEAD_DIM)[None, :],
-                   mask=mask, other=0.0)
-    valid = lse > float("-inf")
-    lse_max = tl.max(lse, 0)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # a masked column
-    weight = tl.where(valid, tl.exp2(tl.where(valid, lse - lse_max[None, :], 0.0)), 0.0)
-    total = tl.sum(weight, 0)
-    out = tl.sum(part * weight, 0) / tl.where(total > 0, total, 1.0)
-    return out.to(out_dtype).to(tl.float32)
-
-
-@triton.jit
 def _input_chunk(x_ptr, r_ptr, nw_ptr, row, stride_xm, stride_rm, offs_k, mask_k, rstd, half,
-                 PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, num_splits=1,
-                 HEAD_DIM: tl.constexpr = 1, SPLITS_PAD: tl.constexpr = 1):
+                 PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
     """Row `row` of the matmul's input at columns offs_k, fp32, after the prologue, rounded
-    where the unfused torch modules round (pagedrt/ops/fused_triton.py's rules). PROLOGUE 3:
-    x_ptr holds the attention's split-K partials and r_ptr their log-sum-exps
-    (`_combined_chunk`), nw_ptr any tensor of the output dtype (the weight)."""
+    where the unfused torch modules round (pagedrt/ops/fused_triton.py's rules)."""
     dt = x_ptr.dtype.element_ty
-    if PROLOGUE == 3:
-        return _combined_chunk(x_ptr, r_ptr, row, stride_xm, stride_rm, offs_k, mask_k,
-                               num_splits, nw_ptr.dtype.element_ty, HEAD_DIM, SPLITS_PAD)
     if PROLOGUE == 2:  # silu(gate) * up of x = [gate | up]
         gate = tl.load(x_ptr + row * stride_xm + offs_k, mask=mask_k, other=0.0).to(tl.float32)
         up = tl.load(x_ptr + row * stride_xm + half + offs_k, mask=mask_k,
@@ -154,15 +119,14 @@ def _rows_rstd(x_ptr, r_ptr, new_r_ptr, stride_xm, stride_rm, K, eps, write_resi
 @triton.jit
 def _rows_products(acc, w, x_ptr, r_ptr, nw_ptr, stride_xm, stride_rm, offs_k, mask_k, rstd_m,
                    K, offs_m, M: tl.constexpr, PROLOGUE: tl.constexpr,
-                   HAS_RESIDUAL: tl.constexpr, num_splits, HEAD_DIM: tl.constexpr,
-                   SPLITS_PAD: tl.constexpr):
+                   HAS_RESIDUAL: tl.constexpr):
     """acc [M_PAD, BLOCK_N] plus each of the M rows' input at columns offs_k (after the
     prologue, 1/rms from rstd_m [M_PAD]) times the weight columns w [BLOCK_N, len(offs_k)]
     fp32."""
     for m in tl.static_range(M):
         rstd = tl.sum(tl.where(offs_m == m, rstd_m, 0.0), axis=0)
         x = _input_chunk(x_ptr, r_ptr, nw_ptr, m, stride_xm, stride_rm, offs_k, mask_k, rstd,
-                         K, PROLOGUE, HAS_RESIDUAL, num_splits, HEAD_DIM, SPLITS_PAD)
+                         K, PROLOGUE, HAS_RESIDUAL)
         part = tl.sum(w * x[None, :], axis=1)  # [BLOCK_N]
         acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
     return acc
@@ -170,27 +134,23 @@ def _rows_products(acc, w, x_ptr, r_ptr, nw_ptr, stride_xm, stride_rm, offs_k, m
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr,  # [M, K] (PROLOGUE 2: [M, 2K], gate | up; 3: partials [M, heads, splits, HEAD_DIM])
+    x_ptr,  # [M, K] (PROLOGUE 2: [M, 2K], gate | up)
     w_ptr,  # [N, K], K contiguous
     b_ptr,  # [N], read only when HAS_BIAS
     y_ptr,  # [M, N] contiguous
-    r_ptr,  # PROLOGUE 1 with HAS_RESIDUAL: residual [M, K]; 3: lse [M, heads, splits] fp32
-    nw_ptr,  # PROLOGUE 1: the RMSNorm weight [K]; 3: the weight (its dtype rounds the input)
+    r_ptr,  # PROLOGUE 1 with HAS_RESIDUAL: residual [M, K]
+    nw_ptr,  # PROLOGUE 1: the RMSNorm weight [K]
     new_r_ptr,  # PROLOGUE 1 with HAS_RESIDUAL: x + residual [M, K] contiguous, program 0 writes
     N, K,
     stride_xm, stride_wn, stride_rm,
     eps,
-    num_splits,  # PROLOGUE 3: the attention's split-K partitions
     M: tl.constexpr,
     M_PAD: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    PROLOGUE: tl.constexpr = 0,  # 0 none, 1 RMSNorm (+ residual add), 2 silu(gate) * up,
-    # 3 the decode attention's split-K combine (`_combined_chunk`)
+    PROLOGUE: tl.constexpr = 0,  # 0 none, 1 RMSNorm (+ residual add), 2 silu(gate) * up
     HAS_RESIDUAL: tl.constexpr = False,
-    HEAD_DIM: tl.constexpr = 1,  # PROLOGUE 3: the attention's head_dim
-    SPLITS_PAD: tl.constexpr = 1,  # PROLOGUE 3: num_splits rounded up to a power of two
     RSTD_BLOCK: tl.constexpr = 16,  # PROLOGUE 1: `rstd_block(K)`
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_enabled)
     PRE_K: tl.constexpr = 0,  # W's first PRE_K columns loaded before the PDL wait (`pre_wait_columns`)
@@ -218,8 +178,7 @@ def _gemv_kernel(
         acc1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
         if PRE_K > 0:
             x_pre = _input_chunk(x_ptr, r_ptr, nw_ptr, 0, stride_xm, stride_rm, offs_pre,
-                                 mask_pre, rstd0, K, PROLOGUE, HAS_RESIDUAL, num_splits,
-                                 HEAD_DIM, SPLITS_PAD)
+                                 mask_pre, rstd0, K, PROLOGUE, HAS_RESIDUAL)
             acc1 = tl.sum(w_pre.to(tl.float32) * x_pre[None, :], axis=1)
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         for k0 in range(PRE_K, K, BLOCK_K):
@@ -228,8 +187,7 @@ def _gemv_kernel(
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
                         other=0.0)
             x = _input_chunk(x_ptr, r_ptr, nw_ptr, 0, stride_xm, stride_rm, offs_k, mask_k,
-                             rstd0, K, PROLOGUE, HAS_RESIDUAL, num_splits, HEAD_DIM,
-                             SPLITS_PAD)
+                             rstd0, K, PROLOGUE, HAS_RESIDUAL)
             acc2 += w.to(tl.float32) * x[None, :]
         acc1 += tl.sum(acc2, axis=1)  # [BLOCK_N]
         if HAS_BIAS:
@@ -240,15 +198,14 @@ def _gemv_kernel(
         if PRE_K > 0:
             acc = _rows_products(acc, w_pre.to(tl.float32), x_ptr, r_ptr, nw_ptr, stride_xm,
                                  stride_rm, offs_pre, mask_pre, rstd_m, K, offs_m, M, PROLOGUE,
-                                 HAS_RESIDUAL, num_splits, HEAD_DIM, SPLITS_PAD)
+                                 HAS_RESIDUAL)
         for k0 in range(PRE_K, K, BLOCK_K):
             offs_k = k0 + offs_k0
             mask_k = offs_k < K
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :],
                         other=0.0).to(tl.float32)
             acc = _rows_products(acc, w, x_ptr, r_ptr, nw_ptr, stride_xm, stride_rm, offs_k,
-                                 mask_k, rstd_m, K, offs_m, M, PROLOGUE, HAS_RESIDUAL,
-                                 num_splits, HEAD_DIM, SPLITS_PAD)
+                                 mask_k, rstd_m, K, offs_m, M, PROLOGUE, HAS_RESIDUAL)
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         y = y_ptr + offs_m[:, None] * N + offs_n[None, :]
@@ -317,36 +274,27 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             config: tuple[int, int, int], prologue: int,
-            norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None,
-            partials: DecodePartials | None = None,
+            norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(y [M, N] = prologue(x) @ weight.T (+ bias), the new residual or None) for prologue 0
-    (none), 1 (RMSNorm; `norm` = (residual or None, norm weight, eps)), 2 (silu(gate) * up)
-    or 3 (the attention's split-K combine; x = partials.part_out); arguments already
-    checked."""
+    (none), 1 (RMSNorm; `norm` = (residual or None, norm weight, eps)) or 2 (silu(gate) * up);
+    arguments already checked."""
     m = x.shape[0]
     n, k = weight.shape
-    y = torch.empty((m, n), dtype=weight.dtype, device=x.device)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     residual, norm_weight, eps = norm if norm is not None else (None, x, 0.0)
     new_residual = (torch.empty_like(x, memory_format=torch.contiguous_format)
                     if residual is not None else None)
-    if partials is not None:  # r_ptr: the log-sum-exps; nw_ptr: the weight (its dtype)
-        residual_arg, stride_r, norm_weight = partials.part_lse, partials.part_lse.stride(0), weight
-        splits, head_dim = partials.num_splits, partials.part_out.shape[-1]
-    else:
-        residual_arg = residual if residual is not None else x
-        stride_r = residual.stride(0) if residual is not None else 0
-        splits, head_dim = 1, 1
     block_n, block_k, num_warps = config
     _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, bias if bias is not None else weight, y, residual_arg, norm_weight,
+        x, weight, bias if bias is not None else weight, y,
+        residual if residual is not None else x, norm_weight,
         new_residual if new_residual is not None else x,
-        n, k, x.stride(0), weight.stride(0), stride_r, eps, splits,
+        n, k, x.stride(0), weight.stride(0),
+        residual.stride(0) if residual is not None else 0, eps,
         M=m, M_PAD=max(2, triton.next_power_of_2(m)), HAS_BIAS=bias is not None,
         BLOCK_N=block_n, BLOCK_K=block_k, PROLOGUE=prologue,
-        HAS_RESIDUAL=residual is not None, HEAD_DIM=head_dim,
-        SPLITS_PAD=triton.next_power_of_2(splits),
-        RSTD_BLOCK=rstd_block(k) if prologue == 1 else 16,
+        HAS_RESIDUAL=residual is not None, RSTD_BLOCK=rstd_block(k) if prologue == 1 else 16,
         PRE_K=pre_wait_columns(block_n, k, num_warps), num_warps=num_warps,
         **pdl_launch(pdl_enabled(x)),
     )
@@ -421,61 +369,6 @@ def gemv_silu_mul_triton(x: torch.Tensor, weight: torch.Tensor,
     return _launch(x, weight, bias, config, prologue=2)[0]
 
 
-def combine_chunk_fits(config: tuple[int, int, int], k: int, num_splits: int) -> bool:
-    """Whether `config` keeps the split-K combine's [splits, columns] tiles of one chunk
-    (PRE_K columns before the wait, BLOCK_K in the loop) within COMBINE_TILE_VALUES per
-    program: more would spill registers."""
-    block_n, block_k, num_warps = config
-    cols = max(block_k, pre_wait_columns(block_n, k, num_warps))
-    return triton.next_power_of_2(num_splits) * cols <= COMBINE_TILE_VALUES
-
-
-COMBINE_TILE_VALUES = 4096  # partial outputs per chunk of a combining program (16 a thread)
-
-
-def gemv_attn_combine_triton(partials: DecodePartials, weight: torch.Tensor,
-                             bias: torch.Tensor | None = None,
-                             config: tuple[int, int, int] = (8, 256, 4)) -> torch.Tensor:
-    """`linear(out, weight, bias)` where `out` [M, heads * head_dim] is the decode attention's
-    output that `partials` holds split (`attention_triton.paged_attention_decode_triton` with
-    partials=True): the split-K combine of `attention_triton._decode_reduce_kernel` runs as
-    the projection's prologue, per input column, so the reduce kernel is not launched and its
-    output not written (an O projection at batch 1 to 4; docs/design.md, "Small-batch
-    decode").
-
-    Args:
-        partials: part_out [M, heads, num_splits, head_dim] and part_lse [M, heads,
-            num_splits], fp32, contiguous; M in 1..MAX_ROWS.
-        weight: [N, heads * head_dim] contiguous, fp16/bf16/fp32 (the attention's dtype);
-            bias: [N] or None.
-        config: (BLOCK_N, BLOCK_K, num_warps).
-    Returns:
-        y [M, N] in weight's dtype.
-    Raises:
-        ValueError: shapes, dtypes or devices that do not match.
-    """
-    part_out, part_lse = partials.part_out, partials.part_lse
-    if (part_out.dim() != 4 or part_lse.shape != part_out.shape[:3]
-            or part_out.shape[2] != partials.num_splits
-            or weight.dim() != 2 or weight.shape[1] != part_out.shape[1] * part_out.shape[3]):
-        raise ValueError(f"partials {tuple(part_out.shape)} / {tuple(part_lse.shape)} "
-                         f"({partials.num_splits} splits) do not fit weight "
-                         f"{tuple(weight.shape)}: expected [M, heads, splits, head_dim], "
-                         "[M, heads, splits] and [N, heads * head_dim]")
-    if not 1 <= part_out.shape[0] <= MAX_ROWS:
-        raise ValueError(f"partials have {part_out.shape[0]} rows; this kernel serves 1 to "
-                         f"{MAX_ROWS}")
-    if (part_out.dtype != torch.float32 or part_lse.dtype != torch.float32
-            or not part_out.is_contiguous() or not part_lse.is_contiguous()
-            or not weight.is_contiguous() or part_out.device != weight.device):
-        raise ValueError("partials must be contiguous fp32 on the weight's device and the "
-                         "weight contiguous")
-    if bias is not None and bias.shape != (weight.shape[0],):
-        raise ValueError(f"bias has shape {tuple(bias.shape)}; expected ({weight.shape[0]},)")
-    x = part_out.view(part_out.shape[0], -1)
-    return _launch(x, weight, bias, config, prologue=3, partials=partials)[0]
-
-
 _CHOICE: dict[tuple, tuple[int, int, int] | None] = {}  # shape key -> config, None = torch
 
 
@@ -514,7 +407,7 @@ FUSED_ONE_ROW = ((32, 128, 4), (8, 512, 4))
 
 
 def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int,
-                     has_bias: bool, candidates: list | None = None, keep=None):
+                     has_bias: bool, candidates: list | None = None):
     """`fused(config)` with the config timed fastest for `key`, or `unfused()` where no config
     beat it by 5% (timed once per key from a CUDA graph, outside capture; under capture an
     untimed key runs `unfused()`). Both callables must compute the same thing: the layers
@@ -522,8 +415,7 @@ def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int
     the config `linear` chose for the same `weight` at `rows` rows and FUSED_DEFAULT (and
     FUSED_ONE_ROW at one row, and `wide_k_configs`): each one is a Triton compilation at
     start-up;
-    `candidates`, where given, replaces them (a kernel with a config of another form);
-    `keep(config)`, where given, drops the configs it is False for."""
+    `candidates`, where given, replaces them (a kernel with a config of another form)."""
     if key not in _FUSED_CHOICE:
         if torch.cuda.is_current_stream_capturing():
             return unfused()
@@ -535,7 +427,7 @@ def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int
             extra = FUSED_ONE_ROW if rows == 1 else ()
             wide = wide_k_configs(weight.shape[0], device_sms(weight))
             yield from dict.fromkeys(c for c in (plain, FUSED_DEFAULT, *extra, *wide)
-                                     if c is not None and (keep is None or keep(c)))
+                                     if c is not None)
 
         _FUSED_CHOICE[key] = fastest_config(unfused, fused, configs(), rep=10)
     cfg = _FUSED_CHOICE[key]
