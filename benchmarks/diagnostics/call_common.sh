@@ -1,5 +1,6 @@
 # Sourced by the device-call scripts (call_s5.sh onward): sets out ($OUT, with
-# r/ made for the results), exports PAGEDRT_COMMIT from the carried .commit, installs the
+# r/ made for the results), restores a carried Triton cache (.tcache/) and defines
+# save_triton_cache, exports PAGEDRT_COMMIT from the carried .commit, installs the
 # carried wheels (benchmarks/use_wheels.sh), prints the GPU and its clocks, and defines
 # gpu_tests NAME CAP FILES... (pytest -m gpu on FILES, capped at CAP seconds, its output in
 # $out/r/NAME.txt and its summary printed) and tune NAME ARGS... (benchmarks/decode_tune.py
@@ -12,6 +13,19 @@
 # 4,096, KIND throughput = Qwen2-0.5B 512/128 at batches 8-128; $out/r/<kind>_NAME.txt and
 # .json, one summary line each).
 out="${OUT:-out}"; mkdir -p "$out/r"
+# A fresh machine spends minutes compiling Triton kernels (call_s82: the first two engines and
+# a GPU test file ran out of their caps compiling). A call that ends with save_triton_cache
+# returns the cache in 15 MB parts ($OUT/tc.tgz.NN); put them in .tcache/ here
+# (.git/info/exclude it) and carry .tcache: the next call starts from that cache.
+tcache="${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
+if ls .tcache/tc.tgz.* > /dev/null 2>&1; then
+  mkdir -p "$tcache" && cat .tcache/tc.tgz.* | tar -xzf - -C "$tcache" \
+    && echo "triton cache restored: $(ls "$tcache" | wc -l) entries"
+fi
+save_triton_cache() {  # the Triton cache into $OUT/tc.tgz.NN, 15 MB each (device README)
+  tar -czf /tmp/tc.tgz -C "$tcache" . && split -b 15m -d /tmp/tc.tgz "$out/tc.tgz." \
+    && echo "triton cache saved: $(du -sh /tmp/tc.tgz | cut -f1) in $(ls "$out"/tc.tgz.* | wc -l) parts"
+}
 export PAGEDRT_COMMIT="$(cat .commit 2>/dev/null || echo head)"
 . benchmarks/use_wheels.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
