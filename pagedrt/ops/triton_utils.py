@@ -354,13 +354,13 @@ def fastest_config(baseline, candidate, configs, rep: int) -> tuple | None:
     outside the capture, to compile it. A config the GPU cannot run is skipped. Used by the
     skinny matmul (gemv_triton.py) and the decode matmul (matmul_triton.py).
 
-    Each call is timed after an L2 flush (`_l2_flusher`) and a short PDL lead kernel
-    (`_pdl_lead`), their own time subtracted: replayed back to back, a weight of up to tens
-    of MB stays in the H200's 50 MB L2 and reads at L2 latency, which favours tiles with few
-    loads in flight that starve on HBM (the engine's steps read every weight from HBM); the
-    lead lets a kernel launched with PDL load its weights before its wait, as it does in a
-    step (with PAGEDRT_TIMING_LEAD=1; off by default). PAGEDRT_COLD_L2_TIMING=0 times warm
-    with neither.
+    Each call is timed after an L2 flush (`_l2_flusher`), and with PAGEDRT_TIMING_LEAD=1 a
+    short PDL lead kernel after it (`_pdl_lead`; off by default), their own time subtracted:
+    replayed back to back, a weight of up to tens of MB stays in the H200's 50 MB L2 and
+    reads at L2 latency, which favours tiles with few loads in flight that starve on HBM
+    (the engine's steps read every weight from HBM); the lead lets a kernel launched with PDL
+    load its weights before its wait, as it does in a step. PAGEDRT_COLD_L2_TIMING=0 times
+    warm, with neither.
 
     Only OutOfResources (too much shared memory or too many registers for this GPU) skips a
     config; any other error, a compilation error above all, propagates: a kernel that does not
