@@ -11,7 +11,9 @@
 # switch_runs KIND VAR NAME:VALUE... (one process per NAME:VALUE with VAR=VALUE in its
 # environment, in the order given: KIND latency = Qwen2-0.5B batch-1 ms/token at ctx 512 and
 # 4,096, KIND throughput = Qwen2-0.5B 512/128 at batches 8-128; $out/r/<kind>_NAME.txt and
-# .json, one summary line each).
+# .json, one summary line each), and latency_run NAME CAP [ENV] (Qwen2-0.5B batch-1 ms/token
+# at ctx 512 and 4,096 with ENV, capped at CAP seconds: $out/r/lat_NAME.txt and .json, a
+# summary line and the run's 1-row tile choices printed).
 out="${OUT:-out}"; mkdir -p "$out/r"
 # A fresh machine spends minutes compiling Triton kernels (call_s82: the first two engines and
 # a GPU test file ran out of their caps compiling). A call that ends with save_triton_cache
@@ -74,4 +76,19 @@ switch_runs() {  # kind (latency|throughput), environment variable, name:value..
         "$out/r/throughput_$name.txt" | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ' ')"
     fi
   done
+}
+latency_run() {  # name, cap, extra environment (VAR=VALUE or "")
+  local t0=$SECONDS
+  env ${3:-} timeout "$2" python3 -m pagedrt.entrypoints.cli bench latency --preset qwen2-0.5b \
+    --contexts 512,4096 --graphs on --repeats 3 --name "lat_$1" --out "$out/r" \
+    > "$out/r/lat_$1.txt" 2>&1
+  echo "lat_$1 status $? in $((SECONDS - t0))s: $(grep -E "batch1" "$out/r/lat_$1.txt" \
+    | tr -s ' ' | cut -d' ' -f4,6 | tr '\n' ' ')"
+  python3 - "$out/r/lat_$1.json" <<'PY' 2>/dev/null
+import json, sys
+for table in json.load(open(sys.argv[1])).get("kernel_choices", {}).values():
+    for k, v in table.items():
+        if ", 1, " in k:
+            print("   ", k[:72], "->", v)
+PY
 }

@@ -9,25 +9,10 @@
 set -u
 . benchmarks/diagnostics/call_common.sh
 out="$(cd "$out" && pwd)"
-lat() {  # name, cap, extra environment
-  local t0=$SECONDS
-  env $3 timeout "$2" python3 -m pagedrt.entrypoints.cli bench latency --preset qwen2-0.5b \
-    --contexts 512,4096 --graphs on --repeats 3 --name "lat_$1" --out "$out/r" \
-    > "$out/r/lat_$1.txt" 2>&1
-  echo "lat_$1 status $? in $((SECONDS - t0))s: $(grep -E "batch1" "$out/r/lat_$1.txt" \
-    | tr -s ' ' | cut -d' ' -f4,6 | tr '\n' ' ')"
-  python3 - "$out/r/lat_$1.json" <<'PY' 2>/dev/null
-import json, sys
-for table in json.load(open(sys.argv[1])).get("kernel_choices", {}).values():
-    for k, v in table.items():
-        if ", 1, " in k:
-            print("   ", k[:72], "->", v)
-PY
-}
-lat default1 250 ""
-lat lead1 80 PAGEDRT_TIMING_LEAD=1
-lat default2 80 ""
-lat lead2 80 PAGEDRT_TIMING_LEAD=1
+latency_run default1 250 ""
+latency_run lead1 80 PAGEDRT_TIMING_LEAD=1
+latency_run default2 80 ""
+latency_run lead2 80 PAGEDRT_TIMING_LEAD=1
 rm -f "$out"/r/*.png
 save_triton_cache
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"
