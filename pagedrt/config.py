@@ -7,6 +7,7 @@ Both validate in `__post_init__` and raise `ValueError` naming the bad value and
 
 from __future__ import annotations
 
+import numbers
 import textwrap
 from dataclasses import dataclass, field, fields
 
@@ -343,19 +344,28 @@ class EngineConfig:
                 "on the command line; pagedrt.spec.config.SpeculativeConfig)"})
 
     def __post_init__(self) -> None:
+        for name in ("block_size", "num_kv_blocks", "kv_cache_memory_bytes", "max_num_seqs",
+                     "max_num_batched_tokens", "max_model_len", "swap_space_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, numbers.Integral)):
+                raise ValueError(f"{name}={value!r} must be an int")
         if self.block_size not in BLOCK_SIZES:
-            raise ValueError(f"block_size={self.block_size} is not supported; use 8, 16 or 32")
+            raise ValueError(f"block_size={self.block_size!r} is not supported; use 8, 16 or 32")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks={self.num_kv_blocks} must be >= 1 (or None)")
-        if self.kv_cache_memory_bytes < 1:
+        if self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes < 1:
             raise ValueError(f"kv_cache_memory_bytes={self.kv_cache_memory_bytes} must be > 0")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+        if (isinstance(self.gpu_memory_utilization, bool)
+                or not isinstance(self.gpu_memory_utilization, numbers.Real)
+                or not 0.0 < self.gpu_memory_utilization <= 1.0):
             raise ValueError(
-                f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]"
+                f"gpu_memory_utilization={self.gpu_memory_utilization!r} must be a number in "
+                "(0, 1]"
             )
-        if self.max_num_seqs < 1:
+        if self.max_num_seqs is None or self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs={self.max_num_seqs} must be >= 1")
-        if self.max_num_batched_tokens < 1:
+        if self.max_num_batched_tokens is None or self.max_num_batched_tokens < 1:
             raise ValueError(
                 f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= 1"
             )
@@ -365,7 +375,7 @@ class EngineConfig:
             raise ValueError(
                 f"preemption_mode={self.preemption_mode!r}; use 'recompute' or 'swap'"
             )
-        if self.swap_space_bytes < 0:
+        if self.swap_space_bytes is None or self.swap_space_bytes < 0:
             raise ValueError(f"swap_space_bytes={self.swap_space_bytes} must be >= 0")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(

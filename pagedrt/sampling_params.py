@@ -65,8 +65,13 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.stop = _as_list("stop", self.stop, "a string or a list of non-empty strings")
+        self.stop_token_ids = _as_list("stop_token_ids", self.stop_token_ids,
+                                       "a list of non-negative ints")
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(  # noqa: TRY004 - API contract: bad params are a ValueError
+                    f"{name}={_short(getattr(self, name))} must be True or False")
         _check_int("n", self.n, 1)
         _check_number("temperature", self.temperature)
         if self.temperature < 0:
@@ -218,6 +223,17 @@ class BeamSearchParams:
         """The SamplingParams the engine runs this search with (n = beam_width, greedy)."""
         return SamplingParams(n=self.beam_width, temperature=0.0, max_tokens=self.max_tokens,
                               ignore_eos=self.ignore_eos, beam_search=self)
+
+
+def _as_list(name: str, value, expected: str) -> list:
+    """`value` (None, or a list, tuple or other iterable that is not a str, bytes or dict)
+    as a list; ValueError naming the value otherwise (stop=5 would otherwise fail with
+    "'int' object is not iterable")."""
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"{name}={_short(value)} must be {expected}")
+    return list(value)
 
 
 def _check_int(name: str, value, minimum: int) -> None:

@@ -1,4 +1,5 @@
-"""SamplingParams validation: non-finite numbers refused, messages short, the greedy floor."""
+"""SamplingParams and EngineConfig validation: non-finite numbers and wrong types refused with
+ValueErrors naming the value, messages short, the greedy floor."""
 
 from __future__ import annotations
 
@@ -36,3 +37,50 @@ def test_temperatures_below_the_floor_are_greedy():
         assert SamplingParams(temperature=t).greedy, t
     for t in (1e-5, 0.5, 1e6):
         assert not SamplingParams(temperature=t).greedy, t
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"stop": 5}, r"^stop=5 must be a string or a list of non-empty strings"),
+    ({"stop": {"a": 1}}, r"^stop=\{'a': 1\} must be a string or a list"),
+    ({"stop_token_ids": 5}, r"^stop_token_ids=5 must be a list of non-negative ints"),
+    ({"stop_token_ids": "5"}, r"^stop_token_ids='5' must be a list of non-negative ints"),
+    ({"ignore_eos": "yes"}, r"^ignore_eos='yes' must be True or False"),
+    ({"skip_special_tokens": 1}, r"^skip_special_tokens=1 must be True or False"),
+    ({"include_stop_str_in_output": None}, r"^include_stop_str_in_output=None must be True"),
+])
+def test_wrong_types_are_a_value_error_naming_the_value(kwargs, match):
+    """Found by a fresh-user trial: stop=5 raised TypeError ("'int' object is not iterable")
+    and ignore_eos="yes" was taken silently."""
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_stop_lists_in_any_iterable():
+    params = SamplingParams(stop=("a", "b"), stop_token_ids=(3, 4))
+    assert params.stop == ["a", "b"] and params.stop_token_ids == [3, 4]
+    assert SamplingParams(stop="x").stop == ["x"] and SamplingParams(stop=None).stop == []
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"block_size": "16"}, r"^block_size='16' must be an int"),
+    ({"num_kv_blocks": "5"}, r"^num_kv_blocks='5' must be an int"),
+    ({"max_model_len": 2.5}, r"^max_model_len=2.5 must be an int"),
+    ({"max_num_seqs": True}, r"^max_num_seqs=True must be an int"),
+    ({"gpu_memory_utilization": "0.5"}, r"^gpu_memory_utilization='0.5' must be a number"),
+    ({"block_size": 12}, r"^block_size=12 is not supported; use 8, 16 or 32"),
+])
+def test_engine_config_wrong_types_name_the_value(kwargs, match):
+    """EngineConfig (what LLM(...) builds): a string where an int belongs is a ValueError
+    that shows it quoted (block_size="16" read "block_size=16 is not supported")."""
+    from pagedrt.config import EngineConfig
+
+    with pytest.raises(ValueError, match=match):
+        EngineConfig(**kwargs)
+
+
+def test_engine_config_takes_numpy_ints():
+    import numpy as np
+
+    from pagedrt.config import EngineConfig
+
+    assert EngineConfig(num_kv_blocks=np.int64(5)).num_kv_blocks == 5
