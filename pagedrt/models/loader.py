@@ -15,8 +15,9 @@ weights (the engine does this when tensor-parallel workers load them); `load_mod
 GGUF weights are dequantised to fp32 once and cached, together with the model config and the
 tokenizer (whose conversion from GGUF metadata is slow), in
 `$PAGEDRT_CACHE_DIR/gguf-<name>-<key>/` (default `~/.cache/pagedrt`). The key hashes the
-GGUF's absolute path, size and mtime, so a changed file gets a fresh entry. Deleting the
-folder clears the cache; it is rebuilt on the next load.
+GGUF's size and samples of its content (`gguf_cache_key`), so copies of one file share an
+entry and a changed file gets a fresh one. Deleting the folder clears the cache; it is
+rebuilt on the next load.
 """
 
 from __future__ import annotations
@@ -201,11 +202,34 @@ def _config_from_json(file: str) -> ModelConfig:
 # GGUF
 
 
+GGUF_CACHE_FORMAT = 1  # part of the cache key: raise it when the conversion's output changes
+_KEY_HEAD_BYTES = 1 << 20  # the header (metadata, tensor index) and the first tensors
+_KEY_WINDOWS, _KEY_WINDOW_BYTES = 16, 1 << 16  # then 16 windows of 64 KB spread over the rest
+
+
+def gguf_cache_key(gguf_path: str) -> str:
+    """The cache key of a GGUF file: a hash of its size, its first MB and 16 windows of 64 KB
+    spread evenly over the rest, and GGUF_CACHE_FORMAT; 16 hex digits. The same file gets the
+    same key wherever it lies (each clone's virtual environment installs its own copy of the
+    default model: keyed by path and mtime, every clone converted it again into another
+    ~0.5 GB entry), while reading ~2 MB of even a multi-GB file."""
+    size = os.path.getsize(gguf_path)
+    digest = hashlib.sha256(f"{GGUF_CACHE_FORMAT}|{size}|".encode())
+    with open(gguf_path, "rb") as f:
+        digest.update(f.read(_KEY_HEAD_BYTES))
+        if size > _KEY_HEAD_BYTES:
+            span = size - _KEY_HEAD_BYTES
+            for i in range(_KEY_WINDOWS):
+                f.seek(_KEY_HEAD_BYTES + span * i // _KEY_WINDOWS)
+                digest.update(f.read(_KEY_WINDOW_BYTES))
+    return digest.hexdigest()[:16]
+
+
 def _gguf_cache_entry(gguf_path: str) -> str:
     """Folder holding model.safetensors (fp32, HF names), pagedrt_config.json and tokenizer/
-    for this GGUF; built on first use (in a temporary folder, then renamed into place)."""
-    st = os.stat(gguf_path)
-    key = hashlib.sha256(f"{gguf_path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    for this GGUF (`gguf_cache_key`); built on first use (in a temporary folder, then renamed
+    into place)."""
+    key = gguf_cache_key(gguf_path)
     stem = os.path.basename(gguf_path).removesuffix(".gguf")
     folder = os.path.join(cache_dir(), f"gguf-{stem}-{key}")
     if os.path.isfile(os.path.join(folder, "pagedrt_config.json")):
