@@ -357,11 +357,12 @@ class EngineConfig:
         if self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes < 1:
             raise ValueError(f"kv_cache_memory_bytes={self.kv_cache_memory_bytes} must be > 0")
         if (isinstance(self.gpu_memory_utilization, bool)
-                or not isinstance(self.gpu_memory_utilization, numbers.Real)
-                or not 0.0 < self.gpu_memory_utilization <= 1.0):
+                or not isinstance(self.gpu_memory_utilization, numbers.Real)):
+            raise ValueError(  # noqa: TRY004 - API contract: bad settings are a ValueError
+                f"gpu_memory_utilization={self.gpu_memory_utilization!r} must be a number")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
-                f"gpu_memory_utilization={self.gpu_memory_utilization!r} must be a number in "
-                "(0, 1]"
+                f"gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1]"
             )
         if self.max_num_seqs is None or self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs={self.max_num_seqs} must be >= 1")
