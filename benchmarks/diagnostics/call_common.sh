@@ -13,7 +13,8 @@
 # 4,096, KIND throughput = Qwen2-0.5B 512/128 at batches 8-128; $out/r/<kind>_NAME.txt and
 # .json, one summary line each), and latency_run NAME CAP [ENV] (Qwen2-0.5B batch-1 ms/token
 # at ctx 512 and 4,096 with ENV, capped at CAP seconds: $out/r/lat_NAME.txt and .json, a
-# summary line and the run's 1-row tile choices printed).
+# summary line and the run's 1-row tile choices printed), and timeline_run BATCH STEPS CAP
+# (decode_timeline.py at ctx 512: $out/r/tl_bBATCH.txt and .json, its totals printed).
 out="${OUT:-out}"; mkdir -p "$out/r"
 # A fresh machine spends minutes compiling Triton kernels (call_s82: the first two engines and
 # a GPU test file ran out of their caps compiling). A call that ends with save_triton_cache
@@ -91,4 +92,10 @@ for table in json.load(open(sys.argv[1])).get("kernel_choices", {}).values():
         if ", 1, " in k:
             print("   ", k[:72], "->", v)
 PY
+}
+timeline_run() {  # batch, decode steps, cap
+  timeout "$3" python3 benchmarks/diagnostics/decode_timeline.py --batch "$1" --context 512 \
+    --steps "$2" --out "$out/r/tl_b$1.json" > "$out/r/tl_b$1.txt" 2>&1
+  echo "tl_b$1 status $? at ${SECONDS}s"
+  grep -E "^batch|^total|^wall" "$out/r/tl_b$1.txt" | head -3
 }

@@ -8,9 +8,7 @@
 set -u
 . benchmarks/diagnostics/call_common.sh
 for b in 8 32 64; do
-  timeout 100 python3 benchmarks/diagnostics/decode_timeline.py --batch $b --context 512 \
-    --steps 32 --out "$out/r/tl_b$b.json" > "$out/r/tl_b$b.txt" 2>&1
-  echo "tl_b$b status $?"; grep -E "^batch|^total" "$out/r/tl_b$b.txt" | head -3
+  timeline_run $b 32 100
 done
 timeout 200 python3 -m pagedrt.entrypoints.cli bench throughput --preset qwen2-0.5b \
   --skip-step-split --batch-sizes 8,32,64,128 --repeats 3 --name sweep3 --out "$out/r" \

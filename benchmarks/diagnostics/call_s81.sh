@@ -7,9 +7,7 @@
 set -u
 . benchmarks/diagnostics/call_common.sh
 for b in 256 64 8; do
-  timeout 130 python3 benchmarks/diagnostics/decode_timeline.py --batch $b --context 512 \
-    --steps 16 --out "$out/r/tl_b$b.json" > "$out/r/tl_b$b.txt" 2>&1
-  echo "tl_b$b status $? at ${SECONDS}s"; grep -E "^batch|^total|^wall" "$out/r/tl_b$b.txt" | head -3
+  timeline_run $b 16 130
 done
 left=$((560 - SECONDS))
 timeout "$left" python3 benchmarks/diagnostics/batch1_forced_configs.py --ops gate_up,down \
