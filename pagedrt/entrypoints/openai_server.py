@@ -21,8 +21,8 @@ fault where the core said it stopped on a worker's fault; an error event, then `
 stream), `/health` and new requests answer 503, and the process exits with
 status 1 `DEAD_CORE_EXIT_DELAY_S` later (the launcher then exits non-zero: restarting is left to
 the supervisor that started the server). SIGTERM stops admission (uvicorn closes the
-listening socket at once, so a new connection is refused; a request that still reaches the
-app gets 503), gives open requests `--shutdown-timeout` seconds to finish, fails the rest with an
+listening socket within a fraction of a second, so a new connection is refused; a request
+that still reaches the app gets 503), gives open requests `--shutdown-timeout` seconds to finish, fails the rest with an
 error, and exits.
 
 Hostile input: guards.py checks Host, API key, content type, body size and read times before
