@@ -62,6 +62,16 @@ def api_error_from_validation(e: ValidationError) -> APIError:
         return APIError(400, f"request body is not valid JSON: {first['msg']}")
     loc = [str(part) for part in first.get("loc", ())]
     param = loc[0] if loc else None
+    # a field of several types (stop: str | list[str]) fails once per type, each error's loc
+    # naming the field and then the type: one message naming the value and the types
+    same_field = [err for err in errors if len(err.get("loc", ())) >= 2
+                  and str(err["loc"][0]) == param]
+    kinds = list(dict.fromkeys(str(err["loc"][1]) for err in same_field))
+    if len(loc) >= 2 and len(kinds) > 1 and len(same_field) == len(errors):
+        shown = repr(first.get("input"))
+        shown = shown if len(shown) <= 64 else shown[:64] + "..."
+        return APIError(400, f"{param}={shown} must be one of: {', '.join(kinds)}",
+                        param=param)
     where = ".".join(loc) or "body"
     more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
     return APIError(400, f"{where}: {first['msg']}{more}", param=param)

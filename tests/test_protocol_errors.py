@@ -1,0 +1,43 @@
+"""The server's 400 for a request body pydantic refuses (`api_error_from_validation`): the
+field named as `param`, and for a field of several types one message naming the value and
+the types (a fresh-user trial got "stop.str: Input should be a valid string (and 1 more
+errors)" for "stop": 5)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from pagedrt.entrypoints.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    api_error_from_validation,
+)
+
+
+def _error(model, body: dict):
+    with pytest.raises(ValidationError) as e:
+        model.model_validate(body)
+    error = api_error_from_validation(e.value)
+    assert error.status_code == 400
+    return error.body()["error"]
+
+
+@pytest.mark.parametrize(("body", "param", "message"), [
+    ({"prompt": "hi", "stop": 5}, "stop", "stop=5 must be one of: str, list[str]"),
+    ({"prompt": "hi", "stop": ["a", 5]}, "stop", "stop=['a', 5] must be one of: str, list[str]"),
+    ({"prompt": 5.5}, "prompt",
+     "prompt=5.5 must be one of: str, list[str], list[int], list[list[int]]"),
+    ({"prompt": "hi", "max_tokens": "x"}, "max_tokens",
+     "max_tokens: Input should be a valid integer"),
+])
+def test_completion_bodies(body, param, message):
+    error = _error(CompletionRequest, body)
+    assert (error["param"], error["message"], error["type"]) == (
+        param, message, "invalid_request_error")
+
+
+def test_a_long_value_is_cut():
+    error = _error(ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}],
+                                           "stop": {"k": "v" * 500}})
+    assert error["param"] == "stop" and len(error["message"]) < 120, error
