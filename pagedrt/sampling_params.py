@@ -71,46 +71,46 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(  # noqa: TRY004 - API contract: bad params are a ValueError
-                    f"{name}={_short(getattr(self, name))} must be True or False")
+                    f"{name}={short_repr(getattr(self, name))} must be True or False")
         _check_int("n", self.n, 1)
         _check_number("temperature", self.temperature)
         if self.temperature < 0:
             raise ValueError(
-                f"temperature={_short(self.temperature)} must be >= 0 (0 means greedy)")
+                f"temperature={short_repr(self.temperature)} must be >= 0 (0 means greedy)")
         _check_number("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p={_short(self.top_p)} must be in (0, 1]")
+            raise ValueError(f"top_p={short_repr(self.top_p)} must be in (0, 1]")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
             raise ValueError(  # noqa: TRY004 - API contract: bad params are a ValueError
-                f"top_k={_short(self.top_k)} must be an int (-1 or 0 disables it)")
+                f"top_k={short_repr(self.top_k)} must be an int (-1 or 0 disables it)")
         if self.top_k < -1:
             raise ValueError(
-                f"top_k={_short(self.top_k)} must be -1 (disabled), 0 (disabled) or >= 1")
+                f"top_k={short_repr(self.top_k)} must be -1 (disabled), 0 (disabled) or >= 1")
         _check_number("min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p={_short(self.min_p)} must be in [0, 1]")
+            raise ValueError(f"min_p={short_repr(self.min_p)} must be in [0, 1]")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _check_number(name, value)
             if not -2.0 <= value <= 2.0:
-                raise ValueError(f"{name}={_short(value)} must be in [-2, 2]")
+                raise ValueError(f"{name}={short_repr(value)} must be in [-2, 2]")
         _check_number("repetition_penalty", self.repetition_penalty)
         if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty={_short(self.repetition_penalty)} must be > 0")
+            raise ValueError(f"repetition_penalty={short_repr(self.repetition_penalty)} must be > 0")
         if self.seed is not None and (isinstance(self.seed, bool)
                                       or not isinstance(self.seed, int)):
-            raise ValueError(f"seed={_short(self.seed)} must be an int or None")
+            raise ValueError(f"seed={short_repr(self.seed)} must be an int or None")
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
-            raise ValueError(f"seed={_short(self.seed)} must be in [-2**63, 2**63) (a 64-bit int)")
+            raise ValueError(f"seed={short_repr(self.seed)} must be in [-2**63, 2**63) (a 64-bit int)")
         _check_int("max_tokens", self.max_tokens, 1)
         _check_int("min_tokens", self.min_tokens, 0)
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens={self.min_tokens} exceeds max_tokens={self.max_tokens}")
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError(f"stop={_short(self.stop)} must be a list of non-empty strings")
+            raise ValueError(f"stop={short_repr(self.stop)} must be a list of non-empty strings")
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError(
-                f"stop_token_ids={_short(self.stop_token_ids)} must be non-negative ints")
+                f"stop_token_ids={short_repr(self.stop_token_ids)} must be non-negative ints")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0)
             if self.logprobs > 20:
@@ -124,7 +124,7 @@ class SamplingParams:
         beam = self.beam_search
         if not isinstance(beam, BeamSearchParams):
             raise ValueError(  # noqa: TRY004 - API contract: bad params are a ValueError
-                f"beam_search={_short(beam)} must be a BeamSearchParams or None")
+                f"beam_search={short_repr(beam)} must be a BeamSearchParams or None")
         if (self.n, self.max_tokens, self.ignore_eos) != (
                 beam.beam_width, beam.max_tokens, beam.ignore_eos):
             raise ValueError(
@@ -144,7 +144,7 @@ class SamplingParams:
             unsupported.insert(2, "top_k")
         if unsupported:
             raise ValueError(
-                f"{unsupported[0]}={_short(getattr(self, unsupported[0]))} cannot go with beam "
+                f"{unsupported[0]}={short_repr(getattr(self, unsupported[0]))} cannot go with beam "
                 f"search (it scores the model's log-probabilities and stops only at EOS or "
                 f"max_tokens); leave {', '.join(unsupported)} at the default")
 
@@ -208,16 +208,16 @@ class BeamSearchParams:
         _check_number("temperature", self.temperature)
         if self.temperature != 0:
             raise ValueError(
-                f"temperature={_short(self.temperature)}: beam search is deterministic here "
+                f"temperature={short_repr(self.temperature)}: beam search is deterministic here "
                 "(beams are scored with the model's log-probabilities); use temperature=0")
         _check_number("length_penalty", self.length_penalty)
         if not (isinstance(self.early_stopping, bool) or self.early_stopping == "never"):
-            raise ValueError(f"early_stopping={_short(self.early_stopping)} must be True, False "
+            raise ValueError(f"early_stopping={short_repr(self.early_stopping)} must be True, False "
                              "or 'never'")
         for name in ("ignore_eos", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(  # noqa: TRY004 - API contract: bad params are a ValueError
-                    f"{name}={_short(getattr(self, name))} must be a bool")
+                    f"{name}={short_repr(getattr(self, name))} must be a bool")
 
     def to_sampling_params(self) -> SamplingParams:
         """The SamplingParams the engine runs this search with (n = beam_width, greedy)."""
@@ -232,29 +232,29 @@ def _as_list(name: str, value, expected: str) -> list:
     if value is None:
         return []
     if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
-        raise ValueError(f"{name}={_short(value)} must be {expected}")
+        raise ValueError(f"{name}={short_repr(value)} must be {expected}")
     return list(value)
 
 
 def _check_int(name: str, value, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}={_short(value)} must be an int >= {minimum}")  # noqa: TRY004
+        raise ValueError(f"{name}={short_repr(value)} must be an int >= {minimum}")  # noqa: TRY004
     if value < minimum:
-        raise ValueError(f"{name}={_short(value)} must be >= {minimum}")
+        raise ValueError(f"{name}={short_repr(value)} must be >= {minimum}")
 
 
 def _check_number(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name}={_short(value)} must be a number")  # noqa: TRY004
+        raise ValueError(f"{name}={short_repr(value)} must be a number")  # noqa: TRY004
     try:
         finite = math.isfinite(value)
     except OverflowError:  # an int beyond float's range (10**400)
         finite = False
     if not finite:
-        raise ValueError(f"{name}={_short(value)} must be a finite number (not NaN or infinity)")
+        raise ValueError(f"{name}={short_repr(value)} must be a finite number (not NaN or infinity)")
 
 
-def _short(value) -> str:
+def short_repr(value) -> str:
     """repr(value), at most about 64 characters (no message echoes a huge input back)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**60:
         return f"<an int of about {int(value.bit_length() * 0.30103)} digits>"

@@ -22,8 +22,8 @@ stream), `/health` and new requests answer 503, and the process exits with
 status 1 `DEAD_CORE_EXIT_DELAY_S` later (the launcher then exits non-zero: restarting is left to
 the supervisor that started the server). SIGTERM stops admission (uvicorn closes the
 listening socket within a fraction of a second, so a new connection is refused; a request
-that still reaches the app gets 503), gives open requests `--shutdown-timeout` seconds to finish, fails the rest with an
-error, and exits.
+that still reaches the app gets 503), gives open requests `--shutdown-timeout` seconds to
+finish, fails the rest with an error, and exits.
 
 Hostile input: guards.py checks Host, API key, content type, body size and read times before
 a handler runs; prompt_input.py bounds prompt counts and lengths before tokenizing.

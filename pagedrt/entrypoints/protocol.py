@@ -17,7 +17,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from pagedrt.sampling_params import BeamSearchParams, SamplingParams
+from pagedrt.sampling_params import BeamSearchParams, SamplingParams, short_repr
 
 
 class APIError(Exception):
@@ -68,10 +68,8 @@ def api_error_from_validation(e: ValidationError) -> APIError:
                   and str(err["loc"][0]) == param]
     kinds = list(dict.fromkeys(str(err["loc"][1]) for err in same_field))
     if len(loc) >= 2 and len(kinds) > 1 and len(same_field) == len(errors):
-        shown = repr(first.get("input"))
-        shown = shown if len(shown) <= 64 else shown[:64] + "..."
-        return APIError(400, f"{param}={shown} must be one of: {', '.join(kinds)}",
-                        param=param)
+        return APIError(400, f"{param}={short_repr(first.get('input'))} must be one of: "
+                        f"{', '.join(kinds)}", param=param)
     where = ".".join(loc) or "body"
     more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
     return APIError(400, f"{where}: {first['msg']}{more}", param=param)
