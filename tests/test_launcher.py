@@ -29,12 +29,20 @@ def _later(delay_s: float, fn) -> None:
 
 def test_waits_for_every_api_process():
     pipes = [mp.Pipe(duplex=False) for _ in range(3)]
+    sent_at: dict[int, float] = {}
+
+    def speak(i: int, w) -> None:
+        sent_at[i] = time.monotonic()  # taken before the word, so the wait cannot end earlier
+        w.send(i)
+        w.close()
+
     for i, (_, w) in enumerate(pipes):
-        _later(0.1 * (i + 1), lambda w=w, i=i: (w.send(i), w.close()))
-    start = time.monotonic()
+        _later(0.1 * (i + 1), lambda w=w, i=i: speak(i, w))
     ok = launcher._wait_apis_ready([r for r, _ in pipes], [_Proc(f"api-{i}") for i in range(3)],
                                    _Proc("core"), {"signal": None}, timeout_s=10)
-    assert ok and time.monotonic() - start >= 0.3  # not before the last one spoke
+    returned_at = time.monotonic()
+    assert ok and len(sent_at) == 3
+    assert returned_at >= max(sent_at.values())  # not before the last one spoke
 
 
 def test_an_api_process_that_exits_before_ready_fails_the_start(capsys):
