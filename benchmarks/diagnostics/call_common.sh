@@ -13,7 +13,8 @@
 # 4,096, KIND throughput = Qwen2-0.5B 512/128 at batches 8-128; $out/r/<kind>_NAME.txt and
 # .json, one summary line each), and latency_run NAME CAP [ENV] (Qwen2-0.5B batch-1 ms/token
 # at ctx 512 and 4,096 with ENV, capped at CAP seconds: $out/r/lat_NAME.txt and .json, a
-# summary line and the run's 1-row tile choices printed), and timeline_run BATCH STEPS CAP
+# summary line and the run's 1-row tile choices printed, with the in-step timing's findings
+# where PAGEDRT_STEP_TIMING=1), and timeline_run BATCH STEPS CAP
 # (decode_timeline.py at ctx 512: $out/r/tl_bBATCH.txt and .json, its totals printed).
 out="${OUT:-out}"; mkdir -p "$out/r"
 # A fresh machine spends minutes compiling Triton kernels (call_s82: the first two engines and
@@ -87,9 +88,13 @@ latency_run() {  # name, cap, extra environment (VAR=VALUE or "")
     | tr -s ' ' | cut -d' ' -f4,6 | tr '\n' ' ')"
   python3 - "$out/r/lat_$1.json" <<'PY' 2>/dev/null
 import json, sys
-for table in json.load(open(sys.argv[1])).get("kernel_choices", {}).values():
+for name, table in json.load(open(sys.argv[1])).get("kernel_choices", {}).items():
     for k, v in table.items():
-        if ", 1, " in k:
+        if ", 1, " not in k:
+            continue
+        if name == "step_timing":  # PAGEDRT_STEP_TIMING=1: alone -> kept, ms per step
+            print("    step", k[:60], v["alone"], "->", v["kept"], v["step_ms"])
+        else:
             print("   ", k[:72], "->", v)
 PY
 }

@@ -17,6 +17,6 @@ sweep() {  # name, extra environment
 }
 sweep default ""
 sweep lead PAGEDRT_TIMING_LEAD=1
-gpu_tests gpu_fused 150 tests/gpu/test_fused_small_batch_gpu.py
+gpu_tests gpu_fused 150 tests/gpu/test_fused_small_batch_gpu.py  # with the in-step timing's test
 rm -f "$out"/r/*.png
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"

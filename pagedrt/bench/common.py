@@ -153,7 +153,9 @@ def kernel_choices() -> dict:
     pagedrt/ops/gemv_triton.py; the decode matmul, pagedrt/ops/matmul_triton.py): {"module.TABLE":
     {str(shape key): config as a list, or None for the plain path}}, only for modules already
     imported and tables not empty. Engines whose model runs in worker processes time there,
-    so their choices are not here. Lets a run's figures be traced to the kernels it ran."""
+    so their choices are not here. With PAGEDRT_STEP_TIMING=1, "step_timing" holds what the
+    in-step timing found (pagedrt/engine/step_timing.py). Lets a run's figures be traced to
+    the kernels it ran."""
     out = {}
     for module, tables in _CHOICE_TABLES:
         mod = sys.modules.get(module)
@@ -162,6 +164,9 @@ def kernel_choices() -> dict:
             if chosen:
                 out[f"{module.rsplit('.', 1)[1]}.{table}"] = {
                     str(k): None if v is None else list(v) for k, v in chosen.items()}
+    step_timing = sys.modules.get("pagedrt.engine.step_timing")
+    if step_timing is not None and step_timing.REPORT:
+        out["step_timing"] = step_timing.report_dict()
     return out
 
 

@@ -28,6 +28,7 @@ import os
 
 import torch
 
+from pagedrt.engine import step_timing
 from pagedrt.ops.attention import AttentionMetadata, triton_available
 
 
@@ -41,9 +42,10 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 class CUDAGraphRunner:
     def __init__(self, model, kv_layers, max_num_seqs: int, max_blocks_per_seq: int,
                  device: torch.device, backend: str, verify_query_len: int = 0,
-                 verify_max_num_seqs: int = 0) -> None:
+                 verify_max_num_seqs: int = 0, block_size: int = 1) -> None:
         """verify_query_len: q = k + 1 of the verification graphs (0: none), captured for the
-        buckets up to the first one >= verify_max_num_seqs."""
+        buckets up to the first one >= verify_max_num_seqs. block_size: tokens per KV block
+        (sets the context of the in-step timing's steps, `_time_in_step`)."""
         self.model = model
         self.kv_layers = kv_layers
         self.batch_sizes = graph_batch_sizes(max_num_seqs)
@@ -70,6 +72,7 @@ class CUDAGraphRunner:
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.logits: dict[tuple[int, int], torch.Tensor] = {}
         self.pool = None
+        self.block_size = block_size
 
     def _meta(self, bs: int, q: int) -> AttentionMetadata:
         meta = AttentionMetadata(
@@ -108,12 +111,50 @@ class CUDAGraphRunner:
         for q, bs in shapes:
             graph = torch.cuda.CUDAGraph()
             self.seq_lens.fill_(q)  # (outside the capture: a replay must not reset it)
-            self._forward(bs, q)  # warm-up on the capture's shapes
+            self._forward(bs, q)  # warm-up on the capture's shapes (times their ops)
+            if q == 1 and bs == 1 and step_timing.ENABLED:
+                self._time_in_step(bs)  # (leaves seq_lens at 1)
             with torch.cuda.graph(graph, pool=self.pool):
                 self.logits[q, bs] = self._forward(bs, q)
             if self.pool is None:
                 self.pool = graph.pool()
             self.graphs[q, bs] = graph
+        self.seq_lens.fill_(1)
+        torch.cuda.synchronize(self.device)
+
+    def _time_in_step(self, bs: int) -> None:
+        """Revisit the `bs`-row ops' tile choices by timing whole decode graphs
+        (pagedrt/engine/step_timing.py); skipped under tensor parallelism."""
+        if (torch.distributed.is_available() and torch.distributed.is_initialized()
+                and torch.distributed.get_world_size() > 1):
+            return
+        from pagedrt.ops import gemv_triton
+
+        candidates = gemv_triton.step_candidates(bs, step_timing.MARGIN, step_timing.LIMIT)
+        if not candidates:
+            return
+        self.seq_lens[:bs].fill_(min(step_timing.CONTEXT,
+                                     self.block_tables.shape[1] * self.block_size))
+
+        def capture():
+            graph = torch.cuda.CUDAGraph()
+            self._forward(bs, 1)  # (outside the capture, as for the kept graphs)
+            with torch.cuda.graph(graph, pool=self.pool):
+                logits = self._forward(bs, 1)
+            return graph, logits  # its output stays allocated while the graph may replay
+
+        def time_graph(captured) -> float:
+            graph = captured[0]
+            graph.replay()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(step_timing.REPLAYS):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / step_timing.REPLAYS
+
+        step_timing.refine(candidates, capture, time_graph)
         self.seq_lens.fill_(1)
         torch.cuda.synchronize(self.device)
 

@@ -168,7 +168,7 @@ class ModelRunner:
             self.graph_runner = CUDAGraphRunner(
                 model, kv_cache.layers, max_num_seqs, max_blocks_per_seq,
                 self.device, backend, verify_query_len=num_speculative_tokens + 1,
-                verify_max_num_seqs=self.spec_max_num_seqs)
+                verify_max_num_seqs=self.spec_max_num_seqs, block_size=self.block_size)
             self.graph_runner.capture()
         if self.device.type == "cuda" and num_speculative_tokens:
             self.warm_up_speculation()

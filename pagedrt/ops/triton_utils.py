@@ -346,9 +346,12 @@ def _l2_flusher() -> Callable[[], torch.Tensor]:
     return torch.zeros(2 * l2_bytes // 4, dtype=torch.float32, device="cuda").sum
 
 
-def fastest_config(baseline, candidate, configs, rep: int) -> tuple | None:
+def fastest_config(baseline, candidate, configs, rep: int, times: dict | None = None
+                   ) -> tuple | None:
     """Of `configs` (iterated after `baseline` has run), the config for which
-    `candidate(config)` beats `baseline()` (and every earlier winner) by 5%, or None. Timed as
+    `candidate(config)` beats `baseline()` (and every earlier winner) by 5%, or None. Where
+    `times` is given, each timed config's ms per call goes into it (the baseline's under
+    None), for the in-step timing that may revisit the choice (pagedrt/engine/step_timing.py). Timed as
     the engine runs them: replayed from a CUDA graph (triton.testing.do_bench_cudagraph),
     where launch overhead does not hide the kernels' own time; each is run once first,
     outside the capture, to compile it. A config the GPU cannot run is skipped. Used by the
@@ -399,11 +402,15 @@ def fastest_config(baseline, candidate, configs, rep: int) -> tuple | None:
         return bench(flushed) - before_ms
 
     best, best_ms = None, timed(baseline)
+    if times is not None:
+        times[None] = best_ms
     for cfg in configs:
         try:
             ms = timed(lambda cfg=cfg: candidate(cfg))
         except OutOfResources:  # a config this GPU cannot run
             continue
+        if times is not None:
+            times[cfg] = ms
         if ms < 0.95 * best_ms:  # a clear win only
             best, best_ms = cfg, ms
     return best

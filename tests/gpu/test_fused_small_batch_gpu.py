@@ -136,3 +136,47 @@ def test_engine_tokens_with_rope_in_the_qkv_kernel(monkeypatch):
                       for n in (1, 4)]
         assert bool(forced_keys) == rope
     assert outs[True] == outs[False]
+
+
+def test_engine_tokens_with_the_in_step_timing(monkeypatch):
+    """PAGEDRT_STEP_TIMING=1 with every timed config of a one-row op a candidate (MARGIN 10):
+    the in-step timing times at least one op, leaves each at a config it timed, and the
+    engine's greedy tokens for 1 and 4 requests equal those of an engine with the choices made
+    alone (fp32 tiny model with perturbed norms, CUDA graphs)."""
+    from pagedrt.engine import step_timing
+    from pagedrt.ops import gemv_triton
+
+    loaded = build_tiny_llama(seed=0)
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for name, p in loaded.model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
+    loaded = loaded._replace(model=loaded.model.to("cuda"))
+    prompts = [[1, 5, 9, 20, 7], list(range(3, 40)), list(range(100, 164)), [7]]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    monkeypatch.setattr(step_timing, "MARGIN", 10.0)
+    monkeypatch.setattr(step_timing, "_DONE", set())
+    monkeypatch.setattr(step_timing, "REPORT", [])
+    outs = {}
+    for enabled in (False, True):
+        # fresh tables: each engine times its own shapes (the tables are per process)
+        for table in ("_CHOICE", "_FUSED_CHOICE", "_TIMES"):
+            monkeypatch.setattr(gemv_triton, table, {})
+        monkeypatch.setattr(step_timing, "ENABLED", enabled)
+        llm = LLM(loaded, num_kv_blocks=64, block_size=16)
+        outs[enabled] = [[o.outputs[0].token_ids for o in llm.generate(prompts[:n], params,
+                                                                        use_tqdm=False)]
+                         for n in (1, 4)]
+        if enabled:
+            assert step_timing.REPORT, "no one-row op was timed in a step"
+            for choice in step_timing.REPORT:
+                assert choice.chosen in choice.step_ms
+                assert choice.chosen_alone in choice.step_ms
+                table = (gemv_triton._FUSED_CHOICE if choice.key in gemv_triton._FUSED_CHOICE
+                         else gemv_triton._CHOICE)
+                assert table[choice.key] == choice.chosen
+                assert all(ms > 0 for ms in choice.step_ms.values())
+        else:
+            assert not step_timing.REPORT
+    assert outs[True] == outs[False]

@@ -1,0 +1,102 @@
+"""In-step timing of the one-row decode ops' tile configs (docs/design.md, "Small-batch decode").
+
+The start-up timing (`triton_utils.fastest_config`) times each op alone, replayed from a CUDA
+graph after an L2 flush. In a decode step each kernel also overlaps the one before it (its
+programs load weights before their PDL wait), which timing alone does not see: on the H200 the
+batch-1 RMSNorm + gate/up tile chosen alone was 3% slower per step than one it passed over, and
+which of the close tiles won alone changed between start-ups (BENCHMARKS.md, runs of
+2026-12-04 20:40). So, with PAGEDRT_STEP_TIMING=1, where several configs of a one-row op time
+within 10% of the fastest alone (`gemv_triton.step_candidates`), the graph runner captures the
+batch-1 decode graph once per such config (every other op as chosen) and replays the graphs in
+alternating rounds; the config of the fastest graph replaces the one chosen alone if its step is
+`MIN_GAIN` faster. One op at a time, largest weight first, each later op timed with the earlier
+ones' new choices (coordinate descent). Off by default until measured on the GPU.
+
+Not under tensor parallelism: each rank's candidates come from its own timing, so the ranks
+would capture different numbers of graphs, each holding all-reduces.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+ENABLED = os.environ.get("PAGEDRT_STEP_TIMING", "0") == "1"
+ROUNDS = 3  # rounds over an op's graphs, alternating their order (drift shows in both)
+REPLAYS = 20  # graph replays per timing; a replay is one decode step
+MIN_GAIN = 0.003  # a config replaces the one chosen alone only if its step is 0.3% faster
+MARGIN = 0.10  # configs within this of the fastest alone are timed in a step
+LIMIT = 4  # at most this many configs per op (the fastest alone)
+CONTEXT = 512  # tokens each timed step attends to (fewer where the block table is shorter)
+
+_DONE: set[tuple] = set()  # keys timed in a step in this process (the tables are per process)
+
+
+@dataclass
+class StepChoice:
+    """What the in-step timing found for one op: its choice table key, the config chosen
+    alone, the config kept, and each timed config's median ms per decode step."""
+
+    key: tuple
+    chosen_alone: object
+    chosen: object
+    step_ms: dict
+
+
+def refine(candidates: list[tuple[dict, tuple, list]], capture: Callable[[], object],
+           time_graph: Callable[[object], float], rounds: int = ROUNDS) -> list[StepChoice]:
+    """Time each candidate config of each op inside a whole step and keep the fastest.
+
+    Args:
+        candidates: (choice table, key, configs) per op, as `gemv_triton.step_candidates`
+            gives them; `table[key]` is set to each config in turn and left at the one kept.
+        capture: captures a decode graph with the tables as they are now; returns a handle
+            that `time_graph` accepts (kept alive until the op's timing ends).
+        time_graph: ms per replay of a captured graph.
+        rounds: rounds over an op's graphs; odd rounds go in reverse order.
+
+    Returns:
+        One StepChoice per op timed (ops already timed in this process are skipped).
+    """
+    report = []
+    for table, key, configs in candidates:
+        if key in _DONE:
+            continue
+        incumbent = table[key]
+        try:
+            graphs = {}
+            for cfg in configs:
+                table[key] = cfg
+                graphs[cfg] = capture()
+            samples: dict = {cfg: [] for cfg in configs}
+            for r in range(rounds):
+                for cfg in configs if r % 2 == 0 else configs[::-1]:
+                    samples[cfg].append(time_graph(graphs[cfg]))
+        finally:
+            table[key] = incumbent
+            graphs = None  # the op's graphs go before the next op's are captured
+        step_ms = {cfg: statistics.median(v) for cfg, v in samples.items()}
+        best = min(configs, key=step_ms.get)
+        if step_ms[best] > step_ms[incumbent] * (1 - MIN_GAIN):
+            best = incumbent
+        table[key] = best
+        _DONE.add(key)
+        report.append(StepChoice(key, incumbent, best, step_ms))
+    REPORT.extend(report)
+    return report
+
+
+REPORT: list[StepChoice] = []  # every op timed in a step in this process, in order
+
+
+def report_dict() -> dict:
+    """REPORT as plain data for a benchmark's JSON: {str(key): {"alone": config, "kept":
+    config, "step_ms": {str(config): ms per step}}}, configs as lists, None the plain path."""
+    def plain(cfg):
+        return None if cfg is None else list(cfg)
+    return {str(c.key): {"alone": plain(c.chosen_alone), "kept": plain(c.chosen),
+                         "step_ms": {str(plain(cfg)): round(ms, 5)
+                                     for cfg, ms in c.step_ms.items()}}
+            for c in REPORT}
