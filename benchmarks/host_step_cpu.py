@@ -128,7 +128,7 @@ def run(args) -> dict:
     clock = time.thread_time if args.cpu_clock else time.perf_counter
     profiling.time = _CpuClock if args.cpu_clock else time  # the engine's StepClock
     config = stub_config(args.vocab_size)
-    cfg = EngineConfig(num_kv_blocks=args.num_seqs * (args.input_len + args.steps + 64) // 16,
+    cfg = EngineConfig(num_kv_blocks=args.num_seqs * (-(-(args.input_len + args.steps + 64) // 16) + 1),
                        max_num_seqs=args.num_seqs, max_num_batched_tokens=8192,
                        async_scheduling=args.async_scheduling)
     group = args.beam_width or args.n or 1
