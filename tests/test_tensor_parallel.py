@@ -14,7 +14,9 @@ import random
 import signal
 import socket
 import struct
+import threading
 import time
+import types
 
 import pytest
 import torch
@@ -391,6 +393,77 @@ def test_an_answer_that_comes_before_rank_0_runs_its_part_is_not_lost():
     assert executor.collective_rpc("load_model", timeout_s=5)[1] == "second"
     theirs.close()
     executor.shutdown()
+
+
+class _StuckEvent:
+    """A step's device event that completes only when `done` is set (a device waiting in an
+    all-reduce for a rank that left it never does)."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+    def query(self) -> bool:
+        return self.done.is_set()
+
+
+def _rank0_with_a_step():
+    """An Executor whose rank 0 is a stand-in with a model runner, and a remote rank 1 over a
+    pipe; returns (executor, rank 1's end, the step, the stand-in's fetch log)."""
+    from multiprocessing import Pipe
+
+    from pagedrt.distributed.executor import Executor, RemoteRank
+
+    fetched = []
+
+    class Runner:
+        def fetch(self, step):
+            fetched.append(step.event.query())
+            return "tokens"
+
+    class Rank0:
+        model_runner = Runner()
+
+    ours, theirs = Pipe()
+    executor = Executor(Rank0(), [RemoteRank(1, ours)], tokenizer=None, model_path="")
+    step = types.SimpleNamespace(step_id=7, event=_StuckEvent())
+    return executor, theirs, step, fetched
+
+
+@pytest.mark.parametrize("how", ["error", "exit"])
+def test_a_remote_rank_that_fails_mid_step_fails_rank_0s_wait_at_once(how):
+    """Rank 0 in this process (the torchrun layout) waits for its step's device work while
+    rank 1 fails: its error message (or the end of its connection) must end the wait now,
+    not when NCCL's collective times out (the device of rank 0 would wait in the step's
+    all-reduce for a rank that left it)."""
+    executor, theirs, step, fetched = _rank0_with_a_step()
+
+    def rank1_fails():
+        theirs.recv_bytes()  # the fetch command
+        if how == "error":
+            theirs.send_bytes(pickle.dumps(("error", 1, False, "RuntimeError: rank 1 broke",
+                                            "")))
+        theirs.close()
+
+    threading.Timer(0.2, rank1_fails).start()
+    start = time.monotonic()
+    expected = "rank 1 broke" if how == "error" else "rank 1 exited"
+    with pytest.raises(ExecutorError, match=expected):
+        executor.fetch(step)
+    assert time.monotonic() - start < 5
+    assert fetched == []  # rank 0's own fetch never ran on the stuck step
+    with pytest.raises(ExecutorError, match=expected):  # and later calls say why
+        executor.fetch(step)
+
+
+def test_rank_0s_wait_returns_the_step_when_the_device_finishes():
+    executor, theirs, step, fetched = _rank0_with_a_step()
+    threading.Timer(0.1, step.event.done.set).start()
+    assert executor.fetch(step) == "tokens"
+    assert fetched == [True]  # rank 0's fetch ran once the device was done
+    method, args, _reply, _seq = pickle.loads(theirs.recv_bytes())
+    assert (method, args) == ("fetch", (7,))
+    executor.shutdown()
+    theirs.close()
 
 
 def _echo(worker, value):

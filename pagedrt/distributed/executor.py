@@ -60,6 +60,10 @@ from pagedrt.models.weights import RandomWeights, TensorWeights
 
 logger = logging.getLogger("pagedrt.executor")
 
+WATCH_SPIN_S = 0.02
+"""Seconds rank 0 polls its step's event and the other ranks' connections without sleeping
+(`Executor._wait_device`); after that, once per ms."""
+
 WORKER_TIMEOUT_S = float(os.environ.get("PAGEDRT_WORKER_TIMEOUT_S", "600"))
 """Seconds the engine waits for a worker's answer (loading the model, capturing CUDA graphs, one
 step) before it gives up on the workers (`PAGEDRT_WORKER_TIMEOUT_S`)."""
@@ -190,7 +194,27 @@ class Executor:
             self._send("fetch", (step.step_id,), NO_REPLY if self.local else RANK0_REPLIES)
         if self.local is None:
             return self._gather([0])[0]
+        if self.remotes:
+            self._wait_device(step)
         return self._local_call(self.local.model_runner.fetch, step)
+
+    def _wait_device(self, step) -> None:
+        """Rank 0 in this process, under tensor parallelism: wait for the step's device work
+        (its `event`) while watching the other ranks' connections. They send nothing during a
+        step, so a message then is a rank's error and an end of file its exit; either fails
+        the step at once (`_poll_errors`). Without this, rank 0's device would wait in the
+        step's all-reduce for a rank that left it, and NCCL notices that only when the
+        collective times out (PAGEDRT_DIST_TIMEOUT_S, 300 s), the clients waiting meanwhile.
+        Spins for the first WATCH_SPIN_S (a step's usual wait), then checks every ms."""
+        event = getattr(step, "event", None)
+        if event is None:
+            return
+        conns = [r.conn for r in self.remotes]
+        spin_until = time.monotonic() + WATCH_SPIN_S
+        while not event.query():
+            timeout = 0.0 if time.monotonic() < spin_until else 0.001
+            if wait(conns, timeout=timeout):
+                self._poll_errors()  # an error message or an end of file raises here
 
     def collective_rpc(self, method, *args, timeout_s: float = WORKER_TIMEOUT_S) -> list:
         """Call a Worker method (by name), or a function `f(worker, *args)` defined at module
@@ -340,10 +364,13 @@ class Executor:
 
     def _stop_failed(self, reason: str) -> None:
         """After a fault (`_health.failed` set): stop every worker at once; later calls raise
-        ExecutorError naming `reason`."""
+        ExecutorError naming `reason`. With rank 0 in this process, its process group is
+        aborted too: its device may be waiting in a collective for a rank that left."""
         self.dead = reason
         self._closed = True
         self._finalizer()
+        if self.local is not None:
+            _abort_process_group()
 
     def _queued_errors(self) -> dict[int, tuple[str, bool]]:
         """rank -> (text, is_value_error) of the error messages the remote ranks have sent."""
@@ -357,6 +384,20 @@ class Executor:
             except (EOFError, OSError):
                 continue
         return errors
+
+
+def _abort_process_group() -> None:
+    """Abort this process's default process group where torch can (NCCL's abort ends the
+    kernels of a collective that a peer left); nothing where it cannot, or none formed."""
+    import torch.distributed as dist
+
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is None or not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        abort()
+    except (RuntimeError, ValueError, NotImplementedError) as e:  # a backend without abort
+        logger.warning("could not abort the process group after a fault: %r", e)
 
 
 def _logged(message: tuple) -> str:

@@ -16,9 +16,10 @@ TCP port and broadcasts the port and a random token over a gloo group; every oth
 connects to MASTER_ADDR on that port and sends its rank and the token. From then on a rank
 receives its commands over that connection (pagedrt/distributed/worker.py), and the end of
 file when rank 0's process goes away ends it. A rank that dies on another machine is seen by
-rank 0 when its connection closes (a machine gone silent: when TCP keepalive gives up, about
-two minutes; `_keep_alive`), or, while rank 0 is inside a collective with it, when the
-collective times out (PAGEDRT_DIST_TIMEOUT_S).
+rank 0 when its connection closes, also while rank 0's device waits in a step's collective
+with it (`Executor._wait_device`); a machine gone silent when TCP keepalive gives up on its
+connection (about two minutes; `_keep_alive`) or, while rank 0 is inside a collective with it,
+when the collective times out (PAGEDRT_DIST_TIMEOUT_S).
 """
 
 from __future__ import annotations
