@@ -21,7 +21,7 @@ import types
 import pytest
 import torch
 from tiny_model import TINY_CONFIG, build_tiny_llama
-from tp_helpers import greedy_logits, raise_on_rank
+from tp_helpers import free_port, greedy_logits, process_tree, raise_on_rank, signal_all
 
 from pagedrt import LLM, BeamSearchParams, SamplingParams
 from pagedrt.distributed.executor import ExecutorError
@@ -620,38 +620,6 @@ def test_sharded_shapes_and_weight_loading_without_a_group():
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _process_tree(root: int) -> list[int]:
-    """`root` and every process below it, parents first (from /proc). torchrun starts its
-    workers in sessions of their own, so signalling the agent's process group misses them."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue  # gone meanwhile
-            children.setdefault(ppid, []).append(int(entry))
-    tree, todo = [], [root]
-    while todo:
-        pid = todo.pop(0)
-        tree.append(pid)
-        todo.extend(children.get(pid, []))
-    return tree
-
-
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-
 def test_rank_0_takes_only_the_ranks_connections():
     """Rank 0's command port skips connections that are not a rank's (a wrong token, one
     closed before its hello, a rank out of range, a rank seen twice) and still takes the real
@@ -721,7 +689,7 @@ def test_two_torchrun_nodes_on_loopback_generate_the_text_of_one_rank(tmp_path, 
     folder = save_hf_folder(build_tiny_llama(seed=3, config=config), str(tmp_path / "model"),
                             resolve_checkpoint(smollm2_path).tokenizer_dir)
     prompts = ["Once upon a time", "The capital of France is"]
-    port = _free_port()
+    port = free_port()
     # (PYTHONFAULTHANDLER: on a hang, SIGABRT makes every Python process print its stacks;
     # unbuffered, the logs show how far each got; a collective waits 60 s at most, not 300)
     env = dict(os.environ, PYTHONPATH=ROOT, PAGEDRT_NUM_THREADS="1", OMP_NUM_THREADS="1",
@@ -744,15 +712,15 @@ def test_two_torchrun_nodes_on_loopback_generate_the_text_of_one_rank(tmp_path, 
         hung = True
         # every process's Python stacks into its node's log, one process at a time (the
         # workers, then the agents, which die of it)
-        trees = [_process_tree(node.pid) for node in nodes]  # (before an agent dies)
+        trees = [process_tree(node.pid) for node in nodes]  # (before an agent dies)
         for pid in [pid for tree in trees for pid in tree[1:]] + [tree[0] for tree in trees]:
-            _signal_all([pid], signal.SIGABRT)
+            signal_all([pid], signal.SIGABRT)
             time.sleep(1)
     finally:
         for node in nodes:  # the agents and their workers, wherever they are
             if node.poll() is None:
-                trees.append(_process_tree(node.pid))
-        _signal_all([pid for tree in trees for pid in tree], signal.SIGKILL)
+                trees.append(process_tree(node.pid))
+        signal_all([pid for tree in trees for pid in tree], signal.SIGKILL)
         for node in nodes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 node.wait(timeout=10)

@@ -1,13 +1,16 @@
 """Helpers for the tensor-parallel tests that run inside worker processes (through
 `Executor.collective_rpc`, which pickles them by name: they live in an importable module, not in
-a test file), and for writing a model to a Hugging Face folder."""
+a test file), for writing a model to a Hugging Face folder, and for the torchrun tests' processes
+(a free port, a process tree from /proc, signals)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
+import socket
 
 import torch
 from safetensors.torch import save_file
@@ -116,3 +119,37 @@ def count_graph_replays(worker) -> list[int]:
 
 def graph_replays(worker) -> int:
     return worker.graph_replays
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 at the time of the call."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and every process below it, parents first (from /proc). torchrun starts its
+    workers in sessions of their own, so signalling the agent's process group misses them."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+            children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop(0)
+        tree.append(pid)
+        todo.extend(children.get(pid, []))
+    return tree
+
+
+def signal_all(pids: list[int], sig: int) -> None:
+    """Send `sig` to each of `pids` that still exists."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
