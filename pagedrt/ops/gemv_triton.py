@@ -457,9 +457,9 @@ def step_candidates(rows: int, margin: float = 0.10, limit: int = 4
     for key, (table, key_rows, times) in _TIMES.items():
         if key_rows != rows or key not in table or not times:
             continue
-        best_ms = min(times.values())
+        best_ms = min(times.values())  # (a cold-L2 time less the flush's may be <= 0)
         configs = [c for c in sorted(times, key=times.get)
-                   if times[c] <= best_ms * (1 + margin)][:limit]
+                   if times[c] <= best_ms + abs(best_ms) * margin][:limit]
         if table[key] not in configs:
             configs = [table[key]] + configs[: limit - 1]
         if len(configs) > 1:
