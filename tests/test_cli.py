@@ -224,3 +224,15 @@ def test_bench_results_record_the_start_up_timing_choices(tmp_path, monkeypatch)
     assert doc["kernel_choices"] == {
         "gemv_triton._CHOICE": {"((896, 896), 1)": [8, 256, 4]},
         "matmul_triton._CHOICE": {"('qkv_rope', 16)": None}}
+
+
+def test_serve_with_a_path_that_is_not_a_model_is_one_line_and_exit_2(tmp_path, capfd):
+    """`pagedrt serve --model foo` printed the loader's clear line, then a 15-line traceback
+    from the engine core, and exited 1 (a fresh user's run), where `pagedrt generate` prints
+    the line alone and exits 2: now serve does the same."""
+    missing = str(tmp_path / "no-such-model")
+    assert main(["serve", "--model", missing, "--device", "cpu", "--port", "0",
+                 "--no-warm-up"]) == 2
+    captured = capfd.readouterr()  # (fd level: the engine core's output too)
+    assert f"pagedrt: error: cannot load model '{missing}'" in captured.err
+    assert "Traceback" not in captured.out + captured.err

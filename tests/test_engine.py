@@ -189,6 +189,18 @@ def test_bad_prompts_rejected_before_any_state_change(llm, prompts):
             engine.add_request("bad", prompt, params)
         with pytest.raises(ValueError, match=message):
             llm.generate([prompts[0], prompt], params, use_tqdm=False)
+    # the wrong kind of object where prompts or sampling params go (a fresh user's
+    # generate(5, p) was "TypeError: 'int' object is not iterable")
+    for bad, params, message in [
+        (5, greedy(), "prompts=5 must be a str, a list of str"),
+        ([prompts[0], 5], greedy(), "prompt 5 must be a str, a list of str"),
+        ([prompts[0]], {"temperature": 0}, "sampling_params={'temperature': 0} must be a Sa"),
+        ([prompts[0]], "greedy", "sampling_params='greedy' must be a SamplingParams"),
+        ([prompts[0], prompts[1]], [greedy(), {"max_tokens": 3}],
+         r"sampling_params entry \{'max_tokens': 3\} is not a SamplingParams"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            llm.generate(bad, params, use_tqdm=False)
     # prompt + max_tokens beyond the whole cache (but within max_model_len)
     small = LLM(_loaded(llm), num_kv_blocks=4, max_model_len=2048)
     with pytest.raises(ValueError, match="needs 5 KV blocks but the whole cache has 4"):

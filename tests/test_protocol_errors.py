@@ -29,7 +29,12 @@ def _error(model, body: dict):
     ({"prompt": 5.5}, "prompt",
      "prompt=5.5 must be one of: str, list[str], list[int], list[list[int]]"),
     ({"prompt": "hi", "max_tokens": "x"}, "max_tokens",
-     "max_tokens: Input should be a valid integer"),
+     "max_tokens='x': Input should be a valid integer"),
+    ({"prompt": "hi", "temperature": "hot"}, "temperature",
+     "temperature='hot': Input should be a valid number"),
+    ({"prompt": "hi", "stream_options": {"include_usage": "yes"}}, "stream_options",
+     "stream_options.include_usage='yes': Input should be a valid boolean"),
+    ({}, "prompt", "prompt: Field required"),  # a missing field: no value to show
 ])
 def test_completion_bodies(body, param, message):
     error = _error(CompletionRequest, body)

@@ -130,8 +130,9 @@ class CoreSpec:
 
 # ---------------------------------------------------------------- the process
 def run_engine_core(spec: CoreSpec, conns: list[Connection]) -> None:
-    """Process entry point: build the engine, report CoreInfo (or the error) on every pipe,
-    then serve until a pipe closes or a Shutdown arrives."""
+    """Process entry point: build the engine, report CoreInfo (or the error: ("invalid",
+    message) for a ValueError, bad settings; ("error", message with traceback) otherwise) on
+    every pipe, then serve until a pipe closes or a Shutdown arrives."""
     # Ctrl-C reaches the whole process group: the launcher decides when the core stops
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING,
@@ -149,13 +150,16 @@ def run_engine_core(spec: CoreSpec, conns: list[Connection]) -> None:
         core = EngineCore(engine, conns, spec.input_address, spec.output_addresses)
         core.info.warm_up_s = time.perf_counter() - start
     except BaseException as e:  # noqa: BLE001 - reported to the launcher, then exit non-zero
-        message = f"engine core failed to start: {e!r}\n{traceback.format_exc()}"
+        if isinstance(e, ValueError):  # bad settings (a model path, a size): the message is all
+            report = ("invalid", str(e))
+        else:
+            report = ("error", f"engine core failed to start: {e!r}\n{traceback.format_exc()}")
         for conn in conns:
             try:
-                conn.send(("error", message))
+                conn.send(report)
             except OSError:
                 pass
-        raise SystemExit(1) from None
+        raise SystemExit(2 if report[0] == "invalid" else 1) from None
     for conn in conns:
         conn.send(("ready", core.info))
     signal.signal(signal.SIGTERM, _stopping_notice(conns))

@@ -29,6 +29,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -72,7 +73,9 @@ def http_options(args) -> HttpOptions:
 
 def run_server(args) -> int:
     """Serve until stopped; returns the exit status (0 after SIGTERM/SIGINT, 1 after a crash,
-    2 if the port cannot be bound)."""
+    2 if the port cannot be bound or the engine refuses its settings, such as a model path that
+    is not a model)."""
+    started = time.monotonic()
     from pagedrt.config import EngineConfig
     from pagedrt.entrypoints.engine_args import engine_kwargs
     from pagedrt.entrypoints.openai_server import default_model_name
@@ -108,8 +111,8 @@ def run_server(args) -> int:
             core_end.close()
         conn = pipes[0][0]
         info = _wait_ready(conn, core, stop)
-        if info is None:
-            return 0 if stop["signal"] is not None else 1
+        if info is None or info == "invalid":
+            return 0 if stop["signal"] is not None else (2 if info == "invalid" else 1)
         name = args.served_model_name or default_model_name(args.model or info.model_path)
         listener.listen(2048)
         ready_conns = []
@@ -138,7 +141,8 @@ def run_server(args) -> int:
               f", max_model_len {limits.max_model_len}, "
               f"{limits.num_blocks} KV blocks, {num_api} API process(es), engine core pid "
               f"{info.pid}, API pids {','.join(str(p.pid) for p in apis)}, ready in "
-              f"{info.warm_up_s:.1f} s)", flush=True)
+              f"{time.monotonic() - started:.1f} s, of it the engine {info.warm_up_s:.1f} s)",
+              flush=True)
         return _supervise(core, apis, conn, stop,
                           http.shutdown_timeout_s + _STOP_MARGIN_S)
     finally:
@@ -170,8 +174,9 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _wait_ready(conn: Connection, core, stop: dict) -> CoreInfo | None:
-    """The core's CoreInfo once it is ready; None if it died or a signal came first."""
+def _wait_ready(conn: Connection, core, stop: dict) -> CoreInfo | str | None:
+    """The core's CoreInfo once it is ready; "invalid" if it refused its settings (a
+    ValueError, printed); None if it died or a signal came first."""
     while stop["signal"] is None:
         if conn.poll(0.2):
             try:
@@ -180,6 +185,9 @@ def _wait_ready(conn: Connection, core, stop: dict) -> CoreInfo | None:
                 break
             if kind == "ready":
                 return payload
+            if kind == "invalid":  # bad settings: one line, as the CLI's other errors
+                print(f"pagedrt: error: {payload}", file=sys.stderr, flush=True)
+                return "invalid"
             print(f"pagedrt: {payload}", flush=True)
             return None
         if not core.is_alive():

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -24,7 +24,7 @@ from pagedrt.engine.llm_engine import LLMEngine
 from pagedrt.entrypoints.cpu_threads import slow_cpu_hint
 from pagedrt.models.loader import LoadedModel
 from pagedrt.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
-from pagedrt.sampling_params import BeamSearchParams, SamplingParams
+from pagedrt.sampling_params import BeamSearchParams, SamplingParams, short_repr
 
 PromptType = str | Sequence[int] | dict
 
@@ -90,8 +90,14 @@ class LLM:
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
-        params_list = (list(sampling_params) if isinstance(sampling_params, Sequence)
-                       else [sampling_params] * len(prompt_list))
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompt_list)
+        elif isinstance(sampling_params, Sequence) and not isinstance(sampling_params, str):
+            params_list = list(sampling_params)
+        else:
+            raise ValueError(  # noqa: TRY004 - API contract: bad input is a ValueError
+                f"sampling_params={short_repr(sampling_params)} must be a "
+                "SamplingParams or a list of them, one per prompt")
         if len(params_list) != len(prompt_list):
             raise ValueError(f"{len(params_list)} sampling params for {len(prompt_list)} prompts")
         priorities = list(priority) if priority is not None else [0] * len(prompt_list)
@@ -101,7 +107,7 @@ class LLM:
             text, token_ids = self._tokenize(prompt)
             if not isinstance(params, SamplingParams):
                 raise ValueError(  # noqa: TRY004 - API contract: bad input is a ValueError
-                    f"sampling_params entries must be SamplingParams, got {params!r}")
+                    f"sampling_params entry {short_repr(params)} is not a SamplingParams")
             engine.validate_prompt(token_ids, params)
             prepared.append((text, token_ids, params))
         ids = []
@@ -184,6 +190,9 @@ class LLM:
             if not prompt:
                 raise ValueError("prompt is empty; give at least one token")
             return prompt, self.llm_engine.tokenize(prompt)
+        if not isinstance(prompt, Iterable):
+            raise ValueError(  # noqa: TRY004 - API contract: bad input is a ValueError
+                f"prompt {short_repr(prompt)} must be {_PROMPT_FORMS}")
         return None, list(prompt)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
@@ -224,9 +233,16 @@ class LLM:
             warnings.warn(hint.removeprefix("[hint] "), RuntimeWarning, stacklevel=4)
 
 
+_PROMPT_FORMS = ("a str, a list of str, a list of token ids, a list of token-id lists, or "
+                 "dicts with 'prompt' or 'prompt_token_ids'")
+
+
 def _as_prompt_list(prompts) -> list:
     if isinstance(prompts, (str, dict)):
         return [prompts]
+    if not isinstance(prompts, Iterable):
+        raise ValueError(  # noqa: TRY004 - API contract: bad input is a ValueError
+            f"prompts={short_repr(prompts)} must be {_PROMPT_FORMS}")
     prompts = list(prompts)
     if not prompts:
         raise ValueError("prompts is empty; give at least one prompt")

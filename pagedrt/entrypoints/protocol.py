@@ -55,7 +55,8 @@ def api_error_from_value_error(e: ValueError, prompt_field: str) -> APIError:
 
 
 def api_error_from_validation(e: ValidationError) -> APIError:
-    """A 400 naming the first offending field (its top-level name) for a pydantic error."""
+    """A 400 naming the first offending field (its top-level name) and the value sent (cut by
+    `short_repr`) for a pydantic error."""
     errors = e.errors(include_url=False)
     first = errors[0] if errors else {"loc": (), "msg": str(e), "type": ""}
     if first.get("type") == "json_invalid":
@@ -71,6 +72,8 @@ def api_error_from_validation(e: ValidationError) -> APIError:
         return APIError(400, f"{param}={short_repr(first.get('input'))} must be one of: "
                         f"{', '.join(kinds)}", param=param)
     where = ".".join(loc) or "body"
+    if loc and "input" in first and first.get("type") != "missing":  # the value, as sent
+        where += f"={short_repr(first['input'])}"
     more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
     return APIError(400, f"{where}: {first['msg']}{more}", param=param)
 
