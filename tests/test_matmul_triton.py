@@ -21,7 +21,7 @@ from tests.decode_path import (
     mixed_sampling,
     prompts_and_params,
 )
-from tests.tiny_model import build_tiny_llama
+from tests.tiny_model import build_tiny_llama, perturb_norms
 
 # small tiles keep the interpreter quick; both orientations, K tiles that do and do not divide K
 CONFIGS = [(16, 32, 32, 4, 2, False), (16, 64, 64, 4, 3, True), (32, 16, 64, 4, 2, True)]
@@ -216,12 +216,8 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm, sa
         # both orientations, whole K and split in 3
         return (16, 32, 32, 4, 2, len(calls) % 2 == 0, 3 if len(calls) % 3 == 0 else 1)
 
-    model = build_tiny_llama(seed=0)
     g = torch.Generator().manual_seed(9)
-    with torch.no_grad():
-        for name, p in model.model.named_parameters():
-            if "norm" in name:
-                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
+    model = perturb_norms(build_tiny_llama(seed=0), g)
     prompts, params = prompts_and_params(g)
     if sampling == "mixed":
         params = mixed_sampling(len(prompts))

@@ -43,3 +43,13 @@ def build_tiny_llama(seed: int = 0, config: ModelConfig = TINY_CONFIG) -> Loaded
                 param.copy_(torch.randn(param.shape, generator=gen) * 2.0
                             / math.sqrt(param.shape[1]))
     return LoadedModel(model.eval(), config, None, "tiny")
+
+
+def perturb_norms(loaded: LoadedModel, generator: torch.Generator) -> LoadedModel:
+    """Set every norm weight of `loaded` to 1 + 0.3 * N(0, 1) (drawn from `generator`), so that
+    a path that skips or misplaces a norm weight shows in the tokens; returns `loaded`."""
+    with torch.no_grad():
+        for name, p in loaded.model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=generator))
+    return loaded

@@ -5,7 +5,7 @@ engine's greedy tokens with the fusion on and off (CUDA graphs on, batches of 1 
 
 import pytest
 import torch
-from tiny_model import build_tiny_llama
+from tiny_model import build_tiny_llama, perturb_norms
 
 from pagedrt import LLM, SamplingParams
 from pagedrt.models import layers
@@ -46,12 +46,7 @@ def test_fused_prologues_match_the_modules_in_bf16(model, m):
 def test_engine_tokens_with_and_without_the_fusion(monkeypatch):
     """fp32 tiny model with perturbed norms: the fused decode path (timed per shape, inside
     CUDA graphs) gives the unfused path's greedy tokens for 1 to 4 requests."""
-    loaded = build_tiny_llama(seed=0)
-    gen = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for name, p in loaded.model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
+    loaded = perturb_norms(build_tiny_llama(seed=0), torch.Generator().manual_seed(11))
     loaded = loaded._replace(model=loaded.model.to("cuda"))
     prompts = [[1, 5, 9, 20, 7], list(range(3, 40)), list(range(100, 164)), [7]]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
@@ -146,12 +141,7 @@ def test_engine_tokens_with_the_in_step_timing(monkeypatch):
     from pagedrt.engine import step_timing
     from pagedrt.ops import gemv_triton
 
-    loaded = build_tiny_llama(seed=0)
-    gen = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for name, p in loaded.model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
+    loaded = perturb_norms(build_tiny_llama(seed=0), torch.Generator().manual_seed(11))
     loaded = loaded._replace(model=loaded.model.to("cuda"))
     prompts = [[1, 5, 9, 20, 7], list(range(3, 40)), list(range(100, 164)), [7]]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
