@@ -1,7 +1,8 @@
-"""The in-step timing of the one-row ops' tile choices (pagedrt/engine/step_timing.py), its
-candidates (gemv_triton.step_candidates) and the start-up timing's record of every config's
-time (triton_utils.fastest_config's `times`), with stand-ins for the GPU: configs are labels,
-a "graph" is the table's state when it was captured, and its time comes from a dict."""
+"""The in-step timing of the decode ops' tile choices (pagedrt/engine/step_timing.py), its
+candidates (triton_utils.step_candidates), the start-up timing's record of every config's time
+(triton_utils.fastest_config's `record`) and PAGEDRT_STEP_TIMING's batch sizes, with stand-ins
+for the GPU: configs are labels, a "graph" is the table's state when it was captured, and its
+time comes from a dict."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from pagedrt.engine import step_timing
-from pagedrt.ops import gemv_triton, triton_utils
+from pagedrt.ops import triton_utils
 
 
 @pytest.fixture(autouse=True)
@@ -106,27 +107,40 @@ def _key(n: int, k: int, rows: int, fused: bool) -> tuple:
 
 def test_step_candidates_close_configs_largest_weight_first(monkeypatch):
     plain, fused = {}, {}
-    monkeypatch.setattr(gemv_triton, "_TIMES", {})
+    monkeypatch.setattr(triton_utils, "TIMED", {})
     o, gate_up, down, qkv2 = (_key(896, 896, 1, False), _key(9728, 896, 1, True),
                               _key(896, 4864, 1, False), _key(1152, 896, 2, True))
     plain[o], fused[gate_up], plain[down], fused[qkv2] = (4, 512, 4), (32, 128, 4), None, None
-    gemv_triton._TIMES.update({
-        o: (plain, 1, {None: 5.0, (4, 512, 4): 3.0, (8, 256, 4): 3.2, (2, 2048, 4): 3.4}),
-        gate_up: (fused, 1, {None: 6.0, (32, 128, 4): 4.70, (16, 256, 4): 4.75,
+    for table, key, rows, times in [
+        (plain, o, 1, {None: 5.0, (4, 512, 4): 3.0, (8, 256, 4): 3.2, (2, 2048, 4): 3.4}),
+        (fused, gate_up, 1, {None: 6.0, (32, 128, 4): 4.70, (16, 256, 4): 4.75,
                              (8, 256, 4): 4.90, (8, 512, 4): 5.0, (4, 1024, 4): 5.1}),
-        down: (plain, 1, {None: 8.0, (4, 512, 4): 9.5}),  # one config within 10%: left out
-        qkv2: (fused, 2, {None: 4.0, (8, 256, 4): 4.1}),  # another row count
-    })
-    got = gemv_triton.step_candidates(1, margin=0.10, limit=4)
+        (plain, down, 1, {None: 8.0, (4, 512, 4): 9.5}),  # one config within 10%: left out
+        (fused, qkv2, 2, {None: 4.0, (8, 256, 4): 4.1}),  # another row count
+    ]:
+        triton_utils.TIMED[id(table), key] = (table, rows, times)
+    got = triton_utils.step_candidates(1, margin=0.10, limit=4)
     assert [(key, configs) for _, key, configs in got] == [
         (gate_up, [(32, 128, 4), (16, 256, 4), (8, 256, 4), (8, 512, 4)]),  # 4 of 5 in 10%
         (o, [(4, 512, 4), (8, 256, 4)]),  # 3.4 is over 3.0 * 1.1
     ]
     assert got[0][0] is fused and got[1][0] is plain
-    assert [key for _, key, _ in gemv_triton.step_candidates(2)] == [qkv2]
+    assert [key for _, key, _ in triton_utils.step_candidates(2)] == [qkv2]
     # the table's own choice is always timed, even when not among the fastest alone
     plain[o] = None
-    assert gemv_triton.step_candidates(1)[1][2] == [None, (4, 512, 4), (8, 256, 4)]
+    assert triton_utils.step_candidates(1)[1][2] == [None, (4, 512, 4), (8, 256, 4)]
+
+
+@pytest.mark.parametrize(("value", "buckets"), [
+    (None, set()), ("", set()), ("0", set()), ("1", {1}), ("1, 8,32", {1, 8, 32})])
+def test_step_timing_batch_sizes(value, buckets):
+    assert step_timing.parse_buckets(value) == buckets
+
+
+@pytest.mark.parametrize("value", ["yes", "1,,8", "-1", "8.5"])
+def test_step_timing_refuses_what_is_not_batch_sizes(value):
+    with pytest.raises(ValueError, match=f"PAGEDRT_STEP_TIMING={value!r}: give the decode"):
+        step_timing.parse_buckets(value)
 
 
 def test_fastest_config_records_every_time(monkeypatch):
@@ -135,9 +149,20 @@ def test_fastest_config_records_every_time(monkeypatch):
     monkeypatch.setattr(triton_utils, "COLD_L2_TIMING", False)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(triton.testing, "do_bench_cudagraph", lambda fn, rep: fn())
+    monkeypatch.setattr(triton_utils, "TIMED", {})
     alone = {"a": 0.98, "b": 0.90, "c": 0.88}
-    times: dict = {}
+    table = {}
     best = triton_utils.fastest_config(lambda: 1.0, alone.get, ["a", "b", "c"], rep=1,
-                                       times=times)
+                                       record=(table, "key", 8))
     assert best == "b"  # c is not 5% faster than b
-    assert times == {None: 1.0, **alone}
+    assert triton_utils.TIMED == {(id(table), "key"): (table, 8, {None: 1.0, **alone})}
+
+
+def test_matmul_keys_give_their_row_count():
+    from pagedrt.ops.matmul_triton import _key_rows
+
+    shape = torch.Size([1152, 896])
+    assert _key_rows((shape, 32, torch.bfloat16, False, 0)) == 32  # linear
+    assert _key_rows(("silu_mul", shape, 8, torch.bfloat16, 0)) == 8
+    assert _key_rows(("qkv_rope", shape, 64, torch.bfloat16, True, 0)) == 64
+    assert _key_rows(("k",)) == 0

@@ -14,7 +14,9 @@
 # .json, one summary line each), and latency_run NAME CAP [ENV] (Qwen2-0.5B batch-1 ms/token
 # at ctx 512 and 4,096 with ENV, capped at CAP seconds: $out/r/lat_NAME.txt and .json, a
 # summary line and the run's 1-row tile choices printed, with the in-step timing's findings
-# where PAGEDRT_STEP_TIMING=1), and timeline_run BATCH STEPS CAP
+# where PAGEDRT_STEP_TIMING is set), and sweep NAME [ENV] (the batch sweep of record, Qwen2-0.5B
+# 512/128 at 256 and batches 8-128 with --repeats 3 and ENV, capped at 200 s: $out/r/sweep_NAME
+# .txt and .json, a summary line), and timeline_run BATCH STEPS CAP
 # (decode_timeline.py at ctx 512: $out/r/tl_bBATCH.txt and .json, its totals printed).
 out="${OUT:-out}"; mkdir -p "$out/r"
 # A fresh machine spends minutes compiling Triton kernels (call_s82: the first two engines and
@@ -92,11 +94,19 @@ for name, table in json.load(open(sys.argv[1])).get("kernel_choices", {}).items(
     for k, v in table.items():
         if ", 1, " not in k:
             continue
-        if name == "step_timing":  # PAGEDRT_STEP_TIMING=1: alone -> kept, ms per step
+        if name == "step_timing":  # PAGEDRT_STEP_TIMING: alone -> kept, ms per step
             print("    step", k[:60], v["alone"], "->", v["kept"], v["step_ms"])
         else:
             print("   ", k[:72], "->", v)
 PY
+}
+sweep() {  # name, extra environment (VAR=VALUE or "")
+  local t0=$SECONDS
+  env ${2:-} timeout 200 python3 -m pagedrt.entrypoints.cli bench throughput \
+    --preset qwen2-0.5b --skip-step-split --batch-sizes 8,32,64,128 --repeats 3 \
+    --name "sweep_$1" --out "$out/r" > "$out/r/sweep_$1.txt" 2>&1
+  echo "sweep_$1 status $? in $((SECONDS - t0))s: $(grep -E "^pagedrt +qwen" \
+    "$out/r/sweep_$1.txt" | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ' ')"
 }
 timeline_run() {  # batch, decode steps, cap
   timeout "$3" python3 benchmarks/diagnostics/decode_timeline.py --batch "$1" --context 512 \

@@ -7,14 +7,6 @@
 set -u
 . benchmarks/diagnostics/call_common.sh
 out="$(cd "$out" && pwd)"
-sweep() {  # name, extra environment
-  local t0=$SECONDS
-  env $2 timeout 200 python3 -m pagedrt.entrypoints.cli bench throughput --preset qwen2-0.5b \
-    --skip-step-split --batch-sizes 8,32,64,128 --repeats 3 --name "sweep_$1" \
-    --out "$out/r" > "$out/r/sweep_$1.txt" 2>&1
-  echo "sweep_$1 status $? in $((SECONDS - t0))s: $(grep -E "^pagedrt +qwen" \
-    "$out/r/sweep_$1.txt" | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ' ')"
-}
 sweep default ""
 sweep lead PAGEDRT_TIMING_LEAD=1
 gpu_tests gpu_fused 150 tests/gpu/test_fused_small_batch_gpu.py  # with the in-step timing's test

@@ -153,7 +153,7 @@ def kernel_choices() -> dict:
     pagedrt/ops/gemv_triton.py; the decode matmul, pagedrt/ops/matmul_triton.py): {"module.TABLE":
     {str(shape key): config as a list, or None for the plain path}}, only for modules already
     imported and tables not empty. Engines whose model runs in worker processes time there,
-    so their choices are not here. With PAGEDRT_STEP_TIMING=1, "step_timing" holds what the
+    so their choices are not here. With PAGEDRT_STEP_TIMING set, "step_timing" holds what the
     in-step timing found (pagedrt/engine/step_timing.py). Lets a run's figures be traced to
     the kernels it ran."""
     out = {}

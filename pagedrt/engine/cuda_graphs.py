@@ -112,7 +112,7 @@ class CUDAGraphRunner:
             graph = torch.cuda.CUDAGraph()
             self.seq_lens.fill_(q)  # (outside the capture: a replay must not reset it)
             self._forward(bs, q)  # warm-up on the capture's shapes (times their ops)
-            if q == 1 and bs == 1 and step_timing.ENABLED:
+            if q == 1 and bs in step_timing.BUCKETS:
                 self._time_in_step(bs)  # (leaves seq_lens at 1)
             with torch.cuda.graph(graph, pool=self.pool):
                 self.logits[q, bs] = self._forward(bs, q)
@@ -128,9 +128,9 @@ class CUDAGraphRunner:
         if (torch.distributed.is_available() and torch.distributed.is_initialized()
                 and torch.distributed.get_world_size() > 1):
             return
-        from pagedrt.ops import gemv_triton
+        from pagedrt.ops.triton_utils import step_candidates
 
-        candidates = gemv_triton.step_candidates(bs, step_timing.MARGIN, step_timing.LIMIT)
+        candidates = step_candidates(bs, step_timing.MARGIN, step_timing.LIMIT)
         if not candidates:
             return
         self.seq_lens[:bs].fill_(min(step_timing.CONTEXT,

@@ -1,16 +1,18 @@
-"""In-step timing of the one-row decode ops' tile configs (docs/design.md, "Small-batch decode").
+"""In-step timing of the decode ops' tile configs (docs/design.md, "Small-batch decode").
 
 The start-up timing (`triton_utils.fastest_config`) times each op alone, replayed from a CUDA
 graph after an L2 flush. In a decode step each kernel also overlaps the one before it (its
 programs load weights before their PDL wait), which timing alone does not see: on the H200 the
 batch-1 RMSNorm + gate/up tile chosen alone was 3% slower per step than one it passed over, and
 which of the close tiles won alone changed between start-ups (BENCHMARKS.md, runs of
-2026-12-04 20:40). So, with PAGEDRT_STEP_TIMING=1, where several configs of a one-row op time
-within 10% of the fastest alone (`gemv_triton.step_candidates`), the graph runner captures the
-batch-1 decode graph once per such config (every other op as chosen) and replays the graphs in
-alternating rounds; the config of the fastest graph replaces the one chosen alone if its step is
-`MIN_GAIN` faster. One op at a time, largest weight first, each later op timed with the earlier
-ones' new choices (coordinate descent). Off by default until measured on the GPU.
+2026-12-04 20:40). So, for the decode-graph batch sizes listed in PAGEDRT_STEP_TIMING (`BUCKETS`:
+"1" for batch 1, "1,8,32" for several), where several configs of an op of that many rows time
+within 10% of the fastest alone (`triton_utils.step_candidates`: the 1-4-row skinny matmul and
+its fused ops, the 8-128-row matmul and its epilogues), the graph runner captures that batch's
+decode graph once per such config (every other op as chosen) and replays the graphs in
+alternating rounds; the config of the fastest graph replaces the one chosen alone if its step
+is `MIN_GAIN` faster. One op at a time, largest weight first, each later op timed with the
+earlier ones' new choices (coordinate descent). Off by default until measured on the GPU.
 
 Not under tensor parallelism: each rank's candidates come from its own timing, so the ranks
 would capture different numbers of graphs, each holding all-reduces.
@@ -23,7 +25,24 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-ENABLED = os.environ.get("PAGEDRT_STEP_TIMING", "0") == "1"
+
+def parse_buckets(value: str | None) -> frozenset[int]:
+    """PAGEDRT_STEP_TIMING: the decode-graph batch sizes whose ops are timed in a step, as a
+    comma-separated list ("1" is batch 1 alone; "1,8,32,64"); unset, empty or "0": none.
+
+    Raises:
+        ValueError: anything but positive integers separated by commas.
+    """
+    if value is None or value.strip() in ("", "0"):
+        return frozenset()
+    parts = [p.strip() for p in value.split(",")]
+    if not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"PAGEDRT_STEP_TIMING={value!r}: give the decode batch sizes to time "
+                         "in a step, comma-separated (e.g. 1 or 1,8,32), or 0 for none")
+    return frozenset(int(p) for p in parts)
+
+
+BUCKETS = parse_buckets(os.environ.get("PAGEDRT_STEP_TIMING"))
 ROUNDS = 3  # rounds over an op's graphs, alternating their order (drift shows in both)
 REPLAYS = 20  # graph replays per timing; a replay is one decode step
 MIN_GAIN = 0.003  # a config replaces the one chosen alone only if its step is 0.3% faster
@@ -50,7 +69,7 @@ def refine(candidates: list[tuple[dict, tuple, list]], capture: Callable[[], obj
     """Time each candidate config of each op inside a whole step and keep the fastest.
 
     Args:
-        candidates: (choice table, key, configs) per op, as `gemv_triton.step_candidates`
+        candidates: (choice table, key, configs) per op, as `triton_utils.step_candidates`
             gives them; `table[key]` is set to each config in turn and left at the one kept.
         capture: captures a decode graph with the tables as they are now; returns a handle
             that `time_graph` accepts (kept alive until the op's timing ends).

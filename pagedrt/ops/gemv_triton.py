@@ -370,9 +370,6 @@ def gemv_silu_mul_triton(x: torch.Tensor, weight: torch.Tensor,
 
 
 _CHOICE: dict[tuple, tuple[int, int, int] | None] = {}  # shape key -> config, None = torch
-# key -> (its table, rows, {config or None: ms per call as timed alone}): what
-# `step_candidates` offers the in-step timing (pagedrt/engine/step_timing.py)
-_TIMES: dict[tuple, tuple[dict, int, dict]] = {}
 
 
 def _plain_key(weight: torch.Tensor, rows: int, has_bias: bool) -> tuple:
@@ -391,12 +388,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if key not in _CHOICE:
         if torch.cuda.is_current_stream_capturing():
             return F.linear(x, weight, bias)
-        times: dict = {}
         _CHOICE[key] = fastest_config(lambda: F.linear(x, weight, bias),
                                       lambda cfg: gemv_triton(x, weight, bias, cfg),
                                       candidate_configs(weight.shape[0], device_sms(x)), rep=20,
-                                      times=times)
-        _TIMES[key] = (_CHOICE, m, times)
+                                      record=(_CHOICE, key, m))
     cfg = _CHOICE[key]
     return F.linear(x, weight, bias) if cfg is None else gemv_triton(x, weight, bias, cfg)
 
@@ -437,38 +432,8 @@ def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int
             yield from dict.fromkeys(c for c in (plain, FUSED_DEFAULT, *extra, *wide)
                                      if c is not None)
 
-        times: dict = {}
-        _FUSED_CHOICE[key] = fastest_config(unfused, fused, configs(), rep=10, times=times)
-        _TIMES[key] = (_FUSED_CHOICE, rows, times)
+        _FUSED_CHOICE[key] = fastest_config(unfused, fused, configs(), rep=10,
+                                            record=(_FUSED_CHOICE, key, rows))
     cfg = _FUSED_CHOICE[key]
     return unfused() if cfg is None else fused(cfg)
 
-
-def step_candidates(rows: int, margin: float = 0.10, limit: int = 4
-                    ) -> list[tuple[dict, tuple, list]]:
-    """For every op timed at `rows` rows (the plain skinny matmul's and the fused ops' keys):
-    (its choice table, its key, the configs worth timing inside a decode step), the configs
-    being the `limit` fastest of those timed alone within `margin` of the fastest (None: the
-    torch path or the unfused chain), the table's current choice always among them; ops with
-    one such config are left out. Ordered by the weight's size, largest first (`rows` is each
-    key's own, as `linear` and `fused_or_unfused` filed it). Used by the in-step timing
-    (pagedrt/engine/step_timing.py, docs/design.md "Small-batch decode")."""
-    out = []
-    for key, (table, key_rows, times) in _TIMES.items():
-        if key_rows != rows or key not in table or not times:
-            continue
-        best_ms = min(times.values())  # (a cold-L2 time less the flush's may be <= 0)
-        configs = [c for c in sorted(times, key=times.get)
-                   if times[c] <= best_ms + abs(best_ms) * margin][:limit]
-        if table[key] not in configs:
-            configs = [table[key]] + configs[: limit - 1]
-        if len(configs) > 1:
-            out.append((table, key, configs))
-    return sorted(out, key=lambda c: -_weight_numel(c[1]))
-
-
-def _weight_numel(key: tuple) -> int:
-    """The weight's element count from a `_CHOICE` or `_FUSED_CHOICE` key (its first tuple of
-    ints is the weight's shape)."""
-    shape = next(k for k in key if isinstance(k, tuple | torch.Size))
-    return int(shape[0]) * int(shape[1])

@@ -452,12 +452,21 @@ def _eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def _choice(key: tuple, baseline, candidate, configs: list = CONFIGS) -> tuple | None:
     """The config of `configs` timed fastest for `key` against `baseline` (None: the
     baseline), timed on the first call inside `timing()` outside graph capture; elsewhere an
-    untimed key takes the baseline."""
+    untimed key takes the baseline. Every key holds the weight's shape and then the row count
+    (`_key_rows`)."""
     if key not in _CHOICE:
         if not _TIMING or torch.cuda.is_current_stream_capturing():
             return None
-        _CHOICE[key] = fastest_config(baseline, candidate, configs, rep=10)
+        _CHOICE[key] = fastest_config(baseline, candidate, configs, rep=10,
+                                      record=(_CHOICE, key, _key_rows(key)))
     return _CHOICE[key]
+
+
+def _key_rows(key: tuple) -> int:
+    """The row count of a `_CHOICE` key: the int right after the weight's shape, in every
+    key's layout ((shape, rows, ...) and (op name, shape, rows, ...)); 0 for a key without."""
+    i = next((i for i, k in enumerate(key) if isinstance(k, tuple | torch.Size)), len(key))
+    return int(key[i + 1]) if i + 1 < len(key) and isinstance(key[i + 1], int) else 0
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None

@@ -346,12 +346,47 @@ def _l2_flusher() -> Callable[[], torch.Tensor]:
     return torch.zeros(2 * l2_bytes // 4, dtype=torch.float32, device="cuda").sum
 
 
-def fastest_config(baseline, candidate, configs, rep: int, times: dict | None = None
+# (id of a choice table, key) -> (the table, rows, {config or None: ms per call timed alone}):
+# what `fastest_config` timed for each op, for the in-step timing (`step_candidates`)
+TIMED: dict[tuple, tuple[dict, int, dict]] = {}
+
+
+def step_candidates(rows: int, margin: float = 0.10, limit: int = 4
+                    ) -> list[tuple[dict, tuple, list]]:
+    """For every op timed at `rows` rows (`fastest_config`'s `record`): (its choice table, its
+    key, the configs worth timing inside a decode step), the configs being the `limit` fastest
+    of those timed alone within `margin` of the fastest (None: the op's plain path), the
+    table's current choice always among them; ops with one such config are left out. Ordered
+    by the weight's size, largest first. Used by the in-step timing
+    (pagedrt/engine/step_timing.py, docs/design.md "Small-batch decode")."""
+    out = []
+    for table, key, key_rows, times in ((t, k, r, ms) for (_, k), (t, r, ms) in TIMED.items()):
+        if key_rows != rows or key not in table or not times:
+            continue
+        best_ms = min(times.values())  # (a cold-L2 time less the flush's may be <= 0)
+        configs = [c for c in sorted(times, key=times.get)
+                   if times[c] <= best_ms + abs(best_ms) * margin][:limit]
+        if table[key] not in configs:
+            configs = [table[key]] + configs[: limit - 1]
+        if len(configs) > 1:
+            out.append((table, key, configs))
+    return sorted(out, key=lambda c: -_weight_numel(c[1]))
+
+
+def _weight_numel(key: tuple) -> int:
+    """The weight's element count from a choice key (its first tuple of ints is the weight's
+    shape, as in gemv_triton's and matmul_triton's keys)."""
+    shape = next(k for k in key if isinstance(k, tuple | torch.Size))
+    return int(shape[0]) * int(shape[1])
+
+
+def fastest_config(baseline, candidate, configs, rep: int, record: tuple | None = None
                    ) -> tuple | None:
     """Of `configs` (iterated after `baseline` has run), the config for which
-    `candidate(config)` beats `baseline()` (and every earlier winner) by 5%, or None. Where
-    `times` is given, each timed config's ms per call goes into it (the baseline's under
-    None), for the in-step timing that may revisit the choice (pagedrt/engine/step_timing.py). Timed as
+    `candidate(config)` beats `baseline()` (and every earlier winner) by 5%, or None. With
+    `record` = (choice table, key, rows), every timed config's ms per call (the baseline's
+    under None) is filed in `TIMED` for the in-step timing, which may revisit the choice
+    (`step_candidates`, pagedrt/engine/step_timing.py). Timed as
     the engine runs them: replayed from a CUDA graph (triton.testing.do_bench_cudagraph),
     where launch overhead does not hide the kernels' own time; each is run once first,
     outside the capture, to compile it. A config the GPU cannot run is skipped. Used by the
@@ -401,16 +436,18 @@ def fastest_config(baseline, candidate, configs, rep: int, times: dict | None = 
             return fn()
         return bench(flushed) - before_ms
 
+    times: dict = {}
+    if record is not None:
+        table, key, rows = record
+        TIMED[id(table), key] = (table, rows, times)
     best, best_ms = None, timed(baseline)
-    if times is not None:
-        times[None] = best_ms
+    times[None] = best_ms
     for cfg in configs:
         try:
             ms = timed(lambda cfg=cfg: candidate(cfg))
         except OutOfResources:  # a config this GPU cannot run
             continue
-        if times is not None:
-            times[cfg] = ms
+        times[cfg] = ms
         if ms < 0.95 * best_ms:  # a clear win only
             best, best_ms = cfg, ms
     return best

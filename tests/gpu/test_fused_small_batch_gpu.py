@@ -133,17 +133,23 @@ def test_engine_tokens_with_rope_in_the_qkv_kernel(monkeypatch):
     assert outs[True] == outs[False]
 
 
-def test_engine_tokens_with_the_in_step_timing(monkeypatch):
-    """PAGEDRT_STEP_TIMING=1 with every timed config of a one-row op a candidate (MARGIN 10):
-    the in-step timing times at least one op, leaves each at a config it timed, and the
-    engine's greedy tokens for 1 and 4 requests equal those of an engine with the choices made
-    alone (fp32 tiny model with perturbed norms, CUDA graphs)."""
+@pytest.mark.parametrize(("dtype", "buckets", "batches"), [
+    (torch.float32, {1}, (1, 4)),  # the 1-4-row skinny matmul and its fused ops
+    (torch.float16, {8, 16}, (8, 16)),  # the 8-128-row matmul (16-bit weights only)
+], ids=["one_row", "eight_and_sixteen_rows"])
+def test_engine_tokens_with_the_in_step_timing(monkeypatch, dtype, buckets, batches):
+    """PAGEDRT_STEP_TIMING at these batch sizes, every timed config of their ops a candidate
+    (MARGIN 10): the in-step timing times at least one op of each batch size, leaves each at a
+    config it timed, and the engine's greedy tokens equal those of an engine with the choices
+    made alone (tiny model with perturbed norms, CUDA graphs; fp16 where the 8-128-row matmul
+    serves, which keeps near-ties of the argmax rarer than bf16)."""
     from pagedrt.engine import step_timing
-    from pagedrt.ops import gemv_triton
+    from pagedrt.ops import gemv_triton, matmul_triton, triton_utils
 
     loaded = perturb_norms(build_tiny_llama(seed=0), torch.Generator().manual_seed(11))
-    loaded = loaded._replace(model=loaded.model.to("cuda"))
-    prompts = [[1, 5, 9, 20, 7], list(range(3, 40)), list(range(100, 164)), [7]]
+    loaded = loaded._replace(model=loaded.model.to("cuda", dtype))
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 384, (4 + 3 * i,), generator=g).tolist() for i in range(16)]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     monkeypatch.setattr(step_timing, "MARGIN", 10.0)
     monkeypatch.setattr(step_timing, "_DONE", set())
@@ -151,22 +157,25 @@ def test_engine_tokens_with_the_in_step_timing(monkeypatch):
     outs = {}
     for enabled in (False, True):
         # fresh tables: each engine times its own shapes (the tables are per process)
-        for table in ("_CHOICE", "_FUSED_CHOICE", "_TIMES"):
-            monkeypatch.setattr(gemv_triton, table, {})
-        monkeypatch.setattr(step_timing, "ENABLED", enabled)
-        llm = LLM(loaded, num_kv_blocks=64, block_size=16)
+        for module, table in ((gemv_triton, "_CHOICE"), (gemv_triton, "_FUSED_CHOICE"),
+                              (matmul_triton, "_CHOICE"), (triton_utils, "TIMED")):
+            monkeypatch.setattr(module, table, {})
+        monkeypatch.setattr(step_timing, "BUCKETS", frozenset(buckets if enabled else ()))
+        llm = LLM(loaded, num_kv_blocks=128, block_size=16)
         outs[enabled] = [[o.outputs[0].token_ids for o in llm.generate(prompts[:n], params,
                                                                         use_tqdm=False)]
-                         for n in (1, 4)]
+                         for n in batches]
         if enabled:
-            assert step_timing.REPORT, "no one-row op was timed in a step"
+            timed_rows = {rows for _, rows, _ in triton_utils.TIMED.values()}
+            assert buckets <= timed_rows, timed_rows
+            assert step_timing.REPORT, "no op was timed in a step"
             for choice in step_timing.REPORT:
                 assert choice.chosen in choice.step_ms
                 assert choice.chosen_alone in choice.step_ms
-                table = (gemv_triton._FUSED_CHOICE if choice.key in gemv_triton._FUSED_CHOICE
-                         else gemv_triton._CHOICE)
-                assert table[choice.key] == choice.chosen
                 assert all(ms > 0 for ms in choice.step_ms.values())
+                table = next(t for (_, k), (t, _, _) in triton_utils.TIMED.items()
+                             if k == choice.key)
+                assert table[choice.key] == choice.chosen
         else:
             assert not step_timing.REPORT
     assert outs[True] == outs[False]
