@@ -455,6 +455,27 @@ def test_a_remote_rank_that_fails_mid_step_fails_rank_0s_wait_at_once(how):
         executor.fetch(step)
 
 
+@pytest.mark.parametrize("error", [RuntimeError("CUDA error: an illegal memory access"),
+                                   KeyboardInterrupt()], ids=["device_error", "interrupt"])
+def test_an_error_in_rank_0s_own_wait_stops_every_rank(error):
+    """A device error (or Ctrl-C) while rank 0 waits for its step's event is rank 0's fault
+    like one in its fetch: the executor stops the ranks and says why from then on."""
+    executor, theirs, step, fetched = _rank0_with_a_step()
+
+    def failing_query():
+        raise error
+
+    step.event.query = failing_query
+    expected = ExecutorError if isinstance(error, Exception) else KeyboardInterrupt
+    with pytest.raises(expected):
+        executor.fetch(step)
+    assert executor.dead is not None and fetched == []
+    theirs.recv_bytes()  # the fetch command, then what stopping the ranks sent
+    assert pickle.loads(theirs.recv_bytes())[0] == "shutdown"
+    with pytest.raises(ExecutorError, match="rank 0"):
+        executor.fetch(step)
+
+
 def test_rank_0s_wait_returns_the_step_when_the_device_finishes():
     executor, theirs, step, fetched = _rank0_with_a_step()
     threading.Timer(0.1, step.event.done.set).start()

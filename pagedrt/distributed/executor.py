@@ -60,9 +60,11 @@ from pagedrt.models.weights import RandomWeights, TensorWeights
 
 logger = logging.getLogger("pagedrt.executor")
 
-WATCH_SPIN_S = 0.02
+WATCH_SPIN_S = 0.2
 """Seconds rank 0 polls its step's event and the other ranks' connections without sleeping
-(`Executor._wait_device`); after that, once per ms."""
+(`Executor._wait_device`; a decode step, and most prefill steps, end within it); after that,
+every WATCH_POLL_S."""
+WATCH_POLL_S = 0.0002
 
 WORKER_TIMEOUT_S = float(os.environ.get("PAGEDRT_WORKER_TIMEOUT_S", "600"))
 """Seconds the engine waits for a worker's answer (loading the model, capturing CUDA graphs, one
@@ -194,9 +196,14 @@ class Executor:
             self._send("fetch", (step.step_id,), NO_REPLY if self.local else RANK0_REPLIES)
         if self.local is None:
             return self._gather([0])[0]
+        return self._local_call(self._wait_and_fetch, step)
+
+    def _wait_and_fetch(self, step) -> StepResult:
+        """Rank 0's part of `fetch`: with other ranks, wait for the step's device work while
+        watching them (`_wait_device`); then the model runner's fetch."""
         if self.remotes:
             self._wait_device(step)
-        return self._local_call(self.local.model_runner.fetch, step)
+        return self.local.model_runner.fetch(step)
 
     def _wait_device(self, step) -> None:
         """Rank 0 in this process, under tensor parallelism: wait for the step's device work
@@ -205,14 +212,16 @@ class Executor:
         the step at once (`_poll_errors`). Without this, rank 0's device would wait in the
         step's all-reduce for a rank that left it, and NCCL notices that only when the
         collective times out (PAGEDRT_DIST_TIMEOUT_S, 300 s), the clients waiting meanwhile.
-        Spins for the first WATCH_SPIN_S (a step's usual wait), then checks every ms."""
+        Spins for the first WATCH_SPIN_S (most steps' whole wait), then checks every
+        WATCH_POLL_S. Runs inside `_local_call`, so a device error or an interrupt here stops
+        the ranks as one in the fetch itself does."""
         event = getattr(step, "event", None)
         if event is None:
             return
         conns = [r.conn for r in self.remotes]
         spin_until = time.monotonic() + WATCH_SPIN_S
         while not event.query():
-            timeout = 0.0 if time.monotonic() < spin_until else 0.001
+            timeout = 0.0 if time.monotonic() < spin_until else WATCH_POLL_S
             if wait(conns, timeout=timeout):
                 self._poll_errors()  # an error message or an end of file raises here
 
@@ -255,6 +264,8 @@ class Executor:
         self._poll_errors()
         try:
             return fn(*args)
+        except ExecutorError:  # another rank's fault, already handled (`_fail`)
+            raise
         except Exception as e:  # the ranks are out of step: stop them all
             logger.exception("tensor-parallel rank 0 (this process) failed")
             self._fail(f"rank 0: {type(e).__name__}: {e}", isinstance(e, ValueError), 0)
