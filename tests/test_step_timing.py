@@ -166,3 +166,42 @@ def test_matmul_keys_give_their_row_count():
     assert _key_rows(("silu_mul", shape, 8, torch.bfloat16, 0)) == 8
     assert _key_rows(("qkv_rope", shape, 64, torch.bfloat16, True, 0)) == 64
     assert _key_rows(("k",)) == 0
+
+
+def test_an_op_the_step_does_not_run_is_not_timed():
+    """The plain gate/up inside the fused op's unfused chain runs only while the fused op
+    keeps None: once the fused op keeps a fused config, its graphs would all be alike."""
+    fused, plain = {"rmsnorm": None}, {"gate_up": "p1"}
+
+    def used():  # what a forward looks up as the tables stand
+        keys = {(id(fused), "rmsnorm")}
+        if fused["rmsnorm"] is None:
+            keys.add((id(plain), "gate_up"))
+        return keys
+
+    ms = {"rmsnorm": {None: 1.0, "f1": 0.5}, "gate_up": {"p1": 0.2, "p2": 0.1}}
+    step = _Step({}, {})
+
+    def capture():
+        snap = {"rmsnorm": fused["rmsnorm"], "gate_up": plain["gate_up"]}
+        step.captured.append(snap)
+        return snap
+
+    def time_graph(snap):
+        return ms["rmsnorm"][snap["rmsnorm"]] + (
+            ms["gate_up"][snap["gate_up"]] if snap["rmsnorm"] is None else 0.0)
+
+    report = step_timing.refine([(fused, "rmsnorm", [None, "f1"]),
+                                 (plain, "gate_up", ["p1", "p2"])], capture, time_graph,
+                                used=used)
+    assert fused["rmsnorm"] == "f1" and [c.key for c in report] == ["rmsnorm"]
+    assert plain["gate_up"] == "p1" and len(step.captured) == 2  # gate_up never captured
+
+
+def test_recording_use_files_the_lookups_while_held():
+    table = {}
+    triton_utils.note_use(table, "before")  # not recording: nothing kept
+    with triton_utils.recording_use() as used:
+        triton_utils.note_use(table, "k")
+    triton_utils.note_use(table, "after")
+    assert used == {(id(table), "k")}

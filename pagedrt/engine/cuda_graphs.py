@@ -24,12 +24,15 @@ docs/design.md, "Speculative decoding"); PAGEDRT_VERIFY_ATTENTION=extend capture
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 
 import torch
 
 from pagedrt.engine import step_timing
 from pagedrt.ops.attention import AttentionMetadata, triton_available
+
+logger = logging.getLogger("pagedrt.cuda_graphs")
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -108,6 +111,9 @@ class CUDAGraphRunner:
             self.seq_lens.fill_(q)  # a sequence's q tokens end at its seq_len
             self._forward(max(bs for qq, bs in shapes if qq == q), q)
         torch.cuda.synchronize(self.device)
+        if step_timing.BUCKETS and self.pool is None:
+            # the in-step timing may capture before the first kept graph: into the same pool
+            self.pool = torch.cuda.graph_pool_handle()
         for q, bs in shapes:
             graph = torch.cuda.CUDAGraph()
             self.seq_lens.fill_(q)  # (outside the capture: a replay must not reset it)
@@ -127,8 +133,11 @@ class CUDAGraphRunner:
         (pagedrt/engine/step_timing.py); skipped under tensor parallelism."""
         if (torch.distributed.is_available() and torch.distributed.is_initialized()
                 and torch.distributed.get_world_size() > 1):
+            logger.info("in-step timing skipped at batch %d: tensor parallelism", bs)
             return
-        from pagedrt.ops.triton_utils import step_candidates
+        if not triton_available():
+            return
+        from pagedrt.ops.triton_utils import recording_use, step_candidates
 
         candidates = step_candidates(bs, step_timing.MARGIN, step_timing.LIMIT)
         if not candidates:
@@ -154,7 +163,12 @@ class CUDAGraphRunner:
             end.synchronize()
             return start.elapsed_time(end) / step_timing.REPLAYS
 
-        step_timing.refine(candidates, capture, time_graph)
+        def used() -> set:
+            with recording_use() as keys:
+                self._forward(bs, 1)
+            return keys
+
+        step_timing.refine(candidates, capture, time_graph, used=used)
         self.seq_lens.fill_(1)
         torch.cuda.synchronize(self.device)
 

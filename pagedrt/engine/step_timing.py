@@ -50,7 +50,7 @@ MARGIN = 0.10  # configs within this of the fastest alone are timed in a step
 LIMIT = 4  # at most this many configs per op (the fastest alone)
 CONTEXT = 512  # tokens each timed step attends to (fewer where the block table is shorter)
 
-_DONE: set[tuple] = set()  # keys timed in a step in this process (the tables are per process)
+_DONE: set[tuple] = set()  # (id(table), key) timed in a step in this process (tables: per process)
 
 
 @dataclass
@@ -65,7 +65,8 @@ class StepChoice:
 
 
 def refine(candidates: list[tuple[dict, tuple, list]], capture: Callable[[], object],
-           time_graph: Callable[[object], float], rounds: int = ROUNDS) -> list[StepChoice]:
+           time_graph: Callable[[object], float], rounds: int = ROUNDS,
+           used: Callable[[], set] | None = None) -> list[StepChoice]:
     """Time each candidate config of each op inside a whole step and keep the fastest.
 
     Args:
@@ -75,13 +76,17 @@ def refine(candidates: list[tuple[dict, tuple, list]], capture: Callable[[], obj
             that `time_graph` accepts (kept alive until the op's timing ends).
         time_graph: ms per replay of a captured graph.
         rounds: rounds over an op's graphs; odd rounds go in reverse order.
+        used: the (id(table), key) of the ops a step runs as the tables stand now
+            (`triton_utils.recording_use` over a forward pass); asked before each op, which is
+            skipped if the step does not run it (the plain op inside a fused op's unfused
+            chain, once the fused op keeps a fused config: its graphs would all be the same).
 
     Returns:
         One StepChoice per op timed (ops already timed in this process are skipped).
     """
     report = []
     for table, key, configs in candidates:
-        if key in _DONE:
+        if (id(table), key) in _DONE or (used is not None and (id(table), key) not in used()):
             continue
         incumbent = table[key]
         try:
@@ -101,7 +106,7 @@ def refine(candidates: list[tuple[dict, tuple, list]], capture: Callable[[], obj
         if step_ms[best] > step_ms[incumbent] * (1 - MIN_GAIN):
             best = incumbent
         table[key] = best
-        _DONE.add(key)
+        _DONE.add((id(table), key))
         report.append(StepChoice(key, incumbent, best, step_ms))
     REPORT.extend(report)
     return report

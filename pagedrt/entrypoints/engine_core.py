@@ -149,8 +149,9 @@ def run_engine_core(spec: CoreSpec, conns: list[Connection]) -> None:
             warm_up(engine)
         core = EngineCore(engine, conns, spec.input_address, spec.output_addresses)
         core.info.warm_up_s = time.perf_counter() - start
-    except BaseException as e:  # noqa: BLE001 - reported to the launcher, then exit non-zero
+    except BaseException as e:  # reported to the launcher (logged), then exit non-zero
         if isinstance(e, ValueError):  # bad settings (a model path, a size): the message is all
+            logging.getLogger("pagedrt.engine_core").debug("start-up refused", exc_info=True)
             report = ("invalid", str(e))
         else:
             report = ("error", f"engine core failed to start: {e!r}\n{traceback.format_exc()}")

@@ -32,6 +32,7 @@ import triton.language as tl
 from pagedrt.ops.triton_utils import (
     device_sms,
     fastest_config,
+    note_use,
     pdl_enabled,
     pdl_launch,
     pdl_prologue,
@@ -393,6 +394,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                                       candidate_configs(weight.shape[0], device_sms(x)), rep=20,
                                       record=(_CHOICE, key, m))
     cfg = _CHOICE[key]
+    note_use(_CHOICE, key)
     return F.linear(x, weight, bias) if cfg is None else gemv_triton(x, weight, bias, cfg)
 
 
@@ -435,5 +437,6 @@ def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int
         _FUSED_CHOICE[key] = fastest_config(unfused, fused, configs(), rep=10,
                                             record=(_FUSED_CHOICE, key, rows))
     cfg = _FUSED_CHOICE[key]
+    note_use(_FUSED_CHOICE, key)
     return unfused() if cfg is None else fused(cfg)
 

@@ -62,6 +62,7 @@ from pagedrt.ops.attention_triton import fused_reduce_counters
 from pagedrt.ops.triton_utils import (
     fastest_config,
     interpreting,
+    note_use,
     pdl_enabled,
     pdl_launch,
     pdl_prologue,
@@ -459,6 +460,7 @@ def _choice(key: tuple, baseline, candidate, configs: list = CONFIGS) -> tuple |
             return None
         _CHOICE[key] = fastest_config(baseline, candidate, configs, rep=10,
                                       record=(_CHOICE, key, _key_rows(key)))
+    note_use(_CHOICE, key)
     return _CHOICE[key]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from collections.abc import Callable
@@ -349,6 +350,29 @@ def _l2_flusher() -> Callable[[], torch.Tensor]:
 # (id of a choice table, key) -> (the table, rows, {config or None: ms per call timed alone}):
 # what `fastest_config` timed for each op, for the in-step timing (`step_candidates`)
 TIMED: dict[tuple, tuple[dict, int, dict]] = {}
+
+
+_USED: set | None = None  # while `recording_use` holds it: (id(table), key) of every lookup
+
+
+def note_use(table: dict, key: tuple) -> None:
+    """Called by the ops on every look-up of a timed choice: files it while `recording_use`
+    is active (cheap otherwise)."""
+    if _USED is not None:
+        _USED.add((id(table), key))
+
+
+@contextlib.contextmanager
+def recording_use():
+    """Yields the set of (id(table), key) the ops look up while held: which timed ops a
+    forward pass runs as the tables stand (a fused op that keeps its fused config never runs
+    the plain op inside its unfused chain)."""
+    global _USED
+    previous, _USED = _USED, set()
+    try:
+        yield _USED
+    finally:
+        _USED = previous
 
 
 def step_candidates(rows: int, margin: float = 0.10, limit: int = 4
