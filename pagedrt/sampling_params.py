@@ -69,9 +69,7 @@ class SamplingParams:
         self.stop_token_ids = _as_list("stop_token_ids", self.stop_token_ids,
                                        "a list of non-negative ints")
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(  # noqa: TRY004 - API contract: bad params are a ValueError
-                    f"{name}={short_repr(getattr(self, name))} must be True or False")
+            _check_bool(name, getattr(self, name))
         _check_int("n", self.n, 1)
         _check_number("temperature", self.temperature)
         if self.temperature < 0:
@@ -215,9 +213,7 @@ class BeamSearchParams:
             raise ValueError(f"early_stopping={short_repr(self.early_stopping)} must be True, False "
                              "or 'never'")
         for name in ("ignore_eos", "include_stop_str_in_output"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(  # noqa: TRY004 - API contract: bad params are a ValueError
-                    f"{name}={short_repr(getattr(self, name))} must be a bool")
+            _check_bool(name, getattr(self, name))
 
     def to_sampling_params(self) -> SamplingParams:
         """The SamplingParams the engine runs this search with (n = beam_width, greedy)."""
@@ -234,6 +230,11 @@ def _as_list(name: str, value, expected: str) -> list:
     if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
         raise ValueError(f"{name}={short_repr(value)} must be {expected}")
     return list(value)
+
+
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}={short_repr(value)} must be True or False")  # noqa: TRY004
 
 
 def _check_int(name: str, value, minimum: int) -> None:

@@ -215,7 +215,7 @@ class Executor:
         Spins for the first WATCH_SPIN_S (most steps' whole wait), then checks every
         WATCH_POLL_S. Runs inside `_local_call`, so a device error or an interrupt here stops
         the ranks as one in the fetch itself does."""
-        event = getattr(step, "event", None)
+        event = step.event
         if event is None:
             return
         conns = [r.conn for r in self.remotes]

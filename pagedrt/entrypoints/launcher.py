@@ -29,7 +29,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -111,8 +110,8 @@ def run_server(args) -> int:
             core_end.close()
         conn = pipes[0][0]
         info = _wait_ready(conn, core, stop)
-        if info is None or info == "invalid":
-            return 0 if stop["signal"] is not None else (2 if info == "invalid" else 1)
+        if info is None:
+            return 0 if stop["signal"] is not None else 1
         name = args.served_model_name or default_model_name(args.model or info.model_path)
         listener.listen(2048)
         ready_conns = []
@@ -174,9 +173,13 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _wait_ready(conn: Connection, core, stop: dict) -> CoreInfo | str | None:
-    """The core's CoreInfo once it is ready; "invalid" if it refused its settings (a
-    ValueError, printed); None if it died or a signal came first."""
+def _wait_ready(conn: Connection, core, stop: dict) -> CoreInfo | None:
+    """The core's CoreInfo once it is ready; None if it died or a signal came first.
+
+    Raises:
+        ValueError: the core refused its settings (its ValueError's message), which the CLI
+            prints as its other bad-input errors, exit status 2.
+    """
     while stop["signal"] is None:
         if conn.poll(0.2):
             try:
@@ -185,9 +188,8 @@ def _wait_ready(conn: Connection, core, stop: dict) -> CoreInfo | str | None:
                 break
             if kind == "ready":
                 return payload
-            if kind == "invalid":  # bad settings: one line, as the CLI's other errors
-                print(f"pagedrt: error: {payload}", file=sys.stderr, flush=True)
-                return "invalid"
+            if kind == "invalid":
+                raise ValueError(payload)
             print(f"pagedrt: {payload}", flush=True)
             return None
         if not core.is_alive():

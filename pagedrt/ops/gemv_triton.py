@@ -439,4 +439,3 @@ def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int
     cfg = _FUSED_CHOICE[key]
     note_use(_FUSED_CHOICE, key)
     return unfused() if cfg is None else fused(cfg)
-

@@ -62,6 +62,7 @@ from pagedrt.ops.attention_triton import fused_reduce_counters
 from pagedrt.ops.triton_utils import (
     fastest_config,
     interpreting,
+    key_shape_index,
     note_use,
     pdl_enabled,
     pdl_launch,
@@ -467,8 +468,10 @@ def _choice(key: tuple, baseline, candidate, configs: list = CONFIGS) -> tuple |
 def _key_rows(key: tuple) -> int:
     """The row count of a `_CHOICE` key: the int right after the weight's shape, in every
     key's layout ((shape, rows, ...) and (op name, shape, rows, ...)); 0 for a key without."""
-    i = next((i for i, k in enumerate(key) if isinstance(k, tuple | torch.Size)), len(key))
-    return int(key[i + 1]) if i + 1 < len(key) and isinstance(key[i + 1], int) else 0
+    i = key_shape_index(key)
+    if i is None or i + 1 >= len(key) or not isinstance(key[i + 1], int):
+        return 0
+    return int(key[i + 1])
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None

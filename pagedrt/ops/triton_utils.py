@@ -397,10 +397,16 @@ def step_candidates(rows: int, margin: float = 0.10, limit: int = 4
     return sorted(out, key=lambda c: -_weight_numel(c[1]))
 
 
+def key_shape_index(key: tuple) -> int | None:
+    """Where the weight's shape lies in a choice key (its first tuple: gemv_triton's and
+    matmul_triton's keys are (shape, rows, ...) or (op name, shape, rows, ...)); None if
+    it has none."""
+    return next((i for i, k in enumerate(key) if isinstance(k, tuple | torch.Size)), None)
+
+
 def _weight_numel(key: tuple) -> int:
-    """The weight's element count from a choice key (its first tuple of ints is the weight's
-    shape, as in gemv_triton's and matmul_triton's keys)."""
-    shape = next(k for k in key if isinstance(k, tuple | torch.Size))
+    """The weight's element count from a choice key (`key_shape_index`)."""
+    shape = key[key_shape_index(key)]
     return int(shape[0]) * int(shape[1])
 
 
