@@ -21,6 +21,13 @@ import torch
 
 from pagedrt import LLM, SamplingParams
 from pagedrt.bench.presets import get_preset, random_model
+from pagedrt.engine.profiling import StepClock
+
+
+def on_cpu() -> int:
+    """The CPU this thread last ran on (/proc/thread-self/stat, field 39)."""
+    with open("/proc/thread-self/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[36])
 
 
 def one_run(engine, prompt: list[int], steps: int, tag: str) -> list[float]:
@@ -29,18 +36,23 @@ def one_run(engine, prompt: list[int], steps: int, tag: str) -> list[float]:
     engine.add_request(tag, prompt, params, stream=False)
     engine.step()
     torch.cuda.synchronize()
-    walls = []
+    walls, cpus = [], set()
+    engine.clock = StepClock(torch.device("cpu"))  # host phases, no synchronize per phase
+    engine.clock.enabled = True
     cpu0, t0 = time.process_time(), time.perf_counter()
     while engine.has_unfinished_requests():
         t = time.perf_counter()
         engine.step()
         walls.append(1e3 * (time.perf_counter() - t))
+        cpus.add(on_cpu())
     torch.cuda.synchronize()
     total = 1e3 * (time.perf_counter() - t0) / len(walls)
     cpu = 1e3 * (time.process_time() - cpu0) / len(walls)
     q = statistics.quantiles(walls, n=10)
     print(f"{tag:10} ms/token {total:.3f}  step median {statistics.median(walls):.3f} "
-          f"p10 {q[0]:.3f} p90 {q[-1]:.3f} max {max(walls):.3f}  host cpu/step {cpu:.3f}",
+          f"p10 {q[0]:.3f} p90 {q[-1]:.3f} max {max(walls):.3f}  host cpu/step {cpu:.3f}", flush=True)
+    phases = " ".join(f"{k} {1e3 * v / len(walls):.3f}" for k, v in engine.clock.totals.items())
+    print(f"{'':10} host ms/step by phase (no sync): {phases}; on cpus {sorted(cpus)}",
           flush=True)
     return walls
 
@@ -58,6 +70,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 10000, (args.context,), generator=g).tolist()
     one_run(engine, prompt[:64], 16, "warm-up")
+    print(f"process on cpus {sorted(os.sched_getaffinity(0))}", flush=True)
     for i in range(args.runs):
         one_run(engine, prompt, args.steps, f"run{i}")
     gc.disable()
