@@ -3,8 +3,10 @@
 while the in-step timing replayed the same decode graph at 0.56 ms. This runs the latency
 loop (one greedy request, ctx 512, CUDA graphs, the Qwen2-0.5B preset with random weights)
 several times in one process and prints each run's per-step wall times (median, p10, p90,
-max), the host CPU time per step, and the same with Python's garbage collector off; then the
-machine's load and CPU. A one-off diagnostic, not a benchmark of record.
+max), the host CPU time per step, the host's time per step by phase (the engine's StepClock
+without a synchronize per phase; "update" includes the wait for the step before) and the CPUs
+the loop ran on, and the same with Python's garbage collector off; then the machine's load and
+CPU count. A one-off diagnostic, not a benchmark of record.
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/batch1_steps.py [--runs 6] [--steps 128]
 """
