@@ -16,8 +16,7 @@ VOCAB = 50
 
 
 def _row(seed: int | None = None, prompt=(), output=(), eos=(), **kwargs) -> SamplingRow:
-    generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    return SamplingRow(SamplingParams(seed=seed, **kwargs), generator, list(prompt), list(output),
+    return SamplingRow(SamplingParams(seed=seed, **kwargs), seed, list(prompt), list(output),
                        tuple(eos))
 
 

@@ -21,9 +21,7 @@ VOCAB = 40
 EOS = (3,)
 
 
-def _clone(generator: torch.Generator | None) -> torch.Generator | None:
-    if generator is None:
-        return None
+def _clone(generator: torch.Generator) -> torch.Generator:
     return torch.Generator().set_state(generator.get_state())
 
 
@@ -134,12 +132,12 @@ class Harness:
 
 def sample_plain_and_batched(batch: InputBatch, rows: np.ndarray, logits: torch.Tensor,
                              default: torch.Generator, kernel: bool = False) -> list[int]:
-    """Sample the rows both ways (the plain way on copies of the generators; the batched way
+    """Sample the rows both ways (the plain way on a copy of the default generator; the batched way
     through the Triton race when `kernel`), assert the same tokens and logprobs, and write the
     tokens into the rows."""
     states = [batch.states[r] for r in rows.tolist()]
-    plain_rows = [SamplingRow(s.params, _clone(s.generator), list(s.prompt_token_ids),
-                              s.output_token_ids, s.eos_token_ids) for s in states]
+    plain_rows = [SamplingRow(s.params, s.seed, list(s.prompt_token_ids),
+                              s.output_token_ids, s.eos_token_ids, s.sample_index) for s in states]
     original = logits.clone()
     expected = Sampler()(logits, plain_rows, _clone(default))
     got = Sampler(kernel=kernel).sample_rows(logits, batch.sampling, rows, batch.states,
@@ -284,8 +282,8 @@ def test_engine_batched_sampler_equals_plain_sampler(tiny):
                 if not len(rows):
                     return None
                 states = runner.batch.states
-                sampling_rows = [SamplingRow(s.params, s.generator, list(s.prompt_token_ids),
-                                             s.output_token_ids, s.eos_token_ids)
+                sampling_rows = [SamplingRow(s.params, s.seed, list(s.prompt_token_ids),
+                                             s.output_token_ids, s.eos_token_ids, s.sample_index)
                                  for s in (states[r] for r in rows.tolist())]
                 return runner.sampler(logits, sampling_rows, runner.generator)
             runner._run_sampler = run_plain

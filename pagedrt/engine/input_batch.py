@@ -13,7 +13,7 @@ step of 256 rows is a handful of numpy gathers instead of a Python call per requ
             block_table[r]  | b0 | b1 | ... | b(num_blocks[r]-1) | 0 ... |  (int32)
             num_computed_tokens[r]: tokens in the KV cache after the latest step that ran it
                                     (a verification step: after `append_accepted`)
-            states[r]: sampling settings, the seeded generator, the prompt (RowState)
+            states[r]: sampling settings, the seed key, the prompt (RowState)
             sampling: the same settings as arrays and device tensors, with the penalties'
                             per-row token counts on the device (SamplingState,
                             pagedrt/engine/sampling_state.py): what the sampler reads
@@ -26,9 +26,9 @@ step of 256 rows is a handful of numpy gathers instead of a Python call per requ
 
 A row is created by `NewRequestData` (admission, resumption after preemption) or by a fork,
 changed by block-table changes and by sampling (a beam slot also by its expansion:
-`reparent_rows`), and freed when a plan lists its request as finished or preempted. A
-preempted request's generator is kept until the request finishes, so a seeded request resumes
-its random stream where it stopped.
+`reparent_rows`), and freed when a plan lists its request as finished or preempted. A seeded
+row's draws depend only on its key and the positions it samples (pagedrt/ops/philox.py), so a
+preempted request resumes its random stream where it stopped with nothing kept for it.
 """
 
 from __future__ import annotations
@@ -48,29 +48,32 @@ class RowState:
     Attributes:
         req_id: the sequence's id.
         params: its sampling settings.
-        generator: its RNG (seeded requests) on the device; None: the runner's default one.
         prompt_token_ids: the prompt (repetition penalty).
         eos_token_ids: the model's EOS ids (min_tokens).
         sample_index: which of the request's n samples (or beam slots) this is.
         beam_group: for a beam slot, the request id of its search; else None.
     """
 
-    __slots__ = ("_batch", "beam_group", "eos_token_ids", "generator", "params",
+    __slots__ = ("_batch", "beam_group", "eos_token_ids", "params",
                  "prompt_token_ids", "req_id", "row", "sample_index")
 
     def __init__(self, batch: InputBatch, row: int, req_id: str, params: SamplingParams,
-                 generator: torch.Generator | None, prompt_token_ids: list[int],
-                 eos_token_ids: tuple[int, ...], sample_index: int,
+                 prompt_token_ids: list[int], eos_token_ids: tuple[int, ...], sample_index: int,
                  beam_group: str | None = None) -> None:
         self._batch = batch
         self.row = row
         self.req_id = req_id
         self.params = params
-        self.generator = generator
         self.prompt_token_ids = prompt_token_ids
         self.eos_token_ids = eos_token_ids
         self.sample_index = sample_index
         self.beam_group = beam_group
+
+    @property
+    def seed(self) -> int | None:
+        """The request's seed (its draws: pagedrt/ops/philox.py); None: the runner's default
+        generator."""
+        return self.params.seed
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -110,8 +113,8 @@ class InputBatch:
         self.sampling = SamplingState(num_rows, device)
         self.row_of: dict[str, int] = {}
         self._free_rows = list(range(num_rows - 1, -1, -1))
-        # of preempted requests: (generator, pending, pending_step) of the dropped row
-        self._parked: dict[str, tuple[torch.Generator | None, int, int]] = {}
+        # of preempted requests: (pending, pending_step) of the dropped row
+        self._parked: dict[str, tuple[int, int]] = {}
 
     # ----------------------------------------------------------------- rows
     def rows(self, req_ids: list[str]) -> np.ndarray:
@@ -140,8 +143,8 @@ class InputBatch:
         return row
 
     def _drop_row(self, req_id: str, preempted: bool) -> None:
-        """Free a request's row; a preempted one keeps its generator and where its token
-        still being sampled is, for when it resumes (`add_request`)."""
+        """Free a request's row; a preempted one keeps where its token still being sampled
+        is, for when it resumes (`add_request`)."""
         row = self.row_of.pop(req_id, None)
         if row is None:
             if not preempted:
@@ -149,8 +152,7 @@ class InputBatch:
                 self.sampling.forget(req_id)
             return
         if preempted:
-            self._parked[req_id] = (self.states[row].generator, int(self.pending[row]),
-                                    int(self.pending_step[row]))
+            self._parked[req_id] = (int(self.pending[row]), int(self.pending_step[row]))
         self.sampling.clear_row(row, req_id, preempted)
         self.states[row] = None
         self.block_table[row, : self.num_blocks[row]] = 0
@@ -176,11 +178,6 @@ class InputBatch:
         self.block_table[row, end: self.num_blocks[row]] = 0
         self.num_blocks[row] = end
 
-    def _generator(self, params: SamplingParams, sample_index: int) -> torch.Generator | None:
-        if params.seed is None:
-            return None
-        return torch.Generator(device=self.device).manual_seed(params.seed + sample_index)
-
     def add_request(self, new: NewRequestData) -> int:
         """A row for a request the device side has not seen (or saw before a preemption)."""
         row = self._take_row(new.req_id)
@@ -195,17 +192,15 @@ class InputBatch:
         self.num_computed_tokens[row] = new.num_computed_tokens
         self.num_blocks[row] = 0
         self._set_blocks(row, 0, new.block_ids)
-        generator, pending, pending_step = self._parked.pop(new.req_id, (None, -1, -1))
-        if generator is None:
-            generator = self._generator(new.sampling_params, new.sample_index)
+        pending, pending_step = self._parked.pop(new.req_id, (-1, -1))
         if new.output_token_ids and new.output_token_ids[-1] == PLACEHOLDER_TOKEN_ID:
             # resumed right after a preemption, its last token still being sampled
             assert pending >= 0, f"{new.req_id}: a token in flight, but none was parked"
             self.pending[row], self.pending_step[row] = pending, pending_step
-        self.states[row] = RowState(self, row, new.req_id, new.sampling_params, generator,
+        self.states[row] = RowState(self, row, new.req_id, new.sampling_params,
                                     new.prompt_token_ids, new.eos_token_ids, new.sample_index,
                                     new.beam_group)
-        self.sampling.set_row(row, new.req_id, new.sampling_params, generator is not None,
+        self.sampling.set_row(row, new.req_id, new.sampling_params, new.sample_index,
                               new.prompt_token_ids, new.output_token_ids, new.eos_token_ids)
         if new.beam_group is not None:
             self._mark_beam(row, new.beam_group, new.sample_index, new.beam_score,
@@ -229,7 +224,7 @@ class InputBatch:
 
     def fork(self, parent_row: int, child_id: str, sample_index: int) -> int:
         """A row for a forked sample: a copy of the parent's row (tokens, computed count,
-        block table) with its own generator. A beam slot's copy has no beam yet (score
+        block table) with its own sample index. A beam slot's copy has no beam yet (score
         -inf), so its first expansion draws every candidate from the parent."""
         row = self._take_row(child_id)
         p = self.states[parent_row]
@@ -243,12 +238,11 @@ class InputBatch:
         self._set_blocks(row, 0, self.block_table[parent_row, :nb])
         self.pending[row] = self.pending[parent_row]
         self.pending_step[row] = self.pending_step[parent_row]
-        self.states[row] = RowState(self, row, child_id, p.params,
-                                    self._generator(p.params, sample_index),
-                                    p.prompt_token_ids, p.eos_token_ids, sample_index,
+        self.states[row] = RowState(self, row, child_id, p.params, p.prompt_token_ids,
+                                    p.eos_token_ids, sample_index,
                                     p.beam_group)
         self.sampling.fork_row(parent_row, row, child_id, p.params,
-                               self.states[row].generator is not None, p.prompt_token_ids,
+                               sample_index, p.prompt_token_ids,
                                p.eos_token_ids)
         if p.beam_group is not None:
             self._mark_beam(row, p.beam_group, sample_index, float("-inf"), p.params)

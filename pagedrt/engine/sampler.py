@@ -13,10 +13,14 @@ Order of operations (vLLM v1's default, which matches HF transformers where both
 Logprobs are those of the raw logits, before penalties and temperature (vLLM's default
 ``logprobs_mode="raw_logprobs"``): they describe the model, not the sampling settings.
 
-Reproducibility: a seeded row draws its noise only from its own `torch.Generator`, always one
-vector of `vocab_size` exponentials per step, so its tokens do not depend on the batch it runs in.
-Sampling by "exponential race" (argmax of p_i / q_i with q_i ~ Exp(1) picks i with probability
-p_i) needs no host sync, unlike `torch.multinomial` with per-row generators. On CUDA,
+Reproducibility: a seeded row's noise is a function of its key (its request's seed plus its
+sample index: sample i of seed s draws what a request with seed s + i draws alone) and the
+position of the token it samples, drawn with a counter-based generator
+(pagedrt/ops/philox.py): its tokens depend neither on the batch it runs in nor on preemptions,
+and every seeded row of a batch is drawn by one launch. Other rows draw from the default
+generator, one draw for the whole batch. Sampling by "exponential race" (argmax of p_i / q_i
+with q_i ~ Exp(1) picks i with probability p_i) needs no host sync, unlike
+`torch.multinomial`. On CUDA,
 `sample_rows` runs the race (and the temperature, when no top-k/top-p/min-p is set) in one
 Triton kernel over the logits and the same noise (pagedrt/ops/sample_triton.py).
 
@@ -44,7 +48,9 @@ from pagedrt.engine.sampling_state import (
     TOP_K,
     TOP_P,
     SamplingState,
+    seed_key,
 )
+from pagedrt.ops.philox import STREAM_RACE, fill_counter_draws_
 from pagedrt.sampling_params import SamplingParams
 
 
@@ -56,19 +62,23 @@ class SamplingRow:
 
     Attributes:
         params: the request's sampling settings.
-        generator: the request's RNG (seeded requests), on the logits' device; None means the
-            default generator passed to `Sampler.__call__`.
-        prompt_token_ids: the prompt (repetition penalty).
+        seed: the request's seed (params.seed), or None: the row draws from the default
+            generator passed to `Sampler.__call__`.
+        prompt_token_ids: the prompt (repetition penalty; with the output, the position of
+            the token sampled, which a seeded row's draws depend on).
         output_token_ids: tokens generated so far (penalties, min_tokens).
         eos_token_ids: the model's EOS ids; suppressed while fewer than `min_tokens` tokens were
             generated, unless `ignore_eos` (then EOS is no stop token, as in vLLM).
+        sample_index: which of the request's n samples the row is (a seeded row's key is
+            `seed_key(seed, sample_index)`).
     """
 
     params: SamplingParams
-    generator: torch.Generator | None = None
+    seed: int | None = None
     prompt_token_ids: list[int] | tuple[int, ...] = ()
     output_token_ids: list[int] | tuple[int, ...] = ()
     eos_token_ids: tuple[int, ...] = ()
+    sample_index: int = 0
 
 
 class TokenLogprobs(NamedTuple):
@@ -178,9 +188,9 @@ class Sampler:
         noise from the default generator only, never from their own.
         """
         probs = sampling_probs(logits, rows)
-        seeded = [(i, row.generator) for i, row in enumerate(rows)
-                  if row.generator is not None and not row.params.greedy]
-        return _exponential_race(probs, seeded, default_generator)
+        index = [i for i, row in enumerate(rows) if row.seed is not None and not row.params.greedy]
+        return _exponential_race(probs, seeded_rows([rows[i] for i in index], index),
+                                 default_generator)
 
     def sample_rows(
         self,
@@ -194,17 +204,17 @@ class Sampler:
         """`__call__` for rows of the device side's persistent batch: the same tokens (the same
         ops on the same values, the same draws), with each row's settings read from `state`
         (pagedrt/engine/sampling_state.py) by tensor ops instead of built per request. Python
-        runs per row only for seeded rows (each draws from its own generator) and for the
-        logprobs of rows that ask for them. Rows with penalties add their sampled token to
+        runs per row only for the logprobs of rows that ask for them. Rows with penalties add their sampled token to
         their counts on the device.
 
         Args:
             logits: [B, vocab] float (any float dtype), any device. Not modified.
             state: the rows' settings (the InputBatch's `sampling`).
             rows: [B] int64 the rows, in logits order.
-            row_states: per row (indexed by row), an object with `generator` and `params`
-                (the InputBatch's `states`); read only for seeded rows and logprobs.
-            num_tokens: per row (indexed by row), its number of tokens (min_tokens).
+            row_states: per row (indexed by row), an object with `params` (the InputBatch's
+                `states`); read only for the logprobs.
+            num_tokens: per row (indexed by row), its number of tokens (min_tokens; the
+                position of the token sampled, for seeded rows' draws).
             default_generator: RNG of rows without their own; None means torch's global RNG.
 
         Returns:
@@ -258,10 +268,10 @@ class Sampler:
             token_ids = logits.argmax(dim=-1)
         elif use_kernel and not (top_kp or min_p):  # temperature and the race in one pass
             token_ids = _race(logits, params[:, TEMPERATURE], params[:, GREEDY],
-                              _seeded(state, rows, row_states), default_generator)
+                              _seeded(state, rows, num_tokens), default_generator)
         else:
             sampled = _sample_filtered(logits, params, top_k, state.params[rows, TOP_P], greedy,
-                                       top_kp, min_p, _seeded(state, rows, row_states),
+                                       top_kp, min_p, _seeded(state, rows, num_tokens),
                                        use_kernel, default_generator)
             if greedy.any():
                 token_ids = torch.where(params[:, GREEDY] > 0, logits.argmax(dim=-1), sampled)
@@ -279,7 +289,7 @@ class Sampler:
 
 def _sample_filtered(logits: torch.Tensor, params: torch.Tensor, host_k: np.ndarray,
                      host_p: np.ndarray, host_greedy: np.ndarray, top_kp: bool, min_p: bool,
-                     seeded: list[tuple[int, torch.Generator]], use_kernel: bool,
+                     seeded: SeededRows | None, use_kernel: bool,
                      default_generator: torch.Generator | None) -> torch.Tensor:
     """`sample_rows`' draw for rows with top-k, top-p or min-p: temperature, the filters, then
     the exponential race; greedy rows are drawn too (the caller overwrites them).
@@ -324,7 +334,7 @@ def _sample_filtered(logits: torch.Tensor, params: torch.Tensor, host_k: np.ndar
 
 def _sample_candidates(logits: torch.Tensor, k_max: int, temperature: torch.Tensor,
                        k: torch.Tensor, p: torch.Tensor, min_p: torch.Tensor | None,
-                       seeded: list[tuple[int, torch.Generator]],
+                       seeded: SeededRows | None,
                        default_generator: torch.Generator | None) -> torch.Tensor:
     """The exponential race among each row's k_max largest logits (`_sample_filtered`).
 
@@ -354,16 +364,15 @@ def _sample_candidates(logits: torch.Tensor, k_max: int, temperature: torch.Tens
     return order.gather(1, pick[:, None]).squeeze(1)
 
 
-def _seeded(state: SamplingState, rows: np.ndarray,
-            row_states: list) -> list[tuple[int, torch.Generator]]:
-    """(index in `rows`, generator) of the sampled rows that draw from their own generator."""
-    seeded = state.seeded[rows]
-    return [(i, row_states[r].generator)
-            for i, r in zip(np.flatnonzero(seeded).tolist(), rows[seeded].tolist())]
+def _seeded(state: SamplingState, rows: np.ndarray, num_tokens: np.ndarray) -> SeededRows:
+    """The sampled rows that draw from their own key (indices in `rows`), with numpy."""
+    index = np.flatnonzero(state.seeded[rows])
+    seeded_rows = rows[index]
+    return SeededRows(index, state.seed_key[seeded_rows], num_tokens[seeded_rows])
 
 
 def _race(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
-          seeded: list[tuple[int, torch.Generator]],
+          seeded: SeededRows | None,
           default_generator: torch.Generator | None) -> torch.Tensor:
     """`race_argmax_triton` (pagedrt/ops/sample_triton.py) over `_exponential_noise`'s draws:
     the tokens of `_exponential_race` on softmax(logits / temperature), argmax for greedy
@@ -374,20 +383,61 @@ def _race(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
     return race_argmax_triton(logits, noise, temperature, greedy)
 
 
-def _exponential_noise(shape: torch.Size, device: torch.device,
-                       seeded: list[tuple[int, torch.Generator]],
+class SeededRows(NamedTuple):
+    """Rows of a batch that draw their noise from their own key (pagedrt/ops/philox.py).
+
+    Attributes:
+        index: [S] int64, the rows' indices in the batch.
+        keys: [S] int64, their keys (`seed_key`).
+        positions: [S] int64, the position of the token each samples (prompt included).
+    """
+
+    index: np.ndarray
+    keys: np.ndarray
+    positions: np.ndarray
+
+
+def seeded_rows(rows: list, index: list[int]) -> SeededRows:
+    """`SeededRows` of `rows` (objects with the attributes of `SamplingRow`, every one with a
+    seed) at batch indices `index`: each samples the token after its prompt and output."""
+    return SeededRows(
+        np.asarray(index, dtype=np.int64),
+        np.asarray([seed_key(r.seed, r.sample_index) for r in rows], dtype=np.int64),
+        np.asarray([len(r.prompt_token_ids) + len(r.output_token_ids) for r in rows],
+                   dtype=np.int64))
+
+
+def fill_seeded_draws_(out: torch.Tensor, seeded: SeededRows, offsets: np.ndarray,
+                       stream: int, exponential: bool) -> None:
+    """Overwrite the seeded rows' draws in `out` ([B, P, W] float32, unit stride along W):
+    out[index[s], p] = the draws of row s at positions[s] + offsets[p] (one host-to-device
+    copy of the indices and one launch, whatever S; `philox.fill_counter_draws_`)."""
+    s = len(seeded.index)
+    if not s:
+        return
+    positions = seeded.positions[:, None] + offsets[None, :]
+    flat = to_device(np.concatenate([seeded.index, seeded.keys, positions.ravel()]), out.device,
+                     torch.int64)
+    index, keys, positions_t = torch.split(flat, [s, s, positions.size])
+    fill_counter_draws_(out, index, keys, positions_t.view(s, len(offsets)), stream, exponential)
+
+
+def _exponential_noise(shape: torch.Size, device: torch.device, seeded: SeededRows | None,
                        default_generator: torch.Generator | None) -> torch.Tensor:
-    """[B, vocab] float32 Exp(1) draws: one for the whole batch, then the `seeded` rows
-    (index, generator) redrawn from their own generator, so that their noise depends only on
-    their seed and step."""
+    """[B, vocab] float32 Exp(1) draws: one draw from the default generator for the whole
+    batch, then the `seeded` rows overwritten by their own keys' draws at the positions they
+    sample (stream `STREAM_RACE`), which depend on nothing else."""
     q = torch.empty(shape, dtype=torch.float32, device=device).exponential_(
         generator=default_generator)
-    for i, generator in seeded:
-        q[i].exponential_(generator=generator)
+    if seeded is not None:
+        fill_seeded_draws_(q.unsqueeze(1), seeded, _NO_OFFSET, STREAM_RACE, exponential=True)
     return q
 
 
-def _exponential_race(probs: torch.Tensor, seeded: list[tuple[int, torch.Generator]],
+_NO_OFFSET = np.zeros(1, dtype=np.int64)
+
+
+def _exponential_race(probs: torch.Tensor, seeded: SeededRows | None,
                       default_generator: torch.Generator | None) -> torch.Tensor:
     """argmax of probs / q, q ~ Exp(1) (`_exponential_noise`). probs: [B, vocab] float32.
     Returns [B] int64."""

@@ -5,8 +5,8 @@ per step").
 One entry per `InputBatch` row, written when a row is taken (admission, resumption, fork) or
 freed, never rebuilt per step:
 
-    host (numpy, [rows]):   flags read to choose the step's ops: greedy, plain greedy, seeded,
-                            wants logprobs, penalized; top_k (0: off), top_p, min_p; min_tokens
+    host (numpy, [rows]):   flags read to choose the step's ops: greedy, plain greedy, seeded
+                            (with its key), wants logprobs, penalized; top_k (0: off), top_p, min_p; min_tokens
                             and the prompt length (min_tokens is active while num_tokens -
                             prompt length < min_tokens); stop_ids [rows, S] (stop_token_ids and,
                             unless ignore_eos, EOS; -1 pads); penalty_slot (-1: none)
@@ -20,7 +20,7 @@ freed, never rebuilt per step:
                             the row samples (`count`, a scatter-add on the device: no host
                             tokens needed, so penalties work with async scheduling)
 
-A preempted row's slot is parked with its request (like its generator, `InputBatch`): its
+A preempted row's slot is parked with its request (`InputBatch`): its
 counts already hold the token still being sampled when it was preempted. A fork's slot starts
 as a copy of its parent's. Inits and copies queue until the next `flush` (the vocabulary size
 is known there, from the logits).
@@ -38,6 +38,13 @@ TEMPERATURE, TOP_K, TOP_P, MIN_P, REPETITION, FREQUENCY, PRESENCE, GREEDY = rang
 NUM_PARAMS = 8
 
 
+
+def seed_key(seed: int, sample_index: int) -> int:
+    """The draw key of sample `sample_index` of a request with seed `seed`
+    (pagedrt/ops/philox.py): their sum, as vLLM seeds the n samples of a request, wrapped to
+    int64 (a seed may be any 64-bit int)."""
+    return (seed + sample_index + 2**63) % 2**64 - 2**63
+
 class SamplingState:
     """Per-row sampling settings and penalty counts; see the module docstring."""
 
@@ -46,7 +53,8 @@ class SamplingState:
         self.params = np.zeros((num_rows, NUM_PARAMS), dtype=np.float32)
         self.greedy = np.zeros(num_rows, dtype=np.bool_)
         self.plain_greedy = np.zeros(num_rows, dtype=np.bool_)  # nothing changes the argmax
-        self.seeded = np.zeros(num_rows, dtype=np.bool_)  # sampled from its own generator
+        self.seeded = np.zeros(num_rows, dtype=np.bool_)  # draws from its own key
+        self.seed_key = np.zeros(num_rows, dtype=np.int64)  # its key (sampler.seed_key)
         self.wants_logprobs = np.zeros(num_rows, dtype=np.bool_)
         self.penalized = np.zeros(num_rows, dtype=np.bool_)
         self.top_k = np.zeros(num_rows, dtype=np.int64)
@@ -70,14 +78,15 @@ class SamplingState:
         if extra <= 0:
             return
         self.params = np.pad(self.params, ((0, extra), (0, 0)))
-        for name in ("greedy", "plain_greedy", "seeded", "wants_logprobs", "penalized",
+        for name in ("greedy", "plain_greedy", "seeded", "seed_key", "wants_logprobs",
+                     "penalized",
                      "top_k", "min_tokens", "prompt_len"):
             setattr(self, name, np.pad(getattr(self, name), (0, extra)))
         self.stop_ids = np.pad(self.stop_ids, ((0, extra), (0, 0)), constant_values=-1)
         self.penalty_slot = np.pad(self.penalty_slot, (0, extra), constant_values=-1)
         self._device_params = None
 
-    def set_row(self, row: int, req_id: str, params: SamplingParams, seeded: bool,
+    def set_row(self, row: int, req_id: str, params: SamplingParams, sample_index: int,
                 prompt_token_ids: list[int], output_token_ids: list[int],
                 eos_token_ids: tuple[int, ...]) -> None:
         """A row taken by a request: its settings, and a penalty slot (its parked one, if it
@@ -90,7 +99,8 @@ class SamplingState:
         self.greedy[row] = greedy
         self.plain_greedy[row] = (greedy and params.logprobs is None and not params.min_tokens
                                   and not penalized)
-        self.seeded[row] = seeded and not greedy
+        self.seeded[row] = params.seed is not None and not greedy
+        self.seed_key[row] = 0 if params.seed is None else seed_key(params.seed, sample_index)
         self.wants_logprobs[row] = params.logprobs is not None
         self.penalized[row] = penalized
         self.top_k[row] = max(params.top_k, 0)
@@ -113,11 +123,11 @@ class SamplingState:
         self._device_params = None
 
     def fork_row(self, parent: int, row: int, req_id: str, params: SamplingParams,
-                 seeded: bool, prompt_token_ids: list[int],
+                 sample_index: int, prompt_token_ids: list[int],
                  eos_token_ids: tuple[int, ...]) -> None:
         """A forked sample's row: its parent's settings; its penalty counts a copy of the
         parent's."""
-        self.set_row(row, req_id, params, seeded, prompt_token_ids, [], eos_token_ids)
+        self.set_row(row, req_id, params, sample_index, prompt_token_ids, [], eos_token_ids)
         if self.penalty_slot[row] >= 0:
             # the slot set_row queued an init for: a copy of the parent's instead
             slot = int(self.penalty_slot[row])

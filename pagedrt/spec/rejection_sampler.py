@@ -25,8 +25,9 @@ distribution q_t is one-hot at d_{t+1}, and the rule becomes:
         d_{a+1} removed and renormalized
     if all j are accepted: draw the bonus token from p_j
 
-Noise: a seeded row draws j uniforms and (j + 1) x vocab exponentials from its own generator
-per step (its stream depends only on its seed and its drafts), others from the default
+Noise: a seeded row's draws are those of its key at the positions of the tokens it verifies
+(pagedrt/ops/philox.py): the race at position p draws what plain sampling draws there, and the
+acceptance uniforms come from a stream of their own; other rows draw from the default
 generator. Draws from a distribution are exponential races (argmax of p / Exp(1)), as in the
 sampler: no host sync.
 """
@@ -35,17 +36,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from pagedrt.engine.host_buffers import to_device
 from pagedrt.engine.sampler import (
     SamplingRow,
     TokenLogprobs,
+    fill_seeded_draws_,
     gather_logprobs,
     plain_greedy,
     processed_logits,
     sampling_probs,
+    seeded_rows,
 )
+from pagedrt.ops.philox import STREAM_ACCEPT, STREAM_RACE
 
 
 @dataclass
@@ -81,7 +86,7 @@ class RejectionSampler:
             logits: [S, K + 1, vocab] float (any float dtype), the target's logits at each
                 row's last token and after each of its drafts; positions past a row's
                 num_drafts may hold anything finite.
-            rows: S objects with the attributes of `SamplingRow` (params, generator,
+            rows: S objects with the attributes of `SamplingRow` (params, seed,
                 prompt_token_ids, output_token_ids, eos_token_ids).
             draft_token_ids: [S, K] int64 on the logits' device; entries past a row's
                 num_drafts may hold any valid id.
@@ -170,8 +175,9 @@ def _position_rows(rows: list, draft_token_ids: torch.Tensor, num_drafts: list[i
     for r, row_drafts, j in zip(rows, drafts, num_drafts):
         outputs = list(r.output_token_ids)
         for t in range(width):
-            out.append(SamplingRow(r.params, r.generator, r.prompt_token_ids,
-                                   outputs + row_drafts[:min(t, j)], r.eos_token_ids))
+            out.append(SamplingRow(r.params, r.seed, r.prompt_token_ids,
+                                   outputs + row_drafts[:min(t, j)], r.eos_token_ids,
+                                   r.sample_index))
     return out
 
 
@@ -186,10 +192,13 @@ def _sample(processed: torch.Tensor, position_rows: list, rows: list,
     probs = sampling_probs(processed, position_rows).view(num_rows, width, vocab_size)
     uniform = torch.rand(num_rows, k, device=probs.device, generator=default_generator)
     race = torch.empty_like(probs).exponential_(generator=default_generator)
-    for s, (r, j) in enumerate(zip(rows, num_drafts)):
-        if r.generator is not None and not r.params.greedy:
-            uniform[s, :j].uniform_(generator=r.generator)
-            race[s, : j + 1].exponential_(generator=r.generator)
+    index = [s for s, r in enumerate(rows) if r.seed is not None and not r.params.greedy]
+    if index:  # the seeded rows' own draws, at the positions of the tokens they verify
+        seeded = seeded_rows([rows[s] for s in index], index)
+        offsets = np.arange(width, dtype=np.int64)
+        fill_seeded_draws_(race, seeded, offsets, STREAM_RACE, exponential=True)
+        fill_seeded_draws_(uniform.unsqueeze(2), seeded, offsets[:k], STREAM_ACCEPT,
+                           exponential=False)
     draft_probs = probs[:, :k].gather(2, draft_token_ids.unsqueeze(2)).squeeze(2)  # [S, K]
     accept = uniform < draft_probs
     # p_t with d_{t+1} removed where a real draft follows (the residual after a rejection)
