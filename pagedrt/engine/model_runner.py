@@ -327,9 +327,12 @@ class ModelRunner:
         if num_drafts is not None:
             totals = totals + num_drafts  # (the drafts sit past the row's tokens)
         ends = starts + q_lens
-        cu = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(q_lens, out=cu[1:])
-        num_tokens = int(cu[-1])
+        num_tokens = int(q_lens.sum())
+        if num_tokens == n:  # (a decode step: one token each)
+            cu = np.arange(n + 1, dtype=np.int64)
+        else:
+            cu = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(q_lens, out=cu[1:])
         width = max(int(batch.num_blocks[rows].max()), 1)
         block_tables = batch.block_table[rows, :width]  # [n, width]
         if num_tokens == n:  # every request has one new token (decode)
@@ -342,7 +345,8 @@ class ModelRunner:
             token_rows = rows[table_rows]
         # (a token still being sampled reads -1 here; it is replaced on the device below)
         input_ids = batch.token_ids[token_rows, positions].astype(np.int64)
-        slot_mapping = block_tables[table_rows, positions // bs] * bs + positions % bs
+        block_index, offset = np.divmod(positions, bs)
+        slot_mapping = block_tables[table_rows, block_index] * bs + offset
         is_sampled = ends == totals  # the step completes the row's tokens
         sampled_idx = np.flatnonzero(is_sampled)
         logits_indices = cu[1:][sampled_idx] - 1
@@ -399,9 +403,10 @@ class ModelRunner:
         # int64 (viewed back as int32 on the device: no conversion kernels)
         #   [ids | positions | slots | logits | pending dst | pending src | cu, seq_lens, tables
         #    | beam table patch]
-        small = np.concatenate([cu, kernel_seq_lens, block_tables.ravel()]).astype(np.int32)
-        if len(small) % 2:
-            small = np.append(small, np.int32(0))
+        small = np.zeros(-(-(2 * n + 1 + n * width) // 2) * 2, dtype=np.int32)  # (even)
+        small[: n + 1] = cu
+        small[n + 1: 2 * n + 1] = kernel_seq_lens
+        small[2 * n + 1: 2 * n + 1 + n * width] = block_tables.ravel()
         parts = [input_ids, positions, slot_mapping, logits_indices, pend_dst, pend_src,
                  small.view(np.int64)] + (patch or [])
         flat = np.concatenate(parts)
