@@ -26,7 +26,8 @@ class SamplingParams:
         repetition_penalty: multiplicative penalty on prompt and generated tokens (Keskar et al.
             2019, CTRL); 1 disables it.
         seed: per-request seed; the request's samples are then reproducible whatever else runs in
-            the same batch.
+            the same batch and however often it is preempted (sample i of n draws as a request
+            with seed + i would; docs/design.md, "Seeded sampling").
         max_tokens: most tokens to generate (>= 1).
         min_tokens: EOS and stop token ids are suppressed until this many tokens were generated.
         stop: strings that end generation; the matched string is not part of the output text.

@@ -20,9 +20,9 @@ position of the token it samples, drawn with a counter-based generator
 and every seeded row of a batch is drawn by one launch. Other rows draw from the default
 generator, one draw for the whole batch. Sampling by "exponential race" (argmax of p_i / q_i
 with q_i ~ Exp(1) picks i with probability p_i) needs no host sync, unlike
-`torch.multinomial`. On CUDA,
-`sample_rows` runs the race (and the temperature, when no top-k/top-p/min-p is set) in one
-Triton kernel over the logits and the same noise (pagedrt/ops/sample_triton.py).
+`torch.multinomial`. On CUDA, `sample_rows` runs the race (and the temperature, when no
+top-k/top-p/min-p is set) in one Triton kernel over the logits and the same noise
+(pagedrt/ops/sample_triton.py).
 
 The hot path (no penalties, no logprobs, no min_tokens) has no host sync: per-row parameters are
 built from Python values once per call and copied to the device from pinned memory, non-blocking.
@@ -204,8 +204,8 @@ class Sampler:
         """`__call__` for rows of the device side's persistent batch: the same tokens (the same
         ops on the same values, the same draws), with each row's settings read from `state`
         (pagedrt/engine/sampling_state.py) by tensor ops instead of built per request. Python
-        runs per row only for the logprobs of rows that ask for them. Rows with penalties add their sampled token to
-        their counts on the device.
+        runs per row only for the logprobs of rows that ask for them. Rows with penalties add
+        their sampled token to their counts on the device.
 
         Args:
             logits: [B, vocab] float (any float dtype), any device. Not modified.
@@ -367,8 +367,8 @@ def _sample_candidates(logits: torch.Tensor, k_max: int, temperature: torch.Tens
 def _seeded(state: SamplingState, rows: np.ndarray, num_tokens: np.ndarray) -> SeededRows:
     """The sampled rows that draw from their own key (indices in `rows`), with numpy."""
     index = np.flatnonzero(state.seeded[rows])
-    seeded_rows = rows[index]
-    return SeededRows(index, state.seed_key[seeded_rows], num_tokens[seeded_rows])
+    picked = rows[index]
+    return SeededRows(index, state.seed_key[picked], num_tokens[picked])
 
 
 def _race(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
