@@ -13,7 +13,7 @@ step of 256 rows is a handful of numpy gathers instead of a Python call per requ
             block_table[r]  | b0 | b1 | ... | b(num_blocks[r]-1) | 0 ... |  (int32)
             num_computed_tokens[r]: tokens in the KV cache after the latest step that ran it
                                     (a verification step: after `append_accepted`)
-            states[r]: sampling settings, the seed key, the prompt (RowState)
+            states[r]: sampling settings, the sample index, the prompt (RowState)
             sampling: the same settings as arrays and device tensors, with the penalties'
                             per-row token counts on the device (SamplingState,
                             pagedrt/engine/sampling_state.py): what the sampler reads

@@ -328,18 +328,16 @@ class ModelRunner:
             totals = totals + num_drafts  # (the drafts sit past the row's tokens)
         ends = starts + q_lens
         num_tokens = int(q_lens.sum())
-        if num_tokens == n:  # (a decode step: one token each)
-            cu = np.arange(n + 1, dtype=np.int64)
-        else:
-            cu = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum(q_lens, out=cu[1:])
         width = max(int(batch.num_blocks[rows].max()), 1)
         block_tables = batch.block_table[rows, :width]  # [n, width]
         if num_tokens == n:  # every request has one new token (decode)
+            cu = np.arange(n + 1, dtype=np.int64)
             positions = starts
             token_rows = rows
-            table_rows = np.arange(n)
+            table_rows = cu[:n]
         else:
+            cu = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(q_lens, out=cu[1:])
             table_rows = np.repeat(np.arange(n), q_lens)  # request of each token
             positions = np.arange(num_tokens) - cu[table_rows] + starts[table_rows]
             token_rows = rows[table_rows]

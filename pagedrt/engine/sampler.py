@@ -188,9 +188,7 @@ class Sampler:
         noise from the default generator only, never from their own.
         """
         probs = sampling_probs(logits, rows)
-        index = [i for i, row in enumerate(rows) if row.seed is not None and not row.params.greedy]
-        return _exponential_race(probs, seeded_rows([rows[i] for i in index], index),
-                                 default_generator)
+        return _exponential_race(probs, seeded_rows(rows), default_generator)
 
     def sample_rows(
         self,
@@ -397,9 +395,11 @@ class SeededRows(NamedTuple):
     positions: np.ndarray
 
 
-def seeded_rows(rows: list, index: list[int]) -> SeededRows:
-    """`SeededRows` of `rows` (objects with the attributes of `SamplingRow`, every one with a
-    seed) at batch indices `index`: each samples the token after its prompt and output."""
+def seeded_rows(batch_rows: list) -> SeededRows:
+    """The `SeededRows` of a batch's rows (objects with the attributes of `SamplingRow`): those
+    with a seed that are not greedy, each sampling the token after its prompt and output."""
+    index = [i for i, r in enumerate(batch_rows) if r.seed is not None and not r.params.greedy]
+    rows = [batch_rows[i] for i in index]
     return SeededRows(
         np.asarray(index, dtype=np.int64),
         np.asarray([seed_key(r.seed, r.sample_index) for r in rows], dtype=np.int64),

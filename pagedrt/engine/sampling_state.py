@@ -6,7 +6,8 @@ One entry per `InputBatch` row, written when a row is taken (admission, resumpti
 freed, never rebuilt per step:
 
     host (numpy, [rows]):   flags read to choose the step's ops: greedy, plain greedy, seeded
-                            (with its key), wants logprobs, penalized; top_k (0: off), top_p, min_p; min_tokens
+                            (with its key), wants logprobs, penalized; top_k (0: off), top_p,
+                            min_p; min_tokens
                             and the prompt length (min_tokens is active while num_tokens -
                             prompt length < min_tokens); stop_ids [rows, S] (stop_token_ids and,
                             unless ignore_eos, EOS; -1 pads); penalty_slot (-1: none)

@@ -192,9 +192,8 @@ def _sample(processed: torch.Tensor, position_rows: list, rows: list,
     probs = sampling_probs(processed, position_rows).view(num_rows, width, vocab_size)
     uniform = torch.rand(num_rows, k, device=probs.device, generator=default_generator)
     race = torch.empty_like(probs).exponential_(generator=default_generator)
-    index = [s for s, r in enumerate(rows) if r.seed is not None and not r.params.greedy]
-    if index:  # the seeded rows' own draws, at the positions of the tokens they verify
-        seeded = seeded_rows([rows[s] for s in index], index)
+    seeded = seeded_rows(rows)  # their own draws, at the positions of the tokens they verify
+    if len(seeded.index):
         offsets = np.arange(width, dtype=np.int64)
         fill_seeded_draws_(race, seeded, offsets, STREAM_RACE, exponential=True)
         fill_seeded_draws_(uniform.unsqueeze(2), seeded, offsets[:k], STREAM_ACCEPT,
