@@ -19,6 +19,13 @@ written the chunk's K/V, that is causal attention within the chunk, split over t
 like a decode step. The extend kernel (cu_seqlens_q = 0, q, 2q, ...; one program per KV head
 and sequence streaming the whole context) left most of the GPU idle at batch 1 (see
 docs/design.md, "Speculative decoding"); PAGEDRT_VERIFY_ATTENTION=extend captures it instead.
+
+Decode graphs (q = 1) start with a kernel that scatters the step's staged inputs (one device
+buffer, `staged`, filled by the step's one host-to-device copy) into the static buffers, and
+reads the input ids still being sampled from `last_tokens` (pagedrt/ops/graph_inputs_triton.py;
+docs/design.md, "Decode inputs staged for the graphs"): a decode step is then that copy and
+the replay. PAGEDRT_STAGED_GRAPH_INPUTS=0 captures them without it; a replay then copies each
+input into its static buffer (`run`).
 """
 
 from __future__ import annotations
@@ -35,6 +42,12 @@ from pagedrt.ops.attention import AttentionMetadata, triton_available
 logger = logging.getLogger("pagedrt.cuda_graphs")
 
 
+def staged_inputs_enabled() -> bool:
+    """Whether decode graphs take staged inputs (PAGEDRT_STAGED_GRAPH_INPUTS, default on
+    where Triton runs)."""
+    return os.environ.get("PAGEDRT_STAGED_GRAPH_INPUTS", "1") != "0" and triton_available()
+
+
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     """1, 2, 4, 8, 16, 32, 48, ... up to max_num_seqs (included)."""
     sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs]
@@ -45,10 +58,15 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
 class CUDAGraphRunner:
     def __init__(self, model, kv_layers, max_num_seqs: int, max_blocks_per_seq: int,
                  device: torch.device, backend: str, verify_query_len: int = 0,
-                 verify_max_num_seqs: int = 0, block_size: int = 1) -> None:
+                 verify_max_num_seqs: int = 0, block_size: int = 1,
+                 capture_graphs: bool = True, last_tokens_size: int = 0) -> None:
         """verify_query_len: q = k + 1 of the verification graphs (0: none), captured for the
         buckets up to the first one >= verify_max_num_seqs. block_size: tokens per KV block
-        (sets the context of the in-step timing's steps, `_time_in_step`)."""
+        (sets the context of the in-step timing's steps, `_time_in_step`).
+        capture_graphs: False runs each "replay" eagerly on the static buffers (the tests'
+        way to run the staged inputs on the CPU). last_tokens_size: rows of `last_tokens`
+        (default 2 x max_num_seqs; a previous step that sampled more is read through
+        `staged` instead, see ModelRunner.prepare)."""
         self.model = model
         self.kv_layers = kv_layers
         self.batch_sizes = graph_batch_sizes(max_num_seqs)
@@ -69,6 +87,16 @@ class CUDAGraphRunner:
         self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
         self.cu_seqlens_q = {1: torch.arange(n + 1, dtype=torch.int32, device=device)}
         self.verify_as_decode = os.environ.get("PAGEDRT_VERIFY_ATTENTION", "decode") != "extend"
+        self.capture_graphs = capture_graphs
+        self.staged_inputs = staged_inputs_enabled()
+        if self.staged_inputs:
+            from pagedrt.ops.graph_inputs import staged_size
+
+            # (fixed addresses: the decode graphs read them at every replay)
+            self.staged = torch.zeros(staged_size(n, max_blocks_per_seq), dtype=torch.int64,
+                                      device=device)
+            self.last_tokens = torch.zeros(max(last_tokens_size or 2 * n, 1),
+                                           dtype=torch.int64, device=device)
         if self.verify_batch_sizes:
             self.cu_seqlens_q[verify_query_len] = self.cu_seqlens_q[1] * verify_query_len
         # (query length, bucket) -> graph, logits
@@ -88,6 +116,17 @@ class CUDAGraphRunner:
             meta.query_block_tables = meta.block_tables.repeat_interleave(q, dim=0)
             meta.query_seq_lens = (self.positions[: bs * q] + 1).to(torch.int32)
         return meta
+
+    def _scatter(self, bs: int) -> None:
+        """The staged step into the first bs rows of the static buffers (in the graph)."""
+        if self.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+            from pagedrt.ops.graph_inputs_triton import scatter_decode_inputs
+        else:
+            from pagedrt.ops.graph_inputs import (
+                scatter_decode_inputs_reference as scatter_decode_inputs,
+            )
+        scatter_decode_inputs(self.staged, self.last_tokens, self.input_ids, self.positions,
+                              self.slot_mapping, self.seq_lens, self.block_tables, bs)
 
     def _forward(self, bs: int, q: int) -> torch.Tensor:
         hidden = self.model(self.input_ids[: bs * q], self.positions[: bs * q], self.kv_layers,
@@ -120,7 +159,14 @@ class CUDAGraphRunner:
             self._forward(bs, q)  # warm-up on the capture's shapes (times their ops)
             if q == 1 and bs in step_timing.BUCKETS:
                 self._time_in_step(bs)  # (leaves seq_lens at 1)
+            staged = q == 1 and self.staged_inputs
+            if staged:
+                self.staged[:2] = 0  # (n = 0: every row padding, for the kernel's compile)
+                self._scatter(bs)
+                self.seq_lens.fill_(q)
             with torch.cuda.graph(graph, pool=self.pool):
+                if staged:
+                    self._scatter(bs)
                 self.logits[q, bs] = self._forward(bs, q)
             if self.pool is None:
                 self.pool = graph.pool()
@@ -178,7 +224,8 @@ class CUDAGraphRunner:
         if width > self.block_tables.shape[1]:
             return False
         if query_len == 1:
-            return (1, self.max_bs) in self.graphs and num_seqs <= self.max_bs
+            return ((1, self.max_bs) in self.graphs or not self.capture_graphs
+                    ) and num_seqs <= self.max_bs
         return (query_len == self.verify_query_len and bool(self.verify_batch_sizes)
                 and num_seqs <= self.verify_batch_sizes[-1])
 
@@ -190,6 +237,7 @@ class CUDAGraphRunner:
         [b * query_len, vocab]."""
         b = seq_lens.shape[0]
         q = query_len
+        assert q > 1 or not self.staged_inputs, "decode graphs take staged inputs: replay_staged"
         sizes = self.batch_sizes if q == 1 else self.verify_batch_sizes
         bs = next(s for s in sizes if s >= b)
         self.input_ids[: b * q].copy_(input_ids, non_blocking=True)
@@ -203,3 +251,15 @@ class CUDAGraphRunner:
         self.block_tables[:b, : block_tables.shape[1]].copy_(block_tables, non_blocking=True)
         self.graphs[q, bs].replay()
         return self.logits[q, bs][: b * q]
+
+    @torch.inference_mode()
+    def replay_staged(self, num_seqs: int) -> torch.Tensor:
+        """Replay the decode graph for num_seqs rows whose inputs are in `staged` (copied
+        there, and input ids pending from the previous step's samples in `last_tokens`, before
+        this call on the same stream); returns [num_seqs, vocab]."""
+        bs = next(s for s in self.batch_sizes if s >= num_seqs)
+        if not self.capture_graphs:
+            self._scatter(bs)
+            return self._forward(bs, 1)[:num_seqs]
+        self.graphs[1, bs].replay()
+        return self.logits[1, bs][:num_seqs]

@@ -69,3 +69,13 @@ class StepBuffers:
         staged = self.take(len(flat))
         staged.numpy()[:] = flat
         return staged.to(device, non_blocking=True)
+
+    def copy_into(self, flat: np.ndarray, out: torch.Tensor) -> torch.Tensor:
+        """`to_device` into the first len(flat) elements of `out` (a device buffer of int64
+        whose address must not change, such as a CUDA graph's input); returns that slice."""
+        self.next_step()
+        staged = self.take(len(flat))
+        staged.numpy()[:] = flat
+        dst = out[: len(flat)]
+        dst.copy_(staged, non_blocking=True)
+        return dst

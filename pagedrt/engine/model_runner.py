@@ -37,6 +37,7 @@ from pagedrt.engine.profiling import NULL_CLOCK
 from pagedrt.engine.sampler import Sampler, SamplerOutput
 from pagedrt.kv.kv_cache import KVCache
 from pagedrt.ops.attention import AttentionMetadata
+from pagedrt.ops.graph_inputs import stage_decode_inputs
 from pagedrt.sampling_params import SamplingParams
 from pagedrt.spec.rejection_sampler import RejectionOutput, RejectionSampler
 
@@ -56,9 +57,10 @@ they run unpadded, and a first-seen batch size can still wait once)."""
 
 @dataclass
 class ModelInputs:
-    input_ids: torch.Tensor  # [num_tokens] int64
-    positions: torch.Tensor  # [num_tokens] int64
-    meta: AttentionMetadata
+    # (the next three are None for a step staged for a decode graph: `staged`)
+    input_ids: torch.Tensor | None  # [num_tokens] int64
+    positions: torch.Tensor | None  # [num_tokens] int64
+    meta: AttentionMetadata | None
     logits_indices: torch.Tensor | None  # [num_sampled] int64, rows of the hidden states to
     # sample; None: every row, in order (a decode step)
     sampled_rows: np.ndarray  # [num_sampled] int64, the InputBatch rows those belong to
@@ -66,6 +68,8 @@ class ModelInputs:
     sampled_num_drafts: np.ndarray | None = None  # [num_sampled] int64, drafts each verifies
     # (its logits rows: 1 + that many, in order); None: no draft this step
     query_len: int = 0  # > 0: every sequence padded to this query length (verification graph)
+    staged: bool = False  # the inputs are in the graph runner's `staged` buffer: a decode step
+    # that replays a graph (`replay_staged`)
 
 
 @dataclass
@@ -130,6 +134,7 @@ class ModelRunner:
         # the device tensor of the sampled ids of the latest launched step, which rows with a
         # token still being sampled read their next input from (async scheduling)
         self._last_sampled: torch.Tensor | None = None
+        self._last_tokens_copied = False  # ... and copied to graph_runner.last_tokens
         self._last_step_id = -1
         # two host buffers (pinned on CUDA) for what a step sends back, used in turn (one
         # step in flight): the sampled token ids, then for a step that verified drafts the
@@ -297,6 +302,7 @@ class ModelRunner:
         finally:
             self.generator = generator
             self._last_sampled = None
+            self._last_tokens_copied = False
             self._last_step_id = -1
             self._last_num_sampled = 0
         if self.device.type == "cuda":
@@ -369,6 +375,11 @@ class ModelRunner:
             assert num_drafts is None or not num_drafts[pend].any(), (
                 "drafts after a token still being sampled")
         query_len = self._verify_query_len(num_drafts, q_lens, ends, n, width)
+        runner = self.graph_runner
+        if (num_tokens == n and not query_len and runner is not None and runner.staged_inputs
+                and runner.can_run(n, width)):
+            return self._stage_decode(rows, starts, ends, input_ids, slot_mapping, block_tables,
+                                      sampled_idx, pend, pend_src)
         kernel_seq_lens = ends
         if query_len:
             # pad every row to query_len tokens: token t of row i sits at i * query_len + t
@@ -437,6 +448,54 @@ class ModelRunner:
             sampled_num_drafts=sampled_num_drafts, query_len=query_len,
         )
 
+    def _stage_decode(self, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                      input_ids: np.ndarray, slot_mapping: np.ndarray, block_tables: np.ndarray,
+                      sampled_idx: np.ndarray, pend: np.ndarray,
+                      pend_src: np.ndarray) -> ModelInputs:
+        """`prepare`'s end for a decode step that replays a graph: the inputs go in one copy
+        into the graph runner's `staged` buffer (pagedrt/ops/graph_inputs_triton.py), and the
+        graph itself reads the pending input ids from `last_tokens`. After it on the device,
+        where needed: the pending ids gathered into `staged` (a previous step that sampled
+        more rows than `last_tokens` holds) and the beam slots' table patch. Arrays: [n],
+        aligned with rows; block_tables [n, width]."""
+        runner = self.graph_runner
+        n, width = block_tables.shape
+        pending_src = np.full(n, -1, dtype=np.int64)
+        gather = bool(len(pend)) and not self._last_tokens_copied
+        if len(pend) and not gather:
+            pending_src[pend] = pend_src  # (a decode step's token i is row i's)
+        patch = self.beam_runner.table_patch(rows, pend, starts, self._last_num_sampled)
+        all_rows = len(sampled_idx) == n
+        # after the staged layout: [logits rows (a decode step's token i is row i's) |
+        # pending dst, src | beam table patch], each where needed
+        tail = (([] if all_rows else [sampled_idx]) + ([pend, pend_src] if gather else [])
+                + (patch or []))
+        flat = stage_decode_inputs(input_ids, starts, slot_mapping, pending_src, ends,
+                                   block_tables)
+        size = len(flat)
+        if tail:
+            flat = np.concatenate([flat] + tail)
+        if self._staging is not None:
+            staged = self._staging.copy_into(flat, runner.staged)
+        else:  # (CPU: the tests' eager "graphs")
+            staged = runner.staged[: len(flat)]
+            staged.copy_(torch.from_numpy(flat))
+        tail_t = list(torch.split(staged[size:], [len(x) for x in tail])) if tail else []
+        logit_t = None if all_rows else tail_t.pop(0)
+        dst_t, src_t = (tail_t.pop(0), tail_t.pop(0)) if gather else (None, None)
+        patch_t = tail_t
+        if gather:
+            assert self._last_sampled is not None, "tokens pending but no step in flight"
+            staged[2: 2 + n].index_copy_(0, dst_t, self._last_sampled.index_select(0, src_t))
+        if patch_t:
+            first = 2 * (2 + 4 * n) + n  # int32 index of the block tables in `staged`
+            tables = runner.staged.view(torch.int32)[first: first + n * width].view(n, width)
+            self.beam_runner.apply_table_patch(tables, patch_t)
+        return ModelInputs(
+            input_ids=None, positions=None, meta=None,
+            logits_indices=logit_t, sampled_rows=rows if all_rows else rows[sampled_idx],
+            seq_lens=ends, staged=True)
+
     def _verify_query_len(self, num_drafts: np.ndarray | None, q_lens: np.ndarray,
                           ends: np.ndarray, n: int, width: int) -> int:
         """k + 1 when this step runs as a verification graph (every row a decode, 1 token and
@@ -496,9 +555,12 @@ class ModelRunner:
         self.batch.num_computed_tokens[rows] = inputs.seq_lens
         clock.mark("prepare")
         meta = inputs.meta
-        width = meta.block_tables.shape[1]
-        if (self.graph_runner is not None and meta.is_decode_only
-                and self.graph_runner.can_run(len(rows), width)):
+        if inputs.staged:
+            logits = self.graph_runner.replay_staged(len(rows))
+            if inputs.logits_indices is not None:
+                logits = logits[inputs.logits_indices]
+        elif (self.graph_runner is not None and meta.is_decode_only
+                and self.graph_runner.can_run(len(rows), meta.block_tables.shape[1])):
             logits = self.graph_runner.run(inputs.input_ids, inputs.positions, meta.slot_mapping,
                                            meta.seq_lens, meta.block_tables)
             if inputs.logits_indices is not None:
@@ -745,6 +807,13 @@ class ModelRunner:
             event = torch.cuda.Event()
             event.record()
         self._last_sampled = output.token_ids if output is not None else None
+        self._last_tokens_copied = False
+        runner = self.graph_runner
+        if (output is not None and runner is not None and runner.staged_inputs
+                and len(rows) <= runner.last_tokens.numel()):
+            # where the next decode graph reads the input ids pending from this step
+            runner.last_tokens[: len(rows)].copy_(output.token_ids, non_blocking=True)
+            self._last_tokens_copied = True
         self._last_step_id = step_id
         clock.mark("sample")
         if req_ids is None:

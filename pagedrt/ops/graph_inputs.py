@@ -1,0 +1,75 @@
+"""A decode step's inputs, staged in one device buffer for a kernel captured in the CUDA graph
+itself to scatter into the graph's static buffers (the kernel: graph_inputs_triton.py;
+docs/design.md, "Decode inputs staged for the graphs").
+
+Without it a decode step's replay costs, besides the step's one host-to-device copy, two
+launches to read pending input ids from the previous step's samples and five copies plus up
+to three fills into the static buffers: host time that the device waits for at small batches.
+With it: the copy, into a buffer whose address the graph knows, and the replay.
+
+Layout of `staged` ([size] int64, written by one host-to-device copy per step;
+`stage_decode_inputs` builds it on the host):
+
+    [n, width | input_ids [n] | positions [n] | slot_mapping [n] | pending_src [n]
+     | int32 pairs: seq_lens [n], block_tables [n * width] row-major]
+
+n: the step's rows (<= the graph's batch size, rows n.. are padding); width: block-table
+entries per row. pending_src[i]: -1, or the row of `last_tokens` (the previous step's sampled
+ids, copied there by the model runner) that holds row i's input id, still being sampled when
+the step was prepared (async scheduling).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+HEADER = 2  # n, width
+
+
+def staged_size(num_rows: int, width: int) -> int:
+    """int64 elements of a staged step of `num_rows` rows and `width` block-table entries."""
+    return HEADER + 4 * num_rows + -(-(num_rows + num_rows * width) // 2)
+
+
+def stage_decode_inputs(input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
+                        pending_src: np.ndarray, seq_lens: np.ndarray,
+                        block_tables: np.ndarray) -> np.ndarray:
+    """The staged layout of the module docstring, on the host.
+
+    Args:
+        input_ids, positions, slot_mapping, pending_src: [n] int64 (pending_src -1 where the
+            input id is known).
+        seq_lens: [n] int (fits int32), tokens in each row's context after this step.
+        block_tables: [n, width] int (fits int32).
+    Returns:
+        [staged_size(n, width)] int64.
+    """
+    n, width = block_tables.shape
+    small = np.zeros(2 * (staged_size(n, width) - HEADER - 4 * n), dtype=np.int32)
+    small[:n] = seq_lens
+    small[n: n + n * width] = block_tables.ravel()
+    return np.concatenate([np.array([n, width], dtype=np.int64), input_ids, positions,
+                           slot_mapping, pending_src, small.view(np.int64)])
+
+
+def scatter_decode_inputs_reference(staged: torch.Tensor, last_tokens: torch.Tensor,
+                                    input_ids: torch.Tensor, positions: torch.Tensor,
+                                    slot_mapping: torch.Tensor, seq_lens: torch.Tensor,
+                                    block_tables: torch.Tensor, num_rows: int) -> None:
+    """graph_inputs_triton.scatter_decode_inputs in torch ops (the tests' oracle), the
+    same arguments."""
+    n, width = (int(x) for x in staged[:2].tolist())
+    ids, pos, slots, src = staged[2: 2 + 4 * n].view(4, n)
+    small = staged[2 + 4 * n:].view(torch.int32)
+    pending = src >= 0
+    ids = torch.where(pending, last_tokens[src.clamp(min=0)], ids)
+    input_ids[:n] = ids
+    positions[:n] = pos
+    slot_mapping[:n] = slots
+    seq_lens[:n] = small[:n]
+    block_tables[:n, :width] = small[n: n + n * width].view(n, width)
+    input_ids[n:num_rows] = 0
+    positions[n:num_rows] = 0
+    slot_mapping[n:num_rows] = -1
+    seq_lens[n:num_rows] = 1

@@ -1,0 +1,160 @@
+"""Decode inputs staged for the CUDA graphs (pagedrt/ops/graph_inputs.py and its kernel).
+
+The kernel runs under the interpreter against the torch reference; the host layout is checked
+by scattering it back; and whole engines run their decode steps through a graph runner whose
+"replays" are eager (capture_graphs=False), with the staged inputs and the in-graph scatter,
+against the plain engine: greedy and seeded sampling, async scheduling, padding rows, beam
+slots re-parented on the device, and input ids gathered into the staged buffer when the
+previous step sampled more rows than `last_tokens` holds.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from pagedrt import LLM, SamplingParams
+from pagedrt.engine.cuda_graphs import CUDAGraphRunner
+from pagedrt.ops.graph_inputs import (
+    scatter_decode_inputs_reference,
+    stage_decode_inputs,
+    staged_size,
+)
+
+VOCAB = 384
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def _step(rng: np.random.Generator, n: int, width: int, num_last: int):
+    """Random host arrays of an n-row decode step (some input ids pending)."""
+    ids = rng.integers(0, 1000, n)
+    positions = rng.integers(0, 500, n)
+    slots = rng.integers(-1, 4000, n)
+    src = np.where(rng.random(n) < 0.5, rng.integers(0, num_last, n), -1)
+    lens = rng.integers(1, 600, n)
+    tables = rng.integers(0, 4000, (n, width))
+    return ids, positions, slots, src, lens, tables
+
+
+def _buffers(bs: int, max_blocks: int, fill: int):
+    """Static buffers holding stale values (`fill`), as after earlier replays."""
+    return (torch.full((bs + 3,), fill, dtype=torch.int64),
+            torch.full((bs + 3,), fill, dtype=torch.int64),
+            torch.full((bs + 3,), fill, dtype=torch.int64),
+            torch.full((bs + 3,), fill, dtype=torch.int32),
+            torch.full((bs + 3, max_blocks), fill, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("n, bs, width, max_blocks", [
+    (1, 1, 1, 1), (1, 4, 3, 8), (5, 8, 1, 4), (16, 16, 130, 131), (7, 16, 257, 300),
+    (3, 3, 128, 128), (2, 8, 129, 256),
+])
+def test_kernel_matches_the_reference(n, bs, width, max_blocks):
+    """Rows < n from the staged step (pending ids from last_tokens), rows n..bs padding, rows
+    past bs and table columns past width untouched; widths around the kernel's 128-column
+    tile."""
+    from pagedrt.ops.graph_inputs_triton import scatter_decode_inputs
+
+    rng = np.random.default_rng(n * 1000 + width)
+    last = torch.from_numpy(rng.integers(0, 1000, 11))
+    staged = torch.from_numpy(stage_decode_inputs(*_step(rng, n, width, 11)))
+    assert staged.numel() == staged_size(n, width)
+    padded = torch.cat([staged, torch.full((5,), 77, dtype=torch.int64)])  # (a longer buffer)
+    got, want = _buffers(bs, max_blocks, -5), _buffers(bs, max_blocks, -5)
+    scatter_decode_inputs(padded, last, *got, bs)
+    scatter_decode_inputs_reference(padded, last, *want, bs)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    assert (got[3][n:bs] == 1).all() and (got[2][n:bs] == -1).all()
+    assert (got[0][bs:] == -5).all() and (got[4][:, width:] == -5).all()
+
+
+def test_host_layout_round_trips():
+    """Scattering a staged step (reference) gives back the arrays it was built from."""
+    rng = np.random.default_rng(3)
+    ids, positions, slots, src, lens, tables = _step(rng, 6, 5, 4)
+    last = torch.arange(100, 104)
+    bufs = _buffers(8, 7, 0)
+    scatter_decode_inputs_reference(
+        torch.from_numpy(stage_decode_inputs(ids, positions, slots, src, lens, tables)),
+        last, *bufs, 8)
+    want_ids = np.where(src >= 0, 100 + np.maximum(src, 0), ids)
+    assert bufs[0][:6].tolist() == want_ids.tolist()
+    assert bufs[1][:6].tolist() == positions.tolist()
+    assert bufs[2][:6].tolist() == slots.tolist()
+    assert bufs[3][:6].tolist() == lens.tolist()
+    assert bufs[4][:6, :5].tolist() == tables.tolist()
+
+
+def _staged_llm(model, last_tokens_size: int = 0, **kw) -> LLM:
+    """An LLM whose decode steps go through a graph runner with eager "replays"."""
+    llm = LLM(model, async_scheduling=True, **{"num_kv_blocks": 256, "block_size": 8, **kw})
+    mr = llm.llm_engine.model_runner
+    runner = CUDAGraphRunner(mr.model, mr.kv_cache.layers, mr.max_num_seqs,
+                             -(-mr.batch.max_model_len // mr.block_size), mr.device,
+                             mr.backend, block_size=mr.block_size, capture_graphs=False,
+                             last_tokens_size=last_tokens_size)
+    assert runner.staged_inputs, "the staged inputs need Triton (or its interpreter)"
+    mr.graph_runner = runner
+    return llm
+
+
+def _prompts(seed: int, n: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(VOCAB) for _ in range(rng.randint(1, 40))] for _ in range(n)]
+
+
+def _staged_steps(llm: LLM) -> int:
+    """Counts the model runner's staged steps from now on."""
+    mr = llm.llm_engine.model_runner
+    prepare = mr.prepare
+    count = [0]
+
+    def counting(*a, **kw):
+        inputs = prepare(*a, **kw)
+        count[0] += inputs.staged
+        return inputs
+
+    mr.prepare = counting
+    return count
+
+
+@pytest.mark.parametrize("last_tokens_size", [0, 2])
+def test_engine_tokens_match_the_plain_engine(tiny, last_tokens_size):
+    """Greedy and seeded requests of different lengths (batches shrinking through the graph
+    buckets, so rows past n are padding), max_num_seqs below the request count (requests
+    join mid-decode); last_tokens_size 2: most steps gather their pending ids into the staged
+    buffer instead."""
+    prompts = _prompts(5, 12)
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=None if i % 2 else i,
+                             top_k=0 if i % 2 else 20, max_tokens=6 + 3 * i, ignore_eos=True)
+              for i in range(len(prompts))]
+    ref = LLM(tiny, async_scheduling=True, num_kv_blocks=256, block_size=8, max_num_seqs=5
+              ).generate(prompts, params, use_tqdm=False)
+    llm = _staged_llm(tiny, last_tokens_size, max_num_seqs=5)
+    count = _staged_steps(llm)
+    out = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in ref]
+    assert count[0] >= 20
+    engine = llm.llm_engine
+    assert engine.kv_manager.num_free_blocks == engine.kv_manager.num_blocks
+
+
+def test_beam_search_with_staged_inputs(tiny):
+    """Beam slots re-parented on the device (the table patch applied to the staged tables)."""
+    from pagedrt.sampling_params import BeamSearchParams
+
+    prompts = _prompts(7, 3)
+    params = BeamSearchParams(beam_width=3, max_tokens=12, ignore_eos=True)
+    ref = LLM(tiny, async_scheduling=True, num_kv_blocks=256, block_size=8
+              ).beam_search(prompts, params)
+    llm = _staged_llm(tiny)
+    count = _staged_steps(llm)
+    out = llm.beam_search(prompts, params)
+    assert [[s.tokens for s in o.sequences] for o in out] == [
+        [s.tokens for s in o.sequences] for o in ref]
+    assert count[0] >= 8
