@@ -609,8 +609,11 @@ class ModelRunner:
         if not len(rows):
             return None
         batch = self.batch
+        runner, out = self.graph_runner, None
+        if runner is not None and runner.staged_inputs and len(rows) <= runner.last_tokens.numel():
+            out = runner.last_tokens[: len(rows)]  # (greedy rows: the next graph reads it)
         return self.sampler.sample_rows(logits, batch.sampling, rows, batch.states,
-                                        batch.num_tokens, self.generator)
+                                        batch.num_tokens, self.generator, out=out)
 
     def _sample_speculative(self, plan: StepPlan, logits: torch.Tensor, sampled_rows: np.ndarray,
                             num_drafts: np.ndarray, clock) -> LaunchedStep:
@@ -811,8 +814,10 @@ class ModelRunner:
         runner = self.graph_runner
         if (output is not None and runner is not None and runner.staged_inputs
                 and len(rows) <= runner.last_tokens.numel()):
-            # where the next decode graph reads the input ids pending from this step
-            runner.last_tokens[: len(rows)].copy_(output.token_ids, non_blocking=True)
+            # where the next decode graph reads the input ids pending from this step (a
+            # greedy batch's sampler wrote them there: `_run_sampler`)
+            if output.token_ids.data_ptr() != runner.last_tokens.data_ptr():
+                runner.last_tokens[: len(rows)].copy_(output.token_ids, non_blocking=True)
             self._last_tokens_copied = True
         self._last_step_id = step_id
         clock.mark("sample")

@@ -198,6 +198,7 @@ class Sampler:
         row_states: list,
         num_tokens: np.ndarray,
         default_generator: torch.Generator | None = None,
+        out: torch.Tensor | None = None,
     ) -> SamplerOutput:
         """`__call__` for rows of the device side's persistent batch: the same tokens (the same
         ops on the same values, the same draws), with each row's settings read from `state`
@@ -214,13 +215,19 @@ class Sampler:
             num_tokens: per row (indexed by row), its number of tokens (min_tokens; the
                 position of the token sampled, for seeded rows' draws).
             default_generator: RNG of rows without their own; None means torch's global RNG.
+            out: [B] int64 on logits.device, or None: where a batch of plain greedy rows
+                writes its tokens (the graph runner's `last_tokens`, which the next decode
+                graph reads: no copy there); other batches ignore it.
 
         Returns:
-            SamplerOutput with token_ids [B] int64 on logits.device.
+            SamplerOutput with token_ids [B] int64 on logits.device (`out` itself where it
+            was written).
         """
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(rows)} rows")
         if state.plain_greedy[rows].all():
+            if out is not None:
+                return SamplerOutput(token_ids=torch.argmax(logits, dim=-1, out=out))
             return SamplerOutput(token_ids=logits.argmax(dim=-1))
         vocab_size, device = logits.shape[1], logits.device
         state.flush(vocab_size)
