@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The offline figures of an older commit and of this tree, alternated in one device call, so
 # that both meet the same machine (lent H200s differ by up to ~15% from call to call on the
-# same code: BENCHMARKS.md, "Engine throughput and latency"). The older tree is a plain copy
-# of its pagedrt/ package (no .git), made here and carried to the device:
+# same code: benchmarks/results/RUNS.md, "Why runs of one commit differ: the host"). The
+# older tree is a plain copy of its pagedrt/ package (no .git), made here and carried to the
+# device:
 #
 #   git archive baca7b5 pagedrt | tar -x -C .base       # .base is git-ignored
 #   BASE=.base BASE_COMMIT=baca7b5 REPEATS=3 OUT=out bash benchmarks/paired_h200.sh

@@ -10,8 +10,9 @@
 #
 #   PAGEDRT_COMMIT=<hash> bash benchmarks/tp_h200.sh      # JSON results under $OUT (or ./out)
 #
-# Compare the in-process rows with the issue-6 records (BENCHMARKS.md: qwen2-0.5b 256 x 512/128
-# 72,077 tok/s, batch-1 decode 0.906 ms/token at ctx 512 and 0.990 at 4096).
+# Compare the in-process rows with the issue-6 records (benchmarks/results/RUNS.md, "The first
+# session's runs": qwen2-0.5b 256 x 512/128 72,077 tok/s, batch-1 decode 0.906 ms/token at ctx
+# 512 and 0.990 at 4096).
 set -u  # keep going past a failing step: each prints its own result
 out="${OUT:-out}"
 mkdir -p "$out"

@@ -10,8 +10,8 @@
 #   sampler's candidates-only draw (`filters_candidates.py`, full rows against candidates).
 # PART=2 (~6 min): Qwen2-0.5B 256 x 512/128 greedy and with filters, medians of 3 (the
 #   filters' decode step was 3.44 ms against greedy's 1.87 before the candidates-only draw);
-#   Llama-3-8B 256 x 4,096 / 256 FP8 against bf16 (0.83x before FRESH_CHUNK_KV, BENCHMARKS.md
-#   08:30 runs).
+#   Llama-3-8B 256 x 4,096 / 256 FP8 against bf16 (0.83x before FRESH_CHUNK_KV,
+#   benchmarks/results/RUNS.md, 08:30 runs).
 # PART=3 (~6 min): real SmolLM2 accuracy of the FP8 cache, chunked prefill (the extend
 #   kernel), with and without PAGEDRT_FP8_PREFILL_MMA=1; Llama-3-8B 64 x 7,680 / 512 FP8
 #   against bf16 (the issue's 64 x 8,192 / 512 within the preset's 8,192 positions).

@@ -2,8 +2,8 @@
 # Prepared 2026-12-02 16:30 UTC for the next session (this one's device time ran out), first
 # call (carry .commit and .whl; ~7 min):
 # (1, ~1.5 min) the FP8 decode kernel's stall reasons (issue 17: at 2.7 TB/s, neither the
-#   conversions, the MMAs, the access pattern nor, now, the pipeline depth bounds it; BENCHMARKS.md,
-#   15:20 runs): Nsight Compute's per-reason warp stalls
+#   conversions, the MMAs, the access pattern nor, now, the pipeline depth bounds it;
+#   benchmarks/results/RUNS.md, 15:20 runs): Nsight Compute's per-reason warp stalls
 #   (smsp__average_warps_issue_stalled_*_per_issue_active) for FP8 (the 5-stage default) and
 #   bf16, Llama-3-8B heads B64 L4096;
 # (2, ~5 min) Llama-3-8B 256 x 4,096 / 256 FP8 against bf16 with the narrow decode-row tile
