@@ -1,9 +1,9 @@
 """Records the Triton kernel launches of a test run under the interpreter (TRITON_INTERPRET=1)
 so that `tests/compile_launches.py` can compile each kernel for sm_90 with the GPU machines'
 Triton (3.6) afterwards: the interpreter (3.9 here) runs code that 3.6's compiler rejects, and
-a kernel that does not compile on the GPU is otherwise found only there (BENCHMARKS.md, runs of
-2026-12-04 11:21). `make test` sets PAGEDRT_RECORD_LAUNCHES to the file to write (conftest.py
-installs this module then).
+a kernel that does not compile on the GPU is otherwise found only there
+(benchmarks/results/RUNS.md, "Runs of 2026-12-04 (11:21-11:52 UTC)"). `make test` sets
+PAGEDRT_RECORD_LAUNCHES to the file to write (conftest.py installs this module then).
 
 An entry per pagedrt kernel (not the tests' own helper kernels) and distinct launch: the argument types (pointers as "*bf16" and so on,
 Python ints as i32 or i64, floats as fp32), the constexpr values (and None arguments), and the

@@ -5,9 +5,9 @@ as a slower kernel on the device.
 
 Dim-major FP8 V (the FP8 default) read through a per-token mask against a loaded
 seq_len compiled to one-byte loads of V, 128 per thread and tile (2x the time on the H200,
-BENCHMARKS.md 2026-12-02); the kernel now reads full tiles unmasked (pagedrt/ops/
-attention_triton.py, module doc), so V comes by 16-byte asynchronous copies there and byte
-loads remain only in a partition's last, partial tile."""
+benchmarks/results/RUNS.md, "Runs of 2026-12-02 (03:20-03:55 UTC)"); the kernel now reads
+full tiles unmasked (pagedrt/ops/attention_triton.py, module doc), so V comes by 16-byte
+asynchronous copies there and byte loads remain only in a partition's last, partial tile."""
 
 from __future__ import annotations
 

@@ -324,7 +324,8 @@ def test_gemm_warm_up_covers_every_padded_shape(tiny, monkeypatch):
 def test_requests_keep_the_attributes_of_init(tiny, monkeypatch):
     """No code path adds an attribute to a Request after __init__ (forks, preemption by swap,
     penalties, logprobs, min_tokens, prefix hits): instances then keep CPython's shared key
-    layout, without which every per-request loop of a step ran ~15% slower (BENCHMARKS.md)."""
+    layout, without which every per-request loop of a step ran ~15% slower
+    (benchmarks/results/RUNS.md, "What this session changed, and what each change measured")."""
     from pagedrt.engine import request as request_module
 
     init = request_module.Request.__init__

@@ -1,7 +1,7 @@
 """The kernels compile for sm_90 with Triton 3.6, the GPU machines' version, as well as with
 the venv's (3.9): 3.6 rejects some code that 3.9 and its interpreter take (a jit function
-returning None in one constexpr branch did: BENCHMARKS.md, "Runs of 2026-12-04 (11:21-11:52
-UTC)"). Compiling needs no GPU: each diagnostic below compiles its kernels with
+returning None in one constexpr branch did: benchmarks/results/RUNS.md, "Runs of 2026-12-04
+(11:21-11:52 UTC)"). Compiling needs no GPU: each diagnostic below compiles its kernels with
 triton.compile for an sm_90 target. `make test` installs 3.6 under .triton36/ (Makefile)."""
 
 from __future__ import annotations

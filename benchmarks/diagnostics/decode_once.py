@@ -3,8 +3,10 @@ Compute: `ncu --clock-control none --kernel-name regex:_decode_kernel --launch-s
 --launch-count 1 --section WarpStateStats --section SchedulerStats --section
 MemoryWorkloadAnalysis python3 benchmarks/diagnostics/decode_once.py --kv-cache-dtype fp8`).
 A diagnostic for issue 17: the FP8 kernel reads its bytes at about half the bf16 kernel's rate
-(BENCHMARKS.md, 2026-12-02), so it is bound by something else, and only the hardware
-counters say what (stall reasons, issue slots, shared-memory traffic). Not a benchmark.
+(benchmarks/results/RUNS.md, "Runs of 2026-12-02 (06:00-06:30 UTC)"; this script's Nsight
+Compute figures: "Runs of 2026-12-02 (08:30-09:00 UTC)"), so it is bound by something else,
+and only the hardware counters say what (stall reasons, issue slots, shared-memory traffic).
+Not a benchmark.
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/decode_once.py [--case llama3-8b:64:4096]
         [--kv-cache-dtype auto|fp8] [--runs 4]

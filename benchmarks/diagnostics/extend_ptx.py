@@ -2,11 +2,12 @@
 in its PTX, the tensor-core instructions against the e4m3 -> fp16 conversions, for a bf16 and
 an FP8 cache at the launch config the engine uses (`_extend_launch_configs`). A diagnostic for
 issue 17: on the H200 a prefill step of the Llama-3-8B shape over an FP8 cache took 548 ms
-against 414 over bf16 (BENCHMARKS.md, 2026-12-02). Both kernels use Hopper's warpgroup MMA
-(wgmma), which reads its K and V operands from shared memory: the bf16 kernel straight from
-its asynchronous copies, the FP8 one only after each thread has loaded its share of the fp8
-tile into registers, converted it (cvt.rn.f16x2.e4m3x2) and stored the fp16 values back
-(st.shared), a round trip per tile that the bf16 kernel does not make. Not a benchmark.
+against 414 over bf16 (benchmarks/results/RUNS.md, "Runs of 2026-12-02 (08:30-09:00 UTC)").
+Both kernels use Hopper's warpgroup MMA (wgmma), which reads its K and V operands from shared
+memory: the bf16 kernel straight from its asynchronous copies, the FP8 one only after each
+thread has loaded its share of the fp8 tile into registers, converted it (cvt.rn.f16x2.e4m3x2)
+and stored the fp16 values back (st.shared), a round trip per tile that the bf16 kernel does
+not make. Not a benchmark.
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/extend_ptx.py
 
@@ -14,7 +15,8 @@ The third case is the FP8-product variant (`fp8_prefill_mma_requested`), which s
 FP8 warpgroup MMAs and no e4m3 -> fp16 conversions. Each case is compiled without and with the
 narrow tile for one-token chunks (NARROW_M), and prints ptxas's registers per thread and stack
 frame per thread (spills) read from the cubin: over an FP8 cache at BLOCK_M 256 the frame is
-824 bytes (the 2.4x slower config, BENCHMARKS.md), at BLOCK_M 128 8 bytes.
+824 bytes (the 2.4x slower config, benchmarks/results/RUNS.md, "Runs of 2026-12-02
+(11:50-12:30 UTC)"), at BLOCK_M 128 8 bytes.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ setting of `pagedrt bench throughput`: temperature 0.8, top-k 50, top-p 0.9, min
 ways on the same logits and noise: over the full [B, vocab] rows, and among each row's k_max
 candidates (`_sample_candidates`, what `Sampler.sample_rows` takes when every sampled row has a
 top-k). Checks the tokens agree. A diagnostic for issue 16 (the filters' decode step took
-3.44 ms on the H200 against greedy's 1.87, BENCHMARKS.md, 2026-12-02 08:30), not a benchmark.
+3.44 ms on the H200 against greedy's 1.87, benchmarks/results/RUNS.md, "Runs of 2026-12-02
+(08:30-09:00 UTC)"), not a benchmark.
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/filters_candidates.py [--rows 256]
         [--vocab 151936] [--device cuda|cpu] [--iters 20]

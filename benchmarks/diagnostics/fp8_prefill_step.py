@@ -1,6 +1,7 @@
 """Why a prefill step over an FP8 cache takes longer than over bf16 (Llama-3-8B shape, 16,384
-tokens per step: 543 against 425 ms at 065549c, BENCHMARKS.md), in two parts. A one-off
-diagnostic for issue 17, not a benchmark of record.
+tokens per step: 543 against 425 ms at 065549c, benchmarks/results/RUNS.md, "Runs of
+2026-12-02 (11:50-12:30 UTC)"), in two parts. A one-off diagnostic for issue 17, not a
+benchmark of record.
 
 1. The attention kernels of a mixed step (CUDA-graph replays, medians): 4 prompts of 4,096
    tokens prefilled whole, with 0, 48 or 96 decode rows of 4,200 tokens of context in the

@@ -3,9 +3,10 @@ the RMSNorm before QKV and gate/up, SwiGLU's activation before down) against the
 replace, each fused candidate of `gemv_triton.CONFIGS`, and which of them the engine's
 start-up timing tries (`fused_or_unfused`: the plain matmul's own choice and FUSED_DEFAULT).
 Replayed from CUDA graphs (triton.testing.do_bench_cudagraph), hot L2 as the start-up timing
-sees them. Issue 16: the batch-1 profile of 2026-12-04 (BENCHMARKS.md) found the RMSNorm and
-the activation still launched as kernels of their own at Qwen2-0.5B's batch 1, i.e. every
-fused candidate tried there lost by the timing's 5% margin. A one-off diagnostic.
+sees them. Issue 16: the batch-1 profile of 2026-12-04 (benchmarks/results/RUNS.md, "Runs of
+2026-12-04 (06:15-06:55 UTC)") found the RMSNorm and the activation still launched as kernels
+of their own at Qwen2-0.5B's batch 1, i.e. every fused candidate tried there lost by the
+timing's 5% margin. A one-off diagnostic.
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/prologue_times.py [--rows 1,2,4]
         [--shapes qwen2-0.5b,llama3-8b]

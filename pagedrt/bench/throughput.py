@@ -32,10 +32,10 @@ and (with --compare hf) HF `generate(num_beams=W)` (pagedrt/bench/beam.py).
 
 --repeats R times the workload R times in one engine (after the first run on other token ids
 of the same lengths) and reports the median run: one run of a process varies by up to ~10%
-on the H200, R runs in one process much less (BENCHMARKS.md, 2026-12-02). Each --batch-sizes
-row is timed the same way, after a warm-up at its own batch size (without it, the first
-process on a machine timed batch 1 at 93 tok/s against ~950: kernels compiled in the timed
-run).
+on the H200, R runs in one process much less (benchmarks/results/RUNS.md, "Runs of 2026-12-02
+(03:20-03:55 UTC)"). Each --batch-sizes row is timed the same way, after a warm-up at its own
+batch size (without it, the first process on a machine timed batch 1 at 93 tok/s against ~950:
+kernels compiled in the timed run).
 
 --compare-kv-cache-dtype DTYPE runs the timed workload again on the same weights with that KV
 cache dtype (e.g. `--kv-cache-dtype fp8 --compare-kv-cache-dtype auto`): output tok/s and the

@@ -4,8 +4,9 @@ The start-up timing (`triton_utils.fastest_config`) times each op alone, replaye
 graph after an L2 flush. In a decode step each kernel also overlaps the one before it (its
 programs load weights before their PDL wait), which timing alone does not see: on the H200 the
 batch-1 RMSNorm + gate/up tile chosen alone was 3% slower per step than one it passed over, and
-which of the close tiles won alone changed between start-ups (BENCHMARKS.md, runs of
-2026-12-04 20:40). So, for the decode-graph batch sizes listed in PAGEDRT_STEP_TIMING (`BUCKETS`:
+which of the close tiles won alone changed between start-ups (benchmarks/results/RUNS.md,
+"Runs of 2026-12-04 (20:40-21:35 UTC)"). So, for the decode-graph batch sizes listed in
+PAGEDRT_STEP_TIMING (`BUCKETS`:
 "1" for batch 1, "1,8,32" for several), where several configs of an op of that many rows time
 within 10% of the fastest alone (`triton_utils.step_candidates`: the 1-4-row skinny matmul and
 its fused ops, the 8-128-row matmul and its epilogues), the graph runner captures that batch's

@@ -8,12 +8,12 @@ every tile's softmax max and sum, the largest V scale and the probabilities' cha
 between the two products cross warps through shared memory, behind barriers (14 bar.sync per
 tile in the PTX compiled for sm_90 at 128/4/5 over FP8). Nsight Compute on the H200 found the
 FP8 kernel stalled on shared-memory reads (short scoreboard) with 2 warps per scheduler
-(BENCHMARKS.md, 19:20 runs). Here a tile is SUB sub-tiles of SUB_N tokens, and the products
-are batched over the sub-tiles (3-D `tl.dot`, which Triton's MMA v2 lowering spreads over
-warps along the batch dimension): each warp keeps its own running max, sum and output for
-its sub-tile's tokens, so the loop's reductions stay inside a warp (shuffles) and the
-probabilities stay in registers. The SUB partial states are merged once, after the loop
-(the same merge as the split-K combine: weights exp2(m_w - max m)).
+(benchmarks/results/RUNS.md, "Runs of 2026-12-02 (19:20-20:15 UTC)"). Here a tile is SUB
+sub-tiles of SUB_N tokens, and the products are batched over the sub-tiles (3-D `tl.dot`,
+which Triton's MMA v2 lowering spreads over warps along the batch dimension): each warp keeps
+its own running max, sum and output for its sub-tile's tokens, so the loop's reductions stay
+inside a warp (shuffles) and the probabilities stay in registers. The SUB partial states are
+merged once, after the loop (the same merge as the split-K combine: weights exp2(m_w - max m)).
 
     grid = (num_kv_heads / KVH, num_splits, num_seqs); KVH = 1 (the default) as `_decode_kernel`
     tile (BLOCK_N = SUB * SUB_N tokens):  | sub 0 | sub 1 | ... | sub SUB-1 |
@@ -23,7 +23,8 @@ probabilities stay in registers. The SUB partial states are merged once, after t
 With KVH > 1 (launch config "warp_tiles": KVH) one program reads a token's rows of KVH heads
 together (128 bytes at head_dim 64 over FP8 with KVH 2, where one head's row is half a line),
 each head's query rows against its own keys, the states merged per head. Opt-in: slower than
-KVH 1 at every shape timed on the H200 (BENCHMARKS.md, runs of 2026-12-03 09:00).
+KVH 1 at every shape timed on the H200 (benchmarks/results/RUNS.md, "Runs of 2026-12-03
+(09:00-10:30 UTC)").
 
 The price is B copies of the output accumulator (fp32) and of the query operand. Same
 arguments, masking, FP8 scaling (scores' and probabilities' columns), V layouts and split-K

@@ -58,7 +58,8 @@ next kernel, before it touches a counter).
 Block-table prefetch (BT_PREFETCH; opt-in with PAGEDRT_DECODE_BT_PREFETCH=1, off by default:
 on the H200 it was faster only on Qwen2-0.5B heads at B64 in bf16, 22.9 against 24.4 us at
 L2048, and slower elsewhere, 30.2 against 25.1 us at B256 L640 and 218.4 against 203.3 over
-FP8 at Llama-3-8B's B64 L4096; BENCHMARKS.md, 15:20 runs):
+FP8 at Llama-3-8B's B64 L4096; benchmarks/results/RUNS.md, "Runs of 2026-12-02 (15:20-16:20
+UTC)"):
 Triton's software pipeliner gives a load whose address comes from another load in the same
 iteration (K and V from the tile's block ids) one stage less, and at num_stages 2 to 4 the
 loop got one shared-memory buffer per K/V tile: each tile's copies were issued after the
@@ -90,20 +91,21 @@ tile's largest s_v, which multiplies the product instead, so that p * s_v stays 
 range). Over a 16-bit query the products run in fp16 (F16_MMA): e4m3 -> fp16 is one
 conversion per two values on Hopper, where e4m3 -> bf16 takes four (through fp16 and fp32),
 and those conversions, not memory, bounded a bf16-operand version of this kernel at about
-1.5 TB/s on the H200 (BENCHMARKS.md). Every e4m3 value is an fp16 value; the query is cast
-after a division by 64 (exact; the scores are multiplied back), which keeps any |q| below
-4 million finite. An FP8 cache's V is stored dim-major by default (`KVCacheSpec.v_dim_major`:
-tokens contiguous within a block per head and dim; not for sliding-window models), and
-V_DIM_MAJOR loads its tiles as [HEAD_DIM, BLOCK_N] along tokens and hands the product their
-transpose: 230 us against 262 us with V in K's layout on the H200 (Llama-3-8B heads, B64
-L4096; docs/design.md, "FP8 KV cache"). A load masked per token, against a seq_len loaded
-from memory (its alignment unknown to the compiler), cannot be vectorized along the masked
-dimension, and in the dim-major layout that dimension is the contiguous one, so each thread
-would read its V bytes one by one (128 ld.global.b8 per tile; found in the PTX compiled for
-sm_90 without a GPU, benchmarks/diagnostics/decode_ptx.py). With V_DIM_MAJOR the kernel runs
-the full tiles of a partition unmasked (`_decode_tile` with MASKED False: V by 16-byte
-asynchronous copies) and masks only the last, partial one. The other paths keep one masked
-loop (their masks cut across the contiguous dimension).
+1.5 TB/s on the H200 (benchmarks/results/RUNS.md, "Tensor parallelism (TP = 1), FP8 KV cache,
+sliding window, beam search: first H200 runs", call 4). Every e4m3 value is an fp16 value;
+the query is cast after a division by 64 (exact; the scores are multiplied back), which keeps
+any |q| below 4 million finite. An FP8 cache's V is stored dim-major by default
+(`KVCacheSpec.v_dim_major`: tokens contiguous within a block per head and dim; not for
+sliding-window models), and V_DIM_MAJOR loads its tiles as [HEAD_DIM, BLOCK_N] along tokens and
+hands the product their transpose: 230 us against 262 us with V in K's layout on the H200
+(Llama-3-8B heads, B64 L4096; docs/design.md, "FP8 KV cache"). A load masked per token, against
+a seq_len loaded from memory (its alignment unknown to the compiler), cannot be vectorized
+along the masked dimension, and in the dim-major layout that dimension is the contiguous one,
+so each thread would read its V bytes one by one (128 ld.global.b8 per tile; found in the PTX
+compiled for sm_90 without a GPU, benchmarks/diagnostics/decode_ptx.py). With V_DIM_MAJOR the
+kernel runs the full tiles of a partition unmasked (`_decode_tile` with MASKED False: V by
+16-byte asynchronous copies) and masks only the last, partial one. The other paths keep one
+masked loop (their masks cut across the contiguous dimension).
 """
 
 from __future__ import annotations
@@ -255,7 +257,8 @@ def _decode_tile(
         s = tl.where(n_mask[None, :], s, float("-inf"))
     m_new, p, alpha, l_i = online_softmax_step(m_i, l_i, s)
     # unit and BLOCK_SIZE strides written as literals: Triton does not specialize an int
-    # argument on 1, and a runtime stride loses the 16-byte loads (BENCHMARKS.md, FP8)
+    # argument on 1, and a runtime stride loses the 16-byte loads (benchmarks/results/RUNS.md,
+    # "Evening runs of 2026-12-01 (21:37-21:48 UTC)")
     if V_DIM_MAJOR:  # tokens contiguous: load [HEAD_DIM, BLOCK_N], use its transpose
         v_off = block * stride_vb + kv_head * stride_vh + offs_n % BLOCK_SIZE
         v = tl.trans(tile_load(v_cache_ptr + v_off[None, :] + offs_d[:, None] * BLOCK_SIZE,
@@ -466,8 +469,8 @@ def reduce_heads_per_program(num_seqs: int, num_heads: int, num_splits: int, hea
     896 at Qwen2-0.5B heads B64 (14 heads, 8 splits) over the FP8 cache, whose one-warp
     programs of 220 registers leave room for a few per SM: Nsight Compute timed that reduce
     at 4.6 us against 3.9 us for B16 L16384's 224 programs, and back to back the pair took
-    28.0 against 25.0 us while the split kernels took 24.7 and 24.5 (BENCHMARKS.md, runs of
-    2026-12-03 17:10).
+    28.0 against 25.0 us while the split kernels took 24.7 and 24.5
+    (benchmarks/results/RUNS.md, "Runs of 2026-12-03 (17:05-17:45 UTC)").
     """
     heads = 1
     while (heads < next_pow2(num_heads) and num_seqs * triton.cdiv(num_heads, heads) > num_sms
@@ -523,27 +526,28 @@ def _decode_launch_config(head_dim: int, kv_bytes: int = 2, warp_tiles: bool = T
 
     FP8 caches, warp tiles: BLOCK_N 32 (two 16-token sub-tiles), one warp, 5 stages, and
     split-K aiming at 8 programs per SM (`choose_num_splits`' programs_per_sm).
-    `benchmarks/decode_tune.py` on an H200 (triton 3.6, 2026-12-03; BENCHMARKS.md, "Runs of
-    2026-12-03"): Llama-3-8B heads (32/8 x 128) B64 L4096 139.2 us (bf16 cache 246.0; FP8
-    with `_decode_kernel` below, 205.9), B8 L8192 46.0 us with 16 splits (bf16 73.6, FP8
-    with `_decode_kernel` 66.2); Qwen2-0.5B heads (14/2 x 64) B64 L4096 26.8 us with 8
-    splits (bf16 39.7, `_decode_kernel` 37.8). BLOCK_N 64 / 2 warps was within 2% at B64
-    L4096 and faster at Qwen2-0.5B B8 L8192 (11.2 against 12.9 us). Partitions down to 64
-    tokens ("min_partition_tokens"): at batch 1, 16 partitions of 256 tokens per KV head left
-    most SMs idle, 15.6 us at Llama-3-8B heads B1 L4096 against 8.7 with 64 partitions (bf16
-    11.8), Qwen2-0.5B heads 7.8 against 5.7 (bf16 5.9; 2026-12-03 09:00 runs). Other head
-    sizes keep `_decode_kernel` (unmeasured).
+    `benchmarks/decode_tune.py` on an H200 (triton 3.6; benchmarks/results/RUNS.md, "Runs of
+    2026-12-03 (05:55-06:50 UTC)"): Llama-3-8B heads (32/8 x 128) B64 L4096 139.2 us (bf16
+    cache 246.0; FP8 with `_decode_kernel` below, 205.9), B8 L8192 46.0 us with 16 splits
+    (bf16 73.6, FP8 with `_decode_kernel` 66.2); Qwen2-0.5B heads (14/2 x 64) B64 L4096 26.8
+    us with 8 splits (bf16 39.7, `_decode_kernel` 37.8). BLOCK_N 64 / 2 warps was within 2%
+    at B64 L4096 and faster at Qwen2-0.5B B8 L8192 (11.2 against 12.9 us). Partitions down to
+    64 tokens ("min_partition_tokens"): at batch 1, 16 partitions of 256 tokens per KV head
+    left most SMs idle, 15.6 us at Llama-3-8B heads B1 L4096 against 8.7 with 64 partitions
+    (bf16 11.8), Qwen2-0.5B heads 7.8 against 5.7 (bf16 5.9; benchmarks/results/RUNS.md, "Runs
+    of 2026-12-03 (09:00-10:30 UTC)"). Other head sizes keep `_decode_kernel` (unmeasured).
 
     16-bit caches at head_dim 64, warp tiles: the same 32/1/5 tiles, split-K aiming at 4
     programs per SM with partitions down to 32 tokens (one tile). Measured on an H200 at
-    Qwen2-0.5B heads (`decode_tune.py --kv-cache-dtype auto --warp-tiles 1`, 2026-12-03
-    17:10; BENCHMARKS.md): B64 L2048 22.1 us with 4 splits (3.04 TB/s; `_decode_kernel`
-    24.1), B64 L4096 38.2 (40.5), B16 L16384 37.4 with 16 splits (41.6), B8 L4096 6.8 with 32
-    (8.4), B1 L512 4.1 with 16 (5.3), B1 L4096 6.0 with 64 (5.9), B256 L640 24.9 unsplit
-    (24.8). At head_dim 128 they were slower over bf16 (Llama-3-8B heads B64 L4096 326.5
-    against 250.4 us), so other head sizes keep `_decode_kernel`; so does an unsplit launch
-    (`decode_launch_plan`: the engine's 256-row decode step of Qwen2-0.5B took 2.07 against
-    1.86 ms with them, 2026-12-03 17:40), and fp32 caches (kv_bytes 4, unmeasured).
+    Qwen2-0.5B heads (`decode_tune.py --kv-cache-dtype auto --warp-tiles 1`;
+    benchmarks/results/RUNS.md, "Runs of 2026-12-03 (17:05-17:45 UTC)"): B64 L2048 22.1 us
+    with 4 splits (3.04 TB/s; `_decode_kernel` 24.1), B64 L4096 38.2 (40.5), B16 L16384 37.4
+    with 16 splits (41.6), B8 L4096 6.8 with 32 (8.4), B1 L512 4.1 with 16 (5.3), B1 L4096
+    6.0 with 64 (5.9), B256 L640 24.9 unsplit (24.8). At head_dim 128 they were slower over
+    bf16 (Llama-3-8B heads B64 L4096 326.5 against 250.4 us), so other head sizes keep
+    `_decode_kernel`; so does an unsplit launch (`decode_launch_plan`: the engine's 256-row
+    decode step of Qwen2-0.5B took 2.07 against 1.86 ms with them, 2026-12-03 17:40), and fp32
+    caches (kv_bytes 4, unmeasured).
 
     FP8 caches, `_decode_kernel` (with a window, fused reduce or block-table prefetch): it
     takes 255 registers per thread uncapped (Nsight Compute; bf16: 125), 2 programs per SM.
@@ -552,7 +556,8 @@ def _decode_launch_config(head_dim: int, kv_bytes: int = 2, warp_tiles: bool = T
     flight during the products (docs/design.md, "FP8 KV cache"); 203.2 against 211.8 us at
     3 stages. Below head_dim 128, capped at 128 registers (`maxnreg`, Triton's compile
     option) with 2 stages, 4 programs fit: Qwen2-0.5B heads B64 L4096 38.1 against 50.2 us
-    uncapped (BENCHMARKS.md, 2026-12-02 08:30 and 15:20 runs).
+    uncapped (benchmarks/results/RUNS.md, "Runs of 2026-12-02 (08:30-09:00 UTC)" and "Runs of
+    2026-12-02 (15:20-16:20 UTC)").
     """
     if kv_bytes == 1 and warp_tiles and head_dim in (64, 128):  # the head sizes measured
         return {"BLOCK_N": 32, "num_warps": 1, "num_stages": 5, "warp_tiles": 1,
@@ -597,7 +602,8 @@ def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: boo
     warp_ok = warp_ok and (config is None or bool(config.get("warp_tiles")))
     # 16-bit caches: warp tiles only where the launch would split (fewer than 3 programs
     # per SM unsplit); unsplit, at Qwen2-0.5B's 256 x 512/128, the engine's decode step took
-    # 2.07 against 1.86 ms on the H200 with them (BENCHMARKS.md, runs of 2026-12-03 17:10)
+    # 2.07 against 1.86 ms on the H200 with them (benchmarks/results/RUNS.md, "Runs of
+    # 2026-12-03 (17:05-17:45 UTC)")
     few = num_seqs * num_kv_heads < 3 * num_sms
     default = _decode_launch_config(head_dim, 1 if fp8 else 2,
                                     warp_ok and (fp8 or ((kv_bytes or 2) <= 2 and few)))

@@ -11,8 +11,8 @@ reuses). The epilogue rounds the products to the model dtype (the plain path's m
 rotates query and key columns in fp32 with the position's cos and sin and rounds again (the
 rotary kernel's arithmetic), stores the qkv row, and stores the key and value columns into the
 cache slot of the row (`slot_mapping`, negative: none). On by default (PAGEDRT_FUSED_ROPE=0 turns
-it off; batch-1 decode 3% shorter on the H200, BENCHMARKS.md); caches in the model's dtype only
-(not FP8), V in K's layout.
+it off; batch-1 decode 3% shorter on the H200, benchmarks/results/RUNS.md, "Runs of 2026-12-04
+(06:15-06:55 UTC)"); caches in the model's dtype only (not FP8), V in K's layout.
 docs/design.md, "Small-batch decode".
 """
 

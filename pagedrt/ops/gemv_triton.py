@@ -49,7 +49,8 @@ CONFIGS = [(4, 512, 4), (8, 256, 4), (8, 512, 4), (16, 256, 4), (16, 512, 8), (3
 # 224 programs on the H200's 132 SMs) read at about 1.3 TB/s in a batch-1 step with 512-column
 # tiles, a few KB in flight per SM where HBM needs tens (Little's law: ~4 TB/s times ~1 us);
 # each loop step here loads 4-8 KB per program. One- and two-row tiles of 512-1,024 columns
-# were timed there and gained nothing (BENCHMARKS.md, runs of 2026-12-04 14:30)
+# were timed there and gained nothing (benchmarks/results/RUNS.md, "Runs of 2026-12-04
+# (14:30-15:25 UTC)")
 WIDE_K_CONFIGS = [(4, 1024, 4), (4, 2048, 8), (2, 2048, 4), (8, 1024, 8)]
 
 
@@ -405,9 +406,10 @@ FUSED_DEFAULT = (8, 256, 4)  # tried for every fused op, beside the plain matmul
 # also tried for one row, where the layer's step is a chain of launches: the best fused
 # configs at Qwen2-0.5B's batch 1 on the H200 (RMSNorm + gate/up 4.76 us at (32, 128, 4)
 # against the norm + matmul chain's 5.07; silu + down 5.03 at (8, 512, 4) against 6.13;
-# neither among the two tried before; BENCHMARKS.md, runs of 2026-12-04 08:45); and (16, 256,
-# 4), the fastest RMSNorm + gate/up tile inside a batch-1 step, which the timing saw only when
-# the plain matmul had chosen it (BENCHMARKS.md, runs of 2026-12-04 20:40)
+# neither among the two tried before; benchmarks/results/RUNS.md, "Runs of 2026-12-04
+# (08:45-09:25 UTC)"); and (16, 256, 4), the fastest RMSNorm + gate/up tile inside a batch-1
+# step, which the timing saw only when the plain matmul had chosen it
+# (benchmarks/results/RUNS.md, "Runs of 2026-12-04 (20:40-21:35 UTC)")
 FUSED_ONE_ROW = ((32, 128, 4), (8, 512, 4), (16, 256, 4))
 
 

@@ -87,7 +87,8 @@ def row_count_timed(m: int) -> bool:
 # per shape (benchmarks/matmul_tune.py on the H200, configs checked against F.linear and timed
 # with cold weights: the whole-K tiles won on Qwen2-0.5B's QKV, O and gate/up projections, the
 # split-K ones on the down projections (K = 4,864 and 14,336) and on Llama-3-8B's O at 8 rows;
-# BENCHMARKS.md, "Runs of 2026-12-03 (23:05-01:00 UTC)" and "Runs of 2026-12-04")
+# benchmarks/results/RUNS.md, "Runs of 2026-12-03 (23:05-01:00 UTC)" and "Runs of 2026-12-04
+# (03:30-04:00 UTC)")
 CONFIGS = [
     (16, 64, 128, 4, 5, True),
     (32, 64, 128, 4, 5, True),
@@ -100,8 +101,8 @@ CONFIGS = [
 ]
 # gate/up with SwiGLU's activation (silu_mul) times the whole-K configs of CONFIGS: with them
 # the H200's Qwen2-0.5B decode graphs took 0.82-0.85x of the cuBLAS graphs' time at 8-64 rows;
-# with the tiles matmul_tune.py --grid silu timed fastest alone, 0.84-0.91x (BENCHMARKS.md,
-# "Runs of 2026-12-04")
+# with the tiles matmul_tune.py --grid silu timed fastest alone, 0.84-0.91x
+# (benchmarks/results/RUNS.md, "Runs of 2026-12-04 (03:30-04:00 UTC)")
 SILU_CONFIGS = [c for c in CONFIGS if len(c) == 6 or c[6] == 1]
 
 

@@ -300,7 +300,8 @@ def launch_first_fitting(key: tuple, configs: list[dict], launch: Callable[[dict
 # PAGEDRT_COLD_L2_TIMING=0: time configs with warm caches, as before 2026-12-04
 COLD_L2_TIMING = os.environ.get("PAGEDRT_COLD_L2_TIMING", "1") != "0"
 # PAGEDRT_TIMING_LEAD=1: a PDL lead kernel before each timed call (`_pdl_lead`); off by
-# default until measured across batch sizes (BENCHMARKS.md, runs of 2026-12-04 20:40)
+# default until measured across batch sizes (benchmarks/results/RUNS.md, "Runs of 2026-12-04
+# (20:40-21:35 UTC)")
 TIMING_LEAD = os.environ.get("PAGEDRT_TIMING_LEAD", "0") == "1"
 LEAD_ITERS = 600  # the lead kernel's dependent FMAs per program: about 2 us on an H200
 
@@ -324,8 +325,8 @@ def _pdl_lead() -> Callable[[], None] | None:
     (`pdl_prologue`); a kernel timed right after the L2 flush, which launches no dependents,
     gets none of that head start. After this lead a candidate gets it as in a step. The
     motivation: the batch-1 gate/up tile the timing picked without it was 3% slower per decode
-    step than one it passed over (BENCHMARKS.md, runs of 2026-12-04 20:40); that the lead
-    picks better tiles is not yet shown, hence off by default."""
+    step than one it passed over (benchmarks/results/RUNS.md, "Runs of 2026-12-04 (20:40-21:35
+    UTC)"); that the lead picks better tiles is not yet shown, hence off by default."""
     if not TIMING_LEAD:
         return None
     buf = torch.zeros(num_sms(torch.cuda.current_device()), dtype=torch.float32, device="cuda")

@@ -18,15 +18,17 @@ accepted drafts give.
    measurement on the H200 with the real SmolLM2-135M (bf16, CUDA graphs, n-gram k = 5,
    n 2..4, the text workload of `benchmarks/spec_h200.sh`): speculation forced on at every
    batch size gave 0.85x the throughput of speculation off at 8 concurrent requests, 0.96x at
-   16, 0.62x at 32, 0.65x at 64 and 128 (BENCHMARKS.md, second runs of 2026-12-01), while
-   batch 1 gained 1.88x and 2.25x on text that repeats its prompt. Batches 2 and 4 were not in
-   that sweep. A later sweep (both rules off; night runs of 2026-12-01, one run per point,
-   and engines of one commit differ by up to ~15% from run to run there) gave 1.99x at 1,
-   0.97x at 2, 0.83x at 4, 0.72x at 8, 0.77x at 16, 0.49x at 32, 0.44x at 64 and 128: with the
-   per-sequence rule off, 4 is past the break-even; the bound stays 4 until a sweep with that
-   rule on (the default) says where it lies. Since verification graphs attend with decode
-   rows (2026-12-02, k = 10, n 2..5, rules off) the sweep gave 4.22x at 1, 1.35x at 2, 1.12x
-   at 4, 1.09x at 8, 0.88x at 16, 0.85x at 32: 4 is now on the safe side of the break-even.
+   16, 0.62x at 32, 0.65x at 64 and 128 (benchmarks/results/RUNS.md, "Second runs of
+   2026-12-01 (11:20-11:40 UTC)"), while batch 1 gained 1.88x and 2.25x on text that repeats
+   its prompt. Batches 2 and 4 were not in that sweep. A later sweep (both rules off; the same
+   file's "Night runs of 2026-12-01 (23:05-23:42 UTC)", one run per point, and engines of one
+   commit differ by up to ~15% from run to run there) gave 1.99x at 1, 0.97x at 2, 0.83x at
+   4, 0.72x at 8, 0.77x at 16, 0.49x at 32, 0.44x at 64 and 128: with the per-sequence rule
+   off, 4 is past the break-even; the bound stays 4 until a sweep with that rule on (the
+   default) says where it lies. Since verification graphs attend with decode rows ("Runs of
+   2026-12-02 (00:50-01:45 UTC)" there, k = 10, n 2..5, rules off) the sweep gave 4.22x at 1,
+   1.35x at 2, 1.12x at 4, 1.09x at 8, 0.88x at 16, 0.85x at 32: 4 is now on the safe side of
+   the break-even.
    With the former default, 32, 256 concurrent requests ran at 0.869x of off: the tail of the
    run speculated at batches where it loses, and the first verification step paid a one-time
    ~138 ms (the rejection sampler's kernels loaded on first use, ~97 ms, now run at start-up
