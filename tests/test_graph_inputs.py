@@ -123,12 +123,13 @@ def _staged_steps(llm: LLM) -> int:
     return count
 
 
-@pytest.mark.parametrize("last_tokens_size", [0, 2])
-def test_engine_tokens_match_the_plain_engine(tiny, last_tokens_size):
+@pytest.mark.parametrize("last_tokens_size, tight", [(0, False), (2, False), (2, True)])
+def test_engine_tokens_match_the_plain_engine(tiny, last_tokens_size, tight):
     """Greedy and seeded requests of different lengths (batches shrinking through the graph
     buckets, so rows past n are padding), max_num_seqs below the request count (requests
     join mid-decode); last_tokens_size 2: most steps gather their pending ids into the staged
-    buffer instead."""
+    buffer instead; tight: a staged buffer with no room past the widest step's inputs, so
+    that the gather's indices take a copy of their own."""
     prompts = _prompts(5, 12)
     params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=None if i % 2 else i,
                              top_k=0 if i % 2 else 20, max_tokens=6 + 3 * i, ignore_eos=True)
@@ -136,6 +137,9 @@ def test_engine_tokens_match_the_plain_engine(tiny, last_tokens_size):
     ref = LLM(tiny, async_scheduling=True, num_kv_blocks=256, block_size=8, max_num_seqs=5
               ).generate(prompts, params, use_tqdm=False)
     llm = _staged_llm(tiny, last_tokens_size, max_num_seqs=5)
+    if tight:  # (<= 79 tokens a sequence: at most 10 blocks of 8)
+        llm.llm_engine.model_runner.graph_runner.staged = torch.zeros(staged_size(5, 10),
+                                                                      dtype=torch.int64)
     count = _staged_steps(llm)
     out = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in ref]

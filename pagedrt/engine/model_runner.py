@@ -473,14 +473,19 @@ class ModelRunner:
         flat = stage_decode_inputs(input_ids, starts, slot_mapping, pending_src, ends,
                                    block_tables)
         size = len(flat)
-        if tail:
+        spill = bool(tail) and size + sum(len(x) for x in tail) > runner.staged.numel()
+        if tail and not spill:
             flat = np.concatenate([flat] + tail)
         if self._staging is not None:
             staged = self._staging.copy_into(flat, runner.staged)
         else:  # (CPU: the tests' eager "graphs")
             staged = runner.staged[: len(flat)]
             staged.copy_(torch.from_numpy(flat))
-        tail_t = list(torch.split(staged[size:], [len(x) for x in tail])) if tail else []
+        if spill:  # (the tail does not fit after the inputs: a copy of its own)
+            extra = to_device(np.concatenate(tail), self.device, torch.int64)
+        else:
+            extra = staged[size:]
+        tail_t = list(torch.split(extra, [len(x) for x in tail])) if tail else []
         logit_t = None if all_rows else tail_t.pop(0)
         dst_t, src_t = (tail_t.pop(0), tail_t.pop(0)) if gather else (None, None)
         patch_t = tail_t
