@@ -90,6 +90,11 @@ def test_host_layout_round_trips():
     assert bufs[4][:6, :5].tolist() == tables.tolist()
 
 
+@pytest.fixture(autouse=True)
+def _staged_on(monkeypatch):
+    monkeypatch.setenv("PAGEDRT_STAGED_GRAPH_INPUTS", "1")  # (opt-in: cuda_graphs.py)
+
+
 def _staged_llm(model, last_tokens_size: int = 0, **kw) -> LLM:
     """An LLM whose decode steps go through a graph runner with eager "replays"."""
     llm = LLM(model, async_scheduling=True, **{"num_kv_blocks": 256, "block_size": 8, **kw})

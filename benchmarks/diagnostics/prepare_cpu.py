@@ -9,6 +9,7 @@ whose "replays" run eagerly, as the CUDA path prepares them.
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -32,6 +33,7 @@ def prepare_us(num_seqs: int, steps: int = 300, staged: bool = False) -> float:
                        loaded=LoadedModel(host_step_cpu.StubModel(config), config, None, "stub"))
     runner = engine.model_runner
     if staged:
+        os.environ["PAGEDRT_STAGED_GRAPH_INPUTS"] = "1"
         runner.graph_runner = CUDAGraphRunner(
             runner.model, runner.kv_cache.layers, num_seqs,
             -(-runner.batch.max_model_len // runner.block_size), runner.device, "torch",
