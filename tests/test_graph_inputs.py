@@ -130,15 +130,18 @@ def _staged_steps(llm: LLM) -> int:
 
 @pytest.mark.parametrize("last_tokens_size, tight", [(0, False), (2, False), (2, True)])
 def test_engine_tokens_match_the_plain_engine(tiny, last_tokens_size, tight):
-    """Greedy and seeded requests of different lengths (batches shrinking through the graph
+    """Greedy (plain, and with a penalty) and seeded requests (top-k; top-p, min-p and a
+    penalty) of different lengths in mixed batches (batches shrinking through the graph
     buckets, so rows past n are padding), max_num_seqs below the request count (requests
     join mid-decode); last_tokens_size 2: most steps gather their pending ids into the staged
     buffer instead; tight: a staged buffer with no room past the widest step's inputs, so
     that the gather's indices take a copy of their own."""
     prompts = _prompts(5, 12)
-    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=None if i % 2 else i,
-                             top_k=0 if i % 2 else 20, max_tokens=6 + 3 * i, ignore_eos=True)
-              for i in range(len(prompts))]
+    settings = [dict(temperature=0.8, top_k=20), dict(temperature=0.0),
+                dict(temperature=0.7, top_p=0.9, min_p=0.05, repetition_penalty=1.2),
+                dict(temperature=0.0, presence_penalty=0.5)]
+    params = [SamplingParams(**settings[i % 4], seed=None if i % 2 else i, max_tokens=6 + 3 * i,
+                             ignore_eos=True) for i in range(len(prompts))]
     ref = LLM(tiny, async_scheduling=True, num_kv_blocks=256, block_size=8, max_num_seqs=5
               ).generate(prompts, params, use_tqdm=False)
     llm = _staged_llm(tiny, last_tokens_size, max_num_seqs=5)
