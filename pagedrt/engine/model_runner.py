@@ -453,7 +453,7 @@ class ModelRunner:
                       sampled_idx: np.ndarray, pend: np.ndarray,
                       pend_src: np.ndarray) -> ModelInputs:
         """`prepare`'s end for a decode step that replays a graph: the inputs go in one copy
-        into the graph runner's `staged` buffer (pagedrt/ops/graph_inputs_triton.py), and the
+        into the graph runner's `staged` buffer (layout: pagedrt/ops/graph_inputs.py), and the
         graph itself reads the pending input ids from `last_tokens`. After it on the device,
         where needed: the pending ids gathered into `staged` (a previous step that sampled
         more rows than `last_tokens` holds) and the beam slots' table patch. Arrays: [n],
