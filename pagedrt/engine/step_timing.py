@@ -6,9 +6,10 @@ programs load weights before their PDL wait), which timing alone does not see: o
 batch-1 RMSNorm + gate/up tile chosen alone was 3% slower per step than one it passed over, and
 which of the close tiles won alone changed between start-ups (benchmarks/results/RUNS.md,
 "Runs of 2026-12-04 (20:40-21:35 UTC)"). So, for the decode-graph batch sizes listed in
-PAGEDRT_STEP_TIMING (`BUCKETS`: "1" for batch 1, "1,8,32" for several), where several configs of an op of that many rows time
-within 10% of the fastest alone (`triton_utils.step_candidates`: the 1-4-row skinny matmul and
-its fused ops, the 8-128-row matmul and its epilogues), the graph runner captures that batch's
+PAGEDRT_STEP_TIMING (`BUCKETS`: "1" for batch 1, "1,8,32" for several), where several
+configs of an op of that many rows time within 10% of the fastest alone
+(`triton_utils.step_candidates`: the 1-4-row skinny matmul and its fused ops, the 8-128-row
+matmul and its epilogues), the graph runner captures that batch's
 decode graph once per such config (every other op as chosen) and replays the graphs in
 alternating rounds; the config of the fastest graph replaces the one chosen alone if its step
 is `MIN_GAIN` faster. One op at a time, largest weight first, each later op timed with the
