@@ -635,7 +635,8 @@ def main(argv: list[str]) -> int:
               f"{results[0]['output_tok_s'] / r['output_tok_s']:.2f}x, KV blocks "
               f"{results[0]['kv_num_blocks'] / r['kv_num_blocks']:.2f}x")
     r0 = results[0]
-    split = ", ".join(f"{k} {v:.2f}" for k, v in r0["step_split_ms"].items())
+    split = (", ".join(f"{k} {v:.2f}" for k, v in r0["step_split_ms"].items())
+             or "not measured (--skip-step-split)")
     st = r0["step_times"]
     for kind in ("decode", "prefill"):
         dev = st[f"{kind}_model_device_total_s"]
