@@ -137,9 +137,9 @@ def test_engine_tokens_match_the_plain_engine(tiny, last_tokens_size, tight):
     buffer instead; tight: a staged buffer with no room past the widest step's inputs, so
     that the gather's indices take a copy of their own."""
     prompts = _prompts(5, 12)
-    settings = [dict(temperature=0.8, top_k=20), dict(temperature=0.0),
-                dict(temperature=0.7, top_p=0.9, min_p=0.05, repetition_penalty=1.2),
-                dict(temperature=0.0, presence_penalty=0.5)]
+    settings = [{"temperature": 0.8, "top_k": 20}, {"temperature": 0.0},
+                {"temperature": 0.7, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.2},
+                {"temperature": 0.0, "presence_penalty": 0.5}]
     params = [SamplingParams(**settings[i % 4], seed=None if i % 2 else i, max_tokens=6 + 3 * i,
                              ignore_eos=True) for i in range(len(prompts))]
     ref = LLM(tiny, async_scheduling=True, num_kv_blocks=256, block_size=8, max_num_seqs=5
