@@ -62,20 +62,21 @@ class StepBuffers:
         self.used += n
         return buffer[self.used - n: self.used]
 
-    def to_device(self, flat: np.ndarray, device: torch.device) -> torch.Tensor:
-        """A step's one host-to-device copy: `flat` ([n] int64) staged in the next buffer and
-        copied to `device` without waiting for it."""
+    def _stage(self, flat: np.ndarray) -> torch.Tensor:
+        """`flat` ([n] int64) written into the next step's buffer; returns that slice."""
         self.next_step()
         staged = self.take(len(flat))
         staged.numpy()[:] = flat
-        return staged.to(device, non_blocking=True)
+        return staged
+
+    def to_device(self, flat: np.ndarray, device: torch.device) -> torch.Tensor:
+        """A step's one host-to-device copy: `flat` ([n] int64) staged in the next buffer and
+        copied to `device` without waiting for it."""
+        return self._stage(flat).to(device, non_blocking=True)
 
     def copy_into(self, flat: np.ndarray, out: torch.Tensor) -> torch.Tensor:
         """`to_device` into the first len(flat) elements of `out` (a device buffer of int64
         whose address must not change, such as a CUDA graph's input); returns that slice."""
-        self.next_step()
-        staged = self.take(len(flat))
-        staged.numpy()[:] = flat
         dst = out[: len(flat)]
-        dst.copy_(staged, non_blocking=True)
+        dst.copy_(self._stage(flat), non_blocking=True)
         return dst

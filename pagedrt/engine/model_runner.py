@@ -37,7 +37,7 @@ from pagedrt.engine.profiling import NULL_CLOCK
 from pagedrt.engine.sampler import Sampler, SamplerOutput
 from pagedrt.kv.kv_cache import KVCache
 from pagedrt.ops.attention import AttentionMetadata
-from pagedrt.ops.graph_inputs import stage_decode_inputs
+from pagedrt.ops.graph_inputs import stage_decode_inputs, staged_block_tables, staged_input_ids
 from pagedrt.sampling_params import SamplingParams
 from pagedrt.spec.rejection_sampler import RejectionOutput, RejectionSampler
 
@@ -379,7 +379,7 @@ class ModelRunner:
         if (num_tokens == n and not query_len and runner is not None and runner.staged_inputs
                 and runner.can_run(n, width)):
             return self._stage_decode(rows, starts, ends, input_ids, slot_mapping, block_tables,
-                                      sampled_idx, pend, pend_src)
+                                      sampled_idx, logits_indices, pend, pend_dst, pend_src)
         kernel_seq_lens = ends
         if query_len:
             # pad every row to query_len tokens: token t of row i sits at i * query_len + t
@@ -450,25 +450,26 @@ class ModelRunner:
 
     def _stage_decode(self, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray,
                       input_ids: np.ndarray, slot_mapping: np.ndarray, block_tables: np.ndarray,
-                      sampled_idx: np.ndarray, pend: np.ndarray,
-                      pend_src: np.ndarray) -> ModelInputs:
+                      sampled_idx: np.ndarray, logits_indices: np.ndarray, pend: np.ndarray,
+                      pend_dst: np.ndarray, pend_src: np.ndarray) -> ModelInputs:
         """`prepare`'s end for a decode step that replays a graph: the inputs go in one copy
         into the graph runner's `staged` buffer (layout: pagedrt/ops/graph_inputs.py), and the
         graph itself reads the pending input ids from `last_tokens`. After it on the device,
         where needed: the pending ids gathered into `staged` (a previous step that sampled
-        more rows than `last_tokens` holds) and the beam slots' table patch. Arrays: [n],
-        aligned with rows; block_tables [n, width]."""
+        more rows than `last_tokens` holds) and the beam slots' table patch. Arrays as `prepare`
+        computed them: [n] aligned with rows, block_tables [n, width], the sampled and pending
+        ones' indices."""
         runner = self.graph_runner
         n, width = block_tables.shape
         pending_src = np.full(n, -1, dtype=np.int64)
         gather = bool(len(pend)) and not self._last_tokens_copied
         if len(pend) and not gather:
-            pending_src[pend] = pend_src  # (a decode step's token i is row i's)
+            pending_src[pend_dst] = pend_src
         patch = self.beam_runner.table_patch(rows, pend, starts, self._last_num_sampled)
         all_rows = len(sampled_idx) == n
-        # after the staged layout: [logits rows (a decode step's token i is row i's) |
-        # pending dst, src | beam table patch], each where needed
-        tail = (([] if all_rows else [sampled_idx]) + ([pend, pend_src] if gather else [])
+        # after the staged layout: [logits rows | pending dst, src | beam table patch], each
+        # where needed
+        tail = (([] if all_rows else [logits_indices]) + ([pend_dst, pend_src] if gather else [])
                 + (patch or []))
         flat = stage_decode_inputs(input_ids, starts, slot_mapping, pending_src, ends,
                                    block_tables)
@@ -491,11 +492,11 @@ class ModelRunner:
         patch_t = tail_t
         if gather:
             assert self._last_sampled is not None, "tokens pending but no step in flight"
-            staged[2: 2 + n].index_copy_(0, dst_t, self._last_sampled.index_select(0, src_t))
+            staged_input_ids(staged, n).index_copy_(
+                0, dst_t, self._last_sampled.index_select(0, src_t))
         if patch_t:
-            first = 2 * (2 + 4 * n) + n  # int32 index of the block tables in `staged`
-            tables = runner.staged.view(torch.int32)[first: first + n * width].view(n, width)
-            self.beam_runner.apply_table_patch(tables, patch_t)
+            self.beam_runner.apply_table_patch(staged_block_tables(runner.staged, n, width),
+                                               patch_t)
         return ModelInputs(
             input_ids=None, positions=None, meta=None,
             logits_indices=logit_t, sampled_rows=rows if all_rows else rows[sampled_idx],

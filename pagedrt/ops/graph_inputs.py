@@ -32,6 +32,17 @@ def staged_size(num_rows: int, width: int) -> int:
     return HEADER + 4 * num_rows + -(-(num_rows + num_rows * width) // 2)
 
 
+def staged_input_ids(staged: torch.Tensor, n: int) -> torch.Tensor:
+    """The input ids of an n-row step in `staged` ([n] int64 view)."""
+    return staged[HEADER: HEADER + n]
+
+
+def staged_block_tables(staged: torch.Tensor, n: int, width: int) -> torch.Tensor:
+    """The block tables of an n-row step in `staged` ([n, width] int32 view)."""
+    first = 2 * (HEADER + 4 * n) + n  # int32 index, after seq_lens
+    return staged.view(torch.int32)[first: first + n * width].view(n, width)
+
+
 def stage_decode_inputs(input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
                         pending_src: np.ndarray, seq_lens: np.ndarray,
                         block_tables: np.ndarray) -> np.ndarray:
@@ -59,16 +70,15 @@ def scatter_decode_inputs_reference(staged: torch.Tensor, last_tokens: torch.Ten
                                     block_tables: torch.Tensor, num_rows: int) -> None:
     """graph_inputs_triton.scatter_decode_inputs in torch ops (the tests' oracle), the
     same arguments."""
-    n, width = (int(x) for x in staged[:2].tolist())
-    ids, pos, slots, src = staged[2: 2 + 4 * n].view(4, n)
-    small = staged[2 + 4 * n:].view(torch.int32)
+    n, width = (int(x) for x in staged[:HEADER].tolist())
+    ids, pos, slots, src = staged[HEADER: HEADER + 4 * n].view(4, n)
     pending = src >= 0
     ids = torch.where(pending, last_tokens[src.clamp(min=0)], ids)
     input_ids[:n] = ids
     positions[:n] = pos
     slot_mapping[:n] = slots
-    seq_lens[:n] = small[:n]
-    block_tables[:n, :width] = small[n: n + n * width].view(n, width)
+    seq_lens[:n] = staged[HEADER + 4 * n:].view(torch.int32)[:n]
+    block_tables[:n, :width] = staged_block_tables(staged, n, width)
     input_ids[n:num_rows] = 0
     positions[n:num_rows] = 0
     slot_mapping[n:num_rows] = -1
