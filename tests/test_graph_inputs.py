@@ -92,7 +92,7 @@ def test_host_layout_round_trips():
 
 @pytest.fixture(autouse=True)
 def _staged_on(monkeypatch):
-    monkeypatch.setenv("PAGEDRT_STAGED_GRAPH_INPUTS", "1")  # (opt-in: cuda_graphs.py)
+    monkeypatch.setenv("PAGEDRT_STAGED_GRAPH_INPUTS", "1")  # (the default where Triton runs)
 
 
 def _staged_llm(model, last_tokens_size: int = 0, **kw) -> LLM:

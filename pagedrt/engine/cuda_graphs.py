@@ -24,8 +24,10 @@ Decode graphs (q = 1) start with a kernel that scatters the step's staged inputs
 buffer, `staged`, filled by the step's one host-to-device copy) into the static buffers, and
 reads the input ids still being sampled from `last_tokens` (pagedrt/ops/graph_inputs_triton.py;
 docs/design.md, "Decode inputs staged for the graphs"): a decode step is then that copy and
-the replay. Opt-in (PAGEDRT_STAGED_GRAPH_INPUTS=1) until measured on the GPU; without it a
-replay copies each input into its static buffer (`run`).
+the replay. On by default where Triton runs (measured on an H100: batch-1 0.88 -> 0.70 ms per
+token; BENCHMARKS.md, "Decode inputs staged for the graphs"); PAGEDRT_STAGED_GRAPH_INPUTS=0
+captures the graphs without the kernel, and a replay then copies each input into its static
+buffer (`run`).
 """
 
 from __future__ import annotations
@@ -43,10 +45,9 @@ logger = logging.getLogger("pagedrt.cuda_graphs")
 
 
 def staged_inputs_enabled() -> bool:
-    """Whether decode graphs take staged inputs (PAGEDRT_STAGED_GRAPH_INPUTS=1, where Triton
-    runs; off by default until measured on the GPU: docs/design.md, "Decode inputs staged for
-    the graphs")."""
-    return os.environ.get("PAGEDRT_STAGED_GRAPH_INPUTS", "0") == "1" and triton_available()
+    """Whether decode graphs take staged inputs: where Triton runs, unless
+    PAGEDRT_STAGED_GRAPH_INPUTS=0 (docs/design.md, "Decode inputs staged for the graphs")."""
+    return os.environ.get("PAGEDRT_STAGED_GRAPH_INPUTS", "1") != "0" and triton_available()
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
