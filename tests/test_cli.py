@@ -8,6 +8,7 @@ import json
 import re
 
 import pytest
+import torch
 
 from pagedrt import LLM, EngineConfig
 from pagedrt.bench.common import add_model_args
@@ -193,6 +194,26 @@ def test_unknown_device_is_a_clear_error(device, capsys):
         resolve_device(device)
     assert main(["generate", "hi", "--model", "x", "--device", device]) == 2
     assert f"device='{device}'" in capsys.readouterr().err
+
+
+def test_cuda_without_cuda_names_the_cli_spelling_too(monkeypatch, capsys):
+    """`--device cuda` on a machine without CUDA answered with the Python API's spelling
+    ("use device='cpu'"; a fresh user's run): the line now gives the flag as well."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["generate", "hi", "--model", "x", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "device 'cuda' asked for, but CUDA is not available" in err
+    assert "--device cpu" in err
+
+
+def test_missing_model_names_the_cli_spelling_too(tmp_path, capsys):
+    """A --model path that is not a model mentioned "None for the default model", a Python
+    spelling: the line now says what to do on the command line too."""
+    missing = str(tmp_path / "nope")
+    assert main(["generate", "hi", "--model", missing, "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot load model '{missing}'" in err
+    assert "no --model on the command line" in err
 
 
 def test_async_scheduling_variable_takes_0_or_1(tiny, monkeypatch):

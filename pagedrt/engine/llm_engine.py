@@ -100,7 +100,8 @@ def resolve_device(device: str | torch.device) -> torch.device:
     if device is None or device.type not in ("cpu", "cuda"):
         raise ValueError(f"device={str(asked)!r}; use 'auto', 'cpu', 'cuda' or 'cuda:N'")
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!s} but CUDA is not available; use device='cpu'")
+        raise ValueError(f"device {str(device)!r} asked for, but CUDA is not available here; "
+                         "use 'cpu' or 'auto' (--device cpu on the command line)")
     return device
 
 

@@ -136,8 +136,9 @@ def resolve_checkpoint(model: str | RandomWeights | None) -> Checkpoint:
         folder = tokenizer_dir = path
     else:
         raise ValueError(
-            f"cannot load model {model!r} (resolved to {path!r}): pass a .gguf file, a Hugging "
-            "Face folder with config.json and *.safetensors, or None for the default model"
+            f"cannot load model {model!r} (resolved to {path!r}): pass a .gguf file or a Hugging "
+            "Face folder with config.json and *.safetensors, or leave the model unset "
+            "(model=None; no --model on the command line) for the default model"
         )
     weight_files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not weight_files:
