@@ -21,16 +21,23 @@
 out="${OUT:-out}"; mkdir -p "$out/r"
 # A fresh machine spends minutes compiling Triton kernels (call_s82: the first two engines and
 # a GPU test file ran out of their caps compiling). A call that ends with save_triton_cache
-# returns the cache in 15 MB parts ($OUT/tc.tgz.NN); put them in .tcache/ here
-# (.git/info/exclude it) and carry .tcache: the next call starts from that cache.
+# returns the cache in 15 MB parts ($OUT/tc.txz.NN, xz: the 296 MB cache of 2026-12-05 is
+# 13 MB there, 45 MB as gzip, which no longer fitted beside the ~38 MB tree in a call's 64 MiB);
+# put them in .tcache/ here (.git/info/exclude it) and carry .tcache: the next call starts from
+# that cache. Older gzip parts (tc.tgz.NN) are still read.
 tcache="${TRITON_CACHE_DIR:-$HOME/.triton/cache}"
-if ls .tcache/tc.tgz.* > /dev/null 2>&1; then
+if ls .tcache/tc.txz.* > /dev/null 2>&1 && command -v xz > /dev/null; then
+  mkdir -p "$tcache" && cat .tcache/tc.txz.* | tar -xJf - -C "$tcache" \
+    && echo "triton cache restored: $(ls "$tcache" | wc -l) entries"
+elif ls .tcache/tc.tgz.* > /dev/null 2>&1; then
   mkdir -p "$tcache" && cat .tcache/tc.tgz.* | tar -xzf - -C "$tcache" \
     && echo "triton cache restored: $(ls "$tcache" | wc -l) entries"
 fi
-save_triton_cache() {  # the Triton cache into $OUT/tc.tgz.NN, 15 MB each (device README)
-  tar -czf /tmp/tc.tgz -C "$tcache" . && split -b 15m -d /tmp/tc.tgz "$out/tc.tgz." \
-    && echo "triton cache saved: $(du -sh /tmp/tc.tgz | cut -f1) in $(ls "$out"/tc.tgz.* | wc -l) parts"
+save_triton_cache() {  # the Triton cache into $OUT/tc.txz.NN (tc.tgz.NN without xz), 15 MB each
+  local ext=txz pack="xz -T0 -9"
+  command -v xz > /dev/null || { ext=tgz; pack="gzip"; }
+  tar -cf - -C "$tcache" . | $pack > /tmp/tc.$ext && split -b 15m -d /tmp/tc.$ext "$out/tc.$ext." \
+    && echo "triton cache saved: $(du -sh /tmp/tc.$ext | cut -f1) in $(ls "$out"/tc.$ext.* | wc -l) parts"
 }
 export PAGEDRT_COMMIT="$(cat .commit 2>/dev/null || echo head)"
 . benchmarks/use_wheels.sh
