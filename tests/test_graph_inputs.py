@@ -4,8 +4,9 @@ The kernel runs under the interpreter against the torch reference; the host layo
 by scattering it back; and whole engines run their decode steps through a graph runner whose
 "replays" are eager (capture_graphs=False), with the staged inputs and the in-graph scatter,
 against the plain engine: greedy and seeded sampling, async scheduling, padding rows, beam
-slots re-parented on the device, and input ids gathered into the staged buffer when the
-previous step sampled more rows than `last_tokens` holds.
+slots re-parented on the device, input ids gathered into the staged buffer when the
+previous step sampled more rows than `last_tokens` holds, speculative decoding switching on
+as the batch shrinks, preemption (recompute and swap), and a sliding-window model.
 """
 
 from __future__ import annotations
@@ -96,12 +97,15 @@ def _staged_on(monkeypatch):
 
 
 def _staged_llm(model, last_tokens_size: int = 0, **kw) -> LLM:
-    """An LLM whose decode steps go through a graph runner with eager "replays"."""
+    """An LLM whose decode steps (and verification steps, with speculative decoding) go
+    through a graph runner with eager "replays"."""
     llm = LLM(model, async_scheduling=True, **{"num_kv_blocks": 256, "block_size": 8, **kw})
     mr = llm.llm_engine.model_runner
     runner = CUDAGraphRunner(mr.model, mr.kv_cache.layers, mr.max_num_seqs,
                              -(-mr.batch.max_model_len // mr.block_size), mr.device,
-                             mr.backend, block_size=mr.block_size, capture_graphs=False,
+                             mr.backend, verify_query_len=mr.num_speculative_tokens + 1,
+                             verify_max_num_seqs=mr.spec_max_num_seqs,
+                             block_size=mr.block_size, capture_graphs=False,
                              last_tokens_size=last_tokens_size)
     assert runner.staged_inputs, "the staged inputs need Triton (or its interpreter)"
     mr.graph_runner = runner
@@ -170,3 +174,85 @@ def test_beam_search_with_staged_inputs(tiny):
     assert [[s.tokens for s in o.sequences] for o in out] == [
         [s.tokens for s in o.sequences] for o in ref]
     assert count[0] >= 8
+
+
+def _no_block_leaked(llm: LLM) -> None:
+    kv = llm.llm_engine.kv_manager
+    assert kv.num_free_blocks == kv.num_blocks
+
+
+def test_speculative_decoding_with_staged_inputs(tiny):
+    """Speculation switched on as the batch shrinks (disable_by_batch_size 2; the target as
+    its own draft): staged decode steps while more than two sequences are unfinished, then
+    steps that verify drafts through the (eager) verification graphs, which keep the copies;
+    greedy, the tokens of the same speculative engine without the graph runner. (A step that
+    speculates reads the step in flight first, so no input id is pending across the switch.)"""
+    prompts = _prompts(11, 6)
+    params = [SamplingParams(temperature=0.0, max_tokens=8 + 4 * i, ignore_eos=True)
+              for i in range(len(prompts))]
+    spec = {"method": "draft_model", "model": tiny, "num_speculative_tokens": 2,
+            "disable_by_batch_size": 2}
+    kw = {"speculative_config": spec, "max_num_seqs": 4}
+    ref = LLM(tiny, async_scheduling=True, num_kv_blocks=256, block_size=8, **kw
+              ).generate(prompts, params, use_tqdm=False)
+    llm = _staged_llm(tiny, **kw)
+    runner = llm.llm_engine.model_runner.graph_runner
+    assert runner.verify_batch_sizes
+    count, verified = _staged_steps(llm), [0]
+    run = runner.run
+
+    def counting_run(*a, **kw):
+        verified[0] += kw.get("query_len", a[5] if len(a) > 5 else 1) > 1
+        return run(*a, **kw)
+
+    runner.run = counting_run
+    out = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in ref]
+    assert llm.stats()["spec_decode_num_draft_tokens"] > 0
+    assert count[0] >= 5 and verified[0] >= 5, (count, verified)
+    _no_block_leaked(llm)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_with_staged_inputs(tiny, mode):
+    """A cache too small for the batch: sequences are preempted (recomputed or swapped out
+    and back) between staged decode steps, so rows leave and return; greedy and seeded rows
+    give the tokens of the same engine without the graph runner, and no block is lost."""
+    prompts = _prompts(13, 8)
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=None if i % 2 else i,
+                             max_tokens=30, ignore_eos=True) for i in range(len(prompts))]
+    kw = {"num_kv_blocks": 24, "preemption_mode": mode, "max_num_seqs": 8}
+    ref_llm = LLM(tiny, async_scheduling=True, block_size=8, **kw)
+    ref = ref_llm.generate(prompts, params, use_tqdm=False)
+    llm = _staged_llm(tiny, **kw)
+    count = _staged_steps(llm)
+    out = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in ref]
+    assert llm.stats()[f"num_preemptions_{mode}"] > 0
+    assert count[0] >= 10
+    _no_block_leaked(llm)
+
+
+def test_sliding_window_model_with_staged_inputs(tmp_path):
+    """A Mistral whose every layer has a 12-token window: blocks leave the front of each
+    block table as the window moves, between staged decode steps; the tokens of the same
+    engine without the graph runner, and every block free at the end."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    MistralForCausalLM(MistralConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        initializer_range=0.1, sliding_window=12)).save_pretrained(tmp_path)
+    prompts = _prompts(17, 5)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    kw = {"dtype": "float32", "device": "cpu", "max_num_seqs": 4}
+    ref = LLM(str(tmp_path), async_scheduling=True, num_kv_blocks=256, block_size=8, **kw
+              ).generate(prompts, params, use_tqdm=False)
+    llm = _staged_llm(str(tmp_path), **kw)
+    assert llm.llm_engine.kv_manager.sliding_window == 12
+    count = _staged_steps(llm)
+    out = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in ref]
+    assert count[0] >= 30
+    _no_block_leaked(llm)
