@@ -74,3 +74,42 @@ def test_engine_tokens_staged_against_copied_inputs(monkeypatch, async_schedulin
         outs[staged, "beams"] = [[s.tokens for s in b.sequences] for b in beams]
     assert outs[True] == outs[False]
     assert outs[True, "beams"] == outs[False, "beams"]
+
+
+def _tokens(llm: LLM, prompts, params) -> list[list[int]]:
+    out = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    kv = llm.llm_engine.kv_manager
+    assert kv.num_free_blocks == kv.num_blocks  # (no block leaked)
+    return out
+
+
+def test_speculation_and_preemption_staged_against_copied_inputs(monkeypatch):
+    """Speculative decoding switching on as the batch shrinks (the target as its own draft,
+    disable_by_batch_size 2: staged decode steps, then verification graphs), and a cache too
+    small for the batch (preemption by recompute and by swap between staged steps): the same
+    tokens with the staged inputs as with the copies."""
+    rng = random.Random(1)
+    prompts = [[rng.randrange(200) for _ in range(rng.randint(1, 40))] for _ in range(8)]
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=None if i % 2 else i,
+                             max_tokens=8 + 4 * i, ignore_eos=True) for i in range(8)]
+    greedy = [SamplingParams(temperature=0.0, max_tokens=8 + 4 * i, ignore_eos=True)
+              for i in range(8)]
+    outs = {}
+    for staged in (False, True):
+        monkeypatch.setenv("PAGEDRT_STAGED_GRAPH_INPUTS", "1" if staged else "0")
+        loaded = build_tiny_llama(seed=0)
+        loaded = loaded._replace(model=loaded.model.to("cuda"))
+        spec = {"method": "draft_model", "model": loaded, "num_speculative_tokens": 2,
+                "disable_by_batch_size": 2}
+        llm = LLM(loaded, num_kv_blocks=256, block_size=16, max_num_seqs=6,
+                  speculative_config=spec)
+        assert llm.llm_engine.model_runner.graph_runner.staged_inputs == staged
+        outs[staged, "spec"] = _tokens(llm, prompts, greedy)
+        assert llm.stats()["spec_decode_num_draft_tokens"] > 0
+        for mode in ("recompute", "swap"):
+            llm = LLM(loaded, num_kv_blocks=12, block_size=16, max_num_seqs=6,
+                      preemption_mode=mode)
+            outs[staged, mode] = _tokens(llm, prompts, params)
+            assert llm.stats()[f"num_preemptions_{mode}"] > 0
+    for key in ("spec", "recompute", "swap"):
+        assert outs[True, key] == outs[False, key], key
