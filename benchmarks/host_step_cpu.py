@@ -5,7 +5,7 @@ compared old/new with it), not a benchmark of record.
 
     PYTHONPATH=$PWD python benchmarks/host_step_cpu.py [--num-seqs 256] [--steps 200] [--async]
         [--sampling greedy|nanovllm|filters|penalties|mixed] [--seeded] [--churn] [--repeat 3]
-        [--n N | --beam-width W] [--cpu-clock] [--json FILE]
+        [--n N | --beam-width W] [--cpu-clock] [--staged] [--json FILE]
 
 Sampling settings (one SamplingParams object per request, as an API server makes them):
   greedy     temperature 0
@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import time
@@ -135,6 +136,16 @@ def run(args) -> dict:
     model = StubModel(config, token_logits=group > 1)
     engine = LLMEngine(config=cfg, device="cpu",
                        loaded=LoadedModel(model, config, None, "stub"))
+    if args.staged:  # decode steps staged for a graph runner, as on CUDA (eager "replays")
+        from pagedrt.engine.cuda_graphs import CUDAGraphRunner
+
+        os.environ["PAGEDRT_STAGED_GRAPH_INPUTS"] = "1"
+        mr = engine.model_runner
+        mr.graph_runner = CUDAGraphRunner(
+            mr.model, mr.kv_cache.layers, mr.max_num_seqs,
+            -(-mr.batch.max_model_len // mr.block_size), mr.device, "torch",
+            block_size=mr.block_size, capture_graphs=False)
+        assert mr.graph_runner.staged_inputs
     gen = torch.Generator().manual_seed(0)
     rng = random.Random(0)
     for i in range(args.num_seqs * (2 if args.churn else 1) // group):
@@ -228,6 +239,10 @@ def main() -> None:
                    help="beam search of this width (--num-seqs / width prompts)")
     p.add_argument("--cpu-clock", action="store_true",
                    help="time in this thread's CPU time, not wall time")
+    p.add_argument("--staged", action="store_true",
+                   help="decode steps staged for a graph runner whose replays run eagerly "
+                        "(the CUDA path's host work; its forward phase then holds the "
+                        "scatter's torch reference, which a GPU runs inside the graph)")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--json", default="", help="also write every repeat's figures here")
     args = p.parse_args()
