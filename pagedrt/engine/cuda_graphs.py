@@ -25,9 +25,9 @@ buffer, `staged`, filled by the step's one host-to-device copy) into the static 
 reads the input ids still being sampled from `last_tokens` (pagedrt/ops/graph_inputs_triton.py;
 docs/design.md, "Decode inputs staged for the graphs"): a decode step is then that copy and
 the replay. On by default where Triton runs (measured on an H100: batch-1 0.88 -> 0.70 ms per
-token; BENCHMARKS.md, "Decode inputs staged for the graphs"); PAGEDRT_STAGED_GRAPH_INPUTS=0
-captures the graphs without the kernel, and a replay then copies each input into its static
-buffer (`run`).
+token; BENCHMARKS.md, "On an H100: staged graph inputs and seeded sampling");
+PAGEDRT_STAGED_GRAPH_INPUTS=0 captures the graphs without the kernel, and a replay then copies
+each input into its static buffer (`run`).
 """
 
 from __future__ import annotations
