@@ -216,6 +216,27 @@ def test_missing_model_names_the_cli_spelling_too(tmp_path, capsys):
     assert "no --model on the command line" in err
 
 
+def test_triton_backend_on_the_cpu_without_the_interpreter_is_one_line(monkeypatch, capsys):
+    """`--attention-backend triton` on a CPU machine passed the config's checks and failed at
+    the first step with Triton's traceback ("0 active drivers"; a fresh user's run): now one
+    line, before the model loads, naming the value and what works."""
+    from pagedrt.engine.llm_engine import LLMEngine
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the backend was checked")
+
+    monkeypatch.setattr("pagedrt.engine.llm_engine.create_executor", no_model)
+    assert main(["generate", "hi", "--model", "x", "--device", "cpu",
+                 "--attention-backend", "triton"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pagedrt: error: attention_backend='triton' on the CPU needs") and (
+        "use 'auto' or 'torch'" in err) and err.count("\n") == 1
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        LLMEngine(config=EngineConfig(attention_backend="triton"), device="cpu")
+
+
 def test_async_scheduling_variable_takes_0_or_1(tiny, monkeypatch):
     """PAGEDRT_ASYNC_SCHEDULING other than 0 or 1 is refused by name (it used to turn async
     scheduling on for any value but "0", "false" included)."""

@@ -54,6 +54,7 @@ from pagedrt.engine.scheduler import Scheduler
 from pagedrt.engine.validation import EngineLimits, validate_prompt
 from pagedrt.kv.kv_cache import KVCacheSpec, kv_cache_torch_dtype
 from pagedrt.kv.kv_cache_manager import KVCacheManager
+from pagedrt.ops.attention import check_backend
 from pagedrt.outputs import CompletionOutput, RequestOutput, TokenEvent
 from pagedrt.sampling_params import SamplingParams
 
@@ -142,6 +143,7 @@ class LLMEngine:
         """
         self.config = config = config or EngineConfig()
         self.device = resolve_device(device)
+        check_backend(config.attention_backend, self.device)
         self.dtype = resolve_dtype(dtype, self.device)
         # the device side: one rank in this process, or tensor-parallel worker processes
         self.executor = executor = create_executor(model, loaded, config, self.dtype,

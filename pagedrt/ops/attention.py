@@ -8,6 +8,7 @@ interpreter, which needs `TRITON_INTERPRET=1` set before triton is imported (tes
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -80,6 +81,21 @@ def triton_available() -> bool:
     except Exception:  # noqa: BLE001 - ImportError, or a Triton without a usable backend
         return False
     return True
+
+
+def check_backend(backend: str, device: torch.device) -> None:
+    """Raise ValueError, naming the value and what works instead, where `backend` cannot run
+    on `device`: "triton" without an importable Triton, or on the CPU outside Triton's
+    interpreter (TRITON_INTERPRET=1, which the tests use)."""
+    if backend != "triton":
+        return
+    if not triton_available():
+        raise ValueError("attention_backend='triton' but triton (or pagedrt's kernels) cannot "
+                         "be imported; use 'auto' or 'torch'")
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("attention_backend='triton' on the CPU needs Triton's interpreter "
+                         "(TRITON_INTERPRET=1 in the environment; slow, for tests); use 'auto' "
+                         "or 'torch' here (--attention-backend on the command line)")
 
 
 def _use_triton(backend: str, tensor: torch.Tensor) -> bool:
