@@ -125,6 +125,20 @@ def request_params(args, i: int, rng: random.Random) -> SamplingParams:
                           seed=i if args.seeded else None, **kwargs)
 
 
+def stage_for_graphs(engine: LLMEngine) -> None:
+    """Give the engine's model runner a graph runner whose "replays" run eagerly, with staged
+    decode inputs (pagedrt/ops/graph_inputs.py): the host work of the CUDA decode path."""
+    from pagedrt.engine.cuda_graphs import CUDAGraphRunner
+
+    os.environ["PAGEDRT_STAGED_GRAPH_INPUTS"] = "1"
+    mr = engine.model_runner
+    mr.graph_runner = CUDAGraphRunner(
+        mr.model, mr.kv_cache.layers, mr.max_num_seqs,
+        -(-mr.batch.max_model_len // mr.block_size), mr.device, "torch",
+        block_size=mr.block_size, capture_graphs=False)
+    assert mr.graph_runner.staged_inputs
+
+
 def run(args) -> dict:
     clock = time.thread_time if args.cpu_clock else time.perf_counter
     profiling.time = _CpuClock if args.cpu_clock else time  # the engine's StepClock
@@ -136,16 +150,8 @@ def run(args) -> dict:
     model = StubModel(config, token_logits=group > 1)
     engine = LLMEngine(config=cfg, device="cpu",
                        loaded=LoadedModel(model, config, None, "stub"))
-    if args.staged:  # decode steps staged for a graph runner, as on CUDA (eager "replays")
-        from pagedrt.engine.cuda_graphs import CUDAGraphRunner
-
-        os.environ["PAGEDRT_STAGED_GRAPH_INPUTS"] = "1"
-        mr = engine.model_runner
-        mr.graph_runner = CUDAGraphRunner(
-            mr.model, mr.kv_cache.layers, mr.max_num_seqs,
-            -(-mr.batch.max_model_len // mr.block_size), mr.device, "torch",
-            block_size=mr.block_size, capture_graphs=False)
-        assert mr.graph_runner.staged_inputs
+    if args.staged:
+        stage_for_graphs(engine)
     gen = torch.Generator().manual_seed(0)
     rng = random.Random(0)
     for i in range(args.num_seqs * (2 if args.churn else 1) // group):

@@ -235,6 +235,10 @@ def test_triton_backend_on_the_cpu_without_the_interpreter_is_one_line(monkeypat
         "use 'auto' or 'torch'" in err) and err.count("\n") == 1
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         LLMEngine(config=EngineConfig(attention_backend="triton"), device="cpu")
+    from pagedrt.ops.attention import uses_triton
+
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):  # (the ops' own check)
+        uses_triton("triton", torch.zeros(1))
 
 
 def test_async_scheduling_variable_takes_0_or_1(tiny, monkeypatch):

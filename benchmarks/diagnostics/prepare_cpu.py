@@ -9,7 +9,6 @@ whose "replays" run eagerly, as the CUDA path prepares them.
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -19,7 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import host_step_cpu
 
 from pagedrt.config import EngineConfig
-from pagedrt.engine.cuda_graphs import CUDAGraphRunner
 from pagedrt.engine.llm_engine import LLMEngine
 from pagedrt.models.loader import LoadedModel
 from pagedrt.sampling_params import SamplingParams
@@ -33,11 +31,7 @@ def prepare_us(num_seqs: int, steps: int = 300, staged: bool = False) -> float:
                        loaded=LoadedModel(host_step_cpu.StubModel(config), config, None, "stub"))
     runner = engine.model_runner
     if staged:
-        os.environ["PAGEDRT_STAGED_GRAPH_INPUTS"] = "1"
-        runner.graph_runner = CUDAGraphRunner(
-            runner.model, runner.kv_cache.layers, num_seqs,
-            -(-runner.batch.max_model_len // runner.block_size), runner.device, "torch",
-            capture_graphs=False)
+        host_step_cpu.stage_for_graphs(engine)
     params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
     for i in range(num_seqs):
         engine.add_request(str(i), [t % 60 + 1 for t in range(200)], params, stream=False)

@@ -104,9 +104,7 @@ def _use_triton(backend: str, tensor: torch.Tensor) -> bool:
     if backend == "torch":
         return False
     if backend == "triton":
-        if not triton_available():
-            raise ValueError(
-                "backend='triton' but triton (or pagedrt's kernels) cannot be imported")
+        check_backend(backend, tensor.device)
         return True
     return tensor.is_cuda and triton_available()
 
