@@ -175,7 +175,7 @@ def test_capture_needing_more_counters_raises(monkeypatch):
     small = torch.zeros(8, dtype=torch.int32, device=CUDA)
     monkeypatch.setattr(tri, "_REDUCE_COUNTERS", {device: small})
     graph = torch.cuda.CUDAGraph()
-    with (pytest.raises(RuntimeError, match="needs 16 counters .* 8 exist"),
+    with (pytest.raises(RuntimeError, match="needs 16 arrival counters .* 8 exist"),
           torch.cuda.graph(graph)):
         decode(monkeypatch, True, queries[0], args, kwargs, 4)
     assert tri._REDUCE_COUNTERS[device] is small
