@@ -174,7 +174,7 @@ def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch, forced, no
         monkeypatch.setattr(matmul_triton, "NORM_ENABLED", norm and tiled)
         if tiled:
             monkeypatch.setattr(matmul_triton, "fastest_config",
-                                lambda baseline, candidate, configs, rep:
+                                lambda baseline, candidate, configs, rep, record=None:
                                 forced if forced in configs else configs[0])
         else:
             monkeypatch.setattr(matmul_triton, "ENABLED", False)
