@@ -17,7 +17,9 @@
 # where PAGEDRT_STEP_TIMING is set), and sweep NAME [ENV] (the batch sweep of record, Qwen2-0.5B
 # 512/128 at 256 and batches 8-128 with --repeats 3 and ENV, capped at 200 s: $out/r/sweep_NAME
 # .txt and .json, a summary line), and timeline_run BATCH STEPS CAP
-# (decode_timeline.py at ctx 512: $out/r/tl_bBATCH.txt and .json, its totals printed).
+# (decode_timeline.py at ctx 512: $out/r/tl_bBATCH.txt and .json, its totals printed), and
+# gpu_tests_sharded NAME CAP SHARDS PATHS... (the GPU tests of PATHS in SHARDS pytest processes
+# at once, each capped at CAP seconds: $out/r/NAME_sK.txt, per shard its summary printed).
 out="${OUT:-out}"; mkdir -p "$out/r"
 # A fresh machine spends minutes compiling Triton kernels (call_s82: the first two engines and
 # a GPU test file ran out of their caps compiling). A call that ends with save_triton_cache
@@ -120,4 +122,39 @@ timeline_run() {  # batch, decode steps, cap
     --steps "$2" --out "$out/r/tl_b$1.json" > "$out/r/tl_b$1.txt" 2>&1
   echo "tl_b$1 status $? at ${SECONDS}s"
   grep -E "^batch|^total|^wall" "$out/r/tl_b$1.txt" | head -3
+}
+gpu_tests_sharded() {  # name, cap (s), shards, test paths...: `pytest -m gpu` over the paths'
+  # test files in SHARDS processes at once (Triton compiles on the host's cores while the GPU
+  # is shared; the engine tests size their caches by num_kv_blocks), files dealt to the
+  # shard with the fewest tests so far, largest file first; $out/r/NAME_sK.txt per shard,
+  # then each shard's status, failures and summary (or where its cap cut it)
+  local name=$1 cap=$2 shards=$3 k
+  shift 3
+  python3 -m pytest -q -m gpu -p no:cacheprovider --collect-only "$@" 2>/dev/null \
+    | grep "::" | cut -d: -f1 | sort | uniq -c | sort -rn > "$out/r/${name}_files.txt"
+  python3 - "$out/r/${name}_files.txt" "$shards" "$out/r/$name" <<'PY'
+import sys
+path, shards, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+load, files = [0] * shards, [[] for _ in range(shards)]
+for line in open(path):
+    count, name = line.split()
+    k = load.index(min(load))
+    load[k] += int(count)
+    files[k].append(name)
+for k in range(shards):
+    open(f"{prefix}_s{k}.files", "w").write(" ".join(files[k]))
+PY
+  for k in $(seq 0 $((shards - 1))); do
+    # shellcheck disable=SC2046
+    (timeout "$cap" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE \
+      $(cat "$out/r/${name}_s$k.files") > "$out/r/${name}_s$k.txt" 2>&1
+     echo "$?" > "$out/r/${name}_s$k.status") &
+  done
+  wait
+  for k in $(seq 0 $((shards - 1))); do
+    echo "== ${name}_s$k (status $(cat "$out/r/${name}_s$k.status")): $(cat "$out/r/${name}_s$k.files")"
+    grep -E "^(FAILED|ERROR)| in [0-9.]+s" "$out/r/${name}_s$k.txt" | tail -8 | cut -c1-200
+    grep -qE " in [0-9.]+s" "$out/r/${name}_s$k.txt" \
+      || echo "   cut by the cap after: $(tail -c 300 "$out/r/${name}_s$k.txt" | tr -d '\n')"
+  done
 }
