@@ -135,6 +135,24 @@ def test_value_outside_the_choices_is_a_usage_error(option, choices, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert f"{option[0]}: invalid choice: " in err and f"(choose from {choices})" in err
+    # the error line and where the options are, not argparse's usage block before it
+    lines = err.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"pagedrt generate: error: argument {option[0]}")
+    assert lines[1] == "(pagedrt generate --help lists the options)"
+
+
+@pytest.mark.parametrize("argv", [["bench", "throughput", "--preset", "nope"],
+                                  ["bench", "latency", "--contexts"], ["bogus"]])
+def test_usage_error_is_one_line_and_the_help_pointer(argv, capsys):
+    """Every command's usage error (the benchmarks' parsers too): exit code 2, the error
+    naming the argument, then where the options are listed; no usage block."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    prog = "pagedrt" if argv == ["bogus"] else f"pagedrt {argv[0]} {argv[1]}"
+    assert len(lines) == 2 and lines[0].startswith(f"{prog}: error: argument ")
+    assert lines[1] == f"({prog} --help lists the options)"
 
 
 def test_bench_engine_options_keep_their_defaults():

@@ -39,6 +39,7 @@ import torch
 
 from pagedrt.bench.common import free_llm, write_results
 from pagedrt.config import KV_CACHE_DTYPES
+from pagedrt.entrypoints.arg_parser import ArgumentParser
 from pagedrt.kv.kv_cache import KVCache, KVCacheSpec, resolve_kv_cache_dtype
 from pagedrt.ops import attention_reference
 from pagedrt.ops.attention import AttentionMetadata
@@ -238,7 +239,7 @@ def main(argv: list[str]) -> int:
     from pagedrt.engine.llm_engine import resolve_device, resolve_dtype
     from pagedrt.models.loader import load_model
 
-    p = argparse.ArgumentParser(prog="pagedrt bench accuracy", description=__doc__,
+    p = ArgumentParser(prog="pagedrt bench accuracy", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="a .gguf or HF folder (default: SmolLM2)")
     p.add_argument("--dtype", default="auto", help="model dtype (auto: bf16 on CUDA, fp32 CPU)")

@@ -32,7 +32,6 @@ Writes DIR/attention_window.json.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -43,6 +42,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pagedrt.bench.common import git_commit
+from pagedrt.entrypoints.arg_parser import ArgumentParser
 from pagedrt.kv.kv_cache import fp8_v_dim_major_requested
 from pagedrt.ops import attention_triton as tri
 from pagedrt.ops.fp8 import quantize_fp8
@@ -494,7 +494,8 @@ def print_window_table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="paged attention kernel benchmark (CUDA)")
+    parser = ArgumentParser(prog="pagedrt bench attention",
+                            description="paged attention kernel benchmark (CUDA)")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     parser.add_argument("--commit", default=None,
                         help="recorded in the JSON (default: $PAGEDRT_COMMIT, else git's HEAD)")

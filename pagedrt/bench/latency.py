@@ -31,6 +31,7 @@ from pagedrt.bench.common import (
     write_results,
 )
 from pagedrt.engine.llm_engine import resolve_device
+from pagedrt.entrypoints.arg_parser import ArgumentParser
 from pagedrt.models.loader import LoadedModel
 from pagedrt.sampling_params import SamplingParams
 
@@ -169,7 +170,7 @@ def run_text(args, loaded, name: str) -> tuple[list[dict], list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="pagedrt bench latency", description=__doc__,
+    p = ArgumentParser(prog="pagedrt bench latency", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     p.add_argument("--contexts", default="512,4096",

@@ -14,7 +14,6 @@ No model runs and nothing is timed: this is bookkeeping, and it runs on a CPU in
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -26,6 +25,7 @@ import torch
 
 from pagedrt.bench.presets import PRESETS
 from pagedrt.core.request import Request
+from pagedrt.entrypoints.arg_parser import ArgumentParser
 from pagedrt.kv.kv_cache import kv_bytes_per_block
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.sampling_params import SamplingParams
@@ -206,7 +206,7 @@ def update_benchmarks_md(path: str, section: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="pagedrt bench memory", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="pagedrt bench memory", description=__doc__.split("\n")[0])
     p.add_argument("--shape", default="smollm2-135m", choices=SHAPES,
                    help="model shape of the printed table (the JSON has all of them)")
     p.add_argument("--block-size", type=int, default=16)

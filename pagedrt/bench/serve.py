@@ -40,6 +40,7 @@ from pagedrt.bench.serve_client import (
     split_concurrency,
 )
 from pagedrt.bench.serve_metrics import DEFAULT_GOODPUT, parse_goodput, summarize
+from pagedrt.entrypoints.arg_parser import ArgumentParser
 
 DEFAULT_VOCAB_SIZE = 32000
 PROBE_STREAM = 2**31  # workload_rng index of the probe request (no rate index reaches it)
@@ -214,7 +215,7 @@ def write_json(path: str, config: dict, results: list[dict]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pagedrt bench serve", description=__doc__,
+    p = ArgumentParser(prog="pagedrt bench serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server's root URL")
     p.add_argument("--endpoint", default="/v1/completions", choices=ENDPOINTS)

@@ -68,6 +68,7 @@ from pagedrt.bench.common import (
 )
 from pagedrt.bench.roofline import RooflineModel, roofline_floor
 from pagedrt.engine.llm_engine import resolve_device
+from pagedrt.entrypoints.arg_parser import ArgumentParser
 from pagedrt.models.loader import LoadedModel
 from pagedrt.sampling_params import SamplingParams
 
@@ -507,7 +508,7 @@ def _main_beam(llm, loaded, args, prompts, name: str, workload: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="pagedrt bench throughput", description=__doc__,
+    p = ArgumentParser(prog="pagedrt bench throughput", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     p.add_argument("--workload", default="fixed", choices=["fixed", "nanovllm", "text"])

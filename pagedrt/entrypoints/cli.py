@@ -9,6 +9,7 @@ import os
 import sys
 import time
 
+from pagedrt.entrypoints.arg_parser import ArgumentParser
 from pagedrt.entrypoints.cpu_threads import (
     cpu_threads_note,
     set_num_threads_from_env,
@@ -85,7 +86,7 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pagedrt", description=__doc__)
+    parser = ArgumentParser(prog="pagedrt", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log scheduler events")
     sub = parser.add_subparsers(dest="command", required=True)
 
