@@ -240,7 +240,7 @@ def main(argv: list[str]) -> int:
     from pagedrt.models.loader import load_model
 
     p = ArgumentParser(prog="pagedrt bench accuracy", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="a .gguf or HF folder (default: SmolLM2)")
     p.add_argument("--dtype", default="auto", help="model dtype (auto: bf16 on CUDA, fp32 CPU)")
     p.add_argument("--device", default="auto")

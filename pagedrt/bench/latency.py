@@ -171,7 +171,7 @@ def run_text(args, loaded, name: str) -> tuple[list[dict], list[str]]:
 
 def main(argv: list[str]) -> int:
     p = ArgumentParser(prog="pagedrt bench latency", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     p.add_argument("--contexts", default="512,4096",
                    help="--prompts random: prompt lengths in tokens, a comma list")

@@ -216,7 +216,7 @@ def write_json(path: str, config: dict, results: list[dict]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="pagedrt bench serve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server's root URL")
     p.add_argument("--endpoint", default="/v1/completions", choices=ENDPOINTS)
     p.add_argument("--model", default=None,

@@ -509,7 +509,7 @@ def _main_beam(llm, loaded, args, prompts, name: str, workload: str) -> int:
 
 def main(argv: list[str]) -> int:
     p = ArgumentParser(prog="pagedrt bench throughput", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p)
     p.add_argument("--workload", default="fixed", choices=["fixed", "nanovllm", "text"])
     p.add_argument("--sampling", default="", choices=SAMPLING_SETTINGS,
