@@ -117,10 +117,16 @@ class Sampler:
             torch ops: None (the default) for CUDA logits when Triton is importable, unless
             the environment variable PAGEDRT_SAMPLE_KERNEL is 0 (never) or 1 (also on CPU
             tensors, under TRITON_INTERPRET=1: the tests); True or False decides alone.
+
+    Attributes:
+        counter_noise: the Triton race draws its Exp(1) noise in registers (`_race`;
+            docs/design.md, "Seeded sampling"): PAGEDRT_RACE_COUNTER_NOISE=1, read here; off
+            by default until measured on the GPU.
     """
 
     def __init__(self, kernel: bool | None = None) -> None:
         self.kernel = kernel
+        self.counter_noise = os.environ.get("PAGEDRT_RACE_COUNTER_NOISE", "0") == "1"
         if kernel is None:
             self.kernel = {"0": False, "1": True}.get(os.environ.get("PAGEDRT_SAMPLE_KERNEL"))
 
@@ -273,11 +279,12 @@ class Sampler:
             token_ids = logits.argmax(dim=-1)
         elif use_kernel and not (top_kp or min_p):  # temperature and the race in one pass
             token_ids = _race(logits, params[:, TEMPERATURE], params[:, GREEDY],
-                              _seeded(state, rows, num_tokens), default_generator)
+                              _seeded(state, rows, num_tokens), default_generator,
+                              self.counter_noise)
         else:
             sampled = _sample_filtered(logits, params, top_k, state.params[rows, TOP_P], greedy,
                                        top_kp, min_p, _seeded(state, rows, num_tokens),
-                                       use_kernel, default_generator)
+                                       use_kernel, default_generator, self.counter_noise)
             if greedy.any():
                 token_ids = torch.where(params[:, GREEDY] > 0, logits.argmax(dim=-1), sampled)
             else:
@@ -295,7 +302,8 @@ class Sampler:
 def _sample_filtered(logits: torch.Tensor, params: torch.Tensor, host_k: np.ndarray,
                      host_p: np.ndarray, host_greedy: np.ndarray, top_kp: bool, min_p: bool,
                      seeded: SeededRows | None, use_kernel: bool,
-                     default_generator: torch.Generator | None) -> torch.Tensor:
+                     default_generator: torch.Generator | None,
+                     counter_noise: bool = False) -> torch.Tensor:
     """`sample_rows`' draw for rows with top-k, top-p or min-p: temperature, the filters, then
     the exponential race; greedy rows are drawn too (the caller overwrites them).
 
@@ -333,7 +341,8 @@ def _sample_filtered(logits: torch.Tensor, params: torch.Tensor, host_k: np.ndar
         logits = _apply_min_p(logits, min_p_t)
     if use_kernel:  # the race over the filtered logits (already divided)
         ones = torch.ones(len(logits), dtype=torch.float32, device=logits.device)
-        return _race(logits, ones, torch.zeros_like(ones), seeded, default_generator)
+        return _race(logits, ones, torch.zeros_like(ones), seeded, default_generator,
+                     counter_noise)
     return _exponential_race(torch.softmax(logits, dim=-1), seeded, default_generator)
 
 
@@ -378,14 +387,30 @@ def _seeded(state: SamplingState, rows: np.ndarray, num_tokens: np.ndarray) -> S
 
 def _race(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
           seeded: SeededRows | None,
-          default_generator: torch.Generator | None) -> torch.Tensor:
+          default_generator: torch.Generator | None, counter_noise: bool = False) -> torch.Tensor:
     """`race_argmax_triton` (pagedrt/ops/sample_triton.py) over `_exponential_noise`'s draws:
     the tokens of `_exponential_race` on softmax(logits / temperature), argmax for greedy
-    rows. Returns [B] int64."""
-    from pagedrt.ops.sample_triton import race_argmax_triton
+    rows. With counter_noise, `race_counter_argmax_triton` instead: the noise drawn in the
+    kernel, a seeded row's the same as here, the others' keyed by a step key drawn from
+    `default_generator`. Returns [B] int64."""
+    from pagedrt.ops.sample_triton import race_argmax_triton, race_counter_argmax_triton
 
-    noise = _exponential_noise(logits.shape, logits.device, seeded, default_generator)
-    return race_argmax_triton(logits, noise, temperature, greedy)
+    if not counter_noise:
+        noise = _exponential_noise(logits.shape, logits.device, seeded, default_generator)
+        return race_argmax_triton(logits, noise, temperature, greedy)
+    num_rows, device = logits.shape[0], logits.device
+    keys = np.zeros(num_rows, dtype=np.int64)
+    positions = np.full(num_rows, -1, dtype=np.int64)
+    if seeded is not None and len(seeded.index):
+        keys[seeded.index] = seeded.keys
+        positions[seeded.index] = seeded.positions
+    keys_t, positions_t = torch.split(to_device(np.concatenate([keys, positions]), device,
+                                                torch.int64), [num_rows, num_rows])
+    # (on the generator's device: a CUDA generator draws it without a host wait)
+    step_key = torch.randint(0, 1 << 62, (1,), dtype=torch.int64, generator=default_generator,
+                             device=device if default_generator is None else default_generator.device)
+    return race_counter_argmax_triton(logits, temperature, greedy, keys_t, positions_t,
+                                      step_key.to(device))
 
 
 class SeededRows(NamedTuple):

@@ -104,3 +104,100 @@ def race_argmax_triton(logits: torch.Tensor, noise: torch.Tensor,
         logits, logits.stride(0), noise, noise.stride(0), temperature, temperature.stride(0),
         greedy, greedy.stride(0), out, vocab, BLOCK=BLOCK, TINY=TINY, num_warps=8)
     return out
+
+
+@triton.jit
+def _race_counter_kernel(x_ptr, stride_x, temp_ptr, stride_t, greedy_ptr, stride_g, key_ptr,
+                         pos_ptr, step_key_ptr, out_ptr, vocab, STREAM_SEEDED: tl.constexpr,
+                         STREAM_UNSEEDED: tl.constexpr, BLOCK: tl.constexpr,
+                         TINY: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    flag = tl.load(greedy_ptr + r * stride_g).to(tl.float32)
+    sampled = (tl.zeros([BLOCK], tl.float32) + flag) == 0
+    temperature = tl.load(temp_ptr + r * stride_t)
+    # a seeded row: its key at the position it samples (philox.counter_draws); any other row:
+    # the step's key at the row's index, in a stream of its own
+    position = tl.load(pos_ptr + r)
+    seeded = position >= 0
+    key = tl.where(seeded, tl.load(key_ptr + r), tl.load(step_key_ptr))
+    c1 = tl.where(seeded, position, r).to(tl.int32)  # (< 2**31: a position or a row)
+    stream = tl.where(seeded, STREAM_SEEDED, STREAM_UNSEEDED)
+    best = tl.full([], float("-inf"), tl.float32)
+    best_tok = tl.full([], 0, tl.int32)
+    for start in range(0, vocab, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        ok = offs < vocab
+        x = tl.load(x_ptr + r * stride_x + offs, mask=ok, other=float("-inf")).to(tl.float32)
+        zero = offs * 0
+        bits, _, _, _ = tl.philox(key, offs, zero + c1, zero + stream, zero)
+        q = -tl.log(((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0))
+        score = tl.where(sampled, tl.math.div_rn(x, temperature) - tl.log(tl.maximum(q, TINY)),
+                         x)
+        score = tl.where(ok, score, float("-inf"))
+        top = tl.max(score, axis=0)
+        tok = tl.min(tl.where((score == top) & ok, offs, vocab), axis=0)
+        better = top > best
+        best_tok = tl.where(better, tok, best_tok)
+        best = tl.where(better, top, best)
+    tl.store(out_ptr + r, best_tok.to(tl.int64))
+
+
+def race_counter_argmax_triton(logits: torch.Tensor, temperature: torch.Tensor,
+                               greedy: torch.Tensor, keys: torch.Tensor,
+                               positions: torch.Tensor, step_key: torch.Tensor) -> torch.Tensor:
+    """`race_argmax_triton` with the Exp(1) noise drawn in registers instead of read from a
+    [B, V] tensor (PAGEDRT_RACE_COUNTER_NOISE=1; docs/design.md, "Seeded sampling"): the noise
+    of row b at vocabulary entry t is -log(u), u from the first Philox4x32-10 word of
+    (pagedrt/ops/philox.py's scheme)
+        seeded row (positions[b] >= 0): key keys[b], counter (t, positions[b], STREAM_RACE, 0),
+            the draws `philox.counter_draws` gives and the seeded path reads from its tensor;
+        other sampled rows: key step_key[0], counter (t, b, STREAM_UNSEEDED, 0).
+    So a seeded row samples the same token as with the noise tensor, and the [B, V] float32
+    noise is neither written nor read (155 MB each way at 256 rows of a 151,936-token
+    vocabulary). Greedy rows take their argmax.
+
+    Args:
+        logits: [B, V] float16, bfloat16 or float32, unit stride along V. Not modified.
+        temperature: [B] float32, > 0 for sampled rows.
+        greedy: [B] bool, integer or float: nonzero is greedy.
+        keys: [B] int64, each seeded row's key (`sampler.seed_key`); others' are not read.
+        positions: [B] int64, each seeded row's sampled position (< 2**31), -1 for others.
+        step_key: [1] int64, this step's key for the unseeded rows (drawn from the engine's
+            generator, so a seeded engine repeats its draws).
+    Returns:
+        [B] int64 token ids on the logits' device.
+    Raises:
+        ValueError: shapes, dtypes or devices that do not match.
+    """
+    from pagedrt.ops.philox import STREAM_RACE, STREAM_UNSEEDED
+
+    if logits.dim() != 2 or logits.stride(1) != 1:
+        raise ValueError(f"logits must be [B, V] with unit stride along V, got shape "
+                         f"{tuple(logits.shape)} strides {logits.stride()}")
+    if logits.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"logits.dtype is {logits.dtype}; use float16, bfloat16 or float32")
+    num_rows, vocab = logits.shape
+    rows_of = {"temperature": temperature, "greedy": greedy, "keys": keys,
+               "positions": positions}
+    bad = {name: tuple(t.shape) for name, t in rows_of.items() if tuple(t.shape) != (num_rows,)}
+    if bad or tuple(step_key.shape) != (1,):
+        raise ValueError(f"temperature, greedy, keys and positions must be [{num_rows}] and "
+                         f"step_key [1], got {bad or {'step_key': tuple(step_key.shape)}}")
+    if temperature.dtype != torch.float32:
+        raise ValueError(f"temperature.dtype is {temperature.dtype}; use float32")
+    if any(t.dtype != torch.int64 for t in (keys, positions, step_key)):
+        raise ValueError("keys, positions and step_key must be int64")
+    if any(t.device != logits.device for t in (*rows_of.values(), step_key)):
+        raise ValueError("logits, temperature, greedy, keys, positions and step_key must "
+                         "share a device")
+    out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
+    if num_rows == 0:
+        return out
+    if greedy.dtype == torch.bool:
+        greedy = greedy.view(torch.uint8)
+    keys, positions = keys.contiguous(), positions.contiguous()
+    _race_counter_kernel[(num_rows,)](
+        logits, logits.stride(0), temperature, temperature.stride(0), greedy, greedy.stride(0),
+        keys, positions, step_key, out, vocab, STREAM_SEEDED=STREAM_RACE,
+        STREAM_UNSEEDED=STREAM_UNSEEDED, BLOCK=BLOCK, TINY=TINY, num_warps=8)
+    return out

@@ -67,3 +67,34 @@ def test_top_k_top_p_by_selection_at_qwen2_vocab():
     assert torch.equal(got[torch.isfinite(got)], want[torch.isfinite(want)])
     unfiltered = torch.as_tensor((host_k >= vocab) & (host_p >= 1), device="cuda")
     assert torch.equal(got[unfiltered], logits[unfiltered])
+
+
+def test_counter_noise_race_at_qwen2_vocab_equals_the_noise_tensor():
+    """The race drawing its noise in registers (race_counter_argmax_triton) against the race
+    over the same draws written by the Philox kernel (philox_triton): 256 rows of 151,936
+    bf16 logits, seeded, unseeded and greedy rows: the same tokens, every row (same ops on the
+    same device)."""
+    from pagedrt.ops.philox import STREAM_RACE, STREAM_UNSEEDED
+    from pagedrt.ops.philox_triton import fill_counter_draws_triton
+    from pagedrt.ops.sample_triton import race_counter_argmax_triton
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    rows, vocab = 256, 151936
+    logits = (torch.randn(rows, vocab, device="cuda", generator=g) * 4).to(torch.bfloat16)
+    temperature = torch.rand(rows, device="cuda", generator=g) * 1.5 + 0.2
+    greedy = torch.rand(rows, device="cuda", generator=g) < 0.2
+    seeded = torch.rand(rows, device="cuda", generator=g) < 0.5
+    keys = torch.randint(0, 1 << 62, (rows,), device="cuda", generator=g)
+    positions = torch.where(seeded, torch.randint(0, 1 << 20, (rows,), device="cuda",
+                                                  generator=g), -1)
+    step_key = torch.tensor([123456789012345], device="cuda")
+    got = race_counter_argmax_triton(logits, temperature, greedy, keys, positions, step_key)
+    noise = torch.empty(rows, 1, vocab, device="cuda")
+    index = torch.arange(rows, device="cuda")
+    s, u = index[seeded], index[~seeded]
+    fill_counter_draws_triton(noise, s, keys[s], positions[s][:, None].contiguous(),
+                              STREAM_RACE, exponential=True)
+    fill_counter_draws_triton(noise, u, step_key.expand(len(u)).contiguous(),
+                              u[:, None].contiguous(), STREAM_UNSEEDED, exponential=True)
+    expected = race_argmax_triton(logits, noise[:, 0], temperature, greedy)
+    assert torch.equal(got, expected), (got != expected).nonzero()
