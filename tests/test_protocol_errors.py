@@ -46,3 +46,33 @@ def test_a_long_value_is_cut():
     error = _error(ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}],
                                            "stop": {"k": "v" * 500}})
     assert error["param"] == "stop" and len(error["message"]) < 120, error
+
+
+@pytest.mark.parametrize(("message", "expected"), [
+    # a nested field of several types: named with its path, the value and the types (a
+    # fresh-user trial got "messages.0.content.str=5: Input should be a valid string (and 1
+    # more errors)")
+    ({"role": "user", "content": 5},
+     "messages.0.content=5 must be one of: str, list[ContentPart]"),
+    # OpenAI's roles only (a trial's "wizard" generated as if it were a role)
+    ({"role": "wizard", "content": "hi"},
+     ("messages.0.role='wizard': Input should be 'system', 'developer', 'user', 'assistant' or "
+     "'tool'")),
+    # null content only for an assistant's message (a trial's null user message generated
+    # from empty text); the validator's own words, without pydantic's "Value error, "
+    ({"role": "user", "content": None},
+     ("messages.0={'role': 'user', 'content': None}: a user message needs content (null is "
+     "allowed only for an assistant's message)")),
+])
+def test_chat_message_bodies(message, expected):
+    error = _error(ChatCompletionRequest, {"messages": [message]})
+    assert (error["param"], error["message"]) == ("messages", expected)
+
+
+def test_an_assistant_message_may_have_null_content():
+    body = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant"},
+                         {"role": "developer", "content": "be brief"}]}
+    messages = ChatCompletionRequest.model_validate(body).messages
+    assert [m.to_template_dict() for m in messages] == [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": ""},
+        {"role": "developer", "content": "be brief"}]

@@ -71,7 +71,7 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
             raise ValueError(f"prompt token id {bad!r} is not an int in [0, {vocab})")
     if n + params.max_tokens > max_model_len:
         raise ValueError(
-            f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = "
+            f"prompt ({n} token{'' if n == 1 else 's'}) + max_tokens ({params.max_tokens}) = "
             f"{n + params.max_tokens} exceeds max_model_len={max_model_len}; "
             "lower max_tokens or shorten the prompt"
         )
@@ -80,7 +80,8 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
         need = min(need, limits.max_blocks_per_seq)
     if need > limits.num_blocks:
         raise ValueError(
-            f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) needs {need} KV blocks "
+            f"prompt ({n} token{'' if n == 1 else 's'}) + max_tokens ({params.max_tokens}) needs "
+            f"{need} KV blocks "
             f"but the whole cache has {limits.num_blocks} blocks of "
             f"{limits.block_size} tokens; lower max_tokens or enlarge the KV cache"
         )

@@ -291,8 +291,14 @@ class OpenAIServer:
             params = body.to_sampling_params(max_tokens, logprobs)
         except ValueError as e:
             error = api_error_from_value_error(e, "messages")
-            if error.param == "logprobs":
-                error.param = "top_logprobs"
+            # SamplingParams' names for what the chat request calls otherwise
+            sent = {"logprobs": "top_logprobs"}
+            if body.max_completion_tokens is not None:
+                sent["max_tokens"] = "max_completion_tokens"
+            if error.param in sent:
+                error.message = error.message.replace(f"{error.param}=", f"{sent[error.param]}=",
+                                                      1)
+                error.param = sent[error.param]
             raise error from None
         self._check_count(1, params)
         self._validate(prompts, params, "messages")

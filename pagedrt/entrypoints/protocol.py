@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from pagedrt.sampling_params import BeamSearchParams, SamplingParams, short_repr
 
@@ -63,19 +64,22 @@ def api_error_from_validation(e: ValidationError) -> APIError:
         return APIError(400, f"request body is not valid JSON: {first['msg']}")
     loc = [str(part) for part in first.get("loc", ())]
     param = loc[0] if loc else None
-    # a field of several types (stop: str | list[str]) fails once per type, each error's loc
-    # naming the field and then the type: one message naming the value and the types
-    same_field = [err for err in errors if len(err.get("loc", ())) >= 2
-                  and str(err["loc"][0]) == param]
-    kinds = list(dict.fromkeys(str(err["loc"][1]) for err in same_field))
-    if len(loc) >= 2 and len(kinds) > 1 and len(same_field) == len(errors):
-        return APIError(400, f"{param}={short_repr(first.get('input'))} must be one of: "
-                        f"{', '.join(kinds)}", param=param)
+    # a field of several types (stop: str | list[str]; a message's content) fails once per
+    # type, each error's loc naming the field and then the type: one message naming the value
+    # and the types
+    field = loc[:-1]
+    same_field = [err for err in errors if len(err.get("loc", ())) > len(field)
+                  and [str(part) for part in err["loc"][: len(field)]] == field]
+    kinds = list(dict.fromkeys(str(err["loc"][len(field)]) for err in same_field))
+    if field and len(kinds) > 1 and len(same_field) == len(errors):
+        return APIError(400, f"{'.'.join(field)}={short_repr(first.get('input'))} must be one "
+                        f"of: {', '.join(kinds)}", param=param)
     where = ".".join(loc) or "body"
     if loc and "input" in first and first.get("type") != "missing":  # the value, as sent
         where += f"={short_repr(first['input'])}"
     more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
-    return APIError(400, f"{where}: {first['msg']}{more}", param=param)
+    msg = first["msg"].removeprefix("Value error, ")  # (a validator's own ValueError)
+    return APIError(400, f"{where}: {msg}{more}", param=param)
 
 
 class _Body(BaseModel):
@@ -165,9 +169,20 @@ class ContentPart(_Body):
 
 
 class ChatMessage(_Body):
-    role: str
+    """One message of a chat: OpenAI's roles ("developer" is its newer name for "system";
+    "tool" carries a tool's result), content as text or text parts; null content only for an
+    assistant's message (one that called tools, in OpenAI's API)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+
+    @model_validator(mode="after")
+    def _content_given(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content (null is allowed only for "
+                             "an assistant's message)")
+        return self
 
     def to_template_dict(self) -> dict:
         """{"role", "content"} with text parts joined; other part types are refused."""
