@@ -68,7 +68,8 @@ def reference_text() -> tuple[str, str]:
     dist = importlib.metadata.distribution("transformers")
     for f in dist.files or []:
         if f.name == "LICENSE" and ".dist-info" in str(f):
-            return f"transformers-{dist.version} {f}", f.read_text(encoding="utf-8")
+            # (f is already named after the package and version: transformers-5.x.dist-info/)
+            return str(f), f.read_text(encoding="utf-8")
     raise FileNotFoundError("the installed transformers ships no LICENSE file")
 
 

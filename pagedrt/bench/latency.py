@@ -240,9 +240,10 @@ def main(argv: list[str]) -> int:
                             "ms_per_token": ms, "output_tok_s": 1e3 / ms})
         del hf
     path = write_results(args.out, args.name, results)
-    print(f"\n{'system':<12} {'workload':<30} {'graphs':>6} {'ms/token':>9} {'tok/s':>8}")
+    width = max([30] + [len(r["workload"]) for r in results])  # (a model file's long name)
+    print(f"\n{'system':<12} {'workload':<{width}} {'graphs':>6} {'ms/token':>9} {'tok/s':>8}")
     for r in results:
-        print(f"{r['system']:<12} {r['workload']:<30} {r.get('cuda_graphs', '-')!s:>6} "
+        print(f"{r['system']:<12} {r['workload']:<{width}} {r.get('cuda_graphs', '-')!s:>6} "
               f"{r['ms_per_token']:>9.3f} {r['output_tok_s']:>8.1f}")
     print(f"results: {path}")
     return 0
