@@ -16,6 +16,10 @@ holding it (a later chunk replaces it only with a strictly better score), as `to
 picks. One launch: on a lent H200 whose host is slow a Triton launch costs tens of
 microseconds of host time, which a host-bound step pays in full.
 
+With COUNTER_NOISE (`race_counter_argmax_triton`, PAGEDRT_RACE_COUNTER_NOISE=1) the same
+kernel computes each q in registers from Philox counters instead of loading it from a noise
+tensor (docs/design.md, "Seeded sampling").
+
 The same noise gives the same token as the torch path up to float32 rounding (a division and a
 log against a softmax and a division: a different token only where two candidates' scores
 agree to a few ulps). tests/test_sample_triton.py checks both against each other under the
@@ -34,19 +38,34 @@ TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: the torch path
 
 @triton.jit
 def _race_kernel(x_ptr, stride_x, q_ptr, stride_q, temp_ptr, stride_t, greedy_ptr, stride_g,
-                 out_ptr, vocab, BLOCK: tl.constexpr, TINY: tl.constexpr):
+                 key_ptr, pos_ptr, step_key_ptr, out_ptr, vocab, COUNTER_NOISE: tl.constexpr,
+                 STREAM_SEEDED: tl.constexpr, STREAM_UNSEEDED: tl.constexpr,
+                 BLOCK: tl.constexpr, TINY: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     # (the flag broadcast to the block first: the interpreter cannot AND a scalar into a mask)
     flag = tl.load(greedy_ptr + r * stride_g).to(tl.float32)
     sampled = (tl.zeros([BLOCK], tl.float32) + flag) == 0
     temperature = tl.load(temp_ptr + r * stride_t)
+    if COUNTER_NOISE:  # (race_counter_argmax_triton; no noise tensor: q_ptr is not read)
+        # a seeded row: its key at the position it samples (philox.counter_draws); any other
+        # row: the step's key at the row's index, in a stream of its own
+        position = tl.load(pos_ptr + r)
+        seeded = position >= 0
+        key = tl.where(seeded, tl.load(key_ptr + r), tl.load(step_key_ptr))
+        c1 = tl.where(seeded, position, r).to(tl.int32)  # (< 2**31: a position or a row)
+        stream = tl.where(seeded, STREAM_SEEDED, STREAM_UNSEEDED)
     best = tl.full([], float("-inf"), tl.float32)
     best_tok = tl.full([], 0, tl.int32)
     for start in range(0, vocab, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         ok = offs < vocab
         x = tl.load(x_ptr + r * stride_x + offs, mask=ok, other=float("-inf")).to(tl.float32)
-        q = tl.load(q_ptr + r * stride_q + offs, mask=ok & sampled, other=1.0)
+        if COUNTER_NOISE:
+            zero = offs * 0
+            bits, _, _, _ = tl.philox(key, offs, zero + c1, zero + stream, zero)
+            q = -tl.log(((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0))
+        else:
+            q = tl.load(q_ptr + r * stride_q + offs, mask=ok & sampled, other=1.0)
         # (division rounded to nearest, as torch divides)
         score = tl.where(sampled, tl.math.div_rn(x, temperature) - tl.log(tl.maximum(q, TINY)),
                          x)
@@ -57,6 +76,16 @@ def _race_kernel(x_ptr, stride_x, q_ptr, stride_q, temp_ptr, stride_t, greedy_pt
         best_tok = tl.where(better, tok, best_tok)
         best = tl.where(better, top, best)
     tl.store(out_ptr + r, best_tok.to(tl.int64))
+
+
+def _check_logits(logits: torch.Tensor) -> tuple[int, int]:
+    """(B, V) of [B, V] 16- or 32-bit float logits with unit stride along V; else ValueError."""
+    if logits.dim() != 2 or logits.stride(1) != 1:
+        raise ValueError(f"logits must be [B, V] with unit stride along V, got shape "
+                         f"{tuple(logits.shape)} strides {logits.stride()}")
+    if logits.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"logits.dtype is {logits.dtype}; use float16, bfloat16 or float32")
+    return logits.shape
 
 
 def race_argmax_triton(logits: torch.Tensor, noise: torch.Tensor,
@@ -76,12 +105,7 @@ def race_argmax_triton(logits: torch.Tensor, noise: torch.Tensor,
     Raises:
         ValueError: shapes, dtypes, strides or devices that do not match.
     """
-    if logits.dim() != 2 or logits.stride(1) != 1:
-        raise ValueError(f"logits must be [B, V] with unit stride along V, got shape "
-                         f"{tuple(logits.shape)} strides {logits.stride()}")
-    if logits.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise ValueError(f"logits.dtype is {logits.dtype}; use float16, bfloat16 or float32")
-    num_rows, vocab = logits.shape
+    num_rows, vocab = _check_logits(logits)
     if tuple(temperature.shape) != (num_rows,) or tuple(greedy.shape) != (num_rows,):
         raise ValueError(f"temperature {tuple(temperature.shape)} and greedy "
                          f"{tuple(greedy.shape)} must be [{num_rows}]")
@@ -102,44 +126,9 @@ def race_argmax_triton(logits: torch.Tensor, noise: torch.Tensor,
         greedy = greedy.view(torch.uint8)
     _race_kernel[(num_rows,)](
         logits, logits.stride(0), noise, noise.stride(0), temperature, temperature.stride(0),
-        greedy, greedy.stride(0), out, vocab, BLOCK=BLOCK, TINY=TINY, num_warps=8)
+        greedy, greedy.stride(0), out, out, out, out, vocab, COUNTER_NOISE=False,
+        STREAM_SEEDED=0, STREAM_UNSEEDED=0, BLOCK=BLOCK, TINY=TINY, num_warps=8)
     return out
-
-
-@triton.jit
-def _race_counter_kernel(x_ptr, stride_x, temp_ptr, stride_t, greedy_ptr, stride_g, key_ptr,
-                         pos_ptr, step_key_ptr, out_ptr, vocab, STREAM_SEEDED: tl.constexpr,
-                         STREAM_UNSEEDED: tl.constexpr, BLOCK: tl.constexpr,
-                         TINY: tl.constexpr):
-    r = tl.program_id(0).to(tl.int64)
-    flag = tl.load(greedy_ptr + r * stride_g).to(tl.float32)
-    sampled = (tl.zeros([BLOCK], tl.float32) + flag) == 0
-    temperature = tl.load(temp_ptr + r * stride_t)
-    # a seeded row: its key at the position it samples (philox.counter_draws); any other row:
-    # the step's key at the row's index, in a stream of its own
-    position = tl.load(pos_ptr + r)
-    seeded = position >= 0
-    key = tl.where(seeded, tl.load(key_ptr + r), tl.load(step_key_ptr))
-    c1 = tl.where(seeded, position, r).to(tl.int32)  # (< 2**31: a position or a row)
-    stream = tl.where(seeded, STREAM_SEEDED, STREAM_UNSEEDED)
-    best = tl.full([], float("-inf"), tl.float32)
-    best_tok = tl.full([], 0, tl.int32)
-    for start in range(0, vocab, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        ok = offs < vocab
-        x = tl.load(x_ptr + r * stride_x + offs, mask=ok, other=float("-inf")).to(tl.float32)
-        zero = offs * 0
-        bits, _, _, _ = tl.philox(key, offs, zero + c1, zero + stream, zero)
-        q = -tl.log(((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0))
-        score = tl.where(sampled, tl.math.div_rn(x, temperature) - tl.log(tl.maximum(q, TINY)),
-                         x)
-        score = tl.where(ok, score, float("-inf"))
-        top = tl.max(score, axis=0)
-        tok = tl.min(tl.where((score == top) & ok, offs, vocab), axis=0)
-        better = top > best
-        best_tok = tl.where(better, tok, best_tok)
-        best = tl.where(better, top, best)
-    tl.store(out_ptr + r, best_tok.to(tl.int64))
 
 
 def race_counter_argmax_triton(logits: torch.Tensor, temperature: torch.Tensor,
@@ -171,12 +160,7 @@ def race_counter_argmax_triton(logits: torch.Tensor, temperature: torch.Tensor,
     """
     from pagedrt.ops.philox import STREAM_RACE, STREAM_UNSEEDED
 
-    if logits.dim() != 2 or logits.stride(1) != 1:
-        raise ValueError(f"logits must be [B, V] with unit stride along V, got shape "
-                         f"{tuple(logits.shape)} strides {logits.stride()}")
-    if logits.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise ValueError(f"logits.dtype is {logits.dtype}; use float16, bfloat16 or float32")
-    num_rows, vocab = logits.shape
+    num_rows, vocab = _check_logits(logits)
     rows_of = {"temperature": temperature, "greedy": greedy, "keys": keys,
                "positions": positions}
     bad = {name: tuple(t.shape) for name, t in rows_of.items() if tuple(t.shape) != (num_rows,)}
@@ -196,8 +180,9 @@ def race_counter_argmax_triton(logits: torch.Tensor, temperature: torch.Tensor,
     if greedy.dtype == torch.bool:
         greedy = greedy.view(torch.uint8)
     keys, positions = keys.contiguous(), positions.contiguous()
-    _race_counter_kernel[(num_rows,)](
-        logits, logits.stride(0), temperature, temperature.stride(0), greedy, greedy.stride(0),
-        keys, positions, step_key, out, vocab, STREAM_SEEDED=STREAM_RACE,
-        STREAM_UNSEEDED=STREAM_UNSEEDED, BLOCK=BLOCK, TINY=TINY, num_warps=8)
+    _race_kernel[(num_rows,)](
+        logits, logits.stride(0), logits, 0, temperature, temperature.stride(0), greedy,
+        greedy.stride(0), keys, positions, step_key, out, vocab, COUNTER_NOISE=True,
+        STREAM_SEEDED=STREAM_RACE, STREAM_UNSEEDED=STREAM_UNSEEDED, BLOCK=BLOCK, TINY=TINY,
+        num_warps=8)
     return out
