@@ -300,3 +300,13 @@ def test_serve_with_a_path_that_is_not_a_model_is_one_line_and_exit_2(tmp_path, 
     captured = capfd.readouterr()  # (fd level: the engine core's output too)
     assert f"pagedrt: error: cannot load model '{missing}'" in captured.err
     assert "Traceback" not in captured.out + captured.err
+
+
+def test_chat_prompt_over_max_model_len_names_the_template(smollm2_path, capsys):
+    """`pagedrt generate "Hi" --max-model-len 10` (a fresh user's try): the prompt is the chat
+    template's 31 tokens, which the error now says, with the way around it."""
+    assert main(["generate", "Hi", "--model", smollm2_path, "--max-model-len", "10",
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pagedrt: error: prompt has ") and "max_model_len=10" in err
+    assert "the chat template's tokens too; --no-chat sends the text as it is" in err

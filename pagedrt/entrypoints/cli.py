@@ -45,7 +45,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompts = list(args.prompts)
     t0 = time.perf_counter()
     llm._warned_slow_cpu = True  # the CLI prints its own hint (slow_cpu_hint) below
-    outputs = llm.generate(prompts, params, use_tqdm=not args.quiet)
+    try:
+        outputs = llm.generate(prompts, params, use_tqdm=not args.quiet)
+    except ValueError as e:
+        if use_chat and "max_model_len" in str(e):  # (the template's tokens are most of it)
+            raise ValueError(f"{e} (the prompt counts the chat template's tokens too; --no-chat "
+                             "sends the text as it is)") from None
+        raise
     elapsed = time.perf_counter() - t0
     for question, out in zip(args.prompts, outputs):
         print(f"\n>>> {question}")
