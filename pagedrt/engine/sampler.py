@@ -407,8 +407,9 @@ def _race(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
     keys_t, positions_t = torch.split(to_device(np.concatenate([keys, positions]), device,
                                                 torch.int64), [num_rows, num_rows])
     # (on the generator's device: a CUDA generator draws it without a host wait)
+    key_device = device if default_generator is None else default_generator.device
     step_key = torch.randint(0, 1 << 62, (1,), dtype=torch.int64, generator=default_generator,
-                             device=device if default_generator is None else default_generator.device)
+                             device=key_device)
     return race_counter_argmax_triton(logits, temperature, greedy, keys_t, positions_t,
                                       step_key.to(device))
 

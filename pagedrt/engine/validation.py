@@ -71,8 +71,7 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
             raise ValueError(f"prompt token id {bad!r} is not an int in [0, {vocab})")
     if n + params.max_tokens > max_model_len:
         raise ValueError(
-            f"prompt ({n} token{'' if n == 1 else 's'}) + max_tokens ({params.max_tokens}) = "
-            f"{n + params.max_tokens} exceeds max_model_len={max_model_len}; "
+            f"{_asked(n, params)} = {n + params.max_tokens} exceeds max_model_len={max_model_len}; "
             "lower max_tokens or shorten the prompt"
         )
     need = -(-(n + params.max_tokens) // limits.block_size)
@@ -80,13 +79,17 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
         need = min(need, limits.max_blocks_per_seq)
     if need > limits.num_blocks:
         raise ValueError(
-            f"prompt ({n} token{'' if n == 1 else 's'}) + max_tokens ({params.max_tokens}) needs "
-            f"{need} KV blocks "
-            f"but the whole cache has {limits.num_blocks} blocks of "
+            f"{_asked(n, params)} needs {need} KV blocks but the whole cache has "
+            f"{limits.num_blocks} blocks of "
             f"{limits.block_size} tokens; lower max_tokens or enlarge the KV cache"
         )
     if params.beam_search is not None:
         _validate_beam_search(n, params, limits)
+
+
+def _asked(n: int, params: SamplingParams) -> str:
+    """How validate_prompt's length errors name the request (made only for an error)."""
+    return f"prompt ({n} token{'' if n == 1 else 's'}) + max_tokens ({params.max_tokens})"
 
 
 def _validate_beam_search(num_prompt: int, params: SamplingParams, limits: EngineLimits) -> None:

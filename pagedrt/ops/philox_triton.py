@@ -18,6 +18,18 @@ BLOCK = 1024  # vocabulary entries per program
 
 
 @triton.jit
+def counter_uniform(key, token, position, stream):
+    """The uniforms in (0, 1) of pagedrt/ops/philox.py's scheme for int32 vectors of tokens,
+    one key, position (or row) and stream: the first Philox4x32-10 word of
+    (token, position, stream, 0), its top 24 bits offset by half a step. Shared by this
+    module's kernel and the race's (sample_triton.py), whose seeded tokens rely on the two
+    drawing the same values."""
+    zero = token * 0
+    bits, _, _, _ = tl.philox(key, token, zero + position, zero + stream, zero)
+    return ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+
+
+@triton.jit
 def _counter_draws_kernel(out_ptr, stride_row, stride_pos, index_ptr, key_ptr, pos_ptr,
                           num_pos, width, stream, EXPONENTIAL: tl.constexpr,
                           BLOCK: tl.constexpr):
@@ -28,9 +40,7 @@ def _counter_draws_kernel(out_ptr, stride_row, stride_pos, index_ptr, key_ptr, p
     key = tl.load(key_ptr + s)
     position = tl.load(pos_ptr + sp).to(tl.int32)  # (< 2**31: a sequence position)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    zero = offs * 0
-    bits, _, _, _ = tl.philox(key, offs, zero + position, zero + stream, zero)
-    u = ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    u = counter_uniform(key, offs, position, stream)
     if EXPONENTIAL:
         u = -tl.log(u)
     tl.store(out_ptr + row * stride_row + p * stride_pos + offs, u, mask=offs < width)

@@ -32,6 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedrt.ops.philox_triton import counter_uniform
+
 BLOCK = 4096  # logits per iteration of a row's program
 TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: the torch path's clamp of q
 
@@ -61,9 +63,7 @@ def _race_kernel(x_ptr, stride_x, q_ptr, stride_q, temp_ptr, stride_t, greedy_pt
         ok = offs < vocab
         x = tl.load(x_ptr + r * stride_x + offs, mask=ok, other=float("-inf")).to(tl.float32)
         if COUNTER_NOISE:
-            zero = offs * 0
-            bits, _, _, _ = tl.philox(key, offs, zero + c1, zero + stream, zero)
-            q = -tl.log(((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0))
+            q = -tl.log(counter_uniform(key, offs, c1, stream))
         else:
             q = tl.load(q_ptr + r * stride_q + offs, mask=ok & sampled, other=1.0)
         # (division rounded to nearest, as torch divides)
