@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import torch
 
@@ -75,52 +76,59 @@ def main() -> None:
         gemv_triton.FUSED_ONE_ROW = ()
     model = random_model(get_preset("qwen2-0.5b"), torch.bfloat16, torch.device("cuda"))
     llm = LLM(model, gpu_memory_utilization=0.5, max_num_seqs=max(8, args.batch),
-              max_model_len=args.context + 4 * args.steps + 64)
+              max_model_len=args.context + 3 * max(args.steps, 16) + 64)
     engine = llm.llm_engine
 
-    def run(seed: int, steps: int, prof=None) -> int:
-        """Prefill `args.batch` requests, then decode; the decode steps taken after the first
-        (the ones `prof` sees, when given)."""
+    def run(seed: int, steps: int, prof=None) -> float:
+        """Prefill `args.batch` requests, take one decode step, then `steps` decode steps with
+        every request still running (what `prof` sees, when given), then abort the requests;
+        returns the wall ms per step of those `steps`. A large batch's prompts take several
+        prefill steps, and the requests prefilled first decode during the later ones: with
+        max_tokens past the window none finishes inside it, so every step in it is a decode
+        step of the whole batch (until 2026-12-05 the window ran until the requests finished,
+        and held the shrinking tail of batches below `args.batch`)."""
         g = torch.Generator().manual_seed(seed)
-        params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=steps + 2)
-        for i in range(args.batch):
-            engine.add_request(f"r{seed}-{i}", torch.randint(
-                0, 10000, (args.context,), generator=g).tolist(), params, stream=False)
-        # every prefill (a large batch's prompts take several steps), then the first decode
+        params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=3 * steps + 32)
+        ids = [f"r{seed}-{i}" for i in range(args.batch)]
+        for rid in ids:
+            engine.add_request(rid, torch.randint(0, 10000, (args.context,), generator=g).tolist(),
+                               params, stream=False)
         while any(r.num_output_tokens < 1 for r in engine.requests.values()):
             engine.step()
         engine.step()
         torch.cuda.synchronize()
         if prof is not None:
             prof.start()
-        taken = 0
-        while engine.has_unfinished_requests():
+        t = time.perf_counter()
+        for _ in range(steps):
             engine.step()
-            taken += 1
         torch.cuda.synchronize()
+        wall = 1e3 * (time.perf_counter() - t) / steps
         if prof is not None:
             prof.stop()
-        return taken
+        running = sum(not r.is_finished for r in engine.requests.values())
+        if running != args.batch:
+            raise RuntimeError(f"{running} of {args.batch} requests ran to the window's end")
+        for rid in ids:
+            engine.abort_request(rid)
+        while engine.has_unfinished_requests():
+            engine.step()
+        return wall
 
     run(1, 16)  # compiles, start-up timing, graphs
-    import time
-
-    walls = []
-    for seed in (3, 4):  # unprofiled: wall ms per decode step
-        t = time.perf_counter()
-        run(seed, args.steps)
-        walls.append(1e3 * (time.perf_counter() - t) / (args.steps + 2))
+    walls = [run(seed, args.steps) for seed in (3, 4)]  # unprofiled: wall ms per decode step
     from pagedrt.ops import gemv_triton
 
     choices = {str(k): v for k, v in gemv_triton._FUSED_CHOICE.items()
                if k[2] == args.batch}
-    print(f"wall ms/step (with the prefill and first step of each run): "
+    print(f"wall ms per decode step (unprofiled, two runs): "
           f"{', '.join(f'{w:.3f}' for w in walls)}")
     print(f"fused choices at {args.batch} rows: {choices}")
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CUDA])
-    steps = run(2, args.steps, prof)
+    run(2, args.steps, prof)
+    steps = args.steps
     spans = kernel_intervals(prof)
     layers = get_preset("qwen2-0.5b").num_hidden_layers
     by_name, span = exposed_times(spans, steps, layers)
