@@ -5,7 +5,8 @@
 # temperature 0.6 unseeded (`--sampling nanovllm`) and seeded (`--sampling seeded`), each
 # off / on / on / off (ABBA, one process each), then nano-vllm's workload off / on. A row's
 # decode-step device time is in its JSON (the step split). Tables last; everything in
-# $OUT/results.tgz.
+# $OUT/results.tgz. Caps of 150 s and unbuffered output: call_s98's 75 s runs of the same
+# command all ran past their caps with nothing written (2026-12-05 19:38-19:42 UTC).
 set -u
 . benchmarks/diagnostics/call_common.sh
 out="$(cd "$out" && pwd)"
@@ -13,7 +14,7 @@ gpu_tests counter_gpu 150 tests/gpu/test_sample_triton_gpu.py
 run() {  # name, value of the switch, bench throughput arguments...
   local name=$1 v=$2
   shift 2
-  PAGEDRT_RACE_COUNTER_NOISE=$v timeout 120 python3 -m pagedrt.entrypoints.cli bench throughput \
+  PAGEDRT_RACE_COUNTER_NOISE=$v timeout 150 python3 -u -m pagedrt.entrypoints.cli bench throughput \
     --preset qwen2-0.5b --name "$name" --out "$out/r" "$@" > "$out/r/$name.txt" 2>&1
   echo "$name (PAGEDRT_RACE_COUNTER_NOISE=$v) status $?: $(grep -E "^pagedrt +qwen" \
     "$out/r/$name.txt" | head -1 | tr -s ' ' | cut -d' ' -f3-6)"
