@@ -123,6 +123,74 @@ def test_add_rmsnorm_bad_inputs():
         matmul_add_rmsnorm_triton(x, w, None, torch.randn(8, 16), torch.randn(16).half(), 1e-6)
 
 
+@pytest.mark.parametrize("with_residual", [True, False], ids=["residual", "first_layer"])
+@pytest.mark.parametrize("config", [(16, 32, 32, 4, 2, False), (16, 64, 32, 4, 2, True, 3)],
+                         ids=["whole_k", "swap_split3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rmsnorm_prologue_matches_the_norm_kernel(dtype, config, with_residual):
+    """The projection of RMSNorm(x + residual) with the add and the norm in the matmul's
+    prologue equals `rms_norm_triton`, then the projection: K = 96 and 100 (no BLOCK_K divides
+    it), 8 and 19 rows (a partial row tile), a bias, split-K over 3 (each split normalizes
+    its own K range with the whole row's RMS); the new residual bit for bit, written once by
+    the programs of column tile 0 and split 0; without a residual (the first layer) none."""
+    from pagedrt.ops.fused_triton import rms_norm_triton
+    from pagedrt.ops.matmul_triton import matmul_rmsnorm_triton
+
+    g = torch.Generator().manual_seed(config[1] + with_residual)
+    for m, k in ((8, 96), (19, 100)):
+        x = torch.randn(m, k, generator=g).to(dtype)
+        r = torch.randn(m, k, generator=g).to(dtype) if with_residual else None
+        norm_w = (1 + 0.5 * torch.randn(k, generator=g)).to(dtype)
+        w = (torch.randn(70, k, generator=g) / k ** 0.5).to(dtype)
+        b = torch.randn(70, generator=g).to(dtype)
+        y, new_residual = matmul_rmsnorm_triton(x, r, norm_w, 1e-6, w, b, config)
+        if r is None:
+            h = rms_norm_triton(x, norm_w, 1e-6)
+            assert new_residual is None
+        else:
+            h, want_residual = rms_norm_triton(x, norm_w, 1e-6, r)
+            assert torch.equal(new_residual, want_residual)
+        tol = 1e-5 if dtype == torch.float32 else 1e-2  # fp16: where the products round
+        torch.testing.assert_close(y, torch.nn.functional.linear(h, w, b), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rmsnorm_prologue_with_silu_mul_matches_the_plain_path(dtype):
+    """Gate/up with the norm in its prologue and SwiGLU's activation in its epilogue equals
+    the norm kernel, the gate/up product and the activation kernel in turn."""
+    from pagedrt.ops.fused_triton import rms_norm_triton, silu_and_mul_triton
+    from pagedrt.ops.matmul_triton import matmul_rmsnorm_triton
+
+    g = torch.Generator().manual_seed(5)
+    for m, k, config in ((8, 128, CONFIGS[0]), (19, 100, CONFIGS[1])):
+        x, r = torch.randn(m, k, generator=g).to(dtype), torch.randn(m, k, generator=g).to(dtype)
+        norm_w = (1 + 0.5 * torch.randn(k, generator=g)).to(dtype)
+        w = (torch.randn(2 * 70, k, generator=g) / k ** 0.5).to(dtype)
+        act, new_residual = matmul_rmsnorm_triton(x, r, norm_w, 1e-6, w, None, config,
+                                                  silu_mul=True)
+        h, want_residual = rms_norm_triton(x, norm_w, 1e-6, r)
+        assert act.shape == (m, 70) and torch.equal(new_residual, want_residual)
+        plain = silu_and_mul_triton(torch.nn.functional.linear(h, w))
+        tol = 1e-5 if dtype == torch.float32 else 4e-3
+        torch.testing.assert_close(act, plain, rtol=tol, atol=tol)
+
+
+def test_rmsnorm_prologue_bad_inputs():
+    from pagedrt.ops.matmul_triton import matmul_rmsnorm_triton
+
+    x, w, nw = torch.randn(8, 32), torch.randn(16, 32), torch.randn(32)
+    with pytest.raises(ValueError, match="residual"):
+        matmul_rmsnorm_triton(x, torch.randn(8, 31), nw, 1e-6, w)
+    with pytest.raises(ValueError, match="residual .*not contiguous"):
+        matmul_rmsnorm_triton(x, torch.randn(32, 8).T, nw, 1e-6, w)
+    with pytest.raises(ValueError, match="norm_weight"):
+        matmul_rmsnorm_triton(x, None, nw.half(), 1e-6, w)
+    with pytest.raises(ValueError, match="norm_weight"):
+        matmul_rmsnorm_triton(x, None, torch.randn(16), 1e-6, w)
+    with pytest.raises(ValueError, match="do not multiply"):
+        matmul_rmsnorm_triton(x, None, nw, 1e-6, torch.randn(16, 31))
+
+
 def test_bf16_under_the_interpreter_is_multiplied_in_fp32():
     """The interpreter's bf16 tl.dot is wrong (triton 3.9): the kernel upcasts there, so bf16
     matches torch within the output's rounding."""
@@ -234,6 +302,42 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm, sa
     if norm:  # forward_prenormed with every op falling back: the plain ops in the same order
         fallback = generate(True, fall_back)
         assert [o.logprobs for o in fallback] == [o.logprobs for o in plain]
+
+
+@pytest.mark.parametrize("sampling", ["greedy", "mixed"])
+def test_decoder_with_norms_in_the_prologues_gives_the_plain_tokens(monkeypatch, sampling):
+    """PAGEDRT_MATMUL_PRE_NORM=1: decoding 8 and 16 requests with the norm before every QKV
+    and gate/up projection in the matmul's prologue (fp32 under the interpreter; RoPE stays
+    in its own kernel here, on the CPU) gives the plain path's tokens and nearly its
+    logprobs, greedy and in a mixed batch of seeded sampling; with every fused op falling
+    back, the plain path's logprobs bit for bit. The norms' weights are perturbed, so a norm
+    skipped or applied twice shows."""
+    calls = []
+
+    def prologues(key, baseline, candidate, configs=None):
+        calls.append(key[0])
+        if key[0] == "rmsnorm_silu":
+            return (16, 32, 32, 4, 2, len(calls) % 2 == 0)
+        if key[0] == "rmsnorm":  # both orientations, whole K and split in 3
+            return (16, 32, 32, 4, 2, len(calls) % 2 == 0, 3 if len(calls) % 3 == 0 else 1)
+        return None
+
+    g = torch.Generator().manual_seed(4)
+    model = perturb_norms(build_tiny_llama(seed=0), g)
+    prompts, params = prompts_and_params(g)
+    if sampling == "mixed":
+        params = mixed_sampling(len(prompts))
+    patches = ((matmul_triton, "PRE_NORM_ENABLED", True),)
+
+    def generate(tiled, choice):
+        return generate_8_and_16(monkeypatch, model, prompts, params, tiled, choice, patches)
+
+    plain = generate(False, prologues)
+    assert not calls
+    assert_same_tokens(generate(True, prologues), plain)
+    assert {"rmsnorm", "rmsnorm_silu"} <= set(calls)
+    fallback = generate(True, fall_back)
+    assert [o.logprobs for o in fallback] == [o.logprobs for o in plain]
 
 
 def test_layers_and_graph_runner_need_no_triton():

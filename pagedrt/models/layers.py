@@ -83,6 +83,18 @@ def fused_norm_rows(x: torch.Tensor) -> bool:
     return matmul_triton.NORM_ENABLED and matmul_triton.row_count_timed(x.shape[0])
 
 
+def pre_norm_rows(x: torch.Tensor) -> bool:
+    """Whether the decoder may run the norm before the QKV and gate/up projections in their
+    kernels' prologue for x [M, hidden] (`LlamaAttention._normed_qkv`, `LlamaMLP.forward_normed`;
+    each op still timed against the norm kernel and the plain projection): 8-128-row CUDA
+    batches with PAGEDRT_MATMUL_PRE_NORM=1 (`pagedrt.ops.matmul_triton.PRE_NORM_ENABLED`)."""
+    if not _decode_matmul(x):
+        return False
+    from pagedrt.ops import matmul_triton
+
+    return matmul_triton.PRE_NORM_ENABLED
+
+
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear; on CUDA, 1 to 4 rows go through the skinny Triton kernel and 8 to 128 rows
     through the tiled one where it was timed faster (`pagedrt.ops.gemv_triton`,
