@@ -43,7 +43,8 @@ def generate_8_and_16(monkeypatch, model, prompts, params, tiled: bool, choice,
             mp.setattr(obj, name, value)
         mp.setattr(matmul_triton, "_choice", choice)
         mp.setattr(matmul_triton, "_eligible",
-                   lambda x, w: x.dim() == 2 and row_count_timed(x.shape[0]))
+                   lambda x, w, fused=False: x.dim() == 2 and row_count_timed(x.shape[0],
+                                                                               fused))
         if tiled:
             mp.setattr(layers, "_decode_matmul", lambda x: x.dim() == 2 and 8 <= len(x) <= 128)
         llm = LLM(model, num_kv_blocks=64, block_size=8)

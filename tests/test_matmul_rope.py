@@ -78,6 +78,26 @@ def test_matches_the_chain(m, heads, config):
             assert (~torch.isnan(c_got)).sum() == (m - 1) * num_kv_heads * d
 
 
+def test_rows_past_128_only_with_fused_max_rows(monkeypatch):
+    """144 rows: a ValueError naming the 8-128 range by default; with
+    PAGEDRT_MATMUL_FUSED_MAX_ROWS=256 (`FUSED_MAX_ROWS`) the chain's qkv and cache rows."""
+    g = torch.Generator().manual_seed(144)
+    m, heads, kv_heads, d, k = 144, 2, 1, 16, 32
+    x, w = torch.randn(m, k, generator=g), torch.randn((heads + 2 * kv_heads) * d, k, generator=g)
+    positions, cos_sin = torch.randint(0, 64, (m,), generator=g), torch.randn(64, d, generator=g)
+    slots = torch.randperm(20 * 8, generator=g)[:m]
+    caches = [[torch.zeros(20, 8, kv_heads, d) for _ in range(2)] for _ in range(2)]
+    with pytest.raises(ValueError, match="expected 8-128 rows"):
+        matmul_qkv_rope_triton(x, w, None, positions, cos_sin, *caches[0], slots, heads, kv_heads)
+    monkeypatch.setattr(matmul_triton, "FUSED_MAX_ROWS", 256)
+    got = matmul_qkv_rope_triton(x, w, None, positions, cos_sin, *caches[0], slots, heads,
+                                 kv_heads, CONFIGS[0])
+    want = _chain(x, w, None, positions, cos_sin, *caches[1], slots, heads, kv_heads)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for c_got, c_want in zip(caches[0], caches[1], strict=True):
+        torch.testing.assert_close(c_got, c_want, rtol=1e-5, atol=1e-5)
+
+
 def test_bad_inputs():
     x, w = torch.randn(8, 16), torch.randn(64, 16)  # 2 + 2 x 1 heads of 16
     cs, pos = torch.randn(8, 16), torch.zeros(8, dtype=torch.long)

@@ -241,6 +241,35 @@ def test_row_counts_timed_are_the_decode_graph_buckets():
     assert [m for m in range(1, 400) if row_count_timed(m)] == buckets
 
 
+def test_fused_ops_rows_up_to_fused_max_rows(monkeypatch):
+    """PAGEDRT_MATMUL_FUSED_MAX_ROWS: the fused ops' timed row counts reach the decode graphs'
+    buckets up to it (256: 144 ... 256), the plain projection's stay at 128; a bad value is a
+    ValueError naming it; the fused kernels run at 160 rows (10 row tiles of 16)."""
+    from pagedrt.engine.cuda_graphs import graph_batch_sizes
+    from pagedrt.ops.fused_triton import rms_norm_triton, silu_and_mul_triton
+    from pagedrt.ops.matmul_triton import fused_max_rows, matmul_rmsnorm_triton
+
+    assert fused_max_rows(None) == fused_max_rows(" ") == 128
+    assert fused_max_rows("256") == 256 and fused_max_rows("192") == 192
+    for bad in ("100", "512", "64", "two hundred", "-256"):
+        with pytest.raises(ValueError, match=f"PAGEDRT_MATMUL_FUSED_MAX_ROWS={bad!r}"):
+            fused_max_rows(bad)
+    assert [m for m in range(1, 400) if row_count_timed(m, fused=True)] == \
+        [m for m in range(1, 400) if row_count_timed(m)]  # the default: the same buckets
+    monkeypatch.setattr(matmul_triton, "FUSED_MAX_ROWS", 256)
+    assert [m for m in range(1, 400) if row_count_timed(m, fused=True)] == \
+        [b for b in graph_batch_sizes(256) if b >= 8]
+    assert not row_count_timed(144) and row_count_timed(144, fused=True)
+    g = torch.Generator().manual_seed(160)
+    x, r = torch.randn(160, 32, generator=g), torch.randn(160, 32, generator=g)
+    norm_w, w = 1 + 0.5 * torch.randn(32, generator=g), torch.randn(2 * 24, 32, generator=g)
+    act, new_residual = matmul_rmsnorm_triton(x, r, norm_w, 1e-6, w, None, CONFIGS[0], True)
+    h, want_residual = rms_norm_triton(x, norm_w, 1e-6, r)
+    assert torch.equal(new_residual, want_residual)
+    torch.testing.assert_close(act, silu_and_mul_triton(torch.nn.functional.linear(h, w)),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_shapes_are_timed_only_inside_timing_and_outside_capture(monkeypatch):
     """An untimed shape takes cuBLAS (None) and stays untimed outside `timing()` (a running
     engine) and under graph capture; inside `timing()` its first call times it, and the choice

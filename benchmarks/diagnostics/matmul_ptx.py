@@ -1,7 +1,8 @@
 """Compile the decode matmul's variants (pagedrt/ops/matmul_triton.py: whole K, split-K, the
-SwiGLU epilogue, the residual-add + RMSNorm epilogue and prologue; pagedrt/ops/matmul_rope_triton.py:
-the QKV + RoPE epilogue, with the prologue too), the 1-4-row QKV + RoPE kernel (pagedrt/ops/gemv_rope_triton.py) and
-skinny matmul (gemv_triton.py) for the H200 (sm_90) without a GPU, and report what their
+SwiGLU epilogue, the residual-add + RMSNorm epilogue and prologue;
+pagedrt/ops/matmul_rope_triton.py: the QKV + RoPE epilogue, with the prologue too), the
+1-4-row QKV + RoPE kernel (pagedrt/ops/gemv_rope_triton.py) and skinny matmul (gemv_triton.py)
+for the H200 (sm_90) without a GPU, and report what their
 PTX holds: the matrix instructions (wgmma / mma), the asynchronous copies of a pipelined K loop
 (cp.async), PDL's grid controls and the loads issued before its wait, and for the variants that count arrivals the order of the
 partial stores, the barrier, the atomic and the loads after it (`fused_reduce_order` of

@@ -80,7 +80,7 @@ def fused_norm_rows(x: torch.Tensor) -> bool:
         return False
     from pagedrt.ops import matmul_triton
 
-    return matmul_triton.NORM_ENABLED and matmul_triton.row_count_timed(x.shape[0])
+    return matmul_triton.NORM_ENABLED and matmul_triton.row_count_timed(x.shape[0], fused=True)
 
 
 def pre_norm_rows(x: torch.Tensor) -> bool:

@@ -34,7 +34,6 @@ import triton.language as tl
 from pagedrt.ops import matmul_triton
 from pagedrt.ops.gemv_rope_triton import _rope_operands, _rope_qkv_store, check_qkv_rope
 from pagedrt.ops.matmul_triton import (
-    MAX_ROWS,
     MIN_ROWS,
     SILU_CONFIGS,
     _check_norm_operands,
@@ -125,7 +124,8 @@ def matmul_qkv_rope_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     `fused_triton.rotary_write_kv_triton` on the projection's q, k and v views compute.
 
     Args:
-        x: [M, K], M in MIN_ROWS..MAX_ROWS (8-128), last dim contiguous; fp16, bf16 or fp32
+        x: [M, K], M in MIN_ROWS..FUSED_MAX_ROWS (8-128, or to 256 with
+            PAGEDRT_MATMUL_FUSED_MAX_ROWS), last dim contiguous; fp16, bf16 or fp32
             (fp32 products exact; bf16 under the interpreter multiplied in fp32).
         weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, num_heads,
             num_kv_heads: as `gemv_rope_triton.qkv_rope_triton` (weight [N, K] with q | k | v
@@ -177,7 +177,7 @@ def _launch(x, weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_ma
     """Checks and launches `_matmul_rope_kernel`: qkv, or with pre_norm = (residual or None,
     norm_weight, eps) (qkv, new_residual or None)."""
     check_qkv_rope(x, weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
-                   num_heads, num_kv_heads, MIN_ROWS, MAX_ROWS)
+                   num_heads, num_kv_heads, MIN_ROWS, matmul_triton.FUSED_MAX_ROWS)
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"dtype {x.dtype}: float16, bfloat16 or float32 only")
     if len(config) != 6 or any(b < 16 or b & (b - 1) for b in config[:3]):
@@ -219,7 +219,7 @@ def linear_qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     must compute the same); else `baseline()`'s qkv and whether it rotated (it returns the
     pair too). Only for the tensors `matmul_triton.linear` takes (16-bit CUDA, the decode
     graphs' row counts) and a cache in x's dtype."""
-    if not matmul_triton._eligible(x, weight) or k_cache.dtype != x.dtype:
+    if not matmul_triton._eligible(x, weight, fused=True) or k_cache.dtype != x.dtype:
         return baseline()
     key = ("qkv_rope", weight.shape, x.shape[0], weight.dtype, bias is not None,
            weight.device.index)
@@ -245,7 +245,7 @@ def linear_rmsnorm_qkv_rope(x: torch.Tensor, residual: torch.Tensor | None,
     plain path returning the same triple (the norm kernel, then the QKV projection and RoPE
     as the layer runs them); else `baseline()`. Only with PAGEDRT_MATMUL_PRE_NORM=1
     (`matmul_triton.PRE_NORM_ENABLED`), for the tensors `linear_qkv_rope` takes."""
-    if (not matmul_triton.PRE_NORM_ENABLED or not matmul_triton._eligible(x, weight)
+    if (not matmul_triton.PRE_NORM_ENABLED or not matmul_triton._eligible(x, weight, fused=True)
             or k_cache.dtype != x.dtype or norm_weight.dtype != x.dtype
             or (residual is not None
                 and (not residual.is_contiguous() or residual.dtype != x.dtype))):

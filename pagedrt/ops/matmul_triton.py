@@ -89,11 +89,36 @@ PRE_NORM_ENABLED = os.environ.get("PAGEDRT_MATMUL_PRE_NORM", "0") == "1"
 MIN_ROWS, MAX_ROWS = 8, 128
 
 
-def row_count_timed(m: int) -> bool:
+def fused_max_rows(value: str | None) -> int:
+    """PAGEDRT_MATMUL_FUSED_MAX_ROWS: the most rows the fused ops (SwiGLU, RoPE and RMSNorm
+    in a projection's kernel) are timed and run at, a multiple of 16 from 128 (the default,
+    the plain projection's MAX_ROWS) to 256.
+
+    Raises:
+        ValueError: anything else, naming the value.
+    """
+    if value is None or value.strip() == "":
+        return MAX_ROWS
+    v = value.strip()
+    if not v.isdigit() or int(v) % 16 or not MAX_ROWS <= int(v) <= 256:
+        raise ValueError(f"PAGEDRT_MATMUL_FUSED_MAX_ROWS={value!r}: give a multiple of 16 "
+                         f"from {MAX_ROWS} to 256 (decode rows up to which the fused ops run)")
+    return int(v)
+
+
+# PAGEDRT_MATMUL_FUSED_MAX_ROWS=256 (opt-in, unmeasured): the fused ops also at the decode
+# graphs' 144-256-row buckets, where the plain projection stays on cuBLAS; at 256 rows the
+# norm, SwiGLU and RoPE kernels beside cuBLAS took 154 us of a ~1.5 ms step on an H100
+# (benchmarks/results/RUNS.md, "Runs of 2026-12-05 (19:18-19:44 UTC)")
+FUSED_MAX_ROWS = fused_max_rows(os.environ.get("PAGEDRT_MATMUL_FUSED_MAX_ROWS"))
+
+
+def row_count_timed(m: int, fused: bool = False) -> bool:
     """Whether `m` rows are a decode-graph bucket size this path times (8 and the multiples
-    of 16 up to 128; `graph_batch_sizes` in pagedrt/engine/cuda_graphs.py, less a
-    `max_num_seqs` of another size)."""
-    return MIN_ROWS <= m <= MAX_ROWS and (m == 8 or m % 16 == 0)
+    of 16 up to MAX_ROWS, 128, or for the fused ops FUSED_MAX_ROWS; `graph_batch_sizes` in
+    pagedrt/engine/cuda_graphs.py, less a `max_num_seqs` of another size)."""
+    upper = FUSED_MAX_ROWS if fused else MAX_ROWS
+    return MIN_ROWS <= m <= upper and (m == 8 or m % 16 == 0)
 
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab[, split_k]): the candidates timed
@@ -560,10 +585,12 @@ def timing():
         _TIMING = previous
 
 
-def _eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def _eligible(x: torch.Tensor, weight: torch.Tensor, fused: bool = False) -> bool:
+    """Whether x [M, K] and weight [N, K] may take this path: 16-bit CUDA tensors of one
+    dtype at a timed row count (`row_count_timed`; fused: a fused op's)."""
     return (ENABLED and x.is_cuda and x.dim() == 2 and x.stride(-1) == 1
             and weight.is_contiguous() and x.dtype in (torch.float16, torch.bfloat16)
-            and x.dtype == weight.dtype and row_count_timed(x.shape[0]))
+            and x.dtype == weight.dtype and row_count_timed(x.shape[0], fused))
 
 
 def _choice(key: tuple, baseline, candidate, configs: list = CONFIGS) -> tuple | None:
@@ -606,7 +633,7 @@ def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, baseline) -> torch.Te
     then up's): `matmul_triton(..., silu_mul=True)`, one kernel, where that was timed faster
     than `baseline()`, the plain path that computes the same (the gate/up matmul, then the
     activation kernel); else `baseline()`. Candidates: `SILU_CONFIGS`. Returns [M, I]."""
-    if not _eligible(x, weight) or weight.shape[0] % 2:
+    if not _eligible(x, weight, fused=True) or weight.shape[0] % 2:
         return baseline()
     key = ("silu_mul", weight.shape, x.shape[0], weight.dtype, weight.device.index)
     cfg = _choice(key, baseline, lambda c: matmul_triton(x, weight, None, c, silu_mul=True),
@@ -621,8 +648,10 @@ def linear_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: 
     silu_mul), x + residual; x itself without a residual): `matmul_rmsnorm_triton`, one
     kernel, where that was timed faster than `baseline()`, the plain path that returns the
     same pair (the norm kernel, then the projection as the layer runs it); else `baseline()`.
-    Only with PAGEDRT_MATMUL_PRE_NORM=1 (`PRE_NORM_ENABLED`), for the tensors `linear` takes. Candidates: `CONFIGS` (`SILU_CONFIGS` with silu_mul)."""
-    if (not PRE_NORM_ENABLED or not _eligible(x, weight) or norm_weight.dtype != x.dtype or (silu_mul and weight.shape[0] % 2)
+    Only with PAGEDRT_MATMUL_PRE_NORM=1 (`PRE_NORM_ENABLED`), for the tensors the fused ops
+    take (`_eligible`). Candidates: `CONFIGS` (`SILU_CONFIGS` with silu_mul)."""
+    if (not PRE_NORM_ENABLED or not _eligible(x, weight, fused=True)
+            or norm_weight.dtype != x.dtype or (silu_mul and weight.shape[0] % 2)
             or (residual is not None
                 and (not residual.is_contiguous() or residual.dtype != x.dtype))):
         return baseline()
@@ -645,7 +674,7 @@ def linear_add_rmsnorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     (`matmul_add_rmsnorm_triton`) where that was timed faster than `baseline()`, the plain
     path that computes the same pair (the projection, then the add-and-norm kernel); else
     `baseline()`. Only with PAGEDRT_MATMUL_NORM=1 (`NORM_ENABLED`)."""
-    if (not NORM_ENABLED or not _eligible(x, weight) or not residual.is_contiguous()
+    if (not NORM_ENABLED or not _eligible(x, weight, fused=True) or not residual.is_contiguous()
             or residual.dtype != x.dtype or norm_weight.dtype != x.dtype):
         return baseline()
     key = ("add_rmsnorm", weight.shape, x.shape[0], weight.dtype, bias is not None,

@@ -157,13 +157,13 @@ def test_qkv_rope_matches_the_chain_in_bf16(model, m):
             2 * (m - m // 4)  # exactly the real rows' slots written
 
 
-@pytest.mark.parametrize("m", [8, 64, 128])
-def test_rmsnorm_prologues_match_the_chain_in_bf16(m):
+@pytest.mark.parametrize("m", [8, 64, 128, 256])
+def test_rmsnorm_prologues_match_the_chain_in_bf16(monkeypatch, m):
     """The norm in the prologue (PAGEDRT_MATMUL_PRE_NORM=1's kernels) at Qwen2-0.5B's and
     Llama-3-8B's shapes: the QKV projection (every config, split-K among them), gate/up with
     SwiGLU (every SILU_CONFIGS config) and QKV with RoPE and the K/V write (every candidate)
     against `rms_norm_triton` and then the kernel without the norm, within bf16 rounding;
-    the new residual bit for bit."""
+    the new residual bit for bit. 256 rows as PAGEDRT_MATMUL_FUSED_MAX_ROWS=256 allows."""
     from pagedrt.models.layers import RotaryEmbedding
     from pagedrt.ops.fused_triton import rms_norm_triton
     from pagedrt.ops.matmul_rope_triton import CONFIGS as ROPE_CONFIGS
@@ -173,6 +173,7 @@ def test_rmsnorm_prologues_match_the_chain_in_bf16(m):
     )
     from pagedrt.ops.matmul_triton import SILU_CONFIGS, matmul_rmsnorm_triton
 
+    monkeypatch.setattr(matmul_triton, "FUSED_MAX_ROWS", 256)
     dev, bf16 = "cuda", torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(m + 1)
     for (hidden, n_qkv, n_gate_up, _), (heads, kv_heads, d) in zip(
