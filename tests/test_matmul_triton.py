@@ -131,8 +131,8 @@ def test_rmsnorm_prologue_matches_the_norm_kernel(dtype, config, with_residual):
     """The projection of RMSNorm(x + residual) with the add and the norm in the matmul's
     prologue equals `rms_norm_triton`, then the projection: K = 96 and 100 (no BLOCK_K divides
     it), 8 and 19 rows (a partial row tile), a bias, split-K over 3 (each split normalizes
-    its own K range with the whole row's RMS); the new residual bit for bit, written once by
-    the programs of column tile 0 and split 0; without a residual (the first layer) none."""
+    its own K range with the whole row's RMS); the new residual bit for bit; without a
+    residual (the first layer) none."""
     from pagedrt.ops.fused_triton import rms_norm_triton
     from pagedrt.ops.matmul_triton import matmul_rmsnorm_triton
 

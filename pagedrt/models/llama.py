@@ -100,7 +100,8 @@ class LlamaAttention(nn.Module):
         projection's kernel (`RMSNorm.forward_linear`), and RoPE and the K/V cache write in its
         epilogue too (`pagedrt.ops.gemv_rope_triton`; PAGEDRT_FUSED_ROPE=0 turns that off),
         where timed faster (docs/design.md, "Small-batch decode"); for 8 to 128 rows see
-        `attention_of_normed`."""
+        `attention_of_normed`, and with PAGEDRT_MATMUL_PRE_NORM=1 `_normed_qkv` (the norm in
+        the QKV kernel's prologue)."""
         if self._rope_fusion(norm, x, kv_cache, meta):
             qkv, residual = self._qkv_rope(norm, positions, x, residual, kv_cache, meta)
             return self.o_proj(self.attention(positions, qkv, kv_cache, meta, True)), residual
@@ -127,18 +128,18 @@ class LlamaAttention(nn.Module):
     def _normed_qkv(self, norm: RMSNorm, positions: torch.Tensor, x: torch.Tensor,
                     residual: torch.Tensor | None, kv_cache, meta: AttentionMetadata
                     ) -> tuple[torch.Tensor, bool, torch.Tensor]:
-        """(qkv, rotated, x + residual) of `norm(x + residual)` for 8-128 CUDA rows with
-        PAGEDRT_MATMUL_PRE_NORM=1: the add and the norm in the prologue of the QKV kernel
-        (with RoPE and the K/V write in its epilogue where `_rope_in_qkv`), where timed faster
-        than the norm kernel and `_qkv_of_normed` (docs/design.md, "Decode matmuls (8 to 128
-        rows)")."""
-        def plain():
-            h, new_residual = norm.forward_pair(x, residual)
-            return (*self._qkv_of_normed(positions, h, kv_cache, meta), new_residual)
-
+        """(qkv, rotated, x + residual) of `norm(x + residual)` for the rows `pre_norm_rows`
+        admits (PAGEDRT_MATMUL_PRE_NORM=1): the add and the norm in the prologue of the QKV
+        kernel (with RoPE and the K/V write in its epilogue where `_rope_in_qkv`), where timed
+        faster than the norm kernel and `_qkv_of_normed` (docs/design.md, "Decode matmuls (8
+        to 128 rows)")."""
         weight, bias = self.qkv_proj.weight, self.qkv_proj.bias
         if self._rope_in_qkv(x, kv_cache, meta):
             from pagedrt.ops.matmul_rope_triton import linear_rmsnorm_qkv_rope
+
+            def plain():
+                h, new_residual = norm.forward_pair(x, residual)
+                return (*self._qkv_of_normed(positions, h, kv_cache, meta), new_residual)
 
             k_cache, v_cache = KVCacheLayer(*kv_cache)[:2]
             return linear_rmsnorm_qkv_rope(
@@ -147,9 +148,9 @@ class LlamaAttention(nn.Module):
                 self.num_heads, self.num_kv_heads, plain)
         from pagedrt.ops.matmul_triton import linear_rmsnorm
 
-        def plain_pair():  # without RoPE in the QKV kernel the plain path rotates nothing
-            qkv, _, new_residual = plain()
-            return qkv, new_residual
+        def plain_pair():  # RoPE and the K/V write left to `attention`, as the fused path does
+            h, new_residual = norm.forward_pair(x, residual)
+            return self.qkv_proj(h), new_residual
 
         qkv, residual = linear_rmsnorm(x, residual, norm.weight, norm.eps, weight, bias,
                                        plain_pair)
@@ -285,8 +286,9 @@ class LlamaMLP(nn.Module):
         fewer kernels on CUDA where timed faster: for 1 to 4 rows the add and norm run in
         gate/up's kernel and the activation in down's (`RMSNorm.forward_linear`, `down`), for
         8 to 128 rows the activation in gate/up's epilogue
-        (`MergedColumnParallelLinear.silu_mul_of`); docs/design.md, "Small-batch decode" and
-        "Decode matmuls (8 to 128 rows)"."""
+        (`MergedColumnParallelLinear.silu_mul_of`), and with PAGEDRT_MATMUL_PRE_NORM=1 the add
+        and norm in its prologue too (`matmul_triton.linear_rmsnorm`); docs/design.md,
+        "Small-batch decode" and "Decode matmuls (8 to 128 rows)"."""
         if x.shape[0] <= 4:
             gate_up, residual = norm.forward_linear(x, residual, self.gate_up_proj)
             return self.down(gate_up), residual

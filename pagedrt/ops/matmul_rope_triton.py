@@ -17,7 +17,8 @@ dtype only (not FP8), V in K's layout, no per-head q/k norm; whole K (no split-K
 With a norm (`matmul_rmsnorm_qkv_rope_triton`, PAGEDRT_MATMUL_PRE_NORM=1, unmeasured on a
 GPU) the residual add and the RMSNorm before the projection run in the prologue as in
 `matmul_triton.matmul_rmsnorm_triton` (its `_row_rstd` and normalized K loop), so the
-decoder's attention block launches one kernel before the attention instead of three.
+decoder's attention block launches one kernel before the attention where the QKV + RoPE
+kernel alone needs two (the norm kernel, then it) and the plain chain three.
 
 `linear_qkv_rope` times it per (weight shape, rows, dtype, bias) against the plain pair, as
 `matmul_triton.linear` times the plain matmul against cuBLAS (`matmul_triton._choice`: inside

@@ -100,7 +100,7 @@ def fused_max_rows(value: str | None) -> int:
     if value is None or value.strip() == "":
         return MAX_ROWS
     v = value.strip()
-    if not v.isdigit() or int(v) % 16 or not MAX_ROWS <= int(v) <= 256:
+    if not (v.isascii() and v.isdigit()) or int(v) % 16 or not MAX_ROWS <= int(v) <= 256:
         raise ValueError(f"PAGEDRT_MATMUL_FUSED_MAX_ROWS={value!r}: give a multiple of 16 "
                          f"from {MAX_ROWS} to 256 (decode rows up to which the fused ops run)")
     return int(v)
@@ -586,8 +586,9 @@ def timing():
 
 
 def _eligible(x: torch.Tensor, weight: torch.Tensor, fused: bool = False) -> bool:
-    """Whether x [M, K] and weight [N, K] may take this path: 16-bit CUDA tensors of one
-    dtype at a timed row count (`row_count_timed`; fused: a fused op's)."""
+    """Whether x [M, K] and weight [N, K] may take this path: the path on (`ENABLED`), fp16 or
+    bf16 CUDA tensors of one dtype, x's last dim and the weight contiguous, at a timed row
+    count (`row_count_timed`; fused: a fused op's)."""
     return (ENABLED and x.is_cuda and x.dim() == 2 and x.stride(-1) == 1
             and weight.is_contiguous() and x.dtype in (torch.float16, torch.bfloat16)
             and x.dtype == weight.dtype and row_count_timed(x.shape[0], fused))
@@ -649,7 +650,8 @@ def linear_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: 
     kernel, where that was timed faster than `baseline()`, the plain path that returns the
     same pair (the norm kernel, then the projection as the layer runs it); else `baseline()`.
     Only with PAGEDRT_MATMUL_PRE_NORM=1 (`PRE_NORM_ENABLED`), for the tensors the fused ops
-    take (`_eligible`). Candidates: `CONFIGS` (`SILU_CONFIGS` with silu_mul)."""
+    take (`_eligible`). Candidates: the whole-K configs, `SILU_CONFIGS` (under split-K each
+    split would read its rows of x and the residual over the whole K again for their RMS)."""
     if (not PRE_NORM_ENABLED or not _eligible(x, weight, fused=True)
             or norm_weight.dtype != x.dtype or (silu_mul and weight.shape[0] % 2)
             or (residual is not None
@@ -663,7 +665,7 @@ def linear_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: 
                                                 cfg, silu_mul)
         return y, (x if new_residual is None else new_residual)
 
-    cfg = _choice(key, baseline, fused, SILU_CONFIGS if silu_mul else CONFIGS)
+    cfg = _choice(key, baseline, fused, SILU_CONFIGS)
     return baseline() if cfg is None else fused(cfg)
 
 

@@ -241,7 +241,7 @@ def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch, forced, no
             chosen = matmul_triton._CHOICE
             ops = {k[0] for k in chosen}
             assert chosen and all(c == forced for k, c in chosen.items() if k[0] not in (
-                "silu_mul", "qkv_rope", "rmsnorm_silu", "rmsnorm_qkv_rope"))
+                "silu_mul", "qkv_rope", "rmsnorm", "rmsnorm_silu", "rmsnorm_qkv_rope"))
             # gate/up with its activation, QKV with RoPE and the K/V write: with the norm in
             # their prologues, or without
             gate_up, qkv = (("rmsnorm_silu", "rmsnorm_qkv_rope") if norm == "prologue"
