@@ -22,6 +22,7 @@ from tests.decode_path import (
     fall_back,
     generate_8_and_16,
     mixed_sampling,
+    normed_and_checked,
     prompts_and_params,
 )
 from tests.tiny_model import build_tiny_llama, perturb_norms
@@ -162,7 +163,6 @@ def test_rmsnorm_prologue_matches_the_norm_then_the_kernel(with_residual):
     """`matmul_rmsnorm_qkv_rope_triton` equals `rms_norm_triton` then
     `matmul_qkv_rope_triton`: qkv, the cache rows written, the new residual bit for bit
     (None without a residual); fp32, 8 and 19 rows, a padding row that writes nothing."""
-    from pagedrt.ops.fused_triton import rms_norm_triton
     from pagedrt.ops.matmul_rope_triton import matmul_rmsnorm_qkv_rope_triton
 
     g = torch.Generator().manual_seed(21 + with_residual)
@@ -181,12 +181,7 @@ def test_rmsnorm_prologue_matches_the_norm_then_the_kernel(with_residual):
         got, new_residual = matmul_rmsnorm_qkv_rope_triton(
             x, r, norm_w, 1e-6, w, b, positions, cos_sin, *caches[0], slots, heads, kv_heads,
             config)
-        if r is None:
-            h = rms_norm_triton(x, norm_w, 1e-6)
-            assert new_residual is None
-        else:
-            h, want_residual = rms_norm_triton(x, norm_w, 1e-6, r)
-            assert torch.equal(new_residual, want_residual)
+        h = normed_and_checked(x, r, norm_w, new_residual)
         want = matmul_qkv_rope_triton(h, w, b, positions, cos_sin, *caches[1], slots, heads,
                                       kv_heads, config)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -19,6 +19,7 @@ from tests.decode_path import (
     fall_back,
     generate_8_and_16,
     mixed_sampling,
+    normed_and_checked,
     prompts_and_params,
 )
 from tests.tiny_model import build_tiny_llama, perturb_norms
@@ -133,7 +134,6 @@ def test_rmsnorm_prologue_matches_the_norm_kernel(dtype, config, with_residual):
     it), 8 and 19 rows (a partial row tile), a bias, split-K over 3 (each split normalizes
     its own K range with the whole row's RMS); the new residual bit for bit; without a
     residual (the first layer) none."""
-    from pagedrt.ops.fused_triton import rms_norm_triton
     from pagedrt.ops.matmul_triton import matmul_rmsnorm_triton
 
     g = torch.Generator().manual_seed(config[1] + with_residual)
@@ -144,12 +144,7 @@ def test_rmsnorm_prologue_matches_the_norm_kernel(dtype, config, with_residual):
         w = (torch.randn(70, k, generator=g) / k ** 0.5).to(dtype)
         b = torch.randn(70, generator=g).to(dtype)
         y, new_residual = matmul_rmsnorm_triton(x, r, norm_w, 1e-6, w, b, config)
-        if r is None:
-            h = rms_norm_triton(x, norm_w, 1e-6)
-            assert new_residual is None
-        else:
-            h, want_residual = rms_norm_triton(x, norm_w, 1e-6, r)
-            assert torch.equal(new_residual, want_residual)
+        h = normed_and_checked(x, r, norm_w, new_residual)
         tol = 1e-5 if dtype == torch.float32 else 1e-2  # fp16: where the products round
         torch.testing.assert_close(y, torch.nn.functional.linear(h, w, b), rtol=tol, atol=tol)
 
@@ -291,22 +286,25 @@ def test_shapes_are_timed_only_inside_timing_and_outside_capture(monkeypatch):
 
 
 @pytest.mark.parametrize("sampling", ["greedy", "mixed"])
-@pytest.mark.parametrize("norm", [False, True], ids=["norm_kernels", "norms_in_matmuls"])
+@pytest.mark.parametrize("norm", ["", "epilogue", "prologue"],
+                         ids=["norm_kernels", "norms_in_matmuls", "norms_in_prologues"])
 def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm, sampling):
     """Greedy decoding of 8 and 16 requests with every 8-128-row matmul of the layers through
     the Triton kernel (the interpreter runs it; fp32, so exact products) gives the plain
-    path's tokens and nearly its logprobs; with `norm` (PAGEDRT_MATMUL_NORM=1) the O and down
-    projections also run the residual add and the RMSNorm after them, and where every fused op
+    path's tokens and nearly its logprobs; with `norm` "epilogue" (PAGEDRT_MATMUL_NORM=1) the
+    O and down projections also run the residual add and the RMSNorm after them, with
+    "prologue" (PAGEDRT_MATMUL_PRE_NORM=1) the QKV and gate/up projections the add and the
+    norm before them (RoPE stays in its own kernel here, on the CPU); where every fused op
     falls back the logprobs are the plain path's bit for bit. The norms' weights are
-    perturbed (the tiny model's are 1), so a norm applied in the wrong place shows; each
-    variant runs in an engine of its own. `mixed`: a mixed batch of greedy and seeded sampling
-    (top-k, top-p, min-p, penalties) instead of greedy only."""
+    perturbed (the tiny model's are 1), so a norm applied in the wrong place, skipped or
+    applied twice shows; each variant runs in an engine of its own. `mixed`: a mixed batch of
+    greedy and seeded sampling (top-k, top-p, min-p, penalties) instead of greedy only."""
 
     calls = []
 
     def always(key, baseline, candidate, configs=None):
         calls.append(key[0])
-        if key[0] == "silu_mul":  # gate/up with the activation in its epilogue
+        if key[0] in ("silu_mul", "rmsnorm_silu"):  # gate/up with the activation fused
             return (16, 32, 32, 4, 2, len(calls) % 2 == 0)
         if key[0] == "qkv_rope":  # the plain QKV projection and RoPE kernel here
             return None
@@ -318,7 +316,8 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm, sa
     prompts, params = prompts_and_params(g)
     if sampling == "mixed":
         params = mixed_sampling(len(prompts))
-    patches = ((matmul_triton, "NORM_ENABLED", norm),)
+    patches = ((matmul_triton, "NORM_ENABLED", norm == "epilogue"),
+               (matmul_triton, "PRE_NORM_ENABLED", norm == "prologue"))
 
     def generate(tiled, choice):
         return generate_8_and_16(monkeypatch, model, prompts, params, tiled, choice, patches)
@@ -326,47 +325,13 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm, sa
     plain = generate(False, always)
     assert not calls
     assert_same_tokens(generate(True, always), plain)
-    assert calls and "silu_mul" in calls  # the layers took the path, gate/up's fused too
-    assert ("add_rmsnorm" in calls) == norm
-    if norm:  # forward_prenormed with every op falling back: the plain ops in the same order
+    # the layers took the path, gate/up's fused op too
+    assert ("rmsnorm_silu" if norm == "prologue" else "silu_mul") in calls
+    assert ("add_rmsnorm" in calls) == (norm == "epilogue")
+    assert ("rmsnorm" in calls) == (norm == "prologue")
+    if norm:  # every op falling back: the plain ops in the same order
         fallback = generate(True, fall_back)
         assert [o.logprobs for o in fallback] == [o.logprobs for o in plain]
-
-
-@pytest.mark.parametrize("sampling", ["greedy", "mixed"])
-def test_decoder_with_norms_in_the_prologues_gives_the_plain_tokens(monkeypatch, sampling):
-    """PAGEDRT_MATMUL_PRE_NORM=1: decoding 8 and 16 requests with the norm before every QKV
-    and gate/up projection in the matmul's prologue (fp32 under the interpreter; RoPE stays
-    in its own kernel here, on the CPU) gives the plain path's tokens and nearly its
-    logprobs, greedy and in a mixed batch of seeded sampling; with every fused op falling
-    back, the plain path's logprobs bit for bit. The norms' weights are perturbed, so a norm
-    skipped or applied twice shows."""
-    calls = []
-
-    def prologues(key, baseline, candidate, configs=None):
-        calls.append(key[0])
-        if key[0] == "rmsnorm_silu":
-            return (16, 32, 32, 4, 2, len(calls) % 2 == 0)
-        if key[0] == "rmsnorm":  # both orientations, whole K and split in 3
-            return (16, 32, 32, 4, 2, len(calls) % 2 == 0, 3 if len(calls) % 3 == 0 else 1)
-        return None
-
-    g = torch.Generator().manual_seed(4)
-    model = perturb_norms(build_tiny_llama(seed=0), g)
-    prompts, params = prompts_and_params(g)
-    if sampling == "mixed":
-        params = mixed_sampling(len(prompts))
-    patches = ((matmul_triton, "PRE_NORM_ENABLED", True),)
-
-    def generate(tiled, choice):
-        return generate_8_and_16(monkeypatch, model, prompts, params, tiled, choice, patches)
-
-    plain = generate(False, prologues)
-    assert not calls
-    assert_same_tokens(generate(True, prologues), plain)
-    assert {"rmsnorm", "rmsnorm_silu"} <= set(calls)
-    fallback = generate(True, fall_back)
-    assert [o.logprobs for o in fallback] == [o.logprobs for o in plain]
 
 
 def test_layers_and_graph_runner_need_no_triton():
