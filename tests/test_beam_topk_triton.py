@@ -91,3 +91,45 @@ def test_bad_arguments_name_the_value():
         beam_top_candidates_triton(logits.long(), torch.zeros(6), 3, 6)
     with pytest.raises(ValueError, match="scores"):
         beam_top_candidates_triton(logits, torch.zeros(6, dtype=torch.float64), 3, 6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("vocab, k", [(300, 1), (300, 17), (5000, 64), (40, 40)])
+def test_row_topk_equals_torch_topk(vocab, k, dtype):
+    """`row_topk_triton` against `torch.topk`: the same values (float32 of the logits' own)
+    and ids on distinct logits (in 16 bits: ids holding those values), over several chunks (5,000 tokens: three of 2,048, the last
+    partial), k up to 64 and k = V; -inf entries (blocked tokens) and a strided row view."""
+    from pagedrt.ops.beam_topk_triton import row_topk_triton
+
+    g = torch.Generator().manual_seed(vocab + k)
+    base = torch.randperm(2 * vocab, generator=g)[:vocab].float() / 7  # distinct values
+    logits = torch.stack([base[torch.randperm(vocab, generator=g)] for _ in range(5)])
+    logits[1, :vocab // 3] = float("-inf")
+    logits = logits.to(dtype)
+    wide = torch.zeros(5, vocab + 8, dtype=dtype)
+    wide[:, :vocab] = logits
+    for x in (logits, wide[:, :vocab]):
+        values, ids = row_topk_triton(x, k)
+        want_values, want_ids = x.float().topk(k, dim=-1)
+        assert values.dtype == torch.float32 and ids.dtype == torch.int64
+        assert torch.equal(values, want_values)
+        # each id holds its value, no id twice; the same ids where the values are distinct
+        # (float32: fp16 and bf16 round some of them together, and torch orders ties freely)
+        finite = want_values.isfinite()
+        assert torch.equal(x.float().gather(1, ids)[finite], values[finite])
+        assert all(len(set(row)) == k for row in ids.tolist())
+        if dtype == torch.float32:
+            assert torch.equal(ids[finite], want_ids[finite])
+
+
+def test_row_topk_breaks_ties_by_the_lower_id_and_rejects_bad_k():
+    from pagedrt.ops.beam_topk_triton import row_topk_triton
+
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0, 2.0]])
+    values, ids = row_topk_triton(logits, 4)
+    assert values.tolist() == [[3.0, 3.0, 3.0, 2.0]] and ids.tolist() == [[1, 2, 4, 5]]
+    for bad in (0, 7):
+        with pytest.raises(ValueError, match=f"k={bad}"):
+            row_topk_triton(logits, bad)
+    with pytest.raises(ValueError, match="logits"):
+        row_topk_triton(torch.randn(2, 6).T.contiguous().T, 2)  # columns contiguous
