@@ -18,8 +18,9 @@ class CompletionOutput:
         token_ids: generated token ids so far (an EOS or stop token id that ended it included).
         finish_reason: "stop", "length", "abort" or None while running.
         stop_reason: the stop string or stop token id that ended it, if any.
-        logprobs: per generated token, a dict {token_id: logprob} of the chosen and top tokens,
-            when SamplingParams.logprobs was set.
+        logprobs: per generated token, its `TokenLogprobs` (pagedrt/engine/sampler.py: the
+            token_id, its logprob and rank, and top_logprobs, the SamplingParams.logprobs most
+            likely (token_id, logprob) pairs), when SamplingParams.logprobs was set.
         delta_text, delta_token_ids: what this step added (for streaming).
         cumulative_logprob: a beam search's sequence: the sum of its tokens' log-probabilities
             (None for sampling).
@@ -30,7 +31,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    logprobs: list[dict[int, float]] | None = None
+    logprobs: list | None = None  # of TokenLogprobs
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
     cumulative_logprob: float | None = None

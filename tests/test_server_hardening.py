@@ -105,6 +105,7 @@ def test_non_json_post_is_415_and_generates_nothing(open_server):
         resp = httpx.post(f"{s.url}/v1/completions", content=body, headers=headers, timeout=30)
         error = assert_error(resp, 415, code="unsupported_media_type")
         assert "application/json" in error["message"]
+        assert b'{"error":{"message":' in resp.content  # compact, as every other error body
     assert s.metric("pagedrt_prompt_tokens_total") == before  # nothing ran
     resp = httpx.post(f"{s.url}/v1/completions", content=body, timeout=60,
                       headers={"Content-Type": "application/json; charset=utf-8"})
@@ -370,6 +371,8 @@ def test_shutdown_timeout_0_ends_open_streams_at_once(smollm2_path, tmp_path):
             assert not stream.is_alive() and stream.ended_with_done, stream.payloads[-3:]
             errors = stream.error_events()
             assert len(errors) == 1 and "shutting down" in errors[0]["message"], errors
+            # the code the non-streamed 503s give (README's error table)
+            assert errors[0]["code"] == "service_unavailable", errors
         assert proc.wait(timeout=10) == 0
         assert time.monotonic() - t0 < 10
     finally:

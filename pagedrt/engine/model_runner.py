@@ -128,6 +128,7 @@ class ModelRunner:
         self.beam_runner = BeamRunner(self.batch, kv_cache, self.device, max_num_seqs, backend)
         self._last_num_sampled = 0  # rows sampled by the latest launched step
         self.sampler = Sampler()
+        self.sampler.check_device(self.device)
         self.rejection_sampler = RejectionSampler()
         self.draft_proposer = draft_proposer
         self.generator = torch.Generator(device=self.device).manual_seed(seed)

@@ -137,6 +137,16 @@ class Sampler:
         if kernel is None:
             self.kernel = {"0": False, "1": True}.get(os.environ.get("PAGEDRT_SAMPLE_KERNEL"))
 
+    def check_device(self, device: torch.device) -> None:
+        """Raises ValueError where the kernel is forced (PAGEDRT_SAMPLE_KERNEL=1 or
+        kernel=True) for CPU tensors outside Triton's interpreter, which is the only way
+        Triton runs on a CPU: said at start-up, not at the first sampled token."""
+        if (self.kernel and torch.device(device).type == "cpu"
+                and os.environ.get("TRITON_INTERPRET") != "1"):
+            raise ValueError("PAGEDRT_SAMPLE_KERNEL=1 on a CPU device needs TRITON_INTERPRET=1 "
+                             "(Triton's interpreter, the tests' setting); set it too, or unset "
+                             "PAGEDRT_SAMPLE_KERNEL to sample with torch ops")
+
     def _use_kernel(self, logits: torch.Tensor) -> bool:
         if self.kernel is not None:
             return self.kernel

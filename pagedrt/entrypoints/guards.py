@@ -126,7 +126,7 @@ def error_body(message: str, type: str = "invalid_request_error", param: str | N
 
 async def send_error(send: Send, status: int, message: str, **fields) -> None:
     """A whole JSON error response, with `Connection: close`."""
-    body = json.dumps(error_body(message, **fields)).encode()
+    body = json.dumps(error_body(message, **fields), separators=(",", ":")).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()),

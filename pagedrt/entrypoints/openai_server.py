@@ -116,7 +116,10 @@ class _Run:
         run.wake.clear()
         if run.error_status:
             kind = "invalid_request_error" if run.error_status < 500 else "server_error"
-            raise APIError(run.error_status, run.error, type=kind)
+            # 503: the engine core is not running or the server is shutting down, as the
+            # non-streamed 503s say it (README's error table)
+            code = "service_unavailable" if run.error_status == 503 else None
+            raise APIError(run.error_status, run.error, type=kind, code=code)
 
     def new_outputs(self):
         """(prompt index, CompletionOutput with the text and state since the last call) for
