@@ -126,7 +126,8 @@ timeline_run() {  # batch, decode steps, cap
 gpu_tests_sharded() {  # name, cap (s), shards, test paths...: `pytest -m gpu` over the paths'
   # test files in SHARDS processes at once (Triton compiles on the host's cores while the GPU
   # is shared; the engine tests size their caches by num_kv_blocks), files dealt to the
-  # shard with the fewest tests so far, largest file first; $out/r/NAME_sK.txt per shard,
+  # shard with the least weight so far (tests, plus 30 per engine the file builds), heaviest
+# file first; $out/r/NAME_sK.txt per shard,
   # then each shard's status, failures and summary (or where its cap cut it)
   local name=$1 cap=$2 shards=$3 k
   shift 3
@@ -136,10 +137,18 @@ gpu_tests_sharded() {  # name, cap (s), shards, test paths...: `pytest -m gpu` o
 import sys
 path, shards, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 load, files = [0] * shards, [[] for _ in range(shards)]
+# a file's weight: its tests, plus 30 for each engine it builds ("LLM(" in its source), which
+# compile and time their kernels at start-up for minutes on a fresh machine (2026-12-05 19:18:
+# the shards holding the spec-decode, tp and in-step-timing engines ran out of their caps while
+# the one with 53 kernel tests finished in 16 s)
+weighted = []
 for line in open(path):
     count, name = line.split()
+    engines = open(name).read().count("LLM(")
+    weighted.append((int(count) + 30 * engines, name))
+for weight, name in sorted(weighted, reverse=True):
     k = load.index(min(load))
-    load[k] += int(count)
+    load[k] += weight
     files[k].append(name)
 for k in range(shards):
     open(f"{prefix}_s{k}.files", "w").write(" ".join(files[k]))
