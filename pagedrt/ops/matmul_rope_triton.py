@@ -244,12 +244,10 @@ def linear_rmsnorm_qkv_rope(x: torch.Tensor, residual: torch.Tensor | None,
     """(qkv, rotated, x + residual): `matmul_rmsnorm_qkv_rope_triton`'s qkv (rotated: True)
     and new residual (x without a residual) where that was timed faster than `baseline()`, the
     plain path returning the same triple (the norm kernel, then the QKV projection and RoPE
-    as the layer runs them); else `baseline()`. Only with PAGEDRT_MATMUL_PRE_NORM=1
-    (`matmul_triton.PRE_NORM_ENABLED`), for the tensors `linear_qkv_rope` takes."""
-    if (not matmul_triton.PRE_NORM_ENABLED or not matmul_triton._eligible(x, weight, fused=True)
-            or k_cache.dtype != x.dtype or norm_weight.dtype != x.dtype
-            or (residual is not None
-                and (not residual.is_contiguous() or residual.dtype != x.dtype))):
+    as the layer runs them); else `baseline()`. Only where `matmul_triton.pre_norm_eligible`
+    and the cache is in x's dtype."""
+    if (not matmul_triton.pre_norm_eligible(x, weight, residual, norm_weight)
+            or k_cache.dtype != x.dtype):
         return baseline()
     key = ("rmsnorm_qkv_rope", weight.shape, x.shape[0], weight.dtype, bias is not None,
            residual is not None, weight.device.index)

@@ -32,10 +32,10 @@ kernel never launched (`linear_silu_mul`, for `MergedColumnParallelLinear.silu_m
 
 The RMSNorm after a projection (`matmul_add_rmsnorm_triton`, opt-in with
 PAGEDRT_MATMUL_NORM=1: on the H200 no faster than the norm kernel): each program adds the
-residual to its tile and stores the sum, then counts in on an arrival counter of its row tile (after the tile counters
-in the same tensor); the last of the row tile's programs normalizes those rows in two passes
-from L2, rounding as the norm kernel rounds (`_rms_norm_rows`; docs/design.md, "Decode matmuls
-(8 to 128 rows)", says how the decoder uses it).
+residual to its tile and stores the sum, then counts in on an arrival counter of its row tile
+(after the tile counters in the same tensor); the last of the row tile's programs normalizes
+those rows in two passes from L2, rounding as the norm kernel rounds (`_rms_norm_rows`;
+docs/design.md, "Decode matmuls (8 to 128 rows)", says how the decoder uses it).
 
 The RMSNorm before a projection (`matmul_rmsnorm_triton`, opt-in with
 PAGEDRT_MATMUL_PRE_NORM=1, unmeasured on a GPU): the QKV or gate/up projection of x + residual's
@@ -535,8 +535,10 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
     normed = torch.empty_like(y) if norm is not None else y
     pre_res, pre_w, pre_eps = pre_norm if pre_norm is not None else (None, y, 0.0)
     new_res = torch.empty_like(x) if pre_res is not None else None
+    # what the caller gets back: the kernel writes into these tensors
+    result = (y, new_res) if pre_norm is not None else (normed, y) if norm is not None else y
     if m == 0:
-        return (y, new_res) if pre_norm is not None else y if norm is None else (normed, y)
+        return result
     if split_k > 1 and split_k * m * n >= 2**31:
         raise ValueError(f"split_k {split_k} x {m} x {n} partials exceed the kernel's int32 "
                          "offsets; use split_k 1")
@@ -563,9 +565,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
         IEEE=x.dtype == torch.float32 or upcast, UPCAST=upcast, num_warps=num_warps,
         num_stages=num_stages, **pdl_launch(pdl_enabled(x)),
     )
-    if pre_norm is not None:
-        return y, new_res
-    return y if norm is None else (normed, y)
+    return result
 
 
 _CHOICE: dict[tuple, tuple | None] = {}  # key -> config; None = the torch path
@@ -642,6 +642,17 @@ def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, baseline) -> torch.Te
     return baseline() if cfg is None else matmul_triton(x, weight, None, cfg, silu_mul=True)
 
 
+def pre_norm_eligible(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
+                      norm_weight: torch.Tensor) -> bool:
+    """Whether a projection of x [M, K] may take the norm in its prologue
+    (`linear_rmsnorm`, `matmul_rope_triton.linear_rmsnorm_qkv_rope`): PAGEDRT_MATMUL_PRE_NORM=1,
+    the tensors the fused ops take (`_eligible`), the norm weight in x's dtype and the
+    residual (if any) contiguous in x's dtype."""
+    return (PRE_NORM_ENABLED and _eligible(x, weight, fused=True)
+            and norm_weight.dtype == x.dtype
+            and (residual is None or (residual.is_contiguous() and residual.dtype == x.dtype)))
+
+
 def linear_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                    eps: float, weight: torch.Tensor, bias: torch.Tensor | None, baseline,
                    silu_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -649,13 +660,11 @@ def linear_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: 
     silu_mul), x + residual; x itself without a residual): `matmul_rmsnorm_triton`, one
     kernel, where that was timed faster than `baseline()`, the plain path that returns the
     same pair (the norm kernel, then the projection as the layer runs it); else `baseline()`.
-    Only with PAGEDRT_MATMUL_PRE_NORM=1 (`PRE_NORM_ENABLED`), for the tensors the fused ops
-    take (`_eligible`). Candidates: the whole-K configs, `SILU_CONFIGS` (under split-K each
-    split would read its rows of x and the residual over the whole K again for their RMS)."""
-    if (not PRE_NORM_ENABLED or not _eligible(x, weight, fused=True)
-            or norm_weight.dtype != x.dtype or (silu_mul and weight.shape[0] % 2)
-            or (residual is not None
-                and (not residual.is_contiguous() or residual.dtype != x.dtype))):
+    Only where `pre_norm_eligible`. Candidates: the whole-K configs, `SILU_CONFIGS` (under
+    split-K each split would read its rows of x and the residual over the whole K again for
+    their RMS)."""
+    odd_gate_up = silu_mul and weight.shape[0] % 2
+    if odd_gate_up or not pre_norm_eligible(x, weight, residual, norm_weight):
         return baseline()
     key = ("rmsnorm_silu" if silu_mul else "rmsnorm", weight.shape, x.shape[0], weight.dtype,
            bias is not None, residual is not None, weight.device.index)
