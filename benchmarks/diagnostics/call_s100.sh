@@ -7,8 +7,7 @@
 # kernels against the norm kernel + the kernel without the norm in bf16, and 24 layers of each
 # timed both ways in a CUDA graph at 8-128 rows), then their GPU tests (bf16 kernels at
 # Qwen2-0.5B / Llama-3-8B shapes and 8-256 rows; the engine's tokens with every op forced
-# through them), then `topk_check.py` and the GPU test of PAGEDRT_SAMPLER_TOPK_KERNEL's
-# selection, then the Triton cache back as $OUT/tc.txz.NN for call_s101.sh. Summaries
+# through them), then the Triton cache back as $OUT/tc.txz.NN for call_s101.sh. Summaries
 # last; everything in $OUT/results.tgz.
 set -u
 . benchmarks/diagnostics/call_common.sh
@@ -17,9 +16,5 @@ timeout 150 python3 -u benchmarks/diagnostics/prenorm_check.py --rows 8,32,64,12
   > "$out/r/prenorm_check.txt" 2>&1
 echo "== prenorm_check (status $?)"; tail -12 "$out/r/prenorm_check.txt" | cut -c1-170
 gpu_tests prenorm_gpu 240 tests/gpu/test_matmul_gpu.py -k "prologue or engine_tokens"
-# PAGEDRT_SAMPLER_TOPK_KERNEL's selection: values against torch.topk, both timed, its GPU test
-timeout 90 python3 -u benchmarks/diagnostics/topk_check.py > "$out/r/topk_check.txt" 2>&1
-echo "== topk_check (status $?)"; tail -4 "$out/r/topk_check.txt" | cut -c1-150
-gpu_tests topk_gpu 90 tests/gpu/test_sample_triton_gpu.py -k row_topk
 save_triton_cache
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"

@@ -3,21 +3,11 @@
 # carry .commit and .whl; ~9 min): PAGEDRT_MATMUL_PRE_NORM off / on / on / off, then
 # PAGEDRT_MATMUL_FUSED_MAX_ROWS 128 / 256, each run one `pagedrt bench throughput --preset
 # qwen2-0.5b --skip-step-split --batch-sizes 8,32,64,128` process (switch_runs throughput:
-# 256 x 512/128 and batches 8-128; the 256-row figure is the one FUSED_MAX_ROWS can move),
-# then PAGEDRT_SAMPLER_TOPK_KERNEL 0 / 1 at `--sampling filters` (256 x 512/128). Trim to fit
-# a call's 10 minutes if the runs' start-ups take long.
+# 256 x 512/128 and batches 8-128; the 256-row figure is the one FUSED_MAX_ROWS can move).
 # One summary line per run; everything in $OUT/results.tgz.
 set -u
 . benchmarks/diagnostics/call_common.sh
 out="$(cd "$out" && pwd)"
 switch_runs throughput PAGEDRT_MATMUL_PRE_NORM off:0 on:1 on2:1 off2:0
 switch_runs throughput PAGEDRT_MATMUL_FUSED_MAX_ROWS rows128:128 rows256:256
-# top-k sampling's selection in Triton (PAGEDRT_SAMPLER_TOPK_KERNEL), `--sampling filters`
-for v in 0 1; do
-  PAGEDRT_SAMPLER_TOPK_KERNEL=$v timeout 150 python3 -u -m pagedrt.entrypoints.cli bench \
-    throughput --preset qwen2-0.5b --sampling filters --num-requests 256 --input-len 512 \
-    --output-len 128 --name "filters_topk$v" --out "$out/r" > "$out/r/filters_topk$v.txt" 2>&1
-  echo "filters_topk$v status $?: $(grep -E "^pagedrt +qwen" "$out/r/filters_topk$v.txt" \
-    | head -1 | tr -s ' ' | cut -d' ' -f3-6)"
-done
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"

@@ -53,13 +53,6 @@ from pagedrt.engine.sampling_state import (
 from pagedrt.ops.philox import STREAM_RACE, fill_counter_draws_
 from pagedrt.sampling_params import SamplingParams
 
-# PAGEDRT_SAMPLER_TOPK_KERNEL=1 (opt-in, unmeasured on a GPU): the candidates-only path takes
-# its rows' k_max largest logits from `row_topk_triton` (pagedrt/ops/beam_topk_triton.py)
-# instead of `torch.topk` (about 0.8 ms over 256 rows of 151,936 float32 logits on the H200),
-# with the Triton race and for k_max up to TOPK_KERNEL_MAX_K
-TOPK_KERNEL = os.environ.get("PAGEDRT_SAMPLER_TOPK_KERNEL", "0") == "1"
-TOPK_KERNEL_MAX_K = 64  # the kernel's chunks take k rounds of a max each
-
 
 @dataclass
 class SamplingRow:
@@ -350,7 +343,7 @@ def _sample_filtered(logits: torch.Tensor, params: torch.Tensor, host_k: np.ndar
     k_max = int(host_k[host_k < vocab_size].max(initial=0))
     if len(sampled_k) and (sampled_k < vocab_size).all() and k_max <= vocab_size // 4:
         return _sample_candidates(logits, k_max, temperature, k, top_p, min_p_t, seeded,
-                                  default_generator, use_kernel)
+                                  default_generator)
     logits = logits / temperature
     if top_kp:
         logits = _apply_top_k_top_p(logits, k, top_p, host_k, host_p)
@@ -366,8 +359,7 @@ def _sample_filtered(logits: torch.Tensor, params: torch.Tensor, host_k: np.ndar
 def _sample_candidates(logits: torch.Tensor, k_max: int, temperature: torch.Tensor,
                        k: torch.Tensor, p: torch.Tensor, min_p: torch.Tensor | None,
                        seeded: SeededRows | None,
-                       default_generator: torch.Generator | None,
-                       use_kernel: bool = False) -> torch.Tensor:
+                       default_generator: torch.Generator | None) -> torch.Tensor:
     """The exponential race among each row's k_max largest logits (`_sample_filtered`).
 
     Division by a positive temperature keeps the order, so the selection runs on the logits
@@ -384,11 +376,10 @@ def _sample_candidates(logits: torch.Tensor, k_max: int, temperature: torch.Tens
         k_max: candidates per row, >= every sampled row's k.
         temperature, k, p: [B, 1] float32, int64 (in [1, vocab]), float32.
         min_p: [B, 1] float32, or None when no row has one.
-        use_kernel: the sampler runs its Triton kernels (`_row_topk`).
     Returns:
         [B] int64 token ids.
     """
-    values, order = _row_topk(logits, k_max, use_kernel)  # [B, k_max], descending
+    values, order = logits.topk(k_max, dim=-1)  # [B, k_max], descending
     values = _prefix_filters(values / temperature, k, p)
     if min_p is not None:
         values = _apply_min_p(values, min_p)
@@ -639,18 +630,6 @@ def _apply_min_tokens(
     index = to_device([row_idx, tok_idx], logits.device, torch.int64)
     logits[index[0], index[1]] = float("-inf")
     return logits
-
-
-def _row_topk(logits: torch.Tensor, k: int, use_kernel: bool
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`logits.topk(k, dim=-1)`, or with `use_kernel` and PAGEDRT_SAMPLER_TOPK_KERNEL=1 for
-    k <= TOPK_KERNEL_MAX_K the Triton selection `row_topk_triton`: the same values (float32)
-    in the same order, but for ties, which it breaks by the lower token id."""
-    if use_kernel and TOPK_KERNEL and k <= TOPK_KERNEL_MAX_K and logits.stride(1) == 1:
-        from pagedrt.ops.beam_topk_triton import row_topk_triton
-
-        return row_topk_triton(logits, k)
-    return logits.topk(k, dim=-1)
 
 
 def _apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor,

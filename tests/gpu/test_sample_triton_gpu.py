@@ -98,21 +98,3 @@ def test_counter_noise_race_at_qwen2_vocab_equals_the_noise_tensor():
                               u[:, None].contiguous(), STREAM_UNSEEDED, exponential=True)
     expected = race_argmax_triton(logits, noise[:, 0], temperature, greedy)
     assert torch.equal(got, expected), (got != expected).nonzero()
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("k", [1, 20, 64])
-def test_row_topk_at_qwen2_vocab_matches_torch_topk(dtype, k):
-    """`row_topk_triton` (PAGEDRT_SAMPLER_TOPK_KERNEL's selection) at 256 x 151,936: the
-    values of `torch.topk` exactly, ids that hold them, no id twice; rows with blocked (-inf)
-    tokens."""
-    from pagedrt.ops.beam_topk_triton import row_topk_triton
-
-    g = torch.Generator(device="cuda").manual_seed(k)
-    logits = (torch.randn(256, 151936, device="cuda", generator=g) * 3).to(dtype)
-    logits[::7, :1000] = float("-inf")
-    values, ids = row_topk_triton(logits, k)
-    want, _ = logits.float().topk(k, dim=-1)
-    assert torch.equal(values, want)
-    assert torch.equal(logits.float().gather(1, ids), values)
-    assert bool((ids.sort(dim=1).values.diff(dim=1) > 0).all())
