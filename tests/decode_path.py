@@ -62,21 +62,6 @@ def assert_same_tokens(got: list, want: list, logprob_tol: float = 1e-4) -> None
             assert lt.token_id == lp.token_id and abs(lt.logprob - lp.logprob) < logprob_tol
 
 
-def normed_and_checked(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
-                       new_residual: torch.Tensor | None, eps: float = 1e-6) -> torch.Tensor:
-    """`rms_norm_triton(x, norm_weight, eps, residual)`'s normed rows, the reference of the
-    norm-in-the-prologue kernels, after asserting that their `new_residual` is its x +
-    residual bit for bit (None without a residual)."""
-    from pagedrt.ops.fused_triton import rms_norm_triton
-
-    if residual is None:
-        assert new_residual is None
-        return rms_norm_triton(x, norm_weight, eps)
-    h, want_residual = rms_norm_triton(x, norm_weight, eps, residual)
-    assert torch.equal(new_residual, want_residual)
-    return h
-
-
 def fall_back(key, baseline, candidate, configs=None):
     """A `choice` that keeps every op on its plain path."""
     return

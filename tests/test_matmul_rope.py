@@ -22,10 +22,9 @@ from tests.decode_path import (
     fall_back,
     generate_8_and_16,
     mixed_sampling,
-    normed_and_checked,
     prompts_and_params,
 )
-from tests.tiny_model import build_tiny_llama, perturb_norms
+from tests.tiny_model import build_tiny_llama
 
 # both orientations; 16 pairs at head_dim 16 span two heads, 32 four; a K tile that does not
 # divide K
@@ -154,70 +153,5 @@ def test_decoder_batches_of_8_to_16_give_the_plain_tokens(monkeypatch, sampling)
         assert any(p.token_ids != g.token_ids for p, g in zip(plain, plain_greedy, strict=True))
     assert_same_tokens(generate(True, rope_only), plain)
     assert "qkv_rope" in calls  # the layers took the path
-    fallback = generate(True, fall_back)
-    assert [o.logprobs for o in fallback] == [o.logprobs for o in plain]
-
-
-@pytest.mark.parametrize("with_residual", [True, False], ids=["residual", "first_layer"])
-def test_rmsnorm_prologue_matches_the_norm_then_the_kernel(with_residual):
-    """`matmul_rmsnorm_qkv_rope_triton` equals `rms_norm_triton` then
-    `matmul_qkv_rope_triton`: qkv, the cache rows written, the new residual bit for bit
-    (None without a residual); fp32, 8 and 19 rows, a padding row that writes nothing."""
-    from pagedrt.ops.matmul_rope_triton import matmul_rmsnorm_qkv_rope_triton
-
-    g = torch.Generator().manual_seed(21 + with_residual)
-    heads, kv_heads, d, k = 4, 2, 16, 96
-    n = (heads + 2 * kv_heads) * d
-    for m, config in ((8, CONFIGS[0]), (19, CONFIGS[-1])):
-        x = torch.randn(m, k, generator=g)
-        r = torch.randn(m, k, generator=g) if with_residual else None
-        norm_w = 1 + 0.5 * torch.randn(k, generator=g)
-        w, b = torch.randn(n, k, generator=g) / k ** 0.5, torch.randn(n, generator=g)
-        positions = torch.randint(0, 64, (m,), generator=g)
-        cos_sin = torch.randn(64, d, generator=g)
-        slots = torch.randperm(4 * 8, generator=g)[:m]
-        slots[-1] = -1
-        caches = [[torch.zeros(4, 8, kv_heads, d) for _ in range(2)] for _ in range(2)]
-        got, new_residual = matmul_rmsnorm_qkv_rope_triton(
-            x, r, norm_w, 1e-6, w, b, positions, cos_sin, *caches[0], slots, heads, kv_heads,
-            config)
-        h = normed_and_checked(x, r, norm_w, new_residual)
-        want = matmul_qkv_rope_triton(h, w, b, positions, cos_sin, *caches[1], slots, heads,
-                                      kv_heads, config)
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        for c_got, c_want in zip(caches[0], caches[1], strict=True):
-            torch.testing.assert_close(c_got, c_want, rtol=1e-5, atol=1e-5)
-            assert bool(c_got.abs().sum() > 0)
-
-
-@pytest.mark.parametrize("sampling", ["greedy", "mixed"])
-def test_decoder_with_the_norm_in_the_qkv_rope_kernel_gives_the_plain_tokens(monkeypatch,
-                                                                             sampling):
-    """PAGEDRT_MATMUL_PRE_NORM=1 with RoPE in the QKV kernel: the norm, the QKV projection,
-    RoPE and the K/V write of 8 and 16 rows in one kernel (fp32 under the interpreter) give
-    the plain path's tokens and nearly its logprobs; every fused op falling back, its logprobs
-    bit for bit."""
-    calls = []
-
-    def prologue_only(key, baseline, candidate, configs=None):
-        calls.append(key[0])
-        if key[0] == "rmsnorm_qkv_rope":
-            return CONFIGS[len(calls) % len(CONFIGS)]
-        return None
-
-    g = torch.Generator().manual_seed(12)
-    model = perturb_norms(build_tiny_llama(seed=0), g)
-    prompts, greedy = prompts_and_params(g)
-    params = mixed_sampling(len(prompts)) if sampling == "mixed" else greedy
-    patches = ((llama, "uses_triton", lambda backend, x: True),
-               (matmul_triton, "PRE_NORM_ENABLED", True))
-
-    def generate(tiled, choice):
-        return generate_8_and_16(monkeypatch, model, prompts, params, tiled, choice, patches)
-
-    plain = generate(False, prologue_only)
-    assert not calls
-    assert_same_tokens(generate(True, prologue_only), plain)
-    assert "rmsnorm_qkv_rope" in calls
     fallback = generate(True, fall_back)
     assert [o.logprobs for o in fallback] == [o.logprobs for o in plain]

@@ -19,7 +19,6 @@ from tests.decode_path import (
     fall_back,
     generate_8_and_16,
     mixed_sampling,
-    normed_and_checked,
     prompts_and_params,
 )
 from tests.tiny_model import build_tiny_llama, perturb_norms
@@ -124,68 +123,6 @@ def test_add_rmsnorm_bad_inputs():
         matmul_add_rmsnorm_triton(x, w, None, torch.randn(8, 16), torch.randn(16).half(), 1e-6)
 
 
-@pytest.mark.parametrize("with_residual", [True, False], ids=["residual", "first_layer"])
-@pytest.mark.parametrize("config", [(16, 32, 32, 4, 2, False), (16, 64, 32, 4, 2, True, 3)],
-                         ids=["whole_k", "swap_split3"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_rmsnorm_prologue_matches_the_norm_kernel(dtype, config, with_residual):
-    """The projection of RMSNorm(x + residual) with the add and the norm in the matmul's
-    prologue equals `rms_norm_triton`, then the projection: K = 96 and 100 (no BLOCK_K divides
-    it), 8 and 19 rows (a partial row tile), a bias, split-K over 3 (each split normalizes
-    its own K range with the whole row's RMS); the new residual bit for bit; without a
-    residual (the first layer) none."""
-    from pagedrt.ops.matmul_triton import matmul_rmsnorm_triton
-
-    g = torch.Generator().manual_seed(config[1] + with_residual)
-    for m, k in ((8, 96), (19, 100)):
-        x = torch.randn(m, k, generator=g).to(dtype)
-        r = torch.randn(m, k, generator=g).to(dtype) if with_residual else None
-        norm_w = (1 + 0.5 * torch.randn(k, generator=g)).to(dtype)
-        w = (torch.randn(70, k, generator=g) / k ** 0.5).to(dtype)
-        b = torch.randn(70, generator=g).to(dtype)
-        y, new_residual = matmul_rmsnorm_triton(x, r, norm_w, 1e-6, w, b, config)
-        h = normed_and_checked(x, r, norm_w, new_residual)
-        tol = 1e-5 if dtype == torch.float32 else 1e-2  # fp16: where the products round
-        torch.testing.assert_close(y, torch.nn.functional.linear(h, w, b), rtol=tol, atol=tol)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_rmsnorm_prologue_with_silu_mul_matches_the_plain_path(dtype):
-    """Gate/up with the norm in its prologue and SwiGLU's activation in its epilogue equals
-    the norm kernel, the gate/up product and the activation kernel in turn."""
-    from pagedrt.ops.fused_triton import rms_norm_triton, silu_and_mul_triton
-    from pagedrt.ops.matmul_triton import matmul_rmsnorm_triton
-
-    g = torch.Generator().manual_seed(5)
-    for m, k, config in ((8, 128, CONFIGS[0]), (19, 100, CONFIGS[1])):
-        x, r = torch.randn(m, k, generator=g).to(dtype), torch.randn(m, k, generator=g).to(dtype)
-        norm_w = (1 + 0.5 * torch.randn(k, generator=g)).to(dtype)
-        w = (torch.randn(2 * 70, k, generator=g) / k ** 0.5).to(dtype)
-        act, new_residual = matmul_rmsnorm_triton(x, r, norm_w, 1e-6, w, None, config,
-                                                  silu_mul=True)
-        h, want_residual = rms_norm_triton(x, norm_w, 1e-6, r)
-        assert act.shape == (m, 70) and torch.equal(new_residual, want_residual)
-        plain = silu_and_mul_triton(torch.nn.functional.linear(h, w))
-        tol = 1e-5 if dtype == torch.float32 else 4e-3
-        torch.testing.assert_close(act, plain, rtol=tol, atol=tol)
-
-
-def test_rmsnorm_prologue_bad_inputs():
-    from pagedrt.ops.matmul_triton import matmul_rmsnorm_triton
-
-    x, w, nw = torch.randn(8, 32), torch.randn(16, 32), torch.randn(32)
-    with pytest.raises(ValueError, match="residual"):
-        matmul_rmsnorm_triton(x, torch.randn(8, 31), nw, 1e-6, w)
-    with pytest.raises(ValueError, match="residual .*not contiguous"):
-        matmul_rmsnorm_triton(x, torch.randn(32, 8).T, nw, 1e-6, w)
-    with pytest.raises(ValueError, match="norm_weight"):
-        matmul_rmsnorm_triton(x, None, nw.half(), 1e-6, w)
-    with pytest.raises(ValueError, match="norm_weight"):
-        matmul_rmsnorm_triton(x, None, torch.randn(16), 1e-6, w)
-    with pytest.raises(ValueError, match="do not multiply"):
-        matmul_rmsnorm_triton(x, None, nw, 1e-6, torch.randn(16, 31))
-
-
 def test_bf16_under_the_interpreter_is_multiplied_in_fp32():
     """The interpreter's bf16 tl.dot is wrong (triton 3.9): the kernel upcasts there, so bf16
     matches torch within the output's rounding."""
@@ -239,10 +176,11 @@ def test_row_counts_timed_are_the_decode_graph_buckets():
 def test_fused_ops_rows_up_to_fused_max_rows(monkeypatch):
     """PAGEDRT_MATMUL_FUSED_MAX_ROWS: the fused ops' timed row counts reach the decode graphs'
     buckets up to it (256: 144 ... 256), the plain projection's stay at 128; a bad value is a
-    ValueError naming it; the fused kernels run at 160 rows (10 row tiles of 16)."""
+    ValueError naming it; gate/up with SwiGLU's activation runs at 160 rows (10 row tiles of
+    16)."""
     from pagedrt.engine.cuda_graphs import graph_batch_sizes
-    from pagedrt.ops.fused_triton import rms_norm_triton, silu_and_mul_triton
-    from pagedrt.ops.matmul_triton import fused_max_rows, matmul_rmsnorm_triton
+    from pagedrt.ops.fused_triton import silu_and_mul_triton
+    from pagedrt.ops.matmul_triton import fused_max_rows
 
     assert fused_max_rows(None) == fused_max_rows(" ") == 128
     assert fused_max_rows("256") == 256 and fused_max_rows("192") == 192
@@ -256,12 +194,9 @@ def test_fused_ops_rows_up_to_fused_max_rows(monkeypatch):
         [b for b in graph_batch_sizes(256) if b >= 8]
     assert not row_count_timed(144) and row_count_timed(144, fused=True)
     g = torch.Generator().manual_seed(160)
-    x, r = torch.randn(160, 32, generator=g), torch.randn(160, 32, generator=g)
-    norm_w, w = 1 + 0.5 * torch.randn(32, generator=g), torch.randn(2 * 24, 32, generator=g)
-    act, new_residual = matmul_rmsnorm_triton(x, r, norm_w, 1e-6, w, None, CONFIGS[0], True)
-    h, want_residual = rms_norm_triton(x, norm_w, 1e-6, r)
-    assert torch.equal(new_residual, want_residual)
-    torch.testing.assert_close(act, silu_and_mul_triton(torch.nn.functional.linear(h, w)),
+    x, w = torch.randn(160, 32, generator=g), torch.randn(2 * 24, 32, generator=g)
+    act = mm(x, w, None, CONFIGS[0], silu_mul=True)
+    torch.testing.assert_close(act, silu_and_mul_triton(torch.nn.functional.linear(x, w)),
                                rtol=1e-5, atol=1e-5)
 
 
@@ -286,25 +221,22 @@ def test_shapes_are_timed_only_inside_timing_and_outside_capture(monkeypatch):
 
 
 @pytest.mark.parametrize("sampling", ["greedy", "mixed"])
-@pytest.mark.parametrize("norm", ["", "epilogue", "prologue"],
-                         ids=["norm_kernels", "norms_in_matmuls", "norms_in_prologues"])
+@pytest.mark.parametrize("norm", [False, True], ids=["norm_kernels", "norms_in_matmuls"])
 def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm, sampling):
     """Greedy decoding of 8 and 16 requests with every 8-128-row matmul of the layers through
     the Triton kernel (the interpreter runs it; fp32, so exact products) gives the plain
-    path's tokens and nearly its logprobs; with `norm` "epilogue" (PAGEDRT_MATMUL_NORM=1) the
-    O and down projections also run the residual add and the RMSNorm after them, with
-    "prologue" (PAGEDRT_MATMUL_PRE_NORM=1) the QKV and gate/up projections the add and the
-    norm before them (RoPE stays in its own kernel here, on the CPU); where every fused op
+    path's tokens and nearly its logprobs; with `norm` (PAGEDRT_MATMUL_NORM=1) the O and down
+    projections also run the residual add and the RMSNorm after them, and where every fused op
     falls back the logprobs are the plain path's bit for bit. The norms' weights are
-    perturbed (the tiny model's are 1), so a norm applied in the wrong place, skipped or
-    applied twice shows; each variant runs in an engine of its own. `mixed`: a mixed batch of
-    greedy and seeded sampling (top-k, top-p, min-p, penalties) instead of greedy only."""
+    perturbed (the tiny model's are 1), so a norm applied in the wrong place shows; each
+    variant runs in an engine of its own. `mixed`: a mixed batch of greedy and seeded sampling
+    (top-k, top-p, min-p, penalties) instead of greedy only."""
 
     calls = []
 
     def always(key, baseline, candidate, configs=None):
         calls.append(key[0])
-        if key[0] in ("silu_mul", "rmsnorm_silu"):  # gate/up with the activation fused
+        if key[0] == "silu_mul":  # gate/up with the activation in its epilogue
             return (16, 32, 32, 4, 2, len(calls) % 2 == 0)
         if key[0] == "qkv_rope":  # the plain QKV projection and RoPE kernel here
             return None
@@ -316,8 +248,7 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm, sa
     prompts, params = prompts_and_params(g)
     if sampling == "mixed":
         params = mixed_sampling(len(prompts))
-    patches = ((matmul_triton, "NORM_ENABLED", norm == "epilogue"),
-               (matmul_triton, "PRE_NORM_ENABLED", norm == "prologue"))
+    patches = ((matmul_triton, "NORM_ENABLED", norm),)
 
     def generate(tiled, choice):
         return generate_8_and_16(monkeypatch, model, prompts, params, tiled, choice, patches)
@@ -325,11 +256,9 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm, sa
     plain = generate(False, always)
     assert not calls
     assert_same_tokens(generate(True, always), plain)
-    # the layers took the path, gate/up's fused op too
-    assert ("rmsnorm_silu" if norm == "prologue" else "silu_mul") in calls
-    assert ("add_rmsnorm" in calls) == (norm == "epilogue")
-    assert ("rmsnorm" in calls) == (norm == "prologue")
-    if norm:  # every op falling back: the plain ops in the same order
+    assert calls and "silu_mul" in calls  # the layers took the path, gate/up's fused too
+    assert ("add_rmsnorm" in calls) == norm
+    if norm:  # forward_prenormed with every op falling back: the plain ops in the same order
         fallback = generate(True, fall_back)
         assert [o.logprobs for o in fallback] == [o.logprobs for o in plain]
 

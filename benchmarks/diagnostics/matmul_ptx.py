@@ -1,13 +1,12 @@
 """Compile the decode matmul's variants (pagedrt/ops/matmul_triton.py: whole K, split-K, the
-SwiGLU epilogue, the residual-add + RMSNorm epilogue and prologue;
-pagedrt/ops/matmul_rope_triton.py: the QKV + RoPE epilogue, with the prologue too), the
-1-4-row QKV + RoPE kernel (pagedrt/ops/gemv_rope_triton.py) and skinny matmul (gemv_triton.py)
-for the H200 (sm_90) without a GPU, and report what their
+SwiGLU epilogue, the residual-add + RMSNorm epilogue; pagedrt/ops/matmul_rope_triton.py: the
+QKV + RoPE epilogue), the 1-4-row QKV + RoPE kernel (pagedrt/ops/gemv_rope_triton.py) and
+skinny matmul (gemv_triton.py) for the H200 (sm_90) without a GPU, and report what their
 PTX holds: the matrix instructions (wgmma / mma), the asynchronous copies of a pipelined K loop
-(cp.async), PDL's grid controls and the loads issued before its wait, and for the variants that count arrivals the order of the
-partial stores, the barrier, the atomic and the loads after it (`fused_reduce_order` of
-decode_ptx.py). A change that breaks a kernel's compilation or its pipelining shows here on a
-CPU machine; tests/test_matmul_codegen.py runs it. Not a benchmark.
+(cp.async), PDL's grid controls and the loads issued before its wait, and for the variants that
+count arrivals the order of the partial stores, the barrier, the atomic and the loads after it
+(`fused_reduce_order` of decode_ptx.py). A change that breaks a kernel's compilation or its
+pipelining shows here on a CPU machine; tests/test_matmul_codegen.py runs it. Not a benchmark.
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/matmul_ptx.py [--json] [--ptx-dir DIR]
 
@@ -43,9 +42,6 @@ CASES = {
     "SwiGLU epilogue, swap": (16, 64, 128, 4, 5, True, 1, True, False),
     "add + RMSNorm epilogue, swap": (16, 64, 128, 4, 5, True, 1, False, True),
     "add + RMSNorm epilogue, split-K 4": (32, 64, 128, 4, 4, True, 4, False, True),
-    "add + RMSNorm prologue, swap": (16, 64, 128, 4, 5, True, 1, False, False, True),
-    "add + RMSNorm prologue + SwiGLU, swap": (16, 64, 128, 4, 5, True, 1, True, False, True),
-    "add + RMSNorm prologue, split-K 4": (32, 64, 128, 4, 4, True, 4, False, False, True),
 }
 MATRIX = r"(wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)"
 
@@ -62,20 +58,18 @@ def compile_sm90(kernel, sig: dict, const: dict, aligned: list, options: dict):
 
 
 def compile_matmul(block_m, block_n, block_k, num_warps, num_stages, swap_ab, split_k, silu,
-                   add_norm, pre_norm=False):
+                   add_norm):
     ptrs = ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "part_ptr", "counters_ptr", "res_ptr",
             "norm_w_ptr", "norm_out_ptr", "row_counters_ptr"]
     types = ["*bf16", "*bf16", "*bf16", "*bf16", "*fp32", "*i32", "*bf16", "*bf16", "*bf16",
              "*i32"]
-    pre = ["pre_res_ptr", "pre_w_ptr", "new_res_ptr"]
-    sig = {**dict(zip(ptrs, types, strict=True)), "eps": "fp32", **dict.fromkeys(pre, "*bf16"),
-           "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_wn": "i32",
-           "stride_ym": "i32"}
+    sig = {**dict(zip(ptrs, types, strict=True)), "eps": "fp32", "M": "i32", "N": "i32",
+           "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32"}
     const = {"HAS_BIAS": False, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
              "SPLIT_K": split_k, "SILU_MUL": silu, "ADD_NORM": add_norm,
-             "NORM_BLOCK": max(32, 4096 // block_m), "PRE_NORM": pre_norm, "PRE_RES": pre_norm,
-             "SWAP_AB": swap_ab, "EVEN_K": True, "IEEE": False, "UPCAST": False, "PDL": True}
-    aligned = ptrs + pre + ["N", "K", "stride_xm", "stride_wn", "stride_ym"]
+             "NORM_BLOCK": max(32, 4096 // block_m), "SWAP_AB": swap_ab, "EVEN_K": True,
+             "IEEE": False, "UPCAST": False, "PDL": True}
+    aligned = ptrs + ["N", "K", "stride_xm", "stride_wn", "stride_ym"]
     return compile_sm90(_matmul_kernel, sig, const, aligned,
                         {"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": True})
 
@@ -119,19 +113,16 @@ def loads_before_wait(ptx: str) -> int:
     return len(re.findall(r"ld\.global", ptx[:wait])) if wait >= 0 else 0
 
 
-def compile_matmul_rope(block_m, block_n, block_k, num_warps, num_stages, swap_ab,
-                        pre_norm=False):
+def compile_matmul_rope(block_m, block_n, block_k, num_warps, num_stages, swap_ab):
     ptrs = ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "positions_ptr", "cos_sin_ptr",
-            "slot_mapping_ptr", "k_cache_ptr", "v_cache_ptr", "pre_res_ptr", "pre_w_ptr",
-            "new_res_ptr"]
-    types = ["*bf16"] * 4 + ["*i64", "*fp32", "*i64", "*bf16", "*bf16"] + ["*bf16"] * 3
+            "slot_mapping_ptr", "k_cache_ptr", "v_cache_ptr"]
+    types = ["*bf16"] * 4 + ["*i64", "*fp32", "*i64", "*bf16", "*bf16"]
     ints = ["M", "K", "num_pairs", "q_size", "kv_size", "stride_xm", "stride_wn", "stride_c",
             "stride_cb", "stride_cs", "stride_ch", "stride_vb", "stride_vs", "stride_vh"]
-    sig = {**dict(zip(ptrs, types, strict=True)), "eps": "fp32", **dict.fromkeys(ints, "i32")}
+    sig = {**dict(zip(ptrs, types, strict=True)), **dict.fromkeys(ints, "i32")}
     const = {"HEAD_DIM": 64, "HALF": 32, "BLOCK_SIZE": 16, "HAS_BIAS": True,
              "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "SWAP_AB": swap_ab,
-             "EVEN_K": True, "IEEE": False, "UPCAST": False, "PRE_NORM": pre_norm,
-             "PRE_RES": pre_norm, "PDL": True}
+             "EVEN_K": True, "IEEE": False, "UPCAST": False, "PDL": True}
     aligned = ptrs + [n for n in ints if n != "M"]
     return compile_sm90(_matmul_rope_kernel, sig, const, aligned,
                         {"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": True})
@@ -165,8 +156,6 @@ def main() -> None:
     kernels = {name: (compile_matmul, case) for name, case in CASES.items()}
     kernels["QKV + RoPE epilogue, swap"] = (compile_matmul_rope, (16, 64, 128, 4, 5, True))
     kernels["QKV + RoPE epilogue, 32 pairs"] = (compile_matmul_rope, (16, 32, 128, 4, 4, True))
-    kernels["RMSNorm prologue + QKV + RoPE, swap"] = (compile_matmul_rope,
-                                                      (16, 64, 128, 4, 5, True, True))
     kernels["QKV + RoPE, 1 row"] = (compile_qkv_rope, (1,))
     kernels["QKV + RoPE, 4 rows"] = (compile_qkv_rope, (4,))
     kernels["gemv + RMSNorm, 1 row"] = (compile_gemv, (1, 1))

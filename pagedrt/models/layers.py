@@ -84,22 +84,6 @@ def fused_norm_rows(x: torch.Tensor) -> bool:
     return matmul_triton.NORM_ENABLED and matmul_triton.row_count_timed(x.shape[0], fused=True)
 
 
-def pre_norm_rows(x: torch.Tensor) -> bool:
-    """Whether the decoder may run the norm before the QKV and gate/up projections in their
-    kernels' prologue for x [M, hidden] (`LlamaAttention._normed_qkv`, `LlamaMLP.forward_normed`;
-    each op still timed against the norm kernel and the plain projection): CUDA batches of the
-    fused ops' timed row counts (8 and multiples of 16 to 128, or to 256 with
-    PAGEDRT_MATMUL_FUSED_MAX_ROWS) with PAGEDRT_MATMUL_PRE_NORM=1
-    (`pagedrt.ops.matmul_triton.PRE_NORM_ENABLED`). With PAGEDRT_MATMUL_NORM=1 as well, the
-    decoder takes the norm-in-the-epilogue path (`fused_norm_rows`) and this one never runs."""
-    if not _decode_matmul(x):
-        return False
-    from pagedrt.ops import matmul_triton
-
-    return matmul_triton.PRE_NORM_ENABLED and matmul_triton.row_count_timed(x.shape[0],
-                                                                            fused=True)
-
-
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear; on CUDA, 1 to 4 rows go through the skinny Triton kernel and 8 to 128 rows
     through the tiled one where it was timed faster (`pagedrt.ops.gemv_triton`,

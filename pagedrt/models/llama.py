@@ -29,7 +29,6 @@ from pagedrt.models.layers import (
     SiluAndMul,
     VocabParallelEmbedding,
     fused_norm_rows,
-    pre_norm_rows,
 )
 from pagedrt.ops.attention import AttentionMetadata, KVCacheLayer, paged_attention, uses_triton
 
@@ -100,18 +99,13 @@ class LlamaAttention(nn.Module):
         projection's kernel (`RMSNorm.forward_linear`), and RoPE and the K/V cache write in its
         epilogue too (`pagedrt.ops.gemv_rope_triton`; PAGEDRT_FUSED_ROPE=0 turns that off),
         where timed faster (docs/design.md, "Small-batch decode"); for 8 to 128 rows see
-        `attention_of_normed`, and with PAGEDRT_MATMUL_PRE_NORM=1 `_normed_qkv` (the norm in
-        the QKV kernel's prologue)."""
+        `attention_of_normed`."""
         if self._rope_fusion(norm, x, kv_cache, meta):
             qkv, residual = self._qkv_rope(norm, positions, x, residual, kv_cache, meta)
             return self.o_proj(self.attention(positions, qkv, kv_cache, meta, True)), residual
         if x.shape[0] <= 4:  # the norm in the QKV kernel, where timed faster
             qkv, residual = norm.forward_linear(x, residual, self.qkv_proj)
             return self.o_proj(self.attention(positions, qkv, kv_cache, meta)), residual
-        if pre_norm_rows(x):  # the norm in the QKV kernel's prologue, where timed faster
-            qkv, rotated, residual = self._normed_qkv(norm, positions, x, residual, kv_cache,
-                                                      meta)
-            return self.o_proj(self.attention(positions, qkv, kv_cache, meta, rotated)), residual
         h, residual = norm.forward_pair(x, residual)
         return self.o_proj(self.attention_of_normed(positions, h, kv_cache, meta)), residual
 
@@ -122,48 +116,10 @@ class LlamaAttention(nn.Module):
         its epilogue (`pagedrt.ops.matmul_rope_triton`) where timed faster than the matmul
         and the rotary kernel, with PAGEDRT_FUSED_ROPE on (the default), a cache in the
         model's dtype, the Triton backend and no per-head q/k norm."""
-        qkv, rotated = self._qkv_of_normed(positions, h, kv_cache, meta)
-        return self.attention(positions, qkv, kv_cache, meta, rotated)
-
-    def _normed_qkv(self, norm: RMSNorm, positions: torch.Tensor, x: torch.Tensor,
-                    residual: torch.Tensor | None, kv_cache, meta: AttentionMetadata
-                    ) -> tuple[torch.Tensor, bool, torch.Tensor]:
-        """(qkv, rotated, x + residual) of `norm(x + residual)` for the rows `pre_norm_rows`
-        admits (PAGEDRT_MATMUL_PRE_NORM=1): the add and the norm in the prologue of the QKV
-        kernel (with RoPE and the K/V write in its epilogue where `_rope_in_qkv`), where timed
-        faster than the norm kernel and `_qkv_of_normed` (docs/design.md, "Decode matmuls (8
-        to 128 rows)")."""
-        weight, bias = self.qkv_proj.weight, self.qkv_proj.bias
-        if self._rope_in_qkv(x, kv_cache, meta):
-            from pagedrt.ops.matmul_rope_triton import linear_rmsnorm_qkv_rope
-
-            def plain():
-                h, new_residual = norm.forward_pair(x, residual)
-                return (*self._qkv_of_normed(positions, h, kv_cache, meta), new_residual)
-
-            k_cache, v_cache = KVCacheLayer(*kv_cache)[:2]
-            return linear_rmsnorm_qkv_rope(
-                x, residual, norm.weight, norm.eps, weight, bias, positions,
-                self.rotary_emb.cos_sin_cache, k_cache, v_cache, meta.slot_mapping,
-                self.num_heads, self.num_kv_heads, plain)
-        from pagedrt.ops.matmul_triton import linear_rmsnorm
-
-        def plain_pair():  # RoPE and the K/V write left to `attention`, as the fused path does
-            h, new_residual = norm.forward_pair(x, residual)
-            return self.qkv_proj(h), new_residual
-
-        qkv, residual = linear_rmsnorm(x, residual, norm.weight, norm.eps, weight, bias,
-                                       plain_pair)
-        return qkv, False, residual
-
-    def _qkv_of_normed(self, positions: torch.Tensor, h: torch.Tensor, kv_cache,
-                       meta: AttentionMetadata) -> tuple[torch.Tensor, bool]:
-        """(qkv, rotated) of the normed input h: `attention_of_normed`'s projection, with RoPE
-        and the K/V write in its epilogue (rotated True) where that path runs."""
         from pagedrt.models import layers
 
         if not (layers._decode_matmul(h) and self._rope_in_qkv(h, kv_cache, meta)):
-            return self.qkv_proj(h), False
+            return self.attention(positions, self.qkv_proj(h), kv_cache, meta)
         from pagedrt.ops.matmul_rope_triton import linear_qkv_rope
 
         k_cache, v_cache = KVCacheLayer(*kv_cache)[:2]
@@ -174,9 +130,11 @@ class LlamaAttention(nn.Module):
                 positions, *self._heads(qkv), k_cache, v_cache, meta.slot_mapping,
                 meta.backend)
 
-        return linear_qkv_rope(h, self.qkv_proj.weight, self.qkv_proj.bias, positions,
-                               self.rotary_emb.cos_sin_cache, k_cache, v_cache,
-                               meta.slot_mapping, self.num_heads, self.num_kv_heads, plain)
+        qkv, rotated = linear_qkv_rope(h, self.qkv_proj.weight, self.qkv_proj.bias, positions,
+                                       self.rotary_emb.cos_sin_cache, k_cache, v_cache,
+                                       meta.slot_mapping, self.num_heads, self.num_kv_heads,
+                                       plain)
+        return self.attention(positions, qkv, kv_cache, meta, rotated)
 
     def _rope_fusion(self, norm: RMSNorm, x: torch.Tensor, kv_cache, meta) -> bool:
         """Whether `_qkv_rope` may run: 1-4 CUDA rows of the small-batch kernels and
@@ -286,24 +244,11 @@ class LlamaMLP(nn.Module):
         fewer kernels on CUDA where timed faster: for 1 to 4 rows the add and norm run in
         gate/up's kernel and the activation in down's (`RMSNorm.forward_linear`, `down`), for
         8 to 128 rows the activation in gate/up's epilogue
-        (`MergedColumnParallelLinear.silu_mul_of`), and with PAGEDRT_MATMUL_PRE_NORM=1 the add
-        and norm in its prologue too (`matmul_triton.linear_rmsnorm`); docs/design.md,
-        "Small-batch decode" and "Decode matmuls (8 to 128 rows)"."""
+        (`MergedColumnParallelLinear.silu_mul_of`); docs/design.md, "Small-batch decode" and
+        "Decode matmuls (8 to 128 rows)"."""
         if x.shape[0] <= 4:
             gate_up, residual = norm.forward_linear(x, residual, self.gate_up_proj)
             return self.down(gate_up), residual
-        gate_up = self.gate_up_proj
-        if pre_norm_rows(x) and len(gate_up.output_sizes) == 2 and gate_up.bias is None:
-            # the norm in gate/up's prologue too (PAGEDRT_MATMUL_PRE_NORM=1), where timed faster
-            from pagedrt.ops.matmul_triton import linear_rmsnorm
-
-            def plain():
-                h, new_residual = norm.forward_pair(x, residual)
-                return gate_up.silu_mul_of(h, self.act_fn), new_residual
-
-            act, residual = linear_rmsnorm(x, residual, norm.weight, norm.eps, gate_up.weight,
-                                           None, plain, silu_mul=True)
-            return self.down_proj(act), residual
         h, residual = norm(x, residual)
         return self.down_proj(self.gate_up_proj.silu_mul_of(h, self.act_fn)), residual
 

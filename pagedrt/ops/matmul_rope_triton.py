@@ -14,12 +14,6 @@ cos and sin and rounded again, the qkv rows stored and the key and value columns
 each row's cache slot (negative: none, a CUDA graph's padding rows). Caches in the model's
 dtype only (not FP8), V in K's layout, no per-head q/k norm; whole K (no split-K).
 
-With a norm (`matmul_rmsnorm_qkv_rope_triton`, PAGEDRT_MATMUL_PRE_NORM=1, unmeasured on a
-GPU) the residual add and the RMSNorm before the projection run in the prologue as in
-`matmul_triton.matmul_rmsnorm_triton` (its `_row_rstd` and normalized K loop), so the
-decoder's attention block launches one kernel before the attention where the QKV + RoPE
-kernel alone needs two (the norm kernel, then it) and the plain chain three.
-
 `linear_qkv_rope` times it per (weight shape, rows, dtype, bias) against the plain pair, as
 `matmul_triton.linear` times the plain matmul against cuBLAS (`matmul_triton._choice`: inside
 the CUDA-graph runner's `timing()`, at the decode graphs' row counts). docs/design.md, "Decode
@@ -34,13 +28,7 @@ import triton.language as tl
 
 from pagedrt.ops import matmul_triton
 from pagedrt.ops.gemv_rope_triton import _rope_operands, _rope_qkv_store, check_qkv_rope
-from pagedrt.ops.matmul_triton import (
-    MIN_ROWS,
-    SILU_CONFIGS,
-    _check_norm_operands,
-    _row_rstd,
-    _tile_products,
-)
+from pagedrt.ops.matmul_triton import MIN_ROWS, SILU_CONFIGS, _tile_products
 from pagedrt.ops.triton_utils import interpreting, pdl_enabled, pdl_launch, pdl_prologue
 
 # (BLOCK_M, BLOCK_N pairs, BLOCK_K, num_warps, num_stages, swap_ab): the two-row-set tiles of
@@ -60,10 +48,6 @@ def _matmul_rope_kernel(
     slot_mapping_ptr,  # [M], negative: no cache write
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim], head_dim contiguous
     v_cache_ptr,  # like k_cache
-    pre_res_ptr,  # [M, K] contiguous, the residual added to x before its norm, PRE_RES
-    pre_w_ptr,  # [K], the RMSNorm weight applied to x before the product, PRE_NORM
-    new_res_ptr,  # [M, K] contiguous, x + residual written, PRE_RES
-    eps,  # the RMSNorm's epsilon, PRE_NORM
     M, K, num_pairs, q_size, kv_size,
     stride_xm, stride_wn, stride_c,
     stride_cb, stride_cs, stride_ch,  # K cache strides (block, slot, head)
@@ -79,8 +63,6 @@ def _matmul_rope_kernel(
     EVEN_K: tl.constexpr,
     IEEE: tl.constexpr,
     UPCAST: tl.constexpr,
-    PRE_NORM: tl.constexpr,  # the projection of RMSNorm(x (+ residual)): norm in the prologue
-    PRE_RES: tl.constexpr,  # PRE_NORM with a residual added to x first
     PDL: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
@@ -100,15 +82,9 @@ def _matmul_rope_kernel(
                                                 positions_ptr, cos_sin_ptr, slot_mapping_ptr,
                                                 stride_c, HALF, HAS_BIAS)
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
-    r_rows = pre_res_ptr + offs_m.to(tl.int64)[:, None] * K
-    rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if PRE_NORM:  # the programs of pair tile 0 store the new residual
-        store_m = offs_m < M * (pid_n == 0).to(tl.int32)
-        rstd = _row_rstd(x_rows, r_rows, new_res_ptr + offs_m.to(tl.int64)[:, None] * K,
-                         mask_m, store_m, K, eps, BLOCK_M, BLOCK_K, PRE_RES)
     acc_lo, acc_hi = _tile_products(x_rows, w_lo, w_lo + HALF * stride_wn, mask_m, mask_p,
-                                    0, K, K, r_rows, pre_w_ptr, rstd, BLOCK_M, BLOCK_N, BLOCK_K,
-                                    True, SWAP_AB, EVEN_K, IEEE, UPCAST, PRE_NORM, PRE_RES)
+                                    0, K, K, BLOCK_M, BLOCK_N, BLOCK_K, True, SWAP_AB, EVEN_K,
+                                    IEEE, UPCAST)
     _rope_qkv_store(acc_lo + b_lo[None, :], acc_hi + b_hi[None, :], cos, sin, slot, offs_m,
                     mask_m, lo, mask_p, y_ptr, k_cache_ptr, v_cache_ptr, q_size, kv_size,
                     stride_cb, stride_cs, stride_ch, stride_vb, stride_vs, stride_vh, HEAD_DIM,
@@ -139,44 +115,6 @@ def matmul_qkv_rope_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     Raises:
         ValueError: shapes, dtypes or devices that do not fit, or a config out of form.
     """
-    return _launch(x, weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
-                   num_heads, num_kv_heads, config, None)
-
-
-def matmul_rmsnorm_qkv_rope_triton(x: torch.Tensor, residual: torch.Tensor | None,
-                                   norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                                   bias: torch.Tensor | None, positions: torch.Tensor,
-                                   cos_sin_cache: torch.Tensor, k_cache: torch.Tensor,
-                                   v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                                   num_heads: int, num_kv_heads: int,
-                                   config: tuple = CONFIGS[0]
-                                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`matmul_qkv_rope_triton` of `rms_norm_triton(x, norm_weight, eps, residual)`, in one
-    kernel: the residual add and the RMSNorm in the prologue (module doc).
-
-    Args:
-        x, residual, norm_weight, eps: as `matmul_triton.matmul_rmsnorm_triton` (residual
-            None: the norm of x alone).
-        weight .. config: as `matmul_qkv_rope_triton`.
-    Returns:
-        (qkv [M, N] with q and k rotated, new_residual [M, K] = x + residual, or None without
-        a residual), in x's dtype; the new K and V written into the caches.
-    Raises:
-        ValueError: as `matmul_qkv_rope_triton`, or a residual or norm weight of another
-            shape, dtype or device, or not contiguous.
-    """
-    operands = [("norm_weight", norm_weight, (x.shape[-1],))]
-    if residual is not None:
-        operands.append(("residual", residual, tuple(x.shape)))
-    _check_norm_operands(x, operands)
-    return _launch(x, weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
-                   num_heads, num_kv_heads, config, (residual, norm_weight, float(eps)))
-
-
-def _launch(x, weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
-            num_heads, num_kv_heads, config, pre_norm):
-    """Checks and launches `_matmul_rope_kernel`: qkv, or with pre_norm = (residual or None,
-    norm_weight, eps) (qkv, new_residual or None)."""
     check_qkv_rope(x, weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
                    num_heads, num_kv_heads, MIN_ROWS, matmul_triton.FUSED_MAX_ROWS)
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -190,25 +128,21 @@ def _launch(x, weight, bias, positions, cos_sin_cache, k_cache, v_cache, slot_ma
     num_pairs = n // 2
     upcast = x.dtype == torch.bfloat16 and interpreting(x)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    pre_res, pre_w, eps = pre_norm if pre_norm is not None else (None, y, 0.0)
-    new_res = torch.empty_like(x) if pre_res is not None else None
     grid = (triton.cdiv(m, block_m) * triton.cdiv(num_pairs, block_n),)
     _matmul_rope_kernel[grid](
         x, weight, bias if bias is not None else weight, y, positions, cos_sin_cache,
         slot_mapping, k_cache, v_cache,
-        pre_res if pre_res is not None else x, pre_w, new_res if new_res is not None else x,
-        eps, m, k, num_pairs, num_heads * head_dim, num_kv_heads * head_dim,
+        m, k, num_pairs, num_heads * head_dim, num_kv_heads * head_dim,
         x.stride(0), weight.stride(0), cos_sin_cache.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         HEAD_DIM=head_dim, HALF=head_dim // 2, BLOCK_SIZE=k_cache.shape[1],
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         SWAP_AB=bool(swap_ab), EVEN_K=k % block_k == 0,
-        IEEE=x.dtype == torch.float32 or upcast, UPCAST=upcast,
-        PRE_NORM=pre_norm is not None, PRE_RES=pre_res is not None, num_warps=num_warps,
+        IEEE=x.dtype == torch.float32 or upcast, UPCAST=upcast, num_warps=num_warps,
         num_stages=num_stages, **pdl_launch(pdl_enabled(x)),
     )
-    return y if pre_norm is None else (y, new_res)
+    return y
 
 
 def linear_qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -229,34 +163,6 @@ def linear_qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         return matmul_qkv_rope_triton(x, weight, bias, positions, cos_sin_cache, k_cache,
                                       v_cache, slot_mapping, num_heads, num_kv_heads,
                                       cfg), True
-
-    cfg = matmul_triton._choice(key, baseline, fused, CONFIGS)
-    return baseline() if cfg is None else fused(cfg)
-
-
-def linear_rmsnorm_qkv_rope(x: torch.Tensor, residual: torch.Tensor | None,
-                            norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                            bias: torch.Tensor | None, positions: torch.Tensor,
-                            cos_sin_cache: torch.Tensor, k_cache: torch.Tensor,
-                            v_cache: torch.Tensor, slot_mapping: torch.Tensor, num_heads: int,
-                            num_kv_heads: int, baseline
-                            ) -> tuple[torch.Tensor, bool, torch.Tensor]:
-    """(qkv, rotated, x + residual): `matmul_rmsnorm_qkv_rope_triton`'s qkv (rotated: True)
-    and new residual (x without a residual) where that was timed faster than `baseline()`, the
-    plain path returning the same triple (the norm kernel, then the QKV projection and RoPE
-    as the layer runs them); else `baseline()`. Only where `matmul_triton.pre_norm_eligible`
-    and the cache is in x's dtype."""
-    if (not matmul_triton.pre_norm_eligible(x, weight, residual, norm_weight)
-            or k_cache.dtype != x.dtype):
-        return baseline()
-    key = ("rmsnorm_qkv_rope", weight.shape, x.shape[0], weight.dtype, bias is not None,
-           residual is not None, weight.device.index)
-
-    def fused(cfg):
-        qkv, new_residual = matmul_rmsnorm_qkv_rope_triton(
-            x, residual, norm_weight, eps, weight, bias, positions, cos_sin_cache, k_cache,
-            v_cache, slot_mapping, num_heads, num_kv_heads, cfg)
-        return qkv, True, (x if new_residual is None else new_residual)
 
     cfg = matmul_triton._choice(key, baseline, fused, CONFIGS)
     return baseline() if cfg is None else fused(cfg)

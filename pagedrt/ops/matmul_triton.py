@@ -37,15 +37,6 @@ residual to its tile and stores the sum, then counts in on an arrival counter of
 those rows in two passes from L2, rounding as the norm kernel rounds (`_rms_norm_rows`;
 docs/design.md, "Decode matmuls (8 to 128 rows)", says how the decoder uses it).
 
-The RMSNorm before a projection (`matmul_rmsnorm_triton`, opt-in with
-PAGEDRT_MATMUL_PRE_NORM=1, unmeasured on a GPU): the QKV or gate/up projection of x + residual's
-RMSNorm, with the add and the norm in its prologue, so the decode step launches no norm kernel
-for it. Each program first reads its BLOCK_M rows of x (and of the residual) over the whole K
-for their sums of squares (`_row_rstd`; from L2 after the first program), the programs of
-column tile 0 and split 0 storing the new residual x + residual as they go; the K loop then
-normalizes each x tile in registers before its product, rounding where `_rms_norm_kernel`
-rounds (`_normed_tile`). The RMS is the norm kernel's but for the order of the fp32 sum.
-
 `linear` picks, once per (weight shape, rows, dtype, bias), the fastest of `CONFIGS` against
 cuBLAS, timed from CUDA graphs outside graph capture, as the skinny matmul of 1-4 rows does
 (pagedrt/ops/gemv_triton.py). Only the decode graphs' usual bucket sizes (8 and the multiples
@@ -82,10 +73,6 @@ ENABLED = os.environ.get("PAGEDRT_MATMUL", "1") != "0"  # PAGEDRT_MATMUL=0: alwa
 # PAGEDRT_MATMUL_NORM=1: O and down projections with the residual add and RMSNorm after them
 # in one kernel (`linear_add_rmsnorm`); off: no faster on the H200 (docs/design.md)
 NORM_ENABLED = os.environ.get("PAGEDRT_MATMUL_NORM", "0") == "1"
-# PAGEDRT_MATMUL_PRE_NORM=1: QKV and gate/up projections with the residual add and RMSNorm
-# before them in their prologue (`linear_rmsnorm`; the QKV + RoPE kernel's too), each timed
-# against the norm kernel and the plain projection; opt-in until measured on a GPU
-PRE_NORM_ENABLED = os.environ.get("PAGEDRT_MATMUL_PRE_NORM", "0") == "1"
 MIN_ROWS, MAX_ROWS = 8, 128
 
 
@@ -156,10 +143,7 @@ def _matmul_kernel(
     norm_w_ptr,  # [N], the RMSNorm weight, read when ADD_NORM
     norm_out_ptr,  # [M, N] contiguous, RMSNorm(y + residual), written when ADD_NORM
     row_counters_ptr,  # int32, one arrival counter per row tile, all 0, used when ADD_NORM
-    eps,  # the RMSNorm's epsilon (ADD_NORM or PRE_NORM)
-    pre_res_ptr,  # [M, K] contiguous, the residual added to x before its norm, PRE_RES
-    pre_w_ptr,  # [K], the RMSNorm weight applied to x before the product, PRE_NORM
-    new_res_ptr,  # [M, K] contiguous, x + residual written, PRE_RES
+    eps,  # the RMSNorm's epsilon
     M, N, K,
     stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr,
@@ -170,8 +154,6 @@ def _matmul_kernel(
     SILU_MUL: tl.constexpr,  # w is [2N, K] = [gate | up]: y = silu(x @ gate.T) * (x @ up.T)
     ADD_NORM: tl.constexpr,  # y = x @ w.T + residual (the new residual), then its RMSNorm
     NORM_BLOCK: tl.constexpr,  # columns per chunk of the RMSNorm pass, a power of two
-    PRE_NORM: tl.constexpr,  # y = RMSNorm(x (+ residual)) @ w.T: the norm in the prologue
-    PRE_RES: tl.constexpr,  # PRE_NORM with a residual added to x first
     SWAP_AB: tl.constexpr,
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no mask along K
     IEEE: tl.constexpr,  # fp32 operands: exact products (no TF32), as F.linear by default
@@ -193,17 +175,10 @@ def _matmul_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
-    r_rows = pre_res_ptr + offs_m.to(tl.int64)[:, None] * K
-    rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if PRE_NORM:  # the programs of column tile 0 and split 0 store the new residual
-        store_m = offs_m < M * ((pid_n + pid_k) == 0).to(tl.int32)
-        rstd = _row_rstd(x_rows, r_rows, new_res_ptr + offs_m.to(tl.int64)[:, None] * K,
-                         mask_m, store_m, K, eps, BLOCK_M, BLOCK_K, PRE_RES)
     # [BLOCK_M, BLOCK_N] each; acc_up: the up half's product, SILU_MUL only
     out, acc_up = _tile_products(x_rows, w_rows, w_rows + N * stride_wn, mask_m, mask_n,
-                                 k_begin, k_end, K, r_rows, pre_w_ptr, rstd, BLOCK_M, BLOCK_N,
-                                 BLOCK_K, SILU_MUL, SWAP_AB, EVEN_K, IEEE, UPCAST, PRE_NORM,
-                                 PRE_RES)
+                                 k_begin, k_end, K, BLOCK_M, BLOCK_N, BLOCK_K, SILU_MUL,
+                                 SWAP_AB, EVEN_K, IEEE, UPCAST)
     if SILU_MUL:
         # rounded as the plain path rounds: gate/up's output in y's dtype, then the SiLU
         # kernel's silu(gate) rounded before the product (fused_triton._silu_and_mul_kernel)
@@ -238,55 +213,14 @@ def _matmul_kernel(
 
 
 @triton.jit
-def _row_rstd(x_rows, r_rows, new_r_rows, mask_m, store_m, K, eps, BLOCK_M: tl.constexpr,
-              BLOCK_K: tl.constexpr, HAS_RES: tl.constexpr):
-    """[BLOCK_M] fp32: 1 / RMS of each row of x (+ residual) over the whole K, the sum rounded
-    to x's dtype first as `_rms_norm_kernel` (pagedrt/ops/fused_triton.py) rounds it; with
-    HAS_RES that sum is stored at `new_r_rows` for the rows of `store_m` ([BLOCK_M]; all False
-    in every program but one per row tile). x_rows, r_rows, new_r_rows: [BLOCK_M, 1] pointers
-    to the rows' first elements."""
-    offs_k = tl.arange(0, BLOCK_K)
-    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + offs_k
-        mask = mask_m[:, None] & (kk < K)[None, :]
-        a = tl.load(x_rows + kk[None, :], mask=mask, other=0.0)
-        if HAS_RES:
-            r = tl.load(r_rows + kk[None, :], mask=mask, other=0.0)
-            a = (a.to(tl.float32) + r.to(tl.float32)).to(a.dtype)
-            tl.store(new_r_rows + kk[None, :], a, mask=store_m[:, None] & (kk < K)[None, :])
-        af = a.to(tl.float32)
-        ss += tl.sum(af * af, axis=1)
-    return tl.math.rsqrt(ss / K + eps)
-
-
-@triton.jit
-def _normed_tile(a, r_rows, w_ptr, rstd, kk, mask_x, K, HAS_RES: tl.constexpr):
-    """RMSNorm(a (+ the residual's tile)) * weight for an x tile a [BLOCK_M, BLOCK_K] at
-    columns kk, in a's dtype, rounded as `_rms_norm_kernel` rounds: the sum, then x * rstd,
-    then the weight's product."""
-    if HAS_RES:
-        r = tl.load(r_rows + kk[None, :], mask=mask_x, other=0.0)
-        a = (a.to(tl.float32) + r.to(tl.float32)).to(a.dtype)
-    normed = (a.to(tl.float32) * rstd[:, None]).to(a.dtype)
-    w = tl.load(w_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-    return (w[None, :] * normed.to(tl.float32)).to(a.dtype)
-
-
-@triton.jit
 def _tile_products(x_rows, w_rows, w_rows2, mask_m, mask_n, k_begin, k_end, K,
-                   r_rows, norm_w_ptr, rstd,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    TWO: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_K: tl.constexpr,
-                   IEEE: tl.constexpr, UPCAST: tl.constexpr, PRE_NORM: tl.constexpr,
-                   PRE_RES: tl.constexpr):
+                   IEEE: tl.constexpr, UPCAST: tl.constexpr):
     """(x @ W.T, x @ W2.T) over K in [k_begin, k_end), each [BLOCK_M, BLOCK_N] fp32: x's rows at
     `x_rows` ([BLOCK_M, 1] pointers), W's at `w_rows` and, with TWO, a second row set's at
-    `w_rows2` ([BLOCK_N, 1] each; without TWO the second is zeros, unused). With PRE_NORM x
-    is RMSNorm(x (+ the residual at `r_rows`, PRE_RES)) * the weight at `norm_w_ptr`, each
-    tile normalized with the rows' `rstd` ([BLOCK_M] fp32, `_row_rstd`) before its product.
-    The K loop of `_matmul_kernel` and of the QKV + RoPE kernel
-    (pagedrt/ops/matmul_rope_triton.py)."""
+    `w_rows2` ([BLOCK_N, 1] each; without TWO the second is zeros, unused). The K loop of
+    `_matmul_kernel` and of the QKV + RoPE kernel (pagedrt/ops/matmul_rope_triton.py)."""
     offs_k = tl.arange(0, BLOCK_K)
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -302,8 +236,6 @@ def _tile_products(x_rows, w_rows, w_rows2, mask_m, mask_n, k_begin, k_end, K,
             mask_x = mask_m[:, None] & (kk < K)[None, :]
             mask_w = mask_n[:, None] & (kk < K)[None, :]
         a = tl.load(x_rows + kk[None, :], mask=mask_x, other=0.0)
-        if PRE_NORM:
-            a = _normed_tile(a, r_rows, norm_w_ptr, rstd, kk, mask_x, K, PRE_RES)
         w = tl.load(w_rows + kk[None, :], mask=mask_w, other=0.0)
         acc = _mma(a, w, acc, SWAP_AB, IEEE, UPCAST)
         if TWO:
@@ -435,49 +367,6 @@ def matmul_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return _launch(x, weight, bias, config, silu_mul, None)
 
 
-def _check_norm_operands(x: torch.Tensor, operands: tuple) -> None:
-    """ValueError naming the first of operands ((name, tensor, shape), ...) that is not a
-    contiguous tensor of that shape in x's dtype on x's device."""
-    for name, t, shape in operands:
-        if (tuple(t.shape) != shape or not t.is_contiguous() or t.dtype != x.dtype
-                or t.device != x.device):
-            raise ValueError(f"{name} is {t.dtype} {tuple(t.shape)} on {t.device}"
-                             f"{'' if t.is_contiguous() else ', not contiguous'}; expected a "
-                             f"contiguous {shape} {x.dtype} on {x.device}")
-
-
-def matmul_rmsnorm_triton(x: torch.Tensor, residual: torch.Tensor | None,
-                          norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                          bias: torch.Tensor | None = None, config: tuple = CONFIGS[0],
-                          silu_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`matmul_triton(rms_norm_triton(x, norm_weight, eps, residual), weight, bias, config,
-    silu_mul)` in one kernel: the residual add and the RMSNorm before a projection (a QKV or
-    gate/up projection and the norm ahead of it) in the matmul's prologue (module doc).
-
-    Args:
-        x: [M, K], last dim contiguous: the layer's input (the sub-block's output before the
-            add).
-        residual: [M, K] contiguous, x's dtype and device, or None (the first layer: the
-            norm of x alone).
-        norm_weight: [K] contiguous, x's dtype and device. eps: the norm's epsilon.
-        weight, bias, config, silu_mul: as `matmul_triton` (split-K allowed without
-            silu_mul).
-    Returns:
-        (y [M, N], new_residual [M, K] or None): the projection of RMSNorm(x + residual) *
-        norm_weight, in x's dtype, and x + residual (None without a residual).
-    Raises:
-        ValueError: as `matmul_triton`, or x, a residual or a norm weight of another shape,
-            dtype or device, or not contiguous.
-    """
-    _check(x, weight, bias)
-    (m, k) = x.shape
-    operands = [("norm_weight", norm_weight, (k,))]
-    if residual is not None:
-        operands.append(("residual", residual, (m, k)))
-    _check_norm_operands(x, operands)
-    return _launch(x, weight, bias, config, silu_mul, None, (residual, norm_weight, float(eps)))
-
-
 def matmul_add_rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                               residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                               config: tuple = CONFIGS[0]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -500,17 +389,20 @@ def matmul_add_rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch
             or device, or not contiguous.
     """
     n = weight.shape[0]
-    _check_norm_operands(x, (("residual", residual, (x.shape[0], n)),
-                             ("norm_weight", norm_weight, (n,))))
+    for name, t, shape in (("residual", residual, (x.shape[0], n)),
+                           ("norm_weight", norm_weight, (n,))):
+        if (tuple(t.shape) != shape or not t.is_contiguous() or t.dtype != x.dtype
+                or t.device != x.device):
+            raise ValueError(f"{name} is {t.dtype} {tuple(t.shape)} on {t.device}"
+                             f"{'' if t.is_contiguous() else ', not contiguous'}; expected a "
+                             f"contiguous {shape} {x.dtype} on {x.device}")
     return _launch(x, weight, bias, config, False, (residual, norm_weight, float(eps)))
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: tuple,
-            silu_mul: bool, norm: tuple | None, pre_norm: tuple | None = None):
-    """`matmul_triton` (norm and pre_norm None), `matmul_add_rmsnorm_triton` (norm =
-    (residual, norm_weight, eps)) or `matmul_rmsnorm_triton` (pre_norm = (residual or None,
-    norm_weight, eps); returns (y, new_residual or None)): checks the config and launches
-    `_matmul_kernel`."""
+            silu_mul: bool, norm: tuple | None):
+    """`matmul_triton` (norm None) or `matmul_add_rmsnorm_triton` (norm = (residual,
+    norm_weight, eps)): checks the config and launches `_matmul_kernel`."""
     _check(x, weight, bias)
     if len(config) not in (6, 7):
         raise ValueError(f"config {config}: expected (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, "
@@ -533,12 +425,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
     upcast = x.dtype == torch.bfloat16 and interpreting(x)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     normed = torch.empty_like(y) if norm is not None else y
-    pre_res, pre_w, pre_eps = pre_norm if pre_norm is not None else (None, y, 0.0)
-    new_res = torch.empty_like(x) if pre_res is not None else None
-    # what the caller gets back: the kernel writes into these tensors
-    result = (y, new_res) if pre_norm is not None else (normed, y) if norm is not None else y
     if m == 0:
-        return result
+        return y if norm is None else (normed, y)
     if split_k > 1 and split_k * m * n >= 2**31:
         raise ValueError(f"split_k {split_k} x {m} x {n} partials exceed the kernel's int32 "
                          "offsets; use split_k 1")
@@ -551,21 +439,19 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
         counters = y  # not read
     parts = (torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
              if split_k > 1 else y)
-    residual, norm_weight, eps = norm if norm is not None else (y, y, pre_eps)
+    residual, norm_weight, eps = norm if norm is not None else (y, y, 0.0)
     _matmul_kernel[(tiles * split_k,)](
         x, weight, bias if bias is not None else weight, y, parts, counters,
         residual, norm_weight, normed, counters[tiles:] if norm is not None else counters, eps,
-        pre_res if pre_res is not None else x, pre_w, new_res if new_res is not None else x,
         m, n, k, x.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         SPLIT_K=split_k, SILU_MUL=silu_mul, ADD_NORM=norm is not None,
         NORM_BLOCK=max(32, 4096 // block_m),  # the norm pass's tile: 4,096 fp32 at most
-        PRE_NORM=pre_norm is not None, PRE_RES=pre_res is not None,
         SWAP_AB=bool(swap_ab), EVEN_K=k % block_k == 0,
         IEEE=x.dtype == torch.float32 or upcast, UPCAST=upcast, num_warps=num_warps,
         num_stages=num_stages, **pdl_launch(pdl_enabled(x)),
     )
-    return result
+    return y if norm is None else (normed, y)
 
 
 _CHOICE: dict[tuple, tuple | None] = {}  # key -> config; None = the torch path
@@ -640,42 +526,6 @@ def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, baseline) -> torch.Te
     cfg = _choice(key, baseline, lambda c: matmul_triton(x, weight, None, c, silu_mul=True),
                   SILU_CONFIGS)
     return baseline() if cfg is None else matmul_triton(x, weight, None, cfg, silu_mul=True)
-
-
-def pre_norm_eligible(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
-                      norm_weight: torch.Tensor) -> bool:
-    """Whether a projection of x [M, K] may take the norm in its prologue
-    (`linear_rmsnorm`, `matmul_rope_triton.linear_rmsnorm_qkv_rope`): PAGEDRT_MATMUL_PRE_NORM=1,
-    the tensors the fused ops take (`_eligible`), the norm weight in x's dtype and the
-    residual (if any) contiguous in x's dtype."""
-    return (PRE_NORM_ENABLED and _eligible(x, weight, fused=True)
-            and norm_weight.dtype == x.dtype
-            and (residual is None or (residual.is_contiguous() and residual.dtype == x.dtype)))
-
-
-def linear_rmsnorm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
-                   eps: float, weight: torch.Tensor, bias: torch.Tensor | None, baseline,
-                   silu_mul: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the projection of RMSNorm(x + residual) * norm_weight (SwiGLU's activation of it with
-    silu_mul), x + residual; x itself without a residual): `matmul_rmsnorm_triton`, one
-    kernel, where that was timed faster than `baseline()`, the plain path that returns the
-    same pair (the norm kernel, then the projection as the layer runs it); else `baseline()`.
-    Only where `pre_norm_eligible`. Candidates: the whole-K configs, `SILU_CONFIGS` (under
-    split-K each split would read its rows of x and the residual over the whole K again for
-    their RMS)."""
-    odd_gate_up = silu_mul and weight.shape[0] % 2
-    if odd_gate_up or not pre_norm_eligible(x, weight, residual, norm_weight):
-        return baseline()
-    key = ("rmsnorm_silu" if silu_mul else "rmsnorm", weight.shape, x.shape[0], weight.dtype,
-           bias is not None, residual is not None, weight.device.index)
-
-    def fused(cfg):
-        y, new_residual = matmul_rmsnorm_triton(x, residual, norm_weight, eps, weight, bias,
-                                                cfg, silu_mul)
-        return y, (x if new_residual is None else new_residual)
-
-    cfg = _choice(key, baseline, fused, SILU_CONFIGS)
-    return baseline() if cfg is None else fused(cfg)
 
 
 def linear_add_rmsnorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -67,11 +67,12 @@ def test_split_k_matches_cublas_in_a_replayed_graph(m):
     assert int(_REDUCE_COUNTERS[torch.device("cuda", 0)].abs().sum()) == 0
 
 
-@pytest.mark.parametrize("m", [8, 64, 128])
+@pytest.mark.parametrize("m", [8, 64, 128, 256])
 def test_silu_mul_matches_the_plain_path_in_bf16(m):
     """Gate/up with SwiGLU's activation in the epilogue, every SILU_CONFIGS config, at Qwen2-0.5B's
     and Llama-3-8B's gate/up shapes, against the plain path (cuBLAS, then the activation
-    kernel): equal within bf16 rounding of the products (the two sum in different orders)."""
+    kernel): equal within bf16 rounding of the products (the two sum in different orders).
+    256 rows as PAGEDRT_MATMUL_FUSED_MAX_ROWS=256 runs it."""
     from pagedrt.ops.fused_triton import silu_and_mul_triton
 
     g = torch.Generator(device="cuda").manual_seed(m)
@@ -119,16 +120,18 @@ def test_add_rmsnorm_matches_the_norm_kernel_in_a_replayed_graph(m):
 
 
 @pytest.mark.parametrize("model", ["qwen2", "llama3"])
-@pytest.mark.parametrize("m", [8, 64, 128])
-def test_qkv_rope_matches_the_chain_in_bf16(model, m):
+@pytest.mark.parametrize("m", [8, 64, 128, 256])
+def test_qkv_rope_matches_the_chain_in_bf16(monkeypatch, model, m):
     """Every candidate of the QKV + RoPE epilogue at Qwen2-0.5B's heads (14 + 2 x 2 of 64,
     bias) and Llama-3-8B's (32 + 2 x 8 of 128): the qkv rows and both caches against cuBLAS and
-    `rotary_write_kv_triton`, with padding rows (slot -1) that must leave the cache alone."""
+    `rotary_write_kv_triton`, with padding rows (slot -1) that must leave the cache alone.
+    256 rows as PAGEDRT_MATMUL_FUSED_MAX_ROWS=256 allows."""
     from pagedrt.models.layers import RotaryEmbedding
     from pagedrt.ops.fused_triton import rotary_write_kv_triton
     from pagedrt.ops.matmul_rope_triton import CONFIGS as ROPE_CONFIGS
     from pagedrt.ops.matmul_rope_triton import matmul_qkv_rope_triton
 
+    monkeypatch.setattr(matmul_triton, "FUSED_MAX_ROWS", 256)
     hidden, heads, kv_heads, d, with_bias = {"qwen2": (896, 14, 2, 64, True),
                                              "llama3": (4096, 32, 8, 128, False)}[model]
     g = torch.Generator(device="cuda").manual_seed(m + d)
@@ -157,66 +160,14 @@ def test_qkv_rope_matches_the_chain_in_bf16(model, m):
             2 * (m - m // 4)  # exactly the real rows' slots written
 
 
-@pytest.mark.parametrize("m", [8, 64, 128, 256])
-def test_rmsnorm_prologues_match_the_chain_in_bf16(monkeypatch, m):
-    """The norm in the prologue (PAGEDRT_MATMUL_PRE_NORM=1's kernels) at Qwen2-0.5B's and
-    Llama-3-8B's shapes: the QKV projection (every config, split-K among them), gate/up with
-    SwiGLU (every SILU_CONFIGS config) and QKV with RoPE and the K/V write (every candidate)
-    against `rms_norm_triton` and then the kernel without the norm, within bf16 rounding;
-    the new residual bit for bit. 256 rows as PAGEDRT_MATMUL_FUSED_MAX_ROWS=256 allows."""
-    from pagedrt.models.layers import RotaryEmbedding
-    from pagedrt.ops.fused_triton import rms_norm_triton
-    from pagedrt.ops.matmul_rope_triton import CONFIGS as ROPE_CONFIGS
-    from pagedrt.ops.matmul_rope_triton import (
-        matmul_qkv_rope_triton,
-        matmul_rmsnorm_qkv_rope_triton,
-    )
-    from pagedrt.ops.matmul_triton import SILU_CONFIGS, matmul_rmsnorm_triton
-
-    monkeypatch.setattr(matmul_triton, "FUSED_MAX_ROWS", 256)
-    dev, bf16 = "cuda", torch.bfloat16
-    g = torch.Generator(device=dev).manual_seed(m + 1)
-    for (hidden, n_qkv, n_gate_up, _), (heads, kv_heads, d) in zip(
-            SHAPES.values(), ((14, 2, 64), (32, 8, 128)), strict=True):
-        x = torch.randn(m, hidden, device=dev, generator=g).to(bf16)
-        r = torch.randn(m, hidden, device=dev, generator=g).to(bf16)
-        nw = (1 + 0.1 * torch.randn(hidden, device=dev, generator=g)).to(bf16)
-        h, want_r = rms_norm_triton(x, nw, 1e-6, r)
-        for n, configs, silu in ((n_qkv, CONFIGS, False), (n_gate_up, SILU_CONFIGS, True)):
-            w = (torch.randn(n, hidden, device=dev, generator=g) * 0.02).to(bf16)
-            for c in configs:
-                got, got_r = matmul_rmsnorm_triton(x, r, nw, 1e-6, w, None, c, silu)
-                want = matmul_triton.matmul_triton(h, w, None, c, silu)
-                assert torch.equal(got_r, want_r), c
-                torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
-        w = (torch.randn(n_qkv, hidden, device=dev, generator=g) * 0.02).to(bf16)
-        positions = torch.randint(0, 4000, (m,), device=dev, generator=g)
-        cos_sin = RotaryEmbedding(d, 4096, 1e6).cos_sin_cache.to(dev)
-        slots = torch.randperm(m + 32, device=dev, generator=g)[:m]
-        for c in ROPE_CONFIGS:
-            caches = torch.zeros(2, 2, (m + 32) // 16 + 1, 16, kv_heads, d, device=dev,
-                                 dtype=bf16)
-            got, got_r = matmul_rmsnorm_qkv_rope_triton(x, r, nw, 1e-6, w, None, positions,
-                                                        cos_sin, *caches[0], slots, heads,
-                                                        kv_heads, c)
-            want = matmul_qkv_rope_triton(h, w, None, positions, cos_sin, *caches[1], slots,
-                                          heads, kv_heads, c)
-            assert torch.equal(got_r, want_r), c
-            torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
-            torch.testing.assert_close(caches[0].float(), caches[1].float(), rtol=3e-2,
-                                       atol=3e-2)
-
-
 @pytest.mark.parametrize("forced", [CONFIGS[0], SPLIT_CONFIGS[0]], ids=["whole_k", "split_k"])
-@pytest.mark.parametrize("norm", ["", "epilogue", "prologue"],
-                         ids=["norm_kernels", "norms_in_matmuls", "norms_in_prologues"])
+@pytest.mark.parametrize("norm", [False, True], ids=["norm_kernels", "norms_in_matmuls"])
 def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch, forced, norm):
     """fp16 tiny model (the path serves 16-bit weights; fp16 keeps near-ties of the argmax
     rarer than bf16), CUDA graphs: greedy tokens of 8 and 16 requests with every 8-128-row
     matmul forced through the Triton kernel (one config per op) equal those with cuBLAS; with
     `norm`, the norms after the O and down projections in their epilogues
-    (PAGEDRT_MATMUL_NORM=1) or before QKV and gate/up in their prologues
-    (PAGEDRT_MATMUL_PRE_NORM=1)."""
+    (PAGEDRT_MATMUL_NORM=1)."""
     loaded = build_tiny_llama(seed=0)
     loaded = loaded._replace(model=loaded.model.to("cuda", torch.float16))
     g = torch.Generator().manual_seed(3)
@@ -225,8 +176,7 @@ def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch, forced, no
     outs = {}
     for tiled in (True, False):
         monkeypatch.setattr(matmul_triton, "_CHOICE", {})
-        monkeypatch.setattr(matmul_triton, "NORM_ENABLED", norm == "epilogue" and tiled)
-        monkeypatch.setattr(matmul_triton, "PRE_NORM_ENABLED", norm == "prologue" and tiled)
+        monkeypatch.setattr(matmul_triton, "NORM_ENABLED", norm and tiled)
         if tiled:
             monkeypatch.setattr(matmul_triton, "fastest_config",
                                 lambda baseline, candidate, configs, rep, record=None:
@@ -239,13 +189,9 @@ def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch, forced, no
                        for n in (8, 16)]
         if tiled:
             chosen = matmul_triton._CHOICE
-            ops = {k[0] for k in chosen}
-            assert chosen and all(c == forced for k, c in chosen.items() if k[0] not in (
-                "silu_mul", "qkv_rope", "rmsnorm", "rmsnorm_silu", "rmsnorm_qkv_rope"))
-            # gate/up with its activation, QKV with RoPE and the K/V write: with the norm in
-            # their prologues, or without
-            gate_up, qkv = (("rmsnorm_silu", "rmsnorm_qkv_rope") if norm == "prologue"
-                            else ("silu_mul", "qkv_rope"))
-            assert gate_up in ops and qkv in ops, ops
-            assert ("add_rmsnorm" in ops) == (norm == "epilogue")
+            assert chosen and all(c == forced for k, c in chosen.items()
+                                  if k[0] not in ("silu_mul", "qkv_rope"))
+            assert any(k[0] == "silu_mul" for k in chosen)  # gate/up with its activation
+            assert any(k[0] == "qkv_rope" for k in chosen)  # QKV with RoPE and the K/V write
+            assert any(k[0] == "add_rmsnorm" for k in chosen) == norm
     assert outs[True] == outs[False]
