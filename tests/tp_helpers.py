@@ -100,20 +100,23 @@ def save_hf_folder(loaded, folder: str, tokenizer_dir: str | None = None) -> str
 
 
 def count_graph_replays(worker) -> list[int]:
-    """Make the rank count its CUDA-graph replays (read with `graph_replays`); returns the
-    batch sizes it captured decode graphs for (query length 1), ascending ([] with graphs
-    off)."""
+    """Make the rank count its CUDA-graph replays (read with `graph_replays`), through either
+    entry of the graph runner (`run`, and `replay_staged`, the decode steps' path with staged
+    inputs, the default); returns the batch sizes it captured decode graphs for (query length
+    1), ascending ([] with graphs off)."""
     runner = worker.model_runner.graph_runner
     if runner is None:
         return []
     worker.graph_replays = 0
-    run = runner.run
 
-    def counted(*args, **kwargs):
-        worker.graph_replays += 1
-        return run(*args, **kwargs)
+    def counting(replay):
+        def counted(*args, **kwargs):
+            worker.graph_replays += 1
+            return replay(*args, **kwargs)
+        return counted
 
-    runner.run = counted
+    runner.run = counting(runner.run)
+    runner.replay_staged = counting(runner.replay_staged)
     return sorted(bs for q, bs in runner.graphs if q == 1)
 
 
