@@ -5,10 +5,9 @@
 # launch there (BLOCK_N 128, 4 warps, 3 stages, unsplit) buffers 32 KB of K and V a stage,
 # so few programs share an SM at 512 programs for 132 SMs; smaller tiles fit more.
 # `decode_tune.py`, bf16, every setting checked against the reference first, over BLOCK_N
-# 32/64/128, 2/4/8 warps,
-# 2/3/4 stages, 1 or 2 splits, `_decode_kernel` and the warp tiles, at B256 L512 / L640 and
-# B128 L640. Prints each case's default time and the fastest settings; everything in
-# $OUT/results.tgz.
+# 32/64/128, 2/4/8 warps, 2/3/4 stages, 1 or 2 splits, `_decode_kernel` and the warp tiles,
+# at B256 L512 / L640 and B128 L640. Prints each case's default time and the fastest
+# settings; everything in $OUT/results.tgz.
 set -u
 . benchmarks/diagnostics/call_common.sh
 out="$(cd "$out" && pwd)"
