@@ -22,8 +22,9 @@ class CompletionOutput:
             token_id, its logprob and rank, and top_logprobs, the SamplingParams.logprobs most
             likely (token_id, logprob) pairs), when SamplingParams.logprobs was set.
         delta_text, delta_token_ids: what this step added (for streaming).
-        cumulative_logprob: a beam search's sequence: the sum of its tokens' log-probabilities
-            (None for sampling).
+        cumulative_logprob: the sum of the generated tokens' log-probabilities (each under
+            the raw model distribution, as in `logprobs`): a beam search's sequence, or a
+            sample when SamplingParams.logprobs was set; None for a sample without it.
     """
 
     index: int

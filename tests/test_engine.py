@@ -141,6 +141,14 @@ def test_eos_and_stop_token_ids_and_output_fields(llm, prompts):
     k = first.token_ids.index(stop_at)
     assert stopped.token_ids == first.token_ids[: k + 1]
     assert stopped.finish_reason == "stop" and stopped.stop_reason == stop_at
+    assert first.cumulative_logprob is None and first.logprobs is None
+    sampled = llm.generate([prompts[2]], SamplingParams(temperature=0.8, seed=3, n=2,
+                                                        max_tokens=8, logprobs=1),
+                           use_tqdm=False)[0].outputs
+    for o in sampled:  # the sum of its tokens' logprobs, as vLLM reports it
+        assert len(o.logprobs) == len(o.token_ids) == 8
+        assert o.cumulative_logprob == pytest.approx(sum(lp.logprob for lp in o.logprobs))
+        assert o.cumulative_logprob < 0
     chat = llm.chat([{"role": "user", "content": "Say hello."}],
                     SamplingParams(temperature=0, max_tokens=40), use_tqdm=False)[0].outputs[0]
     assert chat.finish_reason == "stop", "SmolLM2 ends a short chat answer with EOS"

@@ -393,12 +393,15 @@ class LLMEngine:
             if seq.detokenizer is not None:
                 delta = seq.detokenizer.get_delta(done)
                 text = seq.detokenizer.output_text
+            logprobs = cumulative = None
+            if seq.params.logprobs is not None:
+                logprobs = list(seq.output_logprobs)
+                cumulative = sum(lp.logprob for lp in logprobs)
             outs.append(CompletionOutput(
                 index=seq.sample_index, text=text,
                 token_ids=seq.output_token_ids[: seq.num_output_tokens - seq.num_pending_tokens],
                 finish_reason=seq.status.value if done else None, stop_reason=seq.stop_reason,
-                logprobs=list(seq.output_logprobs) if seq.params.logprobs is not None else None,
-                delta_text=delta,
+                logprobs=logprobs, delta_text=delta, cumulative_logprob=cumulative,
             ))
         finished = head.forked and all(s.is_finished for s in head.group)
         if finished:
