@@ -95,9 +95,9 @@ def fused_max_rows(value: str | None) -> int:
 
 # PAGEDRT_MATMUL_FUSED_MAX_ROWS=256 (opt-in): the fused ops also at the decode graphs'
 # 144-256-row buckets, where the plain projection stays on cuBLAS; at 256 rows the norm,
-# SwiGLU and RoPE kernels beside cuBLAS took 154 us of a ~1.5 ms step on an H100, but with
+# SwiGLU and RoPE kernels beside cuBLAS took 232 us of a 2.09 ms step on an H100, but with
 # the switch 256 x 512/128 ran at 0.99x of the default there (benchmarks/results/RUNS.md,
-# "Runs of 2026-12-05 (19:18-19:44 UTC)" and "Runs of 2026-12-05 (21:40-22:15 UTC)")
+# "Runs of 2026-12-05 (21:40-22:15 UTC)")
 FUSED_MAX_ROWS = fused_max_rows(os.environ.get("PAGEDRT_MATMUL_FUSED_MAX_ROWS"))
 
 
