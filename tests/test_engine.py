@@ -408,19 +408,33 @@ def test_bench_latency_repeats_and_graphs_on_cpu(smollm2_path, tmp_path, monkeyp
 
 def test_bench_throughput_repeats_reports_the_median_run(smollm2_path, tmp_path, monkeypatch):
     """`bench throughput --repeats 3` times the workload three times in one engine, the runs
-    after the first on other token ids of the same lengths (no prefix-cache hits), and reports
-    the median run's rate; every run's rate is in output_tok_s_runs."""
+    after the first on other token ids of the same lengths, and reports the median run's
+    rate; every run's rate is in output_tok_s_runs. No timed run, of the workload or of a
+    --batch-sizes row, meets a prompt that an earlier run or warm-up put in the prefix cache
+    (the rows' repeats once drew the workload's repeats' first prompts and skipped their
+    prefill)."""
     import json
 
     from pagedrt.bench import throughput
 
-    timed = []
+    timed, seen = [], []
     timed_generate = throughput.timed_generate
 
     def recording(llm, prompts, params):
+        hits = llm.stats()["prefix_cache_hits"]
         out = timed_generate(llm, prompts, params)
+        assert llm.stats()["prefix_cache_hits"] == hits, "a timed run hit the prefix cache"
         timed.append((prompts, out[0]))
         return out
+
+    make_workload = throughput.make_workload
+
+    def recording_workload(args, seed=0):
+        out = make_workload(args, seed)
+        seen.extend(tuple(p) for p in out[0])
+        return out
+
+    monkeypatch.setattr(throughput, "make_workload", recording_workload)
 
     warmed = []  # the request count of each warm-up
     warm_up = throughput.warm_up
@@ -449,6 +463,7 @@ def test_bench_throughput_repeats_reports_the_median_run(smollm2_path, tmp_path,
     assert [len(p) for p, _ in runs] == [2, 2, 2]
     assert all(len(x) == 8 for p, _ in runs for x in p)
     assert runs[0][0] != runs[1][0] != runs[2][0] != runs[0][0]  # fresh ids each run
+    assert len(set(seen)) == len(seen), "two runs drew the same prompt"
     rates = [row["output_tokens"] / t for _, t in runs]
     assert row["output_tok_s_runs"] == rates
     assert row["output_tok_s"] == sorted(rates)[1]

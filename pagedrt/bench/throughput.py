@@ -165,11 +165,36 @@ def timed_generate(llm, prompts, params) -> tuple[float, int, list]:
     return time.perf_counter() - t, engine.counters["num_steps"] - base_steps, outs
 
 
+WARM_UP_RUN = 4000  # `fresh_seed`'s run number of a warm-up (timed runs: 1, 2, ...)
+
+
+def fresh_seed(run: int, num_requests: int) -> int:
+    """The token-id seed of a workload's warm-up (run WARM_UP_RUN) or of its timed run `run`
+    after the first (1, 2, ...): one of its own for every (run, num_requests), so that no run
+    of a process meets prompts an earlier run left in the prefix cache. `make_workload` draws
+    the [num_requests, input_len] ids of a seed in order, so two workloads of one seed share
+    their first rows: until 2026-12-05 the repeats of every --batch-sizes row took seeds 1001,
+    1002 like the main workload's, so they found their prompts cached and skipped the
+    prefill, and their median ran up to 1.4x the first run (benchmarks/results/RUNS.md, "Runs
+    of 2026-12-05 (21:40-22:15 UTC)"). The first runs keep their seeds (0 for the workload,
+    100 + num_requests for a --batch-sizes row). Below 2 ** 32: torch's CPU generator keeps
+    only a seed's low 32 bits.
+
+    Raises:
+        ValueError: run outside 1..WARM_UP_RUN or num_requests outside 0..999,999.
+    """
+    if not (1 <= run <= WARM_UP_RUN and 0 <= num_requests < 1_000_000):
+        raise ValueError(f"run={run}, num_requests={num_requests}: need 1 <= run <= "
+                         f"{WARM_UP_RUN} and fewer than 1,000,000 requests")
+    return 1_000_000 * run + num_requests
+
+
 def repeat_seconds(llm, args, params, num_runs: int) -> list[float]:
     """Seconds of num_runs - 1 more runs of the workload `args` describes, each on fresh token
-    ids of the same lengths (seeds 1001, 1002, ...: no prefix-cache hit on an earlier run);
-    with the first run's seconds, `--repeats` takes their median."""
-    return [timed_generate(llm, make_workload(args, seed=1000 + r)[0], params)[0]
+    ids of the same lengths (`fresh_seed`: no prefix-cache hit on any earlier run); with the
+    first run's seconds, `--repeats` takes their median."""
+    return [timed_generate(llm, make_workload(args, seed=fresh_seed(r, args.num_requests))[0],
+                           params)[0]
             for r in range(1, num_runs)]
 
 
@@ -386,7 +411,7 @@ def warm_up(llm, args) -> None:
     prefill runs beside decoding rows, and the prompt that straddles the budget continues from
     the cache there. Fewer warm-up requests left those steps' kernels to compile inside the
     timed run (a batch-8 FP8 run at 8 x 4,096 read 277 against 463 tok/s with 4)."""
-    warm, warm_params, _ = make_workload(args, seed=3)
+    warm, warm_params, _ = make_workload(args, seed=fresh_seed(WARM_UP_RUN, args.num_requests))
     n = min_warm_up_requests(args.warm_up_requests or len(warm), [len(p) for p in warm],
                              llm.llm_engine.config.max_num_batched_tokens)
     llm.generate(warm[:n], [dataclasses.replace(p, max_tokens=min(8, p.max_tokens))
@@ -554,8 +579,8 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.beam_width and args.workload != "fixed":
         p.error("--beam-width runs the fixed workload only")
-    if args.repeats < 1:
-        p.error(f"--repeats {args.repeats}: give at least 1")
+    if not 1 <= args.repeats < WARM_UP_RUN:
+        p.error(f"--repeats {args.repeats}: give 1 to {WARM_UP_RUN - 1}")
     model, name = load(args)
     in_process = isinstance(model, LoadedModel)
     if args.compare == "hf" and not in_process:
