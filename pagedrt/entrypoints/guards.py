@@ -42,6 +42,8 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from pagedrt.entrypoints.protocol import APIError
+
 logger = logging.getLogger(__name__)
 
 # Request headers (request line included) larger than this close the connection.
@@ -118,15 +120,10 @@ def default_allowed_hosts(host: str) -> tuple[str, ...]:
     return LOOPBACK_HOSTS if loopback else ("*",)
 
 
-def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict:
-    """OpenAI's error shape."""
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
 async def send_error(send: Send, status: int, message: str, **fields) -> None:
-    """A whole JSON error response, with `Connection: close`."""
-    body = json.dumps(error_body(message, **fields), separators=(",", ":")).encode()
+    """A whole JSON error response in OpenAI's shape (`APIError`'s body; fields: its type,
+    param and code), with `Connection: close`."""
+    body = json.dumps(APIError(status, message, **fields).body(), separators=(",", ":")).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()),

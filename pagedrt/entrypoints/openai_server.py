@@ -115,11 +115,7 @@ class _Run:
         await run.wake.wait()
         run.wake.clear()
         if run.error_status:
-            kind = "invalid_request_error" if run.error_status < 500 else "server_error"
-            # 503: the engine core is not running or the server is shutting down, as the
-            # non-streamed 503s say it (README's error table)
-            code = "service_unavailable" if run.error_status == 503 else None
-            raise APIError(run.error_status, run.error, type=kind, code=code)
+            raise APIError(run.error_status, run.error)
 
     def new_outputs(self):
         """(prompt index, CompletionOutput with the text and state since the last call) for
@@ -198,11 +194,9 @@ class OpenAIServer:
     # ------------------------------------------------------------ checks
     def check_available(self) -> None:
         if not self.client.alive:
-            raise APIError(503, "the engine core process is not running", type="server_error",
-                           code="service_unavailable")
+            raise APIError(503, "the engine core process is not running")
         if self.shutting_down:
-            raise APIError(503, "the server is shutting down", type="server_error",
-                           code="service_unavailable")
+            raise APIError(503, "the server is shutting down")
 
     async def parse(self, request: Request, model_cls):
         self.check_available()
@@ -405,8 +399,7 @@ def build_app(client: EngineCoreClient, tokenizer, served_model_name: str,
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, e: HTTPException) -> JSONResponse:
-        kind = "invalid_request_error" if e.status_code < 500 else "server_error"
-        return _error_response(APIError(e.status_code, str(e.detail), type=kind))
+        return _error_response(APIError(e.status_code, str(e.detail)))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
@@ -415,7 +408,7 @@ def build_app(client: EngineCoreClient, tokenizer, served_model_name: str,
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, e: Exception) -> JSONResponse:
         logger.exception("unhandled error")
-        return _error_response(APIError(500, f"internal error: {e!r}", type="server_error"))
+        return _error_response(APIError(500, f"internal error: {e!r}"))
 
     @app.get("/health")
     async def health() -> Response:

@@ -22,12 +22,19 @@ from pagedrt.sampling_params import BeamSearchParams, SamplingParams, short_repr
 
 
 class APIError(Exception):
-    """An error the client caused (4xx) or the server hit (5xx), in OpenAI's shape."""
+    """An error the client caused (4xx) or the server hit (5xx), in OpenAI's shape. Unless
+    given, `type` is "invalid_request_error" for a 4xx and "server_error" for a 5xx, and a
+    503's `code` is "service_unavailable" (the engine core is not running, or the server is
+    shutting down: README's error table)."""
 
-    def __init__(self, status_code: int, message: str, type: str = "invalid_request_error",
+    def __init__(self, status_code: int, message: str, type: str | None = None,
                  param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
+        if type is None:
+            type = "invalid_request_error" if status_code < 500 else "server_error"
+        if code is None and status_code == 503:
+            code = "service_unavailable"
         self.message, self.type, self.param, self.code = message, type, param, code
 
     def body(self) -> dict:
