@@ -16,7 +16,6 @@ from pagedrt.core.plan import NewRequestData, StepPlan
 from pagedrt.engine import sampler as sampler_module
 from pagedrt.engine.input_batch import InputBatch
 from pagedrt.engine.sampler import Sampler, SamplingRow
-from tests.tiny_model import build_tiny_llama
 
 VOCAB = 40
 EOS = (3,)
@@ -296,7 +295,7 @@ def test_engine_batched_sampler_equals_plain_sampler(tiny):
     assert outs[False, True] == outs[True, False]
 
 
-def test_a_forced_kernel_on_a_cpu_needs_the_interpreter(monkeypatch):
+def test_a_forced_kernel_on_a_cpu_needs_the_interpreter(tiny, monkeypatch):
     """PAGEDRT_SAMPLE_KERNEL=1 (kernel=True) for a CPU device outside TRITON_INTERPRET=1 is a
     ValueError at start-up naming both variables (it used to fail at the first sampled token
     with Triton's "0 active drivers"); with the interpreter, or the kernel off, it passes."""
@@ -307,6 +306,6 @@ def test_a_forced_kernel_on_a_cpu_needs_the_interpreter(monkeypatch):
     Sampler(kernel=True).check_device(torch.device("cuda"))
     monkeypatch.setenv("PAGEDRT_SAMPLE_KERNEL", "1")
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
-        LLM(build_tiny_llama(seed=0), num_kv_blocks=16, block_size=8)
+        LLM(tiny, num_kv_blocks=16, block_size=8)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     Sampler().check_device(torch.device("cpu"))

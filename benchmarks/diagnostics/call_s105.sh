@@ -3,8 +3,8 @@
 # benchmarks/diagnostics/first_run.py at Qwen2-0.5B's 512/128, batches 32, 64 and 128, three
 # runs each, with the repeats' seeds of before 141280b (--old-seeds: they hit the prefix cache,
 # found on the CPU) and with fresh_seed's. Expected: prefix-cache hits and fast repeats only
-# with --old-seeds; any first-run penalty left without them shows with its compiles, new CUDA
-# segments and GC time. One line per run; everything in $OUT/results.tgz.
+# with --old-seeds; any first-run penalty left without them shows with its compiles, cudaMalloc
+# calls and GC time. One line per run; everything in $OUT/results.tgz.
 set -u
 . benchmarks/diagnostics/call_common.sh
 out="$(cd "$out" && pwd)"

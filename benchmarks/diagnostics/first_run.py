@@ -14,9 +14,9 @@ This repeats that sequence (the bench's own workload, warm-up and timed runs) an
 counts what else a first run could pay for that later ones do not: Triton kernels compiled or
 loaded (`triton.knobs.runtime.jit_post_compile_hook`: a launch whose specialization, e.g. an
 int argument's divisibility by 16 or a pointer's alignment, this process had not launched
-before), new CUDA memory segments of the caching allocator (cudaMalloc, which synchronizes)
-and allocation retries, and Python's garbage collections with their time; and prints its
-slowest steps with what they scheduled. A one-off diagnostic, not a benchmark of record.
+before), the caching allocator's cudaMalloc calls (each synchronizes) and allocation
+retries, and Python's garbage collections with their time; and prints its slowest steps
+with what they scheduled. A one-off diagnostic, not a benchmark of record.
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/first_run.py [--batch-sizes 32,64,128]
         [--runs 3] [--preset qwen2-0.5b] [--input-len 512] [--output-len 128] [--old-seeds]
@@ -32,18 +32,23 @@ import os
 import statistics
 import time
 
-import torch
-
-from pagedrt.bench.common import add_model_args, int_list, load, make_llm, sync_engine
-from pagedrt.bench.throughput import fresh_seed, make_workload, trace_steps, warm_up
+from benchmarks.profile_host import alloc_counters
+from pagedrt.bench.common import add_model_args, int_list, load, make_llm
+from pagedrt.bench.throughput import (
+    fresh_seed,
+    make_workload,
+    timed_generate,
+    trace_steps,
+    warm_up,
+)
 
 
 class Watch:
-    """Counts, between `start` and `stop`, Triton compiles (by kernel name), new CUDA
-    segments, allocation retries and garbage collections (count, ms)."""
+    """Counts, between `start` and `stop`, Triton compiles (by kernel name), the caching
+    allocator's cudaMalloc calls and allocation retries (`profile_host.alloc_counters`) and
+    garbage collections (count, ms)."""
 
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+    def __init__(self):
         self.compiles: list[str] = []
         self.gc_ms: list[float] = []
         self._gc_start = 0.0
@@ -69,25 +74,18 @@ class Watch:
         else:
             self.gc_ms.append(1e3 * (time.perf_counter() - self._gc_start))
 
-    def _memory(self) -> dict:
-        if not self.cuda:
-            return {}
-        s = torch.cuda.memory_stats()
-        return {"segments": s.get("segment.all.allocated", 0),
-                "retries": s.get("num_alloc_retries", 0)}
-
     def start(self) -> None:
         self.compiles, self.gc_ms = [], []
-        self._stats0 = self._memory()
+        self._stats0 = alloc_counters()
         self._on = True
 
     def stop(self) -> dict:
         self._on = False
-        now = self._memory()
+        now = alloc_counters()
         return {"compiles": len(self.compiles),
                 "compiled": sorted(set(self.compiles)),
-                "new_segments": now.get("segments", 0) - self._stats0.get("segments", 0),
-                "alloc_retries": now.get("retries", 0) - self._stats0.get("retries", 0),
+                "cuda_mallocs": now["num_device_alloc"] - self._stats0["num_device_alloc"],
+                "alloc_retries": now["num_alloc_retries"] - self._stats0["num_alloc_retries"],
                 "gc_collections": len(self.gc_ms), "gc_ms": round(sum(self.gc_ms), 2)}
 
 
@@ -98,12 +96,8 @@ def timed_run(llm, args, seed: int, watch: Watch) -> dict:
     engine = llm.llm_engine
     hits = engine.stats(detailed=False)["prefix_cache_hits"]
     trace, finish = trace_steps(engine)
-    sync_engine(engine)
     watch.start()
-    t = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    sync_engine(engine)
-    seconds = time.perf_counter() - t
+    seconds, _, outs = timed_generate(llm, prompts, params)
     counted = watch.stop()
     counted["prefix_cache_hits"] = engine.stats(detailed=False)["prefix_cache_hits"] - hits
     finish()
@@ -130,15 +124,15 @@ def main() -> None:
     args.warm_up_requests = None
     model, _ = load(args)
     llm = make_llm(model, args)
-    watch = Watch(llm.llm_engine.device)
+    watch = Watch()
     results = []
     for b in args.batch_sizes:
         sub = argparse.Namespace(**{**vars(args), "num_requests": b})
         watch.start()
         warm_up(llm, sub)  # as `pagedrt bench throughput` does before a batch size's runs
         warm = watch.stop()
-        print(f"batch {b}: warm-up compiled {warm['compiles']}, new segments "
-              f"{warm['new_segments']}", flush=True)
+        print(f"batch {b}: warm-up compiled {warm['compiles']}, cudaMalloc "
+              f"{warm['cuda_mallocs']}", flush=True)
         for r in range(args.runs):  # the bench's seeds: 100 + b first, then fresh_seed's
             seed = 100 + b if r == 0 else 1000 + r if args.old_seeds else fresh_seed(r, b)
             run = timed_run(llm, sub, seed, watch)
@@ -147,7 +141,7 @@ def main() -> None:
             print(f"  run {r + 1}: {run['output_tok_s']:,} tok/s, {run['steps']} steps "
                   f"(median {run['step_ms_median']} ms), prefix-cache hits "
                   f"{run['prefix_cache_hits']}, compiles {run['compiles']} "
-                  f"{run['compiled'][:6]}, new segments {run['new_segments']}, retries "
+                  f"{run['compiled'][:6]}, cudaMalloc {run['cuda_mallocs']}, retries "
                   f"{run['alloc_retries']}, gc {run['gc_collections']} ({run['gc_ms']} ms); "
                   f"slowest steps (ms, requests, tokens) {run['slowest_steps']}", flush=True)
     if args.out:
