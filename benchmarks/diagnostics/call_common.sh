@@ -127,8 +127,8 @@ gpu_tests_sharded() {  # name, cap (s), shards, test paths...: `pytest -m gpu` o
   # test files in SHARDS processes at once (Triton compiles on the host's cores while the GPU
   # is shared; the engine tests size their caches by num_kv_blocks), files dealt to the
   # shard with the least weight so far (tests, plus 30 per engine the file builds), heaviest
-# file first; $out/r/NAME_sK.txt per shard,
-  # then each shard's status, failures and summary (or where its cap cut it)
+  # file first; $out/r/NAME_sK.txt per shard, then each shard's status, failures and summary
+  # (or where its cap cut it)
   local name=$1 cap=$2 shards=$3 k
   shift 3
   python3 -m pytest -q -m gpu -p no:cacheprovider --collect-only "$@" 2>/dev/null \
