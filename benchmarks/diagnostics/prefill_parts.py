@@ -18,6 +18,11 @@ config is checked against a dense causal reference (SDPA in fp32 per prompt) bef
 timed; TFLOP/s counts the causal pairs (4 x pairs x head_dim x heads). The same at Llama-3-8B
 heads (4 prompts x 4,096, 32 / 8 x 128) for the config the engine uses there.
 
+Part C, gate/up with SwiGLU's activation in the matmul's epilogue (`matmul_triton`'s
+silu_mul, the decode path's kernel) at 16,384 and 4,096 rows over a grid of tiles, against
+cuBLAS then the activation kernel (what prefill runs): the [rows, 9,728] product is never
+written. Part A also at 16 x 1,024 and 4 x 4,096 tokens.
+
 Part B, the MLP of 16,384 rows (gate/up 896 -> 2 x 4,864, the model's SiluAndMul, down 4,864 ->
 896; random bf16 weights): whole, as the engine runs it, and in row chunks of 1,024 to 8,192,
 so that a chunk's gate/up output (40 MB at 2,048 rows) may still be in L2 when the
@@ -46,9 +51,15 @@ from pagedrt.ops import attention_extend_triton as ext
 DTYPE = torch.bfloat16
 SHAPES = {  # name: prompts, tokens per prompt, heads, KV heads, head_dim
     "qwen2-0.5b": (32, 512, 14, 2, 64),
+    "qwen2-0.5b 16 x 1024": (16, 1024, 14, 2, 64),
+    "qwen2-0.5b 4 x 4096": (4, 4096, 14, 2, 64),
     "llama3-8b": (4, 4096, 32, 8, 128),
 }
 GRID = list(itertools.product((64, 128, 256), (32, 64, 128), (4, 8), (2, 3, 4)))
+# gate/up with SwiGLU's activation in its epilogue (matmul_triton's silu_mul) at prefill's row
+# counts: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab)
+SILU_GRID = [(m, n, k, w, s, False) for m, n, k, w, s in itertools.product(
+    (64, 128), (64, 128), (32, 64, 128), (4, 8), (3, 4))]
 
 
 def extend_inputs(num_prompts, length, num_heads, num_kv_heads, head_dim, seed=0):
@@ -167,6 +178,45 @@ def mlp_part(rows: int = 16384, hidden: int = 896, inter: int = 4864, seed: int 
     return res
 
 
+def silu_part(configs, timed: bool, hidden: int = 896, inter: int = 4864,
+              seed: int = 0) -> dict:
+    """gate/up + SiLU-and-mul as the engine runs them past 128 rows (F.linear, then the
+    activation kernel) against `matmul_triton(..., silu_mul=True)` per config, at 16,384 and
+    4,096 rows; each config checked against the plain path first (max abs difference over
+    the output's max, bf16 rounding of the two paths' sums)."""
+    from pagedrt.ops.matmul_triton import matmul_triton
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = torch.randn(2 * inter, hidden, device="cuda", dtype=DTYPE, generator=g) * 0.03
+    act = SiluAndMul()
+    res = {}
+    for rows in (16384, 4096):
+        x = torch.randn(rows, hidden, device="cuda", dtype=DTYPE, generator=g)
+        ref = act(F.linear(x, w)).float()
+        flops = 2 * rows * hidden * 2 * inter
+        part = {"flops": flops, "configs": {}}
+        if timed:
+            part["plain_ms"] = bench_ms(lambda x=x: act(F.linear(x, w)))
+        for cfg in configs:
+            key = "/".join(str(int(v)) for v in cfg[:5])
+            try:
+                y = matmul_triton(x, w, None, cfg, silu_mul=True)
+                err = (y.float() - ref).abs().max().item() / ref.abs().max().item()
+            except Exception as e:  # noqa: BLE001 (out of shared memory: recorded)
+                part["configs"][key] = {"error": repr(e)[:120]}
+                continue
+            if err > 2e-2:
+                part["configs"][key] = {"error": f"max rel error {err:.3g}"}
+                continue
+            part["configs"][key] = {"max_rel_err": err}
+            if timed:
+                ms = bench_ms(lambda cfg=cfg, x=x: matmul_triton(x, w, None, cfg,
+                                                                silu_mul=True))
+                part["configs"][key].update(ms=ms, tflops=flops / (ms * 1e-3) / 1e12)
+        res[rows] = part
+    return res
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True)
@@ -176,10 +226,12 @@ def main() -> None:
     timed = num_shards == 1
     configs = [{"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s}
                for m, n, w, s in GRID][shard::num_shards]
+    silu_configs = SILU_GRID[shard::num_shards]
     res = {"commit": os.environ.get("PAGEDRT_COMMIT", "head"),
            "gpu": torch.cuda.get_device_name(), "extend": {}}
-    for name in ("qwen2-0.5b", "llama3-8b"):
-        res["extend"][name] = extend_part(name, configs if name == "qwen2-0.5b" else [], timed)
+    for name in SHAPES:
+        res["extend"][name] = extend_part(name, configs if "qwen2" in name else [], timed)
+    res["silu"] = silu_part(silu_configs, timed)
     if not timed:
         return
     res["mlp"] = mlp_part()
@@ -196,6 +248,13 @@ def main() -> None:
               f" {part['sdpa_ms'] or float('nan'):.3f} ms; failed {len(rows) - len(ok)}")
         for k in best:
             print(f"  {k:>14} {ok[k]['ms']:.3f} ms {ok[k]['tflops']:.0f} TFLOP/s")
+    for rows, part in res["silu"].items():
+        ok = {k: v for k, v in part["configs"].items() if "ms" in v}
+        print(f"gate/up + SiLU {rows} rows: cuBLAS + activation kernel {part['plain_ms']:.3f} ms"
+              f" ({part['flops'] / (part['plain_ms'] * 1e-3) / 1e12:.0f} TFLOP/s); failed"
+              f" {len(part['configs']) - len(ok)}")
+        for k in sorted(ok, key=lambda k: ok[k]["ms"])[:4]:
+            print(f"  {k:>16} {ok[k]['ms']:.3f} ms {ok[k]['tflops']:.0f} TFLOP/s")
     mlp = res["mlp"]
     print(f"mlp {mlp['rows']} rows: gate/up {mlp['gate_up_alone_ms']:.3f} ms, SiLU-and-mul"
           f" {mlp['silu_mul_alone_ms']:.3f}, down {mlp['down_alone_ms']:.3f}")
