@@ -101,6 +101,25 @@ def narrow_decode_rows_requested() -> bool:
     return os.environ.get("PAGEDRT_EXTEND_NARROW_DECODE", "1") != "0"
 
 
+def extend_config_override() -> dict | None:
+    """PAGEDRT_EXTEND_CONFIG="BLOCK_M,BLOCK_N,num_warps,num_stages": the launch config the
+    extend kernel tries first over a 16-bit cache, before the defaults
+    (`_extend_launch_configs`), a tuning override for A/B runs of the configs
+    `benchmarks/diagnostics/prefill_parts.py` times; unset: None. Read at every launch.
+
+    Raises:
+        ValueError: not four comma-separated positive ints.
+    """
+    value = os.environ.get("PAGEDRT_EXTEND_CONFIG", "").strip()
+    if not value:
+        return None
+    parts = value.split(",")
+    if len(parts) != 4 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"PAGEDRT_EXTEND_CONFIG={value!r}: expected four positive ints, "
+                         "BLOCK_M,BLOCK_N,num_warps,num_stages (e.g. 64,64,4,2)")
+    return dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), map(int, parts)))
+
+
 @triton.jit
 def online_softmax_step(m_i, l_i, s, GUARD_EMPTY: tl.constexpr = False):
     """One tile of the single-pass online softmax (Milkman & Gimelshein 2018; FlashAttention,
@@ -575,7 +594,9 @@ def paged_attention_extend_triton(
     if not fresh:
         key = value = query  # unused by the kernel (strides passed as for a K/V tensor)
     defaults = _extend_launch_configs(head_dim, query.dtype, on_gpu=not upcast, kv_fp8=fp8)
-    configs = [{**defaults[0], **config}] if config else defaults
+    override = None if config or fp8 else extend_config_override()
+    configs = ([{**defaults[0], **config}] if config else
+               [override] + defaults if override else defaults)
 
     def launch(cfg: dict) -> None:
         block_m = max(cfg["BLOCK_M"], next_pow2(group))
@@ -606,6 +627,6 @@ def paged_attention_extend_triton(
     narrow_m = (max(16, next_pow2(group)) if not sliding_window and not fp8_mma
                 and narrow_decode_rows_requested() else 0)
     cache_key = ("extend", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
-                 dim_major, fp8_mma, fresh, narrow_m)
+                 dim_major, fp8_mma, fresh, narrow_m, tuple((override or {}).values()))
     launch_first_fitting(cache_key, configs, launch)
     return out

@@ -132,6 +132,26 @@ CONFIGS = [
 SILU_CONFIGS = [c for c in CONFIGS if len(c) == 6 or c[6] == 1]
 
 
+def prefill_silu_config() -> tuple | None:
+    """PAGEDRT_PREFILL_SILU_MUL="BLOCK_M,BLOCK_N,BLOCK_K,num_warps,num_stages": gate/up
+    projections of more than MAX_ROWS rows (prefill) take `matmul_triton(..., silu_mul=True)`
+    at that tile config (swap_ab off), one kernel, instead of cuBLAS then the activation
+    kernel: a tuning override for A/B runs of the configs
+    `benchmarks/diagnostics/prefill_parts.py` times; unset: None. Read at every call.
+
+    Raises:
+        ValueError: not five comma-separated powers of two / positive ints.
+    """
+    value = os.environ.get("PAGEDRT_PREFILL_SILU_MUL", "").strip()
+    if not value:
+        return None
+    parts = value.split(",")
+    if len(parts) != 5 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"PAGEDRT_PREFILL_SILU_MUL={value!r}: expected five positive ints, "
+                         "BLOCK_M,BLOCK_N,BLOCK_K,num_warps,num_stages (e.g. 128,128,64,8,3)")
+    return (*map(int, parts), False)
+
+
 @triton.jit
 def _matmul_kernel(
     x_ptr,  # [M, K], last dim contiguous

@@ -61,3 +61,17 @@ def test_decode_rows_on_the_narrow_tile_on_gpu(fp8, heads, monkeypatch):
         assert torch.isfinite(out).all()
         torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(outs[0], outs[1], rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("config", ["64,64,4,2", "64,32,4,2", "128,64,8,2"])
+@pytest.mark.parametrize("heads", [(32, 8, 128), (14, 2, 64)])
+def test_extend_config_override_on_gpu(config, heads, monkeypatch):
+    """PAGEDRT_EXTEND_CONFIG's tiles (the ones prefill_parts.py times) over the mixed launch
+    and a bf16 cache: equal to the reference."""
+    torch.manual_seed(heads[0])
+    args, kw = _mixed(*heads, False)
+    expected = ref.paged_attention_extend_reference(*args, **kw).float()
+    monkeypatch.setenv("PAGEDRT_EXTEND_CONFIG", config)
+    out = tri.paged_attention_extend_triton(*args, **kw).float()
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
