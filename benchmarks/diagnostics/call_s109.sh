@@ -5,16 +5,16 @@
 # with PAGEDRT_EXTEND_CONFIG (the config with the least time summed over the three shapes)
 # and PAGEDRT_PREFILL_SILU_MUL (the fastest fused config at 16,384 rows, only if it beats
 # cuBLAS + the activation kernel) off / on / on / off, one process each; then their GPU tests.
-# Carry .commit, .whl, .tcache; ~9 min. Summaries last; everything in $OUT/results.tgz.
+# Carry .commit, .whl, .tcache; ~6 min. Summaries last; everything in $OUT/results.tgz.
 set -u
 . benchmarks/diagnostics/call_common.sh
 out="$(cd "$out" && pwd)"
 for i in 0 1 2 3 4 5 6 7; do
-  timeout 100 python3 benchmarks/diagnostics/prefill_parts.py --out "$out/r/pp_shard" \
+  timeout 80 python3 benchmarks/diagnostics/prefill_parts.py --out "$out/r/pp_shard" \
     --shard $i/8 > "$out/r/pp_shard$i.txt" 2>&1 &
 done
 wait
-timeout 120 python3 -u benchmarks/diagnostics/prefill_parts.py --out "$out/r/pp" \
+timeout 100 python3 -u benchmarks/diagnostics/prefill_parts.py --out "$out/r/pp" \
   > "$out/r/pp.txt" 2>&1
 echo "== prefill_parts (status $?) at ${SECONDS}s"
 picks=$(python3 - "$out/r/pp/prefill_parts.json" <<'PY'
@@ -38,7 +38,7 @@ PY
 echo "== picks: $picks"
 run() {  # name, environment
   local t0=$SECONDS
-  env $2 timeout 110 python3 -m pagedrt.entrypoints.cli bench throughput --preset qwen2-0.5b \
+  env $2 timeout 90 python3 -m pagedrt.entrypoints.cli bench throughput --preset qwen2-0.5b \
     --skip-step-split --repeats 2 --name "$1" --out "$out/r" > "$out/r/$1.txt" 2>&1
   echo "$1 status $? in $((SECONDS - t0))s: $(grep -h "output tok/s of each\|prefill steps" \
     "$out/r/$1.txt" | tr -s ' ' | cut -c1-110 | tr '\n' ' ')"
@@ -47,7 +47,7 @@ run ab_off_1 "PAGEDRT_X=0"
 run ab_on_1 "$picks"
 run ab_on_2 "$picks"
 run ab_off_2 "PAGEDRT_X=0"
-timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE -k "override" \
+timeout 90 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE -k "override" \
   tests/gpu/test_matmul_gpu.py tests/gpu/test_extend_decode_rows_gpu.py > "$out/r/gpu_tests.txt" 2>&1
 echo "== override GPU tests (status $?): $(tail -1 "$out/r/gpu_tests.txt")"
 grep -E "^(FAILED|ERROR)" "$out/r/gpu_tests.txt" | head -5 | cut -c1-200
