@@ -105,7 +105,8 @@ def extend_config_override() -> dict | None:
     """PAGEDRT_EXTEND_CONFIG="BLOCK_M,BLOCK_N,num_warps,num_stages": the launch config the
     extend kernel tries first over a 16-bit cache, before the defaults
     (`_extend_launch_configs`), a tuning override for A/B runs of the configs
-    `benchmarks/diagnostics/prefill_parts.py` times; unset: None. Read at every launch.
+    `benchmarks/diagnostics/prefill_parts.py` times; unset: None
+    (docs/design.md, "Prefill by parts"). Read at every launch.
 
     Raises:
         ValueError: not four comma-separated positive ints.

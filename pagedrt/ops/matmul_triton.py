@@ -137,7 +137,8 @@ def prefill_silu_config() -> tuple | None:
     projections of more than MAX_ROWS rows (prefill) take `matmul_triton(..., silu_mul=True)`
     at that tile config (swap_ab off), one kernel, instead of cuBLAS then the activation
     kernel: a tuning override for A/B runs of the configs
-    `benchmarks/diagnostics/prefill_parts.py` times; unset: None. Read at every call.
+    `benchmarks/diagnostics/prefill_parts.py` times; unset: None
+    (docs/design.md, "Prefill by parts"). Read at every call.
 
     Raises:
         ValueError: not five comma-separated powers of two / positive ints.
