@@ -19,7 +19,9 @@
 # .txt and .json, a summary line), and timeline_run BATCH STEPS CAP
 # (decode_timeline.py at ctx 512: $out/r/tl_bBATCH.txt and .json, its totals printed), and
 # gpu_tests_sharded NAME CAP SHARDS PATHS... (the GPU tests of PATHS in SHARDS pytest processes
-# at once, each capped at CAP seconds: $out/r/NAME_sK.txt, per shard its summary printed).
+# at once, each capped at CAP seconds: $out/r/NAME_sK.txt, per shard its summary printed), and
+# prefill_parts NAME SHARD_CAP CAP (benchmarks/diagnostics/prefill_parts.py compiled in 8
+# shards, then timed in one process: $out/r/NAME.txt and NAME/prefill_parts.json).
 out="${OUT:-out}"; mkdir -p "$out/r"
 # A fresh machine spends minutes compiling Triton kernels (call_s82: the first two engines and
 # a GPU test file ran out of their caps compiling). A call that ends with save_triton_cache
@@ -166,4 +168,15 @@ PY
     grep -qE " in [0-9.]+s" "$out/r/${name}_s$k.txt" \
       || echo "   cut by the cap after: $(tail -c 300 "$out/r/${name}_s$k.txt" | tr -d '\n')"
   done
+}
+prefill_parts() {  # name, cap of each compiling shard (s), cap of the timed run (s)
+  local name=$1 i
+  for i in 0 1 2 3 4 5 6 7; do
+    timeout "$2" python3 benchmarks/diagnostics/prefill_parts.py --out "$out/r/${name}_shard" \
+      --shard $i/8 > "$out/r/${name}_shard$i.txt" 2>&1 &
+  done
+  wait
+  timeout "$3" python3 -u benchmarks/diagnostics/prefill_parts.py --out "$out/r/$name" \
+    > "$out/r/$name.txt" 2>&1
+  echo "== $name (status $?) at ${SECONDS}s"
 }

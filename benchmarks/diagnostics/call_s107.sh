@@ -9,13 +9,7 @@ set -u
 . benchmarks/diagnostics/call_common.sh
 out="$(cd "$out" && pwd)"
 sweep head
-for i in 0 1 2 3 4 5 6 7; do
-  timeout 150 python3 benchmarks/diagnostics/prefill_parts.py --out "$out/r/pp_shard" \
-    --shard $i/8 > "$out/r/pp_shard$i.txt" 2>&1 &
-done
-wait
-timeout 170 python3 -u benchmarks/diagnostics/prefill_parts.py --out "$out/r/pp" \
-  > "$out/r/pp.txt" 2>&1
-echo "== prefill_parts (status $?)"; tail -22 "$out/r/pp.txt" | cut -c1-180
+prefill_parts pp 150 170
+tail -22 "$out/r/pp.txt" | cut -c1-180
 grep -h "output tok/s of each\|decode steps\|prefill steps" "$out/r/sweep_head.txt" | cut -c1-160
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"

@@ -9,14 +9,7 @@
 set -u
 . benchmarks/diagnostics/call_common.sh
 out="$(cd "$out" && pwd)"
-for i in 0 1 2 3 4 5 6 7; do
-  timeout 80 python3 benchmarks/diagnostics/prefill_parts.py --out "$out/r/pp_shard" \
-    --shard $i/8 > "$out/r/pp_shard$i.txt" 2>&1 &
-done
-wait
-timeout 100 python3 -u benchmarks/diagnostics/prefill_parts.py --out "$out/r/pp" \
-  > "$out/r/pp.txt" 2>&1
-echo "== prefill_parts (status $?) at ${SECONDS}s"
+prefill_parts pp 80 100
 picks=$(python3 - "$out/r/pp/prefill_parts.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))

@@ -81,6 +81,7 @@ from pagedrt.ops.triton_utils import (
     check_index,
     check_paged_args,
     check_sliding_window,
+    env_config,
     interpreting,
     launch_first_fitting,
     next_pow2,
@@ -109,16 +110,10 @@ def extend_config_override() -> dict | None:
     (docs/design.md, "Prefill by parts"). Read at every launch.
 
     Raises:
-        ValueError: not four comma-separated positive ints.
+        ValueError: not four comma-separated positive ints (`env_config`).
     """
-    value = os.environ.get("PAGEDRT_EXTEND_CONFIG", "").strip()
-    if not value:
-        return None
-    parts = value.split(",")
-    if len(parts) != 4 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"PAGEDRT_EXTEND_CONFIG={value!r}: expected four positive ints, "
-                         "BLOCK_M,BLOCK_N,num_warps,num_stages (e.g. 64,64,4,2)")
-    return dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), map(int, parts)))
+    return env_config("PAGEDRT_EXTEND_CONFIG", ("BLOCK_M", "BLOCK_N", "num_warps",
+                                                "num_stages"), "64,64,4,2")
 
 
 @triton.jit

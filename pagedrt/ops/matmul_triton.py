@@ -60,6 +60,7 @@ import triton.language as tl
 
 from pagedrt.ops.attention_triton import fused_reduce_counters
 from pagedrt.ops.triton_utils import (
+    env_config,
     fastest_config,
     interpreting,
     key_shape_index,
@@ -141,16 +142,11 @@ def prefill_silu_config() -> tuple | None:
     (docs/design.md, "Prefill by parts"). Read at every call.
 
     Raises:
-        ValueError: not five comma-separated powers of two / positive ints.
+        ValueError: not five comma-separated positive ints (`env_config`).
     """
-    value = os.environ.get("PAGEDRT_PREFILL_SILU_MUL", "").strip()
-    if not value:
-        return None
-    parts = value.split(",")
-    if len(parts) != 5 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"PAGEDRT_PREFILL_SILU_MUL={value!r}: expected five positive ints, "
-                         "BLOCK_M,BLOCK_N,BLOCK_K,num_warps,num_stages (e.g. 128,128,64,8,3)")
-    return (*map(int, parts), False)
+    cfg = env_config("PAGEDRT_PREFILL_SILU_MUL", ("BLOCK_M", "BLOCK_N", "BLOCK_K",
+                                                    "num_warps", "num_stages"), "128,128,64,8,3")
+    return None if cfg is None else (*cfg.values(), False)
 
 
 @triton.jit

@@ -276,6 +276,25 @@ def next_pow2(n: int) -> int:
 _FITTING_CONFIG: dict = {}
 
 
+def env_config(name: str, fields: tuple[str, ...], example: str) -> dict | None:
+    """A launch config from environment variable `name`, comma-separated positive ints in the
+    order of `fields` (a tuning override; docs/design.md, "Prefill by parts"): {field: value},
+    or None where unset or blank.
+
+    Raises:
+        ValueError: not len(fields) comma-separated positive ints; names the variable, the
+            value and the expected form with `example`.
+    """
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    parts = [p.strip() for p in value.split(",")]
+    if len(parts) != len(fields) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"{name}={value!r}: expected {len(fields)} positive ints, "
+                         f"{','.join(fields)} (e.g. {example})")
+    return dict(zip(fields, map(int, parts)))
+
+
 def launch_first_fitting(key: tuple, configs: list[dict], launch: Callable[[dict], None]) -> None:
     """Launch with the first of `configs` whose tiles fit the GPU's shared memory.
 
