@@ -135,9 +135,9 @@ SILU_CONFIGS = [c for c in CONFIGS if len(c) == 6 or c[6] == 1]
 
 def prefill_silu_config() -> tuple | None:
     """PAGEDRT_PREFILL_SILU_MUL="BLOCK_M,BLOCK_N,BLOCK_K,num_warps,num_stages": gate/up
-    projections of more than MAX_ROWS rows (prefill) take `matmul_triton(..., silu_mul=True)`
-    at that tile config (swap_ab off), one kernel, instead of cuBLAS then the activation
-    kernel: a tuning override for A/B runs of the configs
+    projections of more than MAX_ROWS rows (prefill steps, and decode batches past 128) take
+    `matmul_triton(..., silu_mul=True)` at that tile config (swap_ab off), one kernel, instead
+    of cuBLAS then the activation kernel: a tuning override for A/B runs of the configs
     `benchmarks/diagnostics/prefill_parts.py` times; unset: None
     (docs/design.md, "Prefill by parts"). Read at every call.
 
