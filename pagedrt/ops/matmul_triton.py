@@ -493,9 +493,15 @@ def _eligible(x: torch.Tensor, weight: torch.Tensor, fused: bool = False) -> boo
     """Whether x [M, K] and weight [N, K] may take this path: the path on (`ENABLED`), fp16 or
     bf16 CUDA tensors of one dtype, x's last dim and the weight contiguous, at a timed row
     count (`row_count_timed`; fused: a fused op's)."""
+    return _operands_ok(x, weight) and row_count_timed(x.shape[0], fused)
+
+
+def _operands_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """`_eligible` at any row count: the path on, fp16 or bf16 CUDA tensors of one dtype, x
+    2-D with its last dim contiguous, the weight contiguous."""
     return (ENABLED and x.is_cuda and x.dim() == 2 and x.stride(-1) == 1
             and weight.is_contiguous() and x.dtype in (torch.float16, torch.bfloat16)
-            and x.dtype == weight.dtype and row_count_timed(x.shape[0], fused))
+            and x.dtype == weight.dtype)
 
 
 def _choice(key: tuple, baseline, candidate, configs: list = CONFIGS) -> tuple | None:
@@ -537,7 +543,11 @@ def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, baseline) -> torch.Te
     """SwiGLU's silu(x @ gate.T) * (x @ up.T) for a gate/up weight [2 * I, K] (gate's rows,
     then up's): `matmul_triton(..., silu_mul=True)`, one kernel, where that was timed faster
     than `baseline()`, the plain path that computes the same (the gate/up matmul, then the
-    activation kernel); else `baseline()`. Candidates: `SILU_CONFIGS`. Returns [M, I]."""
+    activation kernel); else `baseline()`. Candidates: `SILU_CONFIGS`. Past MAX_ROWS rows,
+    the tiles of PAGEDRT_PREFILL_SILU_MUL where set (`prefill_silu_config`). Returns [M, I]."""
+    prefill = prefill_silu_config() if x.shape[0] > MAX_ROWS else None
+    if prefill is not None and _operands_ok(x, weight) and weight.shape[0] % 2 == 0:
+        return matmul_triton(x, weight, None, prefill, silu_mul=True)
     if not _eligible(x, weight, fused=True) or weight.shape[0] % 2:
         return baseline()
     key = ("silu_mul", weight.shape, x.shape[0], weight.dtype, weight.device.index)
