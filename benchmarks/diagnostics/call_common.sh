@@ -21,7 +21,8 @@
 # gpu_tests_sharded NAME CAP SHARDS PATHS... (the GPU tests of PATHS in SHARDS pytest processes
 # at once, each capped at CAP seconds: $out/r/NAME_sK.txt, per shard its summary printed), and
 # prefill_parts NAME SHARD_CAP CAP (benchmarks/diagnostics/prefill_parts.py compiled in 8
-# shards, then timed in one process: $out/r/NAME.txt and NAME/prefill_parts.json).
+# shards, then timed in one process: $out/r/NAME.txt and NAME/prefill_parts.json), and
+# warm_cache CAP CMD... (CMD in 8 cache-warming processes at once, PAGEDRT_WARM_SHARD=i/8).
 out="${OUT:-out}"; mkdir -p "$out/r"
 # A fresh machine spends minutes compiling Triton kernels (call_s82: the first two engines and
 # a GPU test file ran out of their caps compiling). A call that ends with save_triton_cache
@@ -179,4 +180,18 @@ prefill_parts() {  # name, cap of each compiling shard (s), cap of the timed run
   timeout "$3" python3 -u benchmarks/diagnostics/prefill_parts.py --out "$out/r/$name" \
     > "$out/r/$name.txt" 2>&1
   echo "== $name (status $?) at ${SECONDS}s"
+}
+warm_cache() {  # cap (s), then a command: the command in 8 processes at once with
+  # PAGEDRT_WARM_SHARD=0/8 ... 7/8 (each compiles an eighth of every timed choice's configs,
+  # times none; pagedrt/ops/triton_utils.py, `_warm_only`), output discarded, each capped;
+  # so the real run after it finds its kernels in Triton's cache. Give the command a small
+  # workload and a fixed KV size (--kv-cache-memory-bytes: eight engines share the GPU, and
+  # --gpu-memory-utilization counts the others' memory as used).
+  local cap=$1 i t0=$SECONDS
+  shift
+  for i in 0 1 2 3 4 5 6 7; do
+    PAGEDRT_WARM_SHARD=$i/8 timeout "$cap" "$@" > "$out/r/warm_$i.txt" 2>&1 &
+  done
+  wait
+  echo "== warm_cache: $((SECONDS - t0)) s, $(ls "$tcache" 2>/dev/null | wc -l) cache entries"
 }

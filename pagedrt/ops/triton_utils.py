@@ -322,6 +322,30 @@ COLD_L2_TIMING = os.environ.get("PAGEDRT_COLD_L2_TIMING", "1") != "0"
 # default until measured across batch sizes (benchmarks/results/RUNS.md, "Runs of 2026-12-04
 # (20:40-21:35 UTC)")
 TIMING_LEAD = os.environ.get("PAGEDRT_TIMING_LEAD", "0") == "1"
+
+
+def warm_shard(value: str | None) -> tuple[int, int] | None:
+    """PAGEDRT_WARM_SHARD's (i, n) from "i/n" (0 <= i < n), or None where unset or blank: the
+    process only compiles its share of the timed configs (`fastest_config`).
+
+    Raises:
+        ValueError: not "i/n" with 0 <= i < n; names the value and the form expected.
+    """
+    value = (value or "").strip()
+    if not value:
+        return None
+    i, _, n = value.partition("/")
+    if not (i.isdigit() and n.isdigit() and int(i) < int(n)):
+        raise ValueError(f"PAGEDRT_WARM_SHARD={value!r}: expected i/n with 0 <= i < n "
+                         f"(e.g. 3/8), or unset")
+    return int(i), int(n)
+
+
+# PAGEDRT_WARM_SHARD=i/n: a cache-warming process, one of n run side by side on a fresh
+# machine before the real run (benchmarks/diagnostics/call_common.sh, `warm_cache`): each
+# compiles only every n-th candidate config (from the i-th) of every timed choice and times
+# none (docs/design.md, "Small-batch decode": compiling on a fresh machine)
+WARM_SHARD = warm_shard(os.environ.get("PAGEDRT_WARM_SHARD"))
 LEAD_ITERS = 600  # the lead kernel's dependent FMAs per program: about 2 us on an H200
 
 
@@ -453,7 +477,12 @@ def fastest_config(baseline, candidate, configs, rep: int, record: tuple | None 
     Only OutOfResources (too much shared memory or too many registers for this GPU) skips a
     config; any other error, a compilation error above all, propagates: a kernel that does not
     compile is a bug to see, not a config to pass over (a Triton-version incompatibility once
-    went unseen that way: every candidate failed and the baseline won)."""
+    went unseen that way: every candidate failed and the baseline won).
+
+    Under PAGEDRT_WARM_SHARD=i/n (`WARM_SHARD`) nothing is timed: `_warm_only` compiles
+    this process's share of `configs` and the baseline is returned."""
+    if WARM_SHARD is not None:
+        return _warm_only(baseline, candidate, configs, *WARM_SHARD)
     from triton.testing import do_bench_cudagraph
 
     def bench(fn) -> float:
@@ -501,3 +530,19 @@ def fastest_config(baseline, candidate, configs, rep: int, record: tuple | None 
         if ms < 0.95 * best_ms:  # a clear win only
             best, best_ms = cfg, ms
     return best
+
+
+def _warm_only(baseline, candidate, configs, shard: int, shards: int) -> None:
+    """`fastest_config` in a cache-warming process (PAGEDRT_WARM_SHARD=shard/shards): runs
+    `baseline()` (which may make a choice that `configs` reads) and then `candidate(config)`
+    once for every `shards`-th config from the `shard`-th, so that Triton compiles them into
+    its on-disk cache, and returns None (the baseline): nothing is timed. A config the GPU
+    cannot run is skipped, as when timing."""
+    baseline()
+    for j, cfg in enumerate(configs):
+        if j % shards != shard:
+            continue
+        try:
+            candidate(cfg)
+        except OutOfResources:
+            continue
