@@ -283,15 +283,22 @@ def test_slow_cpu_generation_suggests_one_thread(monkeypatch):
 
     monkeypatch.delenv("PAGEDRT_NUM_THREADS", raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # (set by other test modules)
-    assert "PAGEDRT_NUM_THREADS=1" in slow_cpu_hint("cpu", 2, 1.6)
-    assert slow_cpu_hint("cpu", 2, 30.0) == ""  # fast enough
-    assert slow_cpu_hint("cpu", 1, 1.6) == ""  # one thread already
-    assert slow_cpu_hint("cuda:0", 16, 1.6) == ""
+    assert "1.6 generated tok/s" in slow_cpu_hint("cpu", 2, 16, 10.0)
+    assert "PAGEDRT_NUM_THREADS=1" in slow_cpu_hint("cpu", 2, 16, 10.0)
+    assert "set_num_threads(1)" in slow_cpu_hint("cpu", 2, 16, 10.0, python_api=True)
+    assert slow_cpu_hint("cpu", 2, 300, 10.0) == ""  # fast enough
+    # a reply of one token (it ended at once) is timed by the prompt's prefill: no rate to judge
+    assert slow_cpu_hint("cpu", 2, 1, 2.3) == ""
+    assert slow_cpu_hint("cpu", 2, 15, 10.0) == ""
+    assert slow_cpu_hint("cpu", 2, 16, 0.0) == ""
+    assert slow_cpu_hint("cpu", 1, 16, 10.0) == ""  # one thread already
+    assert slow_cpu_hint("cuda:0", 16, 16, 10.0) == ""
     monkeypatch.setenv("PAGEDRT_NUM_THREADS", "2")
-    assert slow_cpu_hint("cpu", 2, 1.6) == ""  # the user chose
+    assert slow_cpu_hint("cpu", 2, 16, 10.0) == ""  # the user chose
     monkeypatch.delenv("PAGEDRT_NUM_THREADS")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert slow_cpu_hint("cpu", 2, 1.6) == ""  # interpreted kernels: slow whatever the threads
+    # interpreted kernels: slow whatever the threads
+    assert slow_cpu_hint("cpu", 2, 16, 10.0) == ""
 
 
 def test_slow_cpu_generate_warns_once_in_python(llm, prompts, monkeypatch):
@@ -308,6 +315,10 @@ def test_slow_cpu_generate_warns_once_in_python(llm, prompts, monkeypatch):
     torch.set_num_threads(2)
     llm._warned_slow_cpu = False
     try:
+        with warnings.catch_warnings():  # 2 tokens: too few to judge the rate by
+            warnings.simplefilter("error")
+            llm.generate([prompts[0]], greedy(max_tokens=2), use_tqdm=False)
+        monkeypatch.setattr(cpu_threads, "SLOW_CPU_MIN_TOKENS", 1)
         with pytest.warns(RuntimeWarning, match=r"torch\.set_num_threads\(1\)"):
             llm.generate([prompts[0]], greedy(max_tokens=2), use_tqdm=False)
         with warnings.catch_warnings():

@@ -1005,3 +1005,15 @@ def test_latency_bench_splits_step_times_by_verification(tiny):
     off = time_one_request(make_llm(tiny), prompt, 12)
     assert off["spec_step_ms_median"] is None and off["plain_step_ms_median"] > 0
     assert off["steps_after_first"] == off["output_tokens"] - 1
+
+
+def test_a_draft_path_that_is_no_model_names_speculative_config(tiny, tmp_path):
+    """A draft model path that is neither a .gguf file nor a model folder: a ValueError that
+    says it is speculative_config's draft (not the target's --model) and what it must be."""
+    missing = str(tmp_path / "draft.gguf")
+    with pytest.raises(ValueError, match="draft model") as e:
+        make_llm(tiny, {"method": "draft_model", "num_speculative_tokens": 2,
+                        "model": missing})
+    assert repr(missing) in str(e.value) and "speculative_config" in str(e.value)
+    assert ".gguf file or a Hugging Face folder" in str(e.value)
+    assert "--model" not in str(e.value)

@@ -71,7 +71,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         f"{cpu_threads_note(str(llm.llm_engine.device), torch.get_num_threads())}"
         f" | model load {t_load:.1f} s"
     )
-    hint = slow_cpu_hint(str(llm.llm_engine.device), torch.get_num_threads(), n_gen / elapsed)
+    hint = slow_cpu_hint(str(llm.llm_engine.device), torch.get_num_threads(), n_gen, elapsed)
     if hint:
         print(hint)
     return 0

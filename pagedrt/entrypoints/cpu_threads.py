@@ -17,17 +17,22 @@ def cpu_threads_note(device: str, threads: int) -> str:
 
 
 SLOW_CPU_TOK_S = 8.0  # below this `generate` suggests one thread (the default model does 22-40)
+# fewer generated tokens than this say little about the decode rate (a reply that ends at once
+# is timed by its prompt's prefill alone), so no hint
+SLOW_CPU_MIN_TOKENS = 16
 
 
-def slow_cpu_hint(device: str, threads: int, generated_tok_s: float,
+def slow_cpu_hint(device: str, threads: int, generated_tokens: int, seconds: float,
                   python_api: bool = False) -> str:
     """A line for `pagedrt generate` (or, with `python_api`, for `LLM.generate`'s warning)
-    when a CPU run with several threads and no PAGEDRT_NUM_THREADS generated under
-    SLOW_CPU_TOK_S tokens/s (on a CPU that other processes share, one thread was 11-23x
-    faster: README, "Quick start"); else "", and "" under TRITON_INTERPRET=1 (the Triton
-    interpreter is slow whatever the threads)."""
+    when a CPU run with several threads and no PAGEDRT_NUM_THREADS generated at least
+    SLOW_CPU_MIN_TOKENS tokens at under SLOW_CPU_TOK_S tokens/s over `seconds` (on a CPU
+    that other processes share, one thread was 11-23x faster: README, "Quick start"); else
+    "", and "" under TRITON_INTERPRET=1 (the Triton interpreter is slow whatever the
+    threads)."""
+    generated_tok_s = generated_tokens / seconds if seconds > 0 else float("inf")
     if (not device.startswith("cpu") or threads < 2 or os.environ.get("PAGEDRT_NUM_THREADS")
-            or generated_tok_s >= SLOW_CPU_TOK_S
+            or generated_tokens < SLOW_CPU_MIN_TOKENS or generated_tok_s >= SLOW_CPU_TOK_S
             or os.environ.get("TRITON_INTERPRET") == "1"):  # interpreted kernels: expected
         return ""
     fix = ("torch.set_num_threads(1) before generating" if python_api

@@ -227,7 +227,7 @@ class LLM:
             return
         generated = sum(len(c.token_ids) for o in outputs for c in o.outputs)
         hint = slow_cpu_hint(str(self.llm_engine.device), torch.get_num_threads(),
-                             generated / seconds, python_api=True)
+                             generated, seconds, python_api=True)
         if hint:
             self._warned_slow_cpu = True
             warnings.warn(hint.removeprefix("[hint] "), RuntimeWarning, stacklevel=4)

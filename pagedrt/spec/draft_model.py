@@ -29,6 +29,8 @@ target is accepted every time under greedy decoding.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
@@ -143,11 +145,20 @@ class DraftModelProposer:
 def load_draft_model(model, dtype: torch.dtype, device: torch.device, target,
                      max_model_len: int):
     """The draft model of speculative decoding: a path (loaded in `dtype` on `device`) or a
-    LoadedModel (used as it is). Raises ValueError when its vocabulary size differs from the
-    target's (`target`: the target's ModelConfig; drafts are token ids) or it cannot hold
-    max_model_len positions."""
+    LoadedModel (used as it is). Raises ValueError when the path is neither a .gguf file nor a
+    model folder (naming speculative_config, whose "model" it is), when its vocabulary size
+    differs from the target's (`target`: the target's ModelConfig; drafts are token ids) or
+    it cannot hold max_model_len positions."""
     from pagedrt.models.loader import load_model
 
+    if isinstance(model, str):
+        path = os.path.abspath(os.path.expanduser(model))
+        if not ((os.path.isfile(path) and path.endswith(".gguf"))
+                or os.path.isfile(os.path.join(path, "config.json"))):
+            raise ValueError(
+                f"cannot load the draft model {model!r} of speculative_config (resolved to "
+                f"{path!r}): its \"model\" must be a .gguf file or a Hugging Face folder with "
+                "config.json and *.safetensors, with the target's vocabulary")
     draft = load_model(model, dtype, device) if isinstance(model, str) else model
     name = model if isinstance(model, str) else draft.model_path
     mc = draft.model_config
