@@ -157,6 +157,27 @@ def test_eos_and_stop_token_ids_and_output_fields(llm, prompts):
     assert_free(llm)
 
 
+def test_streamed_logprobs_report_their_running_sum(llm, prompts):
+    """A streamed request (the engine's default) reports every step all its logprobs so far
+    and their sum, kept as tokens arrive: equal to summing the reported list each step, for
+    each of n samples, the reports growing by a token a step."""
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0.8, seed=5, n=2, max_tokens=12, logprobs=2,
+                            ignore_eos=True)
+    engine.add_request("streamed-lp", prompts[1], params)
+    seen: dict[int, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            for o in out.outputs:
+                assert len(o.logprobs) == len(o.token_ids)
+                assert o.cumulative_logprob == sum(lp.logprob for lp in o.logprobs)
+                seen.setdefault(o.index, []).append(len(o.token_ids))
+    assert sorted(seen) == [0, 1]
+    for lengths in seen.values():
+        assert lengths[-1] == 12 and lengths == sorted(lengths) and len(lengths) > 2
+    assert_free(llm)
+
+
 BAD_PARAMS = [
     ({"max_tokens": 0}, "max_tokens=0"),
     ({"temperature": -0.5}, "temperature=-0.5"),

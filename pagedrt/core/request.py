@@ -77,6 +77,9 @@ class Request:
         # still being sampled (the device side knows where it is), else 0
         self.num_pending_tokens = 0
         self.output_logprobs: list = []
+        # the sum of output_logprobs' chosen-token logprobs, kept as they are appended (a
+        # streamed request reports it every step: summing the list each time was quadratic)
+        self.cumulative_logprob = 0.0
         self.params = params
         self.priority = priority
         self.eos_token_ids = eos_token_ids

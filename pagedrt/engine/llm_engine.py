@@ -396,7 +396,7 @@ class LLMEngine:
             logprobs = cumulative = None
             if seq.params.logprobs is not None:
                 logprobs = list(seq.output_logprobs)
-                cumulative = sum(lp.logprob for lp in logprobs)
+                cumulative = seq.cumulative_logprob
             outs.append(CompletionOutput(
                 index=seq.sample_index, text=text,
                 token_ids=seq.output_token_ids[: seq.num_output_tokens - seq.num_pending_tokens],

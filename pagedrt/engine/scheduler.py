@@ -720,6 +720,7 @@ class Scheduler:
                 req.num_pending_tokens = 0
             if logprobs is not None and logprobs[i] is not None:
                 req.output_logprobs.append(logprobs[i])
+                req.cumulative_logprob += logprobs[i].logprob
             if req.first_token_time is None:
                 req.first_token_time = now
             req.last_token_time = now
@@ -936,6 +937,7 @@ class Scheduler:
                     output_token_ids.insert(position, tok)
                 if lp is not None:
                     req.output_logprobs.append(lp)
+                    req.cumulative_logprob += lp.logprob
                 if req.first_token_time is None:
                     req.first_token_time = now
                 req.last_token_time = now
