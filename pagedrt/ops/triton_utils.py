@@ -322,6 +322,7 @@ COLD_L2_TIMING = os.environ.get("PAGEDRT_COLD_L2_TIMING", "1") != "0"
 # default until measured across batch sizes (benchmarks/results/RUNS.md, "Runs of 2026-12-04
 # (20:40-21:35 UTC)")
 TIMING_LEAD = os.environ.get("PAGEDRT_TIMING_LEAD", "0") == "1"
+LEAD_ITERS = 600  # the lead kernel's dependent FMAs per program: about 2 us on an H200
 
 
 def warm_shard(value: str | None) -> tuple[int, int] | None:
@@ -346,7 +347,6 @@ def warm_shard(value: str | None) -> tuple[int, int] | None:
 # compiles only every n-th candidate config (from the i-th) of every timed choice and times
 # none (docs/design.md, "Small-batch decode": compiling on a fresh machine)
 WARM_SHARD = warm_shard(os.environ.get("PAGEDRT_WARM_SHARD"))
-LEAD_ITERS = 600  # the lead kernel's dependent FMAs per program: about 2 us on an H200
 
 
 @triton.jit
