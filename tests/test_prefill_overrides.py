@@ -1,9 +1,9 @@
-"""The prefill tuning overrides (PAGEDRT_EXTEND_CONFIG for the extend kernel's launch config,
-PAGEDRT_PREFILL_SILU_MUL for gate/up with SwiGLU's activation in the matmul past 128 rows):
-their parsing and errors, and, on CPU under TRITON_INTERPRET=1, the extend kernel at an
-overridden config against the torch reference (a mixed batch: prompts, chunks over
-prefixes, decode rows at block boundaries) and the fused gate/up kernel at a prefill tile
-config against the plain path. Their CUDA runs are in tests/gpu/."""
+"""The prefill tuning override PAGEDRT_EXTEND_CONFIG (the extend kernel's launch config): its
+parsing and errors, and, on CPU under TRITON_INTERPRET=1, the extend kernel at an overridden
+config against the torch reference (a mixed batch: prompts, chunks over prefixes, decode rows
+at block boundaries); and the fused gate/up kernel at a prefill tile config against the plain
+path, as benchmarks/diagnostics/prefill_parts.py times it. Their CUDA runs are in
+tests/gpu/."""
 
 import os
 
@@ -29,22 +29,12 @@ def test_extend_config_override_rejects_bad_values(value, monkeypatch):
         ext.extend_config_override()
 
 
-@pytest.mark.parametrize("value", ["128,128,64,8", "128,128,64,8,3,1", "128,a,64,8,3"])
-def test_prefill_silu_config_rejects_bad_values(value, monkeypatch):
-    monkeypatch.setenv("PAGEDRT_PREFILL_SILU_MUL", value)
-    with pytest.raises(ValueError, match="PAGEDRT_PREFILL_SILU_MUL.*BLOCK_M,BLOCK_N,BLOCK_K"):
-        matmul_triton.prefill_silu_config()
-
-
-def test_overrides_parse(monkeypatch):
+def test_override_parses(monkeypatch):
     monkeypatch.delenv("PAGEDRT_EXTEND_CONFIG", raising=False)
-    monkeypatch.delenv("PAGEDRT_PREFILL_SILU_MUL", raising=False)
-    assert ext.extend_config_override() is None and matmul_triton.prefill_silu_config() is None
+    assert ext.extend_config_override() is None
     monkeypatch.setenv("PAGEDRT_EXTEND_CONFIG", " 64,32,4,2 ")
-    monkeypatch.setenv("PAGEDRT_PREFILL_SILU_MUL", "128,64,64,8,3")
     assert ext.extend_config_override() == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4,
                                             "num_stages": 2}
-    assert matmul_triton.prefill_silu_config() == (128, 64, 64, 8, 3, False)
 
 
 @pytest.mark.parametrize("group", [1, 7])

@@ -5,6 +5,7 @@
 # with PAGEDRT_EXTEND_CONFIG (the config with the least time summed over the three shapes)
 # and PAGEDRT_PREFILL_SILU_MUL (the fastest fused config at 16,384 rows, only if it beats
 # cuBLAS + the activation kernel) off / on / on / off, one process each; then their GPU tests.
+# (Ran 2026-12-06 at de54bc2; PAGEDRT_PREFILL_SILU_MUL lost there and was removed after.)
 # Carry .commit, .whl, .tcache; ~6 min. Summaries last; everything in $OUT/results.tgz.
 set -u
 . benchmarks/diagnostics/call_common.sh

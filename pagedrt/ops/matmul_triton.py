@@ -60,7 +60,6 @@ import triton.language as tl
 
 from pagedrt.ops.attention_triton import fused_reduce_counters
 from pagedrt.ops.triton_utils import (
-    env_config,
     fastest_config,
     interpreting,
     key_shape_index,
@@ -131,22 +130,6 @@ CONFIGS = [
 # with the tiles matmul_tune.py --grid silu timed fastest alone, 0.84-0.91x
 # (benchmarks/results/RUNS.md, "Runs of 2026-12-04 (03:30-04:00 UTC)")
 SILU_CONFIGS = [c for c in CONFIGS if len(c) == 6 or c[6] == 1]
-
-
-def prefill_silu_config() -> tuple | None:
-    """PAGEDRT_PREFILL_SILU_MUL="BLOCK_M,BLOCK_N,BLOCK_K,num_warps,num_stages": gate/up
-    projections of more than MAX_ROWS rows (prefill steps, and decode batches past 128) take
-    `matmul_triton(..., silu_mul=True)` at that tile config (swap_ab off), one kernel, instead
-    of cuBLAS then the activation kernel: a tuning override for A/B runs of the configs
-    `benchmarks/diagnostics/prefill_parts.py` times; unset: None
-    (docs/design.md, "Prefill by parts"). Read at every call.
-
-    Raises:
-        ValueError: not five comma-separated positive ints (`env_config`).
-    """
-    cfg = env_config("PAGEDRT_PREFILL_SILU_MUL", ("BLOCK_M", "BLOCK_N", "BLOCK_K",
-                                                    "num_warps", "num_stages"), "128,128,64,8,3")
-    return None if cfg is None else (*cfg.values(), False)
 
 
 @triton.jit
@@ -493,15 +476,9 @@ def _eligible(x: torch.Tensor, weight: torch.Tensor, fused: bool = False) -> boo
     """Whether x [M, K] and weight [N, K] may take this path: the path on (`ENABLED`), fp16 or
     bf16 CUDA tensors of one dtype, x's last dim and the weight contiguous, at a timed row
     count (`row_count_timed`; fused: a fused op's)."""
-    return _operands_ok(x, weight) and row_count_timed(x.shape[0], fused)
-
-
-def _operands_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """`_eligible` at any row count: the path on, fp16 or bf16 CUDA tensors of one dtype, x
-    2-D with its last dim contiguous, the weight contiguous."""
     return (ENABLED and x.is_cuda and x.dim() == 2 and x.stride(-1) == 1
             and weight.is_contiguous() and x.dtype in (torch.float16, torch.bfloat16)
-            and x.dtype == weight.dtype)
+            and x.dtype == weight.dtype and row_count_timed(x.shape[0], fused))
 
 
 def _choice(key: tuple, baseline, candidate, configs: list = CONFIGS) -> tuple | None:
@@ -543,11 +520,9 @@ def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, baseline) -> torch.Te
     """SwiGLU's silu(x @ gate.T) * (x @ up.T) for a gate/up weight [2 * I, K] (gate's rows,
     then up's): `matmul_triton(..., silu_mul=True)`, one kernel, where that was timed faster
     than `baseline()`, the plain path that computes the same (the gate/up matmul, then the
-    activation kernel); else `baseline()`. Candidates: `SILU_CONFIGS`. Past MAX_ROWS rows,
-    the tiles of PAGEDRT_PREFILL_SILU_MUL where set (`prefill_silu_config`). Returns [M, I]."""
-    prefill = prefill_silu_config() if x.shape[0] > MAX_ROWS else None
-    if prefill is not None and _operands_ok(x, weight) and weight.shape[0] % 2 == 0:
-        return matmul_triton(x, weight, None, prefill, silu_mul=True)
+    activation kernel); else `baseline()`. Candidates: `SILU_CONFIGS`. Returns [M, I].
+    (Past MAX_ROWS rows, at prefill sizes, the fused kernel was slower than cuBLAS and the
+    activation at every tile tried: docs/design.md, "Prefill by parts".)"""
     if not _eligible(x, weight, fused=True) or weight.shape[0] % 2:
         return baseline()
     key = ("silu_mul", weight.shape, x.shape[0], weight.dtype, weight.device.index)
