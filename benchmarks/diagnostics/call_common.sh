@@ -158,16 +158,24 @@ for k in range(shards):
 PY
   for k in $(seq 0 $((shards - 1))); do
     # shellcheck disable=SC2046
-    (timeout "$cap" python3 -m pytest -q -m gpu -p no:cacheprovider -rfE \
-      $(cat "$out/r/${name}_s$k.files") > "$out/r/${name}_s$k.txt" 2>&1
+    # -v names each test as it starts, so a cut log ends with the one running; SIGINT at the
+    # cap (then SIGKILL 15 s on) makes pytest print where it was and its slowest tests
+    (timeout -s INT -k 15 "$cap" python3 -m pytest -v -m gpu -p no:cacheprovider -rfE \
+      --durations=12 $(cat "$out/r/${name}_s$k.files") > "$out/r/${name}_s$k.txt" 2>&1
      echo "$?" > "$out/r/${name}_s$k.status") &
   done
   wait
   for k in $(seq 0 $((shards - 1))); do
-    echo "== ${name}_s$k (status $(cat "$out/r/${name}_s$k.status")): $(cat "$out/r/${name}_s$k.files")"
+    local status
+    status=$(cat "$out/r/${name}_s$k.status")
+    echo "== ${name}_s$k (status $status): $(cat "$out/r/${name}_s$k.files")"
     grep -E "^(FAILED|ERROR)| in [0-9.]+s" "$out/r/${name}_s$k.txt" | tail -8 | cut -c1-200
-    grep -qE " in [0-9.]+s" "$out/r/${name}_s$k.txt" \
-      || echo "   cut by the cap after: $(tail -c 300 "$out/r/${name}_s$k.txt" | tr -d '\n')"
+    if [ "$status" = 124 ] || [ "$status" = 137 ]; then
+      echo "   cut by the cap in: $(grep -E "^tests/gpu/.*::" "$out/r/${name}_s$k.txt" \
+        | tail -1 | cut -c1-150)"
+    fi
+    grep -E "^tests/gpu/.*::.* (PASSED|FAILED|ERROR|SKIPPED)" "$out/r/${name}_s$k.txt" \
+      | awk '{print $2}' | sort | uniq -c | tr '\n' ' '; echo
   done
 }
 prefill_parts() {  # name, cap of each compiling shard (s), cap of the timed run (s)
