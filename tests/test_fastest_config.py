@@ -1,4 +1,4 @@
-"""triton_utils.fastest_config: which errors skip a candidate config and which propagate. The
+"""config_timing.fastest_config: which errors skip a candidate config and which propagate. The
 CUDA timing is replaced by a clock the faked kernels advance, so this runs on CPU."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import triton.testing
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
-from pagedrt.ops import triton_utils
+from pagedrt.ops import config_timing
 
 CLOCK: list[float] = []  # device time the faked kernels "ran", per timed replay
 
@@ -25,9 +25,9 @@ def fake_timing(monkeypatch, request):
         return sum(CLOCK)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(triton.testing, "do_bench_cudagraph", bench)
-    monkeypatch.setattr(triton_utils, "COLD_L2_TIMING", request.param)
-    monkeypatch.setattr(triton_utils, "_l2_flusher", lambda: lambda: CLOCK.append(10.0))
-    monkeypatch.setattr(triton_utils, "_pdl_lead", lambda: lambda: CLOCK.append(2.0))
+    monkeypatch.setattr(config_timing, "COLD_L2_TIMING", request.param)
+    monkeypatch.setattr(config_timing, "_l2_flusher", lambda: lambda: CLOCK.append(10.0))
+    monkeypatch.setattr(config_timing, "_pdl_lead", lambda: lambda: CLOCK.append(2.0))
 
 
 def runs(ms: float):
@@ -45,20 +45,20 @@ def candidate_with(errors: dict, times: dict):
 def test_a_config_out_of_resources_is_skipped(fake_timing):
     candidate = candidate_with({"big": OutOfResources(300_000, 232_448, "shared memory")},
                                {"slow": 1.2, "fast": 0.5})
-    assert triton_utils.fastest_config(runs(1.0), candidate, ["big", "slow", "fast"],
+    assert config_timing.fastest_config(runs(1.0), candidate, ["big", "slow", "fast"],
                                        rep=1) == "fast"
 
 
 def test_a_clear_win_only(fake_timing):
     candidate = candidate_with({}, {"a": 0.97, "b": 0.96})  # within 5% of the baseline's 1.0
-    assert triton_utils.fastest_config(runs(1.0), candidate, ["a", "b"], rep=1) is None
+    assert config_timing.fastest_config(runs(1.0), candidate, ["a", "b"], rep=1) is None
 
 
 def test_the_flush_time_is_not_counted(fake_timing):
     """A 6% faster kernel wins with and without the flush and lead before each call (with
     them, the totals 13.0 and 12.94 differ by under 1%: their own time must be subtracted)."""
     candidate = candidate_with({}, {"a": 0.94})
-    assert triton_utils.fastest_config(runs(1.0), candidate, ["a"], rep=1) == "a"
+    assert config_timing.fastest_config(runs(1.0), candidate, ["a"], rep=1) == "a"
 
 
 @pytest.mark.parametrize("error", [
@@ -69,7 +69,7 @@ def test_any_other_error_propagates(fake_timing, error):
     """A kernel that does not compile (or crashes) is a bug, not a config to pass over."""
     candidate = candidate_with({"broken": error}, {"fast": 0.5})
     with pytest.raises(type(error)):
-        triton_utils.fastest_config(runs(1.0), candidate, ["fast", "broken"], rep=1)
+        config_timing.fastest_config(runs(1.0), candidate, ["fast", "broken"], rep=1)
 
 
 def test_each_timed_call_follows_the_flush_then_the_lead(monkeypatch):
@@ -86,12 +86,12 @@ def test_each_timed_call_follows_the_flush_then_the_lead(monkeypatch):
         return 1.0
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(triton.testing, "do_bench_cudagraph", bench)
-    monkeypatch.setattr(triton_utils, "COLD_L2_TIMING", True)
-    monkeypatch.setattr(triton_utils, "_l2_flusher", lambda: lambda: calls.append("flush"))
+    monkeypatch.setattr(config_timing, "COLD_L2_TIMING", True)
+    monkeypatch.setattr(config_timing, "_l2_flusher", lambda: lambda: calls.append("flush"))
     for lead, before in ((lambda: calls.append("lead"), ["flush", "lead"]), (None, ["flush"])):
         replays.clear()
-        monkeypatch.setattr(triton_utils, "_pdl_lead", lambda lead=lead: lead)
-        triton_utils.fastest_config(lambda: calls.append("base"),
+        monkeypatch.setattr(config_timing, "_pdl_lead", lambda lead=lead: lead)
+        config_timing.fastest_config(lambda: calls.append("base"),
                                     lambda cfg: calls.append(cfg), ["a"], rep=1)
         assert replays == [before, [*before, "base"], [*before, "a"]], replays
 
@@ -103,11 +103,11 @@ def test_the_lead_kernel_runs_its_fmas():
     expect = x.clone()
     for _ in range(5):
         expect = expect * 0.999 + 0.001
-    triton_utils._lead_kernel[(3,)](x, 5, PDL=False, num_warps=1)
+    config_timing._lead_kernel[(3,)](x, 5, PDL=False, num_warps=1)
     torch.testing.assert_close(x, expect)
 
 
 def test_the_lead_is_opt_in(monkeypatch):
     """Without PAGEDRT_TIMING_LEAD=1 there is no lead kernel (and nothing touches CUDA)."""
-    monkeypatch.setattr(triton_utils, "TIMING_LEAD", False)
-    assert triton_utils._pdl_lead() is None
+    monkeypatch.setattr(config_timing, "TIMING_LEAD", False)
+    assert config_timing._pdl_lead() is None

@@ -1,6 +1,6 @@
 """The in-step timing of the decode ops' tile choices (pagedrt/engine/step_timing.py), its
-candidates (triton_utils.step_candidates), the start-up timing's record of every config's time
-(triton_utils.fastest_config's `record`) and PAGEDRT_STEP_TIMING's batch sizes, with stand-ins
+candidates (config_timing.step_candidates), the start-up timing's record of every config's time
+(config_timing.fastest_config's `record`) and PAGEDRT_STEP_TIMING's batch sizes, with stand-ins
 for the GPU: configs are labels, a "graph" is the table's state when it was captured, and its
 time comes from a dict."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pagedrt.engine import step_timing
-from pagedrt.ops import triton_utils
+from pagedrt.ops import config_timing
 
 
 @pytest.fixture(autouse=True)
@@ -107,7 +107,7 @@ def _key(n: int, k: int, rows: int, fused: bool) -> tuple:
 
 def test_step_candidates_close_configs_largest_weight_first(monkeypatch):
     plain, fused = {}, {}
-    monkeypatch.setattr(triton_utils, "TIMED", {})
+    monkeypatch.setattr(config_timing, "TIMED", {})
     o, gate_up, down, qkv2 = (_key(896, 896, 1, False), _key(9728, 896, 1, True),
                               _key(896, 4864, 1, False), _key(1152, 896, 2, True))
     plain[o], fused[gate_up], plain[down], fused[qkv2] = (4, 512, 4), (32, 128, 4), None, None
@@ -118,17 +118,17 @@ def test_step_candidates_close_configs_largest_weight_first(monkeypatch):
         (plain, down, 1, {None: 8.0, (4, 512, 4): 9.5}),  # one config within 10%: left out
         (fused, qkv2, 2, {None: 4.0, (8, 256, 4): 4.1}),  # another row count
     ]:
-        triton_utils.TIMED[id(table), key] = (table, rows, times)
-    got = triton_utils.step_candidates(1, margin=0.10, limit=4)
+        config_timing.TIMED[id(table), key] = (table, rows, times)
+    got = config_timing.step_candidates(1, margin=0.10, limit=4)
     assert [(key, configs) for _, key, configs in got] == [
         (gate_up, [(32, 128, 4), (16, 256, 4), (8, 256, 4), (8, 512, 4)]),  # 4 of 5 in 10%
         (o, [(4, 512, 4), (8, 256, 4)]),  # 3.4 is over 3.0 * 1.1
     ]
     assert got[0][0] is fused and got[1][0] is plain
-    assert [key for _, key, _ in triton_utils.step_candidates(2)] == [qkv2]
+    assert [key for _, key, _ in config_timing.step_candidates(2)] == [qkv2]
     # the table's own choice is always timed, even when not among the fastest alone
     plain[o] = None
-    assert triton_utils.step_candidates(1)[1][2] == [None, (4, 512, 4), (8, 256, 4)]
+    assert config_timing.step_candidates(1)[1][2] == [None, (4, 512, 4), (8, 256, 4)]
 
 
 @pytest.mark.parametrize(("value", "buckets"), [
@@ -146,16 +146,16 @@ def test_step_timing_refuses_what_is_not_batch_sizes(value):
 def test_fastest_config_records_every_time(monkeypatch):
     import triton.testing
 
-    monkeypatch.setattr(triton_utils, "COLD_L2_TIMING", False)
+    monkeypatch.setattr(config_timing, "COLD_L2_TIMING", False)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(triton.testing, "do_bench_cudagraph", lambda fn, rep: fn())
-    monkeypatch.setattr(triton_utils, "TIMED", {})
+    monkeypatch.setattr(config_timing, "TIMED", {})
     alone = {"a": 0.98, "b": 0.90, "c": 0.88}
     table = {}
-    best = triton_utils.fastest_config(lambda: 1.0, alone.get, ["a", "b", "c"], rep=1,
+    best = config_timing.fastest_config(lambda: 1.0, alone.get, ["a", "b", "c"], rep=1,
                                        record=(table, "key", 8))
     assert best == "b"  # c is not 5% faster than b
-    assert triton_utils.TIMED == {(id(table), "key"): (table, 8, {None: 1.0, **alone})}
+    assert config_timing.TIMED == {(id(table), "key"): (table, 8, {None: 1.0, **alone})}
 
 
 def test_matmul_keys_give_their_row_count():
@@ -200,8 +200,8 @@ def test_an_op_the_step_does_not_run_is_not_timed():
 
 def test_recording_use_files_the_lookups_while_held():
     table = {}
-    triton_utils.note_use(table, "before")  # not recording: nothing kept
-    with triton_utils.recording_use() as used:
-        triton_utils.note_use(table, "k")
-    triton_utils.note_use(table, "after")
+    config_timing.note_use(table, "before")  # not recording: nothing kept
+    with config_timing.recording_use() as used:
+        config_timing.note_use(table, "k")
+    config_timing.note_use(table, "after")
     assert used == {(id(table), "k")}

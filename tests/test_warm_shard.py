@@ -1,11 +1,11 @@
-"""PAGEDRT_WARM_SHARD (pagedrt/ops/triton_utils.py): a cache-warming process compiles only its
+"""PAGEDRT_WARM_SHARD (pagedrt/ops/config_timing.py): a cache-warming process compiles only its
 share of each timed choice's configs, times none and takes the baseline."""
 
 import pytest
 from triton.runtime.errors import OutOfResources
 
-from pagedrt.ops import triton_utils
-from pagedrt.ops.triton_utils import _warm_only, fastest_config, warm_shard
+from pagedrt.ops import config_timing
+from pagedrt.ops.config_timing import _warm_only, fastest_config, warm_shard
 
 
 @pytest.mark.parametrize("value, expected", [(None, None), ("", None), (" ", None),
@@ -64,7 +64,7 @@ def test_a_config_the_gpu_cannot_run_is_skipped_and_others_still_compile():
 def test_fastest_config_under_a_warm_shard_times_nothing(monkeypatch):
     """No CUDA here: the warm path must not reach the timing (do_bench_cudagraph, the L2
     flush), which would fail on this machine."""
-    monkeypatch.setattr(triton_utils, "WARM_SHARD", (1, 2))
+    monkeypatch.setattr(config_timing, "WARM_SHARD", (1, 2))
     calls, baseline, candidate = _recorder()
     table, key = {}, ("k", (64, 64), 8)
     assert fastest_config(baseline, candidate, [(1,), (2,), (3,), (4,)], rep=10,

@@ -191,7 +191,7 @@ prefill_parts() {  # name, cap of each compiling shard (s), cap of the timed run
 }
 warm_cache() {  # cap (s), then a command: the command in 8 processes at once with
   # PAGEDRT_WARM_SHARD=0/8 ... 7/8 (each compiles an eighth of every timed choice's configs,
-  # times none; pagedrt/ops/triton_utils.py, `_warm_only`), output discarded, each capped;
+  # times none; pagedrt/ops/config_timing.py, `_warm_only`), output discarded, each capped;
   # so the real run after it finds its kernels in Triton's cache. Give the command a small
   # workload and a fixed KV size (--kv-cache-memory-bytes: eight engines share the GPU, and
   # --gpu-memory-utilization counts the others' memory as used).

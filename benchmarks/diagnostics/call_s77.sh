@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 16, batch 1 (carry .commit, .whl and .base = `git archive 5db82a9 pagedrt`, the tree
 # before this change; ~8 min): the start-up timing with an L2 flush before each timed call
-# (triton_utils.fastest_config, PAGEDRT_COLD_L2_TIMING) and the long-K tiles for the O and down
+# (config_timing.fastest_config, PAGEDRT_COLD_L2_TIMING) and the long-K tiles for the O and down
 # projections (gemv_triton.WIDE_K_CONFIGS), against the tree without both: batch-1 latency at
 # ctx 512 / 4,096 in the order new, base, new with warm timing, base, new; then the batch-1
 # step's timeline by kernel with HEAD (the first run pays the compiles: longer cap).

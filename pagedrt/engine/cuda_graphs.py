@@ -185,7 +185,7 @@ class CUDAGraphRunner:
             return
         if not triton_available():
             return
-        from pagedrt.ops.triton_utils import recording_use, step_candidates
+        from pagedrt.ops.config_timing import recording_use, step_candidates
 
         candidates = step_candidates(bs, step_timing.MARGIN, step_timing.LIMIT)
         if not candidates:

@@ -1,6 +1,6 @@
 """In-step timing of the decode ops' tile configs (docs/design.md, "Small-batch decode").
 
-The start-up timing (`triton_utils.fastest_config`) times each op alone, replayed from a CUDA
+The start-up timing (`config_timing.fastest_config`) times each op alone, replayed from a CUDA
 graph after an L2 flush. In a decode step each kernel also overlaps the one before it (its
 programs load weights before their PDL wait), which timing alone does not see: on the H200 the
 batch-1 RMSNorm + gate/up tile chosen alone was 3% slower per step than one it passed over, and
@@ -8,7 +8,7 @@ which of the close tiles won alone changed between start-ups (benchmarks/results
 "Runs of 2026-12-04 (20:40-21:35 UTC)"). So, for the decode-graph batch sizes listed in
 PAGEDRT_STEP_TIMING (`BUCKETS`: "1" for batch 1, "1,8,32" for several), where several
 configs of an op of that many rows time within 10% of the fastest alone
-(`triton_utils.step_candidates`: the 1-4-row skinny matmul and its fused ops, the 8-128-row
+(`config_timing.step_candidates`: the 1-4-row skinny matmul and its fused ops, the 8-128-row
 matmul and its epilogues), the graph runner captures that batch's
 decode graph once per such config (every other op as chosen) and replays the graphs in
 alternating rounds; the config of the fastest graph replaces the one chosen alone if its step
@@ -71,14 +71,14 @@ def refine(candidates: list[tuple[dict, tuple, list]], capture: Callable[[], obj
     """Time each candidate config of each op inside a whole step and keep the fastest.
 
     Args:
-        candidates: (choice table, key, configs) per op, as `triton_utils.step_candidates`
+        candidates: (choice table, key, configs) per op, as `config_timing.step_candidates`
             gives them; `table[key]` is set to each config in turn and left at the one kept.
         capture: captures a decode graph with the tables as they are now; returns a handle
             that `time_graph` accepts (kept alive until the op's timing ends).
         time_graph: ms per replay of a captured graph.
         rounds: rounds over an op's graphs; odd rounds go in reverse order.
         used: the (id(table), key) of the ops a step runs as the tables stand now
-            (`triton_utils.recording_use` over a forward pass); asked before each op, which is
+            (`config_timing.recording_use` over a forward pass); asked before each op, which is
             skipped if the step does not run it (the plain op inside a fused op's unfused
             chain, once the fused op keeps a fused config: its graphs would all be the same).
 

@@ -29,10 +29,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from pagedrt.ops.config_timing import fastest_config, note_use
 from pagedrt.ops.triton_utils import (
     device_sms,
-    fastest_config,
-    note_use,
     pdl_enabled,
     pdl_launch,
     pdl_prologue,

@@ -59,11 +59,9 @@ import triton
 import triton.language as tl
 
 from pagedrt.ops.attention_triton import fused_reduce_counters
+from pagedrt.ops.config_timing import fastest_config, key_shape_index, note_use
 from pagedrt.ops.triton_utils import (
-    fastest_config,
     interpreting,
-    key_shape_index,
-    note_use,
     pdl_enabled,
     pdl_launch,
     pdl_prologue,

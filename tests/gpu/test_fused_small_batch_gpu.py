@@ -144,7 +144,7 @@ def test_engine_tokens_with_the_in_step_timing(monkeypatch, dtype, buckets, batc
     made alone (tiny model with perturbed norms, CUDA graphs; fp16 where the 8-128-row matmul
     serves, which keeps near-ties of the argmax rarer than bf16)."""
     from pagedrt.engine import step_timing
-    from pagedrt.ops import gemv_triton, matmul_triton, triton_utils
+    from pagedrt.ops import config_timing, gemv_triton, matmul_triton
 
     loaded = perturb_norms(build_tiny_llama(seed=0), torch.Generator().manual_seed(11))
     loaded = loaded._replace(model=loaded.model.to("cuda", dtype))
@@ -158,7 +158,7 @@ def test_engine_tokens_with_the_in_step_timing(monkeypatch, dtype, buckets, batc
     for enabled in (False, True):
         # fresh tables: each engine times its own shapes (the tables are per process)
         for module, table in ((gemv_triton, "_CHOICE"), (gemv_triton, "_FUSED_CHOICE"),
-                              (matmul_triton, "_CHOICE"), (triton_utils, "TIMED")):
+                              (matmul_triton, "_CHOICE"), (config_timing, "TIMED")):
             monkeypatch.setattr(module, table, {})
         monkeypatch.setattr(step_timing, "BUCKETS", frozenset(buckets if enabled else ()))
         # max_num_seqs 16: graphs (and ops timed at start-up) for batches 1-16 only; at the
@@ -169,14 +169,14 @@ def test_engine_tokens_with_the_in_step_timing(monkeypatch, dtype, buckets, batc
                                                                         use_tqdm=False)]
                          for n in batches]
         if enabled:
-            timed_rows = {rows for _, rows, _ in triton_utils.TIMED.values()}
+            timed_rows = {rows for _, rows, _ in config_timing.TIMED.values()}
             assert buckets <= timed_rows, timed_rows
             assert step_timing.REPORT, "no op was timed in a step"
             for choice in step_timing.REPORT:
                 assert choice.chosen in choice.step_ms
                 assert choice.chosen_alone in choice.step_ms
                 assert all(ms > 0 for ms in choice.step_ms.values())
-                table = next(t for (_, k), (t, _, _) in triton_utils.TIMED.items()
+                table = next(t for (_, k), (t, _, _) in config_timing.TIMED.items()
                              if k == choice.key)
                 assert table[choice.key] == choice.chosen
         else:

@@ -36,7 +36,7 @@ def _free(llm: LLM) -> None:
 
 def test_tp1_worker_process_gives_the_in_process_tokens():
     """fp32, as the TP=2 test: each process times its own matmul and decode configs
-    (`fastest_config`, pagedrt/ops/triton_utils.py), and on a GPU shared with other test
+    (`fastest_config`, pagedrt/ops/config_timing.py), and on a GPU shared with other test
     processes the two can pick differently; in bf16 that changes the rounding enough to flip
     the near-tied greedy choices of random weights (2026-12-06, four test processes on one
     H200: the tokens parted at the sixth)."""
