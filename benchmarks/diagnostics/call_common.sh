@@ -50,9 +50,16 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 gpu_tests() {  # name, cap, test files...
   local name=$1 cap=$2
   shift 2
-  timeout "$cap" python3 -m pytest -q -m gpu -p no:cacheprovider "$@" > "$out/r/$name.txt" 2>&1
-  echo "== $name (status $?)"
-  grep -E "^(FAILED|ERROR)|passed|failed" "$out/r/$name.txt" | tail -8
+  # SIGINT at the cap: pytest then prints where it was (as gpu_tests_sharded)
+  timeout -s INT -k 15 "$cap" python3 -m pytest -q -m gpu -p no:cacheprovider "$@" \
+    > "$out/r/$name.txt" 2>&1
+  local status=$?
+  echo "== $name (status $status)"
+  grep -E "^(FAILED|ERROR)|passed|failed| in [0-9.]+s" "$out/r/$name.txt" | tail -8
+  if [ "$status" = 124 ] || [ "$status" = 137 ]; then
+    echo "   cut by the cap; the traceback ends in: $(grep -E '^  File ' "$out/r/$name.txt" \
+      | tail -1 | cut -c1-150)"
+  fi
 }
 tune() {  # name, then decode_tune arguments
   local name=$1 i  # (i local: a caller looping over i keeps its value)
