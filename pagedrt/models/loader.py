@@ -114,6 +114,17 @@ class Checkpoint(NamedTuple):
     model_path: str
 
 
+def model_path_kind(model: str) -> tuple[str, str | None]:
+    """(the absolute path of `model`, "~" expanded; "gguf" for a .gguf file, "hf" for a folder
+    with config.json, else None): what `resolve_checkpoint` can load from it."""
+    path = os.path.abspath(os.path.expanduser(model))
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        return path, "gguf"
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
+        return path, "hf"
+    return path, None
+
+
 def resolve_checkpoint(model: str | RandomWeights | None) -> Checkpoint:
     """Config, weight source and tokenizer folder of a GGUF file, an HF folder, the default
     model (None) or random weights. A GGUF is converted into its cache entry here (once).
@@ -125,12 +136,12 @@ def resolve_checkpoint(model: str | RandomWeights | None) -> Checkpoint:
     """
     if isinstance(model, RandomWeights):
         return Checkpoint(model.config, model, None, model.model_path)
-    path = os.path.abspath(default_model_path() if model is None else os.path.expanduser(model))
-    if os.path.isfile(path) and path.endswith(".gguf"):
+    path, kind = model_path_kind(default_model_path() if model is None else model)
+    if kind == "gguf":
         folder = _gguf_cache_entry(path)
         config = _config_from_json(os.path.join(folder, "pagedrt_config.json"))
         tokenizer_dir = os.path.join(folder, "tokenizer")
-    elif os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
+    elif kind == "hf":
         with open(os.path.join(path, "config.json")) as f:
             config = ModelConfig.from_hf_config(json.load(f))
         folder = tokenizer_dir = path

@@ -29,8 +29,6 @@ target is accepted every time under greedy decoding.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 
@@ -149,12 +147,11 @@ def load_draft_model(model, dtype: torch.dtype, device: torch.device, target,
     model folder (naming speculative_config, whose "model" it is), when its vocabulary size
     differs from the target's (`target`: the target's ModelConfig; drafts are token ids) or
     it cannot hold max_model_len positions."""
-    from pagedrt.models.loader import load_model
+    from pagedrt.models.loader import load_model, model_path_kind
 
     if isinstance(model, str):
-        path = os.path.abspath(os.path.expanduser(model))
-        if not ((os.path.isfile(path) and path.endswith(".gguf"))
-                or os.path.isfile(os.path.join(path, "config.json"))):
+        path, kind = model_path_kind(model)
+        if kind is None:
             raise ValueError(
                 f"cannot load the draft model {model!r} of speculative_config (resolved to "
                 f"{path!r}): its \"model\" must be a .gguf file or a Hugging Face folder with "
