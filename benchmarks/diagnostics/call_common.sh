@@ -47,6 +47,13 @@ save_triton_cache() {  # the Triton cache into $OUT/tc.txz.NN (tc.tgz.NN without
 export PAGEDRT_COMMIT="$(cat .commit 2>/dev/null || echo head)"
 . benchmarks/use_wheels.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+cut_note() {  # status, pytest log: where a run its cap cut (timeout's 124, or 137 after the
+  # kill) was, from its KeyboardInterrupt traceback and, with -v, the last test it started
+  if [ "$1" = 124 ] || [ "$1" = 137 ]; then
+    echo "   cut by the cap in: $(grep -E "^tests/gpu/.*::" "$2" | tail -1 | cut -c1-120)" \
+      "(traceback ends in: $(grep -E '^  File ' "$2" | tail -1 | cut -c1-120))"
+  fi
+}
 gpu_tests() {  # name, cap, test files...
   local name=$1 cap=$2
   shift 2
@@ -56,10 +63,7 @@ gpu_tests() {  # name, cap, test files...
   local status=$?
   echo "== $name (status $status)"
   grep -E "^(FAILED|ERROR)|passed|failed| in [0-9.]+s" "$out/r/$name.txt" | tail -8
-  if [ "$status" = 124 ] || [ "$status" = 137 ]; then
-    echo "   cut by the cap; the traceback ends in: $(grep -E '^  File ' "$out/r/$name.txt" \
-      | tail -1 | cut -c1-150)"
-  fi
+  cut_note "$status" "$out/r/$name.txt"
 }
 tune() {  # name, then decode_tune arguments
   local name=$1 i  # (i local: a caller looping over i keeps its value)
@@ -177,10 +181,7 @@ PY
     status=$(cat "$out/r/${name}_s$k.status")
     echo "== ${name}_s$k (status $status): $(cat "$out/r/${name}_s$k.files")"
     grep -E "^(FAILED|ERROR)| in [0-9.]+s" "$out/r/${name}_s$k.txt" | tail -8 | cut -c1-200
-    if [ "$status" = 124 ] || [ "$status" = 137 ]; then
-      echo "   cut by the cap in: $(grep -E "^tests/gpu/.*::" "$out/r/${name}_s$k.txt" \
-        | tail -1 | cut -c1-150)"
-    fi
+    cut_note "$status" "$out/r/${name}_s$k.txt"
     grep -E "^tests/gpu/.*::.* (PASSED|FAILED|ERROR|SKIPPED)" "$out/r/${name}_s$k.txt" \
       | awk '{print $2}' | sort | uniq -c | tr '\n' ' '; echo
   done
