@@ -111,3 +111,38 @@ def test_the_lead_is_opt_in(monkeypatch):
     """Without PAGEDRT_TIMING_LEAD=1 there is no lead kernel (and nothing touches CUDA)."""
     monkeypatch.setattr(config_timing, "TIMING_LEAD", False)
     assert config_timing._pdl_lead() is None
+
+
+@pytest.mark.parametrize("value, rep, expected", [
+    (None, 20, 20), ("", 10, 10), ("2", 20, 2.0), ("2.5", 10, 2.5), ("50", 10, 10)])
+def test_timing_rep_is_capped_by_the_environment(value, rep, expected):
+    assert config_timing.timing_rep_ms(rep, value) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "nan", "2ms"])
+def test_a_bad_timing_rep_cap_names_the_value(value):
+    with pytest.raises(ValueError, match=f"PAGEDRT_TIMING_REP_MS={value!r}.*positive"):
+        config_timing.timing_rep_ms(20, value)
+
+
+@pytest.mark.parametrize("cap, expected", [(None, [20] * 3), ("2", [2.0] * 3)])
+def test_fastest_config_replays_each_config_for_the_capped_time(monkeypatch, cap, expected):
+    """Every do_bench_cudagraph call (baseline and each candidate; warm timing) gets the op's
+    rep, or PAGEDRT_TIMING_REP_MS where it is lower."""
+    reps: list[float] = []
+
+    def bench(fn, rep):
+        reps.append(rep)
+        CLOCK.clear()
+        fn()
+        return sum(CLOCK)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", bench)
+    monkeypatch.setattr(config_timing, "COLD_L2_TIMING", False)
+    if cap is None:
+        monkeypatch.delenv("PAGEDRT_TIMING_REP_MS", raising=False)
+    else:
+        monkeypatch.setenv("PAGEDRT_TIMING_REP_MS", cap)
+    candidate = candidate_with({}, {"a": 0.5, "b": 0.9})
+    assert config_timing.fastest_config(runs(1.0), candidate, ["a", "b"], rep=20) == "a"
+    assert reps == expected

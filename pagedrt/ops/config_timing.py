@@ -44,6 +44,30 @@ def warm_shard(value: str | None) -> tuple[int, int] | None:
     return int(i), int(n)
 
 
+def timing_rep_ms(rep: float, value: str | None) -> float:
+    """The replay time (ms) `fastest_config` spends on each timed config: `rep`, the op's own,
+    or less where PAGEDRT_TIMING_REP_MS (`value`) caps it. Each config costs about ten such
+    replays plus a capture, so an engine's start-up timing scales with it: the GPU tests cap
+    it at 2 ms (tests/gpu/conftest.py), where tiny models' engines timed at 10-20 ms ran for
+    minutes per engine with four test processes on one GPU (benchmarks/results/RUNS.md, "Runs
+    of 2026-12-06 (05:22-05:51 UTC)"). A short replay times noisily, so a capped engine may
+    choose other tiles than an uncapped one: leave it unset for serving and benchmarks.
+
+    Raises:
+        ValueError: a value that is not a positive number of milliseconds; names it.
+    """
+    if value is None or not value.strip():
+        return rep
+    try:
+        cap = float(value)
+    except ValueError:
+        cap = -1.0
+    if not cap > 0:
+        raise ValueError(f"PAGEDRT_TIMING_REP_MS={value!r}: give a positive number of "
+                         "milliseconds (e.g. 2), or leave it unset for each op's own")
+    return min(rep, cap)
+
+
 # PAGEDRT_WARM_SHARD=i/n: a cache-warming process, one of n run side by side on a fresh
 # machine before the real run (benchmarks/diagnostics/call_common.sh, `warm_cache`): each
 # compiles only every n-th candidate config (from the i-th) of every timed choice and times
@@ -181,10 +205,12 @@ def fastest_config(baseline, candidate, configs, rep: int, record: tuple | None 
     compile is a bug to see, not a config to pass over (a Triton-version incompatibility once
     went unseen that way: every candidate failed and the baseline won).
 
-    Under PAGEDRT_WARM_SHARD=i/n (`WARM_SHARD`) nothing is timed: `_warm_only` compiles
+    `rep` is the replay time per config in ms, at most PAGEDRT_TIMING_REP_MS where that is
+    set (`timing_rep_ms`). Under PAGEDRT_WARM_SHARD=i/n (`WARM_SHARD`) nothing is timed: `_warm_only` compiles
     this process's share of `configs` and the baseline is returned."""
     if WARM_SHARD is not None:
         return _warm_only(baseline, candidate, configs, *WARM_SHARD)
+    rep = timing_rep_ms(rep, os.environ.get("PAGEDRT_TIMING_REP_MS"))
     from triton.testing import do_bench_cudagraph
 
     def bench(fn) -> float:
