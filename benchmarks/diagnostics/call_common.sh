@@ -45,6 +45,11 @@ save_triton_cache() {  # the Triton cache into $OUT/tc.txz.NN (tc.tgz.NN without
     && echo "triton cache saved: $(du -sh /tmp/tc.$ext | cut -f1) in $(ls "$out"/tc.$ext.* | wc -l) parts"
 }
 export PAGEDRT_COMMIT="$(cat .commit 2>/dev/null || echo head)"
+# the start-up timing's choices kept on disk (pagedrt/ops/config_cache.py) inside Triton's
+# cache, so save_triton_cache carries them too: a later process of the same commit and
+# settings takes them instead of timing again (the GPU tests time for themselves,
+# tests/gpu/conftest.py)
+export PAGEDRT_CONFIG_CACHE="${PAGEDRT_CONFIG_CACHE:-$tcache/pagedrt-configs}"
 . benchmarks/use_wheels.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 cut_note() {  # status, pytest log: where a run its cap cut (timeout's 124, or 137 after the

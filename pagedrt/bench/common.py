@@ -143,11 +143,6 @@ def git_commit() -> str:
         return "unknown"
 
 
-# the start-up timing's tables: module -> its dicts of (shape key -> config or None)
-_CHOICE_TABLES = (("pagedrt.ops.gemv_triton", ("_CHOICE", "_FUSED_CHOICE")),
-                  ("pagedrt.ops.matmul_triton", ("_CHOICE",)))
-
-
 def kernel_choices() -> dict:
     """What the start-up timing chose in this process (the skinny matmul and its fused ops,
     pagedrt/ops/gemv_triton.py; the decode matmul, pagedrt/ops/matmul_triton.py): {"module.TABLE":
@@ -156,8 +151,10 @@ def kernel_choices() -> dict:
     so their choices are not here. With PAGEDRT_STEP_TIMING set, "step_timing" holds what the
     in-step timing found (pagedrt/engine/step_timing.py). Lets a run's figures be traced to
     the kernels it ran."""
+    from pagedrt.ops.config_cache import CHOICE_TABLES  # (module, its choice tables)
+
     out = {}
-    for module, tables in _CHOICE_TABLES:
+    for module, tables in CHOICE_TABLES:
         mod = sys.modules.get(module)
         for table in tables:
             chosen = getattr(mod, table, None) if mod is not None else None
@@ -171,16 +168,18 @@ def kernel_choices() -> dict:
 
 
 def write_results(out_dir: str, name: str, results: list[dict], extra: dict | None = None) -> str:
-    """Write {gpu, commit, date, command, results, kernel_choices, **extra} to
+    """Write {gpu, commit, date, command, results, kernel_choices, config_cache, **extra} to
     out_dir/name.json and return its path (`kernel_choices`: the start-up timing's choices of
-    this process)."""
+    this process; `config_cache`: PAGEDRT_CONFIG_CACHE, where they may have been read from an
+    earlier process's timing, or None)."""
     os.makedirs(out_dir, exist_ok=True)
     doc = {
         "gpu": gpu_name(), "commit": os.environ.get("PAGEDRT_COMMIT") or git_commit(),
         "date": datetime.date.today().isoformat(),
         "command": "pagedrt " + " ".join(sys.argv[1:]) if "pagedrt" in sys.argv[0]
         else " ".join(sys.argv),
-        "results": results, "kernel_choices": kernel_choices(), **(extra or {}),
+        "results": results, "kernel_choices": kernel_choices(),
+        "config_cache": os.environ.get("PAGEDRT_CONFIG_CACHE") or None, **(extra or {}),
     }
     path = os.path.join(out_dir, f"{name}.json")
     with open(path, "w") as f:

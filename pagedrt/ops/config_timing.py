@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
+from pagedrt.ops import config_cache
 from pagedrt.ops.triton_utils import num_sms, pdl_enabled, pdl_launch, pdl_prologue
 
 # PAGEDRT_COLD_L2_TIMING=0: time configs with warm caches, as before 2026-12-04
@@ -206,10 +207,22 @@ def fastest_config(baseline, candidate, configs, rep: int, record: tuple | None 
     went unseen that way: every candidate failed and the baseline won).
 
     `rep` is the replay time per config in ms, at most PAGEDRT_TIMING_REP_MS where that is
-    set (`timing_rep_ms`). Under PAGEDRT_WARM_SHARD=i/n (`WARM_SHARD`) nothing is timed: `_warm_only` compiles
+    set (`timing_rep_ms`). With PAGEDRT_CONFIG_CACHE set, a `record`ed choice that an earlier
+    process timed under the same fingerprint is taken from its file without timing (its
+    times filed in `TIMED` as if timed here), and a new one is appended to it
+    (pagedrt/ops/config_cache.py). Under PAGEDRT_WARM_SHARD=i/n (`WARM_SHARD`) nothing is timed: `_warm_only` compiles
     this process's share of `configs` and the baseline is returned."""
     if WARM_SHARD is not None:
         return _warm_only(baseline, candidate, configs, *WARM_SHARD)
+    disk, name = None, None
+    if record is not None:
+        disk = config_cache.active_cache()
+        name = config_cache.table_name(record[0]) if disk is not None else None
+        stored = disk.lookup(name, record[1]) if name is not None else None
+        if stored is not None:  # timed by an earlier process (PAGEDRT_CONFIG_CACHE)
+            config, stored_times, rows = stored
+            TIMED[id(record[0]), record[1]] = (record[0], rows, dict(stored_times))
+            return config
     rep = timing_rep_ms(rep, os.environ.get("PAGEDRT_TIMING_REP_MS"))
     from triton.testing import do_bench_cudagraph
 
@@ -257,6 +270,8 @@ def fastest_config(baseline, candidate, configs, rep: int, record: tuple | None 
         times[cfg] = ms
         if ms < 0.95 * best_ms:  # a clear win only
             best, best_ms = cfg, ms
+    if name is not None:
+        disk.store(name, record[1], best, times, record[2])
     return best
 
 
