@@ -22,7 +22,9 @@
 # at once, each capped at CAP seconds: $out/r/NAME_sK.txt, per shard its summary printed), and
 # prefill_parts NAME SHARD_CAP CAP (benchmarks/diagnostics/prefill_parts.py compiled in 8
 # shards, then timed in one process: $out/r/NAME.txt and NAME/prefill_parts.json), and
-# warm_cache CAP CMD... (CMD in 8 cache-warming processes at once, PAGEDRT_WARM_SHARD=i/8).
+# warm_cache CAP CMD... (CMD in 8 cache-warming processes at once, PAGEDRT_WARM_SHARD=i/8),
+# and clocks_start NAME / clocks_stop NAME (the GPU's SM clock, power and temperature sampled
+# in between: $out/r/clocks_NAME.csv, a summary line).
 out="${OUT:-out}"; mkdir -p "$out/r"
 # A fresh machine spends minutes compiling Triton kernels (call_s82: the first two engines and
 # a GPU test file ran out of their caps compiling). A call that ends with save_triton_cache
@@ -201,6 +203,26 @@ prefill_parts() {  # name, cap of each compiling shard (s), cap of the timed run
   timeout "$3" python3 -u benchmarks/diagnostics/prefill_parts.py --out "$out/r/$name" \
     > "$out/r/$name.txt" 2>&1
   echo "== $name (status $?) at ${SECONDS}s"
+}
+clocks_start() {  # name: the GPU's SM clock, power and temperature every 250 ms into
+  # $out/r/clocks_NAME.csv until clocks_stop (compute-bound prefill steps have run 25-36 ms
+  # in processes of one call; the clock says whether the GPU slowed)
+  nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits \
+    -lms 250 > "$out/r/clocks_$1.csv" 2>/dev/null &
+  echo $! > "/tmp/clocks_$1.pid"
+}
+clocks_stop() {  # name: stop its sampling, print SM MHz min / median / max, W max, C max
+  kill "$(cat "/tmp/clocks_$1.pid")" 2>/dev/null
+  python3 - "$out/r/clocks_$1.csv" <<'PY'
+import statistics, sys
+rows = [[float(v) for v in line.split(",")] for line in open(sys.argv[1]) if line.strip()
+        and "N/A" not in line]
+if rows:
+    sm = [r[0] for r in rows]
+    print(f"   clocks: SM {min(sm):.0f} / {statistics.median(sm):.0f} / {max(sm):.0f} MHz,"
+          f" {max(r[1] for r in rows):.0f} W max, {max(r[2] for r in rows):.0f} C max,"
+          f" {len(rows)} samples")
+PY
 }
 warm_cache() {  # cap (s), then a command: the command in 8 processes at once with
   # PAGEDRT_WARM_SHARD=0/8 ... 7/8 (each compiles an eighth of every timed choice's configs,
