@@ -210,8 +210,9 @@ def fastest_config(baseline, candidate, configs, rep: int, record: tuple | None 
     set (`timing_rep_ms`). With PAGEDRT_CONFIG_CACHE set, a `record`ed choice that an earlier
     process timed under the same fingerprint is taken from its file without timing (its
     times filed in `TIMED` as if timed here), and a new one is appended to it
-    (pagedrt/ops/config_cache.py). Under PAGEDRT_WARM_SHARD=i/n (`WARM_SHARD`) nothing is timed: `_warm_only` compiles
-    this process's share of `configs` and the baseline is returned."""
+    (pagedrt/ops/config_cache.py). Under PAGEDRT_WARM_SHARD=i/n (`WARM_SHARD`) nothing is
+    timed, nor read from or written to that file: `_warm_only` compiles this process's share
+    of `configs` and the baseline is returned."""
     if WARM_SHARD is not None:
         return _warm_only(baseline, candidate, configs, *WARM_SHARD)
     disk, name = None, None

@@ -53,7 +53,7 @@ def test_engine_tokens_with_and_without_the_fusion(monkeypatch):
     outs = {}
     for fusion in (True, False):
         monkeypatch.setattr(layers, "SMALL_BATCH_FUSION", fusion)
-        llm = LLM(loaded, num_kv_blocks=64, block_size=16)
+        llm = LLM(loaded, num_kv_blocks=64, block_size=16, max_num_seqs=4)
         outs[fusion] = [[o.outputs[0].token_ids for o in llm.generate(prompts[:n], params,
                                                                        use_tqdm=False)]
                         for n in (1, 4)]
@@ -125,7 +125,7 @@ def test_engine_tokens_with_rope_in_the_qkv_kernel(monkeypatch):
         forced_keys.clear()
         monkeypatch.setattr(gemv_rope_triton, "ENABLED", rope)
         monkeypatch.setattr(gemv_triton, "fused_or_unfused", forced)
-        llm = LLM(loaded, num_kv_blocks=64, block_size=16)
+        llm = LLM(loaded, num_kv_blocks=64, block_size=16, max_num_seqs=4)
         outs[rope] = [[o.outputs[0].token_ids for o in llm.generate(prompts[:n], params,
                                                                      use_tqdm=False)]
                       for n in (1, 4)]

@@ -28,7 +28,8 @@ def test_engine_tokens_with_and_without_pdl(monkeypatch, enforce_eager):
     for pdl in (False, True):
         monkeypatch.setattr(triton_utils, "PDL_REQUESTED", pdl)
         assert triton_utils.pdl_enabled(torch.zeros(1, device="cuda")) == pdl
-        llm = LLM(loaded, num_kv_blocks=64, block_size=16, enforce_eager=enforce_eager)
+        llm = LLM(loaded, num_kv_blocks=64, block_size=16, enforce_eager=enforce_eager,
+                  max_num_seqs=16)
         outs[pdl] = [[o.outputs[0].token_ids for o in llm.generate(prompts[:n], params,
                                                                     use_tqdm=False)]
                      for n in (1, 4, 12)]

@@ -16,7 +16,7 @@ def test_tiny_model_cuda_matches_cpu():
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     outs = {}
     for device in ("cpu", "cuda"):
-        llm = LLM(_on(device), num_kv_blocks=64, block_size=16)
+        llm = LLM(_on(device), num_kv_blocks=64, block_size=16, max_num_seqs=4)
         outs[device] = [o.outputs[0].token_ids for o in llm.generate(prompts, params,
                                                                      use_tqdm=False)]
     assert outs["cuda"] == outs["cpu"]

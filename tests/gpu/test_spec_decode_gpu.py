@@ -49,10 +49,10 @@ def test_tiny_draft_equal_to_target_on_cuda_graphs(k, monkeypatch):
     tiny = _on_cuda(build_tiny_llama(seed=0))
     prompts = [[1, 5, 9, 20, 7], list(range(3, 40)), list(range(100, 164)), [4] * 9]
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    cpu = LLM(build_tiny_llama(seed=0), num_kv_blocks=128, block_size=16)
+    cpu = LLM(build_tiny_llama(seed=0), num_kv_blocks=128, block_size=16, max_num_seqs=4)
     expected = [o.outputs[0].token_ids for o in cpu.generate(prompts, params, use_tqdm=False)]
-    base = LLM(tiny, num_kv_blocks=128, block_size=16)
-    llm = LLM(tiny, num_kv_blocks=128, block_size=16, speculative_config={
+    base = LLM(tiny, num_kv_blocks=128, block_size=16, max_num_seqs=4)
+    llm = LLM(tiny, num_kv_blocks=128, block_size=16, max_num_seqs=4, speculative_config={
         "method": "draft_model", "num_speculative_tokens": k, "model": tiny})
     seen = _record_graph_query_lens(llm)
     out = run(llm, prompts, params)
@@ -166,7 +166,7 @@ def test_seeded_sampling_reproducible_on_cuda(monkeypatch):
               for i in range(2)]
     runs = []
     for _ in range(2):
-        llm = LLM(tiny, num_kv_blocks=64, block_size=16, speculative_config={
+        llm = LLM(tiny, num_kv_blocks=64, block_size=16, max_num_seqs=4, speculative_config={
             "method": "draft_model", "num_speculative_tokens": 3, "model": other})
         runs.append([o.outputs[0].token_ids for o in run(llm, prompts, params)])
         assert_no_block_held(llm)
