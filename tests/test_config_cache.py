@@ -4,6 +4,7 @@ faked, so this runs on CPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import multiprocessing
@@ -213,3 +214,46 @@ def test_a_warm_shard_neither_reads_nor_writes_the_file(fake_gpu, fake_timing, t
                                         rep=10, record=(table, ("k",), 1)) is None
     assert runs == ["baseline", "cfg"]  # compiled both, as warming must
     assert cache.path.read_text() == lines
+
+
+def test_the_totals_count_timed_and_read_choices_and_nested_seconds_once(
+        fake_gpu, fake_timing, tmp_path, monkeypatch):
+    """Two choices timed (one inside the other's baseline: its seconds counted once, in the
+    outer's), then read back by a fresh process: the totals say so, and the start-up line of
+    `pagedrt bench throughput` prints them."""
+    from pagedrt.bench.common import format_start_up
+
+    _, kernel = fake_timing
+    monkeypatch.setattr(config_timing, "TOTALS", config_timing.TimingTotals())
+    monkeypatch.setenv("PAGEDRT_CONFIG_CACHE", str(tmp_path))
+    plain, fused = {}, {}
+    monkeypatch.setattr(gemv_triton, "_CHOICE", plain)
+    monkeypatch.setattr(gemv_triton, "_FUSED_CHOICE", fused)
+    clock = iter(range(100))
+    monkeypatch.setattr(config_timing, "time",
+                        types.SimpleNamespace(perf_counter=lambda: float(next(clock))))
+
+    def unfused():  # the fused op's baseline runs the plain op, whose choice it times
+        if ("plain",) not in plain:
+            plain["plain",] = config_timing.fastest_config(
+                kernel("plain", 1.0), lambda cfg: kernel("tile", 0.5)(), [(1,), (2,)], rep=10,
+                record=(plain, ("plain",), 1))
+        kernel("unfused", 1.0)()
+
+    def choose():
+        return config_timing.fastest_config(unfused, lambda cfg: kernel("fused", 0.4)(),
+                                            [(7,)], rep=10, record=(fused, ("fused",), 1))
+    assert choose() == (7,)
+    totals = config_timing.TOTALS
+    assert (totals.choices_timed, totals.configs_timed, totals.choices_read) == (2, 5, 0)
+    # the clock ticks once a reading: the outer call read 0 going in, the inner 1 going in
+    # (and nothing going out: not counted), the outer 2 going out
+    assert totals.seconds == 2.0
+    monkeypatch.setattr(config_cache, "_CACHES", {})
+    plain.clear()
+    assert choose() == (7,) and totals.choices_read == 1 and totals.choices_timed == 2
+    line = format_start_up({"engine_s": 61.04, "gemm_warm_up_s": 2.0, "graph_capture_s": 50.0,
+                            "config_timing": dataclasses.asdict(totals)})
+    assert line == ("pagedrt start-up: engine 61.0 s (GEMM warm-up 2.0 s, graph capture 50.0"
+                    " s); kernel configs: 2 choices timed (5 configs) in 2.0 s, 1 read from "
+                    "PAGEDRT_CONFIG_CACHE")

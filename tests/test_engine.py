@@ -408,6 +408,9 @@ def test_bench_throughput_on_cpu_writes_its_trace(smollm2_path, tmp_path):
     st = row["step_times"]
     assert st["prefill_steps"] >= 1 and st["decode_steps"] == 2  # tokens 2 and 3 of each
     assert st["decode_model_device_total_s"] is None  # no CUDA events on CPU
+    # the engine's start-up: on CPU no GEMM warm-up, no graphs, no timed kernel configs
+    start = row["start_up"]
+    assert start["engine_s"] > 0 and start["graph_capture_s"] == start["gemm_warm_up_s"] == 0
 
 
 def test_bench_latency_repeats_and_graphs_on_cpu(smollm2_path, tmp_path, monkeypatch):

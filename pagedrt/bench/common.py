@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
 import json
@@ -69,6 +70,38 @@ def make_llm(model, args, **overrides):
 
     return LLM(model, dtype=args.dtype, device=args.device,
                **{**engine_kwargs(args), **overrides})
+
+
+def start_up_report(llm, engine_s: float) -> dict:
+    """Where an engine's start-up went: {"engine_s": `engine_s` (the caller's clock around
+    LLM(...)), and where the model runs in this process "gemm_warm_up_s", "graph_capture_s"
+    (the decode graphs' capture, which times their kernel configs) and "spec_warm_up_s";
+    where Triton was used, "config_timing": this process's `config_timing.TOTALS` (choices
+    timed, configs timed, seconds, choices read from PAGEDRT_CONFIG_CACHE)}, in seconds."""
+    out = {"engine_s": engine_s}
+    runner = llm.llm_engine.model_runner
+    if runner is not None:
+        out.update(gemm_warm_up_s=runner.gemm_warm_up_s,
+                   graph_capture_s=runner.graph_capture_s,
+                   spec_warm_up_s=runner.spec_warm_up_s)
+    timing = sys.modules.get("pagedrt.ops.config_timing")
+    if timing is not None:
+        out["config_timing"] = dataclasses.asdict(timing.TOTALS)
+    return out
+
+
+def format_start_up(report: dict) -> str:
+    """`start_up_report` as one line."""
+    line = f"pagedrt start-up: engine {report['engine_s']:.1f} s"
+    if "graph_capture_s" in report:
+        line += (f" (GEMM warm-up {report['gemm_warm_up_s']:.1f} s, graph capture "
+                 f"{report['graph_capture_s']:.1f} s)")
+    t = report.get("config_timing")
+    if t:
+        line += (f"; kernel configs: {t['choices_timed']} choices timed ({t['configs_timed']}"
+                 f" configs) in {t['seconds']:.1f} s, {t['choices_read']} read from "
+                 "PAGEDRT_CONFIG_CACHE")
+    return line
 
 
 def free_llm(llm) -> None:

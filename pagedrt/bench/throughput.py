@@ -57,11 +57,13 @@ import torch
 from pagedrt.bench.common import (
     add_model_args,
     device_ceilings,
+    format_start_up,
     free_llm,
     hf_model_like,
     int_list,
     load,
     make_llm,
+    start_up_report,
     sync,
     sync_engine,
     write_results,
@@ -604,8 +606,12 @@ def main(argv: list[str]) -> int:
         warm_up(llm, args)
         return llm
 
-    llm = warmed_llm()
+    start = time.perf_counter()
+    llm = make_llm(model, args)
+    start_up = start_up_report(llm, time.perf_counter() - start)
+    warm_up(llm, args)
     results = [run_pagedrt(llm, args, prompts, params, ceilings, name, workload, args.repeats)]
+    results[0]["start_up"] = start_up
     for b in args.batch_sizes:
         sub = argparse.Namespace(**{**vars(args), "num_requests": b})
         sub_prompts, sub_params, sub_workload = make_workload(sub, seed=100 + b)
@@ -672,6 +678,7 @@ def main(argv: list[str]) -> int:
     if len(r0["output_tok_s_runs"]) > 1:
         print("pagedrt output tok/s of each run: "
               + ", ".join(f"{x:,.0f}" for x in r0["output_tok_s_runs"]) + " (median above)")
+    print(format_start_up(r0["start_up"]))
     print(f"pagedrt step split (ms/step): {split}"
           f" | steps {r0['num_steps']}"
           f" | KV blocks {r0['kv_peak_used_blocks']}/{r0['kv_num_blocks']}")

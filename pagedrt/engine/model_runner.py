@@ -21,6 +21,7 @@ Beam slots among the sampled rows are expanded by the `BeamRunner` instead of sa
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -36,10 +37,12 @@ from pagedrt.engine.input_batch import InputBatch
 from pagedrt.engine.profiling import NULL_CLOCK
 from pagedrt.engine.sampler import Sampler, SamplerOutput
 from pagedrt.kv.kv_cache import KVCache
-from pagedrt.ops.attention import AttentionMetadata
+from pagedrt.ops.attention import AttentionMetadata, triton_available
 from pagedrt.ops.graph_inputs import stage_decode_inputs, staged_block_tables, staged_input_ids
 from pagedrt.sampling_params import SamplingParams
 from pagedrt.spec.rejection_sampler import RejectionOutput, RejectionSampler
+
+logger = logging.getLogger(__name__)
 
 EAGER_TOKEN_PADDING = 64
 """On CUDA, a step that runs eagerly (not a CUDA-graph replay) is padded to a multiple of this
@@ -167,6 +170,7 @@ class ModelRunner:
         self.num_speculative_tokens = num_speculative_tokens
         self.spec_max_num_seqs = min(spec_max_num_seqs, max_num_seqs)
         self.gemm_warm_up_s = 0.0  # seconds spent in warm_up_gemms (at start-up on CUDA)
+        self.graph_capture_s = 0.0  # seconds capturing the CUDA graphs (timing their ops)
         self.spec_warm_up_s = 0.0  # seconds in warm_up_speculation (start-up, CUDA, k > 0)
         if self.device.type == "cuda":
             self.warm_up_gemms(max_step_tokens, max_num_seqs)
@@ -175,9 +179,26 @@ class ModelRunner:
                 model, kv_cache.layers, max_num_seqs, max_blocks_per_seq,
                 self.device, backend, verify_query_len=num_speculative_tokens + 1,
                 verify_max_num_seqs=self.spec_max_num_seqs, block_size=self.block_size)
+            start = time.perf_counter()
             self.graph_runner.capture()
+            self.graph_capture_s = time.perf_counter() - start
+            self._log_capture()
         if self.device.type == "cuda" and num_speculative_tokens:
             self.warm_up_speculation()
+
+    def _log_capture(self) -> None:
+        """The capture's time and, where Triton is installed, the start-up timing's totals so
+        far in this process (`config_timing.TOTALS`), at INFO: a fresh start spends most of
+        a minute here (docs/design.md, "Small-batch decode")."""
+        totals = ""
+        if triton_available():
+            from pagedrt.ops.config_timing import TOTALS
+
+            totals = (f"; kernel configs so far: {TOTALS.choices_timed} choices timed "
+                      f"({TOTALS.configs_timed} configs) in {TOTALS.seconds:.1f} s, "
+                      f"{TOTALS.choices_read} read from PAGEDRT_CONFIG_CACHE")
+        logger.info("CUDA graphs: %d captured in %.1f s%s", len(self.graph_runner.graphs),
+                    self.graph_capture_s, totals)
 
     @torch.inference_mode()
     def warm_up_gemms(self, max_step_tokens: int, max_num_seqs: int) -> None:

@@ -8,7 +8,9 @@ Used by the skinny matmul (gemv_triton.py), the decode matmul and its epilogues
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import time
 from collections.abc import Callable
 
 import torch
@@ -118,6 +120,23 @@ def _l2_flusher() -> Callable[[], torch.Tensor]:
     return torch.zeros(2 * l2_bytes // 4, dtype=torch.float32, device="cuda").sum
 
 
+@dataclasses.dataclass
+class TimingTotals:
+    """What `fastest_config` did in this process so far: choices timed and the configs
+    (baselines included) timed for them, the wall seconds that took (a choice timed inside
+    another's baseline counted once), and choices read from PAGEDRT_CONFIG_CACHE's file. The
+    engine logs them after its graph capture and `pagedrt bench throughput` reports them."""
+
+    choices_timed: int = 0
+    configs_timed: int = 0
+    seconds: float = 0.0
+    choices_read: int = 0
+
+
+TOTALS = TimingTotals()
+_DEPTH = 0  # fastest_config calls timing now (one nests in another's baseline)
+
+
 # (id of a choice table, key) -> (the table, rows, {config or None: ms per call timed alone}):
 # what `fastest_config` timed for each op, for the in-step timing (`step_candidates`)
 TIMED: dict[tuple, tuple[dict, int, dict]] = {}
@@ -223,8 +242,27 @@ def fastest_config(baseline, candidate, configs, rep: int, record: tuple | None 
         if stored is not None:  # timed by an earlier process (PAGEDRT_CONFIG_CACHE)
             config, stored_times, rows = stored
             TIMED[id(record[0]), record[1]] = (record[0], rows, dict(stored_times))
+            TOTALS.choices_read += 1
             return config
     rep = timing_rep_ms(rep, os.environ.get("PAGEDRT_TIMING_REP_MS"))
+    global _DEPTH
+    start, _DEPTH = time.perf_counter(), _DEPTH + 1
+    try:
+        best, times = _time_configs(baseline, candidate, configs, rep, record)
+    finally:
+        _DEPTH -= 1
+        if _DEPTH == 0:  # (a choice timed inside another's baseline counts once)
+            TOTALS.seconds += time.perf_counter() - start
+    TOTALS.choices_timed += 1
+    TOTALS.configs_timed += len(times)
+    if name is not None:
+        disk.store(name, record[1], best, times, record[2])
+    return best
+
+
+def _time_configs(baseline, candidate, configs, rep: float, record: tuple | None
+                  ) -> tuple[tuple | None, dict]:
+    """`fastest_config`'s timing: (the winning config or None, {config or None: ms})."""
     from triton.testing import do_bench_cudagraph
 
     def bench(fn) -> float:
@@ -271,9 +309,7 @@ def fastest_config(baseline, candidate, configs, rep: int, record: tuple | None 
         times[cfg] = ms
         if ms < 0.95 * best_ms:  # a clear win only
             best, best_ms = cfg, ms
-    if name is not None:
-        disk.store(name, record[1], best, times, record[2])
-    return best
+    return best, times
 
 
 def _warm_only(baseline, candidate, configs, shard: int, shards: int) -> None:

@@ -34,7 +34,14 @@ def test_a_second_engine_takes_the_first_ones_choices_from_disk(tmp_path, monkey
         monkeypatch.setattr(config_timing, "TIMED", {})
         monkeypatch.setattr(config_cache, "_CACHES", {})
         benched.clear()
+        monkeypatch.setattr(config_timing, "TOTALS", config_timing.TimingTotals())
         llm = LLM(loaded, num_kv_blocks=128, block_size=16, max_num_seqs=16)
+        assert llm.llm_engine.model_runner.graph_capture_s > 0
+        totals = config_timing.TOTALS
+        if not outs:  # the first engine timed every choice; the second read them all
+            assert totals.choices_timed > 0 and totals.choices_read == 0
+        else:
+            assert totals.choices_timed == 0 and totals.choices_read > 0
         outs.append([[o.outputs[0].token_ids for o in llm.generate(prompts[:n], params,
                                                                    use_tqdm=False)]
                      for n in (1, 4, 12)])
