@@ -3,7 +3,8 @@
 # Triton's cache warmed as in call_s110.sh, then the same 256 x 512/128 command twice in fresh
 # processes with PAGEDRT_CONFIG_CACHE (call_common.sh): the first times its kernel configs and
 # files them, the second should read them and time none. Their wall times give the start-up
-# time the file saves, their tok/s whether the second process runs as fast, and the file's
+# time the file saves (each prints its start-up line: graph capture, configs timed and read),
+# their tok/s whether the second process runs as fast, and the file's
 # line counts that the second added nothing. The GPU's clocks are sampled through each run
 # (clocks_start). Then the batch sweep of record and batch-1 latency (both reading the file),
 # and the Triton cache back with the file inside ($OUT/tc.txz.NN: put them in .tcache/).
@@ -24,6 +25,7 @@ for run in 1 2; do
   echo "main$run status $status in $((SECONDS - t0))s, choices on disk: $(lines):" \
     "$(grep -h "output tok/s of each\|prefill steps" "$out/r/main$run.txt" | tr -s ' ' \
        | cut -c1-110 | tr '\n' ' ')"
+  grep -h "start-up" "$out/r/main$run.txt"
   clocks_stop "main$run"
 done
 clocks_start sweep
