@@ -93,7 +93,9 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="pagedrt", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log scheduler events and the start-up's graph capture and kernel timing")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log scheduler events and the start-up's graph capture and "
+                             "kernel timing")
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate answers for prompts")
