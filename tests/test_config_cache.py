@@ -13,6 +13,7 @@ import types
 import pytest
 import torch
 import triton.testing
+from timing_fakes import fake_bench
 
 from pagedrt.ops import config_cache, config_timing, gemv_triton, matmul_triton
 
@@ -136,13 +137,7 @@ def fake_timing(monkeypatch):
     the kernels run, by name."""
     runs: list[str] = []
     clock: list[float] = []
-
-    def bench(fn, rep):
-        clock.clear()
-        fn()
-        return sum(clock)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", bench)
+    fake_bench(monkeypatch, clock)
     monkeypatch.setattr(config_timing, "COLD_L2_TIMING", False)
     monkeypatch.setattr(config_timing, "TIMED", {})
 

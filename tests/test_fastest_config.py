@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import triton.testing
+from timing_fakes import fake_bench
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
@@ -19,12 +20,7 @@ def fake_timing(monkeypatch, request):
     """do_bench_cudagraph(fn) -> the times the kernels fn ran add to CLOCK; the L2 flush
     takes 10 and the PDL lead kernel 2 (cold timing on), or neither runs;
     torch.cuda.synchronize a no-op."""
-    def bench(fn, rep):
-        CLOCK.clear()
-        fn()
-        return sum(CLOCK)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", bench)
+    fake_bench(monkeypatch, CLOCK)
     monkeypatch.setattr(config_timing, "COLD_L2_TIMING", request.param)
     monkeypatch.setattr(config_timing, "_l2_flusher", lambda: lambda: CLOCK.append(10.0))
     monkeypatch.setattr(config_timing, "_pdl_lead", lambda: lambda: CLOCK.append(2.0))
@@ -130,14 +126,7 @@ def test_fastest_config_replays_each_config_for_the_capped_time(monkeypatch, cap
     """Every do_bench_cudagraph call (baseline and each candidate; warm timing) gets the op's
     rep, or PAGEDRT_TIMING_REP_MS where it is lower."""
     reps: list[float] = []
-
-    def bench(fn, rep):
-        reps.append(rep)
-        CLOCK.clear()
-        fn()
-        return sum(CLOCK)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", bench)
+    fake_bench(monkeypatch, CLOCK, reps)
     monkeypatch.setattr(config_timing, "COLD_L2_TIMING", False)
     if cap is None:
         monkeypatch.delenv("PAGEDRT_TIMING_REP_MS", raising=False)

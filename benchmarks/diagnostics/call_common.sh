@@ -23,7 +23,8 @@
 # prefill_parts NAME SHARD_CAP CAP (benchmarks/diagnostics/prefill_parts.py compiled in 8
 # shards, then timed in one process: $out/r/NAME.txt and NAME/prefill_parts.json), and
 # warm_cache CAP CMD... (CMD in 8 cache-warming processes at once, PAGEDRT_WARM_SHARD=i/8),
-# and clocks_start NAME / clocks_stop NAME (the GPU's SM clock, power and temperature sampled
+# warm_qwen2_cache CAP (warm_cache over a small Qwen2-0.5B workload), and clocks_start NAME /
+# clocks_stop NAME (the GPU's SM clock, power and temperature sampled
 # in between: $out/r/clocks_NAME.csv, a summary line).
 out="${OUT:-out}"; mkdir -p "$out/r"
 # A fresh machine spends minutes compiling Triton kernels (call_s82: the first two engines and
@@ -203,6 +204,12 @@ prefill_parts() {  # name, cap of each compiling shard (s), cap of the timed run
   timeout "$3" python3 -u benchmarks/diagnostics/prefill_parts.py --out "$out/r/$name" \
     > "$out/r/$name.txt" 2>&1
   echo "== $name (status $?) at ${SECONDS}s"
+}
+warm_qwen2_cache() {  # cap (s): warm_cache over a small Qwen2-0.5B throughput workload, the
+  # kernels of the status runs (call_s110.sh, call_s111.sh)
+  warm_cache "$1" python3 -m pagedrt.entrypoints.cli bench throughput --preset qwen2-0.5b \
+    --num-requests 16 --input-len 512 --output-len 16 --kv-cache-memory-bytes 4000000000 \
+    --skip-step-split --out /tmp/warm_out
 }
 clocks_start() {  # name: the GPU's SM clock, power and temperature every 250 ms into
   # $out/r/clocks_NAME.csv until clocks_stop (compute-bound prefill steps have run 25-36 ms

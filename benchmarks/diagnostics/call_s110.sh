@@ -9,9 +9,7 @@
 set -u
 . benchmarks/diagnostics/call_common.sh
 out="$(cd "$out" && pwd)"
-warm_cache 200 python3 -m pagedrt.entrypoints.cli bench throughput --preset qwen2-0.5b \
-  --num-requests 16 --input-len 512 --output-len 16 --kv-cache-memory-bytes 4000000000 \
-  --skip-step-split --out /tmp/warm_out
+warm_qwen2_cache 200
 grep -l "Traceback\|Error" "$out"/r/warm_*.txt | head -3
 t0=$SECONDS
 timeout 150 python3 -m pagedrt.entrypoints.cli bench throughput --preset qwen2-0.5b \

@@ -12,9 +12,7 @@
 set -u
 . benchmarks/diagnostics/call_common.sh
 out="$(cd "$out" && pwd)"
-warm_cache 200 python3 -m pagedrt.entrypoints.cli bench throughput --preset qwen2-0.5b \
-  --num-requests 16 --input-len 512 --output-len 16 --kv-cache-memory-bytes 4000000000 \
-  --skip-step-split --out /tmp/warm_out
+warm_qwen2_cache 200
 lines() { cat "$PAGEDRT_CONFIG_CACHE"/*.jsonl 2>/dev/null | wc -l; }
 for run in 1 2; do
   t0=$SECONDS
