@@ -252,3 +252,14 @@ def test_the_totals_count_timed_and_read_choices_and_nested_seconds_once(
     assert line == ("pagedrt start-up: engine 61.0 s (GEMM warm-up 2.0 s, graph capture 50.0"
                     " s); kernel configs: 2 choices timed (5 configs) in 2.0 s, 1 read from "
                     "PAGEDRT_CONFIG_CACHE")
+
+
+def test_results_files_name_the_choice_files_looked_up(fake_gpu, tmp_path, monkeypatch):
+    """`pagedrt bench` results name the files this process's timing looked up, or None: the
+    setting alone (as on a CPU, where nothing is timed) names none."""
+    from pagedrt.bench.common import config_cache_files
+
+    monkeypatch.setenv("PAGEDRT_CONFIG_CACHE", str(tmp_path))
+    assert config_cache_files() is None
+    cache = config_cache.active_cache()
+    assert config_cache_files() == [str(cache.path)]

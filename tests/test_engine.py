@@ -411,6 +411,8 @@ def test_bench_throughput_on_cpu_writes_its_trace(smollm2_path, tmp_path):
     # the engine's start-up: on CPU no GEMM warm-up, no graphs, no timed kernel configs
     start = row["start_up"]
     assert start["engine_s"] > 0 and start["graph_capture_s"] == start["gemm_warm_up_s"] == 0
+    # the roofline's matmul rate in the run's dtype; no timed choice, so no choice file
+    assert data["ceilings"]["matmul_dtype"] == "float32" and data["config_cache"] is None
 
 
 def test_bench_latency_repeats_and_graphs_on_cpu(smollm2_path, tmp_path, monkeypatch):

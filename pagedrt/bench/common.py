@@ -34,7 +34,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     add_engine_config_args(p)
     p.set_defaults(gpu_memory_utilization=0.85, max_num_batched_tokens=16384,
                    max_model_len=4096)
-    p.add_argument("--out", default="benchmarks/results", help="folder for JSON and PNG")
+    p.add_argument("--out", default="benchmarks/results",
+                   help="folder for JSON and PNG (default: benchmarks/results under the "
+                        "current directory)")
 
 
 def uses_workers(args) -> bool:
@@ -133,9 +135,11 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def device_ceilings(device: torch.device) -> dict:
-    """Measured in this run: read bandwidth (bytes/s, a large sum over bf16 data) and dense
-    bf16 matmul rate (FLOP/s, 8192^3). On CPU: a rough single measurement of each."""
+def device_ceilings(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Measured in this run: read bandwidth (bytes/s, a large sum over bf16 data) and the
+    dense matmul rate in `dtype`, the model's (FLOP/s, 8192^3; bf16 for the GPU runs of
+    record, fp32 for a CPU run in fp32, whose bf16 rate it never uses). On CPU: a rough
+    single measurement of each (1024^3)."""
     n = (1 << 30) if device.type == "cuda" else (1 << 26)
     x = torch.ones(n, dtype=torch.bfloat16, device=device)
     x.sum()
@@ -148,7 +152,7 @@ def device_ceilings(device: torch.device) -> dict:
     read_bw = reps * x.numel() * x.element_size() / (time.perf_counter() - t)
     del x
     m = 8192 if device.type == "cuda" else 1024
-    a = torch.randn(m, m, dtype=torch.bfloat16, device=device)
+    a = torch.randn(m, m, dtype=dtype, device=device)
     a @ a
     sync(device)
     t = time.perf_counter()
@@ -156,7 +160,8 @@ def device_ceilings(device: torch.device) -> dict:
         a @ a
     sync(device)
     flops = reps * 2 * m**3 / (time.perf_counter() - t)
-    return {"read_bytes_per_s": read_bw, "matmul_flop_per_s": flops}
+    return {"read_bytes_per_s": read_bw, "matmul_flop_per_s": flops,
+            "matmul_dtype": str(dtype).removeprefix("torch.")}
 
 
 def gpu_name() -> str:
@@ -200,11 +205,20 @@ def kernel_choices() -> dict:
     return out
 
 
+def config_cache_files() -> list[str] | None:
+    """The PAGEDRT_CONFIG_CACHE files (pagedrt/ops/config_cache.py) this process's start-up
+    timing looked up, or None where it used none (the setting unset, or no choice timed: on a
+    CPU, or with the model in worker processes)."""
+    cache = sys.modules.get("pagedrt.ops.config_cache")
+    files = sorted(str(c.path) for c in cache._CACHES.values()) if cache is not None else []
+    return files or None
+
+
 def write_results(out_dir: str, name: str, results: list[dict], extra: dict | None = None) -> str:
     """Write {gpu, commit, date, command, results, kernel_choices, config_cache, **extra} to
     out_dir/name.json and return its path (`kernel_choices`: the start-up timing's choices of
-    this process; `config_cache`: PAGEDRT_CONFIG_CACHE, where they may have been read from an
-    earlier process's timing, or None)."""
+    this process; `config_cache`: the PAGEDRT_CONFIG_CACHE files this process's timing
+    looked up, where choices may come from an earlier process, or None)."""
     os.makedirs(out_dir, exist_ok=True)
     doc = {
         "gpu": gpu_name(), "commit": os.environ.get("PAGEDRT_COMMIT") or git_commit(),
@@ -212,7 +226,7 @@ def write_results(out_dir: str, name: str, results: list[dict], extra: dict | No
         "command": "pagedrt " + " ".join(sys.argv[1:]) if "pagedrt" in sys.argv[0]
         else " ".join(sys.argv),
         "results": results, "kernel_choices": kernel_choices(),
-        "config_cache": os.environ.get("PAGEDRT_CONFIG_CACHE") or None, **(extra or {}),
+        "config_cache": config_cache_files(), **(extra or {}),
     }
     path = os.path.join(out_dir, f"{name}.json")
     with open(path, "w") as f:

@@ -19,9 +19,10 @@ That is: matmuls at every forwarded position, causal attention (QK^T and PV, 4 d
 query-key pair per head), the LM head only where a token is sampled, every weight read once per
 step (e bytes each; the embedding is gathered, not read whole), each cached K/V byte read once
 per decode step. Both rates are the run's own ceilings (`pagedrt.bench.common.device_ceilings`:
-a large bf16 read and an 8192^3 bf16 matmul). Not counted: K/V writes, activations, sampling,
-launch latency. Sliding-window layers would attend to fewer positions; the formula counts full
-causal attention. Efficiency = floor / measured time.
+a large bf16 read and an 8192^3 matmul in the model's dtype, bf16 in the GPU runs of record).
+Not counted: K/V writes, activations, sampling, launch latency. Sliding-window layers would
+attend to fewer positions; the formula counts full causal attention. Efficiency = floor /
+measured time.
 
 `bound_s` is the looser bound max(total FLOPs / FLOP/s, total bytes / bytes/s), which an engine
 overlapping one request's prefill with another's decode could approach; BENCHMARKS.md's

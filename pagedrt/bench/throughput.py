@@ -10,8 +10,8 @@ between steps, requests and tokens scheduled, device time of the model from CUDA
 summed for decode-only steps and steps with prefill; the mean step time split into schedule,
 prepare, forward, sample, update (a second pass with a device sync per phase); KV usage; and the
 honest roofline of `pagedrt.bench.roofline` (the least time any engine could take: work a
-minimal engine must do, against the run's measured read bandwidth and bf16 matmul rate);
-efficiency = floor / measured time.
+minimal engine must do, against the run's measured read bandwidth and matmul rate in the
+model's dtype); efficiency = floor / measured time.
 
 --compare hf runs, on the same weights in the same process: HF `generate` (static batch,
 SDPA) and HF `generate_batch` (its continuous batching, attn_implementation "paged|sdpa").
@@ -594,7 +594,8 @@ def main(argv: list[str]) -> int:
     if args.beam_width:
         prompts, _, workload = make_workload(args)
         return _main_beam(make_llm(model, args), model, args, prompts, name, workload)
-    ceilings = device_ceilings(device)
+    ceilings = device_ceilings(device, next(model.model.parameters()).dtype if in_process
+                               else torch.bfloat16)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # what the ceilings used is free for the KV cache
     prompts, params, workload = make_workload(args)

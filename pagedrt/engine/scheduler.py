@@ -650,6 +650,7 @@ class Scheduler:
         return len(slots)
 
     def _preempt_one(self, req: Request, mode: str) -> None:
+        free_before = self.kv.num_free_blocks
         self.running.remove(req)
         req.num_preemptions += 1
         if mode == "swap" and self.kv.swap_out(req):
@@ -665,8 +666,10 @@ class Scheduler:
         self.num_preemptions[mode.split()[0]] += 1
         self._preempted_req_ids.append(req.request_id)
         logger.info(
-            "preempted %s by %s: no free KV block (%d of %d blocks free, %d running)",
-            req.request_id, mode, self.kv.num_free_blocks, self.kv.num_blocks, len(self.running),
+            "preempted request %r by %s: no free KV block for the running requests' next "
+            "tokens; its %d blocks freed (now %d of %d free, %d still running)",
+            req.request_id, mode, self.kv.num_free_blocks - free_before,
+            self.kv.num_free_blocks, self.kv.num_blocks, len(self.running),
         )
 
     # ----------------------------------------------------------------- update
