@@ -210,8 +210,7 @@ def config_cache_files() -> list[str] | None:
     timing looked up, or None where it used none (the setting unset, or no choice timed: on a
     CPU, or with the model in worker processes)."""
     cache = sys.modules.get("pagedrt.ops.config_cache")
-    files = sorted(str(c.path) for c in cache._CACHES.values()) if cache is not None else []
-    return files or None
+    return (cache.files_in_use() or None) if cache is not None else None
 
 
 def write_results(out_dir: str, name: str, results: list[dict], extra: dict | None = None) -> str:

@@ -157,3 +157,8 @@ def active_cache() -> ConfigCache | None:
     if slot not in _CACHES:
         _CACHES[slot] = ConfigCache(directory, print_)
     return _CACHES[slot]
+
+
+def files_in_use() -> list[str]:
+    """The files of the caches `active_cache` has opened in this process, sorted."""
+    return sorted(str(cache.path) for cache in _CACHES.values())
