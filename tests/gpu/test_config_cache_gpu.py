@@ -51,7 +51,11 @@ def test_a_second_engine_takes_the_first_ones_choices_from_disk(tmp_path, monkey
             assert benched, "the first engine timed nothing"
             assert any(t for t in tables), "the first engine chose nothing"
     assert benched == [], "the second engine timed configs its file holds"
-    assert chosen[1] == chosen[0]
+    # the second engine's choices are the first's (it may look up fewer: a fused op read
+    # from the file no longer runs its plain chain, whose matmul the first engine timed
+    # inside the fused op's baseline)
+    assert all(second and second.items() <= first.items() or first == second == {}
+               for first, second in zip(*chosen, strict=True))
     assert outs[1] == outs[0]
     files = list(tmp_path.iterdir())
     assert len(files) == 1 and files[0].read_text().count("\n") == sum(map(len, chosen[0]))
