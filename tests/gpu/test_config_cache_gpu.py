@@ -54,8 +54,8 @@ def test_a_second_engine_takes_the_first_ones_choices_from_disk(tmp_path, monkey
     # the second engine's choices are the first's (it may look up fewer: a fused op read
     # from the file no longer runs its plain chain, whose matmul the first engine timed
     # inside the fused op's baseline)
-    assert all(second and second.items() <= first.items() or first == second == {}
-               for first, second in zip(*chosen, strict=True))
+    assert all(second.items() <= first.items() for first, second in zip(*chosen, strict=True))
+    assert any(chosen[1]), "the second engine looked nothing up"
     assert outs[1] == outs[0]
     files = list(tmp_path.iterdir())
     assert len(files) == 1 and files[0].read_text().count("\n") == sum(map(len, chosen[0]))
