@@ -101,14 +101,15 @@ def test_a_file_that_cannot_be_written_warns_once_and_keeps_the_choice(fake_gpu,
 
 def _append_many(directory: str, writer: int, count: int) -> None:
     cache = config_cache.ConfigCache(directory, {"any": 1})
-    for i in range(count):
-        configs = {None: 1.0, **{(writer, i, j, 4, 5, True): 0.5 + j for j in range(12)}}
+    for i in range(count):  # every tenth line longer than a write buffer (8 KB)
+        configs = {None: 1.0, **{(writer, i, j, 4, 5, True): 0.5 + j
+                                 for j in range(400 if i % 10 == 0 else 12)}}
         cache.store("t", (writer, i), (writer, i, 0, 4, 5, True), configs, 8)
 
 
 def test_processes_appending_side_by_side_lose_no_line(tmp_path):
     """Four processes (as test shards or TP ranks) append 150 choices each to one file at
-    once: every line reads back whole."""
+    once, some lines over 8 KB: every line reads back whole."""
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_append_many, args=(str(tmp_path), w, 150)) for w in range(4)]
     for p in procs:

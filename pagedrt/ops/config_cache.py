@@ -131,8 +131,11 @@ class ConfigCache:
                                      for c, ms in times.items()]}) + "\n"
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a") as f:  # one write of one line (O_APPEND)
-                f.write(line)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:  # the line in one write(2) at the file's end (O_APPEND), not in buffer-sized parts
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
         except OSError as e:
             if not self._write_failed:
                 self._write_failed = True
