@@ -162,6 +162,18 @@ def active_cache() -> ConfigCache | None:
     return _CACHES[slot]
 
 
+def cache_for(table: dict) -> tuple[ConfigCache, str] | None:
+    """(the `active_cache`, `table`'s name) where PAGEDRT_CONFIG_CACHE is set and `table` is
+    one of CHOICE_TABLES; else None: `fastest_config`'s choice neither read nor kept on disk.
+
+    Raises:
+        ValueError: the setting names a file (`active_cache`).
+    """
+    name = table_name(table)
+    cache = active_cache() if name is not None else None
+    return None if cache is None else (cache, name)
+
+
 def files_in_use() -> list[str]:
     """The files of the caches `active_cache` has opened in this process, sorted."""
     return sorted(str(cache.path) for cache in _CACHES.values())

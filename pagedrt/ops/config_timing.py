@@ -234,11 +234,9 @@ def fastest_config(baseline, candidate, configs, rep: int, record: tuple | None 
     of `configs` and the baseline is returned."""
     if WARM_SHARD is not None:
         return _warm_only(baseline, candidate, configs, *WARM_SHARD)
-    disk, name = None, None
-    if record is not None:
-        disk = config_cache.active_cache()
-        name = config_cache.table_name(record[0]) if disk is not None else None
-        stored = disk.lookup(name, record[1]) if name is not None else None
+    disk = config_cache.cache_for(record[0]) if record is not None else None
+    if disk is not None:
+        stored = disk[0].lookup(disk[1], record[1])
         if stored is not None:  # timed by an earlier process (PAGEDRT_CONFIG_CACHE)
             config, stored_times, rows = stored
             TIMED[id(record[0]), record[1]] = (record[0], rows, dict(stored_times))
@@ -255,8 +253,8 @@ def fastest_config(baseline, candidate, configs, rep: int, record: tuple | None 
             TOTALS.seconds += time.perf_counter() - start
     TOTALS.choices_timed += 1
     TOTALS.configs_timed += len(times)
-    if name is not None:
-        disk.store(name, record[1], best, times, record[2])
+    if disk is not None:
+        disk[0].store(disk[1], record[1], best, times, record[2])
     return best
 
 
