@@ -77,7 +77,7 @@ class Request:
         # still being sampled (the device side knows where it is), else 0
         self.num_pending_tokens = 0
         self.output_logprobs: list = []
-        # the sum of output_logprobs' chosen-token logprobs, kept as they are appended (a
+        # the sum of output_logprobs' chosen-token logprobs, kept by `append_logprob` (a
         # streamed request reports it every step: summing the list each time was quadratic)
         self.cumulative_logprob = 0.0
         self.params = params
@@ -147,6 +147,12 @@ class Request:
         if end <= len(self.prompt_array):
             return self.prompt_array[start:end]
         return np.asarray(self.token_ids_slice(start, end), dtype=np.int64)
+
+    def append_logprob(self, logprob) -> None:
+        """Record a sampled token's logprobs (an object whose `.logprob` is the chosen
+        token's) and add that to `cumulative_logprob`."""
+        self.output_logprobs.append(logprob)
+        self.cumulative_logprob += logprob.logprob
 
     @property
     def is_finished(self) -> bool:

@@ -722,8 +722,7 @@ class Scheduler:
             if index == len(output_token_ids) - 1:
                 req.num_pending_tokens = 0
             if logprobs is not None and logprobs[i] is not None:
-                req.output_logprobs.append(logprobs[i])
-                req.cumulative_logprob += logprobs[i].logprob
+                req.append_logprob(logprobs[i])
             if req.first_token_time is None:
                 req.first_token_time = now
             req.last_token_time = now
@@ -939,8 +938,7 @@ class Scheduler:
                 else:
                     output_token_ids.insert(position, tok)
                 if lp is not None:
-                    req.output_logprobs.append(lp)
-                    req.cumulative_logprob += lp.logprob
+                    req.append_logprob(lp)
                 if req.first_token_time is None:
                     req.first_token_time = now
                 req.last_token_time = now
