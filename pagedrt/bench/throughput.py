@@ -603,14 +603,14 @@ def main(argv: list[str]) -> int:
         return compare_speculative(args, model, name, prompts, params, ceilings, workload)
 
     def warmed_llm(**overrides):
+        """(the engine, warmed up; `start_up_report` of its construction)."""
+        start = time.perf_counter()
         llm = make_llm(model, args, **overrides)
+        start_up = start_up_report(llm, time.perf_counter() - start)
         warm_up(llm, args)
-        return llm
+        return llm, start_up
 
-    start = time.perf_counter()
-    llm = make_llm(model, args)
-    start_up = start_up_report(llm, time.perf_counter() - start)
-    warm_up(llm, args)
+    llm, start_up = warmed_llm()
     results = [run_pagedrt(llm, args, prompts, params, ceilings, name, workload, args.repeats)]
     results[0]["start_up"] = start_up
     for b in args.batch_sizes:
@@ -632,7 +632,7 @@ def main(argv: list[str]) -> int:
         })
     free_llm(llm)
     if args.compare_kv_cache_dtype:
-        llm = warmed_llm(kv_cache_dtype=args.compare_kv_cache_dtype)
+        llm, _ = warmed_llm(kv_cache_dtype=args.compare_kv_cache_dtype)
         results.append(run_pagedrt(llm, args, prompts, params, ceilings, name, workload,
                                    args.repeats))
         free_llm(llm)
