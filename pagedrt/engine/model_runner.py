@@ -196,7 +196,7 @@ class ModelRunner:
 
             totals = (f"; kernel configs so far: {TOTALS.choices_timed} choices timed "
                       f"({TOTALS.configs_timed} configs) in {TOTALS.seconds:.1f} s, "
-                      f"{TOTALS.choices_read} read from PAGEDRT_CONFIG_CACHE")
+                      f"{TOTALS.choices_read} read from the config cache")
         logger.info("CUDA graphs: %d captured in %.1f s%s", len(self.graph_runner.graphs),
                     self.graph_capture_s, totals)
 

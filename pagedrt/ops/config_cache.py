@@ -1,7 +1,10 @@
-"""Timed config choices kept on disk (opt-in: PAGEDRT_CONFIG_CACHE=<directory>), so that an
-engine started again on the same machine, software and settings takes the choices the first
-one timed instead of timing every op at every graph bucket again (pagedrt/ops/config_timing.py,
-`fastest_config`). docs/design.md, "Small-batch decode", the paragraph "Timed choices on disk".
+"""Timed config choices kept on disk, so that an engine started again on the same machine,
+software and settings takes the choices the first one timed instead of timing every op at every
+graph bucket again (pagedrt/ops/config_timing.py, `fastest_config`). On by default, in
+`configs/` under pagedrt's cache root (pagedrt/paths.py: $PAGEDRT_CACHE_DIR, default
+~/.cache/pagedrt); PAGEDRT_CONFIG_CACHE=<directory> puts it elsewhere, PAGEDRT_CONFIG_CACHE=off
+(or 0) times at every start and keeps nothing. docs/design.md, "Small-batch decode", the
+paragraph "Timed choices on disk".
 
 A file holds one fingerprint's choices (`fingerprint`: the GPU, torch, Triton, every source
 file of the package and every PAGEDRT_* setting but a few that touch no kernel), one JSON line
@@ -22,7 +25,10 @@ from pathlib import Path
 
 import torch
 
+from pagedrt.paths import cache_dir
+
 ENV = "PAGEDRT_CONFIG_CACHE"
+OFF_VALUES = ("off", "0")  # PAGEDRT_CONFIG_CACHE values that keep no choices on disk
 
 # the choice tables `fastest_config`'s callers keep, as (module, attributes): their names in
 # the files (and in the benchmarks' result files, pagedrt/bench/common.py `kernel_choices`)
@@ -30,7 +36,8 @@ CHOICE_TABLES = (("pagedrt.ops.gemv_triton", ("_CHOICE", "_FUSED_CHOICE")),
                  ("pagedrt.ops.matmul_triton", ("_CHOICE",)))
 
 # PAGEDRT_* settings left out of the fingerprint: they change no kernel and no candidate
-_NOT_FINGERPRINTED = frozenset({ENV, "PAGEDRT_COMMIT", "PAGEDRT_NUM_THREADS"})
+_NOT_FINGERPRINTED = frozenset({ENV, "PAGEDRT_CACHE_DIR", "PAGEDRT_COMMIT",
+                                "PAGEDRT_NUM_THREADS"})
 
 _log = logging.getLogger(__name__)
 
@@ -93,8 +100,8 @@ class ConfigCache:
 
     def __init__(self, directory: str, print_: dict):
         if os.path.exists(directory) and not os.path.isdir(directory):
-            raise ValueError(f"{ENV}={directory!r} is a file; give a directory for the timed "
-                             "config choices (made if missing), or unset it")
+            raise ValueError(f"{directory!r} is a file, not a directory for the timed config "
+                             f"choices: set {ENV} to a directory (made if missing) or to 'off'")
         self.path = cache_file(directory, print_)
         self.fingerprint = print_
         self._entries: dict[tuple[str, str], tuple] | None = None
@@ -145,15 +152,27 @@ class ConfigCache:
 _CACHES: dict[tuple[str, str], ConfigCache] = {}
 
 
+def cache_directory(environ: dict | None = None) -> str | None:
+    """The directory of the timed choices under `environ` (os.environ by default):
+    PAGEDRT_CONFIG_CACHE where it names one, `configs` under pagedrt's cache root
+    (`pagedrt.paths.cache_dir`) where it is unset or blank, None where it is one of OFF_VALUES
+    (any case)."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(ENV, "").strip()
+    if value.lower() in OFF_VALUES:
+        return None
+    return value or os.path.join(cache_dir(environ), "configs")
+
+
 def active_cache() -> ConfigCache | None:
-    """The current CUDA device's cache under PAGEDRT_CONFIG_CACHE (read at each call), or
-    None where it is unset or blank; one object per (directory, fingerprint) per process.
+    """The current CUDA device's cache in `cache_directory()` (read at each call), or None
+    where PAGEDRT_CONFIG_CACHE is off; one object per (directory, fingerprint) per process.
 
     Raises:
-        ValueError: the setting names a file, not a directory (`ConfigCache`).
+        ValueError: the directory is a file (`ConfigCache`).
     """
-    directory = os.environ.get(ENV, "").strip()
-    if not directory:
+    directory = cache_directory()
+    if directory is None:
         return None
     print_ = fingerprint(torch.cuda.current_device())
     slot = (directory, json.dumps(print_, sort_keys=True))
@@ -163,8 +182,9 @@ def active_cache() -> ConfigCache | None:
 
 
 def cache_for(table: dict) -> tuple[ConfigCache, str] | None:
-    """(the `active_cache`, `table`'s name) where PAGEDRT_CONFIG_CACHE is set and `table` is
-    one of CHOICE_TABLES; else None: `fastest_config`'s choice neither read nor kept on disk.
+    """(the `active_cache`, `table`'s name) where PAGEDRT_CONFIG_CACHE is not off and `table`
+    is one of CHOICE_TABLES; else None: `fastest_config`'s choice neither read nor kept on
+    disk.
 
     Raises:
         ValueError: the setting names a file (`active_cache`).

@@ -124,7 +124,7 @@ def _l2_flusher() -> Callable[[], torch.Tensor]:
 class TimingTotals:
     """What `fastest_config` did in this process so far: choices timed and the configs
     (baselines included) timed for them, the wall seconds that took (a choice timed inside
-    another's baseline counted once), and choices read from PAGEDRT_CONFIG_CACHE's file. The
+    another's baseline counted once), and choices read from the config cache's file. The
     engine logs them after its graph capture and `pagedrt bench throughput` reports them."""
 
     choices_timed: int = 0
@@ -226,10 +226,10 @@ def fastest_config(baseline, candidate, configs, rep: int, record: tuple | None 
     went unseen that way: every candidate failed and the baseline won).
 
     `rep` is the replay time per config in ms, at most PAGEDRT_TIMING_REP_MS where that is
-    set (`timing_rep_ms`). With PAGEDRT_CONFIG_CACHE set, a `record`ed choice that an earlier
-    process timed under the same fingerprint is taken from its file without timing (its
-    times filed in `TIMED` as if timed here), and a new one is appended to it
-    (pagedrt/ops/config_cache.py). Under PAGEDRT_WARM_SHARD=i/n (`WARM_SHARD`) nothing is
+    set (`timing_rep_ms`). Unless PAGEDRT_CONFIG_CACHE is off, a `record`ed choice that an
+    earlier process timed under the same fingerprint is taken from the config cache's file
+    without timing (its times filed in `TIMED` as if timed here), and a new one is appended
+    to it (pagedrt/ops/config_cache.py). Under PAGEDRT_WARM_SHARD=i/n (`WARM_SHARD`) nothing is
     timed, nor read from or written to that file: `_warm_only` compiles this process's share
     of `configs` and the baseline is returned."""
     if WARM_SHARD is not None:
@@ -237,7 +237,7 @@ def fastest_config(baseline, candidate, configs, rep: int, record: tuple | None 
     disk = config_cache.cache_for(record[0]) if record is not None else None
     if disk is not None:
         stored = disk[0].lookup(disk[1], record[1])
-        if stored is not None:  # timed by an earlier process (PAGEDRT_CONFIG_CACHE)
+        if stored is not None:  # timed by an earlier process (the config cache)
             config, stored_times, rows = stored
             TIMED[id(record[0]), record[1]] = (record[0], rows, dict(stored_times))
             TOTALS.choices_read += 1

@@ -5,7 +5,8 @@ Every engine a test builds times its kernel configs at start-up (pagedrt/ops/con
 here each config's replay is capped at 2 ms (PAGEDRT_TIMING_REP_MS, unless the caller set it):
 the tests check tokens and shapes, not which tile is fastest, and at each op's own 10-20 ms the
 engine tests of tiny models spent their whole caps timing. And each engine times for itself:
-PAGEDRT_CONFIG_CACHE (choices kept on disk between engines) is unset unless a test sets it."""
+PAGEDRT_CONFIG_CACHE (choices kept on disk between engines) is off unless a test sets it
+(tests/conftest.py)."""
 
 import os
 
@@ -22,8 +23,6 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _short_config_timing(monkeypatch):
-    """PAGEDRT_TIMING_REP_MS=2 for the test and the processes it starts (kept if set), and
-    no PAGEDRT_CONFIG_CACHE."""
+    """PAGEDRT_TIMING_REP_MS=2 for the test and the processes it starts (kept if set)."""
     monkeypatch.setenv("PAGEDRT_TIMING_REP_MS",
                        os.environ.get("PAGEDRT_TIMING_REP_MS", TEST_TIMING_REP_MS))
-    monkeypatch.delenv("PAGEDRT_CONFIG_CACHE", raising=False)

@@ -1,0 +1,16 @@
+"""Where pagedrt keeps what it builds on disk: the root of its cache ($PAGEDRT_CACHE_DIR,
+default ~/.cache/pagedrt), under which the GGUF loader keeps dequantised weights
+(pagedrt/models/loader.py) and the start-up timing keeps its kernel config choices
+(pagedrt/ops/config_cache.py)."""
+
+from __future__ import annotations
+
+import os
+
+
+def cache_dir(environ=None) -> str:
+    """Root of pagedrt's on-disk cache: PAGEDRT_CACHE_DIR of `environ` (a mapping, os.environ
+    by default), default ~/.cache/pagedrt."""
+    environ = os.environ if environ is None else environ
+    default = os.path.join(os.path.expanduser("~"), ".cache", "pagedrt")
+    return environ.get("PAGEDRT_CACHE_DIR", default)
