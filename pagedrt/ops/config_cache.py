@@ -187,7 +187,7 @@ def cache_for(table: dict) -> tuple[ConfigCache, str] | None:
     disk.
 
     Raises:
-        ValueError: the setting names a file (`active_cache`).
+        ValueError: the directory is a file (`active_cache`).
     """
     name = table_name(table)
     cache = active_cache() if name is not None else None
