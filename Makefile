@@ -58,6 +58,7 @@ test: setup $(TRITON36)/.installed
 lint: setup
 	$(VENV)/bin/ruff check pagedrt tests benchmarks
 
-# dequantized GGUF weights are cached under $${PAGEDRT_CACHE_DIR:-~/.cache/pagedrt}
+# dequantized GGUF weights (and, on a GPU, the timed kernel configs) are cached under
+# $${PAGEDRT_CACHE_DIR:-~/.cache/pagedrt}; this deletes that whole folder
 clean-cache:
 	rm -rf "$${PAGEDRT_CACHE_DIR:-$$HOME/.cache/pagedrt}"

@@ -10,7 +10,7 @@ import os
 
 def cache_dir(environ=None) -> str:
     """Root of pagedrt's on-disk cache: PAGEDRT_CACHE_DIR of `environ` (a mapping, os.environ
-    by default), default ~/.cache/pagedrt."""
+    by default) with a leading ~ expanded, or ~/.cache/pagedrt where it is unset or blank."""
     environ = os.environ if environ is None else environ
-    default = os.path.join(os.path.expanduser("~"), ".cache", "pagedrt")
-    return environ.get("PAGEDRT_CACHE_DIR", default)
+    value = environ.get("PAGEDRT_CACHE_DIR", "").strip() or os.path.join("~", ".cache", "pagedrt")
+    return os.path.expanduser(value)

@@ -154,14 +154,14 @@ _CACHES: dict[tuple[str, str], ConfigCache] = {}
 
 def cache_directory(environ: dict | None = None) -> str | None:
     """The directory of the timed choices under `environ` (os.environ by default):
-    PAGEDRT_CONFIG_CACHE where it names one, `configs` under pagedrt's cache root
-    (`pagedrt.paths.cache_dir`) where it is unset or blank, None where it is one of OFF_VALUES
-    (any case)."""
+    PAGEDRT_CONFIG_CACHE where it names one (a leading ~ expanded), `configs` under pagedrt's
+    cache root (`pagedrt.paths.cache_dir`) where it is unset or blank, None where it is one of
+    OFF_VALUES (any case)."""
     environ = os.environ if environ is None else environ
     value = environ.get(ENV, "").strip()
     if value.lower() in OFF_VALUES:
         return None
-    return value or os.path.join(cache_dir(environ), "configs")
+    return os.path.expanduser(value) if value else os.path.join(cache_dir(environ), "configs")
 
 
 def active_cache() -> ConfigCache | None:
