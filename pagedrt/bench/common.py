@@ -101,9 +101,9 @@ def format_start_up(report: dict) -> str:
                  f"{report['graph_capture_s']:.1f} s)")
     t = report.get("config_timing")
     if t:
-        line += (f"; kernel configs: {t['choices_timed']} choices timed ({t['configs_timed']}"
-                 f" configs) in {t['seconds']:.1f} s, {t['choices_read']} read from the config "
-                 "cache")
+        from pagedrt.ops.config_timing import TimingTotals  # present where it was reported
+
+        line += f"; kernel configs: {TimingTotals(**t).summary()}"
     return line
 
 

@@ -194,9 +194,7 @@ class ModelRunner:
         if triton_available():
             from pagedrt.ops.config_timing import TOTALS
 
-            totals = (f"; kernel configs so far: {TOTALS.choices_timed} choices timed "
-                      f"({TOTALS.configs_timed} configs) in {TOTALS.seconds:.1f} s, "
-                      f"{TOTALS.choices_read} read from the config cache")
+            totals = f"; kernel configs so far: {TOTALS.summary()}"
         logger.info("CUDA graphs: %d captured in %.1f s%s", len(self.graph_runner.graphs),
                     self.graph_capture_s, totals)
 

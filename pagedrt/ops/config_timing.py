@@ -132,6 +132,11 @@ class TimingTotals:
     seconds: float = 0.0
     choices_read: int = 0
 
+    def summary(self) -> str:
+        """One phrase for the engine's log and the benchmarks' start-up line."""
+        return (f"{self.choices_timed} choices timed ({self.configs_timed} configs) in "
+                f"{self.seconds:.1f} s, {self.choices_read} read from the config cache")
+
 
 TOTALS = TimingTotals()
 _DEPTH = 0  # fastest_config calls timing now (one nests in another's baseline)
