@@ -50,8 +50,8 @@ save_triton_cache() {  # the Triton cache into $OUT/tc.txz.NN (tc.tgz.NN without
 export PAGEDRT_COMMIT="$(cat .commit 2>/dev/null || echo head)"
 # the start-up timing's choices kept on disk (pagedrt/ops/config_cache.py) inside Triton's
 # cache, so save_triton_cache carries them too: a later process of the same commit and
-# settings takes them instead of timing again (the GPU tests time for themselves,
-# tests/gpu/conftest.py)
+# settings takes them instead of timing again (the tests set it off and time for themselves,
+# tests/conftest.py)
 export PAGEDRT_CONFIG_CACHE="${PAGEDRT_CONFIG_CACHE:-$tcache/pagedrt-configs}"
 . benchmarks/use_wheels.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader

@@ -12,7 +12,6 @@ from pagedrt.ops import config_cache, config_timing, gemv_triton, matmul_triton
 
 def test_a_second_engine_takes_the_first_ones_choices_from_disk(tmp_path, monkeypatch):
     monkeypatch.setenv("PAGEDRT_CONFIG_CACHE", str(tmp_path))
-    monkeypatch.setattr(config_cache, "_CACHES", {})
     benched = []
     bench = triton.testing.do_bench_cudagraph
 
