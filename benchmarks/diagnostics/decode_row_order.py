@@ -6,16 +6,18 @@ the rows matter? A diagnostic for issue 16's nano-vllm workload, not a benchmark
         [--table-tokens 4096] [--layers 8] [--kv-cache-dtype auto|fp8] [--nanovllm-steps 64]
 
 The GPU starts a kernel's programs in launch order and a new one whenever one ends. Unsplit
-(256 rows of Qwen2-0.5B's 2 KV heads: 512 programs, about two per SM), a row whose context
-is long and whose programs start last runs alone at the end; with lengths uniform in
-100..2,048 a list-scheduling model puts that tail at about 1.5x the balanced time. Each case
-times `paged_attention_decode_triton` (the default launch, the split count from the block
-table's width as in the engine's graphs) over `--layers` caches in one CUDA graph, the rows:
+(256 rows of Qwen2-0.5B's 2 KV heads: 512 programs, a few per SM), a row whose context is
+long and whose programs start last could run alone at the end; with lengths uniform in
+100..2,048 a list-scheduling model puts that tail at about 1.5x the balanced time, and
+longest-first order (LPT) near 1.03x. Each case times `paged_attention_decode_triton` (the
+default launch, the split count from the block table's width as in the engine's graphs) over
+`--layers` caches in one CUDA graph, the rows:
 
-  as given      in a random order (the engine's batch order has nothing to do with length)
-  longest first row_order = the rows by context, descending (`decode_row_order`)
-  shortest first the worst order
-  uniform       every row at the mean context: the same bytes with no imbalance
+  as given       in a random order (the engine's batch order has nothing to do with length)
+  longest first  q, block tables and lengths permuted by context, descending, so that the
+                 programs of the longest rows start first
+  shortest first the reverse
+  uniform        every row at the mean context: the same bytes with no imbalance
 
 and, with `--nanovllm-steps N`, every N-th decode step of nano-vllm's workload (256 requests,
 input and output lengths uniform in 100..1,024 as `pagedrt bench throughput --workload
@@ -74,12 +76,12 @@ def make_layers(num_layers, num_seqs, table_tokens, heads, fp8, seed):
     return q, layers, tables
 
 
-def run_layers(q, layers, tables, lens, order, num_splits=None):
+def run_layers(q, layers, tables, lens, num_splits=None):
     outs = []
     for k, v, ks, vs in layers:
         outs.append(paged_attention_decode_triton(
             q, k, v, tables, lens, q.shape[-1] ** -0.5, num_splits=num_splits,
-            k_scales=ks, v_scales=vs, row_order=order, validate=False))
+            k_scales=ks, v_scales=vs, validate=False))
     return outs
 
 
@@ -98,22 +100,27 @@ def kv_bytes(lens, heads, fp8) -> int:
 
 
 def longest_first(lens: torch.Tensor) -> torch.Tensor:
-    return torch.argsort(lens, descending=True, stable=True).to(torch.int32)
+    return torch.argsort(lens, descending=True, stable=True)
 
 
 def time_case(q, layers, tables, lens, heads, fp8, variants):
-    """{variant: (us per layer, TB/s)}; checks each variant's output against the given
-    order's."""
-    base = run_layers(q, layers, tables, lens, None)
+    """{variant: (us per layer, TB/s)}. A variant is (lens, order, splits): the rows taken
+    in `order` (q, tables and lens permuted, so grid row i runs row order[i]; None: as
+    given), each such output checked against the given order's rows."""
+    base = run_layers(q, layers, tables, lens)
     out = {}
     for name, (lens_v, order, splits) in variants.items():
-        got = run_layers(q, layers, tables, lens_v, order, splits)
-        if lens_v is lens and splits is None:
+        if order is not None:
+            q_v, tables_v, lens_v = q[order], tables[order], lens_v[order]
+        else:
+            q_v, tables_v = q, tables
+        got = run_layers(q_v, layers, tables_v, lens_v, splits)
+        if order is not None and splits is None:
             for a, b in zip(got, base):
-                if not torch.equal(a, b):
+                if not torch.equal(a, b[order]):
                     raise AssertionError(f"{name}: output differs from the given order's")
-        us = time_us(lambda lens_v=lens_v, order=order, splits=splits: run_layers(
-            q, layers, tables, lens_v, order, splits), len(layers))
+        us = time_us(lambda q_v=q_v, tables_v=tables_v, lens_v=lens_v, splits=splits:
+                     run_layers(q_v, layers, tables_v, lens_v, splits), len(layers))
         out[name] = (us, kv_bytes(lens_v, heads, fp8) / us / 1e6)
     return out
 
@@ -121,13 +128,13 @@ def time_case(q, layers, tables, lens, heads, fp8, variants):
 def check_reference(q, layer, tables, lens):
     k, v, ks, vs = layer
     got = paged_attention_decode_triton(q, k, v, tables, lens, q.shape[-1] ** -0.5,
-                                        k_scales=ks, v_scales=vs, row_order=longest_first(lens))
+                                        k_scales=ks, v_scales=vs)
     want = paged_attention_decode_reference(q.float(), k if ks is not None else k.float(),
                                             v if ks is not None else v.float(), tables, lens,
                                             q.shape[-1] ** -0.5, k_scales=ks, v_scales=vs)
     err = (got.float() - want.float()).abs().max().item()
     if err > 2e-2:
-        raise AssertionError(f"longest-first launch against the reference: max error {err}")
+        raise AssertionError(f"decode launch against the reference: max error {err}")
     return err
 
 
@@ -181,7 +188,7 @@ def main() -> None:
             variants = {
                 "as given": (lens, None, None),
                 "longest first": (lens, longest_first(lens), None),
-                "shortest first": (lens, torch.argsort(lens, stable=True).to(torch.int32), None),
+                "shortest first": (lens, torch.argsort(lens, stable=True), None),
                 "uniform": (uniform, None, None),
             }
             for s in (2, 4):

@@ -139,8 +139,8 @@ def _merge_store(
 
 @triton.jit
 def _decode_warp_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, row_order_ptr, out_ptr,
-    part_out_ptr, part_lse_ptr, k_scales_ptr, v_scales_ptr,  # as `_decode_kernel`
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_out_ptr,
+    part_lse_ptr, k_scales_ptr, v_scales_ptr,  # as `_decode_kernel`
     scale_log2,
     stride_qs, stride_qh,
     stride_cb, stride_cs, stride_ch,
@@ -157,15 +157,12 @@ def _decode_warp_kernel(
     KV_FP8: tl.constexpr, F16_MMA: tl.constexpr, V_DIM_MAJOR: tl.constexpr = False,
     PDL: tl.constexpr = False,
     KVH: tl.constexpr = 1,  # KV heads per program (grid axis 0: num_kv_heads / KVH)
-    ORDERED: tl.constexpr = False,  # as `_decode_kernel`
 ):
     pdl_prologue(PDL)
     BLOCK_N: tl.constexpr = SUB * SUB_N
     kv_head = tl.program_id(0) * KVH  # the program's first KV head
     split = tl.program_id(1)
     seq = tl.program_id(2).to(tl.int64)
-    if ORDERED:
-        seq = tl.load(row_order_ptr + seq).to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + seq)
     part_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * part_len

@@ -313,7 +313,6 @@ def _decode_kernel(
     v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim], strides stride_v*
     block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32
     seq_lens_ptr,  # [num_seqs] int32
-    row_order_ptr,  # [num_seqs] int32, the row each program takes; read when ORDERED
     out_ptr,  # [num_seqs, num_heads, head_dim]; written when not SPLIT, or FUSED_REDUCE
     part_out_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32; written when SPLIT (and
     part_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32, log2 domain; read back when FUSED)
@@ -346,14 +345,11 @@ def _decode_kernel(
     # combines the partitions itself (module doc); no `_decode_reduce_kernel` launch
     SPLITS_PAD: tl.constexpr = 1,  # num_splits rounded up to a power of two; FUSED_REDUCE
     BT_PREFETCH: tl.constexpr = False,  # each tile's block ids loaded one tile ahead
-    ORDERED: tl.constexpr = False,  # grid row i runs sequence row_order[i] (module doc)
 ):
     pdl_prologue(PDL)
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
     seq = tl.program_id(2).to(tl.int64)
-    if ORDERED:
-        seq = tl.load(row_order_ptr + seq).to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + seq)
     lo = 0  # first key position the query sees
     if WINDOW > 0:
@@ -635,19 +631,6 @@ def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: boo
     return tuned, n, num_splits
 
 
-def check_row_order(row_order: torch.Tensor | None, query: torch.Tensor) -> None:
-    """A decode launch's row order is None or [num_seqs] int32 on the query's device (that it
-    is a permutation is the caller's to keep: checking it would wait for the device)."""
-    if row_order is None:
-        return
-    num_seqs = query.shape[0]
-    if (row_order.dtype != torch.int32 or tuple(row_order.shape) != (num_seqs,)
-            or row_order.device != query.device):
-        raise ValueError(f"row_order is {row_order.dtype} {tuple(row_order.shape)} on "
-                         f"{row_order.device}; give int32 ({num_seqs},) on {query.device}, a "
-                         "permutation of the rows, or None")
-
-
 def paged_attention_decode_triton(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -663,7 +646,6 @@ def paged_attention_decode_triton(
     sliding_window: int | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
-    row_order: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention: one query token per sequence over its `seq_lens[i]` cached tokens.
 
@@ -700,11 +682,6 @@ def paged_attention_decode_triton(
             Blocks before the window are not read.
         k_scales, v_scales: an FP8 cache's scales, [num_blocks, num_kv_heads, block_size]
             float32 (`pagedrt.ops.fp8`); None for other caches.
-        row_order: None, or [num_seqs] int32 on the query's device, a permutation of
-            range(num_seqs): the order in which the programs take the rows (the GPU starts
-            programs in launch order), e.g. longest context first, so that no long row starts
-            last and runs alone at the end (`decode_row_order`; module doc, "Row order"). The
-            output is the same whatever the order.
     Returns:
         [num_seqs, num_heads, head_dim] in query's dtype.
     Raises:
@@ -721,7 +698,6 @@ def paged_attention_decode_triton(
     if validate:
         check_decode_args(query, k_cache, v_cache, block_tables, seq_lens, k_scales, v_scales)
         check_sliding_window(sliding_window)
-        check_row_order(row_order, query)
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -759,8 +735,7 @@ def paged_attention_decode_triton(
     def launch(cfg: dict) -> None:
         # the arguments both decode kernels take (the fused reduce's counters only
         # `_decode_kernel`, between the caches' scales and the softmax scale)
-        pointers = (query, k_cache, v_cache, block_tables, seq_lens,
-                    seq_lens if row_order is None else row_order, out, part_out, part_lse,
+        pointers = (query, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
                     k_scales, v_scales)
         scalars = (scale * LOG2E,
                    query.stride(0), query.stride(1),
@@ -775,7 +750,6 @@ def paged_attention_decode_triton(
             HEAD_DIM=head_dim, SPLIT=split, UPCAST=upcast,
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
             F16_MMA=fp8 and query.dtype != torch.float32, V_DIM_MAJOR=dim_major,
-            ORDERED=row_order is not None,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(pdl),
             **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),  # 0: no cap
         )
