@@ -65,27 +65,11 @@ def _fused():
     return fused_triton
 
 
-def small_batch_rows(x: torch.Tensor) -> bool:
-    """Whether x [M, K] has rows few enough for the skinny matmul's fused paths: up to 4, or
-    on CUDA with Triton up to its MAX_ROWS (PAGEDRT_GEMV_MAX_ROWS)."""
-    if x.shape[0] <= 4:
-        return True
-    if not _use_fused(x):
-        return False
-    from pagedrt.ops.gemv_triton import MAX_ROWS
-
-    return x.shape[0] <= MAX_ROWS
-
-
 def _decode_matmul(x: torch.Tensor) -> bool:
     """Whether x [M, K] (more than 4 rows, on CUDA with Triton) goes to
     `pagedrt.ops.matmul_triton.linear`, which itself takes 8 to 128 rows where timed faster
     than cuBLAS and passes the rest to F.linear (triton is optional: imported only then)."""
-    if not (x.dim() == 2 and _use_fused(x)):
-        return False
-    from pagedrt.ops.gemv_triton import MAX_ROWS
-
-    return x.shape[0] > MAX_ROWS
+    return x.dim() == 2 and x.shape[0] > 4 and _use_fused(x)
 
 
 def fused_norm_rows(x: torch.Tensor) -> bool:
@@ -104,11 +88,10 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     """F.linear; on CUDA, 1 to 4 rows go through the skinny Triton kernel and 8 to 128 rows
     through the tiled one where it was timed faster (`pagedrt.ops.gemv_triton`,
     `pagedrt.ops.matmul_triton`)."""
-    if x.dim() == 2 and _use_fused(x):
-        from pagedrt.ops.gemv_triton import MAX_ROWS, linear
+    if x.dim() == 2 and x.shape[0] <= 4 and _use_fused(x):
+        from pagedrt.ops.gemv_triton import linear
 
-        if x.shape[0] <= MAX_ROWS:
-            return linear(x, weight, bias)
+        return linear(x, weight, bias)
     if _decode_matmul(x):
         from pagedrt.ops.matmul_triton import linear
 

@@ -29,7 +29,6 @@ from pagedrt.models.layers import (
     SiluAndMul,
     VocabParallelEmbedding,
     fused_norm_rows,
-    small_batch_rows,
 )
 from pagedrt.ops.attention import AttentionMetadata, KVCacheLayer, paged_attention, uses_triton
 
@@ -104,7 +103,7 @@ class LlamaAttention(nn.Module):
         if self._rope_fusion(norm, x, kv_cache, meta):
             qkv, residual = self._qkv_rope(norm, positions, x, residual, kv_cache, meta)
             return self.o_proj(self.attention(positions, qkv, kv_cache, meta, True)), residual
-        if small_batch_rows(x):  # the norm in the QKV kernel, where timed faster
+        if x.shape[0] <= 4:  # the norm in the QKV kernel, where timed faster
             qkv, residual = norm.forward_linear(x, residual, self.qkv_proj)
             return self.o_proj(self.attention(positions, qkv, kv_cache, meta)), residual
         h, residual = norm.forward_pair(x, residual)
@@ -247,7 +246,7 @@ class LlamaMLP(nn.Module):
         8 to 128 rows the activation in gate/up's epilogue
         (`MergedColumnParallelLinear.silu_mul_of`); docs/design.md, "Small-batch decode" and
         "Decode matmuls (8 to 128 rows)"."""
-        if small_batch_rows(x):
+        if x.shape[0] <= 4:
             gate_up, residual = norm.forward_linear(x, residual, self.gate_up_proj)
             return self.down(gate_up), residual
         h, residual = norm(x, residual)

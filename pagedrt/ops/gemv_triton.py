@@ -37,24 +37,7 @@ from pagedrt.ops.triton_utils import (
     pdl_prologue,
 )
 
-
-def _max_rows(env: str | None) -> int:
-    """PAGEDRT_GEMV_MAX_ROWS: the most rows of x this path serves, 4 unless set (an
-    experiment switch: larger batches otherwise go to `pagedrt.ops.matmul_triton`).
-
-    Raises:
-        ValueError: not an int from 1 to 16.
-    """
-    if env is None or not env.strip():
-        return 4
-    value = int(env) if env.strip().isdigit() else 0
-    if not 1 <= value <= 16:
-        raise ValueError(f"PAGEDRT_GEMV_MAX_ROWS={env!r}: give the most rows (tokens) the "
-                         "skinny matmul serves, an int from 1 to 16 (default 4)")
-    return value
-
-
-MAX_ROWS = _max_rows(os.environ.get("PAGEDRT_GEMV_MAX_ROWS"))  # rows of x (tokens) served
+MAX_ROWS = 4  # rows of x (tokens) this path serves
 ENABLED = os.environ.get("PAGEDRT_GEMV", "1") != "0"  # PAGEDRT_GEMV=0: always torch
 
 # (BLOCK_N, BLOCK_K, num_warps): tiles of W of 2-16 KB, read once each
