@@ -82,6 +82,76 @@ def test_warp_tiles_equal_the_plain_kernel_on_bf16_queries_over_fp8():
     torch.testing.assert_close(warp.float(), plain.float(), rtol=0, atol=2e-2)
 
 
+@pytest.mark.parametrize("early_kv", [1, 3])
+@pytest.mark.parametrize("group, block_size", [(1, 8), (7, 16), (4, 32)])
+def test_first_tile_read_early_gives_the_same_attention(early_kv, group, block_size):
+    """early_kv k >= 1 (the first tile of each partition read before the PDL wait, the row's
+    last k positions read again after it): over fp16 and FP8 caches (both V layouts), block-
+    and tile-boundary lengths with NaN in unused slots, partitions that are empty, one token
+    long or shorter than a tile, the reference's attention, and bit for bit early_kv 0's.
+    (Under the interpreter nothing writes while the kernel runs; tests/gpu/
+    test_pdl_early_reads_gpu.py writes the newest tokens late.)"""
+    num_kv_heads, head_dim = 2, 32
+    lens = edge_lens(block_size) + [64, 96, 129]
+    torch.manual_seed(group * 10 + block_size + early_kv)
+    k16, v16, bt, seq_lens = make_paged_kv(lens, num_kv_heads, head_dim, block_size,
+                                           torch.float16)
+    query = torch.randn(len(lens), num_kv_heads * group, head_dim)
+    expected = ref.paged_attention_decode_reference(query, k16.float(), v16.float(), bt,
+                                                    seq_lens, 0.2)
+    for block_n, num_splits in ((32, 1), (32, 3), (64, 8)):
+        runs = [tri.paged_attention_decode_triton(query.half(), k16, v16, bt, seq_lens, 0.2,
+                                                  num_splits=num_splits,
+                                                  config=warp_config(block_n), early_kv=e)
+                for e in (early_kv, 0)]
+        assert_close(runs[0], expected, torch.float16)
+        assert torch.equal(runs[0], runs[1]), (block_n, num_splits)
+    for v_dim_major in (True, False):
+        k, v, ks, vs, bt8, lens8 = fp8_paged_kv(lens, num_kv_heads, head_dim, block_size,
+                                                seed=group + early_kv, v_dim_major=v_dim_major)
+        expected = ref.paged_attention_decode_reference(query, k, v, bt8, lens8, 0.2,
+                                                        k_scales=ks, v_scales=vs)
+        for num_splits in (1, 4):
+            runs = [tri.paged_attention_decode_triton(query, k, v, bt8, lens8, 0.2,
+                                                      num_splits=num_splits,
+                                                      config=warp_config(32), k_scales=ks,
+                                                      v_scales=vs, early_kv=e)
+                    for e in (early_kv, 0)]
+            assert_close_fp8(runs[0], expected)
+            assert torch.equal(runs[0], runs[1]), (v_dim_major, num_splits)
+
+
+def test_early_kv_refused_unless_a_count():
+    k, v, bt, seq_lens = make_paged_kv([5, 9], 2, 16, 16, torch.float32)
+    query = torch.randn(2, 4, 16)
+    for bad in (-1, 1.0, True, "1"):
+        with pytest.raises(ValueError, match=f"early_kv={bad!r}"):
+            tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, 0.25, early_kv=bad)
+
+
+def test_the_model_attention_reads_early_what_the_write_before_left_alone(monkeypatch):
+    """`paged_attention` tells the decode kernel how many of each row's last positions the
+    write just before it touched: 1 for a decode step, the chunk's length when each token of
+    a verified chunk attends as a decode row; the prefill path reads nothing early."""
+    from pagedrt.ops import attention as attn
+
+    seen = []
+    monkeypatch.setattr(tri, "paged_attention_decode_triton",
+                        lambda *a, **kw: seen.append(kw["early_kv"]) or a[0])
+    k, v, bt, seq_lens = make_paged_kv([5, 9], 2, 16, 16, torch.float32)
+    slots = torch.tensor([-1, -1])
+    query = torch.randn(2, 4, 16)
+    kv = torch.zeros(2, 2, 16)
+    for max_query_len, query_seq_lens in ((1, None), (3, seq_lens)):
+        meta = attn.AttentionMetadata(slot_mapping=slots, block_tables=bt, seq_lens=seq_lens,
+                                      cu_seqlens_q=torch.tensor([0, 1, 2], dtype=torch.int32),
+                                      max_query_len=max_query_len, max_seq_len=9,
+                                      backend="triton", query_block_tables=bt,
+                                      query_seq_lens=query_seq_lens)
+        attn.paged_attention(query, kv, kv, k, v, meta, 0.25, kv_written=True)
+    assert seen == [1, 3]
+
+
 def test_warp_tiles_ignored_under_a_sliding_window():
     """Only `_decode_kernel` has the window: a config asking for warp tiles with a window runs
     it (same result as without warp_tiles), never the warp kernel unwindowed."""

@@ -85,23 +85,28 @@ def compile_sm90(kernel, sig: dict, const: dict, unit: set, options: dict):
 
 def compile_decode_warp(head_dim: int, group: int, block_n: int, num_warps: int,
                         num_stages: int, kv_heads_per_program: int = 1, split: bool = False,
-                        pdl: bool = False):
+                        pdl: bool = False, fp8: bool = True, early_kv: int = 0):
     """The warp-tile decode kernel (`attention_decode_warp_triton`) over an FP8 cache with V
-    dim-major, bf16 queries, compiled for sm_90 as `compile_decode` compiles `_decode_kernel`
-    (KVH passed only where the kernel has it, so older trees compile too)."""
+    dim-major (or, without `fp8`, a bf16 cache with V in K's layout), bf16 queries, compiled
+    for sm_90 as `compile_decode` compiles `_decode_kernel` (KVH and EARLY_KV passed only
+    where the kernel has them, so older trees compile too)."""
     from pagedrt.ops.attention_decode_warp_triton import _decode_warp_kernel, warp_tile_shape
     sub, sub_n = warp_tile_shape(block_n)
-    sig = {"q_ptr": "*bf16", "k_cache_ptr": "*fp8e4nv", "v_cache_ptr": "*fp8e4nv",
+    cache = "*fp8e4nv" if fp8 else "*bf16"
+    sig = {"q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache,
            "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*bf16",
            "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "k_scales_ptr": "*fp32",
            "v_scales_ptr": "*fp32", "scale_log2": "fp32", **dict.fromkeys(INTS, "i32")}
     const = {"GROUP": group, "GROUP_PAD": 16, "BLOCK_SIZE": 16, "HEAD_DIM": head_dim,
              "SUB": sub, "SUB_N": sub_n, "SPLIT": split, "UPCAST": False,
-             "DOT_PRECISION": "tf32", "KV_FP8": True, "F16_MMA": True, "V_DIM_MAJOR": True,
+             "DOT_PRECISION": "tf32", "KV_FP8": fp8, "F16_MMA": fp8, "V_DIM_MAJOR": fp8,
              "PDL": pdl}
     if "KVH" in _decode_warp_kernel.arg_names:
         const["KVH"] = kv_heads_per_program
-    return compile_sm90(_decode_warp_kernel, sig, const, {"num_splits", "stride_vs"},
+    if "EARLY_KV" in _decode_warp_kernel.arg_names:
+        const["EARLY_KV"] = early_kv
+    return compile_sm90(_decode_warp_kernel, sig, const,
+                        {"num_splits", "stride_vs" if fp8 else "stride_vd"},
                         {"num_warps": num_warps, "num_stages": num_stages,
                          **({"launch_pdl": True} if pdl else {})})
 
@@ -140,6 +145,11 @@ def main() -> None:
     # the warp-tile kernel, split, with PDL
     kernels["warp tiles, fp8, Qwen2-0.5B heads, PDL"] = (compile_decode_warp,
                                                          (64, 7, 32, 1, 5, 1, True, True))
+    # the first tile read before the wait (EARLY_KV; the engine's decode passes 1)
+    kernels["warp tiles, bf16, Qwen2-0.5B heads, PDL, early"] = (
+        compile_decode_warp, (64, 7, 32, 1, 5, 1, True, True, False, 1))
+    kernels["warp tiles, fp8, Qwen2-0.5B heads, PDL, early"] = (
+        compile_decode_warp, (64, 7, 32, 1, 5, 1, True, True, True, 1))
     for name, (compile_fn, case) in kernels.items():
         ptx = compile_fn(*case).asm["ptx"]
         counts[name] = dict(load_widths(ptx))
@@ -148,6 +158,7 @@ def main() -> None:
         wait = ptx.find("griddepcontrol.wait")
         counts[name]["first_read_at"] = first_read.start() if first_read else -1
         counts[name]["wait_at"] = wait
+        counts[name]["reads_before_wait"] = dict(load_widths(ptx[:max(wait, 0)]))
         counts[name]["fused_reduce"] = fused_reduce_order(ptx)
         if args.ptx_dir:
             os.makedirs(args.ptx_dir, exist_ok=True)

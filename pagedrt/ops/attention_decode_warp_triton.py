@@ -41,6 +41,91 @@ from pagedrt.ops.triton_utils import load_group_query, pdl_prologue, query_opera
 
 
 @triton.jit
+def _tile_offsets(tile_start, SUB: tl.constexpr, SUB_N: tl.constexpr, KVH: tl.constexpr):
+    """[B, SUB_N] token positions of the tile from tile_start, pair b = head * SUB + sub."""
+    if KVH == 1:
+        offs_n = tile_start + tl.arange(0, SUB)[:, None] * SUB_N + tl.arange(0, SUB_N)[None, :]
+    else:
+        offs_n = (tile_start + (tl.arange(0, KVH * SUB) % SUB)[:, None] * SUB_N
+                  + tl.arange(0, SUB_N)[None, :])
+    return offs_n
+
+
+@triton.jit
+def _warp_tile_loads(
+    offs_n, n_mask, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, kv_head,
+    head_off, stride_cb, stride_cs, stride_vb, stride_vs, stride_vh, stride_sb, stride_sh,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, KV_FP8: tl.constexpr,
+    V_DIM_MAJOR: tl.constexpr, MASKED: tl.constexpr,
+):
+    """The cache at the positions offs_n [B, SUB_N] (where n_mask when MASKED, 0 elsewhere):
+    (k [B, SUB_N, HEAD_DIM] and v [B, SUB_N, HEAD_DIM] in the cache's dtype, and over an FP8
+    cache their scales [B, SUB_N] fp32, else zeros)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    block = tile_load(bt_row + offs_n // BLOCK_SIZE, n_mask, MASKED).to(tl.int64)
+    slot = offs_n % BLOCK_SIZE
+    k_ptrs = (k_cache_ptr + (block * stride_cb + slot * stride_cs + head_off)[:, :, None]
+              + offs_d[None, None, :])
+    k = tile_load(k_ptrs, n_mask[:, :, None], MASKED)
+    if V_DIM_MAJOR:  # tokens contiguous: load [B, HEAD_DIM, SUB_N], use its transpose
+        v_ptrs = (v_cache_ptr + (block * stride_vb + kv_head * stride_vh + slot)[:, None, :]
+                  + offs_d[None, :, None] * BLOCK_SIZE)
+        v = tl.permute(tile_load(v_ptrs, n_mask[:, None, :], MASKED), (0, 2, 1))
+    else:
+        v_ptrs = (v_cache_ptr + (block * stride_vb + slot * stride_vs + kv_head * stride_vh)[
+            :, :, None] + offs_d[None, None, :])
+        v = tile_load(v_ptrs, n_mask[:, :, None], MASKED)
+    if KV_FP8:
+        scale_off = block * stride_sb + kv_head * stride_sh + slot
+        k_scale = tile_load(k_scales_ptr + scale_off, n_mask, MASKED)
+        v_scale = tile_load(v_scales_ptr + scale_off, n_mask, MASKED)
+    else:
+        k_scale = tl.zeros(offs_n.shape, tl.float32)
+        v_scale = k_scale
+    return k, v, k_scale, v_scale
+
+
+@triton.jit
+def _warp_tile_update(
+    m_i, l_i, acc,  # [B, GROUP_PAD], [B, GROUP_PAD], [B, GROUP_PAD, HEAD_DIM] fp32
+    k, v, k_scale, v_scale, n_mask, q3, scale_log2,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """The online-softmax state after one tile's keys and values (`_warp_tile_loads`; where
+    not n_mask, when MASKED, a key scores -inf)."""
+    if UPCAST:
+        k = k.to(tl.float32)
+    if KV_FP8:
+        k = k.to(q3.dtype)
+    s = tl.dot(q3, tl.permute(k, (0, 2, 1)), input_precision=DOT_PRECISION) * scale_log2
+    if KV_FP8:
+        s = s * k_scale[:, None, :]
+    if MASKED:
+        s = tl.where(n_mask[:, None, :], s, float("-inf"))
+    # online softmax per (sub-tile, row); a sub-tile past `end` in the last tile has seen no
+    # key: take it relative to 0 (p and alpha 0), never -inf - -inf
+    m_new = tl.maximum(m_i, tl.max(s, 2))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_ref[:, :, None])
+    alpha = tl.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, 2)
+    if UPCAST:
+        v = v.to(tl.float32)
+    if KV_FP8:
+        v = v.to(q3.dtype)
+        # p * v_scale / (the sub-tile's largest v_scale) stays in fp16's range (decode doc)
+        v_max = tl.max(v_scale, 1)
+        v_max = tl.where(v_max > 0, v_max, 1.0)
+        p_v = (p * (v_scale / v_max[:, None])[:, None, :]).to(v.dtype)
+        pv = tl.dot(p_v, v, input_precision=DOT_PRECISION) * v_max[:, None, None]
+    else:
+        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    acc = acc * alpha[:, :, None] + pv
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _warp_tile(
     m_i, l_i, acc,  # [B, GROUP_PAD], [B, GROUP_PAD], [B, GROUP_PAD, HEAD_DIM] fp32
     tile_start, end, q3, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr,
@@ -53,57 +138,14 @@ def _warp_tile(
     """One BLOCK_N = SUB * SUB_N token tile of each of the program's KVH KV heads; returns the
     new state of each of the B = KVH * SUB (head, sub-tile) pairs, b = head * SUB + sub.
     kv_head and head_off (its offset in a K row): scalars at KVH 1, else [B, 1]."""
-    offs_d = tl.arange(0, HEAD_DIM)
-    if KVH == 1:
-        offs_n = tile_start + tl.arange(0, SUB)[:, None] * SUB_N + tl.arange(0, SUB_N)[None, :]
-    else:
-        offs_n = (tile_start + (tl.arange(0, KVH * SUB) % SUB)[:, None] * SUB_N
-                  + tl.arange(0, SUB_N)[None, :])
+    offs_n = _tile_offsets(tile_start, SUB, SUB_N, KVH)
     n_mask = offs_n < end  # [B, SUB_N]
-    block = tile_load(bt_row + offs_n // BLOCK_SIZE, n_mask, MASKED).to(tl.int64)
-    slot = offs_n % BLOCK_SIZE
-    k_ptrs = (k_cache_ptr + (block * stride_cb + slot * stride_cs + head_off)[:, :, None]
-              + offs_d[None, None, :])
-    k = tile_load(k_ptrs, n_mask[:, :, None], MASKED)
-    if UPCAST:
-        k = k.to(tl.float32)
-    if KV_FP8:
-        k = k.to(q3.dtype)
-    s = tl.dot(q3, tl.permute(k, (0, 2, 1)), input_precision=DOT_PRECISION) * scale_log2
-    if KV_FP8:
-        scale_off = block * stride_sb + kv_head * stride_sh + slot
-        s = s * tile_load(k_scales_ptr + scale_off, n_mask, MASKED)[:, None, :]
-    if MASKED:
-        s = tl.where(n_mask[:, None, :], s, float("-inf"))
-    # online softmax per (sub-tile, row); a sub-tile past `end` in the last tile has seen no
-    # key: take it relative to 0 (p and alpha 0), never -inf - -inf
-    m_new = tl.maximum(m_i, tl.max(s, 2))
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(s - m_ref[:, :, None])
-    alpha = tl.exp2(m_i - m_ref)
-    l_i = l_i * alpha + tl.sum(p, 2)
-    if V_DIM_MAJOR:  # tokens contiguous: load [B, HEAD_DIM, SUB_N], use its transpose
-        v_ptrs = (v_cache_ptr + (block * stride_vb + kv_head * stride_vh + slot)[:, None, :]
-                  + offs_d[None, :, None] * BLOCK_SIZE)
-        v = tl.permute(tile_load(v_ptrs, n_mask[:, None, :], MASKED), (0, 2, 1))
-    else:
-        v_ptrs = (v_cache_ptr + (block * stride_vb + slot * stride_vs + kv_head * stride_vh)[
-            :, :, None] + offs_d[None, None, :])
-        v = tile_load(v_ptrs, n_mask[:, :, None], MASKED)
-    if UPCAST:
-        v = v.to(tl.float32)
-    if KV_FP8:
-        v = v.to(q3.dtype)
-        v_scale = tile_load(v_scales_ptr + scale_off, n_mask, MASKED)
-        # p * v_scale / (the sub-tile's largest v_scale) stays in fp16's range (decode doc)
-        v_max = tl.max(v_scale, 1)
-        v_max = tl.where(v_max > 0, v_max, 1.0)
-        p_v = (p * (v_scale / v_max[:, None])[:, None, :]).to(v.dtype)
-        pv = tl.dot(p_v, v, input_precision=DOT_PRECISION) * v_max[:, None, None]
-    else:
-        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    acc = acc * alpha[:, :, None] + pv
-    return m_new, l_i, acc
+    k, v, k_scale, v_scale = _warp_tile_loads(
+        offs_n, n_mask, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, kv_head,
+        head_off, stride_cb, stride_cs, stride_vb, stride_vs, stride_vh, stride_sb, stride_sh,
+        BLOCK_SIZE, HEAD_DIM, KV_FP8, V_DIM_MAJOR, MASKED)
+    return _warp_tile_update(m_i, l_i, acc, k, v, k_scale, v_scale, n_mask, q3, scale_log2,
+                             UPCAST, DOT_PRECISION, KV_FP8, MASKED)
 
 
 @triton.jit
@@ -157,16 +199,43 @@ def _decode_warp_kernel(
     KV_FP8: tl.constexpr, F16_MMA: tl.constexpr, V_DIM_MAJOR: tl.constexpr = False,
     PDL: tl.constexpr = False,
     KVH: tl.constexpr = 1,  # KV heads per program (grid axis 0: num_kv_heads / KVH)
+    EARLY_KV: tl.constexpr = 0,  # >= 1 (KVH 1 only): the first tile read before the PDL
+    # wait, and each row's last EARLY_KV positions read again after it (module doc)
 ):
-    pdl_prologue(PDL)
     BLOCK_N: tl.constexpr = SUB * SUB_N
+    tl.static_assert(EARLY_KV == 0 or KVH == 1, "EARLY_KV needs one KV head per program")
     kv_head = tl.program_id(0) * KVH  # the program's first KV head
     split = tl.program_id(1)
     seq = tl.program_id(2).to(tl.int64)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    part_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * part_len
-    end = tl.minimum(start + part_len, seq_len)
+    bt_row = block_tables_ptr + seq * stride_bt
+    if EARLY_KV > 0:
+        # before the wait: the lengths and block tables (written by the step's first kernels,
+        # two or more launches back: `pdl_prologue`) and the cached keys and values, all but
+        # the newest EARLY_KV of the row, which the kernel just before may be writing
+        seq_len = tl.load(seq_lens_ptr + seq)
+        part_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+        start = split * part_len
+        end = tl.minimum(start + part_len, seq_len)
+        offs_first = _tile_offsets(start, SUB, SUB_N, 1)
+        first_mask = offs_first < end
+        if start + BLOCK_N <= end:  # a full tile: unmasked, so dim-major V loads stay wide
+            k0, v0, ks0, vs0 = _warp_tile_loads(
+                offs_first, first_mask, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
+                v_scales_ptr, kv_head, kv_head * stride_ch, stride_cb, stride_cs, stride_vb,
+                stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, KV_FP8,
+                V_DIM_MAJOR, False)
+        else:
+            k0, v0, ks0, vs0 = _warp_tile_loads(
+                offs_first, first_mask, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
+                v_scales_ptr, kv_head, kv_head * stride_ch, stride_cb, stride_cs, stride_vb,
+                stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, KV_FP8,
+                V_DIM_MAJOR, True)
+    pdl_prologue(PDL)
+    if EARLY_KV == 0:
+        seq_len = tl.load(seq_lens_ptr + seq)
+        part_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+        start = split * part_len
+        end = tl.minimum(start + part_len, seq_len)
 
     if KVH == 1:
         q, heads, g_mask, scale_log2 = load_group_query(
@@ -188,11 +257,27 @@ def _decode_warp_kernel(
     m_i = tl.full([KVH * SUB, GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([KVH * SUB, GROUP_PAD], tl.float32)
     acc = tl.zeros([KVH * SUB, GROUP_PAD, HEAD_DIM], tl.float32)
-    bt_row = block_tables_ptr + seq * stride_bt
     head_off = tile_head * stride_ch
+    loop_start = start
+    if EARLY_KV > 0:
+        # the newest EARLY_KV positions, where the first tile holds any, read again now
+        if tl.minimum(start + BLOCK_N, end) > seq_len - EARLY_KV:
+            fresh = first_mask & (offs_first >= seq_len - EARLY_KV)
+            kf, vf, ksf, vsf = _warp_tile_loads(
+                offs_first, fresh, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
+                v_scales_ptr, kv_head, head_off, stride_cb, stride_cs, stride_vb, stride_vs,
+                stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, KV_FP8, V_DIM_MAJOR,
+                True)
+            k0 = tl.where(fresh[:, :, None], kf, k0)
+            v0 = tl.where(fresh[:, :, None], vf, v0)
+            ks0 = tl.where(fresh, ksf, ks0)
+            vs0 = tl.where(fresh, vsf, vs0)
+        m_i, l_i, acc = _warp_tile_update(m_i, l_i, acc, k0, v0, ks0, vs0, first_mask, q3,
+                                          scale_log2, UPCAST, DOT_PRECISION, KV_FP8, True)
+        loop_start = start + BLOCK_N
     # full tiles unmasked, then the partial one masked (`_decode_kernel`'s V_DIM_MAJOR note)
-    loop_end = start + (end - start) // BLOCK_N * BLOCK_N
-    for tile_start in range(start, loop_end, BLOCK_N):
+    loop_end = loop_start + tl.maximum(end - loop_start, 0) // BLOCK_N * BLOCK_N
+    for tile_start in range(loop_start, loop_end, BLOCK_N):
         m_i, l_i, acc = _warp_tile(
             m_i, l_i, acc, tile_start, end, q3, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
             v_scales_ptr, tile_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,

@@ -646,6 +646,7 @@ def paged_attention_decode_triton(
     sliding_window: int | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    early_kv: int = 0,
 ) -> torch.Tensor:
     """Decode attention: one query token per sequence over its `seq_lens[i]` cached tokens.
 
@@ -682,11 +683,18 @@ def paged_attention_decode_triton(
             Blocks before the window are not read.
         k_scales, v_scales: an FP8 cache's scales, [num_blocks, num_kv_heads, block_size]
             float32 (`pagedrt.ops.fp8`); None for other caches.
+        early_kv: 0, or k >= 1: the kernel launched just before this one may be writing K/V
+            only at each row's last k positions (the engine's decode: 1, the token it
+            attends from; verifying a chunk of drafts: the chunk's length). Then the
+            warp-tile kernel reads each partition's first tile before its PDL wait, so
+            that those loads run under the kernel before, and those k positions again after
+            it (docs/design.md, "Small-batch decode"); `_decode_kernel` reads everything after
+            its wait whatever the value. The output is the same either way.
     Returns:
         [num_seqs, num_heads, head_dim] in query's dtype.
     Raises:
-        ValueError: a broken contract (with `validate`), num_splits < 1, or a config's
-            warp_tiles that is not a power of two dividing num_kv_heads.
+        ValueError: a broken contract (with `validate`), num_splits < 1, early_kv not an int
+            >= 0, or a config's warp_tiles that is not a power of two dividing num_kv_heads.
         RuntimeError: with PAGEDRT_DECODE_FUSED_REDUCE=1 and num_splits > 1, a launch being
             captured in a CUDA graph needs more reduce counters (num_seqs * num_kv_heads) than
             exist (`fused_reduce_counters`).
@@ -698,6 +706,9 @@ def paged_attention_decode_triton(
     if validate:
         check_decode_args(query, k_cache, v_cache, block_tables, seq_lens, k_scales, v_scales)
         check_sliding_window(sliding_window)
+    if isinstance(early_kv, bool) or not isinstance(early_kv, int) or early_kv < 0:
+        raise ValueError(f"early_kv={early_kv!r}; give the number of each row's last positions "
+                         "the kernel before may be writing (an int >= 0; 0: none read early)")
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -757,7 +768,8 @@ def paged_attention_decode_triton(
         if cfg.get("warp_tiles") and kv_heads_per_program:  # (not the fallbacks)
             sub, sub_n = warp_tile_shape(cfg["BLOCK_N"])  # attention_decode_warp_triton
             _decode_warp_kernel[(num_kv_heads // kv_heads_per_program, num_splits, num_seqs)](
-                *pointers, *scalars, SUB=sub, SUB_N=sub_n, KVH=kv_heads_per_program, **common)
+                *pointers, *scalars, SUB=sub, SUB_N=sub_n, KVH=kv_heads_per_program,
+                EARLY_KV=early_kv if kv_heads_per_program == 1 else 0, **common)
             return
         _decode_kernel[grid](
             *pointers, counters, *scalars, BLOCK_N=cfg["BLOCK_N"],

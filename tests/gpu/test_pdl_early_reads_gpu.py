@@ -106,3 +106,70 @@ def test_skinny_matmuls_read_only_weights_before_the_wait():
                                    heads, kv_heads)[0]
 
         check_early_reads(torch.randn(m, 896, device=dev, generator=g).to(bf16), qkv_rope)
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+def test_decode_attention_reads_the_newest_token_after_the_wait(fp8):
+    """The warp-tile decode kernel with early_kv=1 (the engine's decode) reads each partition's
+    first tile before its PDL wait and the row's newest position again after it. Each row here
+    ends one token into a block of its own (lengths k * 16 + 1), those blocks last in the
+    cache, so one contiguous slab of each cache tensor (K, V, and over FP8 their scales) holds
+    exactly the newest tokens; the query and then each slab in turn is written by the late
+    copy right before the attention, the rest of the cache earlier. Any newest token read
+    before the wait would be the zeros left there. Against the same launch once everything is
+    written, and the reference."""
+    from pagedrt.ops import attention_reference as ref
+    from pagedrt.ops.attention_triton import decode_launch_plan, paged_attention_decode_triton
+    from pagedrt.ops.fp8 import quantize_fp8
+    from pagedrt.ops.triton_utils import device_sms, to_v_dim_major
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    heads, kv_heads, d, bs = 14, 2, 64, 16
+    full_blocks = [0, 1, 4, 31]  # per row; the newest token then opens a block
+    lens = torch.tensor([16 * b + 1 for b in full_blocks], dtype=torch.int32, device="cuda")
+    rows, width = len(full_blocks), 64
+    num_old = sum(full_blocks)
+    num_blocks = num_old + rows  # the newest tokens' blocks last: one slab
+    k = torch.randn(num_blocks, bs, kv_heads, d, device="cuda", generator=g).to(torch.bfloat16)
+    v = torch.randn(num_blocks, bs, kv_heads, d, device="cuda", generator=g).to(torch.bfloat16)
+    tables = torch.zeros(rows, width, dtype=torch.int32, device="cuda")
+    old = torch.randperm(num_old, device="cuda", generator=g).to(torch.int32)
+    used = 0
+    for r, b in enumerate(full_blocks):
+        tables[r, :b] = old[used:used + b]
+        tables[r, b] = num_old + r
+        used += b
+    q = torch.randn(rows, heads, d, device="cuda", generator=g).to(torch.bfloat16)
+    scales = {}
+    if fp8:
+        (k8, ks), (v8, vs) = (quantize_fp8(x.flatten(0, 1)) for x in (k, v))
+        k = k8.view(num_blocks, bs, kv_heads, d)
+        v = to_v_dim_major(v8.view(num_blocks, bs, kv_heads, d))
+        scales = {"k_scales": ks.view(num_blocks, bs, kv_heads).transpose(1, 2).contiguous(),
+                  "v_scales": vs.view(num_blocks, bs, kv_heads).transpose(1, 2).contiguous()}
+    plan = decode_launch_plan(rows, kv_heads, d, fp8, width * bs, device_sms(q))
+    assert plan[1] == 1 and plan[2] > 1, plan  # the warp tiles, split
+
+    def attention():
+        return paged_attention_decode_triton(q, k, v, tables, lens, 0.125, early_kv=1,
+                                             **scales)
+
+    # the slabs as contiguous byte-for-byte views: K [blocks, bs, kvh, d]; dim-major V is
+    # stored [blocks, kvh, d, bs]; the scales [blocks, kvh, bs]
+    storage = {"q": q, "k": k, "v": v.permute(0, 2, 3, 1) if fp8 else v, **scales}
+    slabs = {name: (t if name == "q" else t[num_old:]) for name, t in storage.items()}
+    slabs = {name: (s.view(torch.uint8) if s.dtype == torch.float8_e4m3fn else s)
+             for name, s in slabs.items()}
+    torch.cuda.synchronize()
+    want = attention().clone()
+    reference = ref.paged_attention_decode_reference(
+        q.float(), k if fp8 else k.float(), v if fp8 else v.float(), tables, lens, 0.125,
+        **scales)
+    torch.testing.assert_close(want.float(), reference.float(), rtol=0, atol=3e-2)
+    for name, slab in slabs.items():
+        src = slab.clone()
+        for _ in range(3):
+            late_copy(src, slab, SPIN)
+            got = attention()
+            torch.cuda.synchronize()
+            assert torch.equal(got, want), name
