@@ -1,13 +1,13 @@
 """pagedrt: a paged-attention runtime for LLM inference.
 
 Public API (compatible with vLLM's offline API):
-    LLM, SamplingParams, BeamSearchParams, RequestOutput, CompletionOutput, BeamSearchOutput,
-    BeamSearchSequence, EngineConfig, ModelConfig
+    LLM, SamplingParams, RequestOutputKind, BeamSearchParams, RequestOutput, CompletionOutput,
+    BeamSearchOutput, BeamSearchSequence, EngineConfig, ModelConfig
 """
 
 from pagedrt.config import EngineConfig, ModelConfig
 from pagedrt.outputs import BeamSearchOutput, BeamSearchSequence, CompletionOutput, RequestOutput
-from pagedrt.sampling_params import BeamSearchParams, SamplingParams
+from pagedrt.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 __all__ = [
     "LLM",
@@ -18,6 +18,7 @@ __all__ = [
     "EngineConfig",
     "ModelConfig",
     "RequestOutput",
+    "RequestOutputKind",
     "SamplingParams",
 ]
 __version__ = "0.1.0"

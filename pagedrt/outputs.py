@@ -12,6 +12,11 @@ from pagedrt.engine.sampler import TokenLogprobs
 class CompletionOutput:
     """One of the n samples of a request.
 
+    `text`, `token_ids` and `logprobs` hold the whole output so far, except for a request
+    streamed with SamplingParams.output_kind DELTA (`RequestOutputKind`), where they hold only
+    what this output adds to the sample's previous one (then equal to `delta_text` and
+    `delta_token_ids`).
+
     Attributes:
         index: which sample (0 .. n-1).
         text: generated text so far (stop strings excluded).
@@ -21,10 +26,12 @@ class CompletionOutput:
         logprobs: per generated token, its `TokenLogprobs` (pagedrt/engine/sampler.py: the
             token_id, its logprob and rank, and top_logprobs, the SamplingParams.logprobs most
             likely (token_id, logprob) pairs), when SamplingParams.logprobs was set.
-        delta_text, delta_token_ids: what this step added (for streaming).
+        delta_text, delta_token_ids: what this output added to the sample's previous one (for
+            streaming; everything, in the first or only output).
         cumulative_logprob: the sum of the generated tokens' log-probabilities (each under
-            the raw model distribution, as in `logprobs`): a beam search's sequence, or a
-            sample when SamplingParams.logprobs was set; None for a sample without it.
+            the raw model distribution, as in `logprobs`; the whole sum whatever the output
+            kind): a beam search's sequence, or a sample when SamplingParams.logprobs was set;
+            None for a sample without it.
     """
 
     index: int

@@ -1,14 +1,33 @@
-"""SamplingParams: per-request decoding settings, with vLLM's names and defaults; and
-BeamSearchParams, vLLM's settings of a beam search (docs/design.md, "Beam search")."""
+"""SamplingParams: per-request decoding settings, with vLLM's names and defaults;
+RequestOutputKind, what each streamed output of a request holds; and BeamSearchParams, vLLM's
+settings of a beam search (docs/design.md, "Beam search")."""
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, field
 
 # Temperatures below this are greedy (as vLLM's _SAMPLING_EPS): dividing float32 logits by a
 # smaller one can overflow to inf, and inf - inf in the softmax is NaN.
 MIN_SAMPLING_TEMPERATURE = 1e-5
+
+
+class RequestOutputKind(enum.Enum):
+    """What the outputs that `LLMEngine.step()` reports for a request hold (vLLM's names).
+
+    CUMULATIVE: every output holds each sample's whole text, token ids and logprobs so far
+        (`delta_text` and `delta_token_ids` hold what it adds); copying them makes a streamed
+        request of n tokens cost O(n^2) host work over its life.
+    DELTA: every output holds only what it adds: `text`, `token_ids` and `logprobs` are the
+        new part (`cumulative_logprob` stays the running sum); O(new tokens) per output.
+    FINAL_ONLY: the request is reported once, finished, with the whole text and token ids
+        (as `LLMEngine.add_request(..., stream=False)`).
+    """
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 @dataclass
@@ -38,6 +57,11 @@ class SamplingParams:
         include_stop_str_in_output: keep the matched stop string in the text.
         beam_search: run the request as a beam search of these settings instead of sampling
             (`BeamSearchParams.to_sampling_params` fills in the rest); None: sampling.
+        output_kind: a `RequestOutputKind`, or its name as a string in any case ("cumulative",
+            "delta", "final_only"; stored as the enum): whether `LLMEngine.step()` reports the
+            whole output so far (CUMULATIVE, the default), only what each output adds (DELTA),
+            or the request once finished (FINAL_ONLY). `LLM.generate` returns whole outputs
+            whatever it is; a beam search is reported once, whole.
 
     Raises:
         ValueError: from `__post_init__`, naming the field, the value and the allowed range;
@@ -62,8 +86,10 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     beam_search: BeamSearchParams | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
+        self.output_kind = _as_output_kind(self.output_kind)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = _as_list("stop", self.stop, "a string or a list of non-empty strings")
@@ -231,6 +257,18 @@ def _as_list(name: str, value, expected: str) -> list:
     if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
         raise ValueError(f"{name}={short_repr(value)} must be {expected}")
     return list(value)
+
+
+def _as_output_kind(value) -> RequestOutputKind:
+    """`value` (a RequestOutputKind, or a member's name in any case) as a RequestOutputKind;
+    ValueError naming the value and the allowed ones otherwise."""
+    if isinstance(value, RequestOutputKind):
+        return value
+    if isinstance(value, str) and value.upper() in RequestOutputKind.__members__:
+        return RequestOutputKind[value.upper()]
+    allowed = ", ".join(repr(name.lower()) for name in RequestOutputKind.__members__)
+    raise ValueError(f"output_kind={short_repr(value)} must be a RequestOutputKind or one of "
+                     f"{allowed}")
 
 
 def _check_bool(name: str, value) -> None:

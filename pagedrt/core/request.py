@@ -100,6 +100,9 @@ class Request:
         self.beam: BeamGroup | None = None
         self.forked = params.n == 1
         self.stream = True  # report every step (see LLMEngine.add_request)
+        # generated tokens already in an output that `LLMEngine.step()` returned (where the
+        # next output's delta starts); a forked sample starts at 0, with no token of its own
+        self.num_reported_tokens = 0
         self.detokenizer = None  # set by the engine: IncrementalDetokenizer
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None

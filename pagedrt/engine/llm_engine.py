@@ -56,7 +56,7 @@ from pagedrt.kv.kv_cache import KVCacheSpec, kv_cache_torch_dtype
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.ops.attention import check_backend
 from pagedrt.outputs import CompletionOutput, RequestOutput, TokenEvent
-from pagedrt.sampling_params import SamplingParams
+from pagedrt.sampling_params import RequestOutputKind, SamplingParams
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
            "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
@@ -219,9 +219,11 @@ class LLMEngine:
     ) -> Request:
         """Validate and queue a request. Raises ValueError (nothing queued) on bad input.
 
-        stream: step() reports this request every time it advances, with `delta_text`; when
-        False it is reported only once finished, and (without stop strings) detokenized once
-        at the end, which saves host time per step.
+        stream: step() reports this request every time it advances, as
+        `params.output_kind` says (`RequestOutputKind`: CUMULATIVE, whole outputs with
+        `delta_text` and `delta_token_ids`; DELTA, only what each output adds); when False,
+        or with output_kind FINAL_ONLY, it is reported only once finished, whole, and (without
+        stop strings) detokenized once at the end, which saves host time per step.
         """
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -252,7 +254,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         req = Request(request_id, token_ids, params, text, priority, self.eos_token_ids)
-        req.stream = stream
+        req.stream = stream and params.output_kind is not RequestOutputKind.FINAL_ONLY
         if params.beam_search is not None:  # reported once, when the search is done
             req.beam = BeamGroup(params.beam_search, self.eos_token_ids)
             req.stream = False
@@ -288,7 +290,8 @@ class LLMEngine:
     # ----------------------------------------------------------------- the step
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule -> execute -> sample -> update. Returns an output for every
-        streamed request that advanced and every request that finished.
+        streamed request that advanced and every request that finished (whole, or only what
+        it adds for a request with SamplingParams.output_kind DELTA: see `_make_output`).
 
         With async scheduling the update is that of the previous step, made after this one was
         launched (see the module docstring); outputs then trail the device by one step.
@@ -383,8 +386,14 @@ class LLMEngine:
         return None
 
     def _make_output(self, head: Request) -> RequestOutput:
+        """The output of a request that advanced or finished: per sample, the tokens, text and
+        logprobs so far (CUMULATIVE, or a request reported only once finished) or only those
+        since its previous output (DELTA: no copy of the history, O(new tokens) per output).
+        `Request.num_reported_tokens` marks where each sample's next delta starts; tokens
+        still being sampled (`num_pending_tokens`) are left for a later output."""
         if head.beam is not None:
             return self._make_beam_output(head)
+        delta_only = head.stream and head.params.output_kind is RequestOutputKind.DELTA
         outs = []
         for seq in head.group:
             done = seq.is_finished
@@ -392,16 +401,23 @@ class LLMEngine:
             text = ""
             if seq.detokenizer is not None:
                 delta = seq.detokenizer.get_delta(done)
-                text = seq.detokenizer.output_text
+                text = delta if delta_only else seq.detokenizer.output_text
+            start = seq.num_reported_tokens
+            end = seq.num_output_tokens - seq.num_pending_tokens
+            seq.num_reported_tokens = end
+            output_token_ids = seq.output_token_ids
+            new_token_ids = output_token_ids[start:end]
             logprobs = cumulative = None
             if seq.params.logprobs is not None:
-                logprobs = list(seq.output_logprobs)
+                logprobs = (seq.output_logprobs[start:end] if delta_only
+                            else list(seq.output_logprobs))
                 cumulative = seq.cumulative_logprob
             outs.append(CompletionOutput(
                 index=seq.sample_index, text=text,
-                token_ids=seq.output_token_ids[: seq.num_output_tokens - seq.num_pending_tokens],
+                token_ids=list(new_token_ids) if delta_only else output_token_ids[:end],
                 finish_reason=seq.status.value if done else None, stop_reason=seq.stop_reason,
-                logprobs=logprobs, delta_text=delta, cumulative_logprob=cumulative,
+                logprobs=logprobs, delta_text=delta, delta_token_ids=new_token_ids,
+                cumulative_logprob=cumulative,
             ))
         finished = head.forked and all(s.is_finished for s in head.group)
         if finished:
