@@ -84,13 +84,16 @@ def test_warp_tiles_equal_the_plain_kernel_on_bf16_queries_over_fp8():
 
 @pytest.mark.parametrize("early_kv", [1, 3])
 @pytest.mark.parametrize("group, block_size", [(1, 8), (7, 16), (4, 32)])
-def test_first_tile_read_early_gives_the_same_attention(early_kv, group, block_size):
+def test_first_tile_read_early_gives_the_same_attention(early_kv, group, block_size,
+                                                       monkeypatch):
     """early_kv k >= 1 (the first tile of each partition read before the PDL wait, the row's
     last k positions read again after it): over fp16 and FP8 caches (both V layouts), block-
     and tile-boundary lengths with NaN in unused slots, partitions that are empty, one token
     long or shorter than a tile, the reference's attention, and bit for bit early_kv 0's.
     (Under the interpreter nothing writes while the kernel runs; tests/gpu/
-    test_pdl_early_reads_gpu.py writes the newest tokens late.)"""
+    test_pdl_early_reads_gpu.py writes the newest tokens late.) FP8 reads early only with
+    EARLY_KV_FP8, set here."""
+    monkeypatch.setattr(tri, "EARLY_KV_FP8", True)
     num_kv_heads, head_dim = 2, 32
     lens = edge_lens(block_size) + [64, 96, 129]
     torch.manual_seed(group * 10 + block_size + early_kv)
@@ -119,6 +122,38 @@ def test_first_tile_read_early_gives_the_same_attention(early_kv, group, block_s
                     for e in (early_kv, 0)]
             assert_close_fp8(runs[0], expected)
             assert torch.equal(runs[0], runs[1]), (v_dim_major, num_splits)
+
+
+def test_early_reads_over_16_bit_caches_only(monkeypatch):
+    """The launch reads early over a 16-bit cache, and over FP8 only with EARLY_KV_FP8
+    (its registers spill more there: attention_triton's note); both match the reference."""
+    seen = []
+    kernel = tri._decode_warp_kernel
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append(kwargs["EARLY_KV"])
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(tri, "_decode_warp_kernel", Recorder())
+    lens = [5, 40, 97]
+    query = torch.randn(len(lens), 6, 64)
+    k, v, bt, seq_lens = make_paged_kv(lens, 2, 64, 16, torch.float16)
+    out = tri.paged_attention_decode_triton(query.half(), k, v, bt, seq_lens, 0.2, num_splits=2,
+                                            early_kv=1)
+    assert_close(out, ref.paged_attention_decode_reference(query, k.float(), v.float(), bt,
+                                                           seq_lens, 0.2), torch.float16)
+    k8, v8, ks, vs, bt8, lens8 = fp8_paged_kv(lens, 2, 64, 16, seed=5)
+    expected = ref.paged_attention_decode_reference(query, k8, v8, bt8, lens8, 0.2,
+                                                    k_scales=ks, v_scales=vs)
+    for fp8_early in (False, True):
+        monkeypatch.setattr(tri, "EARLY_KV_FP8", fp8_early)
+        out = tri.paged_attention_decode_triton(query, k8, v8, bt8, lens8, 0.2, num_splits=2,
+                                                k_scales=ks, v_scales=vs, early_kv=1)
+        assert_close_fp8(out, expected)
+    assert seen == [1, 0, 1]
 
 
 def test_early_kv_refused_unless_a_count():

@@ -52,21 +52,38 @@ def _tile_offsets(tile_start, SUB: tl.constexpr, SUB_N: tl.constexpr, KVH: tl.co
 
 
 @triton.jit
-def _warp_tile_loads(
-    offs_n, n_mask, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, kv_head,
-    head_off, stride_cb, stride_cs, stride_vb, stride_vs, stride_vh, stride_sb, stride_sh,
-    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, KV_FP8: tl.constexpr,
-    V_DIM_MAJOR: tl.constexpr, MASKED: tl.constexpr,
-):
-    """The cache at the positions offs_n [B, SUB_N] (where n_mask when MASKED, 0 elsewhere):
-    (k [B, SUB_N, HEAD_DIM] and v [B, SUB_N, HEAD_DIM] in the cache's dtype, and over an FP8
-    cache their scales [B, SUB_N] fp32, else zeros)."""
-    offs_d = tl.arange(0, HEAD_DIM)
+def _k_at(block, slot, n_mask, k_cache_ptr, head_off, stride_cb, stride_cs,
+          HEAD_DIM: tl.constexpr, MASKED: tl.constexpr):
+    """K at (block, slot) [B, SUB_N], as [B, SUB_N, HEAD_DIM] in the cache's dtype (0 where
+    not n_mask, when MASKED)."""
+    k_ptrs = (k_cache_ptr + (block * stride_cb + slot * stride_cs + head_off)[:, :, None]
+              + tl.arange(0, HEAD_DIM)[None, None, :])
+    return tile_load(k_ptrs, n_mask[:, :, None], MASKED)
+
+
+@triton.jit
+def _k_tile(offs_n, n_mask, bt_row, k_cache_ptr, head_off, stride_cb, stride_cs,
+            BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr):
+    """The block ids and slots of the positions offs_n [B, SUB_N] (from the row's block
+    table), and K there (`_k_at`)."""
     block = tile_load(bt_row + offs_n // BLOCK_SIZE, n_mask, MASKED).to(tl.int64)
     slot = offs_n % BLOCK_SIZE
-    k_ptrs = (k_cache_ptr + (block * stride_cb + slot * stride_cs + head_off)[:, :, None]
-              + offs_d[None, None, :])
-    k = tile_load(k_ptrs, n_mask[:, :, None], MASKED)
+    return block, slot, _k_at(block, slot, n_mask, k_cache_ptr, head_off, stride_cb, stride_cs,
+                              HEAD_DIM, MASKED)
+
+
+@triton.jit
+def _scale_offsets(block, slot, kv_head, stride_sb, stride_sh):
+    """Where an FP8 cache's scales of (block, slot) [B, SUB_N] lie in k_scales and v_scales."""
+    return block * stride_sb + kv_head * stride_sh + slot
+
+
+@triton.jit
+def _v_tile(block, slot, n_mask, v_cache_ptr, kv_head, stride_vb, stride_vs, stride_vh,
+            BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM_MAJOR: tl.constexpr,
+            MASKED: tl.constexpr):
+    """V at (block, slot) [B, SUB_N], as [B, SUB_N, HEAD_DIM] in the cache's dtype."""
+    offs_d = tl.arange(0, HEAD_DIM)
     if V_DIM_MAJOR:  # tokens contiguous: load [B, HEAD_DIM, SUB_N], use its transpose
         v_ptrs = (v_cache_ptr + (block * stride_vb + kv_head * stride_vh + slot)[:, None, :]
                   + offs_d[None, :, None] * BLOCK_SIZE)
@@ -75,45 +92,48 @@ def _warp_tile_loads(
         v_ptrs = (v_cache_ptr + (block * stride_vb + slot * stride_vs + kv_head * stride_vh)[
             :, :, None] + offs_d[None, None, :])
         v = tile_load(v_ptrs, n_mask[:, :, None], MASKED)
-    if KV_FP8:
-        scale_off = block * stride_sb + kv_head * stride_sh + slot
-        k_scale = tile_load(k_scales_ptr + scale_off, n_mask, MASKED)
-        v_scale = tile_load(v_scales_ptr + scale_off, n_mask, MASKED)
-    else:
-        k_scale = tl.zeros(offs_n.shape, tl.float32)
-        v_scale = k_scale
-    return k, v, k_scale, v_scale
+    return v
 
 
 @triton.jit
-def _warp_tile_update(
-    m_i, l_i, acc,  # [B, GROUP_PAD], [B, GROUP_PAD], [B, GROUP_PAD, HEAD_DIM] fp32
-    k, v, k_scale, v_scale, n_mask, q3, scale_log2,
-    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
-    MASKED: tl.constexpr,
-):
-    """The online-softmax state after one tile's keys and values (`_warp_tile_loads`; where
-    not n_mask, when MASKED, a key scores -inf)."""
+def _scores(q3, k, scale_log2, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+            KV_FP8: tl.constexpr):
+    """log2-domain scores [B, GROUP_PAD, SUB_N] of the query q3 against the keys k (over FP8,
+    before the keys' scales)."""
     if UPCAST:
         k = k.to(tl.float32)
     if KV_FP8:
         k = k.to(q3.dtype)
-    s = tl.dot(q3, tl.permute(k, (0, 2, 1)), input_precision=DOT_PRECISION) * scale_log2
-    if KV_FP8:
-        s = s * k_scale[:, None, :]
-    if MASKED:
-        s = tl.where(n_mask[:, None, :], s, float("-inf"))
-    # online softmax per (sub-tile, row); a sub-tile past `end` in the last tile has seen no
-    # key: take it relative to 0 (p and alpha 0), never -inf - -inf
+    return tl.dot(q3, tl.permute(k, (0, 2, 1)), input_precision=DOT_PRECISION) * scale_log2
+
+
+@triton.jit
+def _softmax_step(m_i, l_i, s):
+    """Online softmax per (sub-tile, row): (the new max, the new sum, the probabilities p,
+    the old state's factor alpha). A sub-tile past `end` in the last tile has seen no key:
+    take it relative to 0 (p and alpha 0), never -inf - -inf."""
     m_new = tl.maximum(m_i, tl.max(s, 2))
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(s - m_ref[:, :, None])
     alpha = tl.exp2(m_i - m_ref)
-    l_i = l_i * alpha + tl.sum(p, 2)
+    return m_new, l_i * alpha + tl.sum(p, 2), p, alpha
+
+
+@triton.jit
+def _value_operand(v, q3, UPCAST: tl.constexpr, KV_FP8: tl.constexpr):
+    """A loaded V tile as the second product's operand: fp32 when UPCAST, over FP8 in q3's
+    dtype."""
     if UPCAST:
         v = v.to(tl.float32)
     if KV_FP8:
         v = v.to(q3.dtype)
+    return v
+
+
+@triton.jit
+def _accumulate(acc, alpha, p, v, v_scale, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr):
+    """acc * alpha + p @ v, v from `_value_operand` (over FP8, p weighted by V's scales)."""
+    if KV_FP8:
         # p * v_scale / (the sub-tile's largest v_scale) stays in fp16's range (decode doc)
         v_max = tl.max(v_scale, 1)
         v_max = tl.where(v_max > 0, v_max, 1.0)
@@ -121,8 +141,7 @@ def _warp_tile_update(
         pv = tl.dot(p_v, v, input_precision=DOT_PRECISION) * v_max[:, None, None]
     else:
         pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    acc = acc * alpha[:, :, None] + pv
-    return m_new, l_i, acc
+    return acc * alpha[:, :, None] + pv
 
 
 @triton.jit
@@ -137,15 +156,26 @@ def _warp_tile(
 ):
     """One BLOCK_N = SUB * SUB_N token tile of each of the program's KVH KV heads; returns the
     new state of each of the B = KVH * SUB (head, sub-tile) pairs, b = head * SUB + sub.
-    kv_head and head_off (its offset in a K row): scalars at KVH 1, else [B, 1]."""
+    kv_head and head_off (its offset in a K row): scalars at KVH 1, else [B, 1]. V is read
+    after the scores, so that it is not held through them (fewer registers)."""
     offs_n = _tile_offsets(tile_start, SUB, SUB_N, KVH)
     n_mask = offs_n < end  # [B, SUB_N]
-    k, v, k_scale, v_scale = _warp_tile_loads(
-        offs_n, n_mask, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, kv_head,
-        head_off, stride_cb, stride_cs, stride_vb, stride_vs, stride_vh, stride_sb, stride_sh,
-        BLOCK_SIZE, HEAD_DIM, KV_FP8, V_DIM_MAJOR, MASKED)
-    return _warp_tile_update(m_i, l_i, acc, k, v, k_scale, v_scale, n_mask, q3, scale_log2,
-                             UPCAST, DOT_PRECISION, KV_FP8, MASKED)
+    block, slot, k = _k_tile(offs_n, n_mask, bt_row, k_cache_ptr, head_off, stride_cb,
+                             stride_cs, BLOCK_SIZE, HEAD_DIM, MASKED)
+    s = _scores(q3, k, scale_log2, UPCAST, DOT_PRECISION, KV_FP8)
+    if KV_FP8:  # (the scales read after the product: fewer registers)
+        scale_off = _scale_offsets(block, slot, kv_head, stride_sb, stride_sh)
+        s = s * tile_load(k_scales_ptr + scale_off, n_mask, MASKED)[:, None, :]
+    if MASKED:
+        s = tl.where(n_mask[:, None, :], s, float("-inf"))
+    m_new, l_i, p, alpha = _softmax_step(m_i, l_i, s)
+    v = _value_operand(_v_tile(block, slot, n_mask, v_cache_ptr, kv_head, stride_vb,
+                               stride_vs, stride_vh, BLOCK_SIZE, HEAD_DIM, V_DIM_MAJOR, MASKED),
+                       q3, UPCAST, KV_FP8)
+    v_scale = 1.0
+    if KV_FP8:
+        v_scale = tile_load(v_scales_ptr + scale_off, n_mask, MASKED)
+    return m_new, l_i, _accumulate(acc, alpha, p, v, v_scale, DOT_PRECISION, KV_FP8)
 
 
 @triton.jit
@@ -204,11 +234,13 @@ def _decode_warp_kernel(
 ):
     BLOCK_N: tl.constexpr = SUB * SUB_N
     tl.static_assert(EARLY_KV == 0 or KVH == 1, "EARLY_KV needs one KV head per program")
+    if EARLY_KV == 0:
+        pdl_prologue(PDL)
     kv_head = tl.program_id(0) * KVH  # the program's first KV head
     split = tl.program_id(1)
     seq = tl.program_id(2).to(tl.int64)
-    bt_row = block_tables_ptr + seq * stride_bt
     if EARLY_KV > 0:
+        bt_row = block_tables_ptr + seq * stride_bt
         # before the wait: the lengths and block tables (written by the step's first kernels,
         # two or more launches back: `pdl_prologue`) and the cached keys and values, all but
         # the newest EARLY_KV of the row, which the kernel just before may be writing
@@ -219,19 +251,29 @@ def _decode_warp_kernel(
         offs_first = _tile_offsets(start, SUB, SUB_N, 1)
         first_mask = offs_first < end
         if start + BLOCK_N <= end:  # a full tile: unmasked, so dim-major V loads stay wide
-            k0, v0, ks0, vs0 = _warp_tile_loads(
-                offs_first, first_mask, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
-                v_scales_ptr, kv_head, kv_head * stride_ch, stride_cb, stride_cs, stride_vb,
-                stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, KV_FP8,
-                V_DIM_MAJOR, False)
+            block0, slot0, k0 = _k_tile(offs_first, first_mask, bt_row, k_cache_ptr,
+                                        kv_head * stride_ch, stride_cb, stride_cs, BLOCK_SIZE,
+                                        HEAD_DIM, False)
+            v0 = _v_tile(block0, slot0, first_mask, v_cache_ptr, kv_head, stride_vb,
+                         stride_vs, stride_vh, BLOCK_SIZE, HEAD_DIM, V_DIM_MAJOR, False)
+            ks0, vs0 = 1.0, 1.0
+            if KV_FP8:
+                scale_off = _scale_offsets(block0, slot0, kv_head, stride_sb, stride_sh)
+                ks0 = tile_load(k_scales_ptr + scale_off, first_mask, False)
+                vs0 = tile_load(v_scales_ptr + scale_off, first_mask, False)
         else:
-            k0, v0, ks0, vs0 = _warp_tile_loads(
-                offs_first, first_mask, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
-                v_scales_ptr, kv_head, kv_head * stride_ch, stride_cb, stride_cs, stride_vb,
-                stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, KV_FP8,
-                V_DIM_MAJOR, True)
-    pdl_prologue(PDL)
-    if EARLY_KV == 0:
+            block0, slot0, k0 = _k_tile(offs_first, first_mask, bt_row, k_cache_ptr,
+                                        kv_head * stride_ch, stride_cb, stride_cs, BLOCK_SIZE,
+                                        HEAD_DIM, True)
+            v0 = _v_tile(block0, slot0, first_mask, v_cache_ptr, kv_head, stride_vb,
+                         stride_vs, stride_vh, BLOCK_SIZE, HEAD_DIM, V_DIM_MAJOR, True)
+            ks0, vs0 = 1.0, 1.0
+            if KV_FP8:
+                scale_off = _scale_offsets(block0, slot0, kv_head, stride_sb, stride_sh)
+                ks0 = tile_load(k_scales_ptr + scale_off, first_mask, True)
+                vs0 = tile_load(v_scales_ptr + scale_off, first_mask, True)
+        pdl_prologue(PDL)
+    else:
         seq_len = tl.load(seq_lens_ptr + seq)
         part_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
         start = split * part_len
@@ -257,26 +299,39 @@ def _decode_warp_kernel(
     m_i = tl.full([KVH * SUB, GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([KVH * SUB, GROUP_PAD], tl.float32)
     acc = tl.zeros([KVH * SUB, GROUP_PAD, HEAD_DIM], tl.float32)
+    bt_row = block_tables_ptr + seq * stride_bt
     head_off = tile_head * stride_ch
     loop_start = start
     if EARLY_KV > 0:
-        # the newest EARLY_KV positions, where the first tile holds any, read again now
+        # the newest EARLY_KV positions, where the first tile holds any, read again now (the
+        # block ids are no kernel's output in this step: those read early stand)
         if tl.minimum(start + BLOCK_N, end) > seq_len - EARLY_KV:
             fresh = first_mask & (offs_first >= seq_len - EARLY_KV)
-            kf, vf, ksf, vsf = _warp_tile_loads(
-                offs_first, fresh, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
-                v_scales_ptr, kv_head, head_off, stride_cb, stride_cs, stride_vb, stride_vs,
-                stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, KV_FP8, V_DIM_MAJOR,
-                True)
-            k0 = tl.where(fresh[:, :, None], kf, k0)
-            v0 = tl.where(fresh[:, :, None], vf, v0)
-            ks0 = tl.where(fresh, ksf, ks0)
-            vs0 = tl.where(fresh, vsf, vs0)
-        m_i, l_i, acc = _warp_tile_update(m_i, l_i, acc, k0, v0, ks0, vs0, first_mask, q3,
-                                          scale_log2, UPCAST, DOT_PRECISION, KV_FP8, True)
+            k0 = tl.where(fresh[:, :, None], _k_at(block0, slot0, fresh, k_cache_ptr, head_off,
+                                                   stride_cb, stride_cs, HEAD_DIM, True), k0)
+            v0 = tl.where(fresh[:, :, None], _v_tile(block0, slot0, fresh, v_cache_ptr, kv_head,
+                                                     stride_vb, stride_vs, stride_vh,
+                                                     BLOCK_SIZE, HEAD_DIM, V_DIM_MAJOR, True),
+                          v0)
+            if KV_FP8:
+                scale_off = _scale_offsets(block0, slot0, kv_head, stride_sb, stride_sh)
+                ks0 = tl.where(fresh, tl.load(k_scales_ptr + scale_off, mask=fresh, other=0.0),
+                               ks0)
+                vs0 = tl.where(fresh, tl.load(v_scales_ptr + scale_off, mask=fresh, other=0.0),
+                               vs0)
+        s0 = _scores(q3, k0, scale_log2, UPCAST, DOT_PRECISION, KV_FP8)
+        if KV_FP8:
+            s0 = s0 * ks0[:, None, :]
+        s0 = tl.where(first_mask[:, None, :], s0, float("-inf"))
+        m_i, l_i, p0, alpha0 = _softmax_step(m_i, l_i, s0)
+        acc = _accumulate(acc, alpha0, p0, _value_operand(v0, q3, UPCAST, KV_FP8), vs0,
+                          DOT_PRECISION, KV_FP8)
         loop_start = start + BLOCK_N
     # full tiles unmasked, then the partial one masked (`_decode_kernel`'s V_DIM_MAJOR note)
-    loop_end = loop_start + tl.maximum(end - loop_start, 0) // BLOCK_N * BLOCK_N
+    if EARLY_KV > 0:  # end may lie before loop_start (a partition of one tile or none)
+        loop_end = loop_start + tl.maximum(end - loop_start, 0) // BLOCK_N * BLOCK_N
+    else:
+        loop_end = start + (end - start) // BLOCK_N * BLOCK_N
     for tile_start in range(loop_start, loop_end, BLOCK_N):
         m_i, l_i, acc = _warp_tile(
             m_i, l_i, acc, tile_start, end, q3, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,

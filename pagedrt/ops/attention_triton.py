@@ -145,6 +145,14 @@ from pagedrt.ops.triton_utils import (
 # FP8 cache's warp tiles go down to 64: `_decode_launch_config`)
 MIN_PARTITION_TOKENS = 256
 MAX_SPLITS = 64
+# The warp-tile kernel reads a partition's first tile before its PDL wait (`early_kv`) over
+# 16-bit caches only. Reading early costs registers: at Qwen2-0.5B's heads, compiled for sm_90,
+# 218 per thread against 171 over bf16 (no spills; the 16-bit launch aims at 4 one-warp
+# programs per SM, which still fit), but over FP8 ptxas's spills grow from 184 to 520 bytes a
+# thread at head_dim 128, where an earlier version that read the lengths and block ids early
+# made the FP8 decode 40% slower (docs/design.md, "Small-batch decode"). Unmeasured over FP8:
+# set True to measure it.
+EARLY_KV_FP8 = False
 # fp32 partials one `_decode_reduce_kernel` program combines at most (64 per thread at 4 warps)
 REDUCE_TILE_ELEMENTS = 8192
 MIN_REDUCE_COUNTERS = 65536  # (sequence, KV head) pairs the first counter tensor has room for
@@ -686,10 +694,11 @@ def paged_attention_decode_triton(
         early_kv: 0, or k >= 1: the kernel launched just before this one may be writing K/V
             only at each row's last k positions (the engine's decode: 1, the token it
             attends from; verifying a chunk of drafts: the chunk's length). Then the
-            warp-tile kernel reads each partition's first tile before its PDL wait, so
-            that those loads run under the kernel before, and those k positions again after
-            it (docs/design.md, "Small-batch decode"); `_decode_kernel` reads everything after
-            its wait whatever the value. The output is the same either way.
+            warp-tile kernel over a 16-bit cache (over FP8 too with EARLY_KV_FP8) reads each
+            partition's first tile before its PDL wait, so that those loads run under the
+            kernel before, and those k positions again after it (docs/design.md, "Small-batch
+            decode"); `_decode_kernel` reads everything after its wait whatever the value.
+            The output is the same either way.
     Returns:
         [num_seqs, num_heads, head_dim] in query's dtype.
     Raises:
@@ -767,9 +776,10 @@ def paged_attention_decode_triton(
         grid = (num_kv_heads, num_splits, num_seqs)
         if cfg.get("warp_tiles") and kv_heads_per_program:  # (not the fallbacks)
             sub, sub_n = warp_tile_shape(cfg["BLOCK_N"])  # attention_decode_warp_triton
+            early = kv_heads_per_program == 1 and (EARLY_KV_FP8 or not fp8)
             _decode_warp_kernel[(num_kv_heads // kv_heads_per_program, num_splits, num_seqs)](
                 *pointers, *scalars, SUB=sub, SUB_N=sub_n, KVH=kv_heads_per_program,
-                EARLY_KV=early_kv if kv_heads_per_program == 1 else 0, **common)
+                EARLY_KV=early_kv if early else 0, **common)
             return
         _decode_kernel[grid](
             *pointers, counters, *scalars, BLOCK_N=cfg["BLOCK_N"],

@@ -109,7 +109,7 @@ def test_skinny_matmuls_read_only_weights_before_the_wait():
 
 
 @pytest.mark.parametrize("fp8", [False, True])
-def test_decode_attention_reads_the_newest_token_after_the_wait(fp8):
+def test_decode_attention_reads_the_newest_token_after_the_wait(fp8, monkeypatch):
     """The warp-tile decode kernel with early_kv=1 (the engine's decode) reads each partition's
     first tile before its PDL wait and the row's newest position again after it. Each row here
     ends one token into a block of its own (lengths k * 16 + 1), those blocks last in the
@@ -117,8 +117,11 @@ def test_decode_attention_reads_the_newest_token_after_the_wait(fp8):
     exactly the newest tokens; the query and then each slab in turn is written by the late
     copy right before the attention, the rest of the cache earlier. Any newest token read
     before the wait would be the zeros left there. Against the same launch once everything is
-    written, and the reference."""
+    written, and the reference. (FP8 reads early only with EARLY_KV_FP8, set here.)"""
     from pagedrt.ops import attention_reference as ref
+    from pagedrt.ops import attention_triton
+
+    monkeypatch.setattr(attention_triton, "EARLY_KV_FP8", True)
     from pagedrt.ops.attention_triton import decode_launch_plan, paged_attention_decode_triton
     from pagedrt.ops.fp8 import quantize_fp8
     from pagedrt.ops.triton_utils import device_sms, to_v_dim_major
