@@ -179,6 +179,27 @@ def _warp_tile(
 
 
 @triton.jit
+def _first_tile(
+    offs_n, n_mask, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, kv_head,
+    stride_ch, stride_cb, stride_cs, stride_vb, stride_vs, stride_vh, stride_sb, stride_sh,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, KV_FP8: tl.constexpr,
+    V_DIM_MAJOR: tl.constexpr, MASKED: tl.constexpr,
+):
+    """Everything a tile's update reads from the cache, read at once (EARLY_KV's first tile,
+    one KV head): (block ids, slots, K, V, and over FP8 K's and V's scales, else 1.0)."""
+    block, slot, k = _k_tile(offs_n, n_mask, bt_row, k_cache_ptr, kv_head * stride_ch,
+                             stride_cb, stride_cs, BLOCK_SIZE, HEAD_DIM, MASKED)
+    v = _v_tile(block, slot, n_mask, v_cache_ptr, kv_head, stride_vb, stride_vs, stride_vh,
+                BLOCK_SIZE, HEAD_DIM, V_DIM_MAJOR, MASKED)
+    k_scale, v_scale = 1.0, 1.0
+    if KV_FP8:
+        scale_off = _scale_offsets(block, slot, kv_head, stride_sb, stride_sh)
+        k_scale = tile_load(k_scales_ptr + scale_off, n_mask, MASKED)
+        v_scale = tile_load(v_scales_ptr + scale_off, n_mask, MASKED)
+    return block, slot, k, v, k_scale, v_scale
+
+
+@triton.jit
 def _merge_store(
     m_i, l_i, acc, heads, g_mask, seq, split, num_splits, out_ptr, part_out_ptr,
     part_lse_ptr, stride_os, stride_oh, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr,
@@ -251,27 +272,17 @@ def _decode_warp_kernel(
         offs_first = _tile_offsets(start, SUB, SUB_N, 1)
         first_mask = offs_first < end
         if start + BLOCK_N <= end:  # a full tile: unmasked, so dim-major V loads stay wide
-            block0, slot0, k0 = _k_tile(offs_first, first_mask, bt_row, k_cache_ptr,
-                                        kv_head * stride_ch, stride_cb, stride_cs, BLOCK_SIZE,
-                                        HEAD_DIM, False)
-            v0 = _v_tile(block0, slot0, first_mask, v_cache_ptr, kv_head, stride_vb,
-                         stride_vs, stride_vh, BLOCK_SIZE, HEAD_DIM, V_DIM_MAJOR, False)
-            ks0, vs0 = 1.0, 1.0
-            if KV_FP8:
-                scale_off = _scale_offsets(block0, slot0, kv_head, stride_sb, stride_sh)
-                ks0 = tile_load(k_scales_ptr + scale_off, first_mask, False)
-                vs0 = tile_load(v_scales_ptr + scale_off, first_mask, False)
+            block0, slot0, k0, v0, ks0, vs0 = _first_tile(
+                offs_first, first_mask, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
+                v_scales_ptr, kv_head, stride_ch, stride_cb, stride_cs, stride_vb, stride_vs,
+                stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, KV_FP8, V_DIM_MAJOR,
+                False)
         else:
-            block0, slot0, k0 = _k_tile(offs_first, first_mask, bt_row, k_cache_ptr,
-                                        kv_head * stride_ch, stride_cb, stride_cs, BLOCK_SIZE,
-                                        HEAD_DIM, True)
-            v0 = _v_tile(block0, slot0, first_mask, v_cache_ptr, kv_head, stride_vb,
-                         stride_vs, stride_vh, BLOCK_SIZE, HEAD_DIM, V_DIM_MAJOR, True)
-            ks0, vs0 = 1.0, 1.0
-            if KV_FP8:
-                scale_off = _scale_offsets(block0, slot0, kv_head, stride_sb, stride_sh)
-                ks0 = tile_load(k_scales_ptr + scale_off, first_mask, True)
-                vs0 = tile_load(v_scales_ptr + scale_off, first_mask, True)
+            block0, slot0, k0, v0, ks0, vs0 = _first_tile(
+                offs_first, first_mask, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
+                v_scales_ptr, kv_head, stride_ch, stride_cb, stride_cs, stride_vb, stride_vs,
+                stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, KV_FP8, V_DIM_MAJOR,
+                True)
         pdl_prologue(PDL)
     else:
         seq_len = tl.load(seq_lens_ptr + seq)
