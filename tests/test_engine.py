@@ -316,6 +316,9 @@ def test_slow_cpu_generation_suggests_one_thread(monkeypatch):
     assert slow_cpu_hint("cuda:0", 16, 16, 10.0) == ""
     monkeypatch.setenv("PAGEDRT_NUM_THREADS", "2")
     assert slow_cpu_hint("cpu", 2, 16, 10.0) == ""  # the user chose
+    # in Python the variable sets nothing: still slow with 2 threads, and the hint says why
+    hint = slow_cpu_hint("cpu", 2, 16, 10.0, python_api=True)
+    assert "set_num_threads(1)" in hint and "command only" in hint
     monkeypatch.delenv("PAGEDRT_NUM_THREADS")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     # interpreted kernels: slow whatever the threads

@@ -246,3 +246,21 @@ def test_llm_generate_returns_whole_outputs_for_delta_params(model, scheduling):
             assert fields(c) == fields(r)
             assert len(c.token_ids) == len(c.logprobs) >= 5 and c.text
     assert len(outs[1].outputs[0].token_ids) == GREEDY.max_tokens
+
+
+def test_fields_assigned_after_construction_are_checked_when_added(model):
+    """add_request checks the params again: an output_kind assigned by name after
+    construction streams as that kind, and a bad value assigned later is a ValueError naming
+    it, with nothing queued."""
+    engine = make_engine(model)
+    params = dataclasses.replace(GREEDY)
+    params.output_kind = "delta"
+    seen = run(engine, {"r": (params, True)})["r"]
+    assert params.output_kind is RequestOutputKind.DELTA
+    assert all(len(c.token_ids) <= 1 for _, outs, _ in seen for c in outs)
+    for name, value in (("output_kind", "partial"), ("temperature", -1.0), ("top_p", 0.0)):
+        bad = dataclasses.replace(GREEDY)
+        setattr(bad, name, value)
+        with pytest.raises(ValueError, match=f"^{name}="):
+            engine.add_request(f"bad-{name}", PROMPT, bad)
+        assert not engine.has_unfinished_requests() and f"bad-{name}" not in engine.requests

@@ -45,11 +45,17 @@ class EngineLimits(NamedTuple):
 def validate_prompt(token_ids: list[int], params: SamplingParams, limits: EngineLimits) -> None:
     """Check a tokenized prompt with its sampling params against the engine's limits.
 
+    The params are checked again as at construction (`SamplingParams.__post_init__`, which
+    also turns an output_kind given by name into the enum), so that a field assigned after
+    construction is checked too.
+
     Raises:
         ValueError: empty prompt, a token id that is not an int in [0, vocab_size), a prompt
             or prompt + max_tokens longer than max_model_len, or more KV blocks than the whole
-            cache holds; the message names the value and the fix.
+            cache holds, or a sampling param out of its range; the message names the value
+            and the fix.
     """
+    params.__post_init__()
     n = len(token_ids)
     if n == 0:
         raise ValueError("prompt is empty; give at least one token")

@@ -25,18 +25,22 @@ SLOW_CPU_MIN_TOKENS = 16
 def slow_cpu_hint(device: str, threads: int, generated_tokens: int, seconds: float,
                   python_api: bool = False) -> str:
     """A line for `pagedrt generate` (or, with `python_api`, for `LLM.generate`'s warning)
-    when a CPU run with several threads and no PAGEDRT_NUM_THREADS generated at least
-    SLOW_CPU_MIN_TOKENS tokens at under SLOW_CPU_TOK_S tokens/s over `seconds` (on a CPU
-    that other processes share, one thread was 11-23x faster: README, "Quick start"); else
-    "", and "" under TRITON_INTERPRET=1 (the Triton interpreter is slow whatever the
-    threads)."""
+    when a CPU run with several threads generated at least SLOW_CPU_MIN_TOKENS tokens at
+    under SLOW_CPU_TOK_S tokens/s over `seconds` (on a CPU that other processes share, one
+    thread was 11-23x faster: README, "Quick start"); else "", and "" under
+    TRITON_INTERPRET=1 (the Triton interpreter is slow whatever the threads). For the command
+    also "" where PAGEDRT_NUM_THREADS is set (the user chose); in Python that variable does
+    nothing (only the `pagedrt` command reads it), and the hint says so."""
     generated_tok_s = generated_tokens / seconds if seconds > 0 else float("inf")
-    if (not device.startswith("cpu") or threads < 2 or os.environ.get("PAGEDRT_NUM_THREADS")
+    chosen = os.environ.get("PAGEDRT_NUM_THREADS")
+    if (not device.startswith("cpu") or threads < 2 or (chosen and not python_api)
             or generated_tokens < SLOW_CPU_MIN_TOKENS or generated_tok_s >= SLOW_CPU_TOK_S
             or os.environ.get("TRITON_INTERPRET") == "1"):  # interpreted kernels: expected
         return ""
     fix = ("torch.set_num_threads(1) before generating" if python_api
            else "PAGEDRT_NUM_THREADS=1")
+    if python_api and chosen:
+        fix += " (PAGEDRT_NUM_THREADS is read by the `pagedrt` command only, not in Python)"
     return (f"[hint] {generated_tok_s:.1f} generated tok/s with {threads} CPU threads: if other "
             f"processes share this CPU, {fix} is often several times faster")
 
