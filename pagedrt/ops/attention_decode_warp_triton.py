@@ -26,6 +26,13 @@ each head's query rows against its own keys, the states merged per head. Opt-in:
 KVH 1 at every shape timed on the H200 (benchmarks/results/RUNS.md, "Runs of 2026-12-03
 (09:00-10:30 UTC)").
 
+Early reads (EARLY_KV = k >= 1, one KV head per program; `paged_attention_decode_triton`'s
+early_kv, over 16-bit caches): before its PDL wait a program reads its length, its
+partition's first block ids and its first tile of K and V (and over FP8 their scales), none
+of which the kernel just before writes but the row's newest k positions; after the wait it
+reads the query and, where the first tile holds them, those k positions again, then runs that
+tile and the loop over the rest as usual (docs/design.md, "Small-batch decode").
+
 The price is B copies of the output accumulator (fp32) and of the query operand. Same
 arguments, masking, FP8 scaling (scores' and probabilities' columns), V layouts and split-K
 partials as `_decode_kernel`; no sliding window, fused reduce or block-table prefetch (the
@@ -251,7 +258,8 @@ def _decode_warp_kernel(
     PDL: tl.constexpr = False,
     KVH: tl.constexpr = 1,  # KV heads per program (grid axis 0: num_kv_heads / KVH)
     EARLY_KV: tl.constexpr = 0,  # >= 1 (KVH 1 only): the first tile read before the PDL
-    # wait, and each row's last EARLY_KV positions read again after it (module doc)
+    # wait, and each row's last EARLY_KV positions read again after it (module doc, "Early
+    # reads")
 ):
     BLOCK_N: tl.constexpr = SUB * SUB_N
     tl.static_assert(EARLY_KV == 0 or KVH == 1, "EARLY_KV needs one KV head per program")
