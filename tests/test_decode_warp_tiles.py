@@ -92,8 +92,8 @@ def test_first_tile_read_early_gives_the_same_attention(early_kv, group, block_s
     long or shorter than a tile, the reference's attention, and bit for bit early_kv 0's.
     (Under the interpreter nothing writes while the kernel runs; tests/gpu/
     test_pdl_early_reads_gpu.py writes the newest tokens late.) FP8 reads early only with
-    EARLY_KV_FP8, set here."""
-    monkeypatch.setattr(tri, "EARLY_KV_FP8", True)
+    PAGEDRT_DECODE_EARLY=all, set here."""
+    monkeypatch.setenv("PAGEDRT_DECODE_EARLY", "all")
     num_kv_heads, head_dim = 2, 32
     lens = edge_lens(block_size) + [64, 96, 129]
     torch.manual_seed(group * 10 + block_size + early_kv)
@@ -125,8 +125,9 @@ def test_first_tile_read_early_gives_the_same_attention(early_kv, group, block_s
 
 
 def test_early_reads_over_16_bit_caches_only(monkeypatch):
-    """The launch reads early over a 16-bit cache, and over FP8 only with EARLY_KV_FP8
-    (its registers spill more there: attention_triton's note); both match the reference."""
+    """The launch reads early over a 16-bit cache, over FP8 only with
+    PAGEDRT_DECODE_EARLY=all (its registers spill more there: `decode_early_reads`), never
+    with 0; each matches the reference; another value is a ValueError naming it."""
     seen = []
     kernel = tri._decode_warp_kernel
 
@@ -138,6 +139,7 @@ def test_early_reads_over_16_bit_caches_only(monkeypatch):
             return launch
 
     monkeypatch.setattr(tri, "_decode_warp_kernel", Recorder())
+    monkeypatch.delenv("PAGEDRT_DECODE_EARLY", raising=False)
     lens = [5, 40, 97]
     query = torch.randn(len(lens), 6, 64)
     k, v, bt, seq_lens = make_paged_kv(lens, 2, 64, 16, torch.float16)
@@ -148,12 +150,18 @@ def test_early_reads_over_16_bit_caches_only(monkeypatch):
     k8, v8, ks, vs, bt8, lens8 = fp8_paged_kv(lens, 2, 64, 16, seed=5)
     expected = ref.paged_attention_decode_reference(query, k8, v8, bt8, lens8, 0.2,
                                                     k_scales=ks, v_scales=vs)
-    for fp8_early in (False, True):
-        monkeypatch.setattr(tri, "EARLY_KV_FP8", fp8_early)
+    for setting in ("1", "all", "0"):
+        monkeypatch.setenv("PAGEDRT_DECODE_EARLY", setting)
         out = tri.paged_attention_decode_triton(query, k8, v8, bt8, lens8, 0.2, num_splits=2,
                                                 k_scales=ks, v_scales=vs, early_kv=1)
         assert_close_fp8(out, expected)
-    assert seen == [1, 0, 1]
+    out = tri.paged_attention_decode_triton(query.half(), k, v, bt, seq_lens, 0.2, num_splits=2,
+                                            early_kv=1)  # still "0"
+    assert seen == [1, 0, 1, 0, 0]
+    monkeypatch.setenv("PAGEDRT_DECODE_EARLY", "yes")
+    with pytest.raises(ValueError, match="PAGEDRT_DECODE_EARLY='yes'"):
+        tri.paged_attention_decode_triton(query.half(), k, v, bt, seq_lens, 0.2, num_splits=2,
+                                          early_kv=1)
 
 
 def test_early_kv_refused_unless_a_count():

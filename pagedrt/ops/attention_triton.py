@@ -145,14 +145,6 @@ from pagedrt.ops.triton_utils import (
 # FP8 cache's warp tiles go down to 64: `_decode_launch_config`)
 MIN_PARTITION_TOKENS = 256
 MAX_SPLITS = 64
-# The warp-tile kernel reads a partition's first tile before its PDL wait (`early_kv`) over
-# 16-bit caches only. Reading early costs registers: at Qwen2-0.5B's heads, compiled for sm_90,
-# 218 per thread against 171 over bf16 (no spills; the 16-bit launch aims at 4 one-warp
-# programs per SM, which still fit), but over FP8 ptxas's spills grow from 184 to 520 bytes a
-# thread at head_dim 128, where an earlier version that read the lengths and block ids early
-# made the FP8 decode 40% slower (docs/design.md, "Small-batch decode"). Unmeasured over FP8:
-# set True to measure it.
-EARLY_KV_FP8 = False
 # fp32 partials one `_decode_reduce_kernel` program combines at most (64 per thread at 4 warps)
 REDUCE_TILE_ELEMENTS = 8192
 MIN_REDUCE_COUNTERS = 65536  # (sequence, KV head) pairs the first counter tensor has room for
@@ -168,6 +160,28 @@ def decode_fused_reduce_requested() -> bool:
     `_decode_kernel` (FUSED_REDUCE, module doc) instead of in a second launch. Off by default
     ("0"): slower on the H200 (module doc). Read at every launch."""
     return os.environ.get("PAGEDRT_DECODE_FUSED_REDUCE", "0") == "1"
+
+
+def decode_early_reads(fp8: bool) -> bool:
+    """Whether the warp-tile decode kernel reads its first tile before the PDL wait where the
+    caller allows it (`early_kv`), by PAGEDRT_DECODE_EARLY, read at every launch: unset or
+    "1", over 16-bit caches only; "all", over FP8 caches too; "0", never (for A/B runs).
+
+    Why not over FP8 by default: reading early costs registers. At Qwen2-0.5B's heads,
+    compiled for sm_90, 218 a thread against 171 over bf16 (no spills; the 16-bit launch aims
+    at 4 one-warp programs per SM, which still fit), but over FP8 at head_dim 128 ptxas's
+    spills grow from 184 to 520 bytes a thread, and an earlier version that read the lengths
+    and block ids early made FP8 decode 40% slower there (docs/design.md, "Small-batch
+    decode"). Unmeasured over FP8.
+
+    Raises:
+        ValueError: another value, naming it and the three allowed.
+    """
+    value = os.environ.get("PAGEDRT_DECODE_EARLY", "1").strip() or "1"
+    if value not in ("0", "1", "all"):
+        raise ValueError(f"PAGEDRT_DECODE_EARLY={value!r}; give 1 (the default: early reads "
+                         "over 16-bit caches), all (over FP8 caches too) or 0 (never)")
+    return value == "all" or (value == "1" and not fp8)
 
 
 def decode_bt_prefetch_requested() -> bool:
@@ -694,7 +708,7 @@ def paged_attention_decode_triton(
         early_kv: 0, or k >= 1: the kernel launched just before this one may be writing K/V
             only at each row's last k positions (the engine's decode: 1, the token it
             attends from; verifying a chunk of drafts: the chunk's length). Then the
-            warp-tile kernel over a 16-bit cache (over FP8 too with EARLY_KV_FP8) reads each
+            warp-tile kernel over a 16-bit cache (`decode_early_reads`) reads each
             partition's first tile before its PDL wait, so that those loads run under the
             kernel before, and those k positions again after it (docs/design.md, "Small-batch
             decode"); `_decode_kernel` reads everything after its wait whatever the value.
@@ -776,7 +790,7 @@ def paged_attention_decode_triton(
         grid = (num_kv_heads, num_splits, num_seqs)
         if cfg.get("warp_tiles") and kv_heads_per_program:  # (not the fallbacks)
             sub, sub_n = warp_tile_shape(cfg["BLOCK_N"])  # attention_decode_warp_triton
-            early = kv_heads_per_program == 1 and (EARLY_KV_FP8 or not fp8)
+            early = kv_heads_per_program == 1 and decode_early_reads(fp8)
             _decode_warp_kernel[(num_kv_heads // kv_heads_per_program, num_splits, num_seqs)](
                 *pointers, *scalars, SUB=sub, SUB_N=sub_n, KVH=kv_heads_per_program,
                 EARLY_KV=early_kv if early else 0, **common)
@@ -806,6 +820,7 @@ def paged_attention_decode_triton(
 __all__ = [
     "choose_num_splits",
     "copy_blocks_triton",
+    "decode_early_reads",
     "decode_fused_reduce_requested",
     "decode_launch_plan",
     "fused_reduce_counters",

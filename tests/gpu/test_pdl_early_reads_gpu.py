@@ -117,11 +117,11 @@ def test_decode_attention_reads_the_newest_token_after_the_wait(fp8, monkeypatch
     exactly the newest tokens; the query and then each slab in turn is written by the late
     copy right before the attention, the rest of the cache earlier. Any newest token read
     before the wait would be the zeros left there. Against the same launch once everything is
-    written, and the reference. (FP8 reads early only with EARLY_KV_FP8, set here.)"""
+    written, and the reference. (FP8 reads early only with PAGEDRT_DECODE_EARLY=all, set
+    here.)"""
     from pagedrt.ops import attention_reference as ref
-    from pagedrt.ops import attention_triton
 
-    monkeypatch.setattr(attention_triton, "EARLY_KV_FP8", True)
+    monkeypatch.setenv("PAGEDRT_DECODE_EARLY", "all")
     from pagedrt.ops.attention_triton import decode_launch_plan, paged_attention_decode_triton
     from pagedrt.ops.fp8 import quantize_fp8
     from pagedrt.ops.triton_utils import device_sms, to_v_dim_major
