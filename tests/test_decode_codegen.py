@@ -114,7 +114,8 @@ def test_fused_reduce_keeps_pdl_wait_first(loads):
 def test_early_kv_reads_the_first_tile_before_the_wait(loads, case):
     """EARLY_KV (the engine's decode): the warp-tile kernel's PTX issues the first tile's
     block-table, K and V reads (and over FP8 their scales) before griddepcontrol.wait, so they
-    run under the kernel before; the query, written by that kernel, after it."""
+    run under the kernel before; the query, written by that kernel, after it, and the newest
+    positions again, from L2."""
     early = loads[case]
     assert early.get("griddepcontrol.wait") == 1
     before = sum(early["reads_before_wait"].values())
@@ -122,5 +123,10 @@ def test_early_kv_reads_the_first_tile_before_the_wait(loads, case):
     # tokens x 64 values, several loads a thread even at 16 bytes
     assert before >= 5, early["reads_before_wait"]
     assert early["first_read_at"] < early["wait_at"]
+    # the newest positions read again after the wait from L2 (.cg), never from a stale L1 line
+    # the early reads left
+    assert any(op.startswith("ld.global.cg") for op in early), early
+    assert not any(op.startswith("ld.global.cg") for op in early["reads_before_wait"])
     late = loads["warp tiles, fp8, Qwen2-0.5B heads, PDL"]
     assert late.get("reads_before_wait", {}) == {}
+    assert not any(op.startswith("ld.global.cg") for op in late)

@@ -30,8 +30,10 @@ Early reads (EARLY_KV = k >= 1, one KV head per program; `paged_attention_decode
 early_kv, over 16-bit caches): before its PDL wait a program reads its length, its
 partition's first block ids and its first tile of K and V (and over FP8 their scales), none
 of which the kernel just before writes but the row's newest k positions; after the wait it
-reads the query and, where the first tile holds them, those k positions again, then runs that
-tile and the loop over the rest as usual (docs/design.md, "Small-batch decode").
+reads the query and, where the first tile holds them, those k positions again, from L2 (.cg:
+the early reads may have left stale lines of them in the SM's L1, which another SM's stores do
+not update), then runs that tile and the loop over the rest as usual (docs/design.md,
+"Small-batch decode").
 
 The price is B copies of the output accumulator (fp32) and of the query operand. Same
 arguments, masking, FP8 scaling (scores' and probabilities' columns), V layouts and split-K
@@ -59,12 +61,22 @@ def _tile_offsets(tile_start, SUB: tl.constexpr, SUB_N: tl.constexpr, KVH: tl.co
 
 
 @triton.jit
+def _fresh_load(ptrs, mask):
+    """A masked read from L2 (.cg): what the kernel before wrote, read after the PDL wait by
+    a program that may hold the same lines in its SM's L1 from before it (EARLY_KV), which no
+    other SM's store updates."""
+    return tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+
+
+@triton.jit
 def _k_at(block, slot, n_mask, k_cache_ptr, head_off, stride_cb, stride_cs,
-          HEAD_DIM: tl.constexpr, MASKED: tl.constexpr):
+          HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, FRESH: tl.constexpr = False):
     """K at (block, slot) [B, SUB_N], as [B, SUB_N, HEAD_DIM] in the cache's dtype (0 where
-    not n_mask, when MASKED)."""
+    not n_mask, when MASKED; FRESH: masked, from L2, `_fresh_load`)."""
     k_ptrs = (k_cache_ptr + (block * stride_cb + slot * stride_cs + head_off)[:, :, None]
               + tl.arange(0, HEAD_DIM)[None, None, :])
+    if FRESH:
+        return _fresh_load(k_ptrs, n_mask[:, :, None])
     return tile_load(k_ptrs, n_mask[:, :, None], MASKED)
 
 
@@ -88,17 +100,24 @@ def _scale_offsets(block, slot, kv_head, stride_sb, stride_sh):
 @triton.jit
 def _v_tile(block, slot, n_mask, v_cache_ptr, kv_head, stride_vb, stride_vs, stride_vh,
             BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM_MAJOR: tl.constexpr,
-            MASKED: tl.constexpr):
-    """V at (block, slot) [B, SUB_N], as [B, SUB_N, HEAD_DIM] in the cache's dtype."""
+            MASKED: tl.constexpr, FRESH: tl.constexpr = False):
+    """V at (block, slot) [B, SUB_N], as [B, SUB_N, HEAD_DIM] in the cache's dtype (FRESH:
+    masked, from L2, `_fresh_load`)."""
     offs_d = tl.arange(0, HEAD_DIM)
     if V_DIM_MAJOR:  # tokens contiguous: load [B, HEAD_DIM, SUB_N], use its transpose
         v_ptrs = (v_cache_ptr + (block * stride_vb + kv_head * stride_vh + slot)[:, None, :]
                   + offs_d[None, :, None] * BLOCK_SIZE)
-        v = tl.permute(tile_load(v_ptrs, n_mask[:, None, :], MASKED), (0, 2, 1))
+        if FRESH:
+            v = tl.permute(_fresh_load(v_ptrs, n_mask[:, None, :]), (0, 2, 1))
+        else:
+            v = tl.permute(tile_load(v_ptrs, n_mask[:, None, :], MASKED), (0, 2, 1))
     else:
         v_ptrs = (v_cache_ptr + (block * stride_vb + slot * stride_vs + kv_head * stride_vh)[
             :, :, None] + offs_d[None, None, :])
-        v = tile_load(v_ptrs, n_mask[:, :, None], MASKED)
+        if FRESH:
+            v = _fresh_load(v_ptrs, n_mask[:, :, None])
+        else:
+            v = tile_load(v_ptrs, n_mask[:, :, None], MASKED)
     return v
 
 
@@ -327,17 +346,16 @@ def _decode_warp_kernel(
         if tl.minimum(start + BLOCK_N, end) > seq_len - EARLY_KV:
             fresh = first_mask & (offs_first >= seq_len - EARLY_KV)
             k0 = tl.where(fresh[:, :, None], _k_at(block0, slot0, fresh, k_cache_ptr, head_off,
-                                                   stride_cb, stride_cs, HEAD_DIM, True), k0)
+                                                   stride_cb, stride_cs, HEAD_DIM, True, True),
+                          k0)
             v0 = tl.where(fresh[:, :, None], _v_tile(block0, slot0, fresh, v_cache_ptr, kv_head,
                                                      stride_vb, stride_vs, stride_vh,
-                                                     BLOCK_SIZE, HEAD_DIM, V_DIM_MAJOR, True),
-                          v0)
+                                                     BLOCK_SIZE, HEAD_DIM, V_DIM_MAJOR, True,
+                                                     True), v0)
             if KV_FP8:
                 scale_off = _scale_offsets(block0, slot0, kv_head, stride_sb, stride_sh)
-                ks0 = tl.where(fresh, tl.load(k_scales_ptr + scale_off, mask=fresh, other=0.0),
-                               ks0)
-                vs0 = tl.where(fresh, tl.load(v_scales_ptr + scale_off, mask=fresh, other=0.0),
-                               vs0)
+                ks0 = tl.where(fresh, _fresh_load(k_scales_ptr + scale_off, fresh), ks0)
+                vs0 = tl.where(fresh, _fresh_load(v_scales_ptr + scale_off, fresh), vs0)
         s0 = _scores(q3, k0, scale_log2, UPCAST, DOT_PRECISION, KV_FP8)
         if KV_FP8:
             s0 = s0 * ks0[:, None, :]
