@@ -790,7 +790,7 @@ def paged_attention_decode_triton(
         grid = (num_kv_heads, num_splits, num_seqs)
         if cfg.get("warp_tiles") and kv_heads_per_program:  # (not the fallbacks)
             sub, sub_n = warp_tile_shape(cfg["BLOCK_N"])  # attention_decode_warp_triton
-            early = kv_heads_per_program == 1 and decode_early_reads(fp8)
+            early = early_kv > 0 and kv_heads_per_program == 1 and decode_early_reads(fp8)
             _decode_warp_kernel[(num_kv_heads // kv_heads_per_program, num_splits, num_seqs)](
                 *pointers, *scalars, SUB=sub, SUB_N=sub_n, KVH=kv_heads_per_program,
                 EARLY_KV=early_kv if early else 0, **common)
