@@ -39,9 +39,9 @@ import random
 import torch
 import triton
 
+from pagedrt.bench.attention import fp8_cache
 from pagedrt.ops.attention_reference import paged_attention_decode_reference
 from pagedrt.ops.attention_triton import decode_launch_plan, paged_attention_decode_triton
-from pagedrt.ops.fp8 import quantize_fp8
 from pagedrt.ops.triton_utils import device_sms, to_v_dim_major
 
 MODELS = {"qwen2-0.5b": (14, 2, 64), "llama3-8b": (32, 8, 128), "smollm2": (9, 3, 64)}
@@ -63,11 +63,8 @@ def make_layers(num_layers, num_seqs, table_tokens, heads, fp8, seed):
         k = torch.randn(num_blocks, BLOCK_SIZE, num_kv_heads, head_dim, device=DEVICE,
                         dtype=torch.bfloat16, generator=g)
         v = torch.randn_like(k)
-        if fp8:  # the cache the engine would hold: scales [num_blocks, kv_heads, block]
-            (k8, ks), (v8, vs) = (quantize_fp8(x.flatten(0, 1)) for x in (k, v))
-            k8, v8 = (x.view(num_blocks, BLOCK_SIZE, num_kv_heads, head_dim) for x in (k8, v8))
-            ks, vs = (x.view(num_blocks, BLOCK_SIZE, num_kv_heads).transpose(1, 2).contiguous()
-                      for x in (ks, vs))
+        if fp8:  # the cache the engine would hold, V dim-major
+            (k8, ks), (v8, vs) = fp8_cache(k), fp8_cache(v)
             layers.append((k8, to_v_dim_major(v8), ks, vs))
         else:
             layers.append((k, v, None, None))

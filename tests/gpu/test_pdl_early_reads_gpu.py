@@ -119,12 +119,12 @@ def test_decode_attention_reads_the_newest_token_after_the_wait(fp8, monkeypatch
     before the wait would be the zeros left there. Against the same launch once everything is
     written, and the reference. (FP8 reads early only with PAGEDRT_DECODE_EARLY=all, set
     here.)"""
+    from pagedrt.bench.attention import fp8_cache
     from pagedrt.ops import attention_reference as ref
+    from pagedrt.ops.attention_triton import decode_launch_plan, paged_attention_decode_triton
+    from pagedrt.ops.triton_utils import device_sms, to_v_dim_major
 
     monkeypatch.setenv("PAGEDRT_DECODE_EARLY", "all")
-    from pagedrt.ops.attention_triton import decode_launch_plan, paged_attention_decode_triton
-    from pagedrt.ops.fp8 import quantize_fp8
-    from pagedrt.ops.triton_utils import device_sms, to_v_dim_major
 
     g = torch.Generator(device="cuda").manual_seed(7)
     heads, kv_heads, d, bs = 14, 2, 64, 16
@@ -144,12 +144,10 @@ def test_decode_attention_reads_the_newest_token_after_the_wait(fp8, monkeypatch
         used += b
     q = torch.randn(rows, heads, d, device="cuda", generator=g).to(torch.bfloat16)
     scales = {}
-    if fp8:
-        (k8, ks), (v8, vs) = (quantize_fp8(x.flatten(0, 1)) for x in (k, v))
-        k = k8.view(num_blocks, bs, kv_heads, d)
-        v = to_v_dim_major(v8.view(num_blocks, bs, kv_heads, d))
-        scales = {"k_scales": ks.view(num_blocks, bs, kv_heads).transpose(1, 2).contiguous(),
-                  "v_scales": vs.view(num_blocks, bs, kv_heads).transpose(1, 2).contiguous()}
+    if fp8:  # as the engine holds it: V dim-major
+        (k, ks), (v8, vs) = fp8_cache(k), fp8_cache(v)
+        v = to_v_dim_major(v8)
+        scales = {"k_scales": ks, "v_scales": vs}
     plan = decode_launch_plan(rows, kv_heads, d, fp8, width * bs, device_sms(q))
     assert plan[1] == 1 and plan[2] > 1, plan  # the warp tiles, split
 
