@@ -3,7 +3,8 @@ loads of its PTX by width: 16-byte asynchronous copies (cp.async.cg) against one
 (ld.global.b8). A diagnostic for issue 17: it showed, on a CPU-only machine, why the kernel
 read dim-major FP8 V at half the speed of a stripped copy (byte loads from a per-token mask
 against a seq_len of unknown alignment; pagedrt/ops/attention_triton.py, module doc), and
-checks a change to the kernel's loads before it meets a GPU. Not a benchmark. For the
+checks a change to the kernel's loads before it meets a GPU, and prints ptxas's registers and
+stack frame (spills) per thread of each case. Not a benchmark. For the
 split-K kernel with the reduce folded in (FUSED_REDUCE) it also reports how the PTX orders the
 partial stores, the barrier, the arrival atomic and the loads of the other programs' partials
 (`fused_reduce_order`), which a CPU test cannot see.
@@ -24,6 +25,7 @@ import re
 from collections import Counter
 
 import triton
+from extend_ptx import cubin_resources  # (this folder)
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -145,14 +147,24 @@ def main() -> None:
     # the warp-tile kernel, split, with PDL
     kernels["warp tiles, fp8, Qwen2-0.5B heads, PDL"] = (compile_decode_warp,
                                                          (64, 7, 32, 1, 5, 1, True, True))
+    kernels["warp tiles, bf16, Qwen2-0.5B heads, PDL"] = (
+        compile_decode_warp, (64, 7, 32, 1, 5, 1, True, True, False))
     # the first tile read before the wait (EARLY_KV; the engine's decode passes 1)
     kernels["warp tiles, bf16, Qwen2-0.5B heads, PDL, early"] = (
         compile_decode_warp, (64, 7, 32, 1, 5, 1, True, True, False, 1))
     kernels["warp tiles, fp8, Qwen2-0.5B heads, PDL, early"] = (
         compile_decode_warp, (64, 7, 32, 1, 5, 1, True, True, True, 1))
+    # unsplit at head_dim 128, where reading early spills most (so off over FP8 by default)
+    kernels["warp tiles, fp8, Llama-3-8B heads, PDL"] = (
+        compile_decode_warp, (128, 4, 32, 1, 5, 1, False, True, True))
+    kernels["warp tiles, fp8, Llama-3-8B heads, PDL, early"] = (
+        compile_decode_warp, (128, 4, 32, 1, 5, 1, False, True, True, 1))
     for name, (compile_fn, case) in kernels.items():
-        ptx = compile_fn(*case).asm["ptx"]
+        asm = compile_fn(*case).asm
+        ptx = asm["ptx"]
         counts[name] = dict(load_widths(ptx))
+        # ptxas's registers and spills per thread (what the early reads cost: design.md)
+        counts[name]["resources"] = cubin_resources(asm["cubin"])
         # where the first global read and the PDL wait stand in the PTX (character offsets)
         first_read = re.search(r"ld\.global|cp\.async\.c[ag]", ptx)
         wait = ptx.find("griddepcontrol.wait")
@@ -167,6 +179,7 @@ def main() -> None:
         if not args.json:
             print(f"{name:40s} " + ", ".join(f"{k} x{v}" for k, v in
                                              load_widths(ptx).most_common()))
+            print(f"{'':40s} {counts[name]['resources']}")
             if counts[name]["fused_reduce"]["atoms"]:
                 print(f"{'':40s} fused reduce: {counts[name]['fused_reduce']}")
     if args.json:
