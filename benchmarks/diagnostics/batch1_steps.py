@@ -9,13 +9,21 @@ the loop ran on, and the same with Python's garbage collector off; then the mach
 CPU count. A one-off diagnostic, not a benchmark of record.
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/batch1_steps.py [--runs 6] [--steps 128]
+        [--profile FILE]
+
+--profile FILE: one more run under cProfile, the engine's functions by own time and by
+cumulative time written to FILE (what the lent host spends its batch-1 step on, function by
+function; the profiler's own cost inflates that run's figures).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
+import io
 import os
+import pstats
 import statistics
 import time
 
@@ -64,6 +72,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=6)
     p.add_argument("--steps", type=int, default=128)
     p.add_argument("--context", type=int, default=512)
+    p.add_argument("--profile", default="")
     args = p.parse_args()
     model = random_model(get_preset("qwen2-0.5b"), torch.bfloat16, torch.device("cuda"))
     llm = LLM(model, gpu_memory_utilization=0.5, max_num_seqs=8,
@@ -79,6 +88,18 @@ def main() -> None:
     for i in range(2):
         one_run(engine, prompt, args.steps, f"nogc{i}")
     gc.enable()
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        one_run(engine, prompt, args.steps, "profiled")
+        prof.disable()
+        buf = io.StringIO()
+        stats = pstats.Stats(prof, stream=buf)
+        buf.write(f"cProfile of one run of {args.steps} decode steps (ms are per run)\n")
+        stats.sort_stats("tottime").print_stats(45)
+        stats.sort_stats("cumulative").print_stats(45)
+        with open(args.profile, "w") as f:
+            f.write(buf.getvalue())
     print(f"loadavg {os.getloadavg()}; cpus {len(os.sched_getaffinity(0))}; "
           f"threads {torch.get_num_threads()}")
 
