@@ -124,10 +124,11 @@ def test_first_tile_read_early_gives_the_same_attention(early_kv, group, block_s
             assert torch.equal(runs[0], runs[1]), (v_dim_major, num_splits)
 
 
-def test_early_reads_over_16_bit_caches_only(monkeypatch):
-    """The launch reads early over a 16-bit cache, over FP8 only with
-    PAGEDRT_DECODE_EARLY=all (its registers spill more there: `decode_early_reads`), never
-    with 0; each matches the reference; another value is a ValueError naming it."""
+def test_early_reads_only_where_asked(monkeypatch):
+    """The launch reads early nowhere by default (measured no faster: `decode_early_reads`),
+    over a 16-bit cache with PAGEDRT_DECODE_EARLY=1, over FP8 only with =all (its registers
+    spill more there), never with 0; each matches the reference; another value is a
+    ValueError naming it."""
     seen = []
     kernel = tri._decode_warp_kernel
 
@@ -155,9 +156,13 @@ def test_early_reads_over_16_bit_caches_only(monkeypatch):
         out = tri.paged_attention_decode_triton(query, k8, v8, bt8, lens8, 0.2, num_splits=2,
                                                 k_scales=ks, v_scales=vs, early_kv=1)
         assert_close_fp8(out, expected)
-    out = tri.paged_attention_decode_triton(query.half(), k, v, bt, seq_lens, 0.2, num_splits=2,
-                                            early_kv=1)  # still "0"
-    assert seen == [1, 0, 1, 0, 0]
+    for setting in ("1", "0"):
+        monkeypatch.setenv("PAGEDRT_DECODE_EARLY", setting)
+        out = tri.paged_attention_decode_triton(query.half(), k, v, bt, seq_lens, 0.2,
+                                                num_splits=2, early_kv=1)
+        assert_close(out, ref.paged_attention_decode_reference(query, k.float(), v.float(), bt,
+                                                               seq_lens, 0.2), torch.float16)
+    assert seen == [0, 0, 1, 0, 1, 0]
     monkeypatch.setenv("PAGEDRT_DECODE_EARLY", "yes")
     with pytest.raises(ValueError, match="PAGEDRT_DECODE_EARLY='yes'"):
         tri.paged_attention_decode_triton(query.half(), k, v, bt, seq_lens, 0.2, num_splits=2,

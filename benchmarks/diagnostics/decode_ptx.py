@@ -33,7 +33,7 @@ from pagedrt.ops.attention_triton import _decode_kernel
 
 INTS = ["stride_qs", "stride_qh", "stride_cb", "stride_cs", "stride_ch", "stride_vb", "stride_vs",
         "stride_vh", "stride_vd", "stride_sb", "stride_sh", "stride_bt", "stride_os", "stride_oh",
-        "num_splits", "min_part"]  # (min_part where the kernel has it: `ints`)
+        "num_splits"]
 CASES = {  # name: (fp8, V dim-major, head_dim, group, BLOCK_N, window)
     "bf16, Llama-3-8B heads": (False, False, 128, 4, 64, 0),
     "bf16, Qwen2-0.5B heads": (False, False, 64, 7, 128, 0),
@@ -49,11 +49,6 @@ CASES = {  # name: (fp8, V dim-major, head_dim, group, BLOCK_N, window)
 }
 
 
-def ints(kernel) -> dict:
-    """INTS as i32 arguments, those `kernel` has (older trees lack min_part)."""
-    return {n: "i32" for n in INTS if n in kernel.arg_names}
-
-
 def compile_decode(fp8: bool, dim_major: bool, head_dim: int, group: int, block_n: int,
                    window: int, num_warps: int = 4, num_stages: int = 3, pdl: bool = False,
                    fused_splits: int = 0, bt_prefetch: bool = False):
@@ -65,7 +60,7 @@ def compile_decode(fp8: bool, dim_major: bool, head_dim: int, group: int, block_
            "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*bf16",
            "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "k_scales_ptr": "*fp32",
            "v_scales_ptr": "*fp32", "counters_ptr": "*i32", "scale_log2": "fp32",
-           **ints(_decode_kernel)}
+           **dict.fromkeys(INTS, "i32")}
     const = {"GROUP": group, "GROUP_PAD": 16, "BLOCK_SIZE": 16, "HEAD_DIM": head_dim,
              "BLOCK_N": block_n, "SPLIT": fused_splits > 0, "UPCAST": False,
              "DOT_PRECISION": "tf32", "KV_FP8": fp8, "F16_MMA": fp8, "WINDOW": window,
@@ -83,8 +78,7 @@ def compile_sm90(kernel, sig: dict, const: dict, unit: set, options: dict):
     `unit` is declared a multiple of 16, as the engine's launches give them."""
     sig = {**sig, **dict.fromkeys(const, "constexpr")}
     names = list(sig)
-    aligned = [n for n in names if sig[n].startswith("*")] + [n for n in INTS
-                                                              if n in sig and n not in unit]
+    aligned = [n for n in names if sig[n].startswith("*")] + [n for n in INTS if n not in unit]
     src = ASTSource(kernel, sig,
                     constexprs={(names.index(k),): v for k, v in const.items()},
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
@@ -104,7 +98,7 @@ def compile_decode_warp(head_dim: int, group: int, block_n: int, num_warps: int,
     sig = {"q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache,
            "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*bf16",
            "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "k_scales_ptr": "*fp32",
-           "v_scales_ptr": "*fp32", "scale_log2": "fp32", **ints(_decode_warp_kernel)}
+           "v_scales_ptr": "*fp32", "scale_log2": "fp32", **dict.fromkeys(INTS, "i32")}
     const = {"GROUP": group, "GROUP_PAD": 16, "BLOCK_SIZE": 16, "HEAD_DIM": head_dim,
              "SUB": sub, "SUB_N": sub_n, "SPLIT": split, "UPCAST": False,
              "DOT_PRECISION": "tf32", "KV_FP8": fp8, "F16_MMA": fp8, "V_DIM_MAJOR": fp8,

@@ -246,10 +246,8 @@ def _merge_store(
     if SPLIT:
         num_heads = tl.num_programs(0) * KVH * GROUP
         row = (seq * num_heads + heads) * num_splits + split
-        # an empty partition stores only its lse (-inf), and the combine reads no output
-        # where it finds one (`_combine_partials`)
         tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out,
-                 mask=(g_mask & has_tokens)[:, None])
+                 mask=g_mask[:, None])
         lse = tl.where(has_tokens, m_max + tl.log2(tl.where(has_tokens, l_sum, 1.0)),
                        float("-inf"))
         tl.store(part_lse_ptr + row, lse, mask=g_mask)
@@ -270,7 +268,6 @@ def _decode_warp_kernel(
     stride_bt,
     stride_os, stride_oh,
     num_splits,
-    min_part,  # a partition's fewest tokens, a multiple of BLOCK_N (`decode_min_partition`)
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     SUB: tl.constexpr,  # sub-tiles per tile (one per warp when SUB == num_warps)
@@ -296,8 +293,7 @@ def _decode_warp_kernel(
         # two or more launches back: `pdl_prologue`) and the cached keys and values, all but
         # the newest EARLY_KV of the row, which the kernel just before may be writing
         seq_len = tl.load(seq_lens_ptr + seq)
-        part_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N,
-                              min_part)
+        part_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
         start = split * part_len
         end = tl.minimum(start + part_len, seq_len)
         offs_first = _tile_offsets(start, SUB, SUB_N, 1)
@@ -317,8 +313,7 @@ def _decode_warp_kernel(
         pdl_prologue(PDL)
     else:
         seq_len = tl.load(seq_lens_ptr + seq)
-        part_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N,
-                              min_part)
+        part_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
         start = split * part_len
         end = tl.minimum(start + part_len, seq_len)
 

@@ -16,9 +16,7 @@ Decode, GQA-aware with split-K ("flash-decoding"):
                       |   split 0    |   split 1    |  split 2 (.)  |     cdiv(cdiv(seq_len,
                                                                           num_splits), BLOCK_N)
       each partition walks BLOCK_N-token tiles; token t lives in physical block
-      block_tables[seq, t // block_size] at offset t % block_size. With a floor min_part
-      (`decode_min_partition`, a multiple of BLOCK_N) part_len is at least min_part, and the
-      partitions past cdiv(seq_len, part_len) are empty.
+      block_tables[seq, t // block_size] at offset t % block_size.
 
 Each program runs a single-pass online softmax (Milkman & Gimelshein 2018; FlashAttention,
 Dao et al. 2022) in fp32. With num_splits == 1 it writes the output directly; otherwise it
@@ -167,47 +165,25 @@ def decode_fused_reduce_requested() -> bool:
 def decode_early_reads(fp8: bool) -> bool:
     """Whether the warp-tile decode kernel reads its first tile before the PDL wait where the
     caller allows it (`early_kv`), by PAGEDRT_DECODE_EARLY, read at every launch: unset or
-    "1", over 16-bit caches only; "all", over FP8 caches too; "0", never (for A/B runs).
+    "0", never (the default); "1", over 16-bit caches; "all", over FP8 caches too.
 
-    Why not over FP8 by default: reading early costs registers. At Qwen2-0.5B's heads,
-    compiled for sm_90, 218 a thread against 171 over bf16 (no spills; the 16-bit launch aims
-    at 4 one-warp programs per SM, which still fit), but over FP8 at head_dim 128 ptxas's
-    spills grow from 184 to 520 bytes a thread, and an earlier version that read the lengths
-    and block ids early made FP8 decode 40% slower there (docs/design.md, "Small-batch
-    decode"). Unmeasured over FP8.
+    Why off: on an H100 on 2026-12-06 the version in the tree was no faster than without it
+    in two calls (batch-1 decode of Qwen2-0.5B at context 512, 0.678 / 0.677 against 0.677 /
+    0.676 ms per token, then 0.684 / 0.686 against 0.680 / 0.682; batches 8 and 32 level or
+    lower), nor was its first version, which an earlier call had measured 1.3-1.5% faster
+    (docs/design.md, "Small-batch decode"). And it costs registers: at Qwen2-0.5B's heads,
+    compiled for sm_90, 218 a thread against 171 over bf16; over FP8 at head_dim 128
+    ptxas's spills grow from 184 to 520 bytes a thread, and "all" made FP8 batch-1 decode
+    6% slower at context 4,096 (0.855 against 0.803 ms).
 
     Raises:
         ValueError: another value, naming it and the three allowed.
     """
-    value = os.environ.get("PAGEDRT_DECODE_EARLY", "1").strip() or "1"
+    value = os.environ.get("PAGEDRT_DECODE_EARLY", "0").strip() or "0"
     if value not in ("0", "1", "all"):
-        raise ValueError(f"PAGEDRT_DECODE_EARLY={value!r}; give 1 (the default: early reads "
-                         "over 16-bit caches), all (over FP8 caches too) or 0 (never)")
+        raise ValueError(f"PAGEDRT_DECODE_EARLY={value!r}; give 0 (the default: no early "
+                         "reads), 1 (over 16-bit caches) or all (over FP8 caches too)")
     return value == "all" or (value == "1" and not fp8)
-
-
-def decode_min_partition() -> int:
-    """PAGEDRT_DECODE_MIN_PART, read at every launch: the fewest tokens a split decode's
-    partition holds (rounded up to the launch's tile, BLOCK_N), unset or 0 for one tile.
-
-    Why: a decode graph's split count follows the block table's width, not the contexts it
-    meets (`choose_num_splits`), so short contexts are cut into one-tile partitions: at
-    context 512 a batch-1 graph of Qwen2-0.5B runs 64 partitions of 16 tokens per KV head,
-    and a batch-8 one 32 of 32, each a program whose time is mostly its chain of dependent
-    loads (length, block id, tile), and the reduce combines them all. With a floor of N
-    tokens, a partition takes at least N, so the same programs cover the context with
-    cdiv(context, N) of them and the rest are empty (they store only their lse, and the
-    reduce reads nothing more of them). The output is the same whatever the value (up to the
-    order of the fp32 sums).
-
-    Raises:
-        ValueError: a value that is not an int >= 0, naming it.
-    """
-    value = os.environ.get("PAGEDRT_DECODE_MIN_PART", "0").strip() or "0"
-    if not value.isdigit():
-        raise ValueError(f"PAGEDRT_DECODE_MIN_PART={value!r}; give a partition's fewest tokens "
-                         "as an int >= 0 (0: one tile, the default)")
-    return int(value)
 
 
 def decode_bt_prefetch_requested() -> bool:
@@ -336,8 +312,7 @@ def _combine_partials(part_out_ptr, part_lse_ptr, rows, row_mask, num_splits,
     num_heads + head) * num_splits given per pair in `rows` [HEADS] (pairs where `row_mask`
     [HEADS] is False are not read), weighted by exp2(lse_i - max lse) / sum of the weights.
     Loads with cache modifier CACHE ("" or ".cg"). Returns [HEADS, HEAD_DIM] fp32 (0 for a
-    pair whose partitions are all empty, which a sequence of seq_len >= 1 never has). The
-    output of a partition whose lse is -inf is not read (the split kernels do not store it). Used
+    pair whose partitions are all empty, which a sequence of seq_len >= 1 never has). Used
     by `_decode_reduce_kernel` and `_decode_kernel`'s FUSED_REDUCE, so that both combine
     alike."""
     offs_s = tl.arange(0, SPLITS_PAD)
@@ -349,10 +324,8 @@ def _combine_partials(part_out_ptr, part_lse_ptr, rows, row_mask, num_splits,
     lse_max = tl.max(lse, 1)
     lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # a masked pair: no -inf - -inf
     weight = tl.where(valid, tl.exp2(tl.where(valid, lse - lse_max[:, None], 0.0)), 0.0)
-    # only the partitions that hold tokens: an empty one stores no output (the split
-    # kernels), and short contexts in a launch split for long ones leave most of them empty
     part = tl.load(part_out_ptr + idx[:, :, None] * HEAD_DIM + offs_d[None, None, :],
-                   mask=(mask & valid)[:, :, None], other=0.0, cache_modifier=CACHE)
+                   mask=mask[:, :, None], other=0.0, cache_modifier=CACHE)
     total = tl.sum(weight, 1)
     return tl.sum(part * weight[:, :, None], 1) / tl.where(total > 0, total, 1.0)[:, None]
 
@@ -379,7 +352,6 @@ def _decode_kernel(
     stride_bt,
     stride_os, stride_oh,
     num_splits,
-    min_part,  # a partition's fewest tokens, a multiple of BLOCK_N (`decode_min_partition`)
     GROUP: tl.constexpr,  # query heads per KV head
     GROUP_PAD: tl.constexpr,  # GROUP rounded up to a power of two >= 16
     BLOCK_SIZE: tl.constexpr,
@@ -406,8 +378,7 @@ def _decode_kernel(
     lo = 0  # first key position the query sees
     if WINDOW > 0:
         lo = tl.maximum(seq_len - WINDOW, 0)
-    part_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N,
-                          min_part)
+    part_len = tl.cdiv(tl.cdiv(seq_len - lo, num_splits), BLOCK_N) * BLOCK_N
     start = lo + split * part_len
     end = tl.minimum(start + part_len, seq_len)
 
@@ -459,9 +430,8 @@ def _decode_kernel(
     if SPLIT:
         num_heads = tl.num_programs(0) * GROUP
         row = (seq * num_heads + heads) * num_splits + split  # [GROUP_PAD]
-        # an empty partition stores only its lse (-inf): the combine reads no output there
         tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out,
-                 mask=(g_mask & has_tokens)[:, None])
+                 mask=g_mask[:, None])
         lse = tl.where(has_tokens, m_i + tl.log2(tl.where(has_tokens, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + row, lse, mask=g_mask)
         if FUSED_REDUCE:
@@ -739,8 +709,8 @@ def paged_attention_decode_triton(
             float32 (`pagedrt.ops.fp8`); None for other caches.
         early_kv: 0, or k >= 1: the kernel launched just before this one may be writing K/V
             only at each row's last k positions (the engine's decode: 1, the token it
-            attends from; verifying a chunk of drafts: the chunk's length). Then the
-            warp-tile kernel over a 16-bit cache (`decode_early_reads`) reads each
+            attends from; verifying a chunk of drafts: the chunk's length). Then, where
+            `decode_early_reads` allows it (off by default), the warp-tile kernel reads each
             partition's first tile before its PDL wait, so that those loads run under the
             kernel before, and those k positions again after it (docs/design.md, "Small-batch
             decode"); `_decode_kernel` reads everything after its wait whatever the value.
@@ -756,8 +726,7 @@ def paged_attention_decode_triton(
 
     With num_splits > 1 the partitions are combined by a second kernel, or, with
     PAGEDRT_DECODE_FUSED_REDUCE=1 (read at every call), by the last program of each (sequence,
-    KV head) in the same launch (module doc, "Fused reduce"); PAGEDRT_DECODE_MIN_PART (read
-    at every call) sets a partition's fewest tokens (`decode_min_partition`).
+    KV head) in the same launch (module doc, "Fused reduce").
     """
     if validate:
         check_decode_args(query, k_cache, v_cache, block_tables, seq_lens, k_scales, v_scales)
@@ -811,7 +780,7 @@ def paged_attention_decode_triton(
                    k_scales.stride(0), k_scales.stride(1),
                    block_tables.stride(0),
                    out.stride(0), out.stride(1),
-                   num_splits, triton.cdiv(min_part, cfg["BLOCK_N"]) * cfg["BLOCK_N"])
+                   num_splits)
         common = dict(
             GROUP=group, GROUP_PAD=max(16, next_pow2(group)), BLOCK_SIZE=block_size,
             HEAD_DIM=head_dim, SPLIT=split, UPCAST=upcast,
@@ -836,7 +805,6 @@ def paged_attention_decode_triton(
 
     dim_major = v_dim_major(v_cache)
     pdl = pdl_enabled(query)
-    min_part = decode_min_partition() if split else 0
     key = ("decode", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
            dim_major, bt_prefetch, kv_heads_per_program, fused)
     launch_first_fitting(key, configs, launch)
@@ -857,7 +825,6 @@ __all__ = [
     "decode_early_reads",
     "decode_fused_reduce_requested",
     "decode_launch_plan",
-    "decode_min_partition",
     "fused_reduce_counters",
     "paged_attention_decode_naive_triton",
     "paged_attention_decode_triton",
