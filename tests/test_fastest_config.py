@@ -50,6 +50,23 @@ def test_a_clear_win_only(fake_timing):
     assert config_timing.fastest_config(runs(1.0), candidate, ["a", "b"], rep=1) is None
 
 
+def test_the_baseline_margin(fake_timing):
+    """baseline_margin sets how clear a win over the baseline must be; between candidates it
+    stays 5% (b, 2% faster than a, does not replace it; c, 6% faster, does)."""
+    candidate = candidate_with({}, {"a": 0.97, "b": 0.95, "c": 0.91})
+    assert config_timing.fastest_config(runs(1.0), candidate, ["a"], rep=1,
+                                        baseline_margin=1.0) == "a"
+    assert config_timing.fastest_config(runs(1.0), candidate, ["a", "b"], rep=1,
+                                        baseline_margin=1.0) == "a"
+    assert config_timing.fastest_config(runs(1.0), candidate, ["a", "b", "c"], rep=1,
+                                        baseline_margin=1.0) == "c"
+    assert config_timing.fastest_config(runs(1.0), candidate, ["a", "b"], rep=1,
+                                        baseline_margin=0.9) is None
+    slower = candidate_with({}, {"s": 1.03})  # up to 1.05x the baseline's time at 1.05
+    assert config_timing.fastest_config(runs(1.0), slower, ["s"], rep=1,
+                                        baseline_margin=1.05) == "s"
+
+
 def test_the_flush_time_is_not_counted(fake_timing):
     """A 6% faster kernel wins with and without the flush and lead before each call (with
     them, the totals 13.0 and 12.94 differ by under 1%: their own time must be subtracted)."""

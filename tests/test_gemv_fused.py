@@ -276,6 +276,37 @@ def test_pre_wait_columns(monkeypatch):
         assert rows * cols <= per_thread * 32 * warps
 
 
+def test_fused_margin_from_the_environment(monkeypatch):
+    monkeypatch.delenv("PAGEDRT_FUSED_MARGIN", raising=False)
+    assert gemv_triton.fused_margin() == 0.95
+    monkeypatch.setenv("PAGEDRT_FUSED_MARGIN", "1.0")
+    assert gemv_triton.fused_margin() == 1.0
+    for bad in ("0", "-1", "3", "fast", "nan"):
+        monkeypatch.setenv("PAGEDRT_FUSED_MARGIN", bad)
+        with pytest.raises(ValueError, match=f"PAGEDRT_FUSED_MARGIN='{bad}'.*\\(0, 2\\]"):
+            gemv_triton.fused_margin()
+
+
+def test_fused_ops_are_timed_with_the_margin(monkeypatch):
+    """fused_or_unfused hands PAGEDRT_FUSED_MARGIN to the timing as the baseline's margin and
+    runs what it chose."""
+    seen = []
+
+    def timing(baseline, candidate, configs, rep, record=None, baseline_margin=0.95):
+        seen.append(baseline_margin)
+        return "cfg"
+
+    monkeypatch.setattr(gemv_triton, "fastest_config", timing)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # CPU build
+    monkeypatch.setenv("PAGEDRT_FUSED_MARGIN", "1.0")
+    key = ("test-only", 1)
+    monkeypatch.setitem(gemv_triton._FUSED_CHOICE, key, None)  # restored (removed) after
+    del gemv_triton._FUSED_CHOICE[key]
+    out = gemv_triton.fused_or_unfused(key, lambda: "chain", lambda cfg: f"fused {cfg}",
+                                       torch.zeros(8, 8), 1, False)
+    assert (out, seen) == ("fused cfg", [1.0])
+
+
 def test_pre_wait_values_from_the_environment():
     """PAGEDRT_GEMV_PRE_VALUES: unset 64, a power of two from 16 to 512, or 0 (none); anything
     else a ValueError naming the value."""

@@ -205,10 +205,11 @@ def _weight_numel(key: tuple) -> int:
     return int(shape[0]) * int(shape[1])
 
 
-def fastest_config(baseline, candidate, configs, rep: int, record: tuple | None = None
-                   ) -> tuple | None:
+def fastest_config(baseline, candidate, configs, rep: int, record: tuple | None = None,
+                   baseline_margin: float = 0.95) -> tuple | None:
     """Of `configs` (iterated after `baseline` has run), the config for which
-    `candidate(config)` beats `baseline()` (and every earlier winner) by 5%, or None. With
+    `candidate(config)` beats `baseline()` (and every earlier winner) by 5%, or None; against
+    the baseline, "beats" means a time below baseline_margin times the baseline's. With
     `record` = (choice table, key, rows), every timed config's ms per call (the baseline's
     under None) is filed in `TIMED` for the in-step timing, which may revisit the choice
     (`step_candidates`, pagedrt/engine/step_timing.py). Timed as
@@ -251,7 +252,8 @@ def fastest_config(baseline, candidate, configs, rep: int, record: tuple | None 
     global _DEPTH
     start, _DEPTH = time.perf_counter(), _DEPTH + 1
     try:
-        best, times = _time_configs(baseline, candidate, configs, rep, record)
+        best, times = _time_configs(baseline, candidate, configs, rep, record,
+                                    baseline_margin)
     finally:
         _DEPTH -= 1
         if _DEPTH == 0:  # (a choice timed inside another's baseline counts once)
@@ -263,8 +265,8 @@ def fastest_config(baseline, candidate, configs, rep: int, record: tuple | None 
     return best
 
 
-def _time_configs(baseline, candidate, configs, rep: float, record: tuple | None
-                  ) -> tuple[tuple | None, dict]:
+def _time_configs(baseline, candidate, configs, rep: float, record: tuple | None,
+                  baseline_margin: float = 0.95) -> tuple[tuple | None, dict]:
     """`fastest_config`'s timing: (the winning config or None, {config or None: ms})."""
     from triton.testing import do_bench_cudagraph
 
@@ -310,7 +312,8 @@ def _time_configs(baseline, candidate, configs, rep: float, record: tuple | None
         except OutOfResources:  # a config this GPU cannot run
             continue
         times[cfg] = ms
-        if ms < 0.95 * best_ms:  # a clear win only
+        # a clear win only (over the baseline: baseline_margin)
+        if ms < (baseline_margin if best is None else 0.95) * best_ms:
             best, best_ms = cfg, ms
     return best, times
 

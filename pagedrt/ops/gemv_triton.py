@@ -412,10 +412,31 @@ FUSED_DEFAULT = (8, 256, 4)  # tried for every fused op, beside the plain matmul
 FUSED_ONE_ROW = ((32, 128, 4), (8, 512, 4), (16, 256, 4))
 
 
+def fused_margin() -> float:
+    """PAGEDRT_FUSED_MARGIN, read when a fused op is timed: a fused op replaces its chain where
+    it times below this fraction of the chain's time (default 0.95: by 5%, the margin every
+    timed choice asks of its baseline).
+
+    Raises:
+        ValueError: a value that is not a number in (0, 2], naming it.
+    """
+    value = os.environ.get("PAGEDRT_FUSED_MARGIN", "0.95")
+    try:
+        margin = float(value)
+    except ValueError:
+        margin = float("nan")
+    if not 0 < margin <= 2:
+        raise ValueError(f"PAGEDRT_FUSED_MARGIN={value!r}; give a number in (0, 2]: a fused op "
+                         "is taken where it times below that fraction of its chain's time "
+                         "(0.95 by default)")
+    return margin
+
+
 def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int,
                      has_bias: bool, candidates: list | None = None):
     """`fused(config)` with the config timed fastest for `key`, or `unfused()` where no config
-    beat it by 5% (timed once per key from a CUDA graph, outside capture; under capture an
+    timed below `fused_margin()` of its time (0.95 unless PAGEDRT_FUSED_MARGIN says otherwise;
+    timed once per key from a CUDA graph, outside capture; under capture an
     untimed key runs `unfused()`). Both callables must compute the same thing: the layers
     pass the plain module chain as `unfused` (pagedrt/models/layers.py). The candidates are
     the config `linear` chose for the same `weight` at `rows` rows and FUSED_DEFAULT (and
@@ -436,7 +457,8 @@ def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int
                                      if c is not None)
 
         _FUSED_CHOICE[key] = fastest_config(unfused, fused, configs(), rep=10,
-                                            record=(_FUSED_CHOICE, key, rows))
+                                            record=(_FUSED_CHOICE, key, rows),
+                                            baseline_margin=fused_margin())
     cfg = _FUSED_CHOICE[key]
     note_use(_FUSED_CHOICE, key)
     return unfused() if cfg is None else fused(cfg)
