@@ -278,9 +278,9 @@ def test_pre_wait_columns(monkeypatch):
 
 def test_fused_margin_from_the_environment(monkeypatch):
     monkeypatch.delenv("PAGEDRT_FUSED_MARGIN", raising=False)
-    assert gemv_triton.fused_margin() == 0.95
-    monkeypatch.setenv("PAGEDRT_FUSED_MARGIN", "1.0")
     assert gemv_triton.fused_margin() == 1.0
+    monkeypatch.setenv("PAGEDRT_FUSED_MARGIN", "0.95")
+    assert gemv_triton.fused_margin() == 0.95
     for bad in ("0", "-1", "3", "fast", "nan"):
         monkeypatch.setenv("PAGEDRT_FUSED_MARGIN", bad)
         with pytest.raises(ValueError, match=f"PAGEDRT_FUSED_MARGIN='{bad}'.*\\(0, 2\\]"):
@@ -298,13 +298,13 @@ def test_fused_ops_are_timed_with_the_margin(monkeypatch):
 
     monkeypatch.setattr(gemv_triton, "fastest_config", timing)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # CPU build
-    monkeypatch.setenv("PAGEDRT_FUSED_MARGIN", "1.0")
+    monkeypatch.setenv("PAGEDRT_FUSED_MARGIN", "0.9")
     key = ("test-only", 1)
     monkeypatch.setitem(gemv_triton._FUSED_CHOICE, key, None)  # restored (removed) after
     del gemv_triton._FUSED_CHOICE[key]
     out = gemv_triton.fused_or_unfused(key, lambda: "chain", lambda cfg: f"fused {cfg}",
                                        torch.zeros(8, 8), 1, False)
-    assert (out, seen) == ("fused cfg", [1.0])
+    assert (out, seen) == ("fused cfg", [0.9])
 
 
 def test_pre_wait_values_from_the_environment():

@@ -414,13 +414,21 @@ FUSED_ONE_ROW = ((32, 128, 4), (8, 512, 4), (16, 256, 4))
 
 def fused_margin() -> float:
     """PAGEDRT_FUSED_MARGIN, read when a fused op is timed: a fused op replaces its chain where
-    it times below this fraction of the chain's time (default 0.95: by 5%, the margin every
-    timed choice asks of its baseline).
+    it times below this fraction of the chain's time (default 1.0: wherever it times faster
+    at all; the other timed choices ask their baseline for 5%).
+
+    Why 1.0: the fused op is the chain less a launch. At batch 1 the RMSNorm + gate/up op of
+    Qwen2-0.5B timed 4-6% faster than its chain alone on an H100, so under a 5% margin the
+    choice went either way between start-ups (the chain in call_s119, 25 norm launches and 36
+    us of a 713 us step; the fused op in all five processes of call_s121), while inside whole
+    decode steps the chain was slower than every fused tile but one (0.696 against 0.625-0.690
+    ms per token on the H200; benchmarks/results/RUNS.md, "Runs of 2026-12-04 (20:40-21:35
+    UTC)" and "Runs of 2026-12-06 (11:24-11:28 UTC)").
 
     Raises:
         ValueError: a value that is not a number in (0, 2], naming it.
     """
-    value = os.environ.get("PAGEDRT_FUSED_MARGIN", "0.95")
+    value = os.environ.get("PAGEDRT_FUSED_MARGIN", "1.0")
     try:
         margin = float(value)
     except ValueError:
@@ -428,14 +436,14 @@ def fused_margin() -> float:
     if not 0 < margin <= 2:
         raise ValueError(f"PAGEDRT_FUSED_MARGIN={value!r}; give a number in (0, 2]: a fused op "
                          "is taken where it times below that fraction of its chain's time "
-                         "(0.95 by default)")
+                         "(1.0 by default)")
     return margin
 
 
 def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int,
                      has_bias: bool, candidates: list | None = None):
     """`fused(config)` with the config timed fastest for `key`, or `unfused()` where no config
-    timed below `fused_margin()` of its time (0.95 unless PAGEDRT_FUSED_MARGIN says otherwise;
+    timed below `fused_margin()` of its time (1.0 unless PAGEDRT_FUSED_MARGIN says otherwise;
     timed once per key from a CUDA graph, outside capture; under capture an
     untimed key runs `unfused()`). Both callables must compute the same thing: the layers
     pass the plain module chain as `unfused` (pagedrt/models/layers.py). The candidates are
