@@ -241,24 +241,6 @@ def test_split_heuristic(monkeypatch):
                                    config={**warp, "min_partition_tokens": bad})
 
 
-def test_programs_per_sm_of_the_16_bit_warp_tiles(monkeypatch):
-    """PAGEDRT_DECODE_PROGRAMS_PER_SM sets the 16-bit warp-tile launch's split target (4 by
-    default), not the FP8 launch's (8); a bad value is a ValueError naming it."""
-    monkeypatch.delenv("PAGEDRT_DECODE_PROGRAMS_PER_SM", raising=False)
-    assert tri.decode_launch_plan(64, 2, 64, False, 4096, 132)[1:] == (1, 4)
-    assert tri.decode_launch_plan(8, 2, 64, False, 4096, 132)[1:] == (1, 32)
-    monkeypatch.setenv("PAGEDRT_DECODE_PROGRAMS_PER_SM", "8")
-    assert tri.decode_launch_plan(64, 2, 64, False, 4096, 132)[1:] == (1, 8)
-    assert tri.decode_launch_plan(8, 2, 64, False, 4096, 132)[1:] == (1, 64)
-    assert tri.decode_launch_plan(64, 2, 64, True, 4096, 132)[1:] == (1, 8)  # FP8: its own 8
-    monkeypatch.setenv("PAGEDRT_DECODE_PROGRAMS_PER_SM", "2")
-    assert tri.decode_launch_plan(64, 2, 64, False, 4096, 132)[1:] == (1, 2)
-    for bad in ("0", "-3", "many"):
-        monkeypatch.setenv("PAGEDRT_DECODE_PROGRAMS_PER_SM", bad)
-        with pytest.raises(ValueError, match=f"PAGEDRT_DECODE_PROGRAMS_PER_SM='{bad}'"):
-            tri.decode_launch_plan(64, 2, 64, False, 4096, 132)
-
-
 def test_reduce_heads_per_program():
     """The split-K reduce's query heads per program: the fewest programs up to one per SM,
     within REDUCE_TILE_ELEMENTS partials per program."""

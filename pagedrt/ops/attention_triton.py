@@ -588,28 +588,13 @@ def _decode_launch_config(head_dim: int, kv_bytes: int = 2, warp_tiles: bool = T
                 "programs_per_sm": 8, "min_partition_tokens": 64}
     if kv_bytes == 2 and warp_tiles and head_dim == 64:
         return {"BLOCK_N": 32, "num_warps": 1, "num_stages": 5, "warp_tiles": 1,
-                "programs_per_sm": decode_programs_per_sm(), "min_partition_tokens": 32}
+                "programs_per_sm": 4, "min_partition_tokens": 32}
     block_n = max(16, min(128, 16384 // (head_dim * kv_bytes)))
     if kv_bytes == 1 and head_dim == 128:
         return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 5}
     if kv_bytes == 1 and head_dim < 128:
         return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 2, "maxnreg": 128}
     return {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3}
-
-
-def decode_programs_per_sm() -> int:
-    """PAGEDRT_DECODE_PROGRAMS_PER_SM, read at every launch: the split heuristic's programs per
-    SM (`choose_num_splits`) for the 16-bit warp-tile launch (`_decode_launch_config`), 4 by
-    default (measured at contexts of 2,048 and more).
-
-    Raises:
-        ValueError: a value that is not an int >= 1, naming it.
-    """
-    value = os.environ.get("PAGEDRT_DECODE_PROGRAMS_PER_SM", "4").strip() or "4"
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"PAGEDRT_DECODE_PROGRAMS_PER_SM={value!r}; give an int >= 1 (4 by "
-                         "default): the split-K target of the 16-bit warp-tile decode")
-    return int(value)
 
 
 def _positive_int(value) -> bool:
@@ -840,7 +825,6 @@ __all__ = [
     "decode_early_reads",
     "decode_fused_reduce_requested",
     "decode_launch_plan",
-    "decode_programs_per_sm",
     "fused_reduce_counters",
     "paged_attention_decode_naive_triton",
     "paged_attention_decode_triton",

@@ -36,11 +36,10 @@ CHOICE_TABLES = (("pagedrt.ops.gemv_triton", ("_CHOICE", "_FUSED_CHOICE")),
                  ("pagedrt.ops.matmul_triton", ("_CHOICE",)))
 
 # PAGEDRT_* settings left out of the fingerprint: they change no kernel and no candidate, or
-# only the decode attention, which no choice here times (its early reads, its split target),
-# so that A/B runs of such a switch make the same choices and time once
+# only a kernel that no choice here times (PAGEDRT_DECODE_EARLY: the decode attention's early
+# reads), so that A/B runs of such a switch make the same choices and time once
 _NOT_FINGERPRINTED = frozenset({ENV, "PAGEDRT_CACHE_DIR", "PAGEDRT_COMMIT",
-                                "PAGEDRT_NUM_THREADS", "PAGEDRT_DECODE_EARLY",
-                                "PAGEDRT_DECODE_PROGRAMS_PER_SM"})
+                                "PAGEDRT_NUM_THREADS", "PAGEDRT_DECODE_EARLY"})
 
 _log = logging.getLogger(__name__)
 
