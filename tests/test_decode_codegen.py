@@ -107,26 +107,3 @@ def test_fused_reduce_keeps_pdl_wait_first(loads):
     assert pdl.get("griddepcontrol.wait") == 1 and pdl.get("griddepcontrol.launch_dependents") == 1
     assert 0 <= pdl["wait_at"] < pdl["first_read_at"]
     assert not loads["bf16, Llama-3-8B heads, PDL"]["fused_reduce"]["atoms"]
-
-
-@pytest.mark.parametrize("case", ["warp tiles, bf16, Qwen2-0.5B heads, PDL, early",
-                                  "warp tiles, fp8, Qwen2-0.5B heads, PDL, early"])
-def test_early_kv_reads_the_first_tile_before_the_wait(loads, case):
-    """EARLY_KV (the engine's decode): the warp-tile kernel's PTX issues the first tile's
-    block-table, K and V reads (and over FP8 their scales) before griddepcontrol.wait, so they
-    run under the kernel before; the query, written by that kernel, after it, and the newest
-    positions again, from L2."""
-    early = loads[case]
-    assert early.get("griddepcontrol.wait") == 1
-    before = sum(early["reads_before_wait"].values())
-    # seq_len, the block ids, K and V (FP8: + 2 scale loads); each tile's K and V are 32
-    # tokens x 64 values, several loads a thread even at 16 bytes
-    assert before >= 5, early["reads_before_wait"]
-    assert early["first_read_at"] < early["wait_at"]
-    # the newest positions read again after the wait from L2 (.cg), never from a stale L1 line
-    # the early reads left
-    assert any(op.startswith("ld.global.cg") for op in early), early
-    assert not any(op.startswith("ld.global.cg") for op in early["reads_before_wait"])
-    late = loads["warp tiles, fp8, Qwen2-0.5B heads, PDL"]
-    assert late.get("reads_before_wait", {}) == {}
-    assert not any(op.startswith("ld.global.cg") for op in late)

@@ -87,11 +87,11 @@ def compile_sm90(kernel, sig: dict, const: dict, unit: set, options: dict):
 
 def compile_decode_warp(head_dim: int, group: int, block_n: int, num_warps: int,
                         num_stages: int, kv_heads_per_program: int = 1, split: bool = False,
-                        pdl: bool = False, fp8: bool = True, early_kv: int = 0):
+                        pdl: bool = False, fp8: bool = True):
     """The warp-tile decode kernel (`attention_decode_warp_triton`) over an FP8 cache with V
     dim-major (or, without `fp8`, a bf16 cache with V in K's layout), bf16 queries, compiled
-    for sm_90 as `compile_decode` compiles `_decode_kernel` (KVH and EARLY_KV passed only
-    where the kernel has them, so older trees compile too)."""
+    for sm_90 as `compile_decode` compiles `_decode_kernel` (KVH passed only where the kernel
+    has it, so older trees compile too)."""
     from pagedrt.ops.attention_decode_warp_triton import _decode_warp_kernel, warp_tile_shape
     sub, sub_n = warp_tile_shape(block_n)
     cache = "*fp8e4nv" if fp8 else "*bf16"
@@ -105,8 +105,6 @@ def compile_decode_warp(head_dim: int, group: int, block_n: int, num_warps: int,
              "PDL": pdl}
     if "KVH" in _decode_warp_kernel.arg_names:
         const["KVH"] = kv_heads_per_program
-    if "EARLY_KV" in _decode_warp_kernel.arg_names:
-        const["EARLY_KV"] = early_kv
     return compile_sm90(_decode_warp_kernel, sig, const,
                         {"num_splits", "stride_vs" if fp8 else "stride_vd"},
                         {"num_warps": num_warps, "num_stages": num_stages,
@@ -149,21 +147,14 @@ def main() -> None:
                                                          (64, 7, 32, 1, 5, 1, True, True))
     kernels["warp tiles, bf16, Qwen2-0.5B heads, PDL"] = (
         compile_decode_warp, (64, 7, 32, 1, 5, 1, True, True, False))
-    # the first tile read before the wait (EARLY_KV; the engine's decode passes 1)
-    kernels["warp tiles, bf16, Qwen2-0.5B heads, PDL, early"] = (
-        compile_decode_warp, (64, 7, 32, 1, 5, 1, True, True, False, 1))
-    kernels["warp tiles, fp8, Qwen2-0.5B heads, PDL, early"] = (
-        compile_decode_warp, (64, 7, 32, 1, 5, 1, True, True, True, 1))
-    # unsplit at head_dim 128, where reading early spills most (so off over FP8 by default)
+    # unsplit at head_dim 128 (ptxas spills there over FP8)
     kernels["warp tiles, fp8, Llama-3-8B heads, PDL"] = (
         compile_decode_warp, (128, 4, 32, 1, 5, 1, False, True, True))
-    kernels["warp tiles, fp8, Llama-3-8B heads, PDL, early"] = (
-        compile_decode_warp, (128, 4, 32, 1, 5, 1, False, True, True, 1))
     for name, (compile_fn, case) in kernels.items():
         asm = compile_fn(*case).asm
         ptx = asm["ptx"]
         counts[name] = dict(load_widths(ptx))
-        # ptxas's registers and spills per thread (what the early reads cost: design.md)
+        # ptxas's registers and spills per thread
         counts[name]["resources"] = cubin_resources(asm["cubin"])
         # where the first global read and the PDL wait stand in the PTX (character offsets)
         first_read = re.search(r"ld\.global|cp\.async\.c[ag]", ptx)

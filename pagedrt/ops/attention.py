@@ -143,19 +143,15 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping, backend: str = "auto",
 def paged_attention_decode(
     query, k_cache, v_cache, block_tables, seq_lens, scale, backend: str = "auto",
     validate: bool = True, sliding_window: int | None = None, k_scales=None, v_scales=None,
-    early_kv: int = 0,
 ) -> torch.Tensor:
     """Decode attention (one query token per sequence); see the reference for shapes.
 
     sliding_window: attend only to the last `sliding_window` tokens; None = all of them.
-    early_kv: the Triton kernel's (`paged_attention_decode_triton`): k >= 1 when the kernel
-    launched just before wrote K/V at each row's last k positions only; 0 for unknown.
     """
     if _use_triton(backend, query):
         return _triton_ops().paged_attention_decode_triton(
             query, k_cache, v_cache, block_tables, seq_lens, scale, validate=validate,
-            sliding_window=sliding_window, k_scales=k_scales, v_scales=v_scales,
-            early_kv=early_kv)
+            sliding_window=sliding_window, k_scales=k_scales, v_scales=v_scales)
     return ref.paged_attention_decode_reference(query, k_cache, v_cache, block_tables, seq_lens,
                                                 scale, sliding_window, k_scales, v_scales)
 
@@ -220,20 +216,16 @@ def paged_attention(
     if not kv_written:
         write_kv(key, value, k_cache, v_cache, meta.slot_mapping, meta.backend, validate=False,
                  k_scales=k_scales, v_scales=v_scales, round_rows=True)
-    # the K/V written just before (by the write above or the caller's fused kernel): at each
-    # decode row's last position; verifying a chunk, within each query token's last
-    # max_query_len positions (its own and its chunk's earlier ones)
     if meta.max_query_len == 1:  # decode only
         return paged_attention_decode(
             query, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, meta.backend,
             validate=False, sliding_window=sliding_window, k_scales=k_scales, v_scales=v_scales,
-            early_kv=1,
         )
     if meta.query_seq_lens is not None:  # a short chunk per sequence, each token as a decode
         return paged_attention_decode(
             query, k_cache, v_cache, meta.query_block_tables, meta.query_seq_lens, scale,
             meta.backend, validate=False, sliding_window=sliding_window, k_scales=k_scales,
-            v_scales=v_scales, early_kv=meta.max_query_len,
+            v_scales=v_scales,
         )
     return paged_attention_extend(
         query, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, scale,

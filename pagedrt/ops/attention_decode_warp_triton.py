@@ -26,15 +26,6 @@ each head's query rows against its own keys, the states merged per head. Opt-in:
 KVH 1 at every shape timed on the H200 (benchmarks/results/RUNS.md, "Runs of 2026-12-03
 (09:00-10:30 UTC)").
 
-Early reads (EARLY_KV = k >= 1, one KV head per program; `paged_attention_decode_triton`'s
-early_kv, over 16-bit caches): before its PDL wait a program reads its length, its
-partition's first block ids and its first tile of K and V (and over FP8 their scales), none
-of which the kernel just before writes but the row's newest k positions; after the wait it
-reads the query and, where the first tile holds them, those k positions again, from L2 (.cg:
-the early reads may have left stale lines of them in the SM's L1, which another SM's stores do
-not update), then runs that tile and the loop over the rest as usual (docs/design.md,
-"Small-batch decode").
-
 The price is B copies of the output accumulator (fp32) and of the query operand. Same
 arguments, masking, FP8 scaling (scores' and probabilities' columns), V layouts and split-K
 partials as `_decode_kernel`; no sliding window, fused reduce or block-table prefetch (the
@@ -50,127 +41,6 @@ from pagedrt.ops.triton_utils import load_group_query, pdl_prologue, query_opera
 
 
 @triton.jit
-def _tile_offsets(tile_start, SUB: tl.constexpr, SUB_N: tl.constexpr, KVH: tl.constexpr):
-    """[B, SUB_N] token positions of the tile from tile_start, pair b = head * SUB + sub."""
-    if KVH == 1:
-        offs_n = tile_start + tl.arange(0, SUB)[:, None] * SUB_N + tl.arange(0, SUB_N)[None, :]
-    else:
-        offs_n = (tile_start + (tl.arange(0, KVH * SUB) % SUB)[:, None] * SUB_N
-                  + tl.arange(0, SUB_N)[None, :])
-    return offs_n
-
-
-@triton.jit
-def _fresh_load(ptrs, mask):
-    """A masked read from L2 (.cg): what the kernel before wrote, read after the PDL wait by
-    a program that may hold the same lines in its SM's L1 from before it (EARLY_KV), which no
-    other SM's store updates."""
-    return tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
-
-
-@triton.jit
-def _k_at(block, slot, n_mask, k_cache_ptr, head_off, stride_cb, stride_cs,
-          HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, FRESH: tl.constexpr = False):
-    """K at (block, slot) [B, SUB_N], as [B, SUB_N, HEAD_DIM] in the cache's dtype (0 where
-    not n_mask, when MASKED; FRESH: masked, from L2, `_fresh_load`)."""
-    k_ptrs = (k_cache_ptr + (block * stride_cb + slot * stride_cs + head_off)[:, :, None]
-              + tl.arange(0, HEAD_DIM)[None, None, :])
-    if FRESH:
-        return _fresh_load(k_ptrs, n_mask[:, :, None])
-    return tile_load(k_ptrs, n_mask[:, :, None], MASKED)
-
-
-@triton.jit
-def _k_tile(offs_n, n_mask, bt_row, k_cache_ptr, head_off, stride_cb, stride_cs,
-            BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr):
-    """The block ids and slots of the positions offs_n [B, SUB_N] (from the row's block
-    table), and K there (`_k_at`)."""
-    block = tile_load(bt_row + offs_n // BLOCK_SIZE, n_mask, MASKED).to(tl.int64)
-    slot = offs_n % BLOCK_SIZE
-    return block, slot, _k_at(block, slot, n_mask, k_cache_ptr, head_off, stride_cb, stride_cs,
-                              HEAD_DIM, MASKED)
-
-
-@triton.jit
-def _scale_offsets(block, slot, kv_head, stride_sb, stride_sh):
-    """Where an FP8 cache's scales of (block, slot) [B, SUB_N] lie in k_scales and v_scales."""
-    return block * stride_sb + kv_head * stride_sh + slot
-
-
-@triton.jit
-def _v_tile(block, slot, n_mask, v_cache_ptr, kv_head, stride_vb, stride_vs, stride_vh,
-            BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, V_DIM_MAJOR: tl.constexpr,
-            MASKED: tl.constexpr, FRESH: tl.constexpr = False):
-    """V at (block, slot) [B, SUB_N], as [B, SUB_N, HEAD_DIM] in the cache's dtype (FRESH:
-    masked, from L2, `_fresh_load`)."""
-    offs_d = tl.arange(0, HEAD_DIM)
-    if V_DIM_MAJOR:  # tokens contiguous: load [B, HEAD_DIM, SUB_N], use its transpose
-        v_ptrs = (v_cache_ptr + (block * stride_vb + kv_head * stride_vh + slot)[:, None, :]
-                  + offs_d[None, :, None] * BLOCK_SIZE)
-        if FRESH:
-            v = tl.permute(_fresh_load(v_ptrs, n_mask[:, None, :]), (0, 2, 1))
-        else:
-            v = tl.permute(tile_load(v_ptrs, n_mask[:, None, :], MASKED), (0, 2, 1))
-    else:
-        v_ptrs = (v_cache_ptr + (block * stride_vb + slot * stride_vs + kv_head * stride_vh)[
-            :, :, None] + offs_d[None, None, :])
-        if FRESH:
-            v = _fresh_load(v_ptrs, n_mask[:, :, None])
-        else:
-            v = tile_load(v_ptrs, n_mask[:, :, None], MASKED)
-    return v
-
-
-@triton.jit
-def _scores(q3, k, scale_log2, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-            KV_FP8: tl.constexpr):
-    """log2-domain scores [B, GROUP_PAD, SUB_N] of the query q3 against the keys k (over FP8,
-    before the keys' scales)."""
-    if UPCAST:
-        k = k.to(tl.float32)
-    if KV_FP8:
-        k = k.to(q3.dtype)
-    return tl.dot(q3, tl.permute(k, (0, 2, 1)), input_precision=DOT_PRECISION) * scale_log2
-
-
-@triton.jit
-def _softmax_step(m_i, l_i, s):
-    """Online softmax per (sub-tile, row): (the new max, the new sum, the probabilities p,
-    the old state's factor alpha). A sub-tile past `end` in the last tile has seen no key:
-    take it relative to 0 (p and alpha 0), never -inf - -inf."""
-    m_new = tl.maximum(m_i, tl.max(s, 2))
-    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(s - m_ref[:, :, None])
-    alpha = tl.exp2(m_i - m_ref)
-    return m_new, l_i * alpha + tl.sum(p, 2), p, alpha
-
-
-@triton.jit
-def _value_operand(v, q3, UPCAST: tl.constexpr, KV_FP8: tl.constexpr):
-    """A loaded V tile as the second product's operand: fp32 when UPCAST, over FP8 in q3's
-    dtype."""
-    if UPCAST:
-        v = v.to(tl.float32)
-    if KV_FP8:
-        v = v.to(q3.dtype)
-    return v
-
-
-@triton.jit
-def _accumulate(acc, alpha, p, v, v_scale, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr):
-    """acc * alpha + p @ v, v from `_value_operand` (over FP8, p weighted by V's scales)."""
-    if KV_FP8:
-        # p * v_scale / (the sub-tile's largest v_scale) stays in fp16's range (decode doc)
-        v_max = tl.max(v_scale, 1)
-        v_max = tl.where(v_max > 0, v_max, 1.0)
-        p_v = (p * (v_scale / v_max[:, None])[:, None, :]).to(v.dtype)
-        pv = tl.dot(p_v, v, input_precision=DOT_PRECISION) * v_max[:, None, None]
-    else:
-        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return acc * alpha[:, :, None] + pv
-
-
-@triton.jit
 def _warp_tile(
     m_i, l_i, acc,  # [B, GROUP_PAD], [B, GROUP_PAD], [B, GROUP_PAD, HEAD_DIM] fp32
     tile_start, end, q3, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr,
@@ -182,47 +52,58 @@ def _warp_tile(
 ):
     """One BLOCK_N = SUB * SUB_N token tile of each of the program's KVH KV heads; returns the
     new state of each of the B = KVH * SUB (head, sub-tile) pairs, b = head * SUB + sub.
-    kv_head and head_off (its offset in a K row): scalars at KVH 1, else [B, 1]. V is read
-    after the scores, so that it is not held through them (fewer registers)."""
-    offs_n = _tile_offsets(tile_start, SUB, SUB_N, KVH)
+    kv_head and head_off (its offset in a K row): scalars at KVH 1, else [B, 1]."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    if KVH == 1:
+        offs_n = tile_start + tl.arange(0, SUB)[:, None] * SUB_N + tl.arange(0, SUB_N)[None, :]
+    else:
+        offs_n = (tile_start + (tl.arange(0, KVH * SUB) % SUB)[:, None] * SUB_N
+                  + tl.arange(0, SUB_N)[None, :])
     n_mask = offs_n < end  # [B, SUB_N]
-    block, slot, k = _k_tile(offs_n, n_mask, bt_row, k_cache_ptr, head_off, stride_cb,
-                             stride_cs, BLOCK_SIZE, HEAD_DIM, MASKED)
-    s = _scores(q3, k, scale_log2, UPCAST, DOT_PRECISION, KV_FP8)
-    if KV_FP8:  # (the scales read after the product: fewer registers)
-        scale_off = _scale_offsets(block, slot, kv_head, stride_sb, stride_sh)
+    block = tile_load(bt_row + offs_n // BLOCK_SIZE, n_mask, MASKED).to(tl.int64)
+    slot = offs_n % BLOCK_SIZE
+    k_ptrs = (k_cache_ptr + (block * stride_cb + slot * stride_cs + head_off)[:, :, None]
+              + offs_d[None, None, :])
+    k = tile_load(k_ptrs, n_mask[:, :, None], MASKED)
+    if UPCAST:
+        k = k.to(tl.float32)
+    if KV_FP8:
+        k = k.to(q3.dtype)
+    s = tl.dot(q3, tl.permute(k, (0, 2, 1)), input_precision=DOT_PRECISION) * scale_log2
+    if KV_FP8:
+        scale_off = block * stride_sb + kv_head * stride_sh + slot
         s = s * tile_load(k_scales_ptr + scale_off, n_mask, MASKED)[:, None, :]
     if MASKED:
         s = tl.where(n_mask[:, None, :], s, float("-inf"))
-    m_new, l_i, p, alpha = _softmax_step(m_i, l_i, s)
-    v = _value_operand(_v_tile(block, slot, n_mask, v_cache_ptr, kv_head, stride_vb,
-                               stride_vs, stride_vh, BLOCK_SIZE, HEAD_DIM, V_DIM_MAJOR, MASKED),
-                       q3, UPCAST, KV_FP8)
-    v_scale = 1.0
+    # online softmax per (sub-tile, row); a sub-tile past `end` in the last tile has seen no
+    # key: take it relative to 0 (p and alpha 0), never -inf - -inf
+    m_new = tl.maximum(m_i, tl.max(s, 2))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_ref[:, :, None])
+    alpha = tl.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, 2)
+    if V_DIM_MAJOR:  # tokens contiguous: load [B, HEAD_DIM, SUB_N], use its transpose
+        v_ptrs = (v_cache_ptr + (block * stride_vb + kv_head * stride_vh + slot)[:, None, :]
+                  + offs_d[None, :, None] * BLOCK_SIZE)
+        v = tl.permute(tile_load(v_ptrs, n_mask[:, None, :], MASKED), (0, 2, 1))
+    else:
+        v_ptrs = (v_cache_ptr + (block * stride_vb + slot * stride_vs + kv_head * stride_vh)[
+            :, :, None] + offs_d[None, None, :])
+        v = tile_load(v_ptrs, n_mask[:, :, None], MASKED)
+    if UPCAST:
+        v = v.to(tl.float32)
     if KV_FP8:
+        v = v.to(q3.dtype)
         v_scale = tile_load(v_scales_ptr + scale_off, n_mask, MASKED)
-    return m_new, l_i, _accumulate(acc, alpha, p, v, v_scale, DOT_PRECISION, KV_FP8)
-
-
-@triton.jit
-def _first_tile(
-    offs_n, n_mask, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, kv_head,
-    stride_ch, stride_cb, stride_cs, stride_vb, stride_vs, stride_vh, stride_sb, stride_sh,
-    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, KV_FP8: tl.constexpr,
-    V_DIM_MAJOR: tl.constexpr, MASKED: tl.constexpr,
-):
-    """Everything a tile's update reads from the cache, read at once (EARLY_KV's first tile,
-    one KV head): (block ids, slots, K, V, and over FP8 K's and V's scales, else 1.0)."""
-    block, slot, k = _k_tile(offs_n, n_mask, bt_row, k_cache_ptr, kv_head * stride_ch,
-                             stride_cb, stride_cs, BLOCK_SIZE, HEAD_DIM, MASKED)
-    v = _v_tile(block, slot, n_mask, v_cache_ptr, kv_head, stride_vb, stride_vs, stride_vh,
-                BLOCK_SIZE, HEAD_DIM, V_DIM_MAJOR, MASKED)
-    k_scale, v_scale = 1.0, 1.0
-    if KV_FP8:
-        scale_off = _scale_offsets(block, slot, kv_head, stride_sb, stride_sh)
-        k_scale = tile_load(k_scales_ptr + scale_off, n_mask, MASKED)
-        v_scale = tile_load(v_scales_ptr + scale_off, n_mask, MASKED)
-    return block, slot, k, v, k_scale, v_scale
+        # p * v_scale / (the sub-tile's largest v_scale) stays in fp16's range (decode doc)
+        v_max = tl.max(v_scale, 1)
+        v_max = tl.where(v_max > 0, v_max, 1.0)
+        p_v = (p * (v_scale / v_max[:, None])[:, None, :]).to(v.dtype)
+        pv = tl.dot(p_v, v, input_precision=DOT_PRECISION) * v_max[:, None, None]
+    else:
+        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    acc = acc * alpha[:, :, None] + pv
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -276,46 +157,16 @@ def _decode_warp_kernel(
     KV_FP8: tl.constexpr, F16_MMA: tl.constexpr, V_DIM_MAJOR: tl.constexpr = False,
     PDL: tl.constexpr = False,
     KVH: tl.constexpr = 1,  # KV heads per program (grid axis 0: num_kv_heads / KVH)
-    EARLY_KV: tl.constexpr = 0,  # >= 1 (KVH 1 only): the first tile read before the PDL
-    # wait, and each row's last EARLY_KV positions read again after it (module doc, "Early
-    # reads")
 ):
+    pdl_prologue(PDL)
     BLOCK_N: tl.constexpr = SUB * SUB_N
-    tl.static_assert(EARLY_KV == 0 or KVH == 1, "EARLY_KV needs one KV head per program")
-    if EARLY_KV == 0:
-        pdl_prologue(PDL)
     kv_head = tl.program_id(0) * KVH  # the program's first KV head
     split = tl.program_id(1)
     seq = tl.program_id(2).to(tl.int64)
-    if EARLY_KV > 0:
-        bt_row = block_tables_ptr + seq * stride_bt
-        # before the wait: the lengths and block tables (written by the step's first kernels,
-        # two or more launches back: `pdl_prologue`) and the cached keys and values, all but
-        # the newest EARLY_KV of the row, which the kernel just before may be writing
-        seq_len = tl.load(seq_lens_ptr + seq)
-        part_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-        start = split * part_len
-        end = tl.minimum(start + part_len, seq_len)
-        offs_first = _tile_offsets(start, SUB, SUB_N, 1)
-        first_mask = offs_first < end
-        if start + BLOCK_N <= end:  # a full tile: unmasked, so dim-major V loads stay wide
-            block0, slot0, k0, v0, ks0, vs0 = _first_tile(
-                offs_first, first_mask, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
-                v_scales_ptr, kv_head, stride_ch, stride_cb, stride_cs, stride_vb, stride_vs,
-                stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, KV_FP8, V_DIM_MAJOR,
-                False)
-        else:
-            block0, slot0, k0, v0, ks0, vs0 = _first_tile(
-                offs_first, first_mask, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
-                v_scales_ptr, kv_head, stride_ch, stride_cb, stride_cs, stride_vb, stride_vs,
-                stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, KV_FP8, V_DIM_MAJOR,
-                True)
-        pdl_prologue(PDL)
-    else:
-        seq_len = tl.load(seq_lens_ptr + seq)
-        part_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-        start = split * part_len
-        end = tl.minimum(start + part_len, seq_len)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    part_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * part_len
+    end = tl.minimum(start + part_len, seq_len)
 
     if KVH == 1:
         q, heads, g_mask, scale_log2 = load_group_query(
@@ -339,37 +190,9 @@ def _decode_warp_kernel(
     acc = tl.zeros([KVH * SUB, GROUP_PAD, HEAD_DIM], tl.float32)
     bt_row = block_tables_ptr + seq * stride_bt
     head_off = tile_head * stride_ch
-    loop_start = start
-    if EARLY_KV > 0:
-        # the newest EARLY_KV positions, where the first tile holds any, read again now (the
-        # block ids are no kernel's output in this step: those read early stand)
-        if tl.minimum(start + BLOCK_N, end) > seq_len - EARLY_KV:
-            fresh = first_mask & (offs_first >= seq_len - EARLY_KV)
-            k0 = tl.where(fresh[:, :, None], _k_at(block0, slot0, fresh, k_cache_ptr, head_off,
-                                                   stride_cb, stride_cs, HEAD_DIM, True, True),
-                          k0)
-            v0 = tl.where(fresh[:, :, None], _v_tile(block0, slot0, fresh, v_cache_ptr, kv_head,
-                                                     stride_vb, stride_vs, stride_vh,
-                                                     BLOCK_SIZE, HEAD_DIM, V_DIM_MAJOR, True,
-                                                     True), v0)
-            if KV_FP8:
-                scale_off = _scale_offsets(block0, slot0, kv_head, stride_sb, stride_sh)
-                ks0 = tl.where(fresh, _fresh_load(k_scales_ptr + scale_off, fresh), ks0)
-                vs0 = tl.where(fresh, _fresh_load(v_scales_ptr + scale_off, fresh), vs0)
-        s0 = _scores(q3, k0, scale_log2, UPCAST, DOT_PRECISION, KV_FP8)
-        if KV_FP8:
-            s0 = s0 * ks0[:, None, :]
-        s0 = tl.where(first_mask[:, None, :], s0, float("-inf"))
-        m_i, l_i, p0, alpha0 = _softmax_step(m_i, l_i, s0)
-        acc = _accumulate(acc, alpha0, p0, _value_operand(v0, q3, UPCAST, KV_FP8), vs0,
-                          DOT_PRECISION, KV_FP8)
-        loop_start = start + BLOCK_N
     # full tiles unmasked, then the partial one masked (`_decode_kernel`'s V_DIM_MAJOR note)
-    if EARLY_KV > 0:  # end may lie before loop_start (a partition of one tile or none)
-        loop_end = loop_start + tl.maximum(end - loop_start, 0) // BLOCK_N * BLOCK_N
-    else:
-        loop_end = start + (end - start) // BLOCK_N * BLOCK_N
-    for tile_start in range(loop_start, loop_end, BLOCK_N):
+    loop_end = start + (end - start) // BLOCK_N * BLOCK_N
+    for tile_start in range(start, loop_end, BLOCK_N):
         m_i, l_i, acc = _warp_tile(
             m_i, l_i, acc, tile_start, end, q3, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
             v_scales_ptr, tile_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,

@@ -162,30 +162,6 @@ def decode_fused_reduce_requested() -> bool:
     return os.environ.get("PAGEDRT_DECODE_FUSED_REDUCE", "0") == "1"
 
 
-def decode_early_reads(fp8: bool) -> bool:
-    """Whether the warp-tile decode kernel reads its first tile before the PDL wait where the
-    caller allows it (`early_kv`), by PAGEDRT_DECODE_EARLY, read at every launch: unset or
-    "0", never (the default); "1", over 16-bit caches; "all", over FP8 caches too.
-
-    Why off: on an H100 on 2026-12-06 the version in the tree was no faster than without it
-    in two calls (batch-1 decode of Qwen2-0.5B at context 512, 0.678 / 0.677 against 0.677 /
-    0.676 ms per token, then 0.684 / 0.686 against 0.680 / 0.682; batches 8 and 32 level or
-    lower), nor was its first version, which an earlier call had measured 1.3-1.5% faster
-    (docs/design.md, "Small-batch decode"). And it costs registers: at Qwen2-0.5B's heads,
-    compiled for sm_90, 218 a thread against 171 over bf16; over FP8 at head_dim 128
-    ptxas's spills grow from 184 to 520 bytes a thread, and "all" made FP8 batch-1 decode
-    6% slower at context 4,096 (0.855 against 0.803 ms).
-
-    Raises:
-        ValueError: another value, naming it and the three allowed.
-    """
-    value = os.environ.get("PAGEDRT_DECODE_EARLY", "0").strip() or "0"
-    if value not in ("0", "1", "all"):
-        raise ValueError(f"PAGEDRT_DECODE_EARLY={value!r}; give 0 (the default: no early "
-                         "reads), 1 (over 16-bit caches) or all (over FP8 caches too)")
-    return value == "all" or (value == "1" and not fp8)
-
-
 def decode_bt_prefetch_requested() -> bool:
     """PAGEDRT_DECODE_BT_PREFETCH=1: `_decode_kernel` loads each tile's block ids one tile
     ahead (BT_PREFETCH, module doc), which lets Triton's pipeliner give the K/V copies
@@ -670,7 +646,6 @@ def paged_attention_decode_triton(
     sliding_window: int | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
-    early_kv: int = 0,
 ) -> torch.Tensor:
     """Decode attention: one query token per sequence over its `seq_lens[i]` cached tokens.
 
@@ -707,19 +682,11 @@ def paged_attention_decode_triton(
             Blocks before the window are not read.
         k_scales, v_scales: an FP8 cache's scales, [num_blocks, num_kv_heads, block_size]
             float32 (`pagedrt.ops.fp8`); None for other caches.
-        early_kv: 0, or k >= 1: the kernel launched just before this one may be writing K/V
-            only at each row's last k positions (the engine's decode: 1, the token it
-            attends from; verifying a chunk of drafts: the chunk's length). Then, where
-            `decode_early_reads` allows it (off by default), the warp-tile kernel reads each
-            partition's first tile before its PDL wait, so that those loads run under the
-            kernel before, and those k positions again after it (docs/design.md, "Small-batch
-            decode"); `_decode_kernel` reads everything after its wait whatever the value.
-            The output is the same either way.
     Returns:
         [num_seqs, num_heads, head_dim] in query's dtype.
     Raises:
-        ValueError: a broken contract (with `validate`), num_splits < 1, early_kv not an int
-            >= 0, or a config's warp_tiles that is not a power of two dividing num_kv_heads.
+        ValueError: a broken contract (with `validate`), num_splits < 1, or a config's
+            warp_tiles that is not a power of two dividing num_kv_heads.
         RuntimeError: with PAGEDRT_DECODE_FUSED_REDUCE=1 and num_splits > 1, a launch being
             captured in a CUDA graph needs more reduce counters (num_seqs * num_kv_heads) than
             exist (`fused_reduce_counters`).
@@ -731,9 +698,6 @@ def paged_attention_decode_triton(
     if validate:
         check_decode_args(query, k_cache, v_cache, block_tables, seq_lens, k_scales, v_scales)
         check_sliding_window(sliding_window)
-    if isinstance(early_kv, bool) or not isinstance(early_kv, int) or early_kv < 0:
-        raise ValueError(f"early_kv={early_kv!r}; give the number of each row's last positions "
-                         "the kernel before may be writing (an int >= 0; 0: none read early)")
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -792,10 +756,8 @@ def paged_attention_decode_triton(
         grid = (num_kv_heads, num_splits, num_seqs)
         if cfg.get("warp_tiles") and kv_heads_per_program:  # (not the fallbacks)
             sub, sub_n = warp_tile_shape(cfg["BLOCK_N"])  # attention_decode_warp_triton
-            early = early_kv > 0 and kv_heads_per_program == 1 and decode_early_reads(fp8)
             _decode_warp_kernel[(num_kv_heads // kv_heads_per_program, num_splits, num_seqs)](
-                *pointers, *scalars, SUB=sub, SUB_N=sub_n, KVH=kv_heads_per_program,
-                EARLY_KV=early_kv if early else 0, **common)
+                *pointers, *scalars, SUB=sub, SUB_N=sub_n, KVH=kv_heads_per_program, **common)
             return
         _decode_kernel[grid](
             *pointers, counters, *scalars, BLOCK_N=cfg["BLOCK_N"],
@@ -822,7 +784,6 @@ def paged_attention_decode_triton(
 __all__ = [
     "choose_num_splits",
     "copy_blocks_triton",
-    "decode_early_reads",
     "decode_fused_reduce_requested",
     "decode_launch_plan",
     "fused_reduce_counters",

@@ -35,11 +35,9 @@ OFF_VALUES = ("off", "0")  # PAGEDRT_CONFIG_CACHE values that keep no choices on
 CHOICE_TABLES = (("pagedrt.ops.gemv_triton", ("_CHOICE", "_FUSED_CHOICE")),
                  ("pagedrt.ops.matmul_triton", ("_CHOICE",)))
 
-# PAGEDRT_* settings left out of the fingerprint: they change no kernel and no candidate, or
-# only a kernel that no choice here times (PAGEDRT_DECODE_EARLY: the decode attention's early
-# reads), so that A/B runs of such a switch make the same choices and time once
+# PAGEDRT_* settings left out of the fingerprint: they change no kernel and no candidate
 _NOT_FINGERPRINTED = frozenset({ENV, "PAGEDRT_CACHE_DIR", "PAGEDRT_COMMIT",
-                                "PAGEDRT_NUM_THREADS", "PAGEDRT_DECODE_EARLY"})
+                                "PAGEDRT_NUM_THREADS"})
 
 _log = logging.getLogger(__name__)
 
