@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The decode attention with the early reads removed (its files f7a85b6's again): the decode,
+# PDL-ordering and FP8 kernel GPU tests. One GPU; carry .commit, .whl and .tcache; ~3 min.
+set -u
+. benchmarks/diagnostics/call_common.sh
+out="$(cd "$out" && pwd)"
+gpu_tests decode 170 tests/gpu/test_decode_gpu.py tests/gpu/test_pdl_early_reads_gpu.py \
+  tests/gpu/test_decode_fused_reduce_gpu.py
+tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"
