@@ -58,6 +58,7 @@ import os
 import torch
 import triton
 
+from pagedrt.bench.attention import fp8_cache
 from pagedrt.bench.common import int_list
 from pagedrt.kv.kv_cache import fp8_v_dim_major_requested
 from pagedrt.ops.attention_reference import paged_attention_decode_reference
@@ -65,7 +66,7 @@ from pagedrt.ops.attention_triton import (
     decode_launch_plan,
     paged_attention_decode_triton,
 )
-from pagedrt.ops.fp8 import dequantize_fp8, quantize_fp8
+from pagedrt.ops.fp8 import dequantize_fp8
 from pagedrt.ops.triton_utils import device_sms, to_v_dim_major
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: TRITON_INTERPRET=1, no timing
@@ -169,11 +170,8 @@ def main() -> None:
         q, k, v, bt, sl = make_case(num_seqs, ctx, h, kvh, d)
         scales = {}
         if kv_dtype == "fp8":  # the cache the engine would hold, and its own reference
-            (k, ks), (v, vs) = (quantize_fp8(x.flatten(0, 1)) for x in (k, v))
-            bs = 16  # make_case's block size
-            k, v = (x.view(-1, bs, kvh, d) for x in (k, v))
-            scales = {"k_scales": ks.view(-1, bs, kvh).transpose(1, 2).contiguous(),
-                      "v_scales": vs.view(-1, bs, kvh).transpose(1, 2).contiguous()}
+            (k, ks), (v, vs) = fp8_cache(k), fp8_cache(v)
+            scales = {"k_scales": ks, "v_scales": vs}
             kf = dequantize_fp8(k, scales["k_scales"].transpose(1, 2))
             vf = dequantize_fp8(v, scales["v_scales"].transpose(1, 2))
             if fp8_v_dim_major_requested():  # V as the engine would store it

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The decode attention with the early reads removed (its files f7a85b6's again): the decode,
-# PDL-ordering and FP8 kernel GPU tests. One GPU; carry .commit, .whl and .tcache; ~3 min.
+# PDL-ordering and fused-reduce GPU tests. One GPU; carry .commit, .whl and .tcache; ~3 min.
+# Unrun on 2026-12-06: the session's device time was spent (the next session's first call).
 set -u
 . benchmarks/diagnostics/call_common.sh
 out="$(cd "$out" && pwd)"

@@ -22,9 +22,9 @@ import argparse
 import torch
 
 from benchmarks.decode_tune import MODELS, make_case
+from pagedrt.bench.attention import fp8_cache
 from pagedrt.kv.kv_cache import fp8_v_dim_major_requested
 from pagedrt.ops.attention_triton import paged_attention_decode_triton
-from pagedrt.ops.fp8 import quantize_fp8
 from pagedrt.ops.triton_utils import to_v_dim_major
 
 
@@ -39,10 +39,8 @@ def main() -> None:
     q, k, v, bt, sl = make_case(int(num_seqs), int(ctx), h, kvh, d)
     scales = {}
     if args.kv_cache_dtype == "fp8":
-        (k, ks), (v, vs) = (quantize_fp8(x.flatten(0, 1)) for x in (k, v))
-        k, v = (x.view(-1, 16, kvh, d) for x in (k, v))
-        scales = {"k_scales": ks.view(-1, 16, kvh).transpose(1, 2).contiguous(),
-                  "v_scales": vs.view(-1, 16, kvh).transpose(1, 2).contiguous()}
+        (k, ks), (v, vs) = fp8_cache(k), fp8_cache(v)
+        scales = {"k_scales": ks, "v_scales": vs}
         if fp8_v_dim_major_requested():
             v = to_v_dim_major(v)
     for _ in range(args.runs):
