@@ -2,6 +2,9 @@
 # r/ made for the results), restores a carried Triton cache (.tcache/) and defines
 # save_triton_cache, exports PAGEDRT_COMMIT from the carried .commit, installs the
 # carried wheels (benchmarks/use_wheels.sh), prints the GPU and its clocks, and defines
+# bench_env NAME CAP ENV ARGS... / status_bench NAME CAP ARGS... / latency_env NAME CAP ENV
+# ARGS... (one Qwen2-0.5B `bench throughput` or `bench latency` process with ENV, its summary
+# printed; status_bench also the run's details and the GPU's clocks), and
 # gpu_tests NAME CAP FILES... (pytest -m gpu on FILES, capped at CAP seconds, its output in
 # $out/r/NAME.txt and its summary printed) and tune NAME ARGS... (benchmarks/decode_tune.py
 # compiled in 8 parallel shards, timings discarded, then timed in one process from Triton's
@@ -16,8 +19,9 @@
 # summary line and the run's 1-row tile choices printed, with the in-step timing's findings
 # where PAGEDRT_STEP_TIMING is set), and sweep NAME [ENV] (the batch sweep of record, Qwen2-0.5B
 # 512/128 at 256 and batches 8-128 with --repeats 3 and ENV, capped at 200 s: $out/r/sweep_NAME
-# .txt and .json, a summary line), and timeline_run BATCH STEPS CAP
-# (decode_timeline.py at ctx 512: $out/r/tl_bBATCH.txt and .json, its totals printed), and
+# .txt and .json, a summary line), and timeline_run BATCH STEPS CAP [ENV [SUFFIX]]
+# (decode_timeline.py at ctx 512 with ENV: $out/r/tl_bBATCH[SUFFIX].txt and .json, its totals
+# and attention kernels printed), and
 # gpu_tests_sharded NAME CAP SHARDS PATHS... (the GPU tests of PATHS in SHARDS pytest processes
 # at once, each capped at CAP seconds: $out/r/NAME_sK.txt, per shard its summary printed), and
 # prefill_parts NAME SHARD_CAP CAP (benchmarks/diagnostics/prefill_parts.py compiled in 8
@@ -131,6 +135,36 @@ for name, table in json.load(open(sys.argv[1])).get("kernel_choices", {}).items(
             print("   ", k[:72], "->", v)
 PY
 }
+bench_env() {  # name, cap, environment (VAR=VALUE, or "" for none), then `bench throughput`
+  # arguments: Qwen2-0.5B with --skip-step-split, $out/r/NAME.txt and .json, a summary line
+  local name=$1 cap=$2 envs=$3 t0=$SECONDS
+  shift 3
+  env $envs timeout "$cap" python3 -m pagedrt.entrypoints.cli bench throughput \
+    --preset qwen2-0.5b --skip-step-split --name "$name" --out "$out/r" "$@" \
+    > "$out/r/$name.txt" 2>&1
+  echo "$name ($envs) status $? in $((SECONDS - t0))s: $(grep -E "^pagedrt +qwen" \
+    "$out/r/$name.txt" | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ' ')"
+}
+status_bench() {  # name, cap, then `bench throughput` arguments: bench_env without an
+  # environment, with the run's per-run figures, decode steps and start-up printed and the
+  # GPU's clocks sampled through it (the status rows of call_s112.sh and call_s122.sh)
+  local name=$1 cap=$2
+  shift 2
+  clocks_start "$name"
+  bench_env "$name" "$cap" "" "$@"
+  grep -h "tok/s of each\|decode steps\|start-up" "$out/r/$name.txt" | cut -c1-150
+  clocks_stop "$name"
+}
+latency_env() {  # name, cap, environment (VAR=VALUE, or "" for none), then extra `bench
+  # latency` arguments: Qwen2-0.5B batch-1 ms/token at ctx 512 and 4,096, a summary line
+  local name=$1 cap=$2 envs=$3 t0=$SECONDS
+  shift 3
+  env $envs timeout "$cap" python3 -m pagedrt.entrypoints.cli bench latency --preset qwen2-0.5b \
+    --contexts 512,4096 --graphs on --repeats 3 --name "$name" --out "$out/r" "$@" \
+    > "$out/r/$name.txt" 2>&1
+  echo "$name ($envs $*) status $? in $((SECONDS - t0))s: $(grep -E "batch1" \
+    "$out/r/$name.txt" | tr -s ' ' | cut -d' ' -f4,6 | tr '\n' ' ')"
+}
 sweep() {  # name, extra environment (VAR=VALUE or "")
   local t0=$SECONDS
   env ${2:-} timeout 200 python3 -m pagedrt.entrypoints.cli bench throughput \
@@ -139,11 +173,12 @@ sweep() {  # name, extra environment (VAR=VALUE or "")
   echo "sweep_$1 status $? in $((SECONDS - t0))s: $(grep -E "^pagedrt +qwen" \
     "$out/r/sweep_$1.txt" | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ' ')"
 }
-timeline_run() {  # batch, decode steps, cap
-  timeout "$3" python3 benchmarks/diagnostics/decode_timeline.py --batch "$1" --context 512 \
-    --steps "$2" --out "$out/r/tl_b$1.json" > "$out/r/tl_b$1.txt" 2>&1
-  echo "tl_b$1 status $? at ${SECONDS}s"
-  grep -E "^batch|^total|^wall" "$out/r/tl_b$1.txt" | head -3
+timeline_run() {  # batch, decode steps, cap[, environment (VAR=VALUE or ""), name suffix]
+  local name="tl_b$1${5:-}"
+  env ${4:-} timeout "$3" python3 benchmarks/diagnostics/decode_timeline.py --batch "$1" \
+    --context 512 --steps "$2" --out "$out/r/$name.json" > "$out/r/$name.txt" 2>&1
+  echo "$name ${4:-} status $? at ${SECONDS}s"
+  grep -E "^batch|^total|^wall|_decode" "$out/r/$name.txt" | head -6
 }
 gpu_tests_sharded() {  # name, cap (s), shards, test paths...: `pytest -m gpu` over the paths'
   # test files in SHARDS processes at once (Triton compiles on the host's cores while the GPU

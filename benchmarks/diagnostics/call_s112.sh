@@ -11,22 +11,11 @@ set -u
 . benchmarks/diagnostics/call_common.sh
 out="$(cd "$out" && pwd)"
 warm_qwen2_cache 150
-bench() {  # name, cap, bench throughput arguments...
-  local name=$1 cap=$2 t0=$SECONDS
-  shift 2
-  clocks_start "$name"
-  timeout "$cap" python3 -m pagedrt.entrypoints.cli bench throughput --preset qwen2-0.5b \
-    --skip-step-split --name "$name" --out "$out/r" "$@" > "$out/r/$name.txt" 2>&1
-  echo "$name status $? in $((SECONDS - t0))s: $(grep -E "^pagedrt +qwen" "$out/r/$name.txt" \
-    | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ' ')"
-  grep -h "tok/s of each\|decode steps\|start-up" "$out/r/$name.txt" | cut -c1-150
-  clocks_stop "$name"
-}
-bench main 170 --repeats 2
+status_bench main 170 --repeats 2
 clocks_start sweep
 sweep head
 clocks_stop sweep
 latency_run head 150
-bench nano 150 --workload nanovllm --repeats 2
+status_bench nano 150 --workload nanovllm --repeats 2
 save_triton_cache
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"
