@@ -108,9 +108,11 @@ class SamplingParams:
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
             raise ValueError(  # noqa: TRY004 - API contract: bad params are a ValueError
                 f"top_k={short_repr(self.top_k)} must be an int (-1 or 0 disables it)")
-        if self.top_k < -1:
+        if not -1 <= self.top_k < 2**63:  # the sampler keeps it in an int64 array
             raise ValueError(
-                f"top_k={short_repr(self.top_k)} must be -1 (disabled), 0 (disabled) or >= 1")
+                f"top_k={short_repr(self.top_k)} must be -1 (disabled), 0 (disabled) or in "
+                "[1, 2**63) (a 64-bit int; a top_k of the vocabulary's size or more keeps "
+                "every token)")
         _check_number("min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p={short_repr(self.min_p)} must be in [0, 1]")
@@ -133,9 +135,11 @@ class SamplingParams:
             raise ValueError(f"min_tokens={self.min_tokens} exceeds max_tokens={self.max_tokens}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop={short_repr(self.stop)} must be a list of non-empty strings")
-        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**63
+               for t in self.stop_token_ids):
             raise ValueError(
-                f"stop_token_ids={short_repr(self.stop_token_ids)} must be non-negative ints")
+                f"stop_token_ids={short_repr(self.stop_token_ids)} must be ints in [0, 2**63) "
+                "(token ids)")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0)
             if self.logprobs > 20:

@@ -184,13 +184,28 @@ BAD_PARAMS = [
     ({"top_p": 0.0}, "top_p=0.0"),
     ({"top_p": 1.5}, "top_p=1.5"),
     ({"top_k": -2}, "top_k=-2"),
+    # beyond a 64-bit int: accepted once, then an OverflowError inside the engine's step (a
+    # fresh user's server answered 500)
+    ({"top_k": 2**63}, r"top_k=9223372036854775808 must be .* in \[1, 2\*\*63\)"),
+    ({"stop_token_ids": [5, 2**70]}, r"stop_token_ids=.* must be ints in \[0, 2\*\*63\)"),
+    ({"stop_token_ids": [-1]}, r"stop_token_ids=\[-1\] must be ints in"),
 ]
 
 
 @pytest.mark.parametrize("kwargs,message", BAD_PARAMS)
 def test_bad_sampling_params(kwargs, message):
-    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+    pattern = message if "\\" in message else message.replace(".", r"\.")
+    with pytest.raises(ValueError, match=pattern):
         SamplingParams(**kwargs)
+
+
+def test_largest_64_bit_top_k_runs(llm, prompts):
+    """top_k = 2**63 - 1 (the largest accepted) keeps every token: the same tokens as none."""
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=6)
+    wide = SamplingParams(temperature=0.8, seed=3, max_tokens=6, top_k=2**63 - 1)
+    assert (llm.generate([prompts[0]], params, use_tqdm=False)[0].outputs[0].token_ids
+            == llm.generate([prompts[0]], wide, use_tqdm=False)[0].outputs[0].token_ids)
+    assert_free(llm)
 
 
 def test_bad_prompts_rejected_before_any_state_change(llm, prompts):
