@@ -35,9 +35,11 @@ OFF_VALUES = ("off", "0")  # PAGEDRT_CONFIG_CACHE values that keep no choices on
 CHOICE_TABLES = (("pagedrt.ops.gemv_triton", ("_CHOICE", "_FUSED_CHOICE")),
                  ("pagedrt.ops.matmul_triton", ("_CHOICE",)))
 
-# PAGEDRT_* settings left out of the fingerprint: they change no kernel and no candidate
+# PAGEDRT_* settings left out of the fingerprint: they change no kernel and no candidate, or
+# only a kernel no choice here times or runs beside (PAGEDRT_RACE_COUNTER_NOISE: the
+# sampler's race), so that A/B runs of such a switch make the same choices and time once
 _NOT_FINGERPRINTED = frozenset({ENV, "PAGEDRT_CACHE_DIR", "PAGEDRT_COMMIT",
-                                "PAGEDRT_NUM_THREADS"})
+                                "PAGEDRT_NUM_THREADS", "PAGEDRT_RACE_COUNTER_NOISE"})
 
 _log = logging.getLogger(__name__)
 
