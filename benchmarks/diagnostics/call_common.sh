@@ -117,12 +117,7 @@ switch_runs() {  # kind (latency|throughput), environment variable, name:value..
   done
 }
 latency_run() {  # name, cap, extra environment (VAR=VALUE or "")
-  local t0=$SECONDS
-  env ${3:-} timeout "$2" python3 -m pagedrt.entrypoints.cli bench latency --preset qwen2-0.5b \
-    --contexts 512,4096 --graphs on --repeats 3 --name "lat_$1" --out "$out/r" \
-    > "$out/r/lat_$1.txt" 2>&1
-  echo "lat_$1 status $? in $((SECONDS - t0))s: $(grep -E "batch1" "$out/r/lat_$1.txt" \
-    | tr -s ' ' | cut -d' ' -f4,6 | tr '\n' ' ')"
+  latency_env "lat_$1" "$2" "${3:-}"
   python3 - "$out/r/lat_$1.json" <<'PY' 2>/dev/null
 import json, sys
 for name, table in json.load(open(sys.argv[1])).get("kernel_choices", {}).items():
@@ -166,12 +161,7 @@ latency_env() {  # name, cap, environment (VAR=VALUE, or "" for none), then extr
     "$out/r/$name.txt" | tr -s ' ' | cut -d' ' -f4,6 | tr '\n' ' ')"
 }
 sweep() {  # name, extra environment (VAR=VALUE or "")
-  local t0=$SECONDS
-  env ${2:-} timeout 200 python3 -m pagedrt.entrypoints.cli bench throughput \
-    --preset qwen2-0.5b --skip-step-split --batch-sizes 8,32,64,128 --repeats 3 \
-    --name "sweep_$1" --out "$out/r" > "$out/r/sweep_$1.txt" 2>&1
-  echo "sweep_$1 status $? in $((SECONDS - t0))s: $(grep -E "^pagedrt +qwen" \
-    "$out/r/sweep_$1.txt" | tr -s ' ' | cut -d' ' -f3,4,6 | tr '\n' ' ')"
+  bench_env "sweep_$1" 200 "${2:-}" --batch-sizes 8,32,64,128 --repeats 3
 }
 timeline_run() {  # batch, decode steps, cap[, environment (VAR=VALUE or ""), name suffix]
   local name="tl_b$1${5:-}"
