@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import subprocess
 import sys
 
@@ -186,16 +187,17 @@ BAD_PARAMS = [
     ({"top_k": -2}, "top_k=-2"),
     # beyond a 64-bit int: accepted once, then an OverflowError inside the engine's step (a
     # fresh user's server answered 500)
-    ({"top_k": 2**63}, r"top_k=9223372036854775808 must be .* in \[1, 2\*\*63\)"),
-    ({"stop_token_ids": [5, 2**70]}, r"stop_token_ids=.* must be ints in \[0, 2\*\*63\)"),
-    ({"stop_token_ids": [-1]}, r"stop_token_ids=\[-1\] must be ints in"),
+    ({"top_k": 2**63},
+     "top_k=9223372036854775808 must be -1 (disabled), 0 (disabled) or in [1, 2**63)"),
+    ({"stop_token_ids": [5, 2**70]},
+     "stop_token_ids=[5, 1180591620717411303424] must be ints in [0, 2**63)"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids=[-1] must be ints in [0, 2**63)"),
 ]
 
 
 @pytest.mark.parametrize("kwargs,message", BAD_PARAMS)
 def test_bad_sampling_params(kwargs, message):
-    pattern = message if "\\" in message else message.replace(".", r"\.")
-    with pytest.raises(ValueError, match=pattern):
+    with pytest.raises(ValueError, match=re.escape(message)):
         SamplingParams(**kwargs)
 
 
