@@ -139,6 +139,7 @@ class TimingTotals:
 
 
 TOTALS = TimingTotals()
+CLEAR_WIN = 0.95  # a config replaces the best so far only below this fraction of its time
 _DEPTH = 0  # fastest_config calls timing now (one nests in another's baseline)
 
 
@@ -206,7 +207,7 @@ def _weight_numel(key: tuple) -> int:
 
 
 def fastest_config(baseline, candidate, configs, rep: int, record: tuple | None = None,
-                   baseline_margin: float = 0.95) -> tuple | None:
+                   baseline_margin: float = CLEAR_WIN) -> tuple | None:
     """Of `configs` (iterated after `baseline` has run), the config for which
     `candidate(config)` beats `baseline()` (and every earlier winner) by 5%, or None; against
     the baseline, "beats" means a time below baseline_margin times the baseline's. With
@@ -266,7 +267,7 @@ def fastest_config(baseline, candidate, configs, rep: int, record: tuple | None 
 
 
 def _time_configs(baseline, candidate, configs, rep: float, record: tuple | None,
-                  baseline_margin: float = 0.95) -> tuple[tuple | None, dict]:
+                  baseline_margin: float = CLEAR_WIN) -> tuple[tuple | None, dict]:
     """`fastest_config`'s timing: (the winning config or None, {config or None: ms})."""
     from triton.testing import do_bench_cudagraph
 
@@ -313,7 +314,7 @@ def _time_configs(baseline, candidate, configs, rep: float, record: tuple | None
             continue
         times[cfg] = ms
         # a clear win only (over the baseline: baseline_margin)
-        if ms < (baseline_margin if best is None else 0.95) * best_ms:
+        if ms < (baseline_margin if best is None else CLEAR_WIN) * best_ms:
             best, best_ms = cfg, ms
     return best, times
 
