@@ -122,11 +122,17 @@ class Sampler:
         counter_noise: the Triton race draws its Exp(1) noise in registers (`_race`;
             docs/design.md, "Seeded sampling"): PAGEDRT_RACE_COUNTER_NOISE=1, read here; off
             by default until measured on the GPU.
+        split: where the kernel is used, the race splits each row's vocabulary over several
+            programs, and a batch of greedy rows takes the same kernel's argmax
+            (`sample_triton.argmax_triton`) instead of torch.argmax (pagedrt/ops/
+            sample_triton.py, "Split rows"): PAGEDRT_SAMPLE_SPLIT=1, read here; off by default
+            until measured on the GPU.
     """
 
     def __init__(self, kernel: bool | None = None) -> None:
         self.kernel = kernel
         self.counter_noise = os.environ.get("PAGEDRT_RACE_COUNTER_NOISE", "0") == "1"
+        self.split = os.environ.get("PAGEDRT_SAMPLE_SPLIT", "0") == "1"
         if kernel is None:
             self.kernel = {"0": False, "1": True}.get(os.environ.get("PAGEDRT_SAMPLE_KERNEL"))
 
@@ -139,6 +145,10 @@ class Sampler:
             raise ValueError("PAGEDRT_SAMPLE_KERNEL=1 on a CPU device needs TRITON_INTERPRET=1 "
                              "(Triton's interpreter, the tests' setting); set it too, or unset "
                              "PAGEDRT_SAMPLE_KERNEL to sample with torch ops")
+
+    def _split_argmax(self, logits: torch.Tensor) -> bool:
+        """Whether a batch of greedy rows takes `sample_triton.argmax_triton`."""
+        return self.split and logits.stride(1) == 1 and self._use_kernel(logits)
 
     def _use_kernel(self, logits: torch.Tensor) -> bool:
         if self.kernel is not None:
@@ -242,6 +252,8 @@ class Sampler:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(rows)} rows")
         if state.plain_greedy[rows].all():
+            if self._split_argmax(logits):
+                return SamplerOutput(token_ids=_split_argmax(logits, out))
             if out is not None:
                 return SamplerOutput(token_ids=torch.argmax(logits, dim=-1, out=out))
             return SamplerOutput(token_ids=logits.argmax(dim=-1))
@@ -286,15 +298,17 @@ class Sampler:
                       or (state.params[rows, TOP_P] < 1.0).any())
         min_p = bool((state.params[rows, MIN_P] > 0.0).any())
         if greedy.all():
-            token_ids = logits.argmax(dim=-1)
+            token_ids = (_split_argmax(logits) if self._split_argmax(logits)
+                         else logits.argmax(dim=-1))
         elif use_kernel and not (top_kp or min_p):  # temperature and the race in one pass
             token_ids = _race(logits, params[:, TEMPERATURE], params[:, GREEDY],
                               _seeded(state, rows, num_tokens), default_generator,
-                              self.counter_noise)
+                              self.counter_noise, self.split)
         else:
             sampled = _sample_filtered(logits, params, top_k, state.params[rows, TOP_P], greedy,
                                        top_kp, min_p, _seeded(state, rows, num_tokens),
-                                       use_kernel, default_generator, self.counter_noise)
+                                       use_kernel, default_generator, self.counter_noise,
+                                       self.split)
             if greedy.any():
                 token_ids = torch.where(params[:, GREEDY] > 0, logits.argmax(dim=-1), sampled)
             else:
@@ -313,7 +327,7 @@ def _sample_filtered(logits: torch.Tensor, params: torch.Tensor, host_k: np.ndar
                      host_p: np.ndarray, host_greedy: np.ndarray, top_kp: bool, min_p: bool,
                      seeded: SeededRows | None, use_kernel: bool,
                      default_generator: torch.Generator | None,
-                     counter_noise: bool = False) -> torch.Tensor:
+                     counter_noise: bool = False, split: bool = False) -> torch.Tensor:
     """`sample_rows`' draw for rows with top-k, top-p or min-p: temperature, the filters, then
     the exponential race; greedy rows are drawn too (the caller overwrites them).
 
@@ -352,7 +366,7 @@ def _sample_filtered(logits: torch.Tensor, params: torch.Tensor, host_k: np.ndar
     if use_kernel:  # the race over the filtered logits (already divided)
         ones = torch.ones(len(logits), dtype=torch.float32, device=logits.device)
         return _race(logits, ones, torch.zeros_like(ones), seeded, default_generator,
-                     counter_noise)
+                     counter_noise, split)
     return _exponential_race(torch.softmax(logits, dim=-1), seeded, default_generator)
 
 
@@ -397,17 +411,25 @@ def _seeded(state: SamplingState, rows: np.ndarray, num_tokens: np.ndarray) -> S
 
 def _race(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
           seeded: SeededRows | None,
-          default_generator: torch.Generator | None, counter_noise: bool = False) -> torch.Tensor:
+          default_generator: torch.Generator | None, counter_noise: bool = False,
+          split: bool = False) -> torch.Tensor:
     """`race_argmax_triton` (pagedrt/ops/sample_triton.py) over `_exponential_noise`'s draws:
     the tokens of `_exponential_race` on softmax(logits / temperature), argmax for greedy
     rows. With counter_noise, `race_counter_argmax_triton` instead: the noise drawn in the
     kernel, a seeded row's the same as here, the others' keyed by a step key drawn from
-    `default_generator`. Returns [B] int64."""
-    from pagedrt.ops.sample_triton import race_argmax_triton, race_counter_argmax_triton
+    `default_generator`. With split, each row's vocabulary in `sample_splits` spans (the same
+    tokens). Returns [B] int64."""
+    from pagedrt.ops.sample_triton import (
+        race_argmax_triton,
+        race_counter_argmax_triton,
+        sample_splits,
+    )
+    from pagedrt.ops.triton_utils import device_sms
 
+    num_splits = sample_splits(*logits.shape, device_sms(logits)) if split else None
     if not counter_noise:
         noise = _exponential_noise(logits.shape, logits.device, seeded, default_generator)
-        return race_argmax_triton(logits, noise, temperature, greedy)
+        return race_argmax_triton(logits, noise, temperature, greedy, num_splits)
     num_rows, device = logits.shape[0], logits.device
     keys = np.zeros(num_rows, dtype=np.int64)
     positions = np.full(num_rows, -1, dtype=np.int64)
@@ -421,7 +443,15 @@ def _race(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
     step_key = torch.randint(0, 1 << 62, (1,), dtype=torch.int64, generator=default_generator,
                              device=key_device)
     return race_counter_argmax_triton(logits, temperature, greedy, keys_t, positions_t,
-                                      step_key.to(device))
+                                      step_key.to(device), num_splits)
+
+
+def _split_argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """torch.argmax(logits, -1) by `sample_triton.argmax_triton` (PAGEDRT_SAMPLE_SPLIT=1),
+    into `out` where given. Returns [B] int64."""
+    from pagedrt.ops.sample_triton import argmax_triton
+
+    return argmax_triton(logits, out=out)
 
 
 class SeededRows(NamedTuple):

@@ -20,6 +20,19 @@ With COUNTER_NOISE (`race_counter_argmax_triton`, PAGEDRT_RACE_COUNTER_NOISE=1) 
 kernel computes each q in registers from Philox counters instead of loading it from a noise
 tensor (docs/design.md, "Seeded sampling").
 
+Split rows (`num_splits` > 1; the engine's sampler asks for them with PAGEDRT_SAMPLE_SPLIT=1,
+`sample_splits`): one program per row walks 151,936 logits one chunk after another, so a batch
+of a few rows keeps a few SMs busy and 256 rows take two waves. With splits the grid is
+(rows, num_splits): each program takes one contiguous span of the row (a multiple of BLOCK),
+stores its best score and token as a partial, and counts in on its row's arrival counter (a
+CTA barrier, then an acq_rel atomic at GPU scope: the decode attention's fused reduce's scheme
+and counters, `attention_triton.fused_reduce_counters`, whose docstring gives the memory-order
+argument); the row's last program to arrive reads the partials from L2 and keeps the best
+score of the lowest span holding it, and that span's token, so the token is the one the
+unsplit walk picks whichever program arrives last. `argmax_triton` is the same kernel for a
+batch of greedy rows only (no temperature, flag or noise read): torch.argmax's token, the
+lowest id holding the maximum, a NaN counting as the maximum as torch counts it.
+
 The same noise gives the same token as the torch path up to float32 rounding (a division and a
 log against a softmax and a division: a different token only where two candidates' scores
 agree to a few ulps). tests/test_sample_triton.py checks both against each other under the
@@ -32,7 +45,9 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedrt.ops.attention_triton import fused_reduce_counters
 from pagedrt.ops.philox_triton import counter_uniform
+from pagedrt.ops.triton_utils import device_sms, next_pow2
 
 BLOCK = 4096  # logits per iteration of a row's program
 TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: the torch path's clamp of q
@@ -40,14 +55,21 @@ TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: the torch path
 
 @triton.jit
 def _race_kernel(x_ptr, stride_x, q_ptr, stride_q, temp_ptr, stride_t, greedy_ptr, stride_g,
-                 key_ptr, pos_ptr, step_key_ptr, out_ptr, vocab, COUNTER_NOISE: tl.constexpr,
-                 STREAM_SEEDED: tl.constexpr, STREAM_UNSEEDED: tl.constexpr,
-                 BLOCK: tl.constexpr, TINY: tl.constexpr):
+                 key_ptr, pos_ptr, step_key_ptr, part_ptr, counters_ptr, out_ptr, vocab, span,
+                 num_splits, COUNTER_NOISE: tl.constexpr, ALL_GREEDY: tl.constexpr,
+                 SPLITS_PAD: tl.constexpr, STREAM_SEEDED: tl.constexpr,
+                 STREAM_UNSEEDED: tl.constexpr, BLOCK: tl.constexpr, TINY: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
-    # (the flag broadcast to the block first: the interpreter cannot AND a scalar into a mask)
-    flag = tl.load(greedy_ptr + r * stride_g).to(tl.float32)
-    sampled = (tl.zeros([BLOCK], tl.float32) + flag) == 0
-    temperature = tl.load(temp_ptr + r * stride_t)
+    split = tl.program_id(1)
+    if ALL_GREEDY:  # (argmax_triton: no flag, temperature or noise to read)
+        sampled = tl.zeros([BLOCK], tl.int1)
+        temperature = 1.0
+    else:
+        # (the flag broadcast to the block first: the interpreter cannot AND a scalar into a
+        # mask)
+        flag = tl.load(greedy_ptr + r * stride_g).to(tl.float32)
+        sampled = (tl.zeros([BLOCK], tl.float32) + flag) == 0
+        temperature = tl.load(temp_ptr + r * stride_t)
     if COUNTER_NOISE:  # (race_counter_argmax_triton; no noise tensor: q_ptr is not read)
         # a seeded row: its key at the position it samples (philox.counter_draws); any other
         # row: the step's key at the row's index, in a stream of its own
@@ -56,26 +78,103 @@ def _race_kernel(x_ptr, stride_x, q_ptr, stride_q, temp_ptr, stride_t, greedy_pt
         key = tl.where(seeded, tl.load(key_ptr + r), tl.load(step_key_ptr))
         c1 = tl.where(seeded, position, r).to(tl.int32)  # (< 2**31: a position or a row)
         stream = tl.where(seeded, STREAM_SEEDED, STREAM_UNSEEDED)
+    lo = split * span
+    hi = tl.minimum(lo + span, vocab)
     best = tl.full([], float("-inf"), tl.float32)
     best_tok = tl.full([], 0, tl.int32)
-    for start in range(0, vocab, BLOCK):
+    for start in range(lo, hi, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        ok = offs < vocab
+        ok = offs < hi
         x = tl.load(x_ptr + r * stride_x + offs, mask=ok, other=float("-inf")).to(tl.float32)
-        if COUNTER_NOISE:
-            q = -tl.log(counter_uniform(key, offs, c1, stream))
+        if ALL_GREEDY:
+            score = x
         else:
-            q = tl.load(q_ptr + r * stride_q + offs, mask=ok & sampled, other=1.0)
-        # (division rounded to nearest, as torch divides)
-        score = tl.where(sampled, tl.math.div_rn(x, temperature) - tl.log(tl.maximum(q, TINY)),
-                         x)
-        score = tl.where(ok, score, float("-inf"))
+            if COUNTER_NOISE:
+                q = -tl.log(counter_uniform(key, offs, c1, stream))
+            else:
+                q = tl.load(q_ptr + r * stride_q + offs, mask=ok & sampled, other=1.0)
+            # (division rounded to nearest, as torch divides)
+            score = tl.where(sampled,
+                             tl.math.div_rn(x, temperature) - tl.log(tl.maximum(q, TINY)), x)
+        # a NaN is the maximum, as torch.argmax takes it; a masked lane never wins
+        is_nan = score != score  # noqa: PLR0124
+        score = tl.where(ok, tl.where(is_nan, float("inf"), score), float("-inf"))
         top = tl.max(score, axis=0)
-        tok = tl.min(tl.where((score == top) & ok, offs, vocab), axis=0)
+        tok = tl.min(tl.where((score == top) & ok, offs, hi), axis=0)
         better = top > best
         best_tok = tl.where(better, tok, best_tok)
         best = tl.where(better, top, best)
-    tl.store(out_ptr + r, best_tok.to(tl.int64))
+    if SPLITS_PAD == 1:
+        tl.store(out_ptr + r, best_tok.to(tl.int64))
+    else:
+        # the span's partial (the token as a float: exact below 2**24, which the wrappers
+        # check), then count in; the row's last program keeps the lowest span's best
+        tl.store(part_ptr + (r * num_splits + split) * 2, best)
+        tl.store(part_ptr + (r * num_splits + split) * 2 + 1, best_tok.to(tl.float32))
+        # every thread's stores before the atomic (issued by one thread); acq_rel at GPU scope
+        # publishes them and takes those of the programs before (module doc, "Split rows")
+        tl.debug_barrier()
+        count = tl.atomic_add(counters_ptr + r, 1, sem="acq_rel", scope="gpu")
+        if count == num_splits - 1:
+            s = tl.arange(0, SPLITS_PAD)
+            has = s < num_splits
+            # .cg: from L2, where the other SMs' stores are, never a stale L1 line
+            scores = tl.load(part_ptr + (r * num_splits + s) * 2, mask=has,
+                             other=float("-inf"), cache_modifier=".cg")
+            toks = tl.load(part_ptr + (r * num_splits + s) * 2 + 1, mask=has, other=0.0,
+                           cache_modifier=".cg")
+            top = tl.max(scores, axis=0)
+            first = tl.min(tl.where((scores == top) & has, s, SPLITS_PAD), axis=0)
+            tok = tl.sum(tl.where(s == first, toks, 0.0), axis=0)
+            tl.store(out_ptr + r, tok.to(tl.int64))
+            tl.store(counters_ptr + r, 0)  # ready for the next launch
+
+
+def sample_splits(num_rows: int, vocab: int, sms: int) -> int:
+    """Spans per row for a launch of `num_rows` rows: enough programs for about four per SM
+    (`sms` multiprocessors), at most one BLOCK-long span per BLOCK of the vocabulary, 1 for
+    a single span. E.g. 151,936 logits on 132 SMs: 38 spans of one BLOCK at 1-13 rows, 9 at
+    64, 3 at 256, 1 past 528 rows."""
+    if num_rows <= 0:
+        return 1
+    return max(1, min(triton.cdiv(vocab, BLOCK), triton.cdiv(4 * sms, num_rows)))
+
+
+def _launch(logits: torch.Tensor, num_splits: int | None, out: torch.Tensor | None = None,
+            **args) -> torch.Tensor:
+    """Launch `_race_kernel` over [B, V] logits with `num_splits` spans per row (None: 1),
+    writing `out` ([B] int64, contiguous; None: a new tensor). `args` holds the kernel's other
+    tensors and flags. Returns the [B] int64 tokens."""
+    num_rows, vocab = logits.shape
+    if out is None:
+        out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
+    elif (tuple(out.shape) != (num_rows,) or out.dtype != torch.int64 or out.stride(0) != 1
+          or out.device != logits.device):
+        raise ValueError(f"out must be [{num_rows}] int64, contiguous, on {logits.device}, got "
+                         f"{tuple(out.shape)} {out.dtype} strides {out.stride()} on "
+                         f"{out.device}")
+    if num_rows == 0:
+        return out
+    splits = 1 if num_splits is None else int(num_splits)
+    if splits < 1:
+        raise ValueError(f"num_splits is {num_splits}; use 1 or more (or None)")
+    span = triton.cdiv(triton.cdiv(vocab, splits), BLOCK) * BLOCK  # whole BLOCKs a span
+    splits = triton.cdiv(vocab, span)  # (no empty span)
+    if splits > 1 and vocab >= 1 << 24:
+        raise ValueError(f"a vocabulary of {vocab} tokens has ids a float32 partial cannot "
+                         "hold exactly (2**24 and more); use num_splits=1")
+    part = torch.empty((num_rows, splits, 2) if splits > 1 else (1,), dtype=torch.float32,
+                       device=logits.device)
+    counters = fused_reduce_counters(logits.device, num_rows) if splits > 1 else out
+    _race_kernel[(num_rows, splits)](
+        logits, logits.stride(0), args["noise"], args["stride_q"], args["temperature"],
+        args["stride_t"], args["greedy"], args["stride_g"], args["keys"], args["positions"],
+        args["step_key"], part, counters, out, vocab, span, splits,
+        COUNTER_NOISE=args["counter_noise"], ALL_GREEDY=args["all_greedy"],
+        SPLITS_PAD=next_pow2(splits) if splits > 1 else 1,
+        STREAM_SEEDED=args.get("stream_seeded", 0), STREAM_UNSEEDED=args.get("stream_unseeded", 0),
+        BLOCK=BLOCK, TINY=TINY, num_warps=8)
+    return out
 
 
 def _check_logits(logits: torch.Tensor) -> tuple[int, int]:
@@ -88,8 +187,35 @@ def _check_logits(logits: torch.Tensor) -> tuple[int, int]:
     return logits.shape
 
 
+def argmax_triton(logits: torch.Tensor, num_splits: int | None = None,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """torch.argmax(logits, dim=-1) for a batch of greedy rows, in one launch of the race
+    kernel without its noise (module docstring, "Split rows"): the lowest token id holding a
+    row's maximum, a NaN counting as the maximum.
+
+    Args:
+        logits: [B, V] float16, bfloat16 or float32, unit stride along V. Not modified.
+        num_splits: spans per row (`sample_splits`; None: as many as `sample_splits` gives
+            for this GPU); V must be below 2**24 where more than one.
+        out: [B] int64, contiguous, on the logits' device, written with the tokens (the graph
+            runner's `last_tokens`); None: a new tensor.
+    Returns:
+        [B] int64 token ids on the logits' device (`out` where given).
+    Raises:
+        ValueError: a logits shape, stride or dtype the kernel cannot read, an `out` that
+            does not match, or num_splits < 1.
+    """
+    num_rows, vocab = _check_logits(logits)
+    if num_splits is None:
+        num_splits = sample_splits(num_rows, vocab, device_sms(logits))
+    return _launch(logits, num_splits, out, noise=logits, stride_q=0, temperature=logits,
+                   stride_t=0, greedy=logits, stride_g=0, keys=logits, positions=logits,
+                   step_key=logits, counter_noise=False, all_greedy=True)
+
+
 def race_argmax_triton(logits: torch.Tensor, noise: torch.Tensor,
-                       temperature: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
+                       temperature: torch.Tensor, greedy: torch.Tensor,
+                       num_splits: int | None = None) -> torch.Tensor:
     """One token per row: argmax(softmax(logits / temperature) / noise) for sampled rows (the
     exponential race), argmax(logits) for greedy rows; see the module docstring.
 
@@ -100,10 +226,12 @@ def race_argmax_triton(logits: torch.Tensor, noise: torch.Tensor,
         temperature: [B] float32, any stride, > 0 (read for sampled rows only; 1 where the
             logits are already divided).
         greedy: [B] bool, integer or float, any stride: nonzero is greedy.
+        num_splits: spans per row (module docstring, "Split rows"; None or 1: one program a
+            row); V must be below 2**24 where more than one.
     Returns:
         [B] int64 token ids on the logits' device.
     Raises:
-        ValueError: shapes, dtypes, strides or devices that do not match.
+        ValueError: shapes, dtypes, strides or devices that do not match, or num_splits < 1.
     """
     num_rows, vocab = _check_logits(logits)
     if tuple(temperature.shape) != (num_rows,) or tuple(greedy.shape) != (num_rows,):
@@ -119,21 +247,18 @@ def race_argmax_triton(logits: torch.Tensor, noise: torch.Tensor,
     if any(t.device != logits.device for t in tensors):
         raise ValueError(f"logits, noise, temperature and greedy must share a device, got "
                          f"{[str(t.device) for t in (logits, *tensors)]}")
-    out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
-    if num_rows == 0:
-        return out
     if greedy.dtype == torch.bool:
         greedy = greedy.view(torch.uint8)
-    _race_kernel[(num_rows,)](
-        logits, logits.stride(0), noise, noise.stride(0), temperature, temperature.stride(0),
-        greedy, greedy.stride(0), out, out, out, out, vocab, COUNTER_NOISE=False,
-        STREAM_SEEDED=0, STREAM_UNSEEDED=0, BLOCK=BLOCK, TINY=TINY, num_warps=8)
-    return out
+    return _launch(logits, num_splits, noise=noise, stride_q=noise.stride(0),
+                   temperature=temperature, stride_t=temperature.stride(0), greedy=greedy,
+                   stride_g=greedy.stride(0), keys=logits, positions=logits, step_key=logits,
+                   counter_noise=False, all_greedy=False)
 
 
 def race_counter_argmax_triton(logits: torch.Tensor, temperature: torch.Tensor,
                                greedy: torch.Tensor, keys: torch.Tensor,
-                               positions: torch.Tensor, step_key: torch.Tensor) -> torch.Tensor:
+                               positions: torch.Tensor, step_key: torch.Tensor,
+                               num_splits: int | None = None) -> torch.Tensor:
     """`race_argmax_triton` with the Exp(1) noise drawn in registers instead of read from a
     [B, V] tensor (PAGEDRT_RACE_COUNTER_NOISE=1; docs/design.md, "Seeded sampling"): the noise
     of row b at vocabulary entry t is -log(u), u from the first Philox4x32-10 word of
@@ -153,14 +278,16 @@ def race_counter_argmax_triton(logits: torch.Tensor, temperature: torch.Tensor,
         positions: [B] int64, each seeded row's sampled position (< 2**31), -1 for others.
         step_key: [1] int64, this step's key for the unseeded rows (drawn from the engine's
             generator, so a seeded engine repeats its draws).
+        num_splits: spans per row (module docstring, "Split rows"; None or 1: one program a
+            row); V must be below 2**24 where more than one.
     Returns:
         [B] int64 token ids on the logits' device.
     Raises:
-        ValueError: shapes, dtypes or devices that do not match.
+        ValueError: shapes, dtypes or devices that do not match, or num_splits < 1.
     """
     from pagedrt.ops.philox import STREAM_RACE, STREAM_UNSEEDED
 
-    num_rows, vocab = _check_logits(logits)
+    num_rows = _check_logits(logits)[0]
     rows_of = {"temperature": temperature, "greedy": greedy, "keys": keys,
                "positions": positions}
     bad = {name: tuple(t.shape) for name, t in rows_of.items() if tuple(t.shape) != (num_rows,)}
@@ -174,15 +301,10 @@ def race_counter_argmax_triton(logits: torch.Tensor, temperature: torch.Tensor,
     if any(t.device != logits.device for t in (*rows_of.values(), step_key)):
         raise ValueError("logits, temperature, greedy, keys, positions and step_key must "
                          "share a device")
-    out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
-    if num_rows == 0:
-        return out
     if greedy.dtype == torch.bool:
         greedy = greedy.view(torch.uint8)
-    keys, positions = keys.contiguous(), positions.contiguous()
-    _race_kernel[(num_rows,)](
-        logits, logits.stride(0), logits, 0, temperature, temperature.stride(0), greedy,
-        greedy.stride(0), keys, positions, step_key, out, vocab, COUNTER_NOISE=True,
-        STREAM_SEEDED=STREAM_RACE, STREAM_UNSEEDED=STREAM_UNSEEDED, BLOCK=BLOCK, TINY=TINY,
-        num_warps=8)
-    return out
+    return _launch(logits, num_splits, noise=logits, stride_q=0, temperature=temperature,
+                   stride_t=temperature.stride(0), greedy=greedy, stride_g=greedy.stride(0),
+                   keys=keys.contiguous(), positions=positions.contiguous(), step_key=step_key,
+                   counter_noise=True, all_greedy=False, stream_seeded=STREAM_RACE,
+                   stream_unseeded=STREAM_UNSEEDED)

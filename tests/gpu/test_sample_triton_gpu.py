@@ -98,3 +98,41 @@ def test_counter_noise_race_at_qwen2_vocab_equals_the_noise_tensor():
                               u[:, None].contiguous(), STREAM_UNSEEDED, exponential=True)
     expected = race_argmax_triton(logits, noise[:, 0], temperature, greedy)
     assert torch.equal(got, expected), (got != expected).nonzero()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [1, 8, 64, 256])
+def test_split_argmax_and_race_at_qwen2_vocab(dtype, rows):
+    """PAGEDRT_SAMPLE_SPLIT's kernels on CUDA (pagedrt/ops/sample_triton.py, "Split rows") at
+    151,936 logits with the splits chosen for this GPU: `argmax_triton` gives torch.argmax's
+    tokens (a maximum tied across two spans in row 0, the lower one), and the split race,
+    over a noise tensor and over counter noise, the unsplit race's; twice each, so the
+    arrival counters reset by one launch serve the next."""
+    from pagedrt.ops.sample_triton import (
+        argmax_triton,
+        race_counter_argmax_triton,
+        sample_splits,
+    )
+    from pagedrt.ops.triton_utils import device_sms
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    vocab = 151936
+    logits = (torch.randn(rows, vocab, device="cuda", generator=g) * 4).to(dtype)
+    logits[0, 5000] = logits[0, 140000] = 100.0
+    splits = sample_splits(rows, vocab, device_sms(logits))
+    assert splits > 1
+    noise = torch.empty(rows, vocab, device="cuda").exponential_(generator=g)
+    temperature = torch.rand(rows, device="cuda", generator=g) * 1.5 + 0.2
+    greedy = torch.rand(rows, device="cuda", generator=g) < 0.25
+    keys = torch.randint(0, 1 << 62, (rows,), device="cuda", generator=g)
+    positions = torch.full((rows,), -1, dtype=torch.int64, device="cuda")
+    step_key = torch.tensor([987654321], device="cuda")
+    for _ in range(2):
+        got = argmax_triton(logits)
+        assert torch.equal(got, logits.argmax(-1)) and int(got[0]) == 5000
+        assert torch.equal(race_argmax_triton(logits, noise, temperature, greedy, splits),
+                           race_argmax_triton(logits, noise, temperature, greedy))
+        assert torch.equal(
+            race_counter_argmax_triton(logits, temperature, greedy, keys, positions, step_key,
+                                       splits),
+            race_counter_argmax_triton(logits, temperature, greedy, keys, positions, step_key))
