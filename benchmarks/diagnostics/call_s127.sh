@@ -1,35 +1,34 @@
 #!/usr/bin/env bash
 # PAGEDRT_SAMPLE_SPLIT (the sampler's race and greedy argmax with each row's vocabulary split
-# over several programs, pagedrt/ops/sample_triton.py "Split rows"), first call (carry
-# .commit, .whl and .tcache; ~9 min): (1) the sampling GPU tests, the split ones included, and
-# the decode kernels' GPU tests after the early reads' removal (`204443e`, never run on a GPU);
-# (2) the kernels alone (benchmarks/diagnostics/sample_kernels.py: torch.argmax against
-# argmax_triton, the race unsplit against split, at 1-256 rows of 151,936 logits); (3) end to
-# end, each process reading the first's timed kernel choices (the switch is not in the config
-# cache's fingerprint): 256 x 512/128 greedy split off / on, batch-1 latency ABBA, nano-vllm's
-# workload (temperature 0.6: the race) off / on. Summaries last; everything in
-# $OUT/results.tgz. call_s128.sh right after, on the same machine (its Triton cache and
-# timed choices still there).
+# over several programs, pagedrt/ops/sample_triton.py "Split rows") and
+# PAGEDRT_RACE_COUNTER_NOISE (the race's noise drawn in registers), in one call (carry
+# .commit, .whl and .tcache; ~10 min): (1) the sampling GPU tests, the split ones included,
+# and the decode kernels' GPU tests after the early reads' removal (`204443e`, never run on a
+# GPU); (2) the kernels alone (benchmarks/diagnostics/sample_kernels.py: torch.argmax against
+# argmax_triton, the race unsplit against split, the noise tensor's draw and race against the
+# counter-noise race, at 1-256 rows of 151,936 logits); (3) end to end, each process reading
+# the first's timed kernel choices (neither switch is in the config cache's fingerprint):
+# 256 x 512/128 greedy with the split off / on; then batch-1 latency (split off / on) and
+# nano-vllm's workload (temperature 0.6, the race: both switches off / both on), interleaved,
+# ABBA. Summaries last; everything in $OUT/results.tgz.
 set -u
 . benchmarks/diagnostics/call_common.sh
 out="$(cd "$out" && pwd)"
-gpu_tests tests 170 tests/gpu/test_sample_triton_gpu.py tests/gpu/test_decode_gpu.py \
+gpu_tests tests 150 tests/gpu/test_sample_triton_gpu.py tests/gpu/test_decode_gpu.py \
   tests/gpu/test_decode_fused_reduce_gpu.py tests/gpu/test_pdl_early_reads_gpu.py
-timeout 90 python3 benchmarks/diagnostics/sample_kernels.py --out "$out/r/sample_kernels.json" \
+timeout 80 python3 benchmarks/diagnostics/sample_kernels.py --out "$out/r/sample_kernels.json" \
   > "$out/r/sample_kernels.txt" 2>&1
 echo "sample_kernels status $? at ${SECONDS}s"
-bench_env main_0 170 "PAGEDRT_SAMPLE_SPLIT=0" --repeats 2
-bench_env main_1 90 "PAGEDRT_SAMPLE_SPLIT=1" --repeats 2
+bench_env main_0 150 "PAGEDRT_SAMPLE_SPLIT=0" --repeats 2
+bench_env main_1 60 "PAGEDRT_SAMPLE_SPLIT=1" --repeats 2
 i=0
 for v in 0 1 1 0; do
   i=$((i + 1))
-  [ $SECONDS -lt 420 ] || break
-  latency_env "lat_${i}_$v" 70 "PAGEDRT_SAMPLE_SPLIT=$v"
+  [ $SECONDS -lt 500 ] || break
+  latency_env "lat_${i}_$v" 50 "PAGEDRT_SAMPLE_SPLIT=$v"
+  bench_env "nano_${i}_$v" 50 "PAGEDRT_SAMPLE_SPLIT=$v PAGEDRT_RACE_COUNTER_NOISE=$v" \
+    --workload nanovllm
 done
-for v in 1 0; do
-  [ $SECONDS -lt 480 ] || break
-  bench_env "nano_$v" 60 "PAGEDRT_SAMPLE_SPLIT=$v" --workload nanovllm
-done
-echo "== kernels alone (us; x = speed-up of the split launch)"
-grep -E " (bfloat16|float32) " "$out/r/sample_kernels.txt" | cut -c1-110
+echo "== kernels alone (us; x = speed-up over the named kernel)"
+grep -E " (bfloat16|float32) " "$out/r/sample_kernels.txt" | cut -c1-120
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"

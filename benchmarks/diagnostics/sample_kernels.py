@@ -1,16 +1,18 @@
 """Times the sampler's last kernel alone on the GPU (pagedrt/ops/sample_triton.py, "Split
 rows"): for B rows of V logits, torch.argmax against `argmax_triton` (greedy batches), and the
 race over a noise tensor and over counter noise, one program a row against the split launch
-(`sample_splits`' count for this GPU). Each kernel is checked against its reference first,
-then timed by triton.testing.do_bench after a write of twice the L2's size (the logits come
+(`sample_splits`' count for this GPU), and the noise tensor's draw with its race against the
+counter-noise race, which draws in registers. Each kernel is checked against its reference first,
+then timed by triton.testing.do_bench_cudagraph after a write of twice the L2's size (the logits come
 from DRAM, as after the LM head of a large batch) whose own time is subtracted; the bytes
 read per us give the bandwidth.
 
     python3 benchmarks/diagnostics/sample_kernels.py [--rows 1,8,64,256] [--vocab 151936]
         [--out results.json]
 
-Prints one line per (rows, dtype, kernel): us, GB/s of logits read, and the speed-up of the
-split launch over the unsplit one (over torch.argmax for the greedy batch).
+Prints one line per (rows, dtype, kernel): us, GB/s of logits and noise moved, and the
+speed-up of the split launch over the unsplit one (over torch.argmax for the greedy batch; of
+the counter race over the draw and race).
 """
 
 from __future__ import annotations
@@ -32,11 +34,61 @@ from pagedrt.ops.triton_utils import device_sms
 
 
 def timed_us(fn, flush: torch.Tensor) -> float:
-    """Median us of fn() after a write of `flush`, less the write's own median."""
-    both = triton.testing.do_bench(lambda: (flush.zero_(), fn()), warmup=10, rep=60,
-                                   return_mode="median")
-    alone = triton.testing.do_bench(flush.zero_, warmup=10, rep=60, return_mode="median")
+    """Median us of fn() after a write of `flush`, less the write's own median, both replayed
+    from CUDA graphs (device time: no host launch cost)."""
+    both = triton.testing.do_bench_cudagraph(lambda: (flush.zero_(), fn()), rep=60,
+                                             return_mode="median")
+    alone = triton.testing.do_bench_cudagraph(flush.zero_, rep=60, return_mode="median")
     return max(both - alone, 0.0) * 1e3
+
+
+BASES = {"argmax_triton": "torch.argmax", "race split": "race",
+         "counter race split": "counter race", "counter race": "draw + race"}
+CHECKS = [("argmax_triton", "torch.argmax"), ("race split", "race"),
+          ("counter race split", "counter race")]
+
+
+def measure(rows: int, vocab: int, dtype: torch.dtype, flush: torch.Tensor) -> list[dict]:
+    """Every case at one shape, checked, then timed: one dict per case."""
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    logits = (torch.randn(rows, vocab, device="cuda", generator=g) * 4).to(dtype)
+    noise = torch.empty(rows, vocab, device="cuda").exponential_(generator=g)
+    temperature = torch.full((rows,), 0.6, device="cuda")
+    greedy = torch.zeros(rows, dtype=torch.bool, device="cuda")
+    keys = torch.zeros(rows, dtype=torch.int64, device="cuda")
+    positions = torch.full((rows,), -1, dtype=torch.int64, device="cuda")
+    step_key = torch.tensor([12345], device="cuda")
+    splits = sample_splits(rows, vocab, device_sms(logits))
+    cases = {
+        "torch.argmax": lambda: logits.argmax(-1),
+        "argmax_triton": lambda: argmax_triton(logits),
+        "race": lambda: race_argmax_triton(logits, noise, temperature, greedy),
+        "race split": lambda: race_argmax_triton(logits, noise, temperature, greedy, splits),
+        "counter race": lambda: race_counter_argmax_triton(
+            logits, temperature, greedy, keys, positions, step_key),
+        "counter race split": lambda: race_counter_argmax_triton(
+            logits, temperature, greedy, keys, positions, step_key, splits),
+        # the noise tensor's draw too (exponential_: what counter noise saves)
+        "draw + race": lambda: race_argmax_triton(logits, noise.exponential_(), temperature,
+                                                  greedy),
+    }
+    for got, want in CHECKS:
+        if not torch.equal(cases[got](), cases[want]()):
+            sys.exit(f"{got} differs from {want} at {rows} rows, {dtype}")
+    times = {name: timed_us(fn, flush) for name, fn in cases.items()}
+    logit_bytes = rows * vocab * logits.element_size()
+    results = []
+    for name, us in times.items():
+        base = BASES.get(name)
+        noise_bytes = rows * vocab * 4 * {"race": 1, "race split": 1,
+                                          "draw + race": 2}.get(name, 0)
+        results.append({
+            "rows": rows, "dtype": str(dtype).split(".")[1], "kernel": name,
+            "splits": splits if "split" in name or name == "argmax_triton" else 1,
+            "us": round(us, 2),
+            "GB/s": round((logit_bytes + noise_bytes) / us / 1e3, 1) if us else None,
+            "speed-up": round(times[base] / us, 3) if base and us else None, "base": base})
+    return results
 
 
 def main() -> None:
@@ -50,47 +102,12 @@ def main() -> None:
     results = []
     for dtype in (torch.bfloat16, torch.float32):
         for rows in [int(r) for r in args.rows.split(",")]:
-            g = torch.Generator(device="cuda").manual_seed(rows)
-            logits = (torch.randn(rows, args.vocab, device="cuda", generator=g) * 4).to(dtype)
-            noise = torch.empty(rows, args.vocab, device="cuda").exponential_(generator=g)
-            temperature = torch.full((rows,), 0.6, device="cuda")
-            greedy = torch.zeros(rows, dtype=torch.bool, device="cuda")
-            keys = torch.zeros(rows, dtype=torch.int64, device="cuda")
-            positions = torch.full((rows,), -1, dtype=torch.int64, device="cuda")
-            step_key = torch.tensor([12345], device="cuda")
-            splits = sample_splits(rows, args.vocab, device_sms(logits))
-            cases = {
-                "torch.argmax": lambda: logits.argmax(-1),
-                "argmax_triton": lambda: argmax_triton(logits),
-                "race": lambda: race_argmax_triton(logits, noise, temperature, greedy),
-                "race split": lambda: race_argmax_triton(logits, noise, temperature, greedy,
-                                                         splits),
-                "counter race": lambda: race_counter_argmax_triton(
-                    logits, temperature, greedy, keys, positions, step_key),
-                "counter race split": lambda: race_counter_argmax_triton(
-                    logits, temperature, greedy, keys, positions, step_key, splits),
-            }
-            checks = [("argmax_triton", "torch.argmax"), ("race split", "race"),
-                      ("counter race split", "counter race")]
-            for got, want in checks:
-                if not torch.equal(cases[got](), cases[want]()):
-                    sys.exit(f"{got} differs from {want} at {rows} rows, {dtype}")
-            times = {name: timed_us(fn, flush) for name, fn in cases.items()}
-            logit_bytes = rows * args.vocab * logits.element_size()
-            for name, us in times.items():
-                base = {"argmax_triton": "torch.argmax", "race split": "race",
-                        "counter race split": "counter race"}.get(name)
-                noise_bytes = rows * args.vocab * 4 if name in ("race", "race split") else 0
-                row = {"rows": rows, "dtype": str(dtype).split(".")[1], "kernel": name,
-                       "splits": splits if "split" in name or name == "argmax_triton" else 1,
-                       "us": round(us, 2),
-                       "GB/s": round((logit_bytes + noise_bytes) / us / 1e3, 1) if us else None,
-                       "speed-up": round(times[base] / us, 3) if base and us else None}
+            for row in measure(rows, args.vocab, dtype, flush):
                 results.append(row)
-                print(f"{rows:>4} {row['dtype']:>8} {name:>19} splits {row['splits']:>2} "
-                      f"{row['us']:>8.2f} us {row['GB/s']:>7} GB/s"
-                      + (f"  x{row['speed-up']} over {base}" if row["speed-up"] else ""),
-                      flush=True)
+                print(f"{rows:>4} {row['dtype']:>8} {row['kernel']:>19} splits "
+                      f"{row['splits']:>2} {row['us']:>8.2f} us {row['GB/s']:>7} GB/s"
+                      + (f"  x{row['speed-up']} over {row['base']}" if row["speed-up"]
+                         else ""), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(0), "vocab": args.vocab,
