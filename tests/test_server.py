@@ -11,6 +11,7 @@ import asyncio
 import json
 import re
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -394,5 +395,18 @@ def test_metrics_exposes_the_series(server):
         assert re.search(rf"^{name}(\{{[^}}]*\}})? ", text, re.MULTILINE), name
     m = metrics(server)
     assert m["pagedrt_kv_blocks_total"] == ENGINE_KWARGS["num_kv_blocks"]
+    # every series the server exports is in the README's table (as a sample is named:
+    # a counter with _total), and the table names none it does not export; prometheus_client's
+    # own _created gauges (a histogram's creation time) aside
+    exported = set()
+    for name, kind in re.findall(r"^# TYPE (pagedrt_\w+) (\w+)$", text, re.MULTILINE):
+        if name.endswith("_created"):
+            continue
+        exported.add(f"{name}_total" if kind == "counter" and not name.endswith("_total")
+                     else name)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("### Metrics", 1)[1].split("\n\n`used` blocks", 1)[0]
+    documented = {re.sub(r"\{.*", "", name) for name in re.findall(r"`(pagedrt_[^`]+)`", table)}
+    assert exported == documented, (exported - documented, documented - exported)
     assert m["pagedrt_prompt_tokens_total"] > 0 and m["pagedrt_generation_tokens_total"] > 0
     assert m["pagedrt_time_to_first_token_seconds_count"] > 0
