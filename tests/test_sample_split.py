@@ -17,6 +17,7 @@ pytest.importorskip("triton", reason="triton is not installed: the Triton kernel
 from pagedrt.ops.attention_triton import fused_reduce_counters
 from pagedrt.ops.sample_triton import (
     BLOCK,
+    MAX_SPLITS,
     argmax_triton,
     race_argmax_triton,
     race_counter_argmax_triton,
@@ -120,12 +121,15 @@ def test_sample_splits():
     assert sample_splits(600, vocab, 132) == 1
     assert sample_splits(0, vocab, 132) == 1
     assert sample_splits(3, 100, 132) == 1
+    assert sample_splits(1, 1 << 20, 132) == MAX_SPLITS == 64  # a 1M-token vocabulary
 
 
 def test_bad_arguments_are_value_errors():
     logits = torch.randn(2, 10)
-    with pytest.raises(ValueError, match="num_splits is 0"):
+    with pytest.raises(ValueError, match="num_splits is 0; use 1 to 64"):
         argmax_triton(logits, num_splits=0)
+    with pytest.raises(ValueError, match="num_splits is 65"):
+        argmax_triton(logits, num_splits=65)
     with pytest.raises(ValueError, match="out must be \\[2\\] int64"):
         argmax_triton(logits, out=torch.zeros(2, dtype=torch.int32))
     with pytest.raises(ValueError, match="unit stride"):

@@ -29,7 +29,8 @@ CTA barrier, then an acq_rel atomic at GPU scope: the decode attention's fused r
 and counters, `attention_triton.fused_reduce_counters`, whose docstring gives the memory-order
 argument); the row's last program to arrive reads the partials from L2 and keeps the best
 score of the lowest span holding it, and that span's token, so the token is the one the
-unsplit walk picks whichever program arrives last. `argmax_triton` is the same kernel for a
+unsplit walk picks whichever program arrives last. The combine reads MAX_SPLITS partials
+(masked past the row's spans), so one compiled kernel serves every split count. `argmax_triton` is the same kernel for a
 batch of greedy rows only (no temperature, flag or noise read): torch.argmax's token, the
 lowest id holding the maximum, a NaN counting as the maximum as torch counts it.
 
@@ -47,9 +48,13 @@ import triton.language as tl
 
 from pagedrt.ops.attention_triton import fused_reduce_counters
 from pagedrt.ops.philox_triton import counter_uniform
-from pagedrt.ops.triton_utils import device_sms, next_pow2
+from pagedrt.ops.triton_utils import device_sms
 
 BLOCK = 4096  # logits per iteration of a row's program
+# the most spans a row is split into; the last program's combine always takes this many
+# (masked), so the kernel compiles once for every split count instead of once per power of
+# two (a compile inside a serving step stalls it for about a second)
+MAX_SPLITS = 64
 TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: the torch path's clamp of q
 
 
@@ -132,12 +137,12 @@ def _race_kernel(x_ptr, stride_x, q_ptr, stride_q, temp_ptr, stride_t, greedy_pt
 
 def sample_splits(num_rows: int, vocab: int, sms: int) -> int:
     """Spans per row for a launch of `num_rows` rows: enough programs for about four per SM
-    (`sms` multiprocessors), at most one BLOCK-long span per BLOCK of the vocabulary, 1 for
-    a single span. E.g. 151,936 logits on 132 SMs: 38 spans of one BLOCK at 1-13 rows, 9 at
+    (`sms` multiprocessors), at most one BLOCK-long span per BLOCK of the vocabulary and
+    MAX_SPLITS in all, 1 for a single span. E.g. 151,936 logits on 132 SMs: 38 spans of one BLOCK at 1-13 rows, 9 at
     64, 3 at 256, 1 past 528 rows."""
     if num_rows <= 0:
         return 1
-    return max(1, min(triton.cdiv(vocab, BLOCK), triton.cdiv(4 * sms, num_rows)))
+    return max(1, min(triton.cdiv(vocab, BLOCK), triton.cdiv(4 * sms, num_rows), MAX_SPLITS))
 
 
 def _launch(logits: torch.Tensor, num_splits: int | None, out: torch.Tensor | None = None,
@@ -156,8 +161,8 @@ def _launch(logits: torch.Tensor, num_splits: int | None, out: torch.Tensor | No
     if num_rows == 0:
         return out
     splits = 1 if num_splits is None else int(num_splits)
-    if splits < 1:
-        raise ValueError(f"num_splits is {num_splits}; use 1 or more (or None)")
+    if not 1 <= splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits is {num_splits}; use 1 to {MAX_SPLITS} (or None)")
     span = triton.cdiv(triton.cdiv(vocab, splits), BLOCK) * BLOCK  # whole BLOCKs a span
     splits = triton.cdiv(vocab, span)  # (no empty span)
     if splits > 1 and vocab >= 1 << 24:
@@ -171,7 +176,7 @@ def _launch(logits: torch.Tensor, num_splits: int | None, out: torch.Tensor | No
         args["stride_t"], args["greedy"], args["stride_g"], args["keys"], args["positions"],
         args["step_key"], part, counters, out, vocab, span, splits,
         COUNTER_NOISE=args["counter_noise"], ALL_GREEDY=args["all_greedy"],
-        SPLITS_PAD=next_pow2(splits) if splits > 1 else 1,
+        SPLITS_PAD=MAX_SPLITS if splits > 1 else 1,
         STREAM_SEEDED=args.get("stream_seeded", 0), STREAM_UNSEEDED=args.get("stream_unseeded", 0),
         BLOCK=BLOCK, TINY=TINY, num_warps=8)
     return out
@@ -203,7 +208,7 @@ def argmax_triton(logits: torch.Tensor, num_splits: int | None = None,
         [B] int64 token ids on the logits' device (`out` where given).
     Raises:
         ValueError: a logits shape, stride or dtype the kernel cannot read, an `out` that
-            does not match, or num_splits < 1.
+            does not match, or num_splits outside 1 to MAX_SPLITS.
     """
     num_rows, vocab = _check_logits(logits)
     if num_splits is None:
@@ -231,7 +236,8 @@ def race_argmax_triton(logits: torch.Tensor, noise: torch.Tensor,
     Returns:
         [B] int64 token ids on the logits' device.
     Raises:
-        ValueError: shapes, dtypes, strides or devices that do not match, or num_splits < 1.
+        ValueError: shapes, dtypes, strides or devices that do not match, or num_splits
+            outside 1 to MAX_SPLITS.
     """
     num_rows, vocab = _check_logits(logits)
     if tuple(temperature.shape) != (num_rows,) or tuple(greedy.shape) != (num_rows,):
@@ -283,7 +289,8 @@ def race_counter_argmax_triton(logits: torch.Tensor, temperature: torch.Tensor,
     Returns:
         [B] int64 token ids on the logits' device.
     Raises:
-        ValueError: shapes, dtypes or devices that do not match, or num_splits < 1.
+        ValueError: shapes, dtypes or devices that do not match, or num_splits outside 1
+            to MAX_SPLITS.
     """
     from pagedrt.ops.philox import STREAM_RACE, STREAM_UNSEEDED
 
