@@ -179,3 +179,34 @@ def test_engine_tokens_with_split_sampling_equal_without(tiny, monkeypatch, sche
     assert tokens["1", "greedy"] == tokens["0", "greedy"]
     assert tokens["1", "mixed"] == tokens["0", "mixed"]
     assert tokens["1", "mixed"][2] == tokens["1", "greedy"][2]
+
+
+@pytest.mark.parametrize("counter_noise", ["0", "1"])
+def test_sampler_warm_up_launches_each_kernel_form(monkeypatch, counter_noise):
+    """`Sampler.warm_up` (the engine's start-up, on CUDA) launches the race, over a noise
+    tensor or counter noise as set, and the greedy argmax, each in one span and in the spans
+    of the batch, so no request compiles them; nothing with the kernel or the split off."""
+    from pagedrt.engine.sampler import Sampler
+    from pagedrt.ops import sample_triton
+
+    monkeypatch.setattr(sample_triton, "BLOCK", 128)  # 3 spans of 384 logits (4 SMs here)
+    launched = []
+    real_launch = sample_triton._launch
+    monkeypatch.setattr(sample_triton, "_launch",
+                        lambda logits, num_splits, *a, **k: launched.append(
+                            (num_splits, k["all_greedy"], k["counter_noise"]))
+                        or real_launch(logits, num_splits, *a, **k))
+    monkeypatch.setenv("PAGEDRT_RACE_COUNTER_NOISE", counter_noise)
+    logits = torch.zeros(1, 384)
+    Sampler(kernel=True).warm_up(logits)
+    noise = counter_noise == "1"
+    assert sorted(launched) == [(1, False, noise), (1, True, False), (3, False, noise),
+                                (3, True, False)]
+    assert counters_are_zero()
+    launched.clear()
+    monkeypatch.setenv("PAGEDRT_SAMPLE_SPLIT", "0")
+    Sampler(kernel=True).warm_up(logits)
+    assert launched == [(1, False, noise)]
+    launched.clear()
+    Sampler(kernel=False).warm_up(logits)
+    assert launched == []

@@ -203,7 +203,8 @@ class ModelRunner:
         """Run every matmul shape a step with prompt tokens can take once, so that no kernel
         is loaded for the first time mid-run (see EAGER_TOKEN_PADDING): each linear layer's
         weight at every padded token count up to `max_step_tokens`, and the LM head at 1 to
-        `max_num_seqs` rows (one per sampled request). Sets `gemm_warm_up_s`."""
+        `max_num_seqs` rows (one per sampled request); then the sampler's Triton kernels on
+        one row's logits (`Sampler.warm_up`). Sets `gemm_warm_up_s`."""
         from pagedrt.models.layers import LinearBase
 
         start = time.perf_counter()
@@ -224,7 +225,9 @@ class ModelRunner:
         h = torch.zeros(max_num_seqs, hidden_size, dtype=next(self.model.parameters()).dtype,
                         device=self.device)
         for m in range(1, max_num_seqs + 1):
-            self.model.compute_logits(h[:m])
+            logits = self.model.compute_logits(h[:m])
+            if m == 1:
+                self.sampler.warm_up(logits)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.gemm_warm_up_s = time.perf_counter() - start

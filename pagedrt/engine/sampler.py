@@ -125,14 +125,14 @@ class Sampler:
         split: where the kernel is used, the race splits each row's vocabulary over several
             programs, and a batch of greedy rows takes the same kernel's argmax
             (`sample_triton.argmax_triton`) instead of torch.argmax (pagedrt/ops/
-            sample_triton.py, "Split rows"): PAGEDRT_SAMPLE_SPLIT=1, read here; off by default
-            until measured on the GPU.
+            sample_triton.py, "Split rows"): on by default, PAGEDRT_SAMPLE_SPLIT=0 turns it
+            off (docs/design.md, "Seeded sampling", "Rows split over programs").
     """
 
     def __init__(self, kernel: bool | None = None) -> None:
         self.kernel = kernel
         self.counter_noise = os.environ.get("PAGEDRT_RACE_COUNTER_NOISE", "0") == "1"
-        self.split = os.environ.get("PAGEDRT_SAMPLE_SPLIT", "0") == "1"
+        self.split = os.environ.get("PAGEDRT_SAMPLE_SPLIT", "1") != "0"
         if kernel is None:
             self.kernel = {"0": False, "1": True}.get(os.environ.get("PAGEDRT_SAMPLE_KERNEL"))
 
@@ -145,6 +145,40 @@ class Sampler:
             raise ValueError("PAGEDRT_SAMPLE_KERNEL=1 on a CPU device needs TRITON_INTERPRET=1 "
                              "(Triton's interpreter, the tests' setting); set it too, or unset "
                              "PAGEDRT_SAMPLE_KERNEL to sample with torch ops")
+
+    def warm_up(self, logits: torch.Tensor) -> None:
+        """Launch once each Triton kernel form `sample_rows` may take on logits like these
+        (the race over a noise tensor or counter noise, as set; with `split`, the race and the
+        greedy argmax in spans too), so that no request's step compiles or loads one: a
+        first compile costs about a second. A no-op where the kernel is not used.
+
+        Args:
+            logits: [B, vocab] in the model's dtype on the engine's device (zeros will do);
+                not modified.
+        """
+        if not self._use_kernel(logits) or logits.stride(1) != 1 or not len(logits):
+            return
+        from pagedrt.ops.sample_triton import (
+            argmax_triton,
+            race_argmax_triton,
+            race_counter_argmax_triton,
+            sample_splits,
+        )
+        from pagedrt.ops.triton_utils import device_sms
+
+        num_rows, device = logits.shape[0], logits.device
+        ones = torch.ones(num_rows, dtype=torch.float32, device=device)
+        int64 = {"dtype": torch.int64, "device": device}
+        for splits in {1, sample_splits(*logits.shape, device_sms(logits)) if self.split else 1}:
+            if self.counter_noise:
+                race_counter_argmax_triton(logits, ones, ones * 0, torch.zeros(num_rows, **int64),
+                                           torch.full((num_rows,), -1, **int64),
+                                           torch.zeros(1, **int64), splits)
+            else:
+                race_argmax_triton(logits, torch.ones(logits.shape, device=device), ones,
+                                   ones * 0, splits)
+            if self.split:
+                argmax_triton(logits, splits)
 
     def _split_argmax(self, logits: torch.Tensor) -> bool:
         """Whether a batch of greedy rows takes `sample_triton.argmax_triton`."""
