@@ -20,19 +20,20 @@ With COUNTER_NOISE (`race_counter_argmax_triton`, PAGEDRT_RACE_COUNTER_NOISE=1) 
 kernel computes each q in registers from Philox counters instead of loading it from a noise
 tensor (docs/design.md, "Seeded sampling").
 
-Split rows (`num_splits` > 1; the engine's sampler asks for them with PAGEDRT_SAMPLE_SPLIT=1,
-`sample_splits`): one program per row walks 151,936 logits one chunk after another, so a batch
-of a few rows keeps a few SMs busy and 256 rows take two waves. With splits the grid is
-(rows, num_splits): each program takes one contiguous span of the row (a multiple of BLOCK),
-stores its best score and token as a partial, and counts in on its row's arrival counter (a
-CTA barrier, then an acq_rel atomic at GPU scope: the decode attention's fused reduce's scheme
-and counters, `attention_triton.fused_reduce_counters`, whose docstring gives the memory-order
-argument); the row's last program to arrive reads the partials from L2 and keeps the best
-score of the lowest span holding it, and that span's token, so the token is the one the
-unsplit walk picks whichever program arrives last. The combine reads MAX_SPLITS partials
-(masked past the row's spans), so one compiled kernel serves every split count. `argmax_triton` is the same kernel for a
-batch of greedy rows only (no temperature, flag or noise read): torch.argmax's token, the
-lowest id holding the maximum, a NaN counting as the maximum as torch counts it.
+Split rows (`num_splits` > 1; the engine's sampler asks for `sample_splits` of them unless
+PAGEDRT_SAMPLE_SPLIT=0): one program per row walks 151,936 logits one chunk after another, so
+a batch of a few rows keeps a few SMs busy and 256 rows take two waves. With splits the grid
+is (rows, num_splits): each program takes one contiguous span of the row (a multiple of
+BLOCK), stores its best score and token as a partial, and counts in on its row's arrival
+counter (a CTA barrier, then an acq_rel atomic at GPU scope: the decode attention's fused
+reduce's scheme and counters, `attention_triton.fused_reduce_counters`, whose docstring gives
+the memory-order argument); the row's last program to arrive reads the partials from L2 and
+keeps the best score of the lowest span holding it, and that span's token, so the token is
+the one the unsplit walk picks whichever program arrives last. The combine reads MAX_SPLITS
+partials (masked past the row's spans), so one compiled kernel serves every split count.
+`argmax_triton` is the same kernel for a batch of greedy rows only (no temperature, flag or
+noise read): torch.argmax's token, the lowest id holding the maximum, a NaN counting as the
+maximum as torch counts it.
 
 The same noise gives the same token as the torch path up to float32 rounding (a division and a
 log against a softmax and a division: a different token only where two candidates' scores
@@ -138,8 +139,9 @@ def _race_kernel(x_ptr, stride_x, q_ptr, stride_q, temp_ptr, stride_t, greedy_pt
 def sample_splits(num_rows: int, vocab: int, sms: int) -> int:
     """Spans per row for a launch of `num_rows` rows: enough programs for about four per SM
     (`sms` multiprocessors), at most one BLOCK-long span per BLOCK of the vocabulary and
-    MAX_SPLITS in all, 1 for a single span. E.g. 151,936 logits on 132 SMs: 38 spans of one BLOCK at 1-13 rows, 9 at
-    64, 3 at 256, 1 past 528 rows."""
+    MAX_SPLITS in all, 1 for a single span. E.g. 151,936 logits on 132 SMs: 38 spans of one
+    BLOCK at 1-13 rows, 9 at 64, 3 at 256, 1 past 528 rows (docs/design.md, "Rows split over
+    programs", has the kernel timings behind the default)."""
     if num_rows <= 0:
         return 1
     return max(1, min(triton.cdiv(vocab, BLOCK), triton.cdiv(4 * sms, num_rows), MAX_SPLITS))
@@ -177,7 +179,8 @@ def _launch(logits: torch.Tensor, num_splits: int | None, out: torch.Tensor | No
         args["step_key"], part, counters, out, vocab, span, splits,
         COUNTER_NOISE=args["counter_noise"], ALL_GREEDY=args["all_greedy"],
         SPLITS_PAD=MAX_SPLITS if splits > 1 else 1,
-        STREAM_SEEDED=args.get("stream_seeded", 0), STREAM_UNSEEDED=args.get("stream_unseeded", 0),
+        STREAM_SEEDED=args.get("stream_seeded", 0),
+        STREAM_UNSEEDED=args.get("stream_unseeded", 0),
         BLOCK=BLOCK, TINY=TINY, num_warps=8)
     return out
 
