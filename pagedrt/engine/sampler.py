@@ -121,7 +121,7 @@ class Sampler:
     Attributes:
         counter_noise: the Triton race draws its Exp(1) noise in registers (`_race`;
             docs/design.md, "Seeded sampling"): PAGEDRT_RACE_COUNTER_NOISE=1, read here; off
-            by default until measured on the GPU.
+            by default (slower on an H100 than the noise tensor's draw and race).
         split: where the kernel is used, the race splits each row's vocabulary over several
             programs, and a batch of greedy rows takes the same kernel's argmax
             (`sample_triton.argmax_triton`) instead of torch.argmax (pagedrt/ops/
@@ -180,7 +180,7 @@ class Sampler:
             if self.split:
                 argmax_triton(logits, splits)
 
-    def _split_argmax(self, logits: torch.Tensor) -> bool:
+    def _use_split_argmax(self, logits: torch.Tensor) -> bool:
         """Whether a batch of greedy rows takes `sample_triton.argmax_triton`."""
         return self.split and logits.stride(1) == 1 and self._use_kernel(logits)
 
@@ -286,7 +286,7 @@ class Sampler:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits shape {tuple(logits.shape)} does not match {len(rows)} rows")
         if state.plain_greedy[rows].all():
-            if self._split_argmax(logits):
+            if self._use_split_argmax(logits):
                 return SamplerOutput(token_ids=_split_argmax(logits, out))
             if out is not None:
                 return SamplerOutput(token_ids=torch.argmax(logits, dim=-1, out=out))
@@ -332,7 +332,7 @@ class Sampler:
                       or (state.params[rows, TOP_P] < 1.0).any())
         min_p = bool((state.params[rows, MIN_P] > 0.0).any())
         if greedy.all():
-            token_ids = (_split_argmax(logits) if self._split_argmax(logits)
+            token_ids = (_split_argmax(logits) if self._use_split_argmax(logits)
                          else logits.argmax(dim=-1))
         elif use_kernel and not (top_kp or min_p):  # temperature and the race in one pass
             token_ids = _race(logits, params[:, TEMPERATURE], params[:, GREEDY],
@@ -481,8 +481,8 @@ def _race(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
 
 
 def _split_argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """torch.argmax(logits, -1) by `sample_triton.argmax_triton` (PAGEDRT_SAMPLE_SPLIT=1),
-    into `out` where given. Returns [B] int64."""
+    """torch.argmax(logits, -1) by `sample_triton.argmax_triton` (the default;
+    PAGEDRT_SAMPLE_SPLIT=0 keeps torch.argmax), into `out` where given. Returns [B] int64."""
     from pagedrt.ops.sample_triton import argmax_triton
 
     return argmax_triton(logits, out=out)
