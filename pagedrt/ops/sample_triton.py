@@ -140,8 +140,9 @@ def sample_splits(num_rows: int, vocab: int, sms: int) -> int:
     """Spans per row for a launch of `num_rows` rows: enough programs for about four per SM
     (`sms` multiprocessors), at most one BLOCK-long span per BLOCK of the vocabulary and
     MAX_SPLITS in all, 1 for a single span. E.g. 151,936 logits on 132 SMs: 38 spans of one
-    BLOCK at 1-13 rows, 9 at 64, 3 at 256, 1 past 528 rows (docs/design.md, "Rows split over
-    programs", has the kernel timings behind the default)."""
+    BLOCK at 1-13 rows, 9 at 64, 3 at 256, 1 past 528 rows (docs/design.md, "Seeded
+    sampling", has the kernel timings behind the default in its paragraph on rows split over
+    programs)."""
     if num_rows <= 0:
         return 1
     return max(1, min(triton.cdiv(vocab, BLOCK), triton.cdiv(4 * sms, num_rows), MAX_SPLITS))
