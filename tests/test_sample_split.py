@@ -194,7 +194,8 @@ def test_sampler_warm_up_launches_each_kernel_form(monkeypatch, counter_noise):
     real_launch = sample_triton._launch
     monkeypatch.setattr(sample_triton, "_launch",
                         lambda logits, num_splits, *a, **k: launched.append(
-                            (num_splits, k["all_greedy"], k["counter_noise"]))
+                            (num_splits, k.get("all_greedy", False),
+                             k.get("counter_noise", False)))  # (_launch's defaults)
                         or real_launch(logits, num_splits, *a, **k))
     monkeypatch.setenv("PAGEDRT_RACE_COUNTER_NOISE", counter_noise)
     logits = torch.zeros(1, 384)

@@ -181,7 +181,7 @@ def _capturing(device: torch.device) -> bool:
 def fused_reduce_counters(device: torch.device | str, needed: int) -> torch.Tensor:
     """The fused split-K reduce's arrival counters on `device` (the split-K and add-norm
     decode matmuls, pagedrt/ops/matmul_triton.py, count their output and row tiles on them
-    too): one persistent int32 tensor of zeros per device, with room for at least `needed`
+    too, and the sampler's split rows their rows, pagedrt/ops/sample_triton.py): one persistent int32 tensor of zeros per device, with room for at least `needed`
     counters ((sequence, KV head) pairs for the reduce), allocated on first use with
     max(MIN_REDUCE_COUNTERS, next power of two >= needed) entries and cached here for the life
     of the process. Every launch leaves them all 0 (the last program of each pair or tile

@@ -148,11 +148,18 @@ def sample_splits(num_rows: int, vocab: int, sms: int) -> int:
     return max(1, min(triton.cdiv(vocab, BLOCK), triton.cdiv(4 * sms, num_rows), MAX_SPLITS))
 
 
-def _launch(logits: torch.Tensor, num_splits: int | None, out: torch.Tensor | None = None,
-            **args) -> torch.Tensor:
+def _launch(logits: torch.Tensor, num_splits: int | None, out: torch.Tensor | None = None, *,
+            noise: torch.Tensor | None = None, stride_q: int = 0,
+            temperature: torch.Tensor | None = None, stride_t: int = 0,
+            greedy: torch.Tensor | None = None, stride_g: int = 0,
+            keys: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+            step_key: torch.Tensor | None = None, counter_noise: bool = False,
+            all_greedy: bool = False, stream_seeded: int = 0,
+            stream_unseeded: int = 0) -> torch.Tensor:
     """Launch `_race_kernel` over [B, V] logits with `num_splits` spans per row (None: 1),
-    writing `out` ([B] int64, contiguous; None: a new tensor). `args` holds the kernel's other
-    tensors and flags. Returns the [B] int64 tokens."""
+    writing `out` ([B] int64, contiguous; None: a new tensor). The other tensors are the
+    kernel's (None: one the flags leave unread, the logits stand in). Returns the [B] int64
+    tokens."""
     num_rows, vocab = logits.shape
     if out is None:
         out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
@@ -174,15 +181,16 @@ def _launch(logits: torch.Tensor, num_splits: int | None, out: torch.Tensor | No
     part = torch.empty((num_rows, splits, 2) if splits > 1 else (1,), dtype=torch.float32,
                        device=logits.device)
     counters = fused_reduce_counters(logits.device, num_rows) if splits > 1 else out
+    unread = logits
     _race_kernel[(num_rows, splits)](
-        logits, logits.stride(0), args["noise"], args["stride_q"], args["temperature"],
-        args["stride_t"], args["greedy"], args["stride_g"], args["keys"], args["positions"],
-        args["step_key"], part, counters, out, vocab, span, splits,
-        COUNTER_NOISE=args["counter_noise"], ALL_GREEDY=args["all_greedy"],
-        SPLITS_PAD=MAX_SPLITS if splits > 1 else 1,
-        STREAM_SEEDED=args.get("stream_seeded", 0),
-        STREAM_UNSEEDED=args.get("stream_unseeded", 0),
-        BLOCK=BLOCK, TINY=TINY, num_warps=8)
+        logits, logits.stride(0), unread if noise is None else noise, stride_q,
+        unread if temperature is None else temperature, stride_t,
+        unread if greedy is None else greedy, stride_g, unread if keys is None else keys,
+        unread if positions is None else positions, unread if step_key is None else step_key,
+        part, counters, out, vocab, span, splits, COUNTER_NOISE=counter_noise,
+        ALL_GREEDY=all_greedy, SPLITS_PAD=MAX_SPLITS if splits > 1 else 1,
+        STREAM_SEEDED=stream_seeded, STREAM_UNSEEDED=stream_unseeded, BLOCK=BLOCK, TINY=TINY,
+        num_warps=8)
     return out
 
 
@@ -217,9 +225,7 @@ def argmax_triton(logits: torch.Tensor, num_splits: int | None = None,
     num_rows, vocab = _check_logits(logits)
     if num_splits is None:
         num_splits = sample_splits(num_rows, vocab, device_sms(logits))
-    return _launch(logits, num_splits, out, noise=logits, stride_q=0, temperature=logits,
-                   stride_t=0, greedy=logits, stride_g=0, keys=logits, positions=logits,
-                   step_key=logits, counter_noise=False, all_greedy=True)
+    return _launch(logits, num_splits, out, all_greedy=True)
 
 
 def race_argmax_triton(logits: torch.Tensor, noise: torch.Tensor,
@@ -261,8 +267,7 @@ def race_argmax_triton(logits: torch.Tensor, noise: torch.Tensor,
         greedy = greedy.view(torch.uint8)
     return _launch(logits, num_splits, noise=noise, stride_q=noise.stride(0),
                    temperature=temperature, stride_t=temperature.stride(0), greedy=greedy,
-                   stride_g=greedy.stride(0), keys=logits, positions=logits, step_key=logits,
-                   counter_noise=False, all_greedy=False)
+                   stride_g=greedy.stride(0))
 
 
 def race_counter_argmax_triton(logits: torch.Tensor, temperature: torch.Tensor,
@@ -314,8 +319,8 @@ def race_counter_argmax_triton(logits: torch.Tensor, temperature: torch.Tensor,
                          "share a device")
     if greedy.dtype == torch.bool:
         greedy = greedy.view(torch.uint8)
-    return _launch(logits, num_splits, noise=logits, stride_q=0, temperature=temperature,
+    return _launch(logits, num_splits, temperature=temperature,
                    stride_t=temperature.stride(0), greedy=greedy, stride_g=greedy.stride(0),
                    keys=keys.contiguous(), positions=positions.contiguous(), step_key=step_key,
-                   counter_noise=True, all_greedy=False, stream_seeded=STREAM_RACE,
+                   counter_noise=True, stream_seeded=STREAM_RACE,
                    stream_unseeded=STREAM_UNSEEDED)
