@@ -1,7 +1,7 @@
 """The race kernel with each row's vocabulary split over several programs (pagedrt/ops/
 sample_triton.py, "Split rows"; PAGEDRT_SAMPLE_SPLIT=1 in the engine) under TRITON_INTERPRET=1:
 the same tokens as one program a row and as the torch ops, at every split count from 1 to one
-span per BLOCK, over noise tensors and counter noise; `argmax_triton` against torch.argmax
+span per BLOCK; `argmax_triton` against torch.argmax
 (ties across spans, NaN, rows of -inf, strided rows, `out`); the arrival counters left at 0
 so that the next launch is right too; bad arguments; the engine's tokens with the switch."""
 
@@ -20,7 +20,6 @@ from pagedrt.ops.sample_triton import (
     MAX_SPLITS,
     argmax_triton,
     race_argmax_triton,
-    race_counter_argmax_triton,
     sample_splits,
 )
 
@@ -58,25 +57,6 @@ def test_split_race_equals_one_program_a_row_and_the_torch_ops(dtype, vocab):
             got = race_argmax_triton(logits, noise, temperature, greedy, num_splits=splits)
             assert torch.equal(got, expected), (splits, got, expected)
             assert counters_are_zero()
-
-
-def test_split_counter_noise_race_equals_unsplit():
-    """Counter noise (seeded, unseeded and greedy rows): the split launches draw the same
-    noise at the same tokens, so they give the unsplit launch's tokens."""
-    g = torch.Generator().manual_seed(3)
-    vocab, rows = 3 * BLOCK + 11, 4
-    logits = torch.randn(rows, vocab, generator=g)
-    temperature = torch.tensor([0.8, 1.0, 1.7, 1.0])
-    greedy = torch.tensor([False, False, False, True])
-    keys = torch.tensor([5, 0, 1 << 33, 0], dtype=torch.int64)
-    positions = torch.tensor([12, -1, 0, -1], dtype=torch.int64)
-    step_key = torch.tensor([424242], dtype=torch.int64)
-    one = race_counter_argmax_triton(logits, temperature, greedy, keys, positions, step_key)
-    for splits in (2, 3, 4):
-        got = race_counter_argmax_triton(logits, temperature, greedy, keys, positions,
-                                         step_key, num_splits=splits)
-        assert torch.equal(got, one), (splits, got, one)
-    assert counters_are_zero()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -181,11 +161,10 @@ def test_engine_tokens_with_split_sampling_equal_without(tiny, monkeypatch, sche
     assert tokens["1", "mixed"][2] == tokens["1", "greedy"][2]
 
 
-@pytest.mark.parametrize("counter_noise", ["0", "1"])
-def test_sampler_warm_up_launches_each_kernel_form(monkeypatch, counter_noise):
-    """`Sampler.warm_up` (the engine's start-up, on CUDA) launches the race, over a noise
-    tensor or counter noise as set, and the greedy argmax, each in one span and in the spans
-    of the batch, so no request compiles them; nothing with the kernel or the split off."""
+def test_sampler_warm_up_launches_each_kernel_form(monkeypatch):
+    """`Sampler.warm_up` (the engine's start-up, on CUDA) launches the race and the greedy
+    argmax, each in one span and in the spans of the batch, so no request compiles them;
+    nothing with the kernel or the split off."""
     from pagedrt.engine.sampler import Sampler
     from pagedrt.ops import sample_triton
 
@@ -194,20 +173,16 @@ def test_sampler_warm_up_launches_each_kernel_form(monkeypatch, counter_noise):
     real_launch = sample_triton._launch
     monkeypatch.setattr(sample_triton, "_launch",
                         lambda logits, num_splits, *a, **k: launched.append(
-                            (num_splits, k.get("all_greedy", False),
-                             k.get("counter_noise", False)))  # (_launch's defaults)
+                            (num_splits, k.get("all_greedy", False)))  # (_launch's default)
                         or real_launch(logits, num_splits, *a, **k))
-    monkeypatch.setenv("PAGEDRT_RACE_COUNTER_NOISE", counter_noise)
     logits = torch.zeros(1, 384)
     Sampler(kernel=True).warm_up(logits)
-    noise = counter_noise == "1"
-    assert sorted(launched) == [(1, False, noise), (1, True, False), (3, False, noise),
-                                (3, True, False)]
+    assert sorted(launched) == [(1, False), (1, True), (3, False), (3, True)]
     assert counters_are_zero()
     launched.clear()
     monkeypatch.setenv("PAGEDRT_SAMPLE_SPLIT", "0")
     Sampler(kernel=True).warm_up(logits)
-    assert launched == [(1, False, noise)]
+    assert launched == [(1, False)]
     launched.clear()
     Sampler(kernel=False).warm_up(logits)
     assert launched == []

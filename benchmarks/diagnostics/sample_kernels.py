@@ -1,8 +1,7 @@
 """Times the sampler's last kernel alone on the GPU (pagedrt/ops/sample_triton.py, "Split
 rows"): for B rows of V logits, torch.argmax against `argmax_triton` (greedy batches), and the
-race over a noise tensor and over counter noise, one program a row against the split launch
-(`sample_splits`' count for this GPU), and the noise tensor's draw with its race against the
-counter-noise race, which draws in registers. Each kernel is checked against its reference
+race over a noise tensor, one program a row against the split launch (`sample_splits`' count
+for this GPU), and the noise tensor's draw with its race. Each kernel is checked against its reference
 first, then timed by triton.testing.do_bench_cudagraph after a write of twice the L2's size
 (the logits come from DRAM, as after the LM head of a large batch) whose own time is
 subtracted; the bytes read per us give the bandwidth. The sampling kernels time 1-256 rows
@@ -12,8 +11,9 @@ in bf16 in about a minute on an H100 (2026-12-06); float32 runs after them.
         [--out results.json]
 
 Prints one line per (rows, dtype, kernel): us, GB/s of logits and noise moved, and the
-speed-up of the split launch over the unsplit one (over torch.argmax for the greedy batch; of
-the counter race over the draw and race).
+speed-up of the split launch over the unsplit one (over torch.argmax for the greedy batch).
+(The race drawing its noise in registers from Philox counters was timed here too until
+2026-12-06, slower than the draw and the race over the tensor; it was removed.)
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import triton.testing
 from pagedrt.ops.sample_triton import (
     argmax_triton,
     race_argmax_triton,
-    race_counter_argmax_triton,
     sample_splits,
 )
 from pagedrt.ops.triton_utils import device_sms
@@ -43,10 +42,8 @@ def timed_us(fn, flush: torch.Tensor) -> float:
     return max(both - alone, 0.0) * 1e3
 
 
-BASES = {"argmax_triton": "torch.argmax", "race split": "race",
-         "counter race split": "counter race", "counter race": "draw + race"}
-CHECKS = [("argmax_triton", "torch.argmax"), ("race split", "race"),
-          ("counter race split", "counter race")]
+BASES = {"argmax_triton": "torch.argmax", "race split": "race"}
+CHECKS = [("argmax_triton", "torch.argmax"), ("race split", "race")]
 
 
 def measure(rows: int, vocab: int, dtype: torch.dtype, flush: torch.Tensor) -> list[dict]:
@@ -56,20 +53,13 @@ def measure(rows: int, vocab: int, dtype: torch.dtype, flush: torch.Tensor) -> l
     noise = torch.empty(rows, vocab, device="cuda").exponential_(generator=g)
     temperature = torch.full((rows,), 0.6, device="cuda")
     greedy = torch.zeros(rows, dtype=torch.bool, device="cuda")
-    keys = torch.zeros(rows, dtype=torch.int64, device="cuda")
-    positions = torch.full((rows,), -1, dtype=torch.int64, device="cuda")
-    step_key = torch.tensor([12345], device="cuda")
     splits = sample_splits(rows, vocab, device_sms(logits))
     cases = {
         "torch.argmax": lambda: logits.argmax(-1),
         "argmax_triton": lambda: argmax_triton(logits),
         "race": lambda: race_argmax_triton(logits, noise, temperature, greedy),
         "race split": lambda: race_argmax_triton(logits, noise, temperature, greedy, splits),
-        "counter race": lambda: race_counter_argmax_triton(
-            logits, temperature, greedy, keys, positions, step_key),
-        "counter race split": lambda: race_counter_argmax_triton(
-            logits, temperature, greedy, keys, positions, step_key, splits),
-        # the noise tensor's draw too (exponential_: what counter noise saves)
+        # the noise tensor's draw too (exponential_)
         "draw + race": lambda: race_argmax_triton(logits, noise.exponential_(), temperature,
                                                   greedy),
     }

@@ -119,9 +119,6 @@ class Sampler:
             tensors, under TRITON_INTERPRET=1: the tests); True or False decides alone.
 
     Attributes:
-        counter_noise: the Triton race draws its Exp(1) noise in registers (`_race`;
-            docs/design.md, "Seeded sampling"): PAGEDRT_RACE_COUNTER_NOISE=1, read here; off
-            by default (slower on an H100 than the noise tensor's draw and race).
         split: where the kernel is used, the race splits each row's vocabulary over several
             programs, and a batch of greedy rows takes the same kernel's argmax
             (`sample_triton.argmax_triton`) instead of torch.argmax (pagedrt/ops/
@@ -131,7 +128,6 @@ class Sampler:
 
     def __init__(self, kernel: bool | None = None) -> None:
         self.kernel = kernel
-        self.counter_noise = os.environ.get("PAGEDRT_RACE_COUNTER_NOISE", "0") == "1"
         self.split = os.environ.get("PAGEDRT_SAMPLE_SPLIT", "1") != "0"
         if kernel is None:
             self.kernel = {"0": False, "1": True}.get(os.environ.get("PAGEDRT_SAMPLE_KERNEL"))
@@ -148,8 +144,8 @@ class Sampler:
 
     def warm_up(self, logits: torch.Tensor) -> None:
         """Launch once each Triton kernel form `sample_rows` may take on logits like these
-        (the race over a noise tensor or counter noise, as set; with `split`, the race and the
-        greedy argmax in spans too), so that no request's step compiles or loads one: a
+        (the race over a noise tensor; with `split`, the race and the greedy argmax in spans
+        too), so that no request's step compiles or loads one: a
         first compile costs about a second. A no-op where the kernel is not used.
 
         Args:
@@ -161,22 +157,15 @@ class Sampler:
         from pagedrt.ops.sample_triton import (
             argmax_triton,
             race_argmax_triton,
-            race_counter_argmax_triton,
             sample_splits,
         )
         from pagedrt.ops.triton_utils import device_sms
 
         num_rows, device = logits.shape[0], logits.device
         ones = torch.ones(num_rows, dtype=torch.float32, device=device)
-        int64 = {"dtype": torch.int64, "device": device}
         for splits in {1, sample_splits(*logits.shape, device_sms(logits)) if self.split else 1}:
-            if self.counter_noise:
-                race_counter_argmax_triton(logits, ones, ones * 0, torch.zeros(num_rows, **int64),
-                                           torch.full((num_rows,), -1, **int64),
-                                           torch.zeros(1, **int64), splits)
-            else:
-                race_argmax_triton(logits, torch.ones(logits.shape, device=device), ones,
-                                   ones * 0, splits)
+            race_argmax_triton(logits, torch.ones(logits.shape, device=device), ones, ones * 0,
+                               splits)
             if self.split:
                 argmax_triton(logits, splits)
 
@@ -336,13 +325,11 @@ class Sampler:
                          else logits.argmax(dim=-1))
         elif use_kernel and not (top_kp or min_p):  # temperature and the race in one pass
             token_ids = _race(logits, params[:, TEMPERATURE], params[:, GREEDY],
-                              _seeded(state, rows, num_tokens), default_generator,
-                              self.counter_noise, self.split)
+                              _seeded(state, rows, num_tokens), default_generator, self.split)
         else:
             sampled = _sample_filtered(logits, params, top_k, state.params[rows, TOP_P], greedy,
                                        top_kp, min_p, _seeded(state, rows, num_tokens),
-                                       use_kernel, default_generator, self.counter_noise,
-                                       self.split)
+                                       use_kernel, default_generator, self.split)
             if greedy.any():
                 token_ids = torch.where(params[:, GREEDY] > 0, logits.argmax(dim=-1), sampled)
             else:
@@ -361,7 +348,7 @@ def _sample_filtered(logits: torch.Tensor, params: torch.Tensor, host_k: np.ndar
                      host_p: np.ndarray, host_greedy: np.ndarray, top_kp: bool, min_p: bool,
                      seeded: SeededRows | None, use_kernel: bool,
                      default_generator: torch.Generator | None,
-                     counter_noise: bool = False, split: bool = False) -> torch.Tensor:
+                     split: bool = False) -> torch.Tensor:
     """`sample_rows`' draw for rows with top-k, top-p or min-p: temperature, the filters, then
     the exponential race; greedy rows are drawn too (the caller overwrites them).
 
@@ -399,8 +386,7 @@ def _sample_filtered(logits: torch.Tensor, params: torch.Tensor, host_k: np.ndar
         logits = _apply_min_p(logits, min_p_t)
     if use_kernel:  # the race over the filtered logits (already divided)
         ones = torch.ones(len(logits), dtype=torch.float32, device=logits.device)
-        return _race(logits, ones, torch.zeros_like(ones), seeded, default_generator,
-                     counter_noise, split)
+        return _race(logits, ones, torch.zeros_like(ones), seeded, default_generator, split)
     return _exponential_race(torch.softmax(logits, dim=-1), seeded, default_generator)
 
 
@@ -445,39 +431,17 @@ def _seeded(state: SamplingState, rows: np.ndarray, num_tokens: np.ndarray) -> S
 
 def _race(logits: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
           seeded: SeededRows | None,
-          default_generator: torch.Generator | None, counter_noise: bool = False,
-          split: bool = False) -> torch.Tensor:
+          default_generator: torch.Generator | None, split: bool = False) -> torch.Tensor:
     """`race_argmax_triton` (pagedrt/ops/sample_triton.py) over `_exponential_noise`'s draws:
     the tokens of `_exponential_race` on softmax(logits / temperature), argmax for greedy
-    rows. With counter_noise, `race_counter_argmax_triton` instead: the noise drawn in the
-    kernel, a seeded row's the same as here, the others' keyed by a step key drawn from
-    `default_generator`. With split, each row's vocabulary in `sample_splits` spans (the same
-    tokens). Returns [B] int64."""
-    from pagedrt.ops.sample_triton import (
-        race_argmax_triton,
-        race_counter_argmax_triton,
-        sample_splits,
-    )
+    rows. With split, each row's vocabulary in `sample_splits` spans (the same tokens).
+    Returns [B] int64."""
+    from pagedrt.ops.sample_triton import race_argmax_triton, sample_splits
     from pagedrt.ops.triton_utils import device_sms
 
     num_splits = sample_splits(*logits.shape, device_sms(logits)) if split else None
-    if not counter_noise:
-        noise = _exponential_noise(logits.shape, logits.device, seeded, default_generator)
-        return race_argmax_triton(logits, noise, temperature, greedy, num_splits)
-    num_rows, device = logits.shape[0], logits.device
-    keys = np.zeros(num_rows, dtype=np.int64)
-    positions = np.full(num_rows, -1, dtype=np.int64)
-    if seeded is not None and len(seeded.index):
-        keys[seeded.index] = seeded.keys
-        positions[seeded.index] = seeded.positions
-    keys_t, positions_t = torch.split(to_device(np.concatenate([keys, positions]), device,
-                                                torch.int64), [num_rows, num_rows])
-    # (on the generator's device: a CUDA generator draws it without a host wait)
-    key_device = device if default_generator is None else default_generator.device
-    step_key = torch.randint(0, 1 << 62, (1,), dtype=torch.int64, generator=default_generator,
-                             device=key_device)
-    return race_counter_argmax_triton(logits, temperature, greedy, keys_t, positions_t,
-                                      step_key.to(device), num_splits)
+    noise = _exponential_noise(logits.shape, logits.device, seeded, default_generator)
+    return race_argmax_triton(logits, noise, temperature, greedy, num_splits)
 
 
 def _split_argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -36,12 +36,10 @@ CHOICE_TABLES = (("pagedrt.ops.gemv_triton", ("_CHOICE", "_FUSED_CHOICE")),
                  ("pagedrt.ops.matmul_triton", ("_CHOICE",)))
 
 # PAGEDRT_* settings left out of the fingerprint: they change no kernel and no candidate, or
-# only a kernel no choice here times or runs beside (PAGEDRT_RACE_COUNTER_NOISE and
-# PAGEDRT_SAMPLE_SPLIT: the sampler's race and argmax), so that A/B runs of such a switch make
-# the same choices and time once
+# only a kernel no choice here times or runs beside (PAGEDRT_SAMPLE_SPLIT: the sampler's race
+# and argmax), so that A/B runs of such a switch make the same choices and time once
 _NOT_FINGERPRINTED = frozenset({ENV, "PAGEDRT_CACHE_DIR", "PAGEDRT_COMMIT",
-                                "PAGEDRT_NUM_THREADS", "PAGEDRT_RACE_COUNTER_NOISE",
-                                "PAGEDRT_SAMPLE_SPLIT"})
+                                "PAGEDRT_NUM_THREADS", "PAGEDRT_SAMPLE_SPLIT"})
 
 _log = logging.getLogger(__name__)
 

@@ -3,9 +3,7 @@
 A seeded request's noise is a pure function of its key and where it is drawn, not the state
 of a generator: the draw for vocabulary entry `token` of the token at position `position`
 (the index of the token being sampled in the sequence, prompt included) in stream `stream`
-(0: the exponential race of a sampled token; 1: the acceptance uniform of a verified draft;
-2: the race of an unseeded row when its noise is drawn in the race's kernel, keyed by the step
-and counted by the row, `sample_triton.race_counter_argmax_triton`)
+(0: the exponential race of a sampled token; 1: the acceptance uniform of a verified draft)
 for the key `key` (a request's seed plus the sample's index among its n, so that sample i of
 seed s draws what a request with seed s + i draws alone) is
 
@@ -43,7 +41,6 @@ NUM_ROUNDS = 10
 
 STREAM_RACE = 0  # the Exp(1) draws of an exponential race
 STREAM_ACCEPT = 1  # the uniforms that accept or reject a draft token
-STREAM_UNSEEDED = 2  # an unseeded row's race, keyed by the step (sample_triton.py)
 
 
 def philox_bits(key: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor,

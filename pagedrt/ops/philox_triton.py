@@ -21,9 +21,7 @@ BLOCK = 1024  # vocabulary entries per program
 def counter_uniform(key, token, position, stream):
     """The uniforms in (0, 1) of pagedrt/ops/philox.py's scheme for int32 vectors of tokens,
     one key, position (or row) and stream: the first Philox4x32-10 word of
-    (token, position, stream, 0), its top 24 bits offset by half a step. Shared by this
-    module's kernel and the race's (sample_triton.py), whose seeded tokens rely on the two
-    drawing the same values."""
+    (token, position, stream, 0), its top 24 bits offset by half a step."""
     zero = token * 0
     bits, _, _, _ = tl.philox(key, token, zero + position, zero + stream, zero)
     return ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)

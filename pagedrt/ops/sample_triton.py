@@ -16,10 +16,6 @@ holding it (a later chunk replaces it only with a strictly better score), as `to
 picks. One launch: on a lent H200 whose host is slow a Triton launch costs tens of
 microseconds of host time, which a host-bound step pays in full.
 
-With COUNTER_NOISE (`race_counter_argmax_triton`, PAGEDRT_RACE_COUNTER_NOISE=1) the same
-kernel computes each q in registers from Philox counters instead of loading it from a noise
-tensor (docs/design.md, "Seeded sampling").
-
 Split rows (`num_splits` > 1; the engine's sampler asks for `sample_splits` of them unless
 PAGEDRT_SAMPLE_SPLIT=0): one program per row walks 151,936 logits one chunk after another, so
 a batch of a few rows keeps a few SMs busy and 256 rows take two waves. With splits the grid
@@ -48,7 +44,6 @@ import triton
 import triton.language as tl
 
 from pagedrt.ops.attention_triton import fused_reduce_counters
-from pagedrt.ops.philox_triton import counter_uniform
 from pagedrt.ops.triton_utils import device_sms
 
 BLOCK = 4096  # logits per iteration of a row's program
@@ -61,10 +56,9 @@ TINY = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny: the torch path
 
 @triton.jit
 def _race_kernel(x_ptr, stride_x, q_ptr, stride_q, temp_ptr, stride_t, greedy_ptr, stride_g,
-                 key_ptr, pos_ptr, step_key_ptr, part_ptr, counters_ptr, out_ptr, vocab, span,
-                 num_splits, COUNTER_NOISE: tl.constexpr, ALL_GREEDY: tl.constexpr,
-                 SPLITS_PAD: tl.constexpr, STREAM_SEEDED: tl.constexpr,
-                 STREAM_UNSEEDED: tl.constexpr, BLOCK: tl.constexpr, TINY: tl.constexpr):
+                 part_ptr, counters_ptr, out_ptr, vocab, span, num_splits,
+                 ALL_GREEDY: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK: tl.constexpr,
+                 TINY: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     if ALL_GREEDY:  # (argmax_triton: no flag, temperature or noise to read)
@@ -76,14 +70,6 @@ def _race_kernel(x_ptr, stride_x, q_ptr, stride_q, temp_ptr, stride_t, greedy_pt
         flag = tl.load(greedy_ptr + r * stride_g).to(tl.float32)
         sampled = (tl.zeros([BLOCK], tl.float32) + flag) == 0
         temperature = tl.load(temp_ptr + r * stride_t)
-    if COUNTER_NOISE:  # (race_counter_argmax_triton; no noise tensor: q_ptr is not read)
-        # a seeded row: its key at the position it samples (philox.counter_draws); any other
-        # row: the step's key at the row's index, in a stream of its own
-        position = tl.load(pos_ptr + r)
-        seeded = position >= 0
-        key = tl.where(seeded, tl.load(key_ptr + r), tl.load(step_key_ptr))
-        c1 = tl.where(seeded, position, r).to(tl.int32)  # (< 2**31: a position or a row)
-        stream = tl.where(seeded, STREAM_SEEDED, STREAM_UNSEEDED)
     lo = split * span
     hi = tl.minimum(lo + span, vocab)
     best = tl.full([], float("-inf"), tl.float32)
@@ -95,10 +81,7 @@ def _race_kernel(x_ptr, stride_x, q_ptr, stride_q, temp_ptr, stride_t, greedy_pt
         if ALL_GREEDY:
             score = x
         else:
-            if COUNTER_NOISE:
-                q = -tl.log(counter_uniform(key, offs, c1, stream))
-            else:
-                q = tl.load(q_ptr + r * stride_q + offs, mask=ok & sampled, other=1.0)
+            q = tl.load(q_ptr + r * stride_q + offs, mask=ok & sampled, other=1.0)
             # (division rounded to nearest, as torch divides)
             score = tl.where(sampled,
                              tl.math.div_rn(x, temperature) - tl.log(tl.maximum(q, TINY)), x)
@@ -152,10 +135,7 @@ def _launch(logits: torch.Tensor, num_splits: int | None, out: torch.Tensor | No
             noise: torch.Tensor | None = None, stride_q: int = 0,
             temperature: torch.Tensor | None = None, stride_t: int = 0,
             greedy: torch.Tensor | None = None, stride_g: int = 0,
-            keys: torch.Tensor | None = None, positions: torch.Tensor | None = None,
-            step_key: torch.Tensor | None = None, counter_noise: bool = False,
-            all_greedy: bool = False, stream_seeded: int = 0,
-            stream_unseeded: int = 0) -> torch.Tensor:
+            all_greedy: bool = False) -> torch.Tensor:
     """Launch `_race_kernel` over [B, V] logits with `num_splits` spans per row (None: 1),
     writing `out` ([B] int64, contiguous; None: a new tensor). The other tensors are the
     kernel's (None: one the flags leave unread, the logits stand in). Returns the [B] int64
@@ -185,12 +165,9 @@ def _launch(logits: torch.Tensor, num_splits: int | None, out: torch.Tensor | No
     _race_kernel[(num_rows, splits)](
         logits, logits.stride(0), unread if noise is None else noise, stride_q,
         unread if temperature is None else temperature, stride_t,
-        unread if greedy is None else greedy, stride_g, unread if keys is None else keys,
-        unread if positions is None else positions, unread if step_key is None else step_key,
-        part, counters, out, vocab, span, splits, COUNTER_NOISE=counter_noise,
-        ALL_GREEDY=all_greedy, SPLITS_PAD=MAX_SPLITS if splits > 1 else 1,
-        STREAM_SEEDED=stream_seeded, STREAM_UNSEEDED=stream_unseeded, BLOCK=BLOCK, TINY=TINY,
-        num_warps=8)
+        unread if greedy is None else greedy, stride_g, part, counters, out, vocab, span,
+        splits, ALL_GREEDY=all_greedy, SPLITS_PAD=MAX_SPLITS if splits > 1 else 1,
+        BLOCK=BLOCK, TINY=TINY, num_warps=8)
     return out
 
 
@@ -269,58 +246,3 @@ def race_argmax_triton(logits: torch.Tensor, noise: torch.Tensor,
                    temperature=temperature, stride_t=temperature.stride(0), greedy=greedy,
                    stride_g=greedy.stride(0))
 
-
-def race_counter_argmax_triton(logits: torch.Tensor, temperature: torch.Tensor,
-                               greedy: torch.Tensor, keys: torch.Tensor,
-                               positions: torch.Tensor, step_key: torch.Tensor,
-                               num_splits: int | None = None) -> torch.Tensor:
-    """`race_argmax_triton` with the Exp(1) noise drawn in registers instead of read from a
-    [B, V] tensor (PAGEDRT_RACE_COUNTER_NOISE=1; docs/design.md, "Seeded sampling"): the noise
-    of row b at vocabulary entry t is -log(u), u from the first Philox4x32-10 word of
-    (pagedrt/ops/philox.py's scheme)
-        seeded row (positions[b] >= 0): key keys[b], counter (t, positions[b], STREAM_RACE, 0),
-            the draws `philox.counter_draws` gives and the seeded path reads from its tensor;
-        other sampled rows: key step_key[0], counter (t, b, STREAM_UNSEEDED, 0).
-    So a seeded row samples the same token as with the noise tensor, and the [B, V] float32
-    noise is neither written nor read (155 MB each way at 256 rows of a 151,936-token
-    vocabulary). Greedy rows take their argmax.
-
-    Args:
-        logits: [B, V] float16, bfloat16 or float32, unit stride along V. Not modified.
-        temperature: [B] float32, > 0 for sampled rows.
-        greedy: [B] bool, integer or float: nonzero is greedy.
-        keys: [B] int64, each seeded row's key (`sampler.seed_key`); others' are not read.
-        positions: [B] int64, each seeded row's sampled position (< 2**31), -1 for others.
-        step_key: [1] int64, this step's key for the unseeded rows (drawn from the engine's
-            generator, so a seeded engine repeats its draws).
-        num_splits: spans per row (module docstring, "Split rows"; None or 1: one program a
-            row); V must be below 2**24 where more than one.
-    Returns:
-        [B] int64 token ids on the logits' device.
-    Raises:
-        ValueError: shapes, dtypes or devices that do not match, or num_splits outside 1
-            to MAX_SPLITS.
-    """
-    from pagedrt.ops.philox import STREAM_RACE, STREAM_UNSEEDED
-
-    num_rows = _check_logits(logits)[0]
-    rows_of = {"temperature": temperature, "greedy": greedy, "keys": keys,
-               "positions": positions}
-    bad = {name: tuple(t.shape) for name, t in rows_of.items() if tuple(t.shape) != (num_rows,)}
-    if bad or tuple(step_key.shape) != (1,):
-        raise ValueError(f"temperature, greedy, keys and positions must be [{num_rows}] and "
-                         f"step_key [1], got {bad or {'step_key': tuple(step_key.shape)}}")
-    if temperature.dtype != torch.float32:
-        raise ValueError(f"temperature.dtype is {temperature.dtype}; use float32")
-    if any(t.dtype != torch.int64 for t in (keys, positions, step_key)):
-        raise ValueError("keys, positions and step_key must be int64")
-    if any(t.device != logits.device for t in (*rows_of.values(), step_key)):
-        raise ValueError("logits, temperature, greedy, keys, positions and step_key must "
-                         "share a device")
-    if greedy.dtype == torch.bool:
-        greedy = greedy.view(torch.uint8)
-    return _launch(logits, num_splits, temperature=temperature,
-                   stride_t=temperature.stride(0), greedy=greedy, stride_g=greedy.stride(0),
-                   keys=keys.contiguous(), positions=positions.contiguous(), step_key=step_key,
-                   counter_noise=True, stream_seeded=STREAM_RACE,
-                   stream_unseeded=STREAM_UNSEEDED)

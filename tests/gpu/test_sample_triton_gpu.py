@@ -69,50 +69,14 @@ def test_top_k_top_p_by_selection_at_qwen2_vocab():
     assert torch.equal(got[unfiltered], logits[unfiltered])
 
 
-def test_counter_noise_race_at_qwen2_vocab_equals_the_noise_tensor():
-    """The race drawing its noise in registers (race_counter_argmax_triton) against the race
-    over the same draws written by the Philox kernel (philox_triton): 256 rows of 151,936
-    bf16 logits, seeded, unseeded and greedy rows: the same tokens, every row (same ops on the
-    same device)."""
-    from pagedrt.ops.philox import STREAM_RACE, STREAM_UNSEEDED
-    from pagedrt.ops.philox_triton import fill_counter_draws_triton
-    from pagedrt.ops.sample_triton import race_counter_argmax_triton
-
-    g = torch.Generator(device="cuda").manual_seed(5)
-    rows, vocab = 256, 151936
-    logits = (torch.randn(rows, vocab, device="cuda", generator=g) * 4).to(torch.bfloat16)
-    temperature = torch.rand(rows, device="cuda", generator=g) * 1.5 + 0.2
-    greedy = torch.rand(rows, device="cuda", generator=g) < 0.2
-    seeded = torch.rand(rows, device="cuda", generator=g) < 0.5
-    keys = torch.randint(0, 1 << 62, (rows,), device="cuda", generator=g)
-    positions = torch.where(seeded, torch.randint(0, 1 << 20, (rows,), device="cuda",
-                                                  generator=g), -1)
-    step_key = torch.tensor([123456789012345], device="cuda")
-    got = race_counter_argmax_triton(logits, temperature, greedy, keys, positions, step_key)
-    noise = torch.empty(rows, 1, vocab, device="cuda")
-    index = torch.arange(rows, device="cuda")
-    s, u = index[seeded], index[~seeded]
-    fill_counter_draws_triton(noise, s, keys[s], positions[s][:, None].contiguous(),
-                              STREAM_RACE, exponential=True)
-    fill_counter_draws_triton(noise, u, step_key.expand(len(u)).contiguous(),
-                              u[:, None].contiguous(), STREAM_UNSEEDED, exponential=True)
-    expected = race_argmax_triton(logits, noise[:, 0], temperature, greedy)
-    assert torch.equal(got, expected), (got != expected).nonzero()
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows", [1, 8, 64, 256])
 def test_split_argmax_and_race_at_qwen2_vocab(dtype, rows):
     """PAGEDRT_SAMPLE_SPLIT's kernels on CUDA (pagedrt/ops/sample_triton.py, "Split rows") at
     151,936 logits with the splits chosen for this GPU: `argmax_triton` gives torch.argmax's
-    tokens (a maximum tied across two spans in row 0, the lower one), and the split race,
-    over a noise tensor and over counter noise, the unsplit race's; twice each, so the
-    arrival counters reset by one launch serve the next."""
-    from pagedrt.ops.sample_triton import (
-        argmax_triton,
-        race_counter_argmax_triton,
-        sample_splits,
-    )
+    tokens (a maximum tied across two spans in row 0, the lower one), and the split race the
+    unsplit race's; twice each, so the arrival counters reset by one launch serve the next."""
+    from pagedrt.ops.sample_triton import argmax_triton, sample_splits
     from pagedrt.ops.triton_utils import device_sms
 
     g = torch.Generator(device="cuda").manual_seed(rows)
@@ -124,15 +88,8 @@ def test_split_argmax_and_race_at_qwen2_vocab(dtype, rows):
     noise = torch.empty(rows, vocab, device="cuda").exponential_(generator=g)
     temperature = torch.rand(rows, device="cuda", generator=g) * 1.5 + 0.2
     greedy = torch.rand(rows, device="cuda", generator=g) < 0.25
-    keys = torch.randint(0, 1 << 62, (rows,), device="cuda", generator=g)
-    positions = torch.full((rows,), -1, dtype=torch.int64, device="cuda")
-    step_key = torch.tensor([987654321], device="cuda")
     for _ in range(2):
         got = argmax_triton(logits)
         assert torch.equal(got, logits.argmax(-1)) and int(got[0]) == 5000
         assert torch.equal(race_argmax_triton(logits, noise, temperature, greedy, splits),
                            race_argmax_triton(logits, noise, temperature, greedy))
-        assert torch.equal(
-            race_counter_argmax_triton(logits, temperature, greedy, keys, positions, step_key,
-                                       splits),
-            race_counter_argmax_triton(logits, temperature, greedy, keys, positions, step_key))
