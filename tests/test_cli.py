@@ -265,7 +265,7 @@ def test_async_scheduling_variable_takes_0_or_1(tiny, monkeypatch):
     from pagedrt import LLM
 
     monkeypatch.setenv("PAGEDRT_ASYNC_SCHEDULING", "false")
-    with pytest.raises(ValueError, match="PAGEDRT_ASYNC_SCHEDULING='false'; set it to 0 or 1"):
+    with pytest.raises(ValueError, match=r"PAGEDRT_ASYNC_SCHEDULING='false'; set it to 0 \(off\) or 1"):
         LLM(tiny, num_kv_blocks=16)
     monkeypatch.setenv("PAGEDRT_ASYNC_SCHEDULING", "0")
     assert LLM(tiny, num_kv_blocks=16).llm_engine.async_scheduling is False

@@ -122,6 +122,11 @@ def test_verification_graph_forward_matches_extend(tiny, monkeypatch, backend):
         with torch.inference_mode():
             logits[form] = runner._forward(4, q)[: 3 * q]
     torch.testing.assert_close(logits["decode"], logits["extend"], rtol=1e-4, atol=1e-4)
+    monkeypatch.setenv("PAGEDRT_VERIFY_ATTENTION", "extent")  # a typo: refused by name
+    with pytest.raises(ValueError, match="PAGEDRT_VERIFY_ATTENTION='extent'; set it to decode "
+                                         "or extend"):
+        CUDAGraphRunner(model, [layer[:2] for layer in cache.layers], max_num_seqs=4,
+                        max_blocks_per_seq=width, device=torch.device("cpu"), backend=backend)
 
 
 @pytest.mark.parametrize("v_dim_major", [False, True])

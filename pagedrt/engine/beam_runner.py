@@ -25,7 +25,6 @@ Block ids:  slot s  | shared full blocks (the parent's) ............ | own parti
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +34,7 @@ from pagedrt.core.plan import BeamStepResult
 from pagedrt.engine.beam_search import choose_slots, top_candidates
 from pagedrt.engine.host_buffers import StepBuffers
 from pagedrt.engine.input_batch import InputBatch
+from pagedrt.env_flags import env_flag
 from pagedrt.kv.kv_cache import KVCache
 from pagedrt.ops.attention import uses_triton
 
@@ -83,7 +83,7 @@ class BeamRunner:
         self.kv_cache = kv_cache
         self.device = device
         self.backend = backend
-        self.use_kernel = os.environ.get("PAGEDRT_BEAM_KERNEL", "1") != "0"
+        self.use_kernel = env_flag("PAGEDRT_BEAM_KERNEL", True)
         self.block_size = kv_cache.spec.block_size
         # [sampled rows of the latest launched step] int64 on the device: per row, the index
         # (in that step's sampled rows) of the row whose history it continues (itself but for

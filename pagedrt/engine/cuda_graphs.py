@@ -39,6 +39,7 @@ import os
 import torch
 
 from pagedrt.engine import step_timing
+from pagedrt.env_flags import env_flag
 from pagedrt.ops.attention import AttentionMetadata, triton_available
 
 logger = logging.getLogger("pagedrt.cuda_graphs")
@@ -47,7 +48,7 @@ logger = logging.getLogger("pagedrt.cuda_graphs")
 def staged_inputs_enabled() -> bool:
     """Whether decode graphs take staged inputs: where Triton runs, unless
     PAGEDRT_STAGED_GRAPH_INPUTS=0 (docs/design.md, "Decode inputs staged for the graphs")."""
-    return os.environ.get("PAGEDRT_STAGED_GRAPH_INPUTS", "1") != "0" and triton_available()
+    return env_flag("PAGEDRT_STAGED_GRAPH_INPUTS", True) and triton_available()
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -88,7 +89,11 @@ class CUDAGraphRunner:
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
         self.cu_seqlens_q = {1: torch.arange(n + 1, dtype=torch.int32, device=device)}
-        self.verify_as_decode = os.environ.get("PAGEDRT_VERIFY_ATTENTION", "decode") != "extend"
+        verify = os.environ.get("PAGEDRT_VERIFY_ATTENTION", "").strip() or "decode"
+        if verify not in ("decode", "extend"):
+            raise ValueError(f"PAGEDRT_VERIFY_ATTENTION={verify!r}; set it to decode or extend, "
+                             "or unset it for the default (decode)")
+        self.verify_as_decode = verify == "decode"
         self.capture_graphs = capture_graphs
         self.staged_inputs = staged_inputs_enabled()
         if self.staged_inputs:

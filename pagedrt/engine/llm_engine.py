@@ -35,7 +35,6 @@ that does not repeat itself decodes as fast as without speculation.
 from __future__ import annotations
 
 import gc
-import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from pagedrt.engine.model_runner import LaunchedStep
 from pagedrt.engine.profiling import StepClock
 from pagedrt.engine.scheduler import Scheduler
 from pagedrt.engine.validation import EngineLimits, validate_prompt
+from pagedrt.env_flags import env_flag
 from pagedrt.kv.kv_cache import KVCacheSpec, kv_cache_torch_dtype
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.ops.attention import check_backend
@@ -184,10 +184,8 @@ class LLMEngine:
         self.clock = StepClock(self.device if local is not None else torch.device("cpu"))
         self.async_scheduling = config.async_scheduling
         if self.async_scheduling is None:  # PAGEDRT_ASYNC_SCHEDULING=0|1 overrides the default
-            env = os.environ.get("PAGEDRT_ASYNC_SCHEDULING")
-            if env not in (None, "0", "1"):
-                raise ValueError(f"PAGEDRT_ASYNC_SCHEDULING={env!r}; set it to 0 or 1, or unset")
-            self.async_scheduling = self.device.type == "cuda" if env is None else env == "1"
+            env = env_flag("PAGEDRT_ASYNC_SCHEDULING", None)
+            self.async_scheduling = self.device.type == "cuda" if env is None else env
         self.in_flight: InFlightStep | None = None  # async scheduling: the step on the device
         # None: step() reports RequestOutputs. A list (the engine-core process sets one, see
         # pagedrt/entrypoints/engine_core.py): step() appends one TokenEvent per sampled token

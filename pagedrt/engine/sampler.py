@@ -50,6 +50,7 @@ from pagedrt.engine.sampling_state import (
     SamplingState,
     seed_key,
 )
+from pagedrt.env_flags import env_flag
 from pagedrt.ops.philox import STREAM_RACE, fill_counter_draws_
 from pagedrt.sampling_params import SamplingParams
 
@@ -128,9 +129,9 @@ class Sampler:
 
     def __init__(self, kernel: bool | None = None) -> None:
         self.kernel = kernel
-        self.split = os.environ.get("PAGEDRT_SAMPLE_SPLIT", "1") != "0"
+        self.split = env_flag("PAGEDRT_SAMPLE_SPLIT", True)
         if kernel is None:
-            self.kernel = {"0": False, "1": True}.get(os.environ.get("PAGEDRT_SAMPLE_KERNEL"))
+            self.kernel = env_flag("PAGEDRT_SAMPLE_KERNEL", None)
 
     def check_device(self, device: torch.device) -> None:
         """Raises ValueError where the kernel is forced (PAGEDRT_SAMPLE_KERNEL=1 or

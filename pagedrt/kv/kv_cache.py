@@ -16,7 +16,6 @@ copies move it whole. The decode kernel reads it faster (docs/design.md, "FP8 KV
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -24,6 +23,7 @@ import torch
 
 from pagedrt.config import KV_CACHE_DTYPES, EngineConfig, ModelConfig
 from pagedrt.distributed.sharding import kv_heads_per_rank
+from pagedrt.env_flags import env_flag
 from pagedrt.kv.kv_cache_manager import PendingCopies
 from pagedrt.ops.attention import KVCacheLayer, copy_blocks, triton_available
 from pagedrt.ops.fp8 import FP8_DTYPE, SCALE_DTYPE, is_fp8
@@ -75,10 +75,8 @@ def fp8_v_dim_major_requested(sliding_window: bool = False) -> bool:
     PAGEDRT_FP8_V_DIM_MAJOR=1 or 0 decides; unset, yes unless the model has sliding-window
     layers (`sliding_window`), whose decode tiles start unaligned, so the kernel would read
     such V byte by byte (docs/design.md, "FP8 KV cache")."""
-    env = os.environ.get("PAGEDRT_FP8_V_DIM_MAJOR")
-    if env in ("0", "1"):
-        return env == "1"
-    return not sliding_window
+    env = env_flag("PAGEDRT_FP8_V_DIM_MAJOR", None)
+    return not sliding_window if env is None else env
 
 
 @dataclass(frozen=True)

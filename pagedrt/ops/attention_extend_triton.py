@@ -69,12 +69,11 @@ at 128: 0 against 8; `benchmarks/diagnostics/extend_ptx.py`). Not yet timed on a
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from pagedrt.env_flags import env_flag
 from pagedrt.ops.fp8 import is_fp8
 from pagedrt.ops.triton_utils import (
     LOG2E,
@@ -93,13 +92,13 @@ def fp8_prefill_mma_requested() -> bool:
     """PAGEDRT_FP8_PREFILL_MMA=1: the extend kernel over an FP8 cache with V dim-major runs its
     products in FP8 (FP8_MMA, module doc). Off by default: not yet timed or measured for
     accuracy on a GPU. Read at every launch."""
-    return os.environ.get("PAGEDRT_FP8_PREFILL_MMA", "0") == "1"
+    return env_flag("PAGEDRT_FP8_PREFILL_MMA", False)
 
 
 def narrow_decode_rows_requested() -> bool:
     """PAGEDRT_EXTEND_NARROW_DECODE=0 turns off NARROW_M (module doc: one-token chunks on a
     narrow tile); on ("1") by default. Read at every launch."""
-    return os.environ.get("PAGEDRT_EXTEND_NARROW_DECODE", "1") != "0"
+    return env_flag("PAGEDRT_EXTEND_NARROW_DECODE", True)
 
 
 def extend_config_override() -> dict | None:

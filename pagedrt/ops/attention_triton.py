@@ -110,12 +110,11 @@ masked loop (their masks cut across the contiguous dimension).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from pagedrt.env_flags import env_flag
 from pagedrt.ops.attention_decode_naive_triton import paged_attention_decode_naive_triton
 from pagedrt.ops.attention_decode_warp_triton import _decode_warp_kernel, warp_tile_shape
 from pagedrt.ops.attention_extend_triton import (
@@ -159,7 +158,7 @@ def decode_fused_reduce_requested() -> bool:
     """PAGEDRT_DECODE_FUSED_REDUCE=1: a split decode combines its partitions inside
     `_decode_kernel` (FUSED_REDUCE, module doc) instead of in a second launch. Off by default
     ("0"): slower on the H200 (module doc). Read at every launch."""
-    return os.environ.get("PAGEDRT_DECODE_FUSED_REDUCE", "0") == "1"
+    return env_flag("PAGEDRT_DECODE_FUSED_REDUCE", False)
 
 
 def decode_bt_prefetch_requested() -> bool:
@@ -167,7 +166,7 @@ def decode_bt_prefetch_requested() -> bool:
     ahead (BT_PREFETCH, module doc), which lets Triton's pipeliner give the K/V copies
     num_stages - 1 buffers. Off by default ("0"): slower at most shapes on the H200 (module
     doc). Read at every launch."""
-    return os.environ.get("PAGEDRT_DECODE_BT_PREFETCH", "0") == "1"
+    return env_flag("PAGEDRT_DECODE_BT_PREFETCH", False)
 
 
 def _capturing(device: torch.device) -> bool:

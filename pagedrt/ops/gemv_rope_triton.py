@@ -18,12 +18,11 @@ docs/design.md, "Small-batch decode".
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from pagedrt.env_flags import env_flag
 from pagedrt.ops.gemv_triton import (
     MAX_ROWS,
     _input_chunk,
@@ -33,7 +32,7 @@ from pagedrt.ops.gemv_triton import (
 )
 from pagedrt.ops.triton_utils import pdl_enabled, pdl_launch, pdl_prologue
 
-ENABLED = os.environ.get("PAGEDRT_FUSED_ROPE", "1") != "0"  # PAGEDRT_FUSED_ROPE=0: off
+ENABLED = env_flag("PAGEDRT_FUSED_ROPE", True)  # PAGEDRT_FUSED_ROPE=0: off
 CONFIGS = [(4, 256, 4), (8, 256, 4), (16, 256, 4), (32, 128, 4)]  # (BLOCK_P, BLOCK_K, warps)
 
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from pagedrt.env_flags import env_flag
 from pagedrt.ops.config_timing import fastest_config, note_use
 from pagedrt.ops.triton_utils import (
     device_sms,
@@ -38,7 +39,7 @@ from pagedrt.ops.triton_utils import (
 )
 
 MAX_ROWS = 4  # rows of x (tokens) this path serves
-ENABLED = os.environ.get("PAGEDRT_GEMV", "1") != "0"  # PAGEDRT_GEMV=0: always torch
+ENABLED = env_flag("PAGEDRT_GEMV", True)  # PAGEDRT_GEMV=0: always torch
 
 # (BLOCK_N, BLOCK_K, num_warps): tiles of W of 2-16 KB, read once each
 CONFIGS = [(4, 512, 4), (8, 256, 4), (8, 512, 4), (16, 256, 4), (16, 512, 8), (32, 128, 4),

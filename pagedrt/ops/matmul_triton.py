@@ -58,6 +58,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from pagedrt.env_flags import env_flag
 from pagedrt.ops.attention_triton import fused_reduce_counters
 from pagedrt.ops.config_timing import fastest_config, key_shape_index, note_use
 from pagedrt.ops.triton_utils import (
@@ -67,10 +68,10 @@ from pagedrt.ops.triton_utils import (
     pdl_prologue,
 )
 
-ENABLED = os.environ.get("PAGEDRT_MATMUL", "1") != "0"  # PAGEDRT_MATMUL=0: always cuBLAS
+ENABLED = env_flag("PAGEDRT_MATMUL", True)  # PAGEDRT_MATMUL=0: always cuBLAS
 # PAGEDRT_MATMUL_NORM=1: O and down projections with the residual add and RMSNorm after them
 # in one kernel (`linear_add_rmsnorm`); off: no faster on the H200 (docs/design.md)
-NORM_ENABLED = os.environ.get("PAGEDRT_MATMUL_NORM", "0") == "1"
+NORM_ENABLED = env_flag("PAGEDRT_MATMUL_NORM", False)
 MIN_ROWS, MAX_ROWS = 8, 128
 
 

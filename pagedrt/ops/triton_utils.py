@@ -16,6 +16,7 @@ try:  # programmatic dependent launch (Hopper and later); older Triton builds la
 except ImportError:
     gdc_launch_dependents = gdc_wait = None
 
+from pagedrt.env_flags import env_flag
 from pagedrt.ops.fp8 import FP8_DTYPE, SCALE_DTYPE, is_fp8
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -44,7 +45,7 @@ def device_sms(tensor: torch.Tensor) -> int:
     return num_sms(tensor.device.index if tensor.is_cuda else None)
 
 
-PDL_REQUESTED = os.environ.get("PAGEDRT_PDL") != "0"  # read once: checked at every launch
+PDL_REQUESTED = env_flag("PAGEDRT_PDL", True)  # read once: checked at every launch
 PDL_MAX_ROWS = 256  # launches over more rows (tokens, sequences) than this run without PDL
 
 
