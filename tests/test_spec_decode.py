@@ -125,6 +125,9 @@ def test_config_names_defaults_and_errors():
     assert (c.prompt_lookup_min, c.prompt_lookup_max) == (4, 4)
     bad = [
         ({"method": "medusa", "num_speculative_tokens": 2}, "method"),
+        # an unknown method is named even without the other keys (a fresh user's finding)
+        ({"method": "bogus"}, "method='bogus'; use one of 'ngram', 'draft_model'"),
+        ({"num_speculative_tokens": 2}, "needs 'method'"),
         ({"method": "ngram"}, "num_speculative_tokens"),
         ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
         (ngram(2, lo=4, hi=2), "prompt_lookup_min"),

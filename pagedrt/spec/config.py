@@ -140,9 +140,13 @@ class SpeculativeConfig:
         if unknown:
             raise ValueError(f"speculative_config has unknown key(s) {unknown}; the keys are "
                              f"{names}")
-        for name in ("method", "num_speculative_tokens"):
-            if name not in value:
-                raise ValueError(f"speculative_config needs {name!r} (keys: {names})")
+        if "method" not in value:
+            raise ValueError(f"speculative_config needs 'method' (keys: {names})")
+        if value["method"] not in SPECULATIVE_METHODS:  # named before the keys it would need
+            raise ValueError(f"speculative_config method={value['method']!r}; use one of "
+                             f"{', '.join(repr(m) for m in SPECULATIVE_METHODS)}")
+        if "num_speculative_tokens" not in value:
+            raise ValueError(f"speculative_config needs 'num_speculative_tokens' (keys: {names})")
         return cls(**value)
 
     def to_dict(self) -> dict:
