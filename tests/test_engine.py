@@ -342,6 +342,28 @@ def test_slow_cpu_generation_suggests_one_thread(monkeypatch):
     assert slow_cpu_hint("cpu", 2, 16, 10.0) == ""
 
 
+def test_busy_cpu_hint_before_generating(monkeypatch):
+    """`generate` names PAGEDRT_NUM_THREADS=1 before it generates where other processes kept
+    every core busy (a load average of one per core or more) and the knob is unset."""
+    from pagedrt.entrypoints.cpu_threads import busy_cpu_hint, load_average
+
+    monkeypatch.delenv("PAGEDRT_NUM_THREADS", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    hint = busy_cpu_hint("cpu", 2, 2.4, 2)
+    assert "load average 2.4 on 2 cores" in hint and "PAGEDRT_NUM_THREADS=1" in hint
+    assert busy_cpu_hint("cpu", 2, 1.9, 2) == ""  # a core left
+    assert busy_cpu_hint("cpu", 1, 5.0, 2) == ""  # one thread already
+    assert busy_cpu_hint("cuda:0", 16, 50.0, 16) == ""
+    assert busy_cpu_hint("cpu", 2, None, 2) == ""  # no load average here
+    monkeypatch.setenv("PAGEDRT_NUM_THREADS", "2")
+    assert busy_cpu_hint("cpu", 2, 2.4, 2) == ""  # the user chose
+    monkeypatch.delenv("PAGEDRT_NUM_THREADS")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert busy_cpu_hint("cpu", 2, 2.4, 2) == ""
+    value = load_average()
+    assert value is None or value >= 0
+
+
 def test_slow_cpu_generate_warns_once_in_python(llm, prompts, monkeypatch):
     """LLM.generate on a multi-threaded CPU run under the slow threshold warns once per LLM,
     naming torch.set_num_threads(1) (the CLI's env var is no fix inside a Python process)."""

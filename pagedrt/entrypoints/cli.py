@@ -11,7 +11,9 @@ import time
 
 from pagedrt.entrypoints.arg_parser import ArgumentParser
 from pagedrt.entrypoints.cpu_threads import (
+    busy_cpu_hint,
     cpu_threads_note,
+    load_average,
     set_num_threads_from_env,
     slow_cpu_hint,
 )
@@ -34,9 +36,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # (the settings first: a bad value is refused before the model loads)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             min_p=args.min_p, seed=args.seed, max_tokens=args.max_tokens)
+    load_before = load_average()  # (other processes' load: before this one loads the model)
     t_load = time.perf_counter()
     llm = LLM(args.model, dtype=args.dtype, device=args.device, **engine_kwargs(args))
     t_load = time.perf_counter() - t_load
+    import torch
+
+    busy = busy_cpu_hint(str(llm.llm_engine.device), torch.get_num_threads(), load_before,
+                         os.cpu_count())
+    if busy:
+        print(busy, flush=True)
     tok = llm.get_tokenizer()
     use_chat = not args.no_chat and tok is not None and getattr(tok, "chat_template", None)
     if use_chat:
@@ -56,8 +65,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     for question, out in zip(args.prompts, outputs):
         print(f"\n>>> {question}")
         print(out.outputs[0].text.strip())
-    import torch
-
     s = llm.stats()
     n_prompt = sum(len(o.prompt_token_ids) for o in outputs)
     n_gen = sum(len(o.outputs[0].token_ids) for o in outputs)
@@ -114,8 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(g)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, this machine only)")
+    s.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
     s.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every path but /health "
                         "(/metrics too); also turns /docs, /redoc and /openapi.json off")
