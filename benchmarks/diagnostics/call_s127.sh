@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (A record of its run: PAGEDRT_RACE_COUNTER_NOISE was removed in a19f620, so a rerun times
+# the same sampling path for both of its values.)
 # PAGEDRT_SAMPLE_SPLIT (the sampler's race and greedy argmax with each row's vocabulary split
 # over several programs, pagedrt/ops/sample_triton.py "Split rows") and
 # PAGEDRT_RACE_COUNTER_NOISE (the race's noise drawn in registers), in one call (carry

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (A record of its run: PAGEDRT_RACE_COUNTER_NOISE was removed in a19f620, so a rerun times
+# the same sampling path for both of its values.)
 # PAGEDRT_RACE_COUNTER_NOISE (the race's Exp(1) noise drawn in registers; docs/design.md,
 # "Seeded sampling") against the noise tensor, for the lease after call_s94/s96 (carry
 # .commit, .whl and .tcache; ~9 min): its GPU tests, then Qwen2-0.5B 256 x 512/128 at

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (A record of its run: PAGEDRT_RACE_COUNTER_NOISE was removed in a19f620, so a rerun times
+# the same sampling path for both of its values.)
 # Third call of the 2026-12-05 19:20 lease (carry .commit, .whl and .tcache; ~9 min, on the
 # machine warmed by call_s94/s96): where a 256- and a 64-row decode step's device time goes
 # (decode_timeline.py at ctx 512, never measured at these batches: the s81 runs timed out or
