@@ -146,8 +146,8 @@ class Sampler:
     def warm_up(self, logits: torch.Tensor) -> None:
         """Launch once each Triton kernel form `sample_rows` may take on logits like these
         (the race over a noise tensor; with `split`, the race and the greedy argmax in spans
-        too), so that no request's step compiles or loads one: a
-        first compile costs about a second. A no-op where the kernel is not used.
+        too), so that no request's step compiles or loads one: a first compile costs about a
+        second. A no-op where the kernel is not used.
 
         Args:
             logits: [B, vocab] in the model's dtype on the engine's device (zeros will do);
