@@ -5,7 +5,7 @@ the PyTorch reference first. A tuning diagnostic for the H200, not a benchmark o
     PYTHONPATH=$PWD python3 benchmarks/decode_tune.py --out DIR [--quick]
         [--cases llama3-8b:64:4096,qwen2-0.5b:64:2048] [--kv-cache-dtype auto|fp8|both]
         [--small-grid | --default-only] [--block-n 64,128] [--warps 4,8] [--stages 2,3]
-        [--splits 1,2] [--maxnreg 0,168] [--fused-reduce 0,1] [--warp-tiles 0,1]
+        [--splits 1,2] [--maxnreg 0,168] [--warp-tiles 0,1]
         [--reduce-heads 0,1,8] [--shard I/N] [--k-head-major]
 
 `--block-n`, `--warps`, `--stages`, `--splits` and `--maxnreg` (a register cap per thread
@@ -15,20 +15,10 @@ adds the warp-tile kernel (`pagedrt.ops.attention_decode_warp_triton`: one 16-to
 each tile per warp; N >= 1 KV heads per program, 0 `_decode_kernel`) as an axis, and
 `--reduce-heads 0,1,8` the query heads per split-K reduce program (0: the launch's,
 `reduce_heads_per_program`; with `--default-only`, the default launch with each).
-`--fused-reduce 0,1`
-times each split setting with the split-K reduce in a second kernel (0, the default) and
-folded into the attention kernel (1: PAGEDRT_DECODE_FUSED_REDUCE=1 around the call; settings
-of 1 split have no reduce and run once), and prints per shape the default launch setting's
-time both ways. `--default-only` times only the default launch setting (with each
-`--fused-reduce` value), e.g. to compare the two reduces:
+`--default-only` times only the default launch setting, e.g. over both caches:
 
-    decode_tune.py --out DIR --default-only --fused-reduce 0,1 --kv-cache-dtype both \
-        --cases qwen2-0.5b:1:512,qwen2-0.5b:1:2048,qwen2-0.5b:1:4096,qwen2-0.5b:8:512,\
-qwen2-0.5b:8:2048,qwen2-0.5b:8:4096,qwen2-0.5b:64:512,qwen2-0.5b:64:2048,qwen2-0.5b:64:4096,\
-llama3-8b:1:4096,llama3-8b:64:4096
-
-(Shapes whose default is one split, e.g. Llama-3-8B heads at B64 L4096, have no reduce and
-are timed once.)
+    decode_tune.py --out DIR --default-only --kv-cache-dtype both \
+        --cases qwen2-0.5b:1:512,qwen2-0.5b:64:4096,llama3-8b:64:4096
 
 `--k-head-major` stores K head-major ([num_blocks, num_kv_heads, block_size, head_dim] storage
 seen with the usual shape, so one head's tokens of a block are one contiguous run) and launches
@@ -49,7 +39,6 @@ DIR/decode_tune.json. Block ids are a random permutation, as in a cache that has
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import itertools
 import json
@@ -98,33 +87,16 @@ def timing_at(timings: list[dict], setting: dict) -> dict | None:
                 None)
 
 
-@contextlib.contextmanager
-def fused_reduce_env(fused: int):
-    """PAGEDRT_DECODE_FUSED_REDUCE set to `fused` (0/1) inside, restored after (read by the
-    decode launch at each call, so also when do_bench_cudagraph captures it)."""
-    name = "PAGEDRT_DECODE_FUSED_REDUCE"
-    before = os.environ.get(name)
-    os.environ[name] = str(fused)
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = before
-
-
-def plan_splits(shape: tuple, block_n: int, warps: int, stages: int, maxnreg: int, fused: int,
+def plan_splits(shape: tuple, block_n: int, warps: int, stages: int, maxnreg: int,
                 warp_tiles: int) -> int:
     """--splits 0: the split count the launch picks for this setting; shape = (num_seqs,
     num_kv_heads, head_dim, fp8, context, num_sms)."""
     config = {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages, "maxnreg": maxnreg,
               "warp_tiles": warp_tiles}
-    with fused_reduce_env(fused):
-        try:
-            return decode_launch_plan(*shape, config=config)[2]
-        except ValueError:  # (the launch raises it again and is recorded as failed)
-            return 1
+    try:
+        return decode_launch_plan(*shape, config=config)[2]
+    except ValueError:  # (the launch raises it again and is recorded as failed)
+        return 1
 
 
 def main() -> None:
@@ -137,11 +109,11 @@ def main() -> None:
     p.add_argument("--small-grid", action="store_true",
                    help="BLOCK_N 32/64/128 x warps 4/8 x stages 2/3, default splits only")
     p.add_argument("--default-only", action="store_true",
-                   help="only the default launch setting (x --fused-reduce)")
+                   help="only the default launch setting")
     for axis, default in (("block-n", "32,64,128"), ("warps", "2,4,8"), ("stages", "2,3,4"),
-                          ("splits", "1,2,4,8"), ("maxnreg", "0"), ("fused-reduce", "0"),
-                          ("warp-tiles", "0"), ("reduce-heads", "0")):
-        # (0 allowed: --maxnreg 0 is no cap, --fused-reduce 0 the reduce kernel)
+                          ("splits", "1,2,4,8"), ("maxnreg", "0"), ("warp-tiles", "0"),
+                          ("reduce-heads", "0")):
+        # (0 allowed: --maxnreg 0 is no cap, --warp-tiles 0 `_decode_kernel`)
         ints = functools.partial(int_list, minimum=0)
         p.add_argument(f"--{axis}", type=ints, default=ints(default),
                        help=f"grid axis (default {default})")
@@ -149,8 +121,6 @@ def main() -> None:
     p.add_argument("--k-head-major", action="store_true",
                    help="K stored [num_blocks, num_kv_heads, block_size, head_dim] (module doc)")
     args = p.parse_args()
-    if any(f not in (0, 1) for f in args.fused_reduce):
-        p.error(f"--fused-reduce {args.fused_reduce}: give 0, 1 or 0,1")
     os.makedirs(args.out, exist_ok=True)
     cases = [("qwen2-0.5b", 256, 520), ("qwen2-0.5b", 256, 640), ("qwen2-0.5b", 256, 1024),
              ("qwen2-0.5b", 64, 640), ("qwen2-0.5b", 8, 4096), ("llama3-8b", 256, 640),
@@ -160,8 +130,7 @@ def main() -> None:
     if args.quick:
         cases = cases[:2]
     grid = list(itertools.product(args.block_n, args.warps, args.stages, args.splits,
-                                  args.maxnreg, args.fused_reduce, args.warp_tiles,
-                                  args.reduce_heads))
+                                  args.maxnreg, args.warp_tiles, args.reduce_heads))
     shard, num_shards = (int(x) for x in args.shard.split("/"))
     dtypes = ["auto", "fp8"] if args.kv_cache_dtype == "both" else [args.kv_cache_dtype]
     results, table = [], []
@@ -184,61 +153,54 @@ def main() -> None:
         per_token = 2 * kvh * (d * k.element_size() + (4 if scales else 0))
         kv_bytes = num_seqs * ctx * per_token
         sms = device_sms(q)
-        defaults = {}  # fused_reduce -> the default launch's setting (decode_launch_plan)
-        for fused in (0, 1):
-            with fused_reduce_env(fused):
-                cfg, wt, sp = decode_launch_plan(num_seqs, kvh, d, kv_dtype == "fp8", ctx, sms)
-            defaults[fused] = {"BLOCK_N": cfg["BLOCK_N"], "num_warps": cfg["num_warps"],
-                               "num_stages": cfg["num_stages"], "maxnreg": cfg.get("maxnreg", 0),
-                               "warp_tiles": wt, "splits": sp, "fused_reduce": fused}
-        default = defaults[0]
+        # the default launch's setting (decode_launch_plan)
+        cfg, wt, sp = decode_launch_plan(num_seqs, kvh, d, kv_dtype == "fp8", ctx, sms)
+        default = {"BLOCK_N": cfg["BLOCK_N"], "num_warps": cfg["num_warps"],
+                   "num_stages": cfg["num_stages"], "maxnreg": cfg.get("maxnreg", 0),
+                   "warp_tiles": wt, "splits": sp}
         timings = []
-        default_points = [(*(defaults[f][key] for key in (
-            "BLOCK_N", "num_warps", "num_stages", "splits", "maxnreg", "fused_reduce",
-            "warp_tiles")), rh) for f in args.fused_reduce for rh in args.reduce_heads]
+        default_points = [(*(default[key] for key in (
+            "BLOCK_N", "num_warps", "num_stages", "splits", "maxnreg", "warp_tiles")), rh)
+            for rh in args.reduce_heads]
         run_grid = grid
         if args.small_grid:
-            run_grid = list(itertools.product([32, 64, 128], [4, 8], [2, 3], [0], [0],
-                                              args.fused_reduce, [0], [0]))
+            run_grid = list(itertools.product([32, 64, 128], [4, 8], [2, 3], [0], [0], [0],
+                                              [0]))
         if args.default_only:
             run_grid = []
 
         shape = (num_seqs, kvh, d, kv_dtype == "fp8", ctx, sms)
         run_grid = list(dict.fromkeys(
-            (bn, w, st, sp or plan_splits(shape, bn, w, st, r, f, wt), r, f, wt, rh)
-            for bn, w, st, sp, r, f, wt, rh in run_grid))
+            (bn, w, st, sp or plan_splits(shape, bn, w, st, r, wt), r, wt, rh)
+            for bn, w, st, sp, r, wt, rh in run_grid))
         run_grid = run_grid + [x for x in default_points if x not in run_grid]
-        # one split has no reduce to fold: its fused setting would time the same launch again
-        run_grid = [x for x in run_grid if not (x[5] and x[3] == 1)]
-        for bn, warps, stages, splits, maxnreg, fused, wt, rh in run_grid[shard::num_shards]:
+        for bn, warps, stages, splits, maxnreg, wt, rh in run_grid[shard::num_shards]:
             if model == "llama3-8b" and bn == 128 and kv_dtype != "fp8":
                 continue
             cfg = {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "maxnreg": maxnreg,
                    "warp_tiles": wt, **({"reduce_heads": rh} if rh else {})}
-            setting = {**cfg, "splits": splits, "fused_reduce": fused}
+            setting = {**cfg, "splits": splits}
             try:
-                with fused_reduce_env(fused):
-                    out = paged_attention_decode_triton(
-                        q, k, v, bt, sl, d ** -0.5, splits, config=cfg,
-                        validate=not args.k_head_major, **scales)
-                    err = (out.float() - ref).abs().max().item()
-                    if err > 2e-2:
-                        timings.append({**setting, "error": err, "ms": None})
-                        continue
-                    ms = triton.testing.do_bench_cudagraph(functools.partial(
-                        paged_attention_decode_triton, q, k, v, bt, sl, d ** -0.5, splits,
-                        config=cfg, validate=not args.k_head_major, **scales), rep=30)
+                out = paged_attention_decode_triton(
+                    q, k, v, bt, sl, d ** -0.5, splits, config=cfg,
+                    validate=not args.k_head_major, **scales)
+                err = (out.float() - ref).abs().max().item()
+                if err > 2e-2:
+                    timings.append({**setting, "error": err, "ms": None})
+                    continue
+                ms = triton.testing.do_bench_cudagraph(functools.partial(
+                    paged_attention_decode_triton, q, k, v, bt, sl, d ** -0.5, splits,
+                    config=cfg, validate=not args.k_head_major, **scales), rep=30)
             except Exception as e:  # noqa: BLE001 - a config that does not fit: record it
                 timings.append({**setting, "failed": str(e)[:200]})
                 continue
             timings.append({**setting, "ms": ms, "error": err, "tb_s": kv_bytes / ms / 1e9})
         ok = [t for t in timings if t.get("ms")]
         ok.sort(key=lambda t: t["ms"])
-        d_t, d_fused = (timing_at(ok, defaults[f]) for f in (0, 1))
+        d_t = timing_at(ok, default)
         results.append({"model": model, "num_seqs": num_seqs, "ctx": ctx, "kv_bytes": kv_bytes,
                         "kv_cache_dtype": kv_dtype,
-                        "default": default, "default_ms": d_t and d_t["ms"],
-                        "default_fused_reduce_ms": d_fused and d_fused["ms"], "timings": ok,
+                        "default": default, "default_ms": d_t and d_t["ms"], "timings": ok,
                         "bad": [t for t in timings if not t.get("ms")]})
         if not ok:
             table.append(f"{model:11s} {kv_dtype:4s} B{num_seqs:<4d} ctx{ctx:<5d} no setting ran: "
@@ -247,16 +209,14 @@ def main() -> None:
             continue
         best = ok[0]
         dflt = f"{d_t['ms'] * 1e3:7.1f} us ({d_t['tb_s']:.2f} TB/s)" if d_t else "not run"
-        if d_fused:  # the default setting with the reduce folded in
-            dflt += f", fused reduce {d_fused['ms'] * 1e3:7.1f} us"
         table.append(f"{model:11s} {kv_dtype:4s} B{num_seqs:<4d} ctx{ctx:<5d} default {dflt}"
                      f" | best {best['ms']*1e3:7.1f} us "
                      f"({best['tb_s']:.2f} TB/s) BN{best['BLOCK_N']} w{best['num_warps']} "
                      f"s{best['num_stages']} sp{best['splits']} r{best.get('maxnreg', 0)} "
-                     f"f{best['fused_reduce']} wt{best['warp_tiles']} "
+                     f"wt{best['warp_tiles']} "
                      f"rh{best.get('reduce_heads', 0)} | next: " + ", ".join(
                          f"BN{t['BLOCK_N']}w{t['num_warps']}s{t['num_stages']}sp{t['splits']}"
-                         f"r{t.get('maxnreg', 0)}f{t['fused_reduce']}wt{t['warp_tiles']}"
+                         f"r{t.get('maxnreg', 0)}wt{t['warp_tiles']}"
                          f"rh{t.get('reduce_heads', 0)}"
                          f"={t['ms']*1e3:.1f}"
                          for t in ok[1:6]))

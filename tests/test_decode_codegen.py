@@ -79,31 +79,3 @@ def test_pdl_is_on_by_default_off_on_cpu_and_for_prefill(monkeypatch):
         assert not triton_utils.pdl_enabled(torch.zeros(1, 8))
     assert triton_utils.pdl_launch(False) == {"PDL": False}
     assert triton_utils.pdl_launch(True) == {"PDL": True, "launch_pdl": True}
-
-
-FUSED_CASES = ["bf16, Llama-3-8B heads, fused reduce, PDL",
-               "fp8, V dim-major, Qwen2-0.5B heads, fused reduce"]
-
-
-@pytest.mark.parametrize("case", FUSED_CASES)
-def test_fused_reduce_orders_stores_atomic_and_loads(loads, case):
-    """The split-K kernel with the reduce folded in (FUSED_REDUCE, attention_triton.py module
-    doc) as compiled for sm_90: one arrival atomic, an add that is acq_rel at GPU scope; a CTA
-    barrier between the partials' global stores and it (each thread stores its own part; the
-    atomic is issued by one); and every global load after it, the other programs' partials,
-    from L2 (.cg), not from an L1 line that may be stale. The CPU interpreter runs programs
-    one at a time and cannot see any of this."""
-    order = loads[case]["fused_reduce"]
-    assert order["atoms"] == {"atom.global.gpu.acq_rel.add.u32": 1}
-    assert order["barrier_before_atom"]
-    after = order["loads_after_atom"]
-    assert after and all(".cg." in name for name in after), after
-
-
-def test_fused_reduce_keeps_pdl_wait_first(loads):
-    """With PDL the fused kernel still waits for the kernel before it ahead of any global read
-    (its counters and partials included), and the unfused kernels have no atomic."""
-    pdl = loads["bf16, Llama-3-8B heads, fused reduce, PDL"]
-    assert pdl.get("griddepcontrol.wait") == 1 and pdl.get("griddepcontrol.launch_dependents") == 1
-    assert 0 <= pdl["wait_at"] < pdl["first_read_at"]
-    assert not loads["bf16, Llama-3-8B heads, PDL"]["fused_reduce"]["atoms"]

@@ -147,19 +147,13 @@ class _Recorder:
         return launch
 
 
-@pytest.mark.parametrize("env", [None, "PAGEDRT_DECODE_FUSED_REDUCE",
-                                 "PAGEDRT_DECODE_BT_PREFETCH"])
-def test_fp8_default_launch_runs_warp_tiles_and_a_window_runs_the_plain_kernel(monkeypatch,
-                                                                               env):
+def test_fp8_default_launch_runs_warp_tiles_and_a_window_runs_the_plain_kernel(monkeypatch):
     """An FP8 cache's default decode (no config) is the warp-tile kernel at
-    `_decode_launch_config`'s BLOCK_N 32 (SUB 2), split or not; with a sliding window, the
-    fused reduce or the block-table prefetch it is `_decode_kernel` (which alone has them);
-    an fp32 cache's default never runs warp tiles (16-bit ones do at head_dim 64:
+    `_decode_launch_config`'s BLOCK_N 32 (SUB 2), split or not; with a sliding window it is
+    `_decode_kernel` (which alone has one); an fp32 cache's default never runs warp tiles (16-bit ones do at head_dim 64:
     test_16_bit_default_launch_runs_warp_tiles). Each matches the reference."""
     recorder = _Recorder(tri._decode_warp_kernel)
     monkeypatch.setattr(tri, "_decode_warp_kernel", recorder)
-    if env:
-        monkeypatch.setenv(env, "1")
     lens = [1, 31, 32, 33, 100]
     k, v, ks, vs, bt, seq_lens = fp8_paged_kv(lens, 2, 64, 16, seed=11)  # head_dim 64: the
     query = torch.randn(len(lens), 6, 64)  # default's warp tiles are for 64 and 128 only
@@ -172,7 +166,7 @@ def test_fp8_default_launch_runs_warp_tiles_and_a_window_runs_the_plain_kernel(m
                                                 sliding_window=window, k_scales=ks,
                                                 v_scales=vs)
         assert_close_fp8(out, expected)
-        warp = window is None and env is None
+        warp = window is None
         assert recorder.launches == ([2] if warp else []), (window, num_splits)
     k32, v32, bt, seq_lens = make_paged_kv(lens, 2, 64, 16, torch.float32)
     recorder.launches = []

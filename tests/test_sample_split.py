@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed: the Triton kernels can't run")
 
-from pagedrt.ops.attention_triton import fused_reduce_counters
+from pagedrt.ops.arrival_counters import arrival_counters
 from pagedrt.ops.sample_triton import (
     BLOCK,
     MAX_SPLITS,
@@ -32,7 +32,7 @@ def torch_race(logits, noise, temperature, greedy):
 
 
 def counters_are_zero(device="cpu"):
-    return bool((fused_reduce_counters(device, 1) == 0).all())
+    return bool((arrival_counters(device, 1) == 0).all())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

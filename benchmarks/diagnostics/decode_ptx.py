@@ -4,10 +4,10 @@ loads of its PTX by width: 16-byte asynchronous copies (cp.async.cg) against one
 read dim-major FP8 V at half the speed of a stripped copy (byte loads from a per-token mask
 against a seq_len of unknown alignment; pagedrt/ops/attention_triton.py, module doc), and
 checks a change to the kernel's loads before it meets a GPU, and prints ptxas's registers and
-stack frame (spills) per thread of each case. Not a benchmark. For the
-split-K kernel with the reduce folded in (FUSED_REDUCE) it also reports how the PTX orders the
-partial stores, the barrier, the arrival atomic and the loads of the other programs' partials
-(`fused_reduce_order`), which a CPU test cannot see.
+stack frame (spills) per thread of each case. Not a benchmark. `fused_reduce_order` reads how
+a kernel that counts arrivals (pagedrt/ops/arrival_counters.py) orders its partial stores, the
+barrier, the atomic and the loads of the other programs' partials, which a CPU test cannot
+see (matmul_ptx.py uses it for the split-K matmul).
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/decode_ptx.py [--ptx-dir DIR] [--json]
 
@@ -42,31 +42,22 @@ CASES = {  # name: (fp8, V dim-major, head_dim, group, BLOCK_N, window)
     "fp8, V dim-major, Qwen2-0.5B heads": (True, True, 64, 7, 128, 0),
     "fp8, V dim-major, window 100": (True, True, 128, 4, 128, 100),
     "bf16, Llama-3-8B heads, PDL": (False, False, 128, 4, 64, 0, 4, 3, True),
-    # split-K with the reduce folded in (FUSED_REDUCE; 8 splits)
-    "bf16, Llama-3-8B heads, fused reduce, PDL": (False, False, 128, 4, 64, 0, 4, 3, True, 8),
-    "fp8, V dim-major, Qwen2-0.5B heads, fused reduce": (True, True, 64, 7, 128, 0, 4, 2, False,
-                                                         16),
 }
 
 
 def compile_decode(fp8: bool, dim_major: bool, head_dim: int, group: int, block_n: int,
-                   window: int, num_warps: int = 4, num_stages: int = 3, pdl: bool = False,
-                   fused_splits: int = 0, bt_prefetch: bool = False):
-    """The decode kernel compiled for sm_90 with the engine's alignment; returns Triton's
-    compiled kernel (its .asm has "ttgir" and "ptx"). `fused_splits` > 0: the split-K kernel
-    with the reduce folded in (SPLIT, FUSED_REDUCE) for that many splits; 0: unsplit."""
+                   window: int, num_warps: int = 4, num_stages: int = 3, pdl: bool = False):
+    """The decode kernel, unsplit, compiled for sm_90 with the engine's alignment; returns
+    Triton's compiled kernel (its .asm has "ttgir" and "ptx")."""
     cache = "*fp8e4nv" if fp8 else "*bf16"
     sig = {"q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache,
            "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*bf16",
            "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "k_scales_ptr": "*fp32",
-           "v_scales_ptr": "*fp32", "counters_ptr": "*i32", "scale_log2": "fp32",
-           **dict.fromkeys(INTS, "i32")}
+           "v_scales_ptr": "*fp32", "scale_log2": "fp32", **dict.fromkeys(INTS, "i32")}
     const = {"GROUP": group, "GROUP_PAD": 16, "BLOCK_SIZE": 16, "HEAD_DIM": head_dim,
-             "BLOCK_N": block_n, "SPLIT": fused_splits > 0, "UPCAST": False,
-             "DOT_PRECISION": "tf32", "KV_FP8": fp8, "F16_MMA": fp8, "WINDOW": window,
-             "V_DIM_MAJOR": dim_major, "PDL": pdl, "FUSED_REDUCE": fused_splits > 0,
-             "SPLITS_PAD": triton.next_power_of_2(max(fused_splits, 1)),
-             "BT_PREFETCH": bt_prefetch}
+             "BLOCK_N": block_n, "SPLIT": False, "UPCAST": False, "DOT_PRECISION": "tf32",
+             "KV_FP8": fp8, "F16_MMA": fp8, "WINDOW": window, "V_DIM_MAJOR": dim_major,
+             "PDL": pdl}
     return compile_sm90(_decode_kernel, sig, const,
                         {"num_splits", "stride_vs" if dim_major else "stride_vd"},
                         {"num_warps": num_warps, "num_stages": num_stages, "launch_pdl": pdl})
@@ -119,8 +110,8 @@ def load_widths(ptx: str) -> Counter:
 
 
 def fused_reduce_order(ptx: str) -> dict:
-    """How the PTX of a FUSED_REDUCE kernel orders what the fused reduce relies on (module doc
-    of attention_triton.py): its atomics (instruction -> count); whether a bar.sync stands
+    """How the PTX of a kernel that counts arrivals orders what the last program's combine
+    relies on (pagedrt/ops/arrival_counters.py; matmul_ptx.py's split-K cases): its atomics (instruction -> count); whether a bar.sync stands
     between the last global store before the first atomic (the partials) and that atomic;
     and the global loads after it (instruction -> count), which must all bypass L1 (.cg)."""
     atom = re.search(r"atom\.[\w:.]+", ptx)
@@ -162,7 +153,6 @@ def main() -> None:
         counts[name]["first_read_at"] = first_read.start() if first_read else -1
         counts[name]["wait_at"] = wait
         counts[name]["reads_before_wait"] = dict(load_widths(ptx[:max(wait, 0)]))
-        counts[name]["fused_reduce"] = fused_reduce_order(ptx)
         if args.ptx_dir:
             os.makedirs(args.ptx_dir, exist_ok=True)
             with open(os.path.join(args.ptx_dir, re.sub(r"\W+", "_", name) + ".ptx"), "w") as f:
@@ -171,8 +161,6 @@ def main() -> None:
             print(f"{name:40s} " + ", ".join(f"{k} x{v}" for k, v in
                                              load_widths(ptx).most_common()))
             print(f"{'':40s} {counts[name]['resources']}")
-            if counts[name]["fused_reduce"]["atoms"]:
-                print(f"{'':40s} fused reduce: {counts[name]['fused_reduce']}")
     if args.json:
         print(json.dumps(counts))
 

@@ -1,6 +1,6 @@
 """Fingerprint the attention kernels' code for the H200 (sm_90) without a GPU: compile the
-decode and extend kernels at the engine's settings (the cases of `decode_ptx.py`, block-table
-prefetch, and the extend kernel over bf16, FP8, FP8 with the chunk's rows, FP8 products, the
+decode and extend kernels at the engine's settings (the cases of `decode_ptx.py`, and the
+extend kernel over bf16, FP8, FP8 with the chunk's rows, FP8 products, the
 wide tile, Qwen2-0.5B heads and a sliding window; the warp-tile decode kernel at five
 launches, two of them over two KV heads per program), strip what only describes the source
 (debug locations, their labels, comments, debug sections), and write each instruction stream
@@ -68,8 +68,6 @@ def instruction_stream(ptx: str) -> str:
 def kernels() -> dict[str, str]:
     """Case name -> the compiled kernel's PTX."""
     ptx = {f"decode {name}": compile_decode(*case).asm["ptx"] for name, case in CASES.items()}
-    ptx["decode fp8, V dim-major, block-table prefetch"] = compile_decode(
-        True, True, 128, 4, 128, 0, 4, 3, bt_prefetch=True).asm["ptx"]
     for name, kwargs in EXTEND_CASES.items():
         ptx[name] = compile_extend(**kwargs).asm["ptx"]
     for name, args in WARP_CASES.items():

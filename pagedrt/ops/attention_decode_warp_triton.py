@@ -28,8 +28,8 @@ KVH 1 at every shape timed on the H200 (benchmarks/results/RUNS.md, "Runs of 202
 
 The price is B copies of the output accumulator (fp32) and of the query operand. Same
 arguments, masking, FP8 scaling (scores' and probabilities' columns), V layouts and split-K
-partials as `_decode_kernel`; no sliding window, fused reduce or block-table prefetch (the
-launcher keeps those on `_decode_kernel`).
+partials as `_decode_kernel`; no sliding window (the launcher keeps those on
+`_decode_kernel`).
 """
 
 from __future__ import annotations

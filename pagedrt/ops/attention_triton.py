@@ -24,52 +24,9 @@ writes its normalised partial output and log-sum-exp, and `_decode_reduce_kernel
 the partitions weighted by exp(lse_i - max lse). Partitions past a short sequence's end are
 empty (lse = -inf, weight 0), so any num_splits is valid for any mix of lengths.
 
-Fused reduce (FUSED_REDUCE; opt-in with PAGEDRT_DECODE_FUSED_REDUCE=1, off by default:
-`decode_fused_reduce_requested`): the split kernel combines its partitions itself and the
-second launch goes away. It measured slower than the two launches on the H200 (e.g. 10.9
-against 5.9 us at batch 1, context 4,096, 16 partitions; docs/design.md, "Small-batch
-decode"), so it stays off. After a
-program has stored its partials it counts itself in: one int32 arrival counter per (sequence,
-KV head), `tl.atomic_add(counter, 1)`, which returns the count before the add; the program
-that reads num_splits - 1 arrived last, so every other program of its (sequence, KV head) has
-stored its partials, and it combines them for its GROUP query heads (`_combine_partials`, the
-same code as `_decode_reduce_kernel`), writes the output and sets the counter back to 0. No
-program waits for another, so nothing depends on which programs are resident at once.
-Memory ordering: every thread stores its own part of the partials, and Triton issues a
-scalar atomic from one thread, so a CTA barrier (`tl.debug_barrier`, bar.sync) first puts
-all the CTA's stores before it; the atomic is acq_rel at GPU scope, so it releases them (a
-release is cumulative over what the barrier ordered before it) and acquires those of every
-program that counted in before (each add is itself acq_rel, so the chain of adds on one
-counter orders them all). Triton hands the returned count to the CTA's other threads through
-shared memory behind another barrier, which orders their loads after the acquire; the loads
-use cache modifier .cg (L2, where the other SMs' stores are), never a line an earlier kernel
-left in this SM's L1. `benchmarks/diagnostics/decode_ptx.py` shows the compiled order
-(st.global, bar.sync, atom.global.gpu.acq_rel, ld.global.cg; tests/test_decode_codegen.py).
-The counters (`fused_reduce_counters`): one persistent zeroed tensor per device with room for
-at least MIN_REDUCE_COUNTERS pairs, allocated at first use and never cleared by the host,
-since every launch leaves them at 0, the next launch and every replay of a CUDA graph start
-from zero. A graph holds the counters' address, so they are never freed nor reallocated while
-one may hold it: they grow only outside stream capture, the old tensor kept alive; a captured
-launch that needs more raises RuntimeError. Launches on one device share them, so two fused
-decode launches must not run at the same time on two streams of one device (the engine
-issues its steps on one stream; PDL overlaps a launch only with the wait at the start of the
-next kernel, before it touches a counter).
-
-Block-table prefetch (BT_PREFETCH; opt-in with PAGEDRT_DECODE_BT_PREFETCH=1, off by default:
-on the H200 it was faster only on Qwen2-0.5B heads at B64 in bf16, 22.9 against 24.4 us at
-L2048, and slower elsewhere, 30.2 against 25.1 us at B256 L640 and 218.4 against 203.3 over
-FP8 at Llama-3-8B's B64 L4096; benchmarks/results/RUNS.md, "Runs of 2026-12-02 (15:20-16:20
-UTC)"):
-Triton's software pipeliner gives a load whose address comes from another load in the same
-iteration (K and V from the tile's block ids) one stage less, and at num_stages 2 to 4 the
-loop got one shared-memory buffer per K/V tile: each tile's copies were issued after the
-previous tile's products and waited for at the top of the next iteration, so a program never
-computed with a copy in flight (the TTGIR compiled for sm_90 on a CPU; docs/design.md, "FP8 KV
-cache"). With BT_PREFETCH the loop carries the next tile's block ids, loaded one iteration
-ahead, and K/V's addresses come from a loop-carried value: num_stages - 1 buffers per tile.
-That load is masked per block (block index < cdiv(end, BLOCK_SIZE)), not per token, so the
-ids stay known to be equal within each run of BLOCK_SIZE tokens and dim-major V keeps its
-16-byte loads.
+Folding the combine into the split kernel (its last program per (sequence, KV head) combining,
+on arrival counters) and loading each tile's block ids a tile ahead were built and measured
+slower on the H200, and removed (docs/design.md, "Decode attention: measured, not kept").
 
 Sliding window (WINDOW > 0, a constexpr: 0 compiles the full-attention kernel unchanged): the
 query at position seq_len - 1 sees keys [lo, seq_len) with lo = max(seq_len - WINDOW, 0), and
@@ -114,7 +71,6 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedrt.env_flags import env_flag
 from pagedrt.ops.attention_decode_naive_triton import paged_attention_decode_naive_triton
 from pagedrt.ops.attention_decode_warp_triton import _decode_warp_kernel, warp_tile_shape
 from pagedrt.ops.attention_extend_triton import (
@@ -152,21 +108,6 @@ MIN_REDUCE_COUNTERS = 65536  # (sequence, KV head) pairs the first counter tenso
 _REDUCE_COUNTERS: dict[torch.device, torch.Tensor] = {}
 # counter tensors replaced by larger ones, kept alive: a CUDA graph may still hold their address
 _RETIRED_COUNTERS: list[torch.Tensor] = []
-
-
-def decode_fused_reduce_requested() -> bool:
-    """PAGEDRT_DECODE_FUSED_REDUCE=1: a split decode combines its partitions inside
-    `_decode_kernel` (FUSED_REDUCE, module doc) instead of in a second launch. Off by default
-    ("0"): slower on the H200 (module doc). Read at every launch."""
-    return env_flag("PAGEDRT_DECODE_FUSED_REDUCE", False)
-
-
-def decode_bt_prefetch_requested() -> bool:
-    """PAGEDRT_DECODE_BT_PREFETCH=1: `_decode_kernel` loads each tile's block ids one tile
-    ahead (BT_PREFETCH, module doc), which lets Triton's pipeliner give the K/V copies
-    num_stages - 1 buffers. Off by default ("0"): slower at most shapes on the H200 (module
-    doc). Read at every launch."""
-    return env_flag("PAGEDRT_DECODE_BT_PREFETCH", False)
 
 
 def _capturing(device: torch.device) -> bool:
@@ -234,14 +175,12 @@ def _decode_tile(
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
     V_DIM_MAJOR: tl.constexpr,
     MASKED: tl.constexpr,  # False: every token of the tile is below `end` (no load masked)
-    block=None,  # [BLOCK_N] int64: the tile's block ids, loaded before; None: load them here
 ):
     """One BLOCK_N-token tile of `_decode_kernel`'s online softmax; returns the new state."""
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tile_start + tl.arange(0, BLOCK_N)
     n_mask = offs_n < end
-    if block is None:
-        block = tile_load(bt_row + offs_n // BLOCK_SIZE, n_mask, MASKED).to(tl.int64)
+    block = tile_load(bt_row + offs_n // BLOCK_SIZE, n_mask, MASKED).to(tl.int64)
     kv_off = block * stride_cb + (offs_n % BLOCK_SIZE) * stride_cs + head_off
     k = tile_load(k_cache_ptr + kv_off[:, None] + offs_d[None, :], n_mask[:, None], MASKED)
     if UPCAST:
@@ -279,28 +218,26 @@ def _decode_tile(
 
 @triton.jit
 def _combine_partials(part_out_ptr, part_lse_ptr, rows, row_mask, num_splits,
-                      HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, CACHE: tl.constexpr):
+                      HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr):
     """The split-K combine of a block of (sequence, query head) pairs: for each, its
     num_splits partial outputs part_out[row:row + num_splits, :HEAD_DIM] (fp32, each
     normalised over its partition) and log-sum-exps part_lse[row:row + num_splits] (fp32,
     log2 domain; -inf for an empty partition, whose weight is then 0), with row = (seq *
     num_heads + head) * num_splits given per pair in `rows` [HEADS] (pairs where `row_mask`
     [HEADS] is False are not read), weighted by exp2(lse_i - max lse) / sum of the weights.
-    Loads with cache modifier CACHE ("" or ".cg"). Returns [HEADS, HEAD_DIM] fp32 (0 for a
-    pair whose partitions are all empty, which a sequence of seq_len >= 1 never has). Used
-    by `_decode_reduce_kernel` and `_decode_kernel`'s FUSED_REDUCE, so that both combine
-    alike."""
+    Returns [HEADS, HEAD_DIM] fp32 (0 for a pair whose partitions are all empty, which a
+    sequence of seq_len >= 1 never has)."""
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     mask = row_mask[:, None] & (offs_s < num_splits)[None, :]  # [HEADS, SPLITS_PAD]
     idx = rows[:, None] + offs_s[None, :]
-    lse = tl.load(part_lse_ptr + idx, mask=mask, other=float("-inf"), cache_modifier=CACHE)
+    lse = tl.load(part_lse_ptr + idx, mask=mask, other=float("-inf"))
     valid = lse > float("-inf")
     lse_max = tl.max(lse, 1)
     lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # a masked pair: no -inf - -inf
     weight = tl.where(valid, tl.exp2(tl.where(valid, lse - lse_max[:, None], 0.0)), 0.0)
     part = tl.load(part_out_ptr + idx[:, :, None] * HEAD_DIM + offs_d[None, None, :],
-                   mask=mask[:, :, None], other=0.0, cache_modifier=CACHE)
+                   mask=mask[:, :, None], other=0.0)
     total = tl.sum(weight, 1)
     return tl.sum(part * weight[:, :, None], 1) / tl.where(total > 0, total, 1.0)[:, None]
 
@@ -312,12 +249,11 @@ def _decode_kernel(
     v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim], strides stride_v*
     block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32
     seq_lens_ptr,  # [num_seqs] int32
-    out_ptr,  # [num_seqs, num_heads, head_dim]; written when not SPLIT, or FUSED_REDUCE
-    part_out_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32; written when SPLIT (and
-    part_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32, log2 domain; read back when FUSED)
+    out_ptr,  # [num_seqs, num_heads, head_dim]; written when not SPLIT
+    part_out_ptr,  # [num_seqs, num_heads, num_splits, head_dim] fp32; written when SPLIT
+    part_lse_ptr,  # [num_seqs, num_heads, num_splits] fp32, log2 domain; written when SPLIT
     k_scales_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; read when KV_FP8
     v_scales_ptr,  # [num_blocks, num_kv_heads, block_size] fp32; read when KV_FP8
-    counters_ptr,  # [>= num_seqs * num_kv_heads] int32, all 0; used when FUSED_REDUCE
     scale_log2,  # softmax scale * log2(e)
     stride_qs, stride_qh,
     stride_cb, stride_cs, stride_ch,
@@ -340,10 +276,6 @@ def _decode_kernel(
     WINDOW: tl.constexpr = 0,  # sliding window in tokens; 0 = attend to every cached token
     V_DIM_MAJOR: tl.constexpr = False,  # V tiles read as [HEAD_DIM, BLOCK_N] (stride_vs 1)
     PDL: tl.constexpr = False,  # launched with programmatic dependent launch (pdl_enabled)
-    FUSED_REDUCE: tl.constexpr = False,  # with SPLIT: the last program of a (seq, kv_head)
-    # combines the partitions itself (module doc); no `_decode_reduce_kernel` launch
-    SPLITS_PAD: tl.constexpr = 1,  # num_splits rounded up to a power of two; FUSED_REDUCE
-    BT_PREFETCH: tl.constexpr = False,  # each tile's block ids loaded one tile ahead
 ):
     pdl_prologue(PDL)
     kv_head = tl.program_id(0)
@@ -374,24 +306,12 @@ def _decode_kernel(
     loop_end = end
     if V_DIM_MAJOR:
         loop_end = start + (end - start) // BLOCK_N * BLOCK_N
-    block = None  # with BT_PREFETCH, the tile's block ids, loaded one tile ahead
-    if BT_PREFETCH:
-        # masked per block, not per token, so that the ids stay known to be equal within each
-        # run of BLOCK_SIZE tokens (the compiler's axis analysis) and V's loads stay wide
-        num_blocks = tl.cdiv(end, BLOCK_SIZE)  # the blocks this partition may read
-        offs_b = (start + tl.arange(0, BLOCK_N)) // BLOCK_SIZE
-        block = tl.load(bt_row + offs_b, mask=offs_b < num_blocks, other=0).to(tl.int64)
     for tile_start in range(start, loop_end, BLOCK_N):
-        if BT_PREFETCH:
-            offs_b = (tile_start + BLOCK_N + tl.arange(0, BLOCK_N)) // BLOCK_SIZE
-            next_block = tl.load(bt_row + offs_b, mask=offs_b < num_blocks, other=0)
         m_i, l_i, acc = _decode_tile(
             m_i, l_i, acc, tile_start, end, q, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
             v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,
             stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, BLOCK_N, UPCAST,
-            DOT_PRECISION, KV_FP8, V_DIM_MAJOR, not V_DIM_MAJOR, block)
-        if BT_PREFETCH:
-            block = next_block.to(tl.int64)
+            DOT_PRECISION, KV_FP8, V_DIM_MAJOR, not V_DIM_MAJOR)
     if V_DIM_MAJOR:  # noqa: SIM102 - a constexpr test, then a runtime one
         if loop_end < end:
             m_i, l_i, acc = _decode_tile(
@@ -409,23 +329,6 @@ def _decode_kernel(
                  mask=g_mask[:, None])
         lse = tl.where(has_tokens, m_i + tl.log2(tl.where(has_tokens, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + row, lse, mask=g_mask)
-        if FUSED_REDUCE:
-            # every thread's partial stores come before the atomic (issued by one thread);
-            # acq_rel at GPU scope publishes them to, and takes those of the programs before
-            # from, the (seq, kv_head)'s other programs (module doc, "Fused reduce")
-            tl.debug_barrier()
-            counter = counters_ptr + seq * tl.num_programs(0) + kv_head
-            count = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if count == num_splits - 1:  # the last one here: every partial is stored
-                # the GROUP query heads at once; .cg: read from L2, where the other SMs'
-                # stores are, never a stale L1 line
-                combined = _combine_partials(
-                    part_out_ptr, part_lse_ptr, (seq * num_heads + heads) * num_splits, g_mask,
-                    num_splits, HEAD_DIM, SPLITS_PAD, ".cg")
-                tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh
-                         + offs_d[None, :], combined.to(out_ptr.dtype.element_ty),
-                         mask=g_mask[:, None])
-                tl.store(counter, 0)  # ready for the next launch (and graph replay)
     else:
         tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
@@ -449,7 +352,7 @@ def _decode_reduce_kernel(
     seq = tl.program_id(1).to(tl.int64)
     h_mask = heads < num_heads
     out = _combine_partials(part_out_ptr, part_lse_ptr, (seq * num_heads + heads) * num_splits,
-                            h_mask, num_splits, HEAD_DIM, SPLITS_PAD, "")
+                            h_mask, num_splits, HEAD_DIM, SPLITS_PAD)
     tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh
              + tl.arange(0, HEAD_DIM)[None, :], out.to(out_ptr.dtype.element_ty),
              mask=h_mask[:, None])
@@ -514,8 +417,7 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sm
 def _decode_launch_config(head_dim: int, kv_bytes: int = 2, warp_tiles: bool = True) -> dict:
     """The default decode launch: BLOCK_N, num_warps, num_stages; over an FP8 cache
     (kv_bytes 1) at head_dim 64 or 128, and a 16-bit one (kv_bytes 2) at head_dim 64, where
-    the warp-tile kernel can run (warp_tiles: no sliding window, fused reduce or block-table
-    prefetch) that kernel (`attention_decode_warp_triton`) and its split-count settings
+    the warp-tile kernel can run (warp_tiles: no sliding window) that kernel (`attention_decode_warp_triton`) and its split-count settings
     ("programs_per_sm", "min_partition_tokens").
 
     bf16/fp16/fp32 caches (`_decode_kernel`): about 16 KB of K (and of V) per tile, at most
@@ -548,7 +450,7 @@ def _decode_launch_config(head_dim: int, kv_bytes: int = 2, warp_tiles: bool = T
     decode step of Qwen2-0.5B took 2.07 against 1.86 ms with them, 2026-12-03 17:40), and fp32
     caches (kv_bytes 4, unmeasured).
 
-    FP8 caches, `_decode_kernel` (with a window, fused reduce or block-table prefetch): it
+    FP8 caches, `_decode_kernel` (with a sliding window): it
     takes 255 registers per thread uncapped (Nsight Compute; bf16: 125), 2 programs per SM.
     At head_dim 128, BLOCK_N 128 / 4 warps / 5 stages, uncapped: at 5 stages Triton gives
     the loop two shared-memory buffers per K/V tile, so the next tile's copies stay in
@@ -586,19 +488,16 @@ def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: boo
     longest context in tokens (the window's length with a window); num_splits None: the
     heuristic's (`choose_num_splits`, over the programs the kernel has); kv_bytes: bytes per
     cache element, None for 1 with fp8 and 2 otherwise (a 4-byte fp32 cache gets the 16-bit
-    launch without warp tiles: unmeasured on a GPU). Reads
-    PAGEDRT_DECODE_FUSED_REDUCE and PAGEDRT_DECODE_BT_PREFETCH as the launch does.
+    launch without warp tiles: unmeasured on a GPU).
 
     Raises:
         ValueError: config's warp_tiles not a power of two >= 1 dividing num_kv_heads, its
             programs_per_sm or min_partition_tokens not an int >= 1, its reduce_heads not a
             power of two >= 1, or num_splits < 1.
     """
-    # the warp-tile kernel has no window, fused reduce or block-table prefetch (a given
-    # config runs warp tiles only where it names them)
-    warp_ok = not (sliding_window or decode_bt_prefetch_requested()
-                   or decode_fused_reduce_requested())
-    warp_ok = warp_ok and (config is None or bool(config.get("warp_tiles")))
+    # the warp-tile kernel has no window (a given config runs warp tiles only where it names
+    # them)
+    warp_ok = not sliding_window and (config is None or bool(config.get("warp_tiles")))
     # 16-bit caches: warp tiles only where the launch would split (fewer than 3 programs
     # per SM unsplit); unsplit, at Qwen2-0.5B's 256 x 512/128, the engine's decode step took
     # 2.07 against 1.86 ms on the H200 with them (benchmarks/results/RUNS.md, "Runs of
@@ -663,8 +562,8 @@ def paged_attention_decode_triton(
         config: launch overrides for tuning ({"BLOCK_N", "num_warps", "num_stages"}, and
             optionally "maxnreg" (a register cap, 0 none), "warp_tiles" (N >= 1: the
             warp-tile kernel of `attention_decode_warp_triton` with N KV heads per program, N
-            a power of two dividing num_kv_heads; ignored with a sliding window, the fused
-            reduce or the block-table prefetch, which only `_decode_kernel` has),
+            a power of two dividing num_kv_heads; ignored with a sliding window, which only
+            `_decode_kernel` has),
             "programs_per_sm" (the split heuristic's target for warp tiles) and
             "min_partition_tokens" (its shortest partition for warp tiles), "reduce_heads"
             (query heads per split-K reduce program, a power of two; default
@@ -686,13 +585,9 @@ def paged_attention_decode_triton(
     Raises:
         ValueError: a broken contract (with `validate`), num_splits < 1, or a config's
             warp_tiles that is not a power of two dividing num_kv_heads.
-        RuntimeError: with PAGEDRT_DECODE_FUSED_REDUCE=1 and num_splits > 1, a launch being
-            captured in a CUDA graph needs more reduce counters (num_seqs * num_kv_heads) than
-            exist (`fused_reduce_counters`).
 
-    With num_splits > 1 the partitions are combined by a second kernel, or, with
-    PAGEDRT_DECODE_FUSED_REDUCE=1 (read at every call), by the last program of each (sequence,
-    KV head) in the same launch (module doc, "Fused reduce").
+    With num_splits > 1 the partitions are combined by a second kernel,
+    `_decode_reduce_kernel`.
     """
     if validate:
         check_decode_args(query, k_cache, v_cache, block_tables, seq_lens, k_scales, v_scales)
@@ -705,7 +600,6 @@ def paged_attention_decode_triton(
     if num_seqs == 0:
         return out
     fp8 = is_fp8(k_cache.dtype)
-    bt_prefetch = decode_bt_prefetch_requested()
     max_context = max_seq_len or block_tables.shape[1] * block_size
     if sliding_window is not None:  # the tokens a query reads
         max_context = min(max_context, sliding_window)
@@ -714,9 +608,6 @@ def paged_attention_decode_triton(
         config, sliding_window, k_cache.element_size())
     upcast = interpreting(query)
     split = num_splits > 1
-    fused = split and decode_fused_reduce_requested()
-    # (first: raises RuntimeError under graph capture when too few counters exist)
-    counters = fused_reduce_counters(query.device, num_seqs * num_kv_heads) if fused else out
     if split:
         part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32,
                                device=query.device)
@@ -732,8 +623,7 @@ def paged_attention_decode_triton(
         {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1}]
 
     def launch(cfg: dict) -> None:
-        # the arguments both decode kernels take (the fused reduce's counters only
-        # `_decode_kernel`, between the caches' scales and the softmax scale)
+        # the arguments both decode kernels take
         pointers = (query, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
                     k_scales, v_scales)
         scalars = (scale * LOG2E,
@@ -759,17 +649,14 @@ def paged_attention_decode_triton(
                 *pointers, *scalars, SUB=sub, SUB_N=sub_n, KVH=kv_heads_per_program, **common)
             return
         _decode_kernel[grid](
-            *pointers, counters, *scalars, BLOCK_N=cfg["BLOCK_N"],
-            WINDOW=sliding_window or 0, FUSED_REDUCE=fused,
-            SPLITS_PAD=next_pow2(num_splits) if fused else 1, BT_PREFETCH=bt_prefetch,
-            **common)
+            *pointers, *scalars, BLOCK_N=cfg["BLOCK_N"], WINDOW=sliding_window or 0, **common)
 
     dim_major = v_dim_major(v_cache)
     pdl = pdl_enabled(query)
     key = ("decode", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
-           dim_major, bt_prefetch, kv_heads_per_program, fused)
+           dim_major, kv_heads_per_program)
     launch_first_fitting(key, configs, launch)
-    if split and not fused:
+    if split:
         heads = (config or {}).get("reduce_heads") or reduce_heads_per_program(
             num_seqs, num_heads, num_splits, head_dim, device_sms(query))
         _decode_reduce_kernel[(triton.cdiv(num_heads, heads), num_seqs)](
@@ -783,7 +670,6 @@ def paged_attention_decode_triton(
 __all__ = [
     "choose_num_splits",
     "copy_blocks_triton",
-    "decode_fused_reduce_requested",
     "decode_launch_plan",
     "fused_reduce_counters",
     "paged_attention_decode_naive_triton",

@@ -21,9 +21,8 @@ PAGEDRT_SAMPLE_SPLIT=0): one program per row walks 151,936 logits one chunk afte
 a batch of a few rows keeps a few SMs busy and 256 rows take two waves. With splits the grid
 is (rows, num_splits): each program takes one contiguous span of the row (a multiple of
 BLOCK), stores its best score and token as a partial, and counts in on its row's arrival
-counter (a CTA barrier, then an acq_rel atomic at GPU scope: the decode attention's fused
-reduce's scheme and counters, `attention_triton.fused_reduce_counters`, whose docstring gives
-the memory-order argument); the row's last program to arrive reads the partials from L2 and
+counter (a CTA barrier, then an acq_rel atomic at GPU scope: pagedrt/ops/arrival_counters.py,
+whose module doc gives the memory-order argument); the row's last program to arrive reads the partials from L2 and
 keeps the best score of the lowest span holding it, and that span's token, so the token is
 the one the unsplit walk picks whichever program arrives last. The combine reads MAX_SPLITS
 partials (masked past the row's spans), so one compiled kernel serves every split count.
@@ -43,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedrt.ops.attention_triton import fused_reduce_counters
+from pagedrt.ops.arrival_counters import arrival_counters
 from pagedrt.ops.triton_utils import device_sms
 
 BLOCK = 4096  # logits per iteration of a row's program
@@ -160,7 +159,7 @@ def _launch(logits: torch.Tensor, num_splits: int | None, out: torch.Tensor | No
                          "hold exactly (2**24 and more); use num_splits=1")
     part = torch.empty((num_rows, splits, 2) if splits > 1 else (1,), dtype=torch.float32,
                        device=logits.device)
-    counters = fused_reduce_counters(logits.device, num_rows) if splits > 1 else out
+    counters = arrival_counters(logits.device, num_rows) if splits > 1 else out
     unread = logits
     _race_kernel[(num_rows, splits)](
         logits, logits.stride(0), unread if noise is None else noise, stride_q,
