@@ -16,7 +16,6 @@ from pagedrt.ops.matmul_triton import matmul_triton as mm
 from pagedrt.ops.matmul_triton import row_count_timed
 from tests.decode_path import (
     assert_same_tokens,
-    fall_back,
     generate_8_and_16,
     mixed_sampling,
     prompts_and_params,
@@ -51,7 +50,7 @@ def test_split_k_matches_torch_and_leaves_counters_at_zero(split_k, swap_ab):
     """Split-K: K = 200 in BLOCK_K = 32 steps is 7 steps, so split 8 leaves one split empty
     and split 3 splits unevenly; bias added once; the same bits on a second call (the sum runs
     in split order whichever program is last); every arrival counter back at 0."""
-    from pagedrt.ops.attention_triton import _REDUCE_COUNTERS
+    from pagedrt.ops.arrival_counters import _COUNTERS
 
     g = torch.Generator().manual_seed(split_k)
     config = (16, 32, 32, 4, 2, swap_ab, split_k)
@@ -63,7 +62,7 @@ def test_split_k_matches_torch_and_leaves_counters_at_zero(split_k, swap_ab):
         tol = 1e-4 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
         assert torch.equal(mm(x, w, b, config), got)
-    assert int(_REDUCE_COUNTERS[torch.device("cpu")].abs().sum()) == 0
+    assert int(_COUNTERS[torch.device("cpu")].abs().sum()) == 0
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=IDS)
@@ -83,44 +82,6 @@ def test_silu_mul_matches_the_plain_path(dtype, config):
         plain = silu_and_mul_triton(torch.nn.functional.linear(x, w))
         tol = 1e-5 if dtype == torch.float32 else 2e-3  # fp16: where the products round
         torch.testing.assert_close(got, plain, rtol=tol, atol=tol)
-
-
-@pytest.mark.parametrize("config", [(16, 32, 32, 4, 2, False), (16, 64, 32, 4, 2, True, 3)],
-                         ids=["whole_k", "swap_split3"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_add_rmsnorm_matches_the_norm_kernel(dtype, config):
-    """The projection with the residual add and RMSNorm after it equals the projection, then
-    `rms_norm_triton` with the residual: N = 300 spans two NORM_BLOCK chunks and no tile
-    divides it, a bias, 19 rows (a partial row tile); the arrival counters end at 0."""
-    from pagedrt.ops.attention_triton import _REDUCE_COUNTERS
-    from pagedrt.ops.fused_triton import rms_norm_triton
-    from pagedrt.ops.matmul_triton import matmul_add_rmsnorm_triton
-
-    g = torch.Generator().manual_seed(config[1])
-    for m in (8, 19):
-        x = torch.randn(m, 96, generator=g).to(dtype)
-        w = (torch.randn(300, 96, generator=g) / 96 ** 0.5).to(dtype)
-        b, r = torch.randn(300, generator=g).to(dtype), torch.randn(m, 300, generator=g).to(dtype)
-        norm_w = torch.randn(300, generator=g).to(dtype)
-        normed, new_residual = matmul_add_rmsnorm_triton(x, w, b, r, norm_w, 1e-6, config)
-        want_normed, want_residual = rms_norm_triton(torch.nn.functional.linear(x, w, b),
-                                                     norm_w, 1e-6, r)
-        tol = 1e-5 if dtype == torch.float32 else 4e-3  # fp16: where the product rounds
-        torch.testing.assert_close(new_residual, want_residual, rtol=tol, atol=tol)
-        torch.testing.assert_close(normed, want_normed, rtol=tol, atol=tol)
-    assert int(_REDUCE_COUNTERS[torch.device("cpu")].abs().sum()) == 0
-
-
-def test_add_rmsnorm_bad_inputs():
-    from pagedrt.ops.matmul_triton import matmul_add_rmsnorm_triton
-
-    x, w = torch.randn(8, 32), torch.randn(16, 32)
-    with pytest.raises(ValueError, match="residual"):
-        matmul_add_rmsnorm_triton(x, w, None, torch.randn(8, 15), torch.randn(16), 1e-6)
-    with pytest.raises(ValueError, match="residual"):
-        matmul_add_rmsnorm_triton(x, w, None, torch.randn(16, 8).T, torch.randn(16), 1e-6)
-    with pytest.raises(ValueError, match="norm_weight"):
-        matmul_add_rmsnorm_triton(x, w, None, torch.randn(8, 16), torch.randn(16).half(), 1e-6)
 
 
 def test_bf16_under_the_interpreter_is_multiplied_in_fp32():
@@ -221,16 +182,13 @@ def test_shapes_are_timed_only_inside_timing_and_outside_capture(monkeypatch):
 
 
 @pytest.mark.parametrize("sampling", ["greedy", "mixed"])
-@pytest.mark.parametrize("norm", [False, True], ids=["norm_kernels", "norms_in_matmuls"])
-def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm, sampling):
+def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, sampling):
     """Greedy decoding of 8 and 16 requests with every 8-128-row matmul of the layers through
     the Triton kernel (the interpreter runs it; fp32, so exact products) gives the plain
-    path's tokens and nearly its logprobs; with `norm` (PAGEDRT_MATMUL_NORM=1) the O and down
-    projections also run the residual add and the RMSNorm after them, and where every fused op
-    falls back the logprobs are the plain path's bit for bit. The norms' weights are
-    perturbed (the tiny model's are 1), so a norm applied in the wrong place shows; each
-    variant runs in an engine of its own. `mixed`: a mixed batch of greedy and seeded sampling
-    (top-k, top-p, min-p, penalties) instead of greedy only."""
+    path's tokens and nearly its logprobs. The norms' weights are perturbed (the tiny model's
+    are 1), so a norm applied in the wrong place shows; each variant runs in an engine of its
+    own. `mixed`: a mixed batch of greedy and seeded sampling (top-k, top-p, min-p,
+    penalties) instead of greedy only."""
 
     calls = []
 
@@ -248,19 +206,14 @@ def test_decoder_batches_of_8_to_16_give_the_cublas_tokens(monkeypatch, norm, sa
     prompts, params = prompts_and_params(g)
     if sampling == "mixed":
         params = mixed_sampling(len(prompts))
-    patches = ((matmul_triton, "NORM_ENABLED", norm),)
 
     def generate(tiled, choice):
-        return generate_8_and_16(monkeypatch, model, prompts, params, tiled, choice, patches)
+        return generate_8_and_16(monkeypatch, model, prompts, params, tiled, choice)
 
     plain = generate(False, always)
     assert not calls
     assert_same_tokens(generate(True, always), plain)
     assert calls and "silu_mul" in calls  # the layers took the path, gate/up's fused too
-    assert ("add_rmsnorm" in calls) == norm
-    if norm:  # forward_prenormed with every op falling back: the plain ops in the same order
-        fallback = generate(True, fall_back)
-        assert [o.logprobs for o in fallback] == [o.logprobs for o in plain]
 
 
 def test_layers_and_graph_runner_need_no_triton():

@@ -1,14 +1,13 @@
 """Device time of the decode CUDA graph with the tiled decode matmul (pagedrt/ops/
 matmul_triton.py) on and off, in one process: engines over the same random Qwen2-0.5B
 weights, one built with the path (its start-up timing choosing per shape), one with cuBLAS
-only, and optionally one without RoPE in the QKV matmul's epilogue (PAGEDRT_FUSED_ROPE=0) and
-one with PAGEDRT_MATMUL_NORM's norms in the projections; for each batch
-size N, N requests of 512 prompt tokens are brought into decode on each engine and its N-row
-decode graph is replayed (its static inputs hold that engine's last real step), the engines
-alternated ABC CBA. A diagnostic for issue 16, not a benchmark of record.
+only, and optionally one without RoPE in the QKV matmul's epilogue (PAGEDRT_FUSED_ROPE=0);
+for each batch size N, N requests of 512 prompt tokens are brought into decode on each engine
+and its N-row decode graph is replayed (its static inputs hold that engine's last real step),
+the engines alternated ABC CBA. A diagnostic for issue 16, not a benchmark of record.
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/matmul_graphs.py [--batch-sizes 8,32,64,128]
-        [--variants on,off[,norope][,norm]]
+        [--variants on,off[,norope]]
 """
 
 from __future__ import annotations
@@ -46,22 +45,20 @@ def into_decode(llm, n: int, tag: str) -> None:
     torch.cuda.synchronize()
 
 
-# matmul_triton.ENABLED, matmul_triton.NORM_ENABLED, gemv_rope_triton.ENABLED
-VARIANTS = {"off": (False, False, True), "on": (True, False, True),
-            "norope": (True, False, False), "norm": (True, True, True)}
+# matmul_triton.ENABLED, gemv_rope_triton.ENABLED
+VARIANTS = {"off": (False, True), "on": (True, True), "norope": (True, False)}
 
 
 def set_variant(name: str) -> None:
-    matmul_triton.ENABLED, matmul_triton.NORM_ENABLED, gemv_rope_triton.ENABLED = VARIANTS[name]
+    matmul_triton.ENABLED, gemv_rope_triton.ENABLED = VARIANTS[name]
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--batch-sizes", default="8,32,64,128")
     p.add_argument("--variants", default="on,off",
-                   help="engines to build, of off (cuBLAS), on (the default path), norope "
-                        "(the path without RoPE in the QKV epilogue) and norm (with "
-                        "PAGEDRT_MATMUL_NORM's norms in the projections)")
+                   help="engines to build, of off (cuBLAS), on (the default path) and norope "
+                        "(the path without RoPE in the QKV epilogue)")
     args = p.parse_args()
     sizes = [int(v) for v in args.batch_sizes.split(",")]
     names = args.variants.split(",")

@@ -1,6 +1,5 @@
 """Compile the decode matmul's variants (pagedrt/ops/matmul_triton.py: whole K, split-K, the
-SwiGLU epilogue, the residual-add + RMSNorm epilogue; pagedrt/ops/matmul_rope_triton.py: the
-QKV + RoPE epilogue), the 1-4-row QKV + RoPE kernel (pagedrt/ops/gemv_rope_triton.py) and
+SwiGLU epilogue; pagedrt/ops/matmul_rope_triton.py: the QKV + RoPE epilogue), the 1-4-row QKV + RoPE kernel (pagedrt/ops/gemv_rope_triton.py) and
 skinny matmul (gemv_triton.py) for the H200 (sm_90) without a GPU, and report what their
 PTX holds: the matrix instructions (wgmma / mma), the asynchronous copies of a pipelined K loop
 (cp.async), PDL's grid controls and the loads issued before its wait, and for the variants that
@@ -34,14 +33,12 @@ from pagedrt.ops.gemv_triton import _gemv_kernel, pre_wait_columns, rstd_block
 from pagedrt.ops.matmul_rope_triton import _matmul_rope_kernel
 from pagedrt.ops.matmul_triton import _matmul_kernel
 
-# name: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab, split_k, silu, add_norm)
+# name: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab, split_k, silu)
 CASES = {
-    "whole K, swap": (16, 64, 128, 4, 5, True, 1, False, False),
-    "whole K": (64, 64, 64, 4, 5, False, 1, False, False),
-    "split-K 8, swap": (16, 64, 128, 4, 4, True, 8, False, False),
-    "SwiGLU epilogue, swap": (16, 64, 128, 4, 5, True, 1, True, False),
-    "add + RMSNorm epilogue, swap": (16, 64, 128, 4, 5, True, 1, False, True),
-    "add + RMSNorm epilogue, split-K 4": (32, 64, 128, 4, 4, True, 4, False, True),
+    "whole K, swap": (16, 64, 128, 4, 5, True, 1, False),
+    "whole K": (64, 64, 64, 4, 5, False, 1, False),
+    "split-K 8, swap": (16, 64, 128, 4, 4, True, 8, False),
+    "SwiGLU epilogue, swap": (16, 64, 128, 4, 5, True, 1, True),
 }
 MATRIX = r"(wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)"
 
@@ -57,17 +54,13 @@ def compile_sm90(kernel, sig: dict, const: dict, aligned: list, options: dict):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def compile_matmul(block_m, block_n, block_k, num_warps, num_stages, swap_ab, split_k, silu,
-                   add_norm):
-    ptrs = ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "part_ptr", "counters_ptr", "res_ptr",
-            "norm_w_ptr", "norm_out_ptr", "row_counters_ptr"]
-    types = ["*bf16", "*bf16", "*bf16", "*bf16", "*fp32", "*i32", "*bf16", "*bf16", "*bf16",
-             "*i32"]
-    sig = {**dict(zip(ptrs, types, strict=True)), "eps": "fp32", "M": "i32", "N": "i32",
-           "K": "i32", "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32"}
+def compile_matmul(block_m, block_n, block_k, num_warps, num_stages, swap_ab, split_k, silu):
+    ptrs = ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "part_ptr", "counters_ptr"]
+    types = ["*bf16", "*bf16", "*bf16", "*bf16", "*fp32", "*i32"]
+    sig = {**dict(zip(ptrs, types, strict=True)), "M": "i32", "N": "i32", "K": "i32",
+           "stride_xm": "i32", "stride_wn": "i32", "stride_ym": "i32"}
     const = {"HAS_BIAS": False, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
-             "SPLIT_K": split_k, "SILU_MUL": silu, "ADD_NORM": add_norm,
-             "NORM_BLOCK": max(32, 4096 // block_m), "SWAP_AB": swap_ab, "EVEN_K": True,
+             "SPLIT_K": split_k, "SILU_MUL": silu, "SWAP_AB": swap_ab, "EVEN_K": True,
              "IEEE": False, "UPCAST": False, "PDL": True}
     aligned = ptrs + ["N", "K", "stride_xm", "stride_wn", "stride_ym"]
     return compile_sm90(_matmul_kernel, sig, const, aligned,

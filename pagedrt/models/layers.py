@@ -72,18 +72,6 @@ def _decode_matmul(x: torch.Tensor) -> bool:
     return x.dim() == 2 and x.shape[0] > 4 and _use_fused(x)
 
 
-def fused_norm_rows(x: torch.Tensor) -> bool:
-    """Whether the decoder runs its norms inside the O and down projections for x [M, hidden]
-    (`LlamaDecoderLayer.forward_prenormed`): CUDA batches of the fused ops' timed row counts
-    (8-128, or to 256 with PAGEDRT_MATMUL_FUSED_MAX_ROWS) with PAGEDRT_MATMUL_NORM=1
-    (`pagedrt.ops.matmul_triton.NORM_ENABLED`)."""
-    if not _decode_matmul(x):
-        return False
-    from pagedrt.ops import matmul_triton
-
-    return matmul_triton.NORM_ENABLED and matmul_triton.row_count_timed(x.shape[0], fused=True)
-
-
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """F.linear; on CUDA, 1 to 4 rows go through the skinny Triton kernel and 8 to 128 rows
     through the tiled one where it was timed faster (`pagedrt.ops.gemv_triton`,
@@ -399,23 +387,6 @@ class RowParallelLinear(LinearBase):
                x.device.index)
         return fused_or_unfused(key, lambda: self(act(x)), fused, self.weight, x.shape[0],
                                 bias is not None)
-
-    def forward_add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`norm(self(x), residual)`: (the norm of self(x) + residual, that sum), x [T,
-        input_size], residual [T, output_size]. For 8 to 128 rows on CUDA with
-        PAGEDRT_MATMUL_NORM=1, one kernel does the projection, the add and the norm
-        (`pagedrt.ops.matmul_triton.linear_add_rmsnorm`) where that was timed faster. Not under
-        tensor parallelism: the add needs the all-reduced sum."""
-        def plain():
-            return norm(self(x), residual)
-
-        if self.tp_size > 1 or not _decode_matmul(x):
-            return plain()
-        from pagedrt.ops.matmul_triton import linear_add_rmsnorm
-
-        return linear_add_rmsnorm(x, self.weight, self.bias, residual, norm.weight, norm.eps,
-                                  plain)
 
 
 class VocabParallelEmbedding(nn.Module):

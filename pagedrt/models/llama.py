@@ -28,7 +28,6 @@ from pagedrt.models.layers import (
     RowParallelLinear,
     SiluAndMul,
     VocabParallelEmbedding,
-    fused_norm_rows,
 )
 from pagedrt.ops.attention import AttentionMetadata, KVCacheLayer, paged_attention, uses_triton
 
@@ -278,33 +277,10 @@ class LlamaDecoderLayer(nn.Module):
             self.input_layernorm, positions, hidden_states, residual, kv_cache, meta)
         return self.mlp.forward_normed(self.post_attention_layernorm, hidden_states, residual)
 
-    def forward_prenormed(
-        self,
-        positions: torch.Tensor,
-        x: torch.Tensor,
-        residual: torch.Tensor,
-        kv_cache: KVCacheLayer,
-        meta: AttentionMetadata,
-        next_norm: RMSNorm,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer with its input already normed (by the layer before, or the model for the
-        first) and the norm after it done here: returns (next_norm(out + residual), out +
-        residual), where `forward` returns (out, residual). The O projection runs with the
-        residual add and the post-attention norm, the down projection with the add and
-        `next_norm` (`RowParallelLinear.forward_add_norm`), so the RMSNorm kernels go where
-        that is timed faster (LlamaModel.forward takes this path for 8-128 CUDA rows with
-        PAGEDRT_MATMUL_NORM=1; docs/design.md, "Decode matmuls (8 to 128 rows)")."""
-        attn = self.self_attn.attention_of_normed(positions, x, kv_cache, meta)
-        h, residual = self.self_attn.o_proj.forward_add_norm(attn, residual,
-                                                             self.post_attention_layernorm)
-        act = self.mlp.gate_up_proj.silu_mul_of(h, self.mlp.act_fn)
-        return self.mlp.down_proj.forward_add_norm(act, residual, next_norm)
-
 
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, tp: TPGroup = SINGLE_RANK) -> None:
         super().__init__()
-        self.tp = tp
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, tp, i) for i in range(config.num_hidden_layers)
@@ -319,15 +295,6 @@ class LlamaModel(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         hidden_states, residual = self.embed_tokens(input_ids), None
-        if self.tp.size == 1 and fused_norm_rows(hidden_states):
-            # each norm in the projection before it (LlamaDecoderLayer.forward_prenormed)
-            residual, hidden_states = hidden_states, self.layers[0].input_layernorm(hidden_states)
-            next_norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
-            for layer, kv_cache, next_norm in zip(self.layers, kv_caches, next_norms,
-                                                  strict=True):
-                hidden_states, residual = layer.forward_prenormed(
-                    positions, hidden_states, residual, kv_cache, meta, next_norm)
-            return hidden_states
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden_states, residual = layer(positions, hidden_states, residual, kv_cache, meta)
         hidden_states, _ = self.norm(hidden_states, residual)

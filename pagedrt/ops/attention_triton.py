@@ -102,67 +102,6 @@ MIN_PARTITION_TOKENS = 256
 MAX_SPLITS = 64
 # fp32 partials one `_decode_reduce_kernel` program combines at most (64 per thread at 4 warps)
 REDUCE_TILE_ELEMENTS = 8192
-MIN_REDUCE_COUNTERS = 65536  # (sequence, KV head) pairs the first counter tensor has room for
-
-# the fused reduce's counters (module doc, "Fused reduce"): device -> int32 tensor of zeros
-_REDUCE_COUNTERS: dict[torch.device, torch.Tensor] = {}
-# counter tensors replaced by larger ones, kept alive: a CUDA graph may still hold their address
-_RETIRED_COUNTERS: list[torch.Tensor] = []
-
-
-def _capturing(device: torch.device) -> bool:
-    """Whether the current stream of `device` is capturing a CUDA graph (False on CPU)."""
-    if device.type != "cuda":
-        return False
-    with torch.cuda.device(device):
-        return torch.cuda.is_current_stream_capturing()
-
-
-def fused_reduce_counters(device: torch.device | str, needed: int) -> torch.Tensor:
-    """The fused split-K reduce's arrival counters on `device` (the split-K and add-norm
-    decode matmuls, pagedrt/ops/matmul_triton.py, count their output and row tiles on them
-    too, and the sampler's split rows their rows, pagedrt/ops/sample_triton.py): one persistent int32 tensor of zeros per device, with room for at least `needed`
-    counters ((sequence, KV head) pairs for the reduce), allocated on first use with
-    max(MIN_REDUCE_COUNTERS, next power of two >= needed) entries and cached here for the life
-    of the process. Every launch leaves them all 0 (the last program of each pair or tile
-    resets its own), so no launch clears them; launches that use them must not run at once
-    (one stream; `fastest_config` synchronizes around its timing on a stream of its own).
-
-    A CUDA graph that captured a fused decode launch holds the tensor's address and replays
-    atomics on it, so the tensor is never freed nor reallocated while a graph may hold it:
-    it grows (to a new tensor, the old one kept alive in `_RETIRED_COUNTERS` for the graphs that
-    captured it) only outside stream capture. Call this before capturing a graph whose launches
-    need more than MIN_REDUCE_COUNTERS pairs (the engine's eager warm-up before each capture
-    does it for its own shapes).
-
-    Raises:
-        RuntimeError: `needed` exceeds the counters that exist while `device`'s current
-            stream is capturing a CUDA graph (a new tensor allocated then would belong to
-            the graph's memory pool, and its zero-fill would be captured too).
-    """
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    counters = _REDUCE_COUNTERS.get(device)
-    if counters is not None and counters.numel() >= needed:
-        return counters
-    have = 0 if counters is None else counters.numel()
-    if _capturing(device):
-        raise RuntimeError(
-            f"a launch needs {needed} arrival counters on {device} (the fused split-K decode "
-            "reduce of PAGEDRT_DECODE_FUSED_REDUCE=1: num_seqs x num_kv_heads; a split-K or "
-            "add-norm decode matmul: its output and row tiles), but "
-            f"{have} exist and they cannot be allocated while a CUDA graph is being captured "
-            "(the graph would hold memory of its own pool). Make a launch of this size "
-            "eagerly before capturing, or call "
-            "pagedrt.ops.attention_triton.fused_reduce_counters(device, "
-            f"{needed}) first, or set PAGEDRT_DECODE_FUSED_REDUCE=0 / PAGEDRT_MATMUL=0.")
-    if counters is not None:
-        _RETIRED_COUNTERS.append(counters)
-    counters = torch.zeros(max(MIN_REDUCE_COUNTERS, next_pow2(needed)), dtype=torch.int32,
-                           device=device)
-    _REDUCE_COUNTERS[device] = counters
-    return counters
 
 
 @triton.jit
@@ -671,7 +610,6 @@ __all__ = [
     "choose_num_splits",
     "copy_blocks_triton",
     "decode_launch_plan",
-    "fused_reduce_counters",
     "paged_attention_decode_naive_triton",
     "paged_attention_decode_triton",
     "paged_attention_extend_triton",

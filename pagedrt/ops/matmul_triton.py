@@ -18,10 +18,10 @@ SMs idle, so split_k programs share a tile, each over its own run of BLOCK_K ste
 stores its fp32 partial, then counts in on an arrival counter of its tile (a CTA barrier, then
 an acq_rel atomic at GPU scope); the one that arrives last sums the split_k partials in split
 order (so the bits do not depend on which one that is), adds the bias, writes y and sets the
-counter back to 0. No program waits for another. This is the fused decode reduce's scheme, and
-it uses the same persistent zeroed counters (`fused_reduce_counters` in attention_triton.py,
-whose docstring gives the memory-ordering argument; launches on one stream never overlap on
-them: under PDL a kernel touches nothing before the kernel ahead of it has finished). The
+counter back to 0. No program waits for another. The scheme and its persistent zeroed counters
+are pagedrt/ops/arrival_counters.py's, whose module doc gives the memory-ordering argument
+(launches on one stream never overlap on them: under PDL a kernel touches nothing before the
+kernel ahead of it has finished). The
 partials are a [split_k, M, N] fp32 tensor allocated per call (from the graph's pool when
 captured).
 
@@ -29,13 +29,6 @@ SwiGLU's activation (`silu_mul`): for a gate/up weight [2I, K] a program loads t
 its tile and the up rows I further on, keeps two accumulators and writes silu(gate) * up,
 rounded as the plain path rounds, so the [M, 2I] product is never written and the activation
 kernel never launched (`linear_silu_mul`, for `MergedColumnParallelLinear.silu_mul_of`).
-
-The RMSNorm after a projection (`matmul_add_rmsnorm_triton`, opt-in with
-PAGEDRT_MATMUL_NORM=1: on the H200 no faster than the norm kernel): each program adds the
-residual to its tile and stores the sum, then counts in on an arrival counter of its row tile
-(after the tile counters in the same tensor); the last of the row tile's programs normalizes
-those rows in two passes from L2, rounding as the norm kernel rounds (`_rms_norm_rows`;
-docs/design.md, "Decode matmuls (8 to 128 rows)", says how the decoder uses it).
 
 `linear` picks, once per (weight shape, rows, dtype, bias), the fastest of `CONFIGS` against
 cuBLAS, timed from CUDA graphs outside graph capture, as the skinny matmul of 1-4 rows does
@@ -59,7 +52,7 @@ import triton
 import triton.language as tl
 
 from pagedrt.env_flags import env_flag
-from pagedrt.ops.attention_triton import fused_reduce_counters
+from pagedrt.ops.arrival_counters import arrival_counters
 from pagedrt.ops.config_timing import fastest_config, key_shape_index, note_use
 from pagedrt.ops.triton_utils import (
     interpreting,
@@ -69,15 +62,12 @@ from pagedrt.ops.triton_utils import (
 )
 
 ENABLED = env_flag("PAGEDRT_MATMUL", True)  # PAGEDRT_MATMUL=0: always cuBLAS
-# PAGEDRT_MATMUL_NORM=1: O and down projections with the residual add and RMSNorm after them
-# in one kernel (`linear_add_rmsnorm`); off: no faster on the H200 (docs/design.md)
-NORM_ENABLED = env_flag("PAGEDRT_MATMUL_NORM", False)
 MIN_ROWS, MAX_ROWS = 8, 128
 
 
 def fused_max_rows(value: str | None) -> int:
-    """PAGEDRT_MATMUL_FUSED_MAX_ROWS: the most rows the fused ops (SwiGLU, RoPE and RMSNorm
-    in a projection's kernel) are timed and run at, a multiple of 16 from 128 (the default,
+    """PAGEDRT_MATMUL_FUSED_MAX_ROWS: the most rows the fused ops (SwiGLU and RoPE in a
+    projection's kernel) are timed and run at, a multiple of 16 from 128 (the default,
     the plain projection's MAX_ROWS) to 256.
 
     Raises:
@@ -139,11 +129,6 @@ def _matmul_kernel(
     y_ptr,  # [M, N], N contiguous
     part_ptr,  # [SPLIT_K, M, N] fp32 partial products, used when SPLIT_K > 1
     counters_ptr,  # int32, one arrival counter per output tile, all 0, used when SPLIT_K > 1
-    res_ptr,  # [M, N] contiguous, the residual y is added to, read when ADD_NORM
-    norm_w_ptr,  # [N], the RMSNorm weight, read when ADD_NORM
-    norm_out_ptr,  # [M, N] contiguous, RMSNorm(y + residual), written when ADD_NORM
-    row_counters_ptr,  # int32, one arrival counter per row tile, all 0, used when ADD_NORM
-    eps,  # the RMSNorm's epsilon
     M, N, K,
     stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr,
@@ -152,8 +137,6 @@ def _matmul_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,  # programs per output tile, each over its own range of K
     SILU_MUL: tl.constexpr,  # w is [2N, K] = [gate | up]: y = silu(x @ gate.T) * (x @ up.T)
-    ADD_NORM: tl.constexpr,  # y = x @ w.T + residual (the new residual), then its RMSNorm
-    NORM_BLOCK: tl.constexpr,  # columns per chunk of the RMSNorm pass, a power of two
     SWAP_AB: tl.constexpr,
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no mask along K
     IEEE: tl.constexpr,  # fp32 operands: exact products (no TF32), as F.linear by default
@@ -201,15 +184,11 @@ def _matmul_kernel(
             for s in tl.static_range(SPLIT_K):
                 total += tl.load(parts + s * M * N, mask=mask_mn, other=0.0,
                                  cache_modifier=".cg")
-            _finish_tile(total, b_ptr, y_ptr, res_ptr, norm_w_ptr, norm_out_ptr,
-                         row_counters_ptr + pid_m, eps, offs_m, offs_n, mask_m, mask_n, N,
-                         stride_ym, tl.cdiv(N, BLOCK_N), HAS_BIAS, ADD_NORM, BLOCK_M,
-                         NORM_BLOCK)
+            _store_tile(total, b_ptr, y_ptr, offs_m, offs_n, mask_n, mask_mn, stride_ym,
+                        HAS_BIAS)
             tl.store(counter, 0)  # ready for the next launch (and graph replay)
     else:
-        _finish_tile(out, b_ptr, y_ptr, res_ptr, norm_w_ptr, norm_out_ptr,
-                     row_counters_ptr + pid_m, eps, offs_m, offs_n, mask_m, mask_n, N,
-                     stride_ym, tl.cdiv(N, BLOCK_N), HAS_BIAS, ADD_NORM, BLOCK_M, NORM_BLOCK)
+        _store_tile(out, b_ptr, y_ptr, offs_m, offs_n, mask_n, mask_mn, stride_ym, HAS_BIAS)
 
 
 @triton.jit
@@ -269,57 +248,13 @@ def _mma(a, w, acc, SWAP_AB: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.conste
 
 
 @triton.jit
-def _finish_tile(out, b_ptr, y_ptr, res_ptr, norm_w_ptr, norm_out_ptr, row_counter, eps,
-                 offs_m, offs_n, mask_m, mask_n, N, stride_ym, num_pid_n,
-                 HAS_BIAS: tl.constexpr, ADD_NORM: tl.constexpr, BLOCK_M: tl.constexpr,
-                 NORM_BLOCK: tl.constexpr):
-    """y[offs_m, offs_n] = out (+ bias) in y's dtype; with ADD_NORM, y = that + residual (the
-    new residual), and the last of the row tile's num_pid_n programs to arrive writes the
-    RMSNorm of its rows, rounded as `_rms_norm_kernel` (pagedrt/ops/fused_triton.py) rounds."""
+def _store_tile(out, b_ptr, y_ptr, offs_m, offs_n, mask_n, mask_mn, stride_ym,
+                HAS_BIAS: tl.constexpr):
+    """y[offs_m, offs_n] = out (+ bias), in y's dtype."""
     if HAS_BIAS:
         out += tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    dtype = y_ptr.dtype.element_ty
-    mask_mn = mask_m[:, None] & mask_n[None, :]
-    rows = offs_m.to(tl.int64)[:, None]
-    if ADD_NORM:
-        r = tl.load(res_ptr + rows * N + offs_n[None, :], mask=mask_mn, other=0.0)
-        # the projection's output in y's dtype, then the add as the norm kernel does it
-        out = out.to(dtype).to(tl.float32) + r.to(tl.float32)
-    tl.store(y_ptr + rows * stride_ym + offs_n[None, :], out.to(dtype), mask=mask_mn)
-    if ADD_NORM:
-        # every thread's stores, then one acq_rel count: the program that sees
-        # num_pid_n - 1 arrived last, every column of its rows is stored (as for split-K)
-        tl.debug_barrier()
-        count = tl.atomic_add(row_counter, 1, sem="acq_rel", scope="gpu")
-        if count == num_pid_n - 1:
-            _rms_norm_rows(y_ptr, norm_w_ptr, norm_out_ptr, eps, rows, mask_m, N, stride_ym,
-                           BLOCK_M, NORM_BLOCK)
-            tl.store(row_counter, 0)  # ready for the next launch (and graph replay)
-
-
-@triton.jit
-def _rms_norm_rows(y_ptr, norm_w_ptr, norm_out_ptr, eps, rows, mask_m, N, stride_ym,
-                   BLOCK_M: tl.constexpr, NORM_BLOCK: tl.constexpr):
-    """norm_out[rows] = RMSNorm(y[rows]) * weight, in two passes over NORM_BLOCK columns at a
-    time (loads with .cg: the other programs' stores are in L2, never in this SM's L1)."""
-    dtype = y_ptr.dtype.element_ty
-    ss = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for n0 in range(0, N, NORM_BLOCK):
-        cols = n0 + tl.arange(0, NORM_BLOCK)
-        mask = mask_m[:, None] & (cols < N)[None, :]
-        x = tl.load(y_ptr + rows * stride_ym + cols[None, :], mask=mask, other=0.0,
-                    cache_modifier=".cg").to(tl.float32)
-        ss += tl.sum(x * x, axis=1)
-    rstd = tl.math.rsqrt(ss / N + eps)
-    for n0 in range(0, N, NORM_BLOCK):
-        cols = n0 + tl.arange(0, NORM_BLOCK)
-        mask = mask_m[:, None] & (cols < N)[None, :]
-        x = tl.load(y_ptr + rows * stride_ym + cols[None, :], mask=mask, other=0.0,
-                    cache_modifier=".cg").to(tl.float32)
-        normed = (x * rstd[:, None]).to(dtype).to(tl.float32)  # cast back before the weight
-        w = tl.load(norm_w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-        tl.store(norm_out_ptr + rows * N + cols[None, :], (w[None, :] * normed).to(dtype),
-                 mask=mask)
+    y = y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
+    tl.store(y, out.to(y_ptr.dtype.element_ty), mask=mask_mn)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -364,45 +299,6 @@ def matmul_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         ValueError: shapes, dtypes or devices that do not match, a config out of form, a bias
             or split_k > 1 or an odd number of weight rows with silu_mul.
     """
-    return _launch(x, weight, bias, config, silu_mul, None)
-
-
-def matmul_add_rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                              residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                              config: tuple = CONFIGS[0]) -> tuple[torch.Tensor, torch.Tensor]:
-    """`rms_norm_triton(x @ weight.T (+ bias), norm_weight, eps, residual)` in one kernel: a
-    projection, the residual add and the RMSNorm after it (an O or down projection and the
-    norm that follows it). Each program adds the residual to its tile; the last program of a
-    row tile to finish (an arrival counter, as split-K counts its partials) normalizes those
-    rows, so the rounding is the norm kernel's (`_rms_norm_kernel`) but for the order of the
-    fp32 sum of squares.
-
-    Args:
-        x, weight, bias, config: as `matmul_triton` (split-K allowed).
-        residual: [M, N] contiguous, x's dtype and device. norm_weight: [N] contiguous, x's
-            dtype and device. eps: the norm's epsilon.
-    Returns:
-        (normed [M, N], new_residual [M, N]): RMSNorm(x @ weight.T + residual) * norm_weight
-        and x @ weight.T + residual, both in x's dtype.
-    Raises:
-        ValueError: as `matmul_triton`, or a residual or norm weight of another shape, dtype
-            or device, or not contiguous.
-    """
-    n = weight.shape[0]
-    for name, t, shape in (("residual", residual, (x.shape[0], n)),
-                           ("norm_weight", norm_weight, (n,))):
-        if (tuple(t.shape) != shape or not t.is_contiguous() or t.dtype != x.dtype
-                or t.device != x.device):
-            raise ValueError(f"{name} is {t.dtype} {tuple(t.shape)} on {t.device}"
-                             f"{'' if t.is_contiguous() else ', not contiguous'}; expected a "
-                             f"contiguous {shape} {x.dtype} on {x.device}")
-    return _launch(x, weight, bias, config, False, (residual, norm_weight, float(eps)))
-
-
-def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: tuple,
-            silu_mul: bool, norm: tuple | None):
-    """`matmul_triton` (norm None) or `matmul_add_rmsnorm_triton` (norm = (residual,
-    norm_weight, eps)): checks the config and launches `_matmul_kernel`."""
     _check(x, weight, bias)
     if len(config) not in (6, 7):
         raise ValueError(f"config {config}: expected (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, "
@@ -424,34 +320,26 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
         n //= 2
     upcast = x.dtype == torch.bfloat16 and interpreting(x)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    normed = torch.empty_like(y) if norm is not None else y
     if m == 0:
-        return y if norm is None else (normed, y)
+        return y
     if split_k > 1 and split_k * m * n >= 2**31:
         raise ValueError(f"split_k {split_k} x {m} x {n} partials exceed the kernel's int32 "
                          "offsets; use split_k 1")
-    num_pid_m = triton.cdiv(m, block_m)
-    tiles = num_pid_m * triton.cdiv(n, block_n)
-    if split_k > 1 or norm is not None:
-        # tile counters first, then the row tiles' (fused RMSNorm)
-        counters = fused_reduce_counters(x.device, tiles + num_pid_m)
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    if split_k > 1:
+        parts = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
+        counters = arrival_counters(x.device, tiles)
     else:
-        counters = y  # not read
-    parts = (torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
-             if split_k > 1 else y)
-    residual, norm_weight, eps = norm if norm is not None else (y, y, 0.0)
+        parts = counters = y  # not read
     _matmul_kernel[(tiles * split_k,)](
-        x, weight, bias if bias is not None else weight, y, parts, counters,
-        residual, norm_weight, normed, counters[tiles:] if norm is not None else counters, eps,
-        m, n, k, x.stride(0), weight.stride(0), y.stride(0),
+        x, weight, bias if bias is not None else weight, y, parts, counters, m, n, k,
+        x.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        SPLIT_K=split_k, SILU_MUL=silu_mul, ADD_NORM=norm is not None,
-        NORM_BLOCK=max(32, 4096 // block_m),  # the norm pass's tile: 4,096 fp32 at most
-        SWAP_AB=bool(swap_ab), EVEN_K=k % block_k == 0,
+        SPLIT_K=split_k, SILU_MUL=silu_mul, SWAP_AB=bool(swap_ab), EVEN_K=k % block_k == 0,
         IEEE=x.dtype == torch.float32 or upcast, UPCAST=upcast, num_warps=num_warps,
         num_stages=num_stages, **pdl_launch(pdl_enabled(x)),
     )
-    return y if norm is None else (normed, y)
+    return y
 
 
 _CHOICE: dict[tuple, tuple | None] = {}  # key -> config; None = the torch path
@@ -529,22 +417,3 @@ def linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, baseline) -> torch.Te
                   SILU_CONFIGS)
     return baseline() if cfg is None else matmul_triton(x, weight, None, cfg, silu_mul=True)
 
-
-def linear_add_rmsnorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                       residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                       baseline) -> tuple[torch.Tensor, torch.Tensor]:
-    """(RMSNorm(x @ weight.T (+ bias) + residual) * norm_weight, the sum): one kernel
-    (`matmul_add_rmsnorm_triton`) where that was timed faster than `baseline()`, the plain
-    path that computes the same pair (the projection, then the add-and-norm kernel); else
-    `baseline()`. Only with PAGEDRT_MATMUL_NORM=1 (`NORM_ENABLED`)."""
-    if (not NORM_ENABLED or not _eligible(x, weight, fused=True) or not residual.is_contiguous()
-            or residual.dtype != x.dtype or norm_weight.dtype != x.dtype):
-        return baseline()
-    key = ("add_rmsnorm", weight.shape, x.shape[0], weight.dtype, bias is not None,
-           weight.device.index)
-
-    def fused(cfg):
-        return matmul_add_rmsnorm_triton(x, weight, bias, residual, norm_weight, eps, cfg)
-
-    cfg = _choice(key, baseline, fused)
-    return baseline() if cfg is None else fused(cfg)

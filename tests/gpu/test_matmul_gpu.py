@@ -45,7 +45,7 @@ def test_split_k_matches_cublas_in_a_replayed_graph(m):
     """Split-K configs at Qwen2-0.5B's down (K = 4,864) and QKV (bias) shapes: three launches
     captured in one CUDA graph, replayed three times: each replay equals the eager result bit
     for bit (the counters are back at 0 after every launch) and cuBLAS within bf16 rounding."""
-    from pagedrt.ops.attention_triton import _REDUCE_COUNTERS
+    from pagedrt.ops.arrival_counters import _COUNTERS
 
     g = torch.Generator(device="cuda").manual_seed(m)
     dev, bf16 = "cuda", torch.bfloat16
@@ -64,7 +64,7 @@ def test_split_k_matches_cublas_in_a_replayed_graph(m):
             graph.replay()
             torch.cuda.synchronize()
             assert all(torch.equal(o, e) for o, e in zip(outs, eager, strict=True))
-    assert int(_REDUCE_COUNTERS[torch.device("cuda", 0)].abs().sum()) == 0
+    assert int(_COUNTERS[torch.device("cuda", 0)].abs().sum()) == 0
 
 
 @pytest.mark.parametrize("m", [8, 64, 128, 256])
@@ -83,40 +83,6 @@ def test_silu_mul_matches_the_plain_path_in_bf16(m):
         for cfg in matmul_triton.SILU_CONFIGS:
             got = matmul_triton.matmul_triton(x, w, None, cfg, silu_mul=True).float()
             torch.testing.assert_close(got, plain, rtol=2e-2, atol=2e-2)
-
-
-@pytest.mark.parametrize("m", [8, 64, 128])
-def test_add_rmsnorm_matches_the_norm_kernel_in_a_replayed_graph(m):
-    """The O and down projections (Qwen2-0.5B, Llama-3-8B) with the residual add and RMSNorm
-    in the kernel, whole-K and split-K configs, captured in one CUDA graph and replayed three
-    times: every replay equals the eager result bit for bit (the row counters are back at 0)
-    and the plain path (cuBLAS, then `rms_norm_triton`) within bf16 rounding."""
-    from pagedrt.ops.fused_triton import rms_norm_triton
-
-    g = torch.Generator(device="cuda").manual_seed(m)
-    bf16 = torch.bfloat16
-    configs = [CONFIGS[0], CONFIGS[2], *SPLIT_CONFIGS]
-    for hidden, _, _, inter in SHAPES.values():
-        for k in (hidden, inter):
-            x = torch.randn(m, k, device="cuda", generator=g).to(bf16)
-            w = (torch.randn(hidden, k, device="cuda", generator=g) * 0.02).to(bf16)
-            r = torch.randn(m, hidden, device="cuda", generator=g).to(bf16)
-            nw = (1 + 0.1 * torch.randn(hidden, device="cuda", generator=g)).to(bf16)
-            want_n, want_r = rms_norm_triton(torch.nn.functional.linear(x, w), nw, 1e-6, r)
-            eager = [matmul_triton.matmul_add_rmsnorm_triton(x, w, None, r, nw, 1e-6, c)
-                     for c in configs]
-            for got_n, got_r in eager:
-                torch.testing.assert_close(got_r.float(), want_r.float(), rtol=2e-2, atol=2e-2)
-                torch.testing.assert_close(got_n.float(), want_n.float(), rtol=3e-2, atol=3e-2)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                outs = [matmul_triton.matmul_add_rmsnorm_triton(x, w, None, r, nw, 1e-6, c)
-                        for c in configs]
-            for _ in range(3):
-                graph.replay()
-                torch.cuda.synchronize()
-                for (o_n, o_r), (e_n, e_r) in zip(outs, eager, strict=True):
-                    assert torch.equal(o_n, e_n) and torch.equal(o_r, e_r)
 
 
 @pytest.mark.parametrize("model", ["qwen2", "llama3"])
@@ -161,13 +127,10 @@ def test_qkv_rope_matches_the_chain_in_bf16(monkeypatch, model, m):
 
 
 @pytest.mark.parametrize("forced", [CONFIGS[0], SPLIT_CONFIGS[0]], ids=["whole_k", "split_k"])
-@pytest.mark.parametrize("norm", [False, True], ids=["norm_kernels", "norms_in_matmuls"])
-def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch, forced, norm):
+def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch, forced):
     """fp16 tiny model (the path serves 16-bit weights; fp16 keeps near-ties of the argmax
     rarer than bf16), CUDA graphs: greedy tokens of 8 and 16 requests with every 8-128-row
-    matmul forced through the Triton kernel (one config per op) equal those with cuBLAS; with
-    `norm`, the norms after the O and down projections in their epilogues
-    (PAGEDRT_MATMUL_NORM=1)."""
+    matmul forced through the Triton kernel (one config per op) equal those with cuBLAS."""
     loaded = build_tiny_llama(seed=0)
     loaded = loaded._replace(model=loaded.model.to("cuda", torch.float16))
     g = torch.Generator().manual_seed(3)
@@ -176,7 +139,6 @@ def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch, forced, no
     outs = {}
     for tiled in (True, False):
         monkeypatch.setattr(matmul_triton, "_CHOICE", {})
-        monkeypatch.setattr(matmul_triton, "NORM_ENABLED", norm and tiled)
         if tiled:
             monkeypatch.setattr(matmul_triton, "fastest_config",
                                 lambda baseline, candidate, configs, rep, record=None:
@@ -193,5 +155,4 @@ def test_engine_tokens_with_and_without_the_tiled_matmul(monkeypatch, forced, no
                                   if k[0] not in ("silu_mul", "qkv_rope"))
             assert any(k[0] == "silu_mul" for k in chosen)  # gate/up with its activation
             assert any(k[0] == "qkv_rope" for k in chosen)  # QKV with RoPE and the K/V write
-            assert any(k[0] == "add_rmsnorm" for k in chosen) == norm
     assert outs[True] == outs[False]
