@@ -10,9 +10,9 @@ the PyTorch reference first. A tuning diagnostic for the H200, not a benchmark o
 
 `--block-n`, `--warps`, `--stages`, `--splits` and `--maxnreg` (a register cap per thread
 passed to Triton's compiler, 0 for none) replace the full grid's axes; `--splits 0` is each
-setting's split count as the launch would pick it (`decode_launch_plan`). `--warp-tiles 0,1,2`
+setting's split count as the launch would pick it (`decode_launch_plan`). `--warp-tiles 0,1`
 adds the warp-tile kernel (`pagedrt.ops.attention_decode_warp_triton`: one 16-token slice of
-each tile per warp; N >= 1 KV heads per program, 0 `_decode_kernel`) as an axis, and
+each tile per warp; 1 the warp-tile kernel, 0 `_decode_kernel`) as an axis, and
 `--reduce-heads 0,1,8` the query heads per split-K reduce program (0: the launch's,
 `reduce_heads_per_program`; with `--default-only`, the default launch with each).
 `--default-only` times only the default launch setting, e.g. over both caches:

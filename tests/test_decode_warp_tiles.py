@@ -95,42 +95,22 @@ def test_warp_tiles_ignored_under_a_sliding_window():
     assert_close(out, expected, torch.float32)
 
 
-@pytest.mark.parametrize("kv_heads_per_program, group, v_dim_major",
-                         [(2, 7, True), (2, 1, False), (4, 3, True), (4, 8, False)])
-def test_warp_tiles_over_several_kv_heads_per_program(kv_heads_per_program, group,
-                                                      v_dim_major):
-    """warp_tiles N > 1: one program reads N KV heads (a token's rows of those heads together),
-    each head's query rows against its own keys only: the reference over FP8 (both V layouts,
-    scales differing per token and head) and over fp32, split and unsplit, with empty
-    partitions; and N not dividing num_kv_heads is a ValueError naming both."""
-    num_kv_heads, head_dim, block_size = 4, 32, 16
-    lens = [1, 15, 16, 17, 33, 100]
-    k, v, ks, vs, bt, seq_lens = fp8_paged_kv(lens, num_kv_heads, head_dim, block_size,
-                                              seed=kv_heads_per_program * 10 + group,
-                                              v_dim_major=v_dim_major)
-    query = torch.randn(len(lens), num_kv_heads * group, head_dim)
-    expected = ref.paged_attention_decode_reference(query, k, v, bt, seq_lens, 0.2,
-                                                    k_scales=ks, v_scales=vs)
-    config = {**warp_config(32), "warp_tiles": kv_heads_per_program}
-    for num_splits in (1, 3, 8):
-        out = tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, 0.2,
-                                                num_splits=num_splits, config=config,
-                                                k_scales=ks, v_scales=vs)
-        assert_close_fp8(out, expected)
-    k32, v32, bt32, lens32 = make_paged_kv(lens, num_kv_heads, head_dim, block_size,
-                                           torch.float32)
-    out = tri.paged_attention_decode_triton(query, k32, v32, bt32, lens32, 0.2, num_splits=2,
-                                            config={**config, "BLOCK_N": 64})
-    assert_close(out, ref.paged_attention_decode_reference(query, k32, v32, bt32, lens32, 0.2),
-                 torch.float32)
-    for bad in (3, -2, 2.5, 8):  # not a power of two, negative, not an int, 8 > 4 heads
-        with pytest.raises(ValueError, match=f"warp_tiles={bad}.*num_kv_heads=4"):
-            tri.paged_attention_decode_triton(query, k32, v32, bt32, lens32, 0.2,
-                                              config={**config, "warp_tiles": bad})
-    # the default split count over the halved programs: the same attention
-    out = tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, 0.2, config=config,
-                                            k_scales=ks, v_scales=vs)
-    assert_close_fp8(out, expected)
+def test_warp_tiles_config_takes_0_or_1():
+    """A launch config's warp_tiles is 1 (the warp-tile kernel) or 0 (`_decode_kernel`); any
+    other value (several KV heads per program were removed, measured slower) is a ValueError
+    naming it."""
+    lens = [1, 17, 40]
+    k32, v32, bt, seq_lens = make_paged_kv(lens, 2, 32, 16, torch.float32)
+    query = torch.randn(len(lens), 4, 32)
+    expected = ref.paged_attention_decode_reference(query, k32, v32, bt, seq_lens, 0.2)
+    for good in (0, 1):
+        out = tri.paged_attention_decode_triton(query, k32, v32, bt, seq_lens, 0.2, num_splits=2,
+                                                config={**warp_config(32), "warp_tiles": good})
+        assert_close(out, expected, torch.float32)
+    for bad in (2, -1, 0.5, True):
+        with pytest.raises(ValueError, match=f"warp_tiles={bad!r}; give 1 .* or 0"):
+            tri.paged_attention_decode_triton(query, k32, v32, bt, seq_lens, 0.2,
+                                              config={**warp_config(32), "warp_tiles": bad})
 
 
 class _Recorder:

@@ -81,8 +81,9 @@ def compile_decode_warp(head_dim: int, group: int, block_n: int, num_warps: int,
                         pdl: bool = False, fp8: bool = True):
     """The warp-tile decode kernel (`attention_decode_warp_triton`) over an FP8 cache with V
     dim-major (or, without `fp8`, a bf16 cache with V in K's layout), bf16 queries, compiled
-    for sm_90 as `compile_decode` compiles `_decode_kernel` (KVH passed only where the kernel
-    has it, so older trees compile too)."""
+    for sm_90 as `compile_decode` compiles `_decode_kernel`. kv_heads_per_program: KVH, which
+    only trees before 2026-12-06 have (so that a fingerprint of one compiles); today's kernel
+    takes one KV head a program."""
     from pagedrt.ops.attention_decode_warp_triton import _decode_warp_kernel, warp_tile_shape
     sub, sub_n = warp_tile_shape(block_n)
     cache = "*fp8e4nv" if fp8 else "*bf16"
@@ -96,6 +97,9 @@ def compile_decode_warp(head_dim: int, group: int, block_n: int, num_warps: int,
              "PDL": pdl}
     if "KVH" in _decode_warp_kernel.arg_names:
         const["KVH"] = kv_heads_per_program
+    elif kv_heads_per_program != 1:
+        raise ValueError(f"kv_heads_per_program={kv_heads_per_program}: this tree's warp-tile "
+                         "kernel takes one KV head a program")
     return compile_sm90(_decode_warp_kernel, sig, const,
                         {"num_splits", "stride_vs" if fp8 else "stride_vd"},
                         {"num_warps": num_warps, "num_stages": num_stages,

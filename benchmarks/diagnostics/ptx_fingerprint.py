@@ -1,8 +1,8 @@
 """Fingerprint the attention kernels' code for the H200 (sm_90) without a GPU: compile the
 decode and extend kernels at the engine's settings (the cases of `decode_ptx.py`, and the
 extend kernel over bf16, FP8, FP8 with the chunk's rows, FP8 products, the
-wide tile, Qwen2-0.5B heads and a sliding window; the warp-tile decode kernel at five
-launches, two of them over two KV heads per program), strip what only describes the source
+wide tile, Qwen2-0.5B heads and a sliding window; the warp-tile decode kernel at three
+launches), strip what only describes the source
 (debug locations, their labels, comments, debug sections), and write each instruction stream
 with its md5. A tool for refactors of the kernels' Triton source that should not change what
 runs: identical streams before and after need no new timing on the GPU. Not a benchmark.
@@ -43,9 +43,6 @@ WARP_CASES = {  # name: compile_decode_warp's arguments (head_dim, group, BLOCK_
     "warp tiles fp8, Llama-3-8B heads, 32/1/5": (128, 4, 32, 1, 5),
     "warp tiles fp8, Qwen2-0.5B heads, 32/1/5, split": (64, 7, 32, 1, 5, 1, True),
     "warp tiles fp8, Llama-3-8B heads, 128/4/5": (128, 4, 128, 4, 5),
-    "warp tiles fp8, Qwen2-0.5B heads, 2 KV heads per program, 32/1/5": (64, 7, 32, 1, 5, 2),
-    "warp tiles fp8, Qwen2-0.5B heads, 2 KV heads per program, 64/2/5, split": (
-        64, 7, 64, 2, 5, 2, True),
 }
 
 

@@ -15,20 +15,18 @@ its own running max, sum and output for its sub-tile's tokens, so the loop's red
 inside a warp (shuffles) and the probabilities stay in registers. The SUB partial states are
 merged once, after the loop (the same merge as the split-K combine: weights exp2(m_w - max m)).
 
-    grid = (num_kv_heads / KVH, num_splits, num_seqs); KVH = 1 (the default) as `_decode_kernel`
+    grid = (num_kv_heads, num_splits, num_seqs), as `_decode_kernel`
     tile (BLOCK_N = SUB * SUB_N tokens):  | sub 0 | sub 1 | ... | sub SUB-1 |
-    pairs b = head * SUB + sub, B = KVH * SUB of them (each of the program's KVH KV heads)
-    state per pair: m [B, GROUP_PAD], l [B, GROUP_PAD], acc [B, GROUP_PAD, HEAD_DIM]
+    state, a row per sub-tile: m [SUB, GROUP_PAD], l [SUB, GROUP_PAD], acc [SUB, GROUP_PAD, HEAD_DIM]
 
-With KVH > 1 (launch config "warp_tiles": KVH) one program reads a token's rows of KVH heads
-together (128 bytes at head_dim 64 over FP8 with KVH 2, where one head's row is half a line),
-each head's query rows against its own keys, the states merged per head. Opt-in: slower than
-KVH 1 at every shape timed on the H200 (benchmarks/results/RUNS.md, "Runs of 2026-12-03
-(09:00-10:30 UTC)").
+(Two KV heads per program, reading a token's rows of both together, 128 bytes at head_dim 64
+over FP8 where one head's row is half a line, were slower than one at every shape timed on the
+H200 and removed on 2026-12-06: benchmarks/results/RUNS.md, "Runs of 2026-12-03 (09:00-10:30
+UTC)".)
 
-The price is B copies of the output accumulator (fp32) and of the query operand. Same
+The price is SUB copies of the output accumulator (fp32) and of the query operand. Same
 arguments, masking, FP8 scaling (scores' and probabilities' columns), V layouts and split-K
-partials as `_decode_kernel`; no sliding window (the launcher keeps those on
+partials as `_decode_kernel`; no sliding window (the launcher keeps a window on
 `_decode_kernel`).
 """
 
@@ -37,29 +35,24 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from pagedrt.ops.triton_utils import load_group_query, pdl_prologue, query_operand, tile_load
+from pagedrt.ops.triton_utils import load_group_query, pdl_prologue, tile_load
 
 
 @triton.jit
 def _warp_tile(
-    m_i, l_i, acc,  # [B, GROUP_PAD], [B, GROUP_PAD], [B, GROUP_PAD, HEAD_DIM] fp32
+    m_i, l_i, acc,  # [SUB, GROUP_PAD], [SUB, GROUP_PAD], [SUB, GROUP_PAD, HEAD_DIM] fp32
     tile_start, end, q3, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr,
     kv_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb, stride_vs, stride_vh,
     stride_sb, stride_sh,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, SUB: tl.constexpr, SUB_N: tl.constexpr,
-    KVH: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    KV_FP8: tl.constexpr, V_DIM_MAJOR: tl.constexpr, MASKED: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+    V_DIM_MAJOR: tl.constexpr, MASKED: tl.constexpr,
 ):
-    """One BLOCK_N = SUB * SUB_N token tile of each of the program's KVH KV heads; returns the
-    new state of each of the B = KVH * SUB (head, sub-tile) pairs, b = head * SUB + sub.
-    kv_head and head_off (its offset in a K row): scalars at KVH 1, else [B, 1]."""
+    """One BLOCK_N = SUB * SUB_N token tile; returns the new state of each of its SUB
+    sub-tiles. head_off: the KV head's offset in a K row."""
     offs_d = tl.arange(0, HEAD_DIM)
-    if KVH == 1:
-        offs_n = tile_start + tl.arange(0, SUB)[:, None] * SUB_N + tl.arange(0, SUB_N)[None, :]
-    else:
-        offs_n = (tile_start + (tl.arange(0, KVH * SUB) % SUB)[:, None] * SUB_N
-                  + tl.arange(0, SUB_N)[None, :])
-    n_mask = offs_n < end  # [B, SUB_N]
+    offs_n = tile_start + tl.arange(0, SUB)[:, None] * SUB_N + tl.arange(0, SUB_N)[None, :]
+    n_mask = offs_n < end  # [SUB, SUB_N]
     block = tile_load(bt_row + offs_n // BLOCK_SIZE, n_mask, MASKED).to(tl.int64)
     slot = offs_n % BLOCK_SIZE
     k_ptrs = (k_cache_ptr + (block * stride_cb + slot * stride_cs + head_off)[:, :, None]
@@ -82,7 +75,7 @@ def _warp_tile(
     p = tl.exp2(s - m_ref[:, :, None])
     alpha = tl.exp2(m_i - m_ref)
     l_i = l_i * alpha + tl.sum(p, 2)
-    if V_DIM_MAJOR:  # tokens contiguous: load [B, HEAD_DIM, SUB_N], use its transpose
+    if V_DIM_MAJOR:  # tokens contiguous: load [SUB, HEAD_DIM, SUB_N], use its transpose
         v_ptrs = (v_cache_ptr + (block * stride_vb + kv_head * stride_vh + slot)[:, None, :]
                   + offs_d[None, :, None] * BLOCK_SIZE)
         v = tl.permute(tile_load(v_ptrs, n_mask[:, None, :], MASKED), (0, 2, 1))
@@ -110,22 +103,23 @@ def _warp_tile(
 def _merge_store(
     m_i, l_i, acc, heads, g_mask, seq, split, num_splits, out_ptr, part_out_ptr,
     part_lse_ptr, stride_os, stride_oh, HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr,
-    GROUP: tl.constexpr, KVH: tl.constexpr,
+    GROUP: tl.constexpr,
 ):
-    """Merge the sub-tiles' states ([B, GROUP_PAD], [B, GROUP_PAD], [B, GROUP_PAD, HEAD_DIM];
+    """Merge the sub-tiles' states ([SUB, GROUP_PAD], [SUB, GROUP_PAD], [SUB, GROUP_PAD,
+    HEAD_DIM];
     weights exp2(m_w - max m), so a sub-tile with m -inf weighs 0) and store the query rows
     `heads` [GROUP_PAD] (real where g_mask): the output, or with SPLIT the partition's
     output and log2-sum-exp."""
     offs_d = tl.arange(0, HEAD_DIM)
     m_max = tl.max(m_i, 0)  # [GROUP_PAD]
     m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)
-    weight = tl.exp2(m_i - m_ref[None, :])  # [B, GROUP_PAD]
+    weight = tl.exp2(m_i - m_ref[None, :])  # [SUB, GROUP_PAD]
     l_sum = tl.sum(l_i * weight, 0)
     merged = tl.sum(acc * weight[:, :, None], 0)  # [GROUP_PAD, HEAD_DIM]
     has_tokens = l_sum > 0
     out = merged / tl.where(has_tokens, l_sum, 1.0)[:, None]
     if SPLIT:
-        num_heads = tl.num_programs(0) * KVH * GROUP
+        num_heads = tl.num_programs(0) * GROUP
         row = (seq * num_heads + heads) * num_splits + split
         tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out,
                  mask=g_mask[:, None])
@@ -156,11 +150,10 @@ def _decode_warp_kernel(
     SPLIT: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
     KV_FP8: tl.constexpr, F16_MMA: tl.constexpr, V_DIM_MAJOR: tl.constexpr = False,
     PDL: tl.constexpr = False,
-    KVH: tl.constexpr = 1,  # KV heads per program (grid axis 0: num_kv_heads / KVH)
 ):
     pdl_prologue(PDL)
     BLOCK_N: tl.constexpr = SUB * SUB_N
-    kv_head = tl.program_id(0) * KVH  # the program's first KV head
+    kv_head = tl.program_id(0)
     split = tl.program_id(1)
     seq = tl.program_id(2).to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -168,54 +161,33 @@ def _decode_warp_kernel(
     start = split * part_len
     end = tl.minimum(start + part_len, seq_len)
 
-    if KVH == 1:
-        q, heads, g_mask, scale_log2 = load_group_query(
-            q_ptr, seq, kv_head, stride_qs, stride_qh, scale_log2, GROUP, GROUP_PAD, HEAD_DIM,
-            UPCAST, F16_MMA)
-        q3 = tl.broadcast_to(q[None, :, :], (SUB, GROUP_PAD, HEAD_DIM))
-        tile_head = kv_head
-    else:  # pair b = (head b // SUB, sub-tile b % SUB): the heads' rows of one token together
-        offs_b = tl.arange(0, KVH * SUB)
-        offs_g = tl.arange(0, GROUP_PAD)
-        g_mask = offs_g < GROUP
-        tile_head = (kv_head + offs_b // SUB)[:, None]  # [B, 1]
-        rows = tile_head * GROUP + offs_g[None, :]  # [B, GROUP_PAD] query heads
-        q3 = tl.load(q_ptr + seq * stride_qs + rows[:, :, None] * stride_qh
-                     + tl.arange(0, HEAD_DIM)[None, None, :], mask=g_mask[None, :, None],
-                     other=0.0)
-        q3, scale_log2 = query_operand(q3, scale_log2, UPCAST, F16_MMA)
+    q, heads, g_mask, scale_log2 = load_group_query(
+        q_ptr, seq, kv_head, stride_qs, stride_qh, scale_log2, GROUP, GROUP_PAD, HEAD_DIM,
+        UPCAST, F16_MMA)
+    q3 = tl.broadcast_to(q[None, :, :], (SUB, GROUP_PAD, HEAD_DIM))
 
-    m_i = tl.full([KVH * SUB, GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([KVH * SUB, GROUP_PAD], tl.float32)
-    acc = tl.zeros([KVH * SUB, GROUP_PAD, HEAD_DIM], tl.float32)
+    m_i = tl.full([SUB, GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([SUB, GROUP_PAD], tl.float32)
+    acc = tl.zeros([SUB, GROUP_PAD, HEAD_DIM], tl.float32)
     bt_row = block_tables_ptr + seq * stride_bt
-    head_off = tile_head * stride_ch
+    head_off = kv_head * stride_ch
     # full tiles unmasked, then the partial one masked (`_decode_kernel`'s V_DIM_MAJOR note)
     loop_end = start + (end - start) // BLOCK_N * BLOCK_N
     for tile_start in range(start, loop_end, BLOCK_N):
         m_i, l_i, acc = _warp_tile(
             m_i, l_i, acc, tile_start, end, q3, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
-            v_scales_ptr, tile_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,
-            stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, SUB, SUB_N, KVH,
+            v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,
+            stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, SUB, SUB_N,
             UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, False)
     if loop_end < end:
         m_i, l_i, acc = _warp_tile(
             m_i, l_i, acc, loop_end, end, q3, bt_row, k_cache_ptr, v_cache_ptr, k_scales_ptr,
-            v_scales_ptr, tile_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,
-            stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, SUB, SUB_N, KVH,
+            v_scales_ptr, kv_head, head_off, scale_log2, stride_cb, stride_cs, stride_vb,
+            stride_vs, stride_vh, stride_sb, stride_sh, BLOCK_SIZE, HEAD_DIM, SUB, SUB_N,
             UPCAST, DOT_PRECISION, KV_FP8, V_DIM_MAJOR, True)
 
-    if KVH == 1:
-        _merge_store(m_i, l_i, acc, heads, g_mask, seq, split, num_splits, out_ptr,
-                     part_out_ptr, part_lse_ptr, stride_os, stride_oh, HEAD_DIM, SPLIT, GROUP,
-                     KVH)
-    else:
-        for h in tl.static_range(KVH):  # each head's sub-tiles, the others' weighing 0
-            mine = (offs_b // SUB == h)[:, None]
-            _merge_store(tl.where(mine, m_i, float("-inf")), tl.where(mine, l_i, 0.0),
-                         tl.where(mine[:, :, None], acc, 0.0), (kv_head + h) * GROUP + offs_g,
-                         g_mask, seq, split, num_splits, out_ptr, part_out_ptr, part_lse_ptr,
-                         stride_os, stride_oh, HEAD_DIM, SPLIT, GROUP, KVH)
+    _merge_store(m_i, l_i, acc, heads, g_mask, seq, split, num_splits, out_ptr, part_out_ptr,
+                 part_lse_ptr, stride_os, stride_oh, HEAD_DIM, SPLIT, GROUP)
 
 
 def warp_tile_shape(block_n: int) -> tuple[int, int]:

@@ -356,8 +356,9 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context: int, num_sm
 def _decode_launch_config(head_dim: int, kv_bytes: int = 2, warp_tiles: bool = True) -> dict:
     """The default decode launch: BLOCK_N, num_warps, num_stages; over an FP8 cache
     (kv_bytes 1) at head_dim 64 or 128, and a 16-bit one (kv_bytes 2) at head_dim 64, where
-    the warp-tile kernel can run (warp_tiles: no sliding window) that kernel (`attention_decode_warp_triton`) and its split-count settings
-    ("programs_per_sm", "min_partition_tokens").
+    the warp-tile kernel can run (warp_tiles: no sliding window) that kernel
+    (`attention_decode_warp_triton`) and its split-count settings ("programs_per_sm",
+    "min_partition_tokens").
 
     bf16/fp16/fp32 caches (`_decode_kernel`): about 16 KB of K (and of V) per tile, at most
     128 tokens (64 at head_dim 128 in bf16, 128 at 64), 4 warps, 3 stages. Measured on an
@@ -423,15 +424,14 @@ def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: boo
                        config: dict | None = None, sliding_window: int | None = None,
                        kv_bytes: int | None = None) -> tuple[dict, int, int]:
     """What `paged_attention_decode_triton` launches, without launching: (launch config,
-    KV heads per warp-tile program (0: `_decode_kernel`), num_splits). max_context: the
+    1 for the warp-tile kernel or 0 for `_decode_kernel`, num_splits). max_context: the
     longest context in tokens (the window's length with a window); num_splits None: the
     heuristic's (`choose_num_splits`, over the programs the kernel has); kv_bytes: bytes per
     cache element, None for 1 with fp8 and 2 otherwise (a 4-byte fp32 cache gets the 16-bit
     launch without warp tiles: unmeasured on a GPU).
 
     Raises:
-        ValueError: config's warp_tiles not a power of two >= 1 dividing num_kv_heads, its
-            programs_per_sm or min_partition_tokens not an int >= 1, its reduce_heads not a
+        ValueError: config's warp_tiles not 0 or 1, its programs_per_sm or min_partition_tokens not an int >= 1, its reduce_heads not a
             power of two >= 1, or num_splits < 1.
     """
     # the warp-tile kernel has no window (a given config runs warp tiles only where it names
@@ -445,11 +445,10 @@ def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: boo
     default = _decode_launch_config(head_dim, 1 if fp8 else 2,
                                     warp_ok and (fp8 or ((kv_bytes or 2) <= 2 and few)))
     tuned = {**default, **(config or {})}
-    n = tuned.get("warp_tiles", 0) if warp_ok else 0  # KV heads per warp-tile program
-    if n and (not _positive_int(n) or n & (n - 1) or num_kv_heads % n):
-        raise ValueError(f"config warp_tiles={n!r} (KV heads per program) must be a power "
-                         f"of two >= 1 dividing num_kv_heads={num_kv_heads}; give 1 for "
-                         f"one head per program, or 0 for _decode_kernel")
+    n = tuned.get("warp_tiles", 0) if warp_ok else 0  # 1: the warp-tile kernel
+    if n not in (0, 1) or isinstance(n, bool):
+        raise ValueError(f"config warp_tiles={n!r}; give 1 for the warp-tile kernel (one KV "
+                         "head per program) or 0 for _decode_kernel")
     for key in ("programs_per_sm", "min_partition_tokens"):
         if not _positive_int(tuned.get(key, 1)):
             raise ValueError(f"config {key}={tuned[key]!r} must be an int >= 1")
@@ -459,7 +458,7 @@ def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: boo
                          "program) must be a power of two >= 1")
     if num_splits is None:
         num_splits = choose_num_splits(
-            num_seqs, num_kv_heads // max(n, 1), max_context, num_sms,
+            num_seqs, num_kv_heads, max_context, num_sms,
             tuned.get("programs_per_sm", 4) if n else 4,
             tuned.get("min_partition_tokens", MIN_PARTITION_TOKENS) if n else
             MIN_PARTITION_TOKENS)
@@ -499,10 +498,9 @@ def paged_attention_decode_triton(
         max_seq_len: bound on seq_lens for the heuristic; None uses the block table's width
             (no device sync, so the call can be captured in a CUDA graph).
         config: launch overrides for tuning ({"BLOCK_N", "num_warps", "num_stages"}, and
-            optionally "maxnreg" (a register cap, 0 none), "warp_tiles" (N >= 1: the
-            warp-tile kernel of `attention_decode_warp_triton` with N KV heads per program, N
-            a power of two dividing num_kv_heads; ignored with a sliding window, which only
-            `_decode_kernel` has),
+            optionally "maxnreg" (a register cap, 0 none), "warp_tiles" (1: the warp-tile
+            kernel of `attention_decode_warp_triton`, 0: `_decode_kernel`; ignored with a
+            sliding window, which only `_decode_kernel` has),
             "programs_per_sm" (the split heuristic's target for warp tiles) and
             "min_partition_tokens" (its shortest partition for warp tiles), "reduce_heads"
             (query heads per split-K reduce program, a power of two; default
@@ -523,7 +521,7 @@ def paged_attention_decode_triton(
         [num_seqs, num_heads, head_dim] in query's dtype.
     Raises:
         ValueError: a broken contract (with `validate`), num_splits < 1, or a config's
-            warp_tiles that is not a power of two dividing num_kv_heads.
+            warp_tiles other than 0 or 1.
 
     With num_splits > 1 the partitions are combined by a second kernel,
     `_decode_reduce_kernel`.
@@ -542,7 +540,7 @@ def paged_attention_decode_triton(
     max_context = max_seq_len or block_tables.shape[1] * block_size
     if sliding_window is not None:  # the tokens a query reads
         max_context = min(max_context, sliding_window)
-    tuned, kv_heads_per_program, num_splits = decode_launch_plan(
+    tuned, warp_tiles, num_splits = decode_launch_plan(
         num_seqs, num_kv_heads, head_dim, fp8, max_context, device_sms(query), num_splits,
         config, sliding_window, k_cache.element_size())
     upcast = interpreting(query)
@@ -582,10 +580,9 @@ def paged_attention_decode_triton(
             **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),  # 0: no cap
         )
         grid = (num_kv_heads, num_splits, num_seqs)
-        if cfg.get("warp_tiles") and kv_heads_per_program:  # (not the fallbacks)
+        if cfg.get("warp_tiles") and warp_tiles:  # (not the fallbacks)
             sub, sub_n = warp_tile_shape(cfg["BLOCK_N"])  # attention_decode_warp_triton
-            _decode_warp_kernel[(num_kv_heads // kv_heads_per_program, num_splits, num_seqs)](
-                *pointers, *scalars, SUB=sub, SUB_N=sub_n, KVH=kv_heads_per_program, **common)
+            _decode_warp_kernel[grid](*pointers, *scalars, SUB=sub, SUB_N=sub_n, **common)
             return
         _decode_kernel[grid](
             *pointers, *scalars, BLOCK_N=cfg["BLOCK_N"], WINDOW=sliding_window or 0, **common)
@@ -593,7 +590,7 @@ def paged_attention_decode_triton(
     dim_major = v_dim_major(v_cache)
     pdl = pdl_enabled(query)
     key = ("decode", str(query.device), query.dtype, head_dim, group, bool(config), fp8,
-           dim_major, kv_heads_per_program)
+           dim_major, warp_tiles)
     launch_first_fitting(key, configs, launch)
     if split:
         heads = (config or {}).get("reduce_heads") or reduce_heads_per_program(
