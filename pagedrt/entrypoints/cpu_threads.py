@@ -45,20 +45,19 @@ def slow_cpu_hint(device: str, threads: int, generated_tokens: int, seconds: flo
             f"processes share this CPU, {fix} is often several times faster")
 
 
-def busy_cpu_hint(device: str, threads: int, load_average: float | None,
-                  cores: int | None) -> str:
+def busy_cpu_hint(device: str, threads: int, load: float | None, cores: int | None) -> str:
     """A line for `pagedrt generate` to print before it generates, where the CPU was already
-    busy when the command started: a 1-minute load average (`os.getloadavg()[0]`, taken
+    busy when the command started: a 1-minute load average `load` (`load_average()`, taken
     before the model loads, so that the load is other processes') of at least one runnable
     process per core (`cores`), with several threads and PAGEDRT_NUM_THREADS unset. Then
     `slow_cpu_hint`'s advice comes before the wait instead of after it (a fresh user's run of
     2026-12-06 waited 165 s at 1.1 tok/s on a shared 2-core CPU; with one thread, 31.7). ""
     otherwise, and "" under TRITON_INTERPRET=1 or where the load average is unknown (None)."""
-    if (not device.startswith("cpu") or threads < 2 or load_average is None or not cores
-            or os.environ.get("PAGEDRT_NUM_THREADS") or load_average < cores
+    if (not device.startswith("cpu") or threads < 2 or load is None or not cores
+            or os.environ.get("PAGEDRT_NUM_THREADS") or load < cores
             or os.environ.get("TRITON_INTERPRET") == "1"):
         return ""
-    return (f"[hint] this CPU is busy (load average {load_average:.1f} on {cores} cores): with "
+    return (f"[hint] this CPU is busy (load average {load:.1f} on {cores} cores): with "
             f"{threads} threads generation may crawl; PAGEDRT_NUM_THREADS=1 is often several "
             f"times faster")
 

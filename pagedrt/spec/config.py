@@ -85,9 +85,7 @@ class SpeculativeConfig:
     min_mean_accepted_length: float = DEFAULT_MIN_MEAN_ACCEPTED_LENGTH
 
     def __post_init__(self) -> None:
-        if self.method not in SPECULATIVE_METHODS:
-            raise ValueError(f"speculative_config method={self.method!r}; use one of "
-                             f"{', '.join(repr(m) for m in SPECULATIVE_METHODS)}")
+        _check_method(self.method)
         _check_int("num_speculative_tokens", self.num_speculative_tokens, 1)
         _check_int("disable_by_batch_size", self.disable_by_batch_size, 1)
         bound, top = self.min_mean_accepted_length, self.num_speculative_tokens + 1
@@ -142,15 +140,19 @@ class SpeculativeConfig:
                              f"{names}")
         if "method" not in value:
             raise ValueError(f"speculative_config needs 'method' (keys: {names})")
-        if value["method"] not in SPECULATIVE_METHODS:  # named before the keys it would need
-            raise ValueError(f"speculative_config method={value['method']!r}; use one of "
-                             f"{', '.join(repr(m) for m in SPECULATIVE_METHODS)}")
+        _check_method(value["method"])  # (named before the keys it would need)
         if "num_speculative_tokens" not in value:
             raise ValueError(f"speculative_config needs 'num_speculative_tokens' (keys: {names})")
         return cls(**value)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _check_method(method) -> None:
+    if method not in SPECULATIVE_METHODS:
+        raise ValueError(f"speculative_config method={method!r}; use one of "
+                         f"{', '.join(repr(m) for m in SPECULATIVE_METHODS)}")
 
 
 def _check_int(name: str, value, minimum: int) -> None:
