@@ -40,3 +40,47 @@ def test_the_sampler_refuses_a_bad_switch(monkeypatch):
     monkeypatch.setenv("PAGEDRT_SAMPLE_SPLIT", "0")
     sampler = Sampler()
     assert sampler.kernel is False and sampler.split is False
+
+
+def test_the_lists_name_every_switch_and_choice_the_package_reads():
+    """SWITCHES and CHOICES (what `check_environment` checks) against the calls in pagedrt/."""
+    import re
+    from pathlib import Path
+
+    from pagedrt import env_flags
+
+    source = "\n".join(p.read_text() for p in
+                       (Path(env_flags.__file__).parent).rglob("*.py"))
+    assert set(re.findall(r'env_flag\("(PAGEDRT_\w+)"', source)) == set(env_flags.SWITCHES)
+    assert set(re.findall(r'env_choice\("(PAGEDRT_\w+)"\)', source)) == set(env_flags.CHOICES)
+
+
+def test_choices(monkeypatch):
+    from pagedrt.env_flags import env_choice
+
+    monkeypatch.delenv("PAGEDRT_VERIFY_ATTENTION", raising=False)
+    assert env_choice("PAGEDRT_VERIFY_ATTENTION") == "decode"
+    monkeypatch.setenv("PAGEDRT_VERIFY_ATTENTION", " extend ")
+    assert env_choice("PAGEDRT_VERIFY_ATTENTION") == "extend"
+    monkeypatch.setenv("PAGEDRT_VERIFY_ATTENTION", "extent")
+    with pytest.raises(ValueError, match="PAGEDRT_VERIFY_ATTENTION='extent'; set it to decode "
+                                         r"or extend, or unset it for the default \(decode\)"):
+        env_choice("PAGEDRT_VERIFY_ATTENTION")
+
+
+@pytest.mark.parametrize("name, value", [("PAGEDRT_GEMV", "true"), ("PAGEDRT_PDL", "banana"),
+                                         ("PAGEDRT_VERIFY_ATTENTION", "extent")])
+def test_an_engine_refuses_a_bad_value_before_it_loads_the_model(monkeypatch, tmp_path, name,
+                                                                 value):
+    """A second fresh user's finding: switches read when a kernel module is first imported
+    (PAGEDRT_GEMV, PAGEDRT_PDL) failed only after the model had loaded, and one read only on
+    CUDA (PAGEDRT_VERIFY_ATTENTION) not at all on CPU. `check_environment` runs first: the
+    engine names the variable, not the missing model file."""
+    from pagedrt.engine.llm_engine import LLMEngine
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"{name}='{value}'"):
+        LLMEngine(str(tmp_path / "no-such-model.gguf"), device="cpu")
+    monkeypatch.delenv(name)
+    with pytest.raises(ValueError, match="no-such-model"):  # the check passes; the model fails
+        LLMEngine(str(tmp_path / "no-such-model.gguf"), device="cpu")

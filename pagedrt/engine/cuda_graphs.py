@@ -39,7 +39,7 @@ import os
 import torch
 
 from pagedrt.engine import step_timing
-from pagedrt.env_flags import env_flag
+from pagedrt.env_flags import env_choice, env_flag
 from pagedrt.ops.attention import AttentionMetadata, triton_available
 
 logger = logging.getLogger("pagedrt.cuda_graphs")
@@ -89,11 +89,7 @@ class CUDAGraphRunner:
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
         self.cu_seqlens_q = {1: torch.arange(n + 1, dtype=torch.int32, device=device)}
-        verify = os.environ.get("PAGEDRT_VERIFY_ATTENTION", "").strip() or "decode"
-        if verify not in ("decode", "extend"):
-            raise ValueError(f"PAGEDRT_VERIFY_ATTENTION={verify!r}; set it to decode or extend, "
-                             "or unset it for the default (decode)")
-        self.verify_as_decode = verify == "decode"
+        self.verify_as_decode = env_choice("PAGEDRT_VERIFY_ATTENTION") == "decode"
         self.capture_graphs = capture_graphs
         self.staged_inputs = staged_inputs_enabled()
         if self.staged_inputs:

@@ -51,7 +51,7 @@ from pagedrt.engine.model_runner import LaunchedStep
 from pagedrt.engine.profiling import StepClock
 from pagedrt.engine.scheduler import Scheduler
 from pagedrt.engine.validation import EngineLimits, validate_prompt
-from pagedrt.env_flags import env_flag
+from pagedrt.env_flags import check_environment, env_flag
 from pagedrt.kv.kv_cache import KVCacheSpec, kv_cache_torch_dtype
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.ops.attention import check_backend
@@ -141,6 +141,7 @@ class LLMEngine:
             ValueError: bad settings, an unknown model, a tensor-parallel split the model does
                 not allow or a process group that cannot form (see create_executor).
         """
+        check_environment()  # (a bad PAGEDRT_* value refused before the model loads)
         self.config = config = config or EngineConfig()
         self.device = resolve_device(device)
         check_backend(config.attention_backend, self.device)
