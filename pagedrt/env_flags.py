@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import os
 
-# every switch the package reads through `env_flag` (tests/test_env_flags.py checks this list
-# against the source)
-SWITCHES = (
-    "PAGEDRT_ASYNC_SCHEDULING", "PAGEDRT_BEAM_KERNEL", "PAGEDRT_COLD_L2_TIMING",
-    "PAGEDRT_EXTEND_NARROW_DECODE", "PAGEDRT_FP8_PREFILL_MMA", "PAGEDRT_FP8_V_DIM_MAJOR",
-    "PAGEDRT_FUSED_OPS", "PAGEDRT_FUSED_ROPE", "PAGEDRT_FUSED_SMALL_BATCH", "PAGEDRT_GEMV",
-    "PAGEDRT_MATMUL", "PAGEDRT_PDL", "PAGEDRT_SAMPLE_KERNEL", "PAGEDRT_SAMPLE_SPLIT",
-    "PAGEDRT_STAGED_GRAPH_INPUTS", "PAGEDRT_TIMING_LEAD",
-)
+# every switch the package reads through `env_flag`, with the default its call passes (None:
+# chosen by the engine); tests/test_env_flags.py checks the table against the calls
+SWITCHES = {
+    "PAGEDRT_ASYNC_SCHEDULING": None, "PAGEDRT_BEAM_KERNEL": True,
+    "PAGEDRT_COLD_L2_TIMING": True, "PAGEDRT_EXTEND_NARROW_DECODE": True,
+    "PAGEDRT_FP8_PREFILL_MMA": False, "PAGEDRT_FP8_V_DIM_MAJOR": None,
+    "PAGEDRT_FUSED_OPS": True, "PAGEDRT_FUSED_ROPE": True, "PAGEDRT_FUSED_SMALL_BATCH": True,
+    "PAGEDRT_GEMV": True, "PAGEDRT_MATMUL": True, "PAGEDRT_PDL": True,
+    "PAGEDRT_SAMPLE_KERNEL": None, "PAGEDRT_SAMPLE_SPLIT": True,
+    "PAGEDRT_STAGED_GRAPH_INPUTS": True, "PAGEDRT_TIMING_LEAD": False,
+}
 # every choice read through `env_choice`: name -> (its words, the default first)
 CHOICES = {"PAGEDRT_VERIFY_ATTENTION": ("decode", "extend")}
 
@@ -67,7 +69,7 @@ def check_environment() -> None:
     Raises:
         ValueError: the first bad value, named as `env_flag` and `env_choice` name it.
     """
-    for name in SWITCHES:
-        env_flag(name, None)
+    for name, default in SWITCHES.items():
+        env_flag(name, default)
     for name in CHOICES:
         env_choice(name)

@@ -43,7 +43,8 @@ def test_the_sampler_refuses_a_bad_switch(monkeypatch):
 
 
 def test_the_lists_name_every_switch_and_choice_the_package_reads():
-    """SWITCHES and CHOICES (what `check_environment` checks) against the calls in pagedrt/."""
+    """SWITCHES (with each call's default) and CHOICES, what `check_environment` checks,
+    against the calls in pagedrt/."""
     import re
     from pathlib import Path
 
@@ -51,7 +52,8 @@ def test_the_lists_name_every_switch_and_choice_the_package_reads():
 
     source = "\n".join(p.read_text() for p in
                        (Path(env_flags.__file__).parent).rglob("*.py"))
-    assert set(re.findall(r'env_flag\("(PAGEDRT_\w+)"', source)) == set(env_flags.SWITCHES)
+    calls = set(re.findall(r'env_flag\("(PAGEDRT_\w+)", (True|False|None)\)', source))
+    assert calls == {(name, str(default)) for name, default in env_flags.SWITCHES.items()}
     assert set(re.findall(r'env_choice\("(PAGEDRT_\w+)"\)', source)) == set(env_flags.CHOICES)
 
 
@@ -79,7 +81,8 @@ def test_an_engine_refuses_a_bad_value_before_it_loads_the_model(monkeypatch, tm
     from pagedrt.engine.llm_engine import LLMEngine
 
     monkeypatch.setenv(name, value)
-    with pytest.raises(ValueError, match=f"{name}='{value}'"):
+    default = {"PAGEDRT_VERIFY_ATTENTION": "decode"}.get(name, "1")  # (as the calls give it)
+    with pytest.raises(ValueError, match=rf"{name}='{value}'.*the default \({default}\)"):
         LLMEngine(str(tmp_path / "no-such-model.gguf"), device="cpu")
     monkeypatch.delenv(name)
     with pytest.raises(ValueError, match="no-such-model"):  # the check passes; the model fails
