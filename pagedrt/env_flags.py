@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 
-# every switch the package reads through `env_flag`, with the default its call passes (None:
-# chosen by the engine); tests/test_env_flags.py checks the table against the calls
+# every switch the package reads through `env_flag`, and its default (None: the engine
+# chooses, e.g. by the device); tests/test_env_flags.py checks the names against the calls
 SWITCHES = {
     "PAGEDRT_ASYNC_SCHEDULING": None, "PAGEDRT_BEAM_KERNEL": True,
     "PAGEDRT_COLD_L2_TIMING": True, "PAGEDRT_EXTEND_NARROW_DECODE": True,
@@ -27,13 +27,15 @@ SWITCHES = {
 CHOICES = {"PAGEDRT_VERIFY_ATTENTION": ("decode", "extend")}
 
 
-def env_flag(name: str, default: bool | None) -> bool | None:
-    """The switch `name` from the environment: True for "1", False for "0", `default` where
-    unset or empty (None where the caller decides by other means, e.g. the device).
+def env_flag(name: str) -> bool | None:
+    """The switch `name` (a key of SWITCHES) from the environment: True for "1", False for
+    "0", its default in SWITCHES where unset or empty (None: the caller decides by other
+    means, e.g. the device).
 
     Raises:
         ValueError: any other value.
     """
+    default = SWITCHES[name]
     value = os.environ.get(name, "").strip()
     if value == "":
         return default
@@ -69,7 +71,7 @@ def check_environment() -> None:
     Raises:
         ValueError: the first bad value, named as `env_flag` and `env_choice` name it.
     """
-    for name, default in SWITCHES.items():
-        env_flag(name, default)
+    for name in SWITCHES:
+        env_flag(name)
     for name in CHOICES:
         env_choice(name)

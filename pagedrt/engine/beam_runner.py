@@ -83,7 +83,7 @@ class BeamRunner:
         self.kv_cache = kv_cache
         self.device = device
         self.backend = backend
-        self.use_kernel = env_flag("PAGEDRT_BEAM_KERNEL", True)
+        self.use_kernel = env_flag("PAGEDRT_BEAM_KERNEL")
         self.block_size = kv_cache.spec.block_size
         # [sampled rows of the latest launched step] int64 on the device: per row, the index
         # (in that step's sampled rows) of the row whose history it continues (itself but for

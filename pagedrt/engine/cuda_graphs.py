@@ -48,7 +48,7 @@ logger = logging.getLogger("pagedrt.cuda_graphs")
 def staged_inputs_enabled() -> bool:
     """Whether decode graphs take staged inputs: where Triton runs, unless
     PAGEDRT_STAGED_GRAPH_INPUTS=0 (docs/design.md, "Decode inputs staged for the graphs")."""
-    return env_flag("PAGEDRT_STAGED_GRAPH_INPUTS", True) and triton_available()
+    return env_flag("PAGEDRT_STAGED_GRAPH_INPUTS") and triton_available()
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:

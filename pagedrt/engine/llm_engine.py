@@ -185,7 +185,7 @@ class LLMEngine:
         self.clock = StepClock(self.device if local is not None else torch.device("cpu"))
         self.async_scheduling = config.async_scheduling
         if self.async_scheduling is None:  # PAGEDRT_ASYNC_SCHEDULING=0|1 overrides the default
-            env = env_flag("PAGEDRT_ASYNC_SCHEDULING", None)
+            env = env_flag("PAGEDRT_ASYNC_SCHEDULING")
             self.async_scheduling = self.device.type == "cuda" if env is None else env
         self.in_flight: InFlightStep | None = None  # async scheduling: the step on the device
         # None: step() reports RequestOutputs. A list (the engine-core process sets one, see

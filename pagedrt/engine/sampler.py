@@ -129,9 +129,9 @@ class Sampler:
 
     def __init__(self, kernel: bool | None = None) -> None:
         self.kernel = kernel
-        self.split = env_flag("PAGEDRT_SAMPLE_SPLIT", True)
+        self.split = env_flag("PAGEDRT_SAMPLE_SPLIT")
         if kernel is None:
-            self.kernel = env_flag("PAGEDRT_SAMPLE_KERNEL", None)
+            self.kernel = env_flag("PAGEDRT_SAMPLE_KERNEL")
 
     def check_device(self, device: torch.device) -> None:
         """Raises ValueError where the kernel is forced (PAGEDRT_SAMPLE_KERNEL=1 or

@@ -75,7 +75,7 @@ def fp8_v_dim_major_requested(sliding_window: bool = False) -> bool:
     PAGEDRT_FP8_V_DIM_MAJOR=1 or 0 decides; unset, yes unless the model has sliding-window
     layers (`sliding_window`), whose decode tiles start unaligned, so the kernel would read
     such V byte by byte (docs/design.md, "FP8 KV cache")."""
-    env = env_flag("PAGEDRT_FP8_V_DIM_MAJOR", None)
+    env = env_flag("PAGEDRT_FP8_V_DIM_MAJOR")
     return not sliding_window if env is None else env
 
 

@@ -29,7 +29,7 @@ from pagedrt.distributed.sharding import kv_head_shard, kv_heads_per_rank
 from pagedrt.env_flags import env_flag
 from pagedrt.ops.attention import triton_available, uses_triton
 
-FUSED_OPS = env_flag("PAGEDRT_FUSED_OPS", True)
+FUSED_OPS = env_flag("PAGEDRT_FUSED_OPS")
 """Run RMSNorm, RoPE and SiluAndMul as the Triton kernels of `pagedrt.ops.fused_triton`, and
 linear layers of 1-4 rows through `pagedrt.ops.gemv_triton` and of 8-128 rows through
 `pagedrt.ops.matmul_triton` where faster, on CUDA tensors.
@@ -37,7 +37,7 @@ linear layers of 1-4 rows through `pagedrt.ops.gemv_triton` and of 8-128 rows th
 which is always the path on CPU and the oracle the kernels are tested against."""
 
 
-SMALL_BATCH_FUSION = env_flag("PAGEDRT_FUSED_SMALL_BATCH", True)
+SMALL_BATCH_FUSION = env_flag("PAGEDRT_FUSED_SMALL_BATCH")
 """With FUSED_OPS, also fold RMSNorm into the projection after it and SiLU-and-mul into the
 down projection for 1 to 4 CUDA rows (`pagedrt.ops.gemv_triton`), where timed faster than the
 unfused chain. `PAGEDRT_FUSED_SMALL_BATCH=0` (read at import) keeps the chain."""

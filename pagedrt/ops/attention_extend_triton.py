@@ -92,13 +92,13 @@ def fp8_prefill_mma_requested() -> bool:
     """PAGEDRT_FP8_PREFILL_MMA=1: the extend kernel over an FP8 cache with V dim-major runs its
     products in FP8 (FP8_MMA, module doc). Off by default: not yet timed or measured for
     accuracy on a GPU. Read at every launch."""
-    return env_flag("PAGEDRT_FP8_PREFILL_MMA", False)
+    return env_flag("PAGEDRT_FP8_PREFILL_MMA")
 
 
 def narrow_decode_rows_requested() -> bool:
     """PAGEDRT_EXTEND_NARROW_DECODE=0 turns off NARROW_M (module doc: one-token chunks on a
     narrow tile); on ("1") by default. Read at every launch."""
-    return env_flag("PAGEDRT_EXTEND_NARROW_DECODE", True)
+    return env_flag("PAGEDRT_EXTEND_NARROW_DECODE")
 
 
 def extend_config_override() -> dict | None:

@@ -23,11 +23,11 @@ from pagedrt.ops import config_cache
 from pagedrt.ops.triton_utils import num_sms, pdl_enabled, pdl_launch, pdl_prologue
 
 # PAGEDRT_COLD_L2_TIMING=0: time configs with warm caches, as before 2026-12-04
-COLD_L2_TIMING = env_flag("PAGEDRT_COLD_L2_TIMING", True)
+COLD_L2_TIMING = env_flag("PAGEDRT_COLD_L2_TIMING")
 # PAGEDRT_TIMING_LEAD=1: a PDL lead kernel before each timed call (`_pdl_lead`); off by
 # default until measured across batch sizes (benchmarks/results/RUNS.md, "Runs of 2026-12-04
 # (20:40-21:35 UTC)")
-TIMING_LEAD = env_flag("PAGEDRT_TIMING_LEAD", False)
+TIMING_LEAD = env_flag("PAGEDRT_TIMING_LEAD")
 LEAD_ITERS = 600  # the lead kernel's dependent FMAs per program: about 2 us on an H200
 
 

@@ -32,7 +32,7 @@ from pagedrt.ops.gemv_triton import (
 )
 from pagedrt.ops.triton_utils import pdl_enabled, pdl_launch, pdl_prologue
 
-ENABLED = env_flag("PAGEDRT_FUSED_ROPE", True)  # PAGEDRT_FUSED_ROPE=0: off
+ENABLED = env_flag("PAGEDRT_FUSED_ROPE")  # PAGEDRT_FUSED_ROPE=0: off
 CONFIGS = [(4, 256, 4), (8, 256, 4), (16, 256, 4), (32, 128, 4)]  # (BLOCK_P, BLOCK_K, warps)
 
 

@@ -39,7 +39,7 @@ from pagedrt.ops.triton_utils import (
 )
 
 MAX_ROWS = 4  # rows of x (tokens) this path serves
-ENABLED = env_flag("PAGEDRT_GEMV", True)  # PAGEDRT_GEMV=0: always torch
+ENABLED = env_flag("PAGEDRT_GEMV")  # PAGEDRT_GEMV=0: always torch
 
 # (BLOCK_N, BLOCK_K, num_warps): tiles of W of 2-16 KB, read once each
 CONFIGS = [(4, 512, 4), (8, 256, 4), (8, 512, 4), (16, 256, 4), (16, 512, 8), (32, 128, 4),

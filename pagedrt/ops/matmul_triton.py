@@ -61,7 +61,7 @@ from pagedrt.ops.triton_utils import (
     pdl_prologue,
 )
 
-ENABLED = env_flag("PAGEDRT_MATMUL", True)  # PAGEDRT_MATMUL=0: always cuBLAS
+ENABLED = env_flag("PAGEDRT_MATMUL")  # PAGEDRT_MATMUL=0: always cuBLAS
 MIN_ROWS, MAX_ROWS = 8, 128
 
 

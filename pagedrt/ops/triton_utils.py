@@ -45,7 +45,7 @@ def device_sms(tensor: torch.Tensor) -> int:
     return num_sms(tensor.device.index if tensor.is_cuda else None)
 
 
-PDL_REQUESTED = env_flag("PAGEDRT_PDL", True)  # read once: checked at every launch
+PDL_REQUESTED = env_flag("PAGEDRT_PDL")  # read once: checked at every launch
 PDL_MAX_ROWS = 256  # launches over more rows (tokens, sequences) than this run without PDL
 
 
