@@ -17,7 +17,8 @@ merged once, after the loop (the same merge as the split-K combine: weights exp2
 
     grid = (num_kv_heads, num_splits, num_seqs), as `_decode_kernel`
     tile (BLOCK_N = SUB * SUB_N tokens):  | sub 0 | sub 1 | ... | sub SUB-1 |
-    state, a row per sub-tile: m [SUB, GROUP_PAD], l [SUB, GROUP_PAD], acc [SUB, GROUP_PAD, HEAD_DIM]
+    state, a row per sub-tile: m [SUB, GROUP_PAD], l [SUB, GROUP_PAD],
+                               acc [SUB, GROUP_PAD, HEAD_DIM]
 
 (Two KV heads per program, reading a token's rows of both together, 128 bytes at head_dim 64
 over FP8 where one head's row is half a line, were slower than one at every shape timed on the
@@ -106,10 +107,9 @@ def _merge_store(
     GROUP: tl.constexpr,
 ):
     """Merge the sub-tiles' states ([SUB, GROUP_PAD], [SUB, GROUP_PAD], [SUB, GROUP_PAD,
-    HEAD_DIM];
-    weights exp2(m_w - max m), so a sub-tile with m -inf weighs 0) and store the query rows
-    `heads` [GROUP_PAD] (real where g_mask): the output, or with SPLIT the partition's
-    output and log2-sum-exp."""
+    HEAD_DIM]; weights exp2(m_w - max m), so a sub-tile with m -inf weighs 0) and store the
+    query rows `heads` [GROUP_PAD] (real where g_mask): the output, or with SPLIT the
+    partition's output and log2-sum-exp."""
     offs_d = tl.arange(0, HEAD_DIM)
     m_max = tl.max(m_i, 0)  # [GROUP_PAD]
     m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)

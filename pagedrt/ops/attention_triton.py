@@ -4,7 +4,8 @@ Same signatures as `attention_reference.py`. The extend (prefill) kernel lives i
 `attention_extend_triton.py`, the naive v1 decode baseline in `attention_decode_naive_triton.py`,
 the K/V movers in `kv_write_triton.py`; all are re-exported here. The warp-tile decode kernel
 (`attention_decode_warp_triton.py`; the default over an FP8 cache, and over a 16-bit one at
-head_dim 64 where the launch splits; the launch config's "warp_tiles") is launched from `paged_attention_decode_triton` with the same arguments.
+head_dim 64 where the launch splits; the launch config's "warp_tiles") is launched from
+`paged_attention_decode_triton` with the same arguments.
 
 Decode, GQA-aware with split-K ("flash-decoding"):
 
@@ -431,8 +432,9 @@ def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: boo
     launch without warp tiles: unmeasured on a GPU).
 
     Raises:
-        ValueError: config's warp_tiles not 0 or 1, its programs_per_sm or min_partition_tokens not an int >= 1, its reduce_heads not a
-            power of two >= 1, or num_splits < 1.
+        ValueError: config's warp_tiles not 0 or 1, its programs_per_sm or
+            min_partition_tokens not an int >= 1, its reduce_heads not a power of two >= 1,
+            or num_splits < 1.
     """
     # the warp-tile kernel has no window (a given config runs warp tiles only where it names
     # them)

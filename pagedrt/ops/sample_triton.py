@@ -22,10 +22,11 @@ a batch of a few rows keeps a few SMs busy and 256 rows take two waves. With spl
 is (rows, num_splits): each program takes one contiguous span of the row (a multiple of
 BLOCK), stores its best score and token as a partial, and counts in on its row's arrival
 counter (a CTA barrier, then an acq_rel atomic at GPU scope: pagedrt/ops/arrival_counters.py,
-whose module doc gives the memory-order argument); the row's last program to arrive reads the partials from L2 and
-keeps the best score of the lowest span holding it, and that span's token, so the token is
-the one the unsplit walk picks whichever program arrives last. The combine reads MAX_SPLITS
-partials (masked past the row's spans), so one compiled kernel serves every split count.
+whose module doc gives the memory-order argument); the row's last program to arrive reads the
+partials from L2 and keeps the best score of the lowest span holding it, and that span's
+token, so the token is the one the unsplit walk picks whichever program arrives last. The
+combine reads MAX_SPLITS partials (masked past the row's spans), so one compiled kernel serves
+every split count.
 `argmax_triton` is the same kernel for a batch of greedy rows only (no temperature, flag or
 noise read): torch.argmax's token, the lowest id holding the maximum, a NaN counting as the
 maximum as torch counts it.
