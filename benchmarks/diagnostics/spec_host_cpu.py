@@ -19,11 +19,11 @@ sample and update phases split further by wrapping the runner's rejection sample
 executor's fetch:
 
     schedule    Scheduler.schedule (the n-gram lookup)
-    prepare     InputBatch.apply, _write_drafts, ModelRunner.prepare
+    prepare     InputBatch.apply, SpecRunner.write_drafts, ModelRunner.prepare
     forward     the model (left out of the totals: on the CPU it does the device's work)
-    pre_verify  _sample_speculative up to the rejection sampler (logits gather, drafts)
+    pre_verify  SpecRunner.sample up to the rejection sampler (logits gather, drafts)
     verify      RejectionSampler.__call__ (on the CPU including its tensor work)
-    launch      the rest of _sample_speculative and _launch (merge, copies to the host)
+    launch      the rest of SpecRunner.sample and _launch (merge, copies to the host)
     fetch       ModelRunner.fetch
     update      Scheduler.update (_update_speculative)
 """
@@ -57,7 +57,7 @@ class _PhaseRecorder:
         self.current: dict[str, tuple[float, int]] = {}
         self.last = time.perf_counter()
         clock = engine.clock
-        runner = engine.executor.model_runner
+        runner = engine.executor.model_runner.spec_runner
         mark = clock.mark
 
         def timed_mark(phase: str) -> None:
@@ -98,7 +98,7 @@ class _PhaseRecorder:
             self.counter.current = 0
         self.engine.step()
         if self.engine.last_scheduler_output.draft_token_ids:
-            # "sample" is what _sample_speculative did after the rejection sampler
+            # "sample" is what SpecRunner.sample did after the rejection sampler
             self.current["launch"] = self.current.pop("sample", (0.0, 0))
             self.steps.append(self.current)
 

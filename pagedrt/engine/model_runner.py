@@ -11,36 +11,35 @@ Inputs of one step, for requests r_0..r_{n-1} with query lengths q_i (new tokens
 
 Logits are computed only for the last token of requests whose step completes their tokens
 (decodes, and the last chunk of a prefill), and for every token of a sequence that verifies
-drafts (speculative decoding: its last token and its j drafts, j + 1 logits rows, verified by
-the rejection sampler, pagedrt/spec/rejection_sampler.py). The drafts are written into the
-row's token ids past its last token (scratch until accepted); `fetch` appends the accepted
-ones and moves the row's computed count back over the rejected ones.
+drafts (speculative decoding: its last token and its j drafts, j + 1 logits rows).
 Beam slots among the sampled rows are expanded by the `BeamRunner` instead of sampled
-(docs/design.md, "Beam search").
+(docs/design.md, "Beam search"); the drafts are written, verified and the accepted ones kept
+by the `SpecRunner` (pagedrt/engine/spec_runner.py; docs/design.md, "Speculative decoding").
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from pagedrt.core.plan import NewRequestData, StepPlan, StepResult
-from pagedrt.core.request import PLACEHOLDER_TOKEN_ID
+from pagedrt.core.plan import StepPlan, StepResult
 from pagedrt.engine.beam_runner import BeamLaunch, BeamRunner
 from pagedrt.engine.cuda_graphs import CUDAGraphRunner
 from pagedrt.engine.host_buffers import StepBuffers, to_device
 from pagedrt.engine.input_batch import InputBatch
 from pagedrt.engine.profiling import NULL_CLOCK
 from pagedrt.engine.sampler import Sampler, SamplerOutput
+from pagedrt.engine.spec_runner import SpecRunner
 from pagedrt.kv.kv_cache import KVCache
 from pagedrt.ops.attention import AttentionMetadata, triton_available
 from pagedrt.ops.graph_inputs import stage_decode_inputs, staged_block_tables, staged_input_ids
-from pagedrt.sampling_params import SamplingParams
-from pagedrt.spec.rejection_sampler import RejectionOutput, RejectionSampler
+from pagedrt.spec.rejection_sampler import RejectionOutput
 
 logger = logging.getLogger(__name__)
 
@@ -129,10 +128,11 @@ class ModelRunner:
         # land in the first steps of a burst of requests
         self.batch = InputBatch(max_model_len, self.device, num_rows=max(max_num_seqs, 8))
         self.beam_runner = BeamRunner(self.batch, kv_cache, self.device, max_num_seqs, backend)
+        self.spec_runner = SpecRunner(self.batch, self.device, max_num_seqs,
+                                      num_speculative_tokens, spec_max_num_seqs, draft_proposer)
         self._last_num_sampled = 0  # rows sampled by the latest launched step
         self.sampler = Sampler()
         self.sampler.check_device(self.device)
-        self.rejection_sampler = RejectionSampler()
         self.draft_proposer = draft_proposer
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         # the device tensor of the sampled ids of the latest launched step, which rows with a
@@ -149,11 +149,6 @@ class ModelRunner:
         spec_rows = min(spec_max_num_seqs, max_num_seqs) if num_speculative_tokens else 0
         self._token_buffers = StepBuffers(
             2 * max_num_seqs + spec_rows * (num_speculative_tokens + 2), pin=pinned)
-        # the small inputs of a step that verifies drafts (logits gather, drafts, merge order;
-        # `_sample_speculative`), on CUDA with speculation
-        self._spec_staging = StepBuffers(max(
-            4 * max_num_seqs + spec_rows * (2 * num_speculative_tokens + 1), 1 << 10)) if (
-                pinned and num_speculative_tokens) else None
         self.graph_runner: CUDAGraphRunner | None = None
         # the step's inputs (`prepare`), on CUDA
         self._staging: StepBuffers | None = None
@@ -232,105 +227,34 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
         self.gemm_warm_up_s = time.perf_counter() - start
 
-    @torch.inference_mode()
     def warm_up_speculation(self) -> None:
-        """Run the verification path once at start-up, so that the first real verification
-        step costs what later ones do. Without it the first one loaded the rejection
-        sampler's kernels mid-run (about 97 ms on the H200; pagedrt/spec/config.py).
-
-        Two steps through `execute` and `fetch` on three throwaway rows of a few tokens: a
-        greedy row, a sampled one (top-k, top-p, min-p, logprobs) and a seeded one with
-        penalties and min_tokens, so the rejection sampler runs its greedy and sampling
-        paths. The first step verifies k drafts per row (a verification graph when captured);
-        the second verifies again beside a prefill chunk, which runs it eagerly. With a draft
-        model the drafts are proposed by it (its extend and decode passes). The LM head also
-        runs at every row count a verification step can take above `max_num_seqs` (up to
-        (k + 1) x the batch it speculates at), as `warm_up_gemms` does below.
-
-        What it leaves: nothing the host sees. The rows are dropped (a third plan lists them
-        as finished), the runner's default generator is put back as it was, and the host's
-        KV manager and counters are never touched; the K/V written into blocks 0.. are
-        those of free blocks, which a request writes before it reads. Sets `spec_warm_up_s`.
-        Does nothing without speculation (k = 0) or when max_model_len leaves no room for a
-        draft.
+        """Run the verification path once at start-up (`SpecRunner.warm_up`: two steps on
+        throwaway rows, which leave nothing the host sees), so that the first real
+        verification step costs what later ones do. Sets `spec_warm_up_s`. Does nothing
+        without speculation (k = 0) or when max_model_len leaves no room for a draft.
 
         Raises:
             ValueError: called while the runner holds rows (it runs before any request).
         """
-        k = self.num_speculative_tokens
-        batch = self.batch
-        if batch.row_of:
-            raise ValueError(f"warm_up_speculation runs before any request, but "
-                             f"{len(batch.row_of)} rows are in use; call it at start-up")
-        if k < 1:
-            return
-        start = time.perf_counter()
-        vocab = self.model.config.vocab_size
-        num_blocks = self.kv_cache.k_all.shape[1]
-        num_known = 3  # 2 prompt tokens and 1 generated, the last one known
-        room = batch.max_model_len - num_known - 1  # drafts that fit the first step
-        if room < 1:
-            return
-        ids = [(7 + 13 * i) % vocab for i in range(num_known + 2 * k + 2)]
-        table_len = -(-min(num_known + 2 * k + 2, batch.max_model_len) // self.block_size)
-        blocks = [min(b, num_blocks - 1) for b in range(table_len)]
-        params = [
-            SamplingParams(temperature=0.0),
-            SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, logprobs=2),
-            SamplingParams(temperature=1.0, seed=0, repetition_penalty=1.1,
-                           presence_penalty=0.5, frequency_penalty=0.5, min_tokens=4),
-        ]
-        req_ids = [f"spec-warm-up-{i}" for i in range(len(params))]
-        placeholders = self.draft_proposer is not None  # the draft model fills -1 slots
+        seconds = self.spec_runner.warm_up(self)
+        if seconds is not None:
+            self.spec_warm_up_s = seconds
 
-        def drafts(n: int) -> list[int]:
-            return [PLACEHOLDER_TOKEN_ID] * n if placeholders else ids[:n]
-
+    @contextlib.contextmanager
+    def throwaway_steps(self) -> Iterator[None]:
+        """Steps run inside (start-up warm-ups, their rows dropped before the end) draw from a
+        generator of their own, not the default one, and leave no step in flight: the next
+        step reads no input id from theirs."""
         generator = self.generator  # warm-up draws must not move the real stream
         self.generator = torch.Generator(device=self.device).manual_seed(0)
         try:
-            j = min(k, room)
-            first = StepPlan(
-                step_id=0, req_ids=list(req_ids), num_new_tokens=[1 + j] * len(req_ids),
-                num_computed_tokens=[num_known - 1] * len(req_ids),
-                new_requests=[NewRequestData(r, ids[:2], [ids[2]], p, 0, (), list(blocks),
-                                             num_known - 1)
-                              for r, p in zip(req_ids, params)],
-                draft_token_ids={r: drafts(j) for r in req_ids})
-            self.fetch(self.execute(first))
-            # again, eagerly: a prefill chunk beside the rows (their drafts where they fit)
-            second = StepPlan(step_id=1, new_requests=[NewRequestData(
-                "spec-warm-up-chunk", ids[:3], [], params[0], 0, (), list(blocks), 0)])
-            for r in req_ids:
-                row = batch.row_of[r]
-                n = int(batch.num_tokens[row])
-                j = max(min(k, batch.max_model_len - n - 1), 0)
-                second.req_ids.append(r)
-                second.num_new_tokens.append(1 + j)
-                second.num_computed_tokens.append(n - 1)
-                if j:
-                    second.draft_token_ids[r] = drafts(j)
-            second.req_ids.append("spec-warm-up-chunk")
-            second.num_new_tokens.append(2)
-            second.num_computed_tokens.append(0)
-            self.fetch(self.execute(second))
-            self.execute(StepPlan(step_id=2, finished_req_ids=[*req_ids, "spec-warm-up-chunk"]))
-            # the LM head at the row counts of verification steps above warm_up_gemms' range
-            most = (k + 1) * self.spec_max_num_seqs
-            if most > self.max_num_seqs:
-                h = torch.zeros(most, self.model.config.hidden_size,
-                                dtype=next(self.model.parameters()).dtype, device=self.device)
-                for m in range(self.max_num_seqs + 1, most + 1):
-                    self.model.compute_logits(h[:m])
+            yield
         finally:
             self.generator = generator
             self._last_sampled = None
             self._last_tokens_copied = False
             self._last_step_id = -1
             self._last_num_sampled = 0
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.spec_warm_up_s = time.perf_counter() - start
 
     def prepare(self, plan: StepPlan, rows: np.ndarray,
                 num_drafts: np.ndarray | None = None) -> ModelInputs:
@@ -343,9 +267,10 @@ class ModelRunner:
         waiting for the host.
 
         num_drafts: [n] int64, drafts each row verifies (written past its tokens by
-        `_write_drafts`), or None. When every row is a decode (1 token + its drafts) and a
-        verification graph fits, every row is padded to q = k + 1 tokens (padding: id 0, the
-        row's first position, slot -1; see pagedrt/engine/cuda_graphs.py).
+        `SpecRunner.write_drafts`), or None. When every row is a decode (1 token + its drafts)
+        and a verification graph fits (`SpecRunner.verify_query_len`), every row is padded to
+        q = k + 1 tokens (padding: id 0, the row's first position, slot -1; see
+        pagedrt/engine/cuda_graphs.py).
         """
         bs = self.block_size
         batch = self.batch
@@ -397,7 +322,8 @@ class ModelRunner:
                 f"the step in flight is {self._last_step_id}")
             assert num_drafts is None or not num_drafts[pend].any(), (
                 "drafts after a token still being sampled")
-        query_len = self._verify_query_len(num_drafts, q_lens, ends, n, width)
+        query_len = 0 if num_drafts is None else self.spec_runner.verify_query_len(
+            self.graph_runner, num_drafts, q_lens, ends, n, width)
         runner = self.graph_runner
         if (num_tokens == n and not query_len and runner is not None and runner.staged_inputs
                 and runner.can_run(n, width)):
@@ -525,46 +451,6 @@ class ModelRunner:
             logits_indices=logit_t, sampled_rows=rows if all_rows else rows[sampled_idx],
             seq_lens=ends, staged=True)
 
-    def _verify_query_len(self, num_drafts: np.ndarray | None, q_lens: np.ndarray,
-                          ends: np.ndarray, n: int, width: int) -> int:
-        """k + 1 when this step runs as a verification graph (every row a decode, 1 token and
-        its drafts, some drafts, a captured batch size, room for the padded positions), else
-        0."""
-        runner = self.graph_runner
-        if runner is None or num_drafts is None or not runner.verify_batch_sizes:
-            return 0
-        q = runner.verify_query_len
-        if (not num_drafts.any() or not (q_lens == num_drafts + 1).all()
-                or not runner.can_run(n, width, q)
-                or (ends - q_lens + q).max() > self.batch.max_model_len):
-            return 0
-        return q
-
-    def _write_drafts(self, plan: StepPlan, rows: np.ndarray) -> np.ndarray:
-        """Write the plan's drafts past each row's tokens (the draft model proposes the -1
-        ones now); returns [n] int64 drafts per row, aligned with plan.req_ids."""
-        batch = self.batch
-        num_drafts = np.zeros(len(rows), dtype=np.int64)
-        index = {req_id: i for i, req_id in enumerate(plan.req_ids)}
-        to_propose = []
-        for req_id, drafts in plan.draft_token_ids.items():
-            i = index[req_id]
-            row = int(rows[i])
-            assert batch.pending[row] < 0, f"{req_id}: drafts after a token being sampled"
-            num_drafts[i] = len(drafts)
-            if drafts[0] == PLACEHOLDER_TOKEN_ID:
-                to_propose.append(i)
-            else:
-                batch.write_drafts(row, drafts)
-        if to_propose:
-            assert self.draft_proposer is not None, "-1 drafts but no draft model"
-            idx = np.asarray(to_propose, dtype=np.int64)
-            proposed = self.draft_proposer.propose(batch, rows[idx], num_drafts[idx],
-                                                   [plan.req_ids[i] for i in to_propose])
-            for i, drafts in zip(to_propose, proposed):
-                batch.write_drafts(int(rows[i]), drafts)
-        return num_drafts
-
     @torch.inference_mode()
     def execute(self, plan: StepPlan, clock=NULL_CLOCK) -> LaunchedStep | None:
         """Bring the rows up to the plan; if it schedules anything, apply its block copies,
@@ -579,7 +465,7 @@ class ModelRunner:
             self.kv_cache.apply(plan.copies)
             if self.draft_proposer is not None:
                 self.draft_proposer.apply_copies(plan.copies)
-        num_drafts = self._write_drafts(plan, rows) if plan.draft_token_ids else None
+        num_drafts = self.spec_runner.write_drafts(plan, rows) if plan.draft_token_ids else None
         inputs = self.prepare(plan, rows, num_drafts)
         self.batch.num_computed_tokens[rows] = inputs.seq_lens
         clock.mark("prepare")
@@ -606,8 +492,10 @@ class ModelRunner:
         clock.mark("forward")
         sampled_rows = inputs.sampled_rows
         if inputs.sampled_num_drafts is not None:
-            return self._sample_speculative(plan, logits, sampled_rows,
-                                            inputs.sampled_num_drafts, clock)
+            output, rows_out, spec = self.spec_runner.sample(
+                plan, logits, sampled_rows, inputs.sampled_num_drafts, self.generator,
+                self._run_sampler, self._fork)
+            return self._launch(plan.step_id, output, rows_out, None, clock, spec=spec)
         index = None
         if plan.forks:
             index, sampled_rows = self._fork(plan, sampled_rows)
@@ -644,139 +532,6 @@ class ModelRunner:
         return self.sampler.sample_rows(logits, batch.sampling, rows, batch.states,
                                         batch.num_tokens, self.generator, out=out)
 
-    def _sample_speculative(self, plan: StepPlan, logits: torch.Tensor, sampled_rows: np.ndarray,
-                            num_drafts: np.ndarray, clock) -> LaunchedStep:
-        """Sample a step where some rows verify drafts: `logits` has 1 + num_drafts[i] rows per
-        sampled row i, in order. Rows without drafts (and forked children) go through the
-        plain sampler, the others through the rejection sampler; the first new token of each
-        is merged into one [num_sampled] tensor in row order (forks after their parent).
-
-        The host's inputs (the drafts; the logits rows of each sampler and the merge order
-        where they are not the identity) go to the device in one copy (`_spec_to_device`).
-        When every row verifies drafts (so no plain rows and no forks; batch-1 speculation
-        always), the merged tokens are the verified rows' first tokens, a view; when every
-        row also verifies the same number of drafts, `logits` is already [S, k + 1] in order
-        and needs no gather either."""
-        batch = self.batch
-        device = logits.device
-        assert not batch.is_beam[sampled_rows].any(), "a beam slot in a step with drafts"
-        first = np.cumsum(num_drafts + 1) - (num_drafts + 1)  # first logits row of each
-        is_spec = num_drafts > 0
-        spec_rows = sampled_rows[is_spec]
-        spec_drafts = num_drafts[is_spec]
-        num_spec = len(spec_rows)
-        all_spec = num_spec == len(sampled_rows)
-        k = int(spec_drafts.max())
-        t = np.arange(k + 1)
-        # the drafts, from where `_write_drafts` put them (past the row's tokens)
-        cols = np.minimum(batch.num_tokens[spec_rows][:, None] + t[None, :k],
-                          batch.max_model_len - 1)
-        drafts = np.where(t[None, :k] < spec_drafts[:, None],
-                          batch.token_ids[spec_rows[:, None], cols], 0).astype(np.int64)
-        host_inputs = {"drafts": drafts.ravel()}  # [S * k]
-        if not (all_spec and (spec_drafts == k).all()):
-            # the logits rows of each verified row's k + 1 positions (a row with fewer drafts
-            # repeats its last one)
-            gather = first[is_spec][:, None] + np.minimum(t[None, :], spec_drafts[:, None])
-            host_inputs["gather"] = gather.ravel()  # [S * (k + 1)]
-        plain_rows = sampled_rows[~is_spec]
-        order = None
-        if all_spec:
-            rows_out, spec_positions = sampled_rows, list(range(num_spec))
-        else:
-            plain_index = first[~is_spec]
-            if plan.forks:
-                index, plain_rows = self._fork(plan, plain_rows)
-                plain_index = plain_index[index]
-            order, rows_out, spec_positions = self._merge_order(plan, sampled_rows, is_spec,
-                                                                plain_rows)
-            host_inputs["plain"] = plain_index  # [num_plain] logits rows of the plain rows
-            host_inputs["order"] = np.asarray(order, dtype=np.int64)  # [num_sampled]
-        inputs = self._spec_to_device(host_inputs, device)
-        plain = None
-        if len(plain_rows):
-            plain = self._run_sampler(logits[inputs["plain"]], plain_rows)
-        if "gather" in inputs:
-            logits = logits[inputs["gather"]]
-        spec_logits = logits.view(num_spec, k + 1, -1)
-        states = batch.states
-        verified = self.rejection_sampler(
-            spec_logits, [states[r] for r in spec_rows.tolist()],
-            inputs["drafts"].view(num_spec, k), spec_drafts.tolist(), self.generator)
-        self._count_verified(spec_rows, verified, logits.shape[-1])
-        first_tokens = verified.token_ids[:, 0]  # [S]
-        first_logprobs = None if verified.logprobs is None else [
-            None if lp is None else lp[0] for lp in verified.logprobs]
-        if order is None:  # every row verified: the merge is the identity
-            token_ids, logprobs = first_tokens, first_logprobs
-        else:
-            # plain outputs first, then the verified rows' first tokens, permuted into row
-            # order with every forked child after its parent
-            token_ids = torch.cat([plain.token_ids, first_tokens])[inputs["order"]]
-            logprobs = None
-            if plain.logprobs is not None or first_logprobs is not None:
-                merged = (list(plain.logprobs) if plain.logprobs is not None
-                          else [None] * len(plain_rows))
-                merged += first_logprobs or [None] * num_spec
-                logprobs = [merged[j] for j in order]
-        output = SamplerOutput(token_ids=token_ids, logprobs=logprobs)
-        return self._launch(plan.step_id, output, np.asarray(rows_out, dtype=np.int64), None,
-                            clock, spec=(spec_positions, verified))
-
-    def _merge_order(self, plan: StepPlan, sampled_rows: np.ndarray, is_spec: np.ndarray,
-                     plain_rows: np.ndarray) -> tuple[list[int], list[int], list[int]]:
-        """Where each sampled row's first token lies in [plain outputs | verified rows' first
-        tokens], in row order with every forked child after its parent: (that index per
-        output row, the output rows, the output positions of the verified rows)."""
-        batch = self.batch
-        order, rows_out, spec_positions = [], [], []
-        p = 0
-        num_plain = len(plain_rows)
-        for i, row in enumerate(sampled_rows.tolist()):
-            if is_spec[i]:
-                spec_positions.append(len(order))
-                order.append(num_plain + len(spec_positions) - 1)
-                rows_out.append(row)
-                continue
-            order.append(p)
-            rows_out.append(int(plain_rows[p]))
-            p += 1
-            while p < num_plain and batch.states[int(plain_rows[p])].req_id in (
-                    plan.forks.get(batch.states[row].req_id, ())):
-                order.append(p)
-                rows_out.append(int(plain_rows[p]))
-                p += 1
-        return order, rows_out, spec_positions
-
-    def _spec_to_device(self, host_inputs: dict[str, np.ndarray],
-                        device: torch.device) -> dict[str, torch.Tensor]:
-        """The int64 arrays of `host_inputs` on `device` in one copy (on CUDA through
-        `_spec_staging`, without waiting for the device). Returns a tensor per key, views of
-        the one copy."""
-        sizes = [len(v) for v in host_inputs.values()]
-        flat = np.concatenate(list(host_inputs.values()))
-        packed = (torch.from_numpy(flat) if device.type != "cuda"
-                  else self._spec_staging.to_device(flat, device))
-        return dict(zip(host_inputs, torch.split(packed, sizes)))
-
-    def _count_verified(self, spec_rows: np.ndarray, verified: RejectionOutput,
-                        vocab_size: int) -> None:
-        """Add the tokens of rows that verified drafts (accepted drafts and the target's
-        token) to the penalty counts of those with penalties (on the device)."""
-        sampling = self.batch.sampling
-        penalized = np.flatnonzero(sampling.penalized[spec_rows])
-        if not len(penalized):
-            return
-        sampling.flush(vocab_size)
-        device = verified.token_ids.device
-        index = to_device(np.concatenate(
-            [penalized, sampling.penalty_slot[spec_rows[penalized]]]), device)
-        pen_t, slots_t = index.split(len(penalized))
-        tokens = verified.token_ids[pen_t]  # [p, K + 1]
-        valid = (torch.arange(tokens.shape[1], device=device)[None, :]
-                 < verified.num_tokens[pen_t, None])
-        sampling.count(slots_t, tokens, valid)
-
     def _sample(self, step_id: int, logits: torch.Tensor, rows: np.ndarray,
                 req_ids: list[str] | None, clock, scheduled_rows: np.ndarray) -> LaunchedStep:
         """Sample one token per row (expanding beam searches where rows are beam slots)."""
@@ -803,7 +558,7 @@ class ModelRunner:
 
         the last two only for a step that verified drafts (`spec`); when every sampled row
         verified drafts, the first tokens are the verified tokens' first column (`output`'s
-        token_ids is that column: `_sample_speculative`), read from there, not copied."""
+        token_ids is that column: `SpecRunner.sample`), read from there, not copied."""
         batch = self.batch
         states = batch.states
         if beams is None:
@@ -898,18 +653,5 @@ class ModelRunner:
         if step.beams is not None:
             result.beams = self.beam_runner.results(step.beams)
         if step.spec is not None:
-            positions, verified = step.spec
-            host_tokens, host_counts = step.host_verified
-            counts = host_counts.tolist()
-            tokens = host_tokens.tolist()
-            extras = []
-            for s, i in enumerate(positions):
-                req_id = step.req_ids[i]
-                extra = result.extra_token_ids[req_id] = tokens[s][1: counts[s]]
-                extras.append(extra)
-                if verified.logprobs is not None and verified.logprobs[s] is not None:
-                    result.extra_logprobs[req_id] = verified.logprobs[s][1: counts[s]]
-            idx = np.asarray(positions, dtype=np.int64)
-            self.batch.append_accepted(step.rows[idx], step.epochs[idx], step.positions[idx],
-                                       extras)
+            self.spec_runner.results(step, result)
         return result

@@ -1,6 +1,6 @@
 """The draft model of speculative decoding ("method": "draft_model"): a smaller model with the
 target's vocabulary proposes k tokens greedily, on the device side, right before the step that
-verifies them (pagedrt/engine/model_runner.py, `_write_drafts`).
+verifies them (pagedrt/engine/spec_runner.py, `SpecRunner.write_drafts`).
 
 Its KV cache is its own (the draft's layers, heads and head_dim; `KVCache` built from the
 draft's `KVCacheSpec`) with as many blocks as the target's, and a sequence's draft K/V sit in
