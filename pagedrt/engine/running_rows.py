@@ -42,7 +42,7 @@ class RunningRows:
         decodable: every sequence is forked (its n samples or a beam search's W slots
             exist): a step in which each computes one token needs no per-request decision.
         is_beam: [n] bool, a beam search's slot (its tokens are written by
-            `Scheduler._update_beams`, never one by one).
+            `BeamScheduling.update`, never one by one).
         beam_heads: [b] int64 the rows of beam searches' first slots (`Scheduler._advance`
             hands their searches to the step's beam expansion), in row order.
     """

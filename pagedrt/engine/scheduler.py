@@ -29,12 +29,10 @@ the acceptance rule how many were accepted.
 Importance is (priority, arrival order): lower first. The scheduler never touches free lists;
 it asks the KVCacheManager, which answers None on shortage.
 
-Beam search (docs/design.md, "Beam search"): the W slots of a search move as one. They complete
-their tokens in the same step or none does (the device expands all W together); blocks for all
-of them are found before any is allocated; a preemption takes the whole search, always by
-recompute (a per-sequence swap would copy the blocks the slots share once per slot, and the
-prefix cache shares them again when the slots come back); a preempted search comes back whole
-(`_admit_beam_search`).
+Beam search (docs/design.md, "Beam search"): the W slots of a search move as one, in
+scheduling, allocation, preemption, admission and update; that bookkeeping is
+`BeamScheduling` (pagedrt/engine/beam_scheduling.py), which the scheduler calls only where a
+beam search is concerned.
 
 The scheduler is the one writer of a request's progress (docs/design.md, "Who writes what"):
 
@@ -46,10 +44,11 @@ The scheduler is the one writer of a request's progress (docs/design.md, "Who wr
     update(plan, result)   the sampled ids over the placeholders (and the further tokens of
                            sequences that verified drafts), logprobs, token times, and
                            finishing (the caller's stop check decides, update writes); beam
-                           searches: the expansion's bookkeeping (BeamGroup.step), the slots'
-                           re-parenting (tokens, and block tables through the KV manager) and
-                           their end; the rollback of rejected drafts: num_computed_tokens
-                           lowered, the blocks past it freed (`KVCacheManager.trim`)
+                           searches (`BeamScheduling.update`): the expansion's bookkeeping
+                           (BeamGroup.step), the slots' re-parenting (tokens, and block tables
+                           through the KV manager) and their end; the rollback of rejected
+                           drafts: num_computed_tokens lowered, the blocks past it freed
+                           (`KVCacheManager.trim`)
     finish(), abort()      status and blocks of requests that end between steps
 
 What it hands the device side is a `StepPlan` (pagedrt/core/plan.py): plain data.
@@ -57,7 +56,6 @@ What it hands the device side is a `StepPlan` (pagedrt/core/plan.py): plain data
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections import Counter
@@ -68,9 +66,9 @@ from typing import NamedTuple
 import numpy as np
 
 from pagedrt.config import EngineConfig
-from pagedrt.core.beam import step_searches
-from pagedrt.core.plan import BEAM_ARRAYS, NewRequestData, StepPlan, StepResult
+from pagedrt.core.plan import NewRequestData, StepPlan, StepResult
 from pagedrt.core.request import PLACEHOLDER_TOKEN_ID, Request, RequestStatus
+from pagedrt.engine.beam_scheduling import BeamScheduling
 from pagedrt.engine.running_rows import RunningRows
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.outputs import TokenEvent
@@ -161,6 +159,9 @@ class Scheduler:
         self.num_spec_draft_tokens = 0
         self.num_spec_accepted_tokens = 0
         self.num_spec_early_reads = 0  # async steps read before the next plan to speculate
+        # beam searches: their slots scheduled, allocated, admitted and updated as one
+        self.beam_scheduling = BeamScheduling(self.kv, self.running, self.waiting,
+                                              self._preempt, self.finish)
 
     # ----------------------------------------------------------------- queues
     def add_request(self, request: Request) -> None:
@@ -277,10 +278,13 @@ class Scheduler:
                    and len(self.running) < self.config.max_num_seqs):
                 req = self.waiting[0]
                 if req.beam is not None and len(req.group) > 1:  # a preempted beam search
-                    num_used = self._admit_beam_search(budget, scheduled, num_new_tokens)
-                    if num_used is None:
+                    admitted = self.beam_scheduling.admit(budget)
+                    if admitted is None:
                         break
-                    budget -= num_used
+                    for slot, num_new in admitted:
+                        self._start(slot, num_new, scheduled, num_new_tokens)
+                        budget -= num_new
+                    self._chunked = True  # every slot leaves at least its last token for later
                     continue
                 hits, num_hit_tokens = self.kv.get_computed_blocks(req)
                 # the query length comes from the count after the cache hit
@@ -338,7 +342,9 @@ class Scheduler:
                 continue
             req = self.running[i]
             if req.beam is not None and not beams_fit and len(req.group) > 1:
-                i = self._allocate_beams(i, planned, remaining, scheduled, num_new_tokens)
+                i, chunked = self.beam_scheduling.allocate(i, planned, remaining, scheduled,
+                                                           num_new_tokens)
+                self._chunked |= chunked
                 continue
             drafts = None
             if spec_budget > 0 and remaining[i] == 1 and not req.num_pending_tokens:
@@ -534,100 +540,8 @@ class Scheduler:
             if num > 1 and budget:
                 planned[i] = min(num, budget)
                 budget -= planned[i]
-        self._hold_beam_completions(planned, remaining)
+        self.beam_scheduling.hold_completions(planned, remaining)
         return remaining, planned
-
-    def _hold_beam_completions(self, planned: list[int], remaining: list[int]) -> None:
-        """The slots of a beam search complete their tokens in the same step (the device
-        expands them together) or none does: unless every slot completes, a slot that would
-        computes one token less (a decode: none) and waits for the others. (The slots of a
-        search always run together: preempted and admitted as one.) planned, remaining:
-        aligned with self.running; planned is changed in place."""
-        running = self.running
-        i = 0
-        while i < len(running):
-            beam = running[i].beam
-            if beam is None or len(running[i].group) == 1:
-                i += 1
-                continue
-            j = i + 1
-            while j < len(running) and running[j].beam is beam:
-                j += 1
-            if planned[i:j] != remaining[i:j]:
-                for k in range(i, j):
-                    if planned[k] == remaining[k] > 0:
-                        planned[k] -= 1
-            i = j
-
-    def _admit_beam_search(self, budget: int, scheduled: list[Request],
-                           num_new_tokens: list[int]) -> int | None:
-        """Bring back a preempted beam search, every slot at once (its slots lead the waiting
-        queue, in order): each gets its prefix-cache hits (the slots before it in this call
-        computing blocks the next ones hit) and at least one token, but not its last (the
-        slots complete together, in a later step). If a slot does not fit, the ones admitted
-        in this call are undone and nothing changes. Returns the tokens scheduled, or None."""
-        head = self.waiting[0]
-        slots = self.waiting[:len(head.group)]
-        assert [s.sample_index for s in slots] == list(range(len(head.group))) and all(
-            s.beam is head.beam for s in slots), f"{slots} are not the slots of {head}"
-        if budget < len(slots):
-            return None
-        bs = self.kv.block_size
-        admitted: list[tuple[Request, int, int]] = []  # (slot, hit tokens, new tokens)
-        left = budget
-        for k, slot in enumerate(slots):
-            hits, num_hit_tokens = self.kv.get_computed_blocks(slot)
-            num_left = slot.num_tokens - num_hit_tokens
-            if num_left == 1:  # compute the last cached block again: leave the last token
-                hits = hits[:-1]
-                num_hit_tokens -= bs
-                num_left += bs
-            num_new = min(num_left - 1, left - (len(slots) - 1 - k))
-            if self.kv.allocate_slots(slot, num_new, hits) is None:
-                for done, num_hit, _ in reversed(admitted):
-                    self.kv.unallocate(done, num_hit // bs)
-                return None
-            admitted.append((slot, num_hit_tokens, num_new))
-            left -= num_new
-        del self.waiting[:len(slots)]
-        for slot, num_hit_tokens, num_new in admitted:
-            slot.num_computed_tokens = num_hit_tokens
-            self._start(slot, num_new, scheduled, num_new_tokens)
-        self._chunked = True  # every slot leaves at least its last token for later
-        return budget - left
-
-    def _allocate_beams(self, i: int, planned: list[int], remaining: list[int],
-                        scheduled: list[Request], num_new_tokens: list[int]) -> int:
-        """Blocks for the slots of the beam search at self.running[i:] (together, slot order):
-        the least important running requests are preempted until all fit, or the search
-        itself is; only then is any slot allocated. Returns the index after the search's
-        slots (i itself if the search was preempted)."""
-        running = self.running
-        beam = running[i].beam
-        j = i + 1
-        while j < len(running) and running[j].beam is beam:
-            j += 1
-        members = [k for k in range(i, j) if planned[k]]
-        if all(planned[k] == 1 for k in members) and len(members) <= self.kv.num_free_blocks:
-            need = 0  # decodes: at most one block each (a new block or a copy-on-write)
-        else:
-            need = self.kv.num_blocks_to_allocate([running[k] for k in members],
-                                                  [planned[k] for k in members])
-        while need > self.kv.num_free_blocks:
-            head = running[i]
-            num_preempted = self._preempt(running[-1])
-            del planned[-num_preempted:], remaining[-num_preempted:]
-            if head.status is not RequestStatus.RUNNING:  # the search itself went
-                return i
-        for k in members:
-            allocated = self.kv.allocate_slots(running[k], planned[k])
-            assert allocated is not None, (
-                f"{running[k]}: {planned[k]} tokens do not fit after making room for {need}")
-            scheduled.append(running[k])
-            num_new_tokens.append(planned[k])
-            if planned[k] < remaining[k]:
-                self._chunked = True
-        return j
 
     def _start(self, req: Request, num_new: int, scheduled: list[Request],
                num_new_tokens: list[int]) -> None:
@@ -638,8 +552,8 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> int:
         """Preempt a running request (with a beam search: every running slot of it, by
-        recompute). Returns how many running sequences left, all from the end of
-        self.running when `req` is its last."""
+        recompute; pagedrt/engine/beam_scheduling.py says why). Returns how many running
+        sequences left, all from the end of self.running when `req` is its last."""
         beam = req.beam
         if beam is None or len(req.group) == 1:
             self._preempt_one(req, self.config.preemption_mode)
@@ -706,7 +620,7 @@ class Scheduler:
         touched: dict[str, Request] = {}
         num_generated = 0
         if beams:
-            num_generated = self._update_beams(beams, result, events, touched, now)
+            num_generated = self.beam_scheduling.update(beams, result, events, touched, now)
         rows = enumerate(zip(sampled, indices, token_ids))
         if steady is not None:
             num_written, one_by_one = self._write_quiet(steady, token_ids, now, events)
@@ -715,7 +629,7 @@ class Scheduler:
         for i, (req, index, token) in rows:
             if req.is_finished or req.beam is not None:
                 # aborted, or stopped by the token before this one: drop the row; a beam slot
-                # was written by _update_beams
+                # was written by BeamScheduling.update
                 continue
             output_token_ids = req.output_token_ids
             output_token_ids[index] = token
@@ -758,9 +672,10 @@ class Scheduler:
         where that placeholder was the last one (no later plan appended another), the token
         time. Left to `update`'s loop (returned, with the plan's later rows, in row order):
         the sequences that are not quiet (`RunningRows.quiet`), except beam slots (written by
-        `_update_beams`), those whose token may stop them (some running sequence's stop id, or
-        their max_tokens), those getting their first token (its time), the sequences finished
-        since the plan, and outside token-event mode the streamed ones (reported every step).
+        `BeamScheduling.update`), those whose token may stop them (some running sequence's
+        stop id, or their max_tokens), those getting their first token (its time), the
+        sequences finished since the plan, and outside token-event mode the streamed ones
+        (reported every step).
         In token-event mode each written token's TokenEvent is appended, and when any row is
         left every row is (the events stay in row order). Returns (tokens written, indices of
         the rows left)."""
@@ -781,8 +696,8 @@ class Scheduler:
                 left[requests.index(req)] = True
         if events is not None and left.any():
             return 0, list(range(len(token_ids)))
-        # (beam slots are left unwritten, and not to the loop either: `_update_beams` wrote
-        # them; in token-event mode they are never quiet, so every row went to the loop)
+        # (beam slots are left unwritten, and not to the loop either: `BeamScheduling.update`
+        # wrote them; in token-event mode they are never quiet, so every row went to the loop)
         one_by_one = np.flatnonzero(left & ~steady.take(rows.is_beam)).tolist()
         for req, output_token_ids, i, token, skip in zip(
                 requests, steady.outputs, index.tolist(), token_ids, left.tolist()):
@@ -797,95 +712,6 @@ class Scheduler:
             events += map(TokenEvent, head_ids, sample_indices, token_ids, repeat(None, k),
                           repeat(None), repeat(None))
         return k - len(one_by_one), one_by_one + list(range(k, len(token_ids)))
-
-    def _update_beams(self, beams: list[tuple[Request, int]], result: StepResult,
-                      events: list[TokenEvent] | None, touched: dict[str, Request],
-                      now: float) -> int:
-        """The expansions of a step's beam searches (docs/design.md, "Beam search"): HF's
-        bookkeeping (`step_searches`, numpy over the searches of one width), then either the
-        search's end (its slots finish; its result is `beam.finished`, reported through
-        `touched`, or as TokenEvents) or each slot's new beam: its parent's tokens and the
-        candidate's token over the placeholder, and its block table re-parented by the KV
-        manager, as the device side re-parented its rows. Returns the tokens written (W per
-        search)."""
-        planned = {head.request_id: (head, index) for head, index in beams}
-        assert len(planned) == len(beams) == sum(len(b.req_ids) for b in result.beams), (
-            f"expanded {[b.req_ids for b in result.beams]}, planned {sorted(planned)}")
-        num_written = 0
-        block_size = self.kv.block_size
-        moves: list[tuple[str, str, int]] = []  # the moved slots' KV: one call for all
-        for expansion in result.beams:
-            searches = [planned.pop(req_id) for req_id in expansion.req_ids]
-            live = [i for i, (head, _) in enumerate(searches) if not head.is_finished]
-            if len(live) < len(searches):  # aborted
-                searches = [searches[i] for i in live]
-                expansion = dataclasses.replace(
-                    expansion, req_ids=[expansion.req_ids[i] for i in live],
-                    **{name: getattr(expansion, name)[live] for name in BEAM_ARRAYS})
-            if not searches:
-                continue
-            width = expansion.slot_candidates.shape[1]
-            new = step_searches([head.beam for head, _ in searches],
-                                [index + 1 for _, index in searches], expansion.logprobs,
-                                expansion.beams, expansion.tokens, expansion.slot_candidates)
-            moved = (expansion.slot_parents != np.arange(width)).any(axis=1).tolist()
-            parents, slot_tokens = expansion.slot_parents.tolist(), expansion.slot_tokens.tolist()
-            num_written += len(searches) * width
-            for g, (head, index) in enumerate(searches):
-                slots = head.group
-                if head.first_token_time is None:
-                    head.first_token_time = now
-                head.last_token_time = now
-                if new and g in new:  # (only these can gain hypotheses, or be done)
-                    outputs = [slot.output_token_ids for slot in slots]
-                    beams_of = expansion.beams[g].tolist()
-                    for c, hypothesis in new[g]:
-                        hypothesis.token_ids = outputs[beams_of[c]][:index] + [
-                            int(expansion.tokens[g, c])]
-                    if head.beam.done:
-                        self._finish_beam_search(head, index, events)
-                        touched[head.request_id] = head
-                        continue
-                tokens = slot_tokens[g]
-                if not moved[g]:
-                    for slot, token in zip(slots, tokens):
-                        slot.output_token_ids[index] = token
-                else:
-                    slot_parents = parents[g]
-                    outputs = [slot.output_token_ids for slot in slots]
-                    for s, p in enumerate(slot_parents):
-                        if p != s:  # (a moved slot is nobody's parent; a later placeholder,
-                            outputs[s][:index] = outputs[p][:index]  # async, stays)
-                        outputs[s][index] = tokens[s]
-                    if slots[0].status is RequestStatus.RUNNING:  # (preempted: no KV)
-                        num_blocks = (len(head.prompt_token_ids) + index) // block_size
-                        moves += [(slots[s].request_id, slots[p].request_id, num_blocks)
-                                  for s, p in enumerate(slot_parents) if p != s]
-                if index == len(slots[0].output_token_ids) - 1:  # (every slot has the same)
-                    for slot in slots:
-                        slot.num_pending_tokens = 0
-        if moves:
-            self.kv.reparent_slots(moves)
-        return num_written
-
-    def _finish_beam_search(self, head: Request, index: int,
-                            events: list[TokenEvent] | None) -> None:
-        """Finish every slot of a search that is done (their tokens from `index` on, only
-        placeholders, dropped); in token-event mode, send each hypothesis (best first: sample
-        index = rank) as one event per token."""
-        for slot in head.group:
-            del slot.output_token_ids[index:]
-            slot.num_pending_tokens = 0
-            if not slot.is_finished:
-                self.finish(slot, RequestStatus.FINISHED_STOPPED)
-        if events is None:
-            return
-        for rank, hypothesis in enumerate(head.beam.finished):
-            last = len(hypothesis.token_ids) - 1
-            for i, token in enumerate(hypothesis.token_ids):
-                events.append(TokenEvent(head.request_id, rank, token, None,
-                                         hypothesis.finish_reason if i == last else None, None))
-
 
     def _update_speculative(self, plan: StepPlan, result: StepResult, sampled: list[Request],
                             indices: list[int], beams, check_stop: StopCheck,
@@ -910,7 +736,7 @@ class Scheduler:
         touched: dict[str, Request] = {}
         num_generated = 0
         if beams:  # (a search whose prompt this step completed; its slots never speculate)
-            num_generated = self._update_beams(beams, result, events, touched, now)
+            num_generated = self.beam_scheduling.update(beams, result, events, touched, now)
         for i, (req, index, token) in enumerate(zip(sampled, indices, token_ids)):
             if req.is_finished or req.beam is not None:
                 continue  # aborted, or stopped by the token before this one: drop the row
