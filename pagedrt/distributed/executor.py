@@ -481,7 +481,8 @@ def resolve_max_model_len(config: EngineConfig, model_config) -> int:
     if max_len > model_config.max_position_embeddings:
         raise ValueError(
             f"max_model_len={max_len} exceeds the model's "
-            f"max_position_embeddings={model_config.max_position_embeddings}")
+            f"max_position_embeddings={model_config.max_position_embeddings}; pass at most "
+            f"that (`--max-model-len` on the command line), or none for the model's own")
     return max_len
 
 

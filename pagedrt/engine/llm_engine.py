@@ -178,7 +178,8 @@ class LLMEngine:
             config.max_num_seqs, None if window is None else
             -(-(window - 1 + config.max_num_batched_tokens) // config.block_size) + 2,
             num_eos_tokens=len(self.eos_token_ids),
-            enable_prefix_caching=config.enable_prefix_caching)
+            enable_prefix_caching=config.enable_prefix_caching,
+            max_position_embeddings=mc.max_position_embeddings)
         self.requests: dict[str, Request] = {}  # request_id -> first sequence of the group
         self.last_scheduler_output: StepPlan | None = None  # the latest plan (tests read it)
         # with the model in other processes there is no device here to synchronize with

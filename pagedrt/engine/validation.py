@@ -25,6 +25,8 @@ class EngineLimits(NamedTuple):
         num_eos_tokens: the model's EOS ids (a beam search keeps more candidates per EOS id).
         enable_prefix_caching: the engine's setting (a preempted beam search shares its
             blocks again only through the prefix cache).
+        max_position_embeddings: the model's longest context, the most max_model_len can be
+            raised to (None: unknown; the error for a long prompt then names no bound).
     """
 
     vocab_size: int
@@ -35,6 +37,7 @@ class EngineLimits(NamedTuple):
     max_blocks_per_seq: int | None = None
     num_eos_tokens: int = 1
     enable_prefix_caching: bool = True
+    max_position_embeddings: int | None = None
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -62,10 +65,8 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
     # the length first: it costs nothing, the id check below reads every id
     max_model_len = limits.max_model_len
     if n > max_model_len:
-        raise ValueError(
-            f"prompt has {n} tokens, more than max_model_len={max_model_len}; "
-            "shorten it or raise max_model_len"
-        )
+        raise ValueError(f"prompt has {n} tokens, more than max_model_len={max_model_len}; "
+                         f"{_longer_context_fix(max_model_len, limits)}")
     vocab = limits.vocab_size
     # fast path in C (set of types, min, max): a Python loop here cost about 20 ms of host
     # time for 256 prompts of 512 tokens, before the first step could start
@@ -91,6 +92,17 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
         )
     if params.beam_search is not None:
         _validate_beam_search(n, params, limits)
+
+
+def _longer_context_fix(max_model_len: int, limits: EngineLimits) -> str:
+    """What to do about a prompt longer than max_model_len (made only for an error): raise it
+    where the model allows more, else only shorten the prompt."""
+    most = limits.max_position_embeddings
+    if most is not None and max_model_len >= most:
+        return (f"shorten it (max_model_len is already the model's max_position_embeddings="
+                f"{most})")
+    bound = "" if most is None else f", up to the model's max_position_embeddings={most}"
+    return f"shorten it or raise max_model_len (`--max-model-len` on the command line{bound})"
 
 
 def _asked(n: int, params: SamplingParams) -> str:
