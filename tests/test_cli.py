@@ -234,6 +234,20 @@ def test_missing_model_names_the_cli_spelling_too(tmp_path, capsys):
     assert "no --model on the command line" in err
 
 
+def test_a_file_that_is_not_gguf_names_the_file_and_what_to_pass(tmp_path, monkeypatch,
+                                                                 capsys):
+    """`--model junk.gguf` printed only gguf-py's "GGUF magic invalid" (a fresh user's try):
+    the line now names the file and what pagedrt loads, for bad bytes and a truncated header."""
+    monkeypatch.setenv("PAGEDRT_CACHE_DIR", str(tmp_path / "cache"))
+    for name, data in [("junk.gguf", bytes(range(256)) * 4), ("cut.gguf", b"GGUF\x03\0\0\0")]:
+        path = tmp_path / name
+        path.write_bytes(data)
+        assert main(["generate", "hi", "--model", str(path), "--device", "cpu"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"pagedrt: error: '{path}' is not a GGUF file pagedrt can read (")
+        assert "pass a complete .gguf file" in err and "Traceback" not in err
+
+
 def test_triton_backend_on_the_cpu_without_the_interpreter_is_one_line(monkeypatch, capsys):
     """`--attention-backend triton` on a CPU machine passed the config's checks and failed at
     the first step with Triton's traceback ("0 active drivers"; a fresh user's run): now one
@@ -310,3 +324,29 @@ def test_chat_prompt_over_max_model_len_names_the_template(smollm2_path, capsys)
     err = capsys.readouterr().err
     assert err.startswith("pagedrt: error: prompt has ") and "max_model_len=10" in err
     assert "the chat template's tokens too; --no-chat sends the text as it is" in err
+
+
+def test_a_misspelt_option_names_the_command_and_the_closest_option(capsys):
+    """`pagedrt generate hi --temprature 0.5`: the error is the subcommand's (its --help lists
+    the options) and suggests --temperature; an unknown word with nothing close gets no hint."""
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "hi", "--temprature", "0.5"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "pagedrt generate: error: unrecognized arguments: --temprature 0.5" in err
+    assert "--temprature: did you mean --temperature?" in err
+    assert "(pagedrt generate --help lists the options)" in err
+    with pytest.raises(SystemExit):
+        main(["serve", "--zzzzzz"])
+    err = capsys.readouterr().err
+    assert "pagedrt serve: error: unrecognized arguments: --zzzzzz\n" in err
+    assert "did you mean" not in err
+
+
+def test_version(capsys):
+    import pagedrt
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"pagedrt {pagedrt.__version__}"

@@ -155,6 +155,10 @@ def test_eos_and_stop_token_ids_and_output_fields(llm, prompts):
     assert chat.finish_reason == "stop", "SmolLM2 ends a short chat answer with EOS"
     assert chat.token_ids[-1] in llm.llm_engine.eos_token_ids
     assert chat.text and "<|im_end|>" not in chat.text
+    # a role the server refuses is refused here too (the template rendered "<|im_start|>bot")
+    with pytest.raises(ValueError, match=r"role='bot' is not one of system, developer, user, "
+                       r"assistant, tool"):
+        llm.chat([{"role": "bot", "content": "x"}], use_tqdm=False)
     assert_free(llm)
 
 

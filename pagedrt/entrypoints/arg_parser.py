@@ -13,6 +13,7 @@ Exit status 2, as argparse's.
 from __future__ import annotations
 
 import argparse
+import difflib
 from typing import NoReturn
 
 
@@ -22,3 +23,17 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n({self.prog} --help lists the options)\n")
+
+    def unrecognized(self, rest: list[str]) -> NoReturn:
+        """The error for arguments this parser does not know (what `parse_known_args` left),
+        with the closest known option for a misspelt one: `--temprature` -> `--temperature`."""
+        known = [o for action in self._actions for o in action.option_strings]
+        hints = []
+        for arg in rest:
+            name = arg.split("=", 1)[0]
+            if name.startswith("--"):
+                close = difflib.get_close_matches(name, known, n=1)
+                if close:
+                    hints.append(f"{name}: did you mean {close[0]}?")
+        self.error(f"unrecognized arguments: {' '.join(rest)}"
+                   + ("" if not hints else f" ({'; '.join(hints)})"))

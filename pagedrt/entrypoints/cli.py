@@ -9,6 +9,7 @@ import os
 import sys
 import time
 
+from pagedrt import __version__
 from pagedrt.entrypoints.arg_parser import ArgumentParser
 from pagedrt.entrypoints.cpu_threads import (
     busy_cpu_hint,
@@ -98,12 +99,16 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
     return module.main(rest) or 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> ArgumentParser:
+    """The `pagedrt` parser; its `subcommands` attribute maps each command's name to its
+    parser (for errors that name the command's own --help)."""
     parser = ArgumentParser(prog="pagedrt", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log scheduler events and the start-up's graph capture and "
                              "kernel timing")
+    parser.add_argument("--version", action="version", version=f"pagedrt {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.subcommands = sub.choices
 
     g = sub.add_parser("generate", help="generate answers for prompts")
     g.add_argument("prompts", nargs="+", help="one or more prompts (run together in one batch)")
@@ -187,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         return _end(status)
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    if rest and args.command != "bench":
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if rest and args.command != "bench":  # the subcommand's parser: it names its own --help
+        parser.subcommands[args.command].unrecognized(rest)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

@@ -167,12 +167,23 @@ class LLM:
     def apply_chat_template(
         self, conversation: list[dict], add_generation_prompt: bool = True
     ) -> str:
+        """The model's chat template over one conversation, as text.
+
+        Raises:
+            ValueError: no chat template; a message that is not a dict with 'role' and
+                'content', or whose role is not one of protocol.CHAT_ROLES.
+        """
         tok = self.llm_engine.tokenizer
         if tok is None or not getattr(tok, "chat_template", None):
             raise ValueError("this model has no chat template; use generate() with plain prompts")
+        from pagedrt.entrypoints.protocol import CHAT_ROLES
+
         for m in conversation:
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise ValueError(f"chat message {m!r} needs 'role' and 'content'")
+            if m["role"] not in CHAT_ROLES:  # the template would render any role as given
+                raise ValueError(f"chat message role={m['role']!r} is not one of "
+                                 f"{', '.join(CHAT_ROLES)} (the server's roles too)")
         return tok.apply_chat_template(conversation, tokenize=False,
                                        add_generation_prompt=add_generation_prompt)
 

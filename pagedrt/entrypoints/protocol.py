@@ -175,12 +175,16 @@ class ContentPart(_Body):
     text: str | None = None
 
 
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+"""The roles a chat message may have (OpenAI's), on the server and in `LLM.chat`."""
+
+
 class ChatMessage(_Body):
     """One message of a chat: OpenAI's roles ("developer" is its newer name for "system";
     "tool" carries a tool's result), content as text or text parts; null content only for an
     assistant's message (one that called tools, in OpenAI's API)."""
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal[CHAT_ROLES]
     content: str | list[ContentPart] | None = None
     name: str | None = None
 

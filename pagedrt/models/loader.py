@@ -350,10 +350,20 @@ def read_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     llama GGUFs have their Q/K rows interleaved (undone here); qwen2, qwen3 and gemma3 ones do
     not (their RoPE is the rotate-half kind in llama.cpp too). Gemma 3's converter stores its
     RMSNorm weights as 1 + w (llama.cpp multiplies by the weight alone): 1 is subtracted back.
+
+    Raises:
+        ValueError: the file is not a GGUF gguf-py can read (bad magic or version, truncated),
+            naming the path; an unexpected tensor name.
     """
     import gguf
 
-    reader = gguf.GGUFReader(path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, OSError, IndexError) as e:  # bad magic or version, a truncated file
+        raise ValueError(
+            f"{path!r} is not a GGUF file pagedrt can read ({e}); pass a complete .gguf file "
+            "(llama, qwen2, qwen3 or gemma3) or a Hugging Face folder with config.json and "
+            "*.safetensors") from e
     config = gguf_model_config(reader)
     permute = config.architecture == "LlamaForCausalLM"  # qwen and gemma converters do not
     gemma3 = config.architecture == "Gemma3ForCausalLM"
