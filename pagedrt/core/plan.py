@@ -45,8 +45,8 @@ class NewRequestData:
         prompt_token_ids: the prompt.
         output_token_ids: tokens generated so far (resumed requests), every one known.
         sampling_params: the request's settings.
-        sample_index: which of the `n` samples this is; a seeded request's generator starts
-            from `seed + sample_index`.
+        sample_index: which of the `n` samples this is; a seeded request's draws are keyed
+            by (seed, sample_index) (`pagedrt.engine.sampling_state.seed_key`).
         eos_token_ids: the model's EOS ids (min_tokens suppresses them).
         block_ids: the request's whole block table.
         num_computed_tokens: tokens already in the KV cache before this step (prefix-cache

@@ -114,7 +114,8 @@ class ModelRunner:
                  max_num_batched_tokens: int = 8192, seed: int = 0,
                  num_speculative_tokens: int = 0, spec_max_num_seqs: int = 0,
                  draft_proposer=None):
-        """seed: of the generator of rows without their own (unseeded sampling).
+        """seed: of the generator of the rows without a seed (seeded rows draw from their
+        own key, pagedrt/ops/philox.py).
         num_speculative_tokens, spec_max_num_seqs: speculative decoding's k and the batch up
         to which it runs (CUDA graphs for verification steps are captured up to there).
         draft_proposer: the draft model (pagedrt/spec/draft_model.py) that fills -1 drafts."""

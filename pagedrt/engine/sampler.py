@@ -193,7 +193,7 @@ class Sampler:
             logits: [B, vocab] float (any float dtype; computed in float32), any device. Not
                 modified.
             rows: B entries, one per logits row.
-            default_generator: RNG of rows without their own; None means torch's global RNG.
+            default_generator: RNG of the rows without a seed; None means torch's global RNG.
 
         Returns:
             SamplerOutput with token_ids [B] int64 on logits.device.
@@ -235,7 +235,7 @@ class Sampler:
         """Temperature, top-k, top-p, min-p, then the exponential race. Returns [B] int64.
 
         Greedy rows are sampled too (at temperature 1) and overwritten by the caller; they draw
-        noise from the default generator only, never from their own.
+        noise from the default generator only, never from their seeded key.
         """
         probs = sampling_probs(logits, rows)
         return _exponential_race(probs, seeded_rows(rows), default_generator)
@@ -264,7 +264,7 @@ class Sampler:
                 `states`); read only for the logprobs.
             num_tokens: per row (indexed by row), its number of tokens (min_tokens; the
                 position of the token sampled, for seeded rows' draws).
-            default_generator: RNG of rows without their own; None means torch's global RNG.
+            default_generator: RNG of the rows without a seed; None means torch's global RNG.
             out: [B] int64 on logits.device, or None: where a batch of plain greedy rows
                 writes its tokens (the graph runner's `last_tokens`, which the next decode
                 graph reads: no copy there); other batches ignore it.

@@ -145,8 +145,8 @@ class Scheduler:
         self._finished_log: list[Request] = []
         self._finished_base = 0
         # for the next plan: sequences finished since the last one that the device side may
-        # hold a row or a parked generator for, and sequences preempted since (between steps
-        # too, as tests do)
+        # hold a row or parked state for (a token in flight, a penalty slot), and sequences
+        # preempted since (between steps too, as tests do)
         self._finished_req_ids: list[str] = []
         self._preempted_req_ids: list[str] = []
         # speculative decoding: the proposer (None: off), the per-sequence pauses, counters

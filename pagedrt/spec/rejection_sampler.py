@@ -91,7 +91,7 @@ class RejectionSampler:
             draft_token_ids: [S, K] int64 on the logits' device; entries past a row's
                 num_drafts may hold any valid id.
             num_drafts: S ints in [0, K].
-            default_generator: RNG of rows without their own; None: torch's global RNG.
+            default_generator: RNG of the rows without a seed; None: torch's global RNG.
 
         Returns:
             RejectionOutput.
