@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
-from pagedrt.engine.sampler import Sampler, SamplingRow, _apply_penalties
+from pagedrt.engine.logits_processors import _apply_penalties
+from pagedrt.engine.sampler import Sampler, SamplingRow
 from pagedrt.sampling_params import SamplingParams
 
 VOCAB = 50
@@ -235,12 +236,12 @@ def test_tiny_temperatures_are_greedy_and_the_floor_samples_finitely():
 
 
 def test_top_k_top_p_by_selection_equals_the_full_sort():
-    """`_apply_top_k_top_p` takes a row's candidates from `topk` where the row has a top-k and
+    """`apply_top_k_top_p` takes a row's candidates from `topk` where the row has a top-k and
     sorts only the rows with top-p alone: the same logits as sorting every row
     (`_top_k_top_p_sorted`), for batches of every mix (top-k alone, with top-p, top-p alone,
     neither), k from 1 to past a quarter of the vocabulary (the all-sort path), p from tiny
     to 1. Random float logits have no ties, so the kept sets are unique."""
-    from pagedrt.engine.sampler import _apply_top_k_top_p, _top_k_top_p_sorted
+    from pagedrt.engine.logits_processors import _top_k_top_p_sorted, apply_top_k_top_p
 
     vocab = 97
     gen = torch.Generator().manual_seed(3)
@@ -254,7 +255,7 @@ def test_top_k_top_p_by_selection_equals_the_full_sort():
         host_p = np.array([settings[i][1] for i in picks], dtype=np.float32)
         logits = torch.randn(n, vocab, generator=gen) * 3
         k, p = torch.tensor(host_k)[:, None], torch.tensor(host_p)[:, None]
-        got = _apply_top_k_top_p(logits, k, p, host_k, host_p)
+        got = apply_top_k_top_p(logits, k, p, host_k, host_p)
         want = _top_k_top_p_sorted(logits, k, p)
         assert torch.equal(got, want), (picks, host_k, host_p)
         kept = torch.isfinite(got).sum(dim=1)

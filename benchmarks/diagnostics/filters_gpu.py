@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import triton
 
-from pagedrt.engine.sampler import _apply_top_k_top_p, _top_k_top_p_sorted
+from pagedrt.engine.logits_processors import _top_k_top_p_sorted, apply_top_k_top_p
 
 VOCAB = 151936
 BATCHES = {  # name: (k, p) per row, in turn
@@ -41,11 +41,11 @@ def main() -> None:
         host_p = np.array([kinds[i % len(kinds)][1] for i in range(args.rows)], dtype=np.float32)
         k = torch.tensor(host_k, device="cuda")[:, None]
         pp = torch.tensor(host_p, device="cuda")[:, None]
-        got = _apply_top_k_top_p(logits, k, pp, host_k, host_p)
+        got = apply_top_k_top_p(logits, k, pp, host_k, host_p)
         want = _top_k_top_p_sorted(logits, k, pp)
         same = bool(torch.equal(got.isfinite(), want.isfinite()))
         ms_sel = triton.testing.do_bench(
-            functools.partial(_apply_top_k_top_p, logits, k, pp, host_k, host_p))
+            functools.partial(apply_top_k_top_p, logits, k, pp, host_k, host_p))
         ms_sort = triton.testing.do_bench(functools.partial(_top_k_top_p_sorted, logits, k, pp))
         results.append({"batch": name, "rows": args.rows, "selection_ms": ms_sel,
                         "sort_ms": ms_sort, "same_kept_sets": same})

@@ -1,14 +1,9 @@
 """Sampler: turn a batch of next-token logits into tokens, one `SamplingParams` per row.
 
-Order of operations (vLLM v1's default, which matches HF transformers where both define it):
-
-    raw logits --log_softmax--> logprobs (returned; the model's own distribution)
-        |
-        +-- penalties: repetition (prompt + output), frequency and presence (output only)
-        +-- min_tokens: EOS / stop_token_ids set to -inf while too few tokens were generated
-        |
-        +-- greedy rows (temperature 0): argmax
-        +-- other rows: / temperature -> top_k -> top_p -> min_p -> softmax -> exponential race
+The logits first go through the logits processors (pagedrt/engine/logits_processors.py, which
+gives the order of operations): penalties and min_tokens on every row; then greedy rows
+(temperature 0) take the argmax, and other rows draw by the exponential race below from
+softmax(logits / temperature) after top_k, top_p and min_p.
 
 Logprobs are those of the raw logits, before penalties and temperature (vLLM's default
 ``logprobs_mode="raw_logprobs"``): they describe the model, not the sampling settings.
@@ -38,6 +33,14 @@ import numpy as np
 import torch
 
 from pagedrt.engine.host_buffers import to_device
+from pagedrt.engine.logits_processors import (
+    apply_min_p,
+    apply_top_k_top_p,
+    penalize,
+    prefix_filters,
+    processed_logits,
+    sampling_probs,
+)
 from pagedrt.engine.sampling_state import (
     FREQUENCY,
     GREEDY,
@@ -307,7 +310,7 @@ class Sampler:
 
         logits = raw
         if len(penalized):
-            x = _penalize(raw[pen_t], state.output_counts[slots_t].float(),
+            x = penalize(raw[pen_t], state.output_counts[slots_t].float(),
                           state.prompt_seen[slots_t], params[pen_t, REPETITION, None],
                           params[pen_t, FREQUENCY, None], params[pen_t, PRESENCE, None])
             logits = raw.clone()
@@ -358,7 +361,7 @@ def _sample_filtered(logits: torch.Tensor, params: torch.Tensor, host_k: np.ndar
     [B, k_max] candidates (`_sample_candidates`) instead of on [B, vocab] tensors: the same
     values, filters and noise, so the same tokens as the full rows (`__call__`, the
     reference) up to the float32 rounding of the softmax's normalizer. Otherwise the full
-    rows: temperature, `_apply_top_k_top_p`, `_apply_min_p`, then the race.
+    rows: temperature, `apply_top_k_top_p`, `apply_min_p`, then the race.
 
     Args:
         logits: [B, vocab] (after penalties and min_tokens), not modified.
@@ -382,9 +385,9 @@ def _sample_filtered(logits: torch.Tensor, params: torch.Tensor, host_k: np.ndar
                                   default_generator)
     logits = logits / temperature
     if top_kp:
-        logits = _apply_top_k_top_p(logits, k, top_p, host_k, host_p)
+        logits = apply_top_k_top_p(logits, k, top_p, host_k, host_p)
     if min_p_t is not None:
-        logits = _apply_min_p(logits, min_p_t)
+        logits = apply_min_p(logits, min_p_t)
     if use_kernel:  # the race over the filtered logits (already divided)
         ones = torch.ones(len(logits), dtype=torch.float32, device=logits.device)
         return _race(logits, ones, torch.zeros_like(ones), seeded, default_generator, split)
@@ -398,8 +401,8 @@ def _sample_candidates(logits: torch.Tensor, k_max: int, temperature: torch.Tens
     """The exponential race among each row's k_max largest logits (`_sample_filtered`).
 
     Division by a positive temperature keeps the order, so the selection runs on the logits
-    as they are and only the candidates are divided. Then `_prefix_filters` (top-k, top-p)
-    and `_apply_min_p`, whose row maximum is the same among the candidates. The noise is
+    as they are and only the candidates are divided. Then `prefix_filters` (top-k, top-p)
+    and `apply_min_p`, whose row maximum is the same among the candidates. The noise is
     drawn for the whole vocabulary as the full-row path draws it (a seeded row's draws depend
     only on its seed and step) and read at the candidates. About a dozen passes over
     [B, vocab] fewer than the full-row path (the division, the filters' masks and scatter,
@@ -415,9 +418,9 @@ def _sample_candidates(logits: torch.Tensor, k_max: int, temperature: torch.Tens
         [B] int64 token ids.
     """
     values, order = logits.topk(k_max, dim=-1)  # [B, k_max], descending
-    values = _prefix_filters(values / temperature, k, p)
+    values = prefix_filters(values / temperature, k, p)
     if min_p is not None:
-        values = _apply_min_p(values, min_p)
+        values = apply_min_p(values, min_p)
     q = _exponential_noise(logits.shape, logits.device, seeded, default_generator)
     pick = _race_argmax(torch.softmax(values, dim=-1), q.gather(1, order))
     return order.gather(1, pick[:, None]).squeeze(1)
@@ -525,42 +528,6 @@ def _race_argmax(probs: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return (probs / q).argmax(dim=-1)
 
 
-def processed_logits(raw: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """Penalties, then min_tokens: the logits a greedy row takes the argmax of.
-
-    Args:
-        raw: [B, vocab] float32, not modified (a new tensor is returned where a row changes).
-    """
-    logits = _apply_penalties(raw, rows)  # a new tensor if any row has penalties
-    return _apply_min_tokens(logits, rows, raw)
-
-
-def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """The distribution a sampled row draws from: `processed_logits` / temperature, then
-    top-k, top-p and min-p, then softmax. Greedy rows get temperature 1 (their probabilities
-    are not used). Returns [B, vocab] float32.
-
-    Args:
-        logits: [B, vocab] float32 from `processed_logits`.
-    """
-    vocab_size, device = logits.shape[1], logits.device
-    params = [r.params for r in rows]
-    temperature = to_device([p.temperature if not p.greedy else 1.0 for p in params], device,
-                            torch.float32)
-    logits = logits / temperature.unsqueeze(1)
-
-    top_ks = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
-    top_ps = [p.top_p for p in params]
-    if any(k < vocab_size for k in top_ks) or any(p < 1.0 for p in top_ps):
-        logits = _apply_top_k_top_p(logits, to_device(top_ks, device, torch.int64).unsqueeze(1),
-                                    to_device(top_ps, device, torch.float32).unsqueeze(1),
-                                    top_ks, top_ps)
-    if any(p.min_p > 0.0 for p in params):
-        min_ps = to_device([p.min_p for p in params], device, torch.float32)
-        logits = _apply_min_p(logits, min_ps.unsqueeze(1))
-    return torch.softmax(logits, dim=-1)
-
-
 def gather_logprobs(raw_logprobs: torch.Tensor, token_ids: torch.Tensor,
                     rows: list[SamplingRow]) -> list[TokenLogprobs | None]:
     """TokenLogprobs of `token_ids` ([B] int64) under `raw_logprobs` ([B, vocab]) for the rows
@@ -572,170 +539,6 @@ def plain_greedy(p: SamplingParams) -> bool:
     """Greedy with nothing that reads or changes the logits before the argmax."""
     return (p.greedy and p.logprobs is None and p.min_tokens == 0
             and not p.reads_output_tokens)
-
-
-def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """Repetition penalty (Keskar et al. 2019, CTRL; as HF's RepetitionPenaltyLogitsProcessor):
-    a logit of a token seen in prompt or output is divided by the penalty when positive and
-    multiplied when negative. Then, OpenAI API style, on output tokens only:
-    ``logit -= frequency_penalty * count + presence_penalty * (count > 0)``.
-
-    Args:
-        logits: [B, vocab] float32. Returns a new tensor when any row is penalized, else logits.
-    """
-    idx = [
-        i
-        for i, r in enumerate(rows)
-        if r.params.repetition_penalty != 1.0
-        or r.params.frequency_penalty != 0.0
-        or r.params.presence_penalty != 0.0
-    ]
-    if not idx:
-        return logits
-    device, vocab_size = logits.device, logits.shape[1]
-    sub = [rows[i] for i in idx]
-    output_counts = _token_counts([r.output_token_ids for r in sub], vocab_size, device)
-    prompt_counts = _token_counts([r.prompt_token_ids for r in sub], vocab_size, device)
-    rep = to_device([r.params.repetition_penalty for r in sub], device,
-                    torch.float32).unsqueeze(1)
-    freq = to_device([r.params.frequency_penalty for r in sub], device,
-                     torch.float32).unsqueeze(1)
-    pres = to_device([r.params.presence_penalty for r in sub], device,
-                     torch.float32).unsqueeze(1)
-
-    index = to_device(idx, device, torch.int64)
-    logits = logits.clone()
-    logits[index] = _penalize(logits[index], output_counts, prompt_counts > 0, rep, freq, pres)
-    return logits
-
-
-def _penalize(x: torch.Tensor, output_counts: torch.Tensor, prompt_seen: torch.Tensor,
-              rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor) -> torch.Tensor:
-    """The penalties of `_apply_penalties` on the rows that have them.
-
-    Args:
-        x: [n, vocab] float32 logits. output_counts: [n, vocab] float32. prompt_seen:
-            [n, vocab] bool. rep, freq, pres: [n, 1] float32. All on one device.
-    Returns a new [n, vocab] float32 tensor.
-    """
-    seen = (output_counts > 0) | prompt_seen
-    penalty = torch.where(seen, rep, torch.ones_like(x))
-    x = torch.where(x > 0, x / penalty, x * penalty)
-    return x - freq * output_counts - pres * (output_counts > 0).float()
-
-
-def _token_counts(token_id_lists: list, vocab_size: int, device: torch.device) -> torch.Tensor:
-    """[n, vocab] float32 count of each token id per list (padding goes to a dropped column)."""
-    width = max((len(t) for t in token_id_lists), default=0)
-    padded = torch.full((len(token_id_lists), max(width, 1)), vocab_size, dtype=torch.int64)
-    for i, ids in enumerate(token_id_lists):
-        padded[i, : len(ids)] = torch.as_tensor(list(ids), dtype=torch.int64)
-    counts = torch.zeros(len(token_id_lists), vocab_size + 1, device=device)
-    index = to_device(padded, device, torch.int64)
-    counts.scatter_add_(1, index, torch.ones(index.shape, device=device))
-    return counts[:, :vocab_size]
-
-
-def _apply_min_tokens(
-    logits: torch.Tensor, rows: list[SamplingRow], raw: torch.Tensor
-) -> torch.Tensor:
-    """Set EOS (unless ignore_eos) and stop_token_ids to -inf for rows with too few outputs."""
-    row_idx, tok_idx = [], []
-    vocab_size = logits.shape[1]
-    for i, r in enumerate(rows):
-        # min_tokens first: a row's output_token_ids may be built on each read
-        if not r.params.min_tokens or len(r.output_token_ids) >= r.params.min_tokens:
-            continue
-        stop_ids = set(r.params.stop_token_ids)
-        if not r.params.ignore_eos:
-            stop_ids.update(r.eos_token_ids)
-        for t in stop_ids:
-            if t < vocab_size:
-                row_idx.append(i)
-                tok_idx.append(t)
-    if not row_idx:
-        return logits
-    logits = logits.clone() if logits is raw else logits
-    index = to_device([row_idx, tok_idx], logits.device, torch.int64)
-    logits[index[0], index[1]] = float("-inf")
-    return logits
-
-
-def _apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor,
-                       host_k: np.ndarray, host_p: np.ndarray) -> torch.Tensor:
-    """Top-k, then top-p (nucleus; Holtzman et al. 2019), over the rows of a batch.
-
-    Top-k keeps a row's k largest logits (exactly k tokens; among equal values at the k-th
-    place, the order of the sort or selection decides). Top-p keeps the smallest prefix of the
-    descending, renormalized distribution (after top-k) whose mass reaches p, and always the
-    top token. Rows with k = vocab and p = 1 are returned unchanged.
-
-    Rows with a top-k take their k_max = max k candidates from `topk` (a selection: the
-    [B, vocab] sort of every row costs far more at a vocabulary of 150k); both filters then
-    act on those k_max sorted values, which is exact because top-p after top-k only ever looks
-    at the first k. Rows with top-p alone need the whole sorted row (their nucleus can reach
-    any length): they are sorted, alone (`_top_k_top_p_sorted`). So is every row when k_max
-    is more than a quarter of the vocabulary. The path is picked from host_k and host_p, so
-    nothing waits for the device.
-
-    Args:
-        logits: [B, vocab] float32 (already divided by temperature). Returns a new tensor.
-        k: [B, 1] int64 on the logits' device, in [1, vocab] (vocab: no top-k).
-        p: [B, 1] float32 on the logits' device, in (0, 1] (1: no top-p).
-        host_k, host_p: [B] the same values on the host (numpy).
-    """
-    vocab_size = logits.shape[1]
-    host_k, host_p = np.asarray(host_k), np.asarray(host_p)
-    has_k = host_k < vocab_size
-    p_alone = ~has_k & (host_p < 1.0)
-    k_max = int(host_k[has_k].max()) if has_k.any() else 0
-    if p_alone.all() or k_max > vocab_size // 4:
-        return _top_k_top_p_sorted(logits, k, p)
-    out = _top_k_top_p_candidates(logits, k, p, k_max) if k_max else logits.clone()
-    if p_alone.any():
-        idx = to_device(np.flatnonzero(p_alone), logits.device, torch.int64)
-        out[idx] = _top_k_top_p_sorted(logits[idx], k[idx], p[idx])
-    return out
-
-
-def _top_k_top_p_candidates(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor,
-                            k_max: int) -> torch.Tensor:
-    """`_apply_top_k_top_p` for rows with k <= k_max: both filters on each row's k_max largest
-    logits (`topk`, descending), scattered back into a row of -inf. Rows with k = vocab are
-    returned whole (the caller sorts those that have a top-p)."""
-    values, order = logits.topk(k_max, dim=-1)  # [B, k_max] each, descending
-    values = _prefix_filters(values, k, p)
-    out = torch.full_like(logits, float("-inf")).scatter_(1, order, values)
-    return torch.where(k >= logits.shape[1], logits, out)
-
-
-def _top_k_top_p_sorted(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """`_apply_top_k_top_p` with one descending sort of every row (any k and p)."""
-    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [B, vocab] each
-    sorted_logits = _prefix_filters(sorted_logits, k, p)
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
-
-
-def _prefix_filters(values: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """Top-k and top-p on rows of logits sorted descending ([B, n]): -inf from position k on,
-    then past the smallest prefix whose renormalized mass reaches p (the first kept always;
-    nothing past top-k when p = 1, where a float32 prefix sum can reach 1 before the end)."""
-    positions = torch.arange(values.shape[1], device=values.device).unsqueeze(0)  # [1, n]
-    values = values.masked_fill(positions >= k, float("-inf"))
-    probs = torch.softmax(values, dim=-1)
-    mass_before = torch.cumsum(probs, dim=-1) - probs  # exclusive prefix sum
-    drop = (mass_before >= p) & (positions > 0) & (p < 1.0)
-    return values.masked_fill(drop, float("-inf"))
-
-
-def _apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Min-p (Nguyen et al. 2024): drop tokens with probability < min_p * the top probability.
-
-    Compared in log space: logit < max_logit + log(min_p). Rows with min_p = 0 keep everything.
-    min_p: [B, 1] float32 on the logits' device.
-    """
-    threshold = logits.max(dim=-1, keepdim=True).values + torch.log(min_p)  # log(0) = -inf
-    return logits.masked_fill(logits < threshold, float("-inf"))
 
 
 def _gather_logprobs(

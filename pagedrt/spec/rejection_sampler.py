@@ -4,7 +4,7 @@ For a sequence with drafts d_1..d_j after its last token x, the verification ste
 the target's logits at j + 1 positions: position t (0 <= t <= j) predicts the token after
 x d_1..d_t. Each position's distribution p_t is the one the plain sampler would draw from there
 (penalties and min_tokens see d_1..d_t as generated tokens; temperature, top-k, top-p, min-p;
-pagedrt/engine/sampler.py).
+pagedrt/engine/logits_processors.py).
 
 Greedy rows accept the longest prefix of drafts equal to the target's argmaxes, then take the
 argmax after it: exactly the tokens plain greedy decoding gives. When every row is greedy with
@@ -40,14 +40,13 @@ import numpy as np
 import torch
 
 from pagedrt.engine.host_buffers import to_device
+from pagedrt.engine.logits_processors import processed_logits, sampling_probs
 from pagedrt.engine.sampler import (
     SamplingRow,
     TokenLogprobs,
     fill_seeded_draws_,
     gather_logprobs,
     plain_greedy,
-    processed_logits,
-    sampling_probs,
     seeded_rows,
 )
 from pagedrt.ops.philox import STREAM_ACCEPT, STREAM_RACE

@@ -51,7 +51,7 @@ def test_top_k_top_p_by_selection_at_qwen2_vocab():
     with rows of top-p alone, top-k alone and neither."""
     import numpy as np
 
-    from pagedrt.engine.sampler import _apply_top_k_top_p, _top_k_top_p_sorted
+    from pagedrt.engine.logits_processors import _top_k_top_p_sorted, apply_top_k_top_p
 
     g = torch.Generator(device="cuda").manual_seed(1)
     rows, vocab = 256, 151936
@@ -61,7 +61,7 @@ def test_top_k_top_p_by_selection_at_qwen2_vocab():
     host_p = np.array([kinds[i % 4][1] for i in range(rows)], dtype=np.float32)
     k = torch.tensor(host_k, device="cuda")[:, None]
     p = torch.tensor(host_p, device="cuda")[:, None]
-    got = _apply_top_k_top_p(logits, k, p, host_k, host_p)
+    got = apply_top_k_top_p(logits, k, p, host_k, host_p)
     want = _top_k_top_p_sorted(logits, k, p)
     assert torch.equal(torch.isfinite(got), torch.isfinite(want))
     assert torch.equal(got[torch.isfinite(got)], want[torch.isfinite(want)])
