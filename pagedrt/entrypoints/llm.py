@@ -176,7 +176,7 @@ class LLM:
         tok = self.llm_engine.tokenizer
         if tok is None or not getattr(tok, "chat_template", None):
             raise ValueError("this model has no chat template; use generate() with plain prompts")
-        from pagedrt.entrypoints.protocol import CHAT_ROLES
+        from pagedrt.entrypoints.protocol import CHAT_ROLES  # (pydantic: only once chatting)
 
         for m in conversation:
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
