@@ -79,3 +79,18 @@ def test_small_batch_kernels_load_weights_before_the_pdl_wait(compiled, case):
     got = compiled[case]
     assert got["griddepcontrol"]["griddepcontrol.wait"] == 1
     assert got["loads_before_wait"] == 8
+
+
+@pytest.mark.parametrize("case", ["whole MLP, 1 row", "whole MLP, 4 rows"])
+def test_whole_mlp_orders_both_levels_of_arrivals(compiled, case):
+    """pagedrt/ops/mlp_triton.py: weights loaded before the PDL wait; two acq_rel atomics at
+    GPU scope (a group's arrival, then the top's), a barrier between each and the stores
+    before it (the partials, then the group sum), the sums' loads through L2 (.cg)."""
+    got = compiled[case]
+    assert got["griddepcontrol"] == {"griddepcontrol.wait": 1,
+                                     "griddepcontrol.launch_dependents": 1}
+    assert got["loads_before_wait"] > 0
+    assert got["arrivals"]["atoms"] == {"atom.global.gpu.acq_rel.add.u32": 2}
+    assert got["barrier_before_each_atom"]
+    loads = got["arrivals"]["loads_after_atom"]
+    assert loads and all(".cg" in k for k in loads)

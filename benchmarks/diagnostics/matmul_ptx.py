@@ -1,6 +1,6 @@
 """Compile the decode matmul's variants (pagedrt/ops/matmul_triton.py: whole K, split-K, the
 SwiGLU epilogue; pagedrt/ops/matmul_rope_triton.py: the QKV + RoPE epilogue), the 1-4-row QKV + RoPE kernel (pagedrt/ops/gemv_rope_triton.py) and
-skinny matmul (gemv_triton.py) for the H200 (sm_90) without a GPU, and report what their
+skinny matmul (gemv_triton.py) and the whole 1-4-row MLP (mlp_triton.py) for the H200 (sm_90) without a GPU, and report what their
 PTX holds: the matrix instructions (wgmma / mma), the asynchronous copies of a pipelined K loop
 (cp.async), PDL's grid controls and the loads issued before its wait, and for the variants that
 count arrivals the order of the partial stores, the barrier, the atomic and the loads after it
@@ -32,6 +32,7 @@ from pagedrt.ops.gemv_rope_triton import _qkv_rope_kernel
 from pagedrt.ops.gemv_triton import _gemv_kernel, pre_wait_columns, rstd_block
 from pagedrt.ops.matmul_rope_triton import _matmul_rope_kernel
 from pagedrt.ops.matmul_triton import _matmul_kernel
+from pagedrt.ops.mlp_triton import SUM_VALUES, _mlp_kernel, groups_of
 
 # name: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab, split_k, silu)
 CASES = {
@@ -99,6 +100,28 @@ def compile_gemv(m: int = 1, prologue: int = 1, block_n: int = 8, block_k: int =
                         {"num_warps": num_warps, "launch_pdl": True})
 
 
+def compile_mlp(m: int = 1, block_i: int = 32, block_k: int = 128, block_h: int = 128,
+                num_warps: int = 4, h: int = 896, inter: int = 4864):
+    """The whole 1-4-row MLP (pagedrt/ops/mlp_triton.py) at Qwen2-0.5B's H and I, as the
+    engine launches it with PDL (its group sizes from `groups_of`)."""
+    ptrs = ["x_ptr", "r_ptr", "nw_ptr", "new_r_ptr", "wgu_ptr", "wd_ptr", "part_ptr",
+            "gsum_ptr", "y_ptr", "counters_ptr"]
+    types = ["*bf16"] * 6 + ["*fp32", "*fp32", "*bf16", "*i32"]
+    ints = ["H", "I", "stride_xm", "stride_rm"]
+    sig = {**dict(zip(ptrs, types, strict=True)), **dict.fromkeys(ints, "i32"), "eps": "fp32"}
+    group, num_groups = groups_of(triton.cdiv(inter, block_i))
+    groups_pad = triton.next_power_of_2(num_groups)
+    const = {"M": m, "M_PAD": max(2, triton.next_power_of_2(m)), "BLOCK_I": block_i,
+             "BLOCK_K": block_k, "BLOCK_H": block_h, "GROUP": group, "NUM_GROUPS": num_groups,
+             "GROUPS_PAD": groups_pad,
+             "SUM_BLOCK": min(triton.next_power_of_2(h), SUM_VALUES // group),
+             "TOP_BLOCK": min(triton.next_power_of_2(h), SUM_VALUES // groups_pad),
+             "HAS_RESIDUAL": True, "RSTD_BLOCK": rstd_block(h), "PDL": True,
+             "PRE_K": pre_wait_columns(2 * block_i, h, num_warps)}
+    return compile_sm90(_mlp_kernel, sig, const, ptrs + ints,
+                        {"num_warps": num_warps, "launch_pdl": True})
+
+
 def loads_before_wait(ptx: str) -> int:
     """Global loads the PTX issues before its first griddepcontrol.wait (PDL: reads of what
     no earlier kernel writes, the weights); 0 without a wait."""
@@ -158,6 +181,8 @@ def main() -> None:
                                                             (1, 2, 4, 2048, 8, 4864))
     kernels["gemv + SwiGLU, 4 rows, K 4864, 4x2048 tile"] = (compile_gemv,
                                                              (4, 2, 4, 2048, 8, 4864))
+    kernels["whole MLP, 1 row"] = (compile_mlp, (1,))
+    kernels["whole MLP, 4 rows"] = (compile_mlp, (4, 16, 256, 256, 4))
     for name, (fn, case) in kernels.items():
         ptx = fn(*case).asm["ptx"]
         results[name] = summary(ptx)

@@ -240,16 +240,55 @@ class LlamaMLP(nn.Module):
     def forward_normed(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """`(self(norm(x + residual)), x + residual)`, x and residual [T, hidden_size], with
-        fewer kernels on CUDA where timed faster: for 1 to 4 rows the add and norm run in
-        gate/up's kernel and the activation in down's (`RMSNorm.forward_linear`, `down`), for
-        8 to 128 rows the activation in gate/up's epilogue
+        fewer kernels on CUDA where timed faster: for 1 to 4 rows all of it in one kernel
+        (`_whole_mlp`), or the add and norm in gate/up's kernel and the activation in down's
+        (`RMSNorm.forward_linear`, `down`), for 8 to 128 rows the activation in gate/up's epilogue
         (`MergedColumnParallelLinear.silu_mul_of`); docs/design.md, "Small-batch decode" and
         "Decode matmuls (8 to 128 rows)"."""
         if x.shape[0] <= 4:
-            gate_up, residual = norm.forward_linear(x, residual, self.gate_up_proj)
-            return self.down(gate_up), residual
+            def chain():
+                gate_up, new_residual = norm.forward_linear(x, residual, self.gate_up_proj)
+                return self.down(gate_up), new_residual
+
+            if self._whole_mlp_fusion(norm, x):
+                return self._whole_mlp(norm, x, residual, chain)
+            return chain()
         h, residual = norm(x, residual)
         return self.down_proj(self.gate_up_proj.silu_mul_of(h, self.act_fn)), residual
+
+
+    def _whole_mlp_fusion(self, norm: RMSNorm, x: torch.Tensor) -> bool:
+        """Whether `_whole_mlp` may run: 1-4 CUDA rows of the small-batch kernels,
+        PAGEDRT_FUSED_MLP on, no biases, one rank (the down projection's all-reduce stays
+        outside any timed op, as in `RowParallelLinear.forward_silu_mul`)."""
+        from pagedrt.models import layers
+
+        gate_up, down = self.gate_up_proj, self.down_proj
+        if not layers._small_batch_fusion(x, norm.weight, gate_up.weight, down.weight):
+            return False
+        from pagedrt.ops import mlp_triton
+
+        return (mlp_triton.ENABLED and gate_up.bias is None and down.bias is None
+                and down.tp_size == 1)
+
+    def _whole_mlp(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None,
+                   chain) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the MLP's output, the new residual): the add, the norm and the whole MLP in one
+        kernel (`pagedrt.ops.mlp_triton`) or `chain()`, whichever was timed faster for the
+        shape (`fused_or_unfused`)."""
+        from pagedrt.ops.gemv_triton import fused_or_unfused
+        from pagedrt.ops.mlp_triton import CONFIGS, mlp_triton
+
+        gate_up, down = self.gate_up_proj.weight, self.down_proj.weight
+
+        def fused(cfg):
+            y, new_residual = mlp_triton(x, residual, norm.weight, norm.eps, gate_up, down, cfg)
+            return y, (x if new_residual is None else new_residual)
+
+        key = ("mlp", tuple(gate_up.shape), x.shape[0], x.dtype, residual is not None,
+               x.device.index)
+        return fused_or_unfused(key, chain, fused, gate_up, x.shape[0], False,
+                                candidates=CONFIGS)
 
 
 class LlamaDecoderLayer(nn.Module):
