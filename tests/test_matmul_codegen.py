@@ -94,3 +94,18 @@ def test_whole_mlp_orders_both_levels_of_arrivals(compiled, case):
     assert got["barrier_before_each_atom"]
     loads = got["arrivals"]["loads_after_atom"]
     assert loads and all(".cg" in k for k in loads)
+
+
+@pytest.mark.parametrize("case", ["attention combine + O, 1 row",
+                                  "attention combine + O, 4 rows"])
+def test_attention_combine_with_o_orders_its_arrivals(compiled, case):
+    """pagedrt/ops/attn_o_triton.py: the weight tile loaded before the PDL wait; one acq_rel
+    atomic at GPU scope after a barrier; the heads' shares read through L2 (.cg)."""
+    got = compiled[case]
+    assert got["griddepcontrol"] == {"griddepcontrol.wait": 1,
+                                     "griddepcontrol.launch_dependents": 1}
+    assert got["loads_before_wait"] > 0
+    assert got["arrivals"]["atoms"] == {"atom.global.gpu.acq_rel.add.u32": 1}
+    assert got["barrier_before_each_atom"]
+    loads = got["arrivals"]["loads_after_atom"]
+    assert loads and all(".cg" in k for k in loads)

@@ -1,6 +1,7 @@
 """Compile the decode matmul's variants (pagedrt/ops/matmul_triton.py: whole K, split-K, the
 SwiGLU epilogue; pagedrt/ops/matmul_rope_triton.py: the QKV + RoPE epilogue), the 1-4-row QKV + RoPE kernel (pagedrt/ops/gemv_rope_triton.py) and
-skinny matmul (gemv_triton.py) and the whole 1-4-row MLP (mlp_triton.py) for the H200 (sm_90) without a GPU, and report what their
+skinny matmul (gemv_triton.py), the whole 1-4-row MLP (mlp_triton.py) and the attention's
+combine with the O projection (attn_o_triton.py) for the H200 (sm_90) without a GPU, and report what their
 PTX holds: the matrix instructions (wgmma / mma), the asynchronous copies of a pipelined K loop
 (cp.async), PDL's grid controls and the loads issued before its wait, and for the variants that
 count arrivals the order of the partial stores, the barrier, the atomic and the loads after it
@@ -28,6 +29,7 @@ from triton.compiler import ASTSource
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decode_ptx import fused_reduce_order
 
+from pagedrt.ops.attn_o_triton import _attn_o_kernel
 from pagedrt.ops.gemv_rope_triton import _qkv_rope_kernel
 from pagedrt.ops.gemv_triton import _gemv_kernel, pre_wait_columns, rstd_block
 from pagedrt.ops.matmul_rope_triton import _matmul_rope_kernel
@@ -122,6 +124,22 @@ def compile_mlp(m: int = 1, block_i: int = 32, block_k: int = 128, block_h: int 
                         {"num_warps": num_warps, "launch_pdl": True})
 
 
+def compile_attn_o(m: int = 1, block_n: int = 128, num_warps: int = 4, heads: int = 14,
+                   head_dim: int = 64, splits: int = 64):
+    """The attention's combine with the O projection for 1-4 rows (pagedrt/ops/
+    attn_o_triton.py) at Qwen2-0.5B's heads and a batch-1 graph's 64 splits, with PDL."""
+    ptrs = ["part_out_ptr", "part_lse_ptr", "w_ptr", "b_ptr", "part_ptr", "y_ptr",
+            "counters_ptr"]
+    types = ["*fp32", "*fp32", "*bf16", "*bf16", "*fp32", "*bf16", "*i32"]
+    ints = ["N", "num_heads", "num_splits"]
+    sig = {**dict(zip(ptrs, types, strict=True)), **dict.fromkeys(ints, "i32")}
+    const = {"M": m, "HEAD_DIM": head_dim, "SPLITS_PAD": triton.next_power_of_2(splits),
+             "HEADS_PAD": triton.next_power_of_2(heads), "BLOCK_N": block_n,
+             "HAS_BIAS": False, "PDL": True}
+    return compile_sm90(_attn_o_kernel, sig, const, ptrs + ["N"],
+                        {"num_warps": num_warps, "launch_pdl": True})
+
+
 def loads_before_wait(ptx: str) -> int:
     """Global loads the PTX issues before its first griddepcontrol.wait (PDL: reads of what
     no earlier kernel writes, the weights); 0 without a wait."""
@@ -183,6 +201,8 @@ def main() -> None:
                                                              (4, 2, 4, 2048, 8, 4864))
     kernels["whole MLP, 1 row"] = (compile_mlp, (1,))
     kernels["whole MLP, 4 rows"] = (compile_mlp, (4, 16, 256, 256, 4))
+    kernels["attention combine + O, 1 row"] = (compile_attn_o, (1,))
+    kernels["attention combine + O, 4 rows"] = (compile_attn_o, (4, 64, 8))
     for name, (fn, case) in kernels.items():
         ptx = fn(*case).asm["ptx"]
         results[name] = summary(ptx)
