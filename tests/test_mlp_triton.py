@@ -42,14 +42,16 @@ def _chain(norm, x, residual, gate_up, down):
 
 # (H, I, config): one program (I <= BLOCK_I: one group of one); I not a multiple of BLOCK_I
 # with groups of unequal size (5 programs: groups of 2, 2 and 1); H not a power of two, over
-# several down tiles and gate/up steps after the pre-wait columns; 63 programs in 8 groups
-SHAPES = [(64, 16, (32, 128, 128, 4)), (96, 150, (32, 128, 64, 4)),
-          (300, 80, (16, 64, 128, 4)), (40, 1000, (16, 256, 256, 4))]
+# several down tiles and gate/up steps after the pre-wait columns, with the tiles loaded a
+# step ahead and without; 63 programs in 8 groups
+SHAPES = [(64, 16, (32, 128, 128, 4, 0)), (96, 150, (32, 128, 64, 4, 1)),
+          (300, 80, (16, 64, 128, 4, 0)), (300, 80, (16, 64, 128, 4, 1)),
+          (40, 1000, (16, 256, 256, 4, 0))]
 
 
 @pytest.mark.parametrize("m", [1, 3, 4])
 @pytest.mark.parametrize("h,inter,config", SHAPES,
-                         ids=[f"h{h}i{i}" for h, i, _ in SHAPES])
+                         ids=[f"h{h}i{i}a{c[4]}" for h, i, c in SHAPES])
 @pytest.mark.parametrize("with_residual", [True, False], ids=["residual", "no_residual"])
 def test_matches_the_module_chain(m, h, inter, config, with_residual):
     """fp32: the output within 1e-5 of the modules (the sums run in another order), the new
@@ -91,7 +93,7 @@ def test_half_precision_rounds_where_the_modules_round():
     x = torch.randn(3, 128, generator=g).to(torch.bfloat16)
     residual = torch.randn(3, 128, generator=g).to(torch.bfloat16)
     y, new_residual = fused_mlp(x, residual, norm.weight.data, norm.eps, gate_up, down,
-                                (32, 128, 128, 4))
+                                (32, 128, 128, 4, 1))
     want, want_residual = _chain(norm, x, residual, gate_up, down)
     torch.testing.assert_close(new_residual.float(), want_residual.float(), rtol=2**-7, atol=0)
     torch.testing.assert_close(y.float(), want.float(), rtol=3e-2, atol=3e-2)
@@ -135,7 +137,7 @@ def whole_mlp_everywhere(monkeypatch):
 
     def always_fused(key, unfused, fused, *_, candidates=None, **__):
         calls.append(key[0])
-        return fused((16, 64, 64, 4) if key[0] == "mlp" else (8, 128, 4))
+        return fused((16, 64, 64, 4, 1) if key[0] == "mlp" else (8, 128, 4))
 
     monkeypatch.setattr(layers, "_small_batch_fusion",
                         lambda x, *w: x.dim() == 2 and x.shape[0] <= MAX_ROWS)

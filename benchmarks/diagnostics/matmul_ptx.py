@@ -103,7 +103,7 @@ def compile_gemv(m: int = 1, prologue: int = 1, block_n: int = 8, block_k: int =
 
 
 def compile_mlp(m: int = 1, block_i: int = 32, block_k: int = 128, block_h: int = 128,
-                num_warps: int = 4, h: int = 896, inter: int = 4864):
+                num_warps: int = 4, ahead: int = 1, h: int = 896, inter: int = 4864):
     """The whole 1-4-row MLP (pagedrt/ops/mlp_triton.py) at Qwen2-0.5B's H and I, as the
     engine launches it with PDL (its group sizes from `groups_of`)."""
     ptrs = ["x_ptr", "r_ptr", "nw_ptr", "new_r_ptr", "wgu_ptr", "wd_ptr", "part_ptr",
@@ -119,7 +119,7 @@ def compile_mlp(m: int = 1, block_i: int = 32, block_k: int = 128, block_h: int 
              "SUM_BLOCK": min(triton.next_power_of_2(h), SUM_VALUES // group),
              "TOP_BLOCK": min(triton.next_power_of_2(h), SUM_VALUES // groups_pad),
              "HAS_RESIDUAL": True, "RSTD_BLOCK": rstd_block(h), "PDL": True,
-             "PRE_K": pre_wait_columns(2 * block_i, h, num_warps)}
+             "PRE_K": pre_wait_columns(2 * block_i, h, num_warps), "AHEAD": bool(ahead)}
     return compile_sm90(_mlp_kernel, sig, const, ptrs + ints,
                         {"num_warps": num_warps, "launch_pdl": True})
 
@@ -200,7 +200,7 @@ def main() -> None:
     kernels["gemv + SwiGLU, 4 rows, K 4864, 4x2048 tile"] = (compile_gemv,
                                                              (4, 2, 4, 2048, 8, 4864))
     kernels["whole MLP, 1 row"] = (compile_mlp, (1,))
-    kernels["whole MLP, 4 rows"] = (compile_mlp, (4, 16, 256, 256, 4))
+    kernels["whole MLP, 4 rows"] = (compile_mlp, (4, 16, 256, 256, 4, 0))
     kernels["attention combine + O, 1 row"] = (compile_attn_o, (1,))
     kernels["attention combine + O, 4 rows"] = (compile_attn_o, (4, 64, 8))
     for name, (fn, case) in kernels.items():

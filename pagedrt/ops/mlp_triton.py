@@ -47,12 +47,15 @@ from pagedrt.ops.gemv_triton import (
 from pagedrt.ops.triton_utils import pdl_enabled, pdl_launch, pdl_prologue
 
 ENABLED = env_flag("PAGEDRT_FUSED_MLP")  # PAGEDRT_FUSED_MLP=0: off
-# (BLOCK_I, BLOCK_K, BLOCK_H, num_warps): intermediate columns per program, hidden columns per
-# gate/up loop step, down weight rows per down loop step, warps. Each loop step reads 8-16 KB
-# of weights per program; 16-64 columns per program give 76-304 programs at Qwen2-0.5B's
+# (BLOCK_I, BLOCK_K, BLOCK_H, num_warps, ahead): intermediate columns per program, hidden
+# columns per gate/up loop step, down weight rows per down loop step, warps, and whether each
+# loop loads its next step's weight tiles before the current step's products (two steps'
+# loads in flight per program, for twice the registers). Each loop step reads 8-16 KB of
+# weights per program; 16-64 columns per program give 76-304 programs at Qwen2-0.5B's
 # I = 4,864, with fp32 partials of 2-8% of the weights' bytes
-CONFIGS = [(16, 256, 256, 4), (32, 128, 128, 4), (32, 256, 128, 8), (64, 128, 64, 8),
-           (16, 512, 512, 8)]
+CONFIGS = [(16, 256, 256, 4, 0), (32, 128, 128, 4, 0), (32, 256, 128, 8, 0),
+           (64, 128, 64, 8, 0), (16, 512, 512, 8, 0), (16, 256, 256, 4, 1),
+           (32, 128, 128, 4, 1), (32, 128, 256, 8, 1)]
 SUM_VALUES = 8192  # fp32 values per load while summing partials: 64 per thread at 4 warps
 
 
@@ -76,6 +79,22 @@ def _sum_entries(src_ptr, first, count, dst_ptr, H, M: tl.constexpr, ENTRIES: tl
             total = tl.sum(vals, axis=0)
             tl.store(dst_ptr + m * H + offs_r, total.to(dst_ptr.dtype.element_ty),
                      mask=mask_r)
+
+
+@triton.jit
+def _gate_up_tiles(gate_rows, up_rows, mask_i, offs_k, H):
+    """The gate and up weight tiles [BLOCK_I, len(offs_k)] at hidden columns offs_k (0 past
+    H or past I's rows)."""
+    mask = mask_i[:, None] & (offs_k < H)[None, :]
+    return (tl.load(gate_rows + offs_k[None, :], mask=mask, other=0.0),
+            tl.load(up_rows + offs_k[None, :], mask=mask, other=0.0))
+
+
+@triton.jit
+def _down_tile(down_cols, mask_i, offs_n, H, I):
+    """The down weight's tile [len(offs_n), BLOCK_I] at output rows offs_n (0 past H)."""
+    mask = (offs_n < H)[:, None] & mask_i[None, :]
+    return tl.load(down_cols + offs_n.to(tl.int64)[:, None] * I, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -119,6 +138,7 @@ def _mlp_kernel(
     RSTD_BLOCK: tl.constexpr,  # `rstd_block(H)`
     PDL: tl.constexpr = False,
     PRE_K: tl.constexpr = 0,  # gate/up's first PRE_K columns loaded before the PDL wait
+    AHEAD: tl.constexpr = False,  # each loop's weight tiles loaded a step ahead
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -129,14 +149,15 @@ def _mlp_kernel(
     offs_n0 = tl.arange(0, BLOCK_H)
     down_cols = wd_ptr + offs_i[None, :]
     # the weights are no earlier kernel's output: their first tiles load while it runs
-    mask_n = offs_n0 < H
-    wd_first = tl.load(down_cols + offs_n0.to(tl.int64)[:, None] * I,
-                       mask=mask_n[:, None] & mask_i[None, :], other=0.0)
+    wd_first = _down_tile(down_cols, mask_i, offs_n0, H, I)
     if PRE_K > 0:
         offs_pre = tl.arange(0, PRE_K)
         mask_pre = mask_i[:, None] & (offs_pre < H)[None, :]
         wg_pre = tl.load(gate_rows + offs_pre[None, :], mask=mask_pre, other=0.0)
         wu_pre = tl.load(up_rows + offs_pre[None, :], mask=mask_pre, other=0.0)
+    if AHEAD:
+        wg_ahead, wu_ahead = _gate_up_tiles(gate_rows, up_rows, mask_i,
+                                            PRE_K + tl.arange(0, BLOCK_K), H)
     pdl_prologue(PDL)
     offs_m = tl.arange(0, M_PAD)
     offs_k0 = tl.arange(0, BLOCK_K)
@@ -155,16 +176,26 @@ def _mlp_kernel(
             up = tl.sum(wu_pre.to(tl.float32) * x_pre[None, :], axis=1)
         acc_g = tl.zeros((BLOCK_I, BLOCK_K), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_I, BLOCK_K), dtype=tl.float32)
-        for k0 in range(PRE_K, H, BLOCK_K):
-            offs_k = k0 + offs_k0
-            mask_k = offs_k < H
-            mask_w = mask_i[:, None] & mask_k[None, :]
-            wg = tl.load(gate_rows + offs_k[None, :], mask=mask_w, other=0.0)
-            wu = tl.load(up_rows + offs_k[None, :], mask=mask_w, other=0.0)
-            x = _input_chunk(x_ptr, r_ptr, nw_ptr, 0, stride_xm, stride_rm, offs_k, mask_k,
-                             rstd0, H, 1, HAS_RESIDUAL)
-            acc_g += wg.to(tl.float32) * x[None, :]
-            acc_u += wu.to(tl.float32) * x[None, :]
+        if AHEAD:  # each step's tiles loaded one step ahead, the first before the wait
+            for k0 in range(PRE_K, H, BLOCK_K):
+                offs_k = k0 + offs_k0
+                mask_k = offs_k < H
+                wg_next, wu_next = _gate_up_tiles(gate_rows, up_rows, mask_i, offs_k + BLOCK_K,
+                                                  H)
+                x = _input_chunk(x_ptr, r_ptr, nw_ptr, 0, stride_xm, stride_rm, offs_k,
+                                 mask_k, rstd0, H, 1, HAS_RESIDUAL)
+                acc_g += wg_ahead.to(tl.float32) * x[None, :]
+                acc_u += wu_ahead.to(tl.float32) * x[None, :]
+                wg_ahead, wu_ahead = wg_next, wu_next
+        else:
+            for k0 in range(PRE_K, H, BLOCK_K):
+                offs_k = k0 + offs_k0
+                mask_k = offs_k < H
+                wg, wu = _gate_up_tiles(gate_rows, up_rows, mask_i, offs_k, H)
+                x = _input_chunk(x_ptr, r_ptr, nw_ptr, 0, stride_xm, stride_rm, offs_k,
+                                 mask_k, rstd0, H, 1, HAS_RESIDUAL)
+                acc_g += wg.to(tl.float32) * x[None, :]
+                acc_u += wu.to(tl.float32) * x[None, :]
         gate += tl.sum(acc_g, axis=1)
         up += tl.sum(acc_u, axis=1)
         # rounded as the chain rounds: gate/up's output, silu(gate), the product
@@ -184,25 +215,36 @@ def _mlp_kernel(
         for k0 in range(PRE_K, H, BLOCK_K):
             offs_k = k0 + offs_k0
             mask_k = offs_k < H
-            mask_w = mask_i[:, None] & mask_k[None, :]
-            wg = tl.load(gate_rows + offs_k[None, :], mask=mask_w, other=0.0).to(tl.float32)
-            wu = tl.load(up_rows + offs_k[None, :], mask=mask_w, other=0.0).to(tl.float32)
-            gate = _rows_products(gate, wg, x_ptr, r_ptr, nw_ptr, stride_xm, stride_rm,
-                                  offs_k, mask_k, rstd_m, H, offs_m, M, 1, HAS_RESIDUAL)
-            up = _rows_products(up, wu, x_ptr, r_ptr, nw_ptr, stride_xm, stride_rm, offs_k,
-                                mask_k, rstd_m, H, offs_m, M, 1, HAS_RESIDUAL)
+            if AHEAD:  # each step's tiles loaded one step ahead, the first before the wait
+                wg, wu = wg_ahead, wu_ahead
+                wg_ahead, wu_ahead = _gate_up_tiles(gate_rows, up_rows, mask_i,
+                                                    offs_k + BLOCK_K, H)
+            else:
+                wg, wu = _gate_up_tiles(gate_rows, up_rows, mask_i, offs_k, H)
+            gate = _rows_products(gate, wg.to(tl.float32), x_ptr, r_ptr, nw_ptr, stride_xm,
+                                  stride_rm, offs_k, mask_k, rstd_m, H, offs_m, M, 1,
+                                  HAS_RESIDUAL)
+            up = _rows_products(up, wu.to(tl.float32), x_ptr, r_ptr, nw_ptr, stride_xm,
+                                stride_rm, offs_k, mask_k, rstd_m, H, offs_m, M, 1,
+                                HAS_RESIDUAL)
         gate = gate.to(dt).to(tl.float32)
         act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
         h = (act * up.to(dt).to(tl.float32)).to(dt).to(tl.float32)  # [M_PAD, BLOCK_I]
     # h's share of the down projection, all H outputs, into this program's partial
     part = part_ptr + pid.to(tl.int64) * M * H
-    _down_share(part, wd_first, h, offs_n0, offs_n0 < H, offs_m, H, M)
-    for n0 in range(BLOCK_H, H, BLOCK_H):
-        offs_n = n0 + offs_n0
-        mask_n = offs_n < H
-        wd = tl.load(down_cols + offs_n.to(tl.int64)[:, None] * I,
-                     mask=mask_n[:, None] & mask_i[None, :], other=0.0)
-        _down_share(part, wd, h, offs_n, mask_n, offs_m, H, M)
+    if AHEAD:  # each step's tile loaded one step ahead
+        wd_ahead = wd_first
+        for n0 in range(0, H, BLOCK_H):
+            offs_n = n0 + offs_n0
+            wd_next = _down_tile(down_cols, mask_i, offs_n + BLOCK_H, H, I)
+            _down_share(part, wd_ahead, h, offs_n, offs_n < H, offs_m, H, M)
+            wd_ahead = wd_next
+    else:
+        _down_share(part, wd_first, h, offs_n0, offs_n0 < H, offs_m, H, M)
+        for n0 in range(BLOCK_H, H, BLOCK_H):
+            offs_n = n0 + offs_n0
+            _down_share(part, _down_tile(down_cols, mask_i, offs_n, H, I), h, offs_n,
+                        offs_n < H, offs_m, H, M)
     # count in: the last of the group sums its partials; the last group sums the groups
     # (a CTA barrier first puts every thread's stores before the acq_rel atomic:
     # pagedrt/ops/arrival_counters.py)
@@ -262,7 +304,7 @@ def _check(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Te
 
 def mlp_triton(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
                eps: float, gate_up_weight: torch.Tensor, down_weight: torch.Tensor,
-               config: tuple[int, int, int, int] = (32, 128, 128, 4),
+               config: tuple[int, int, int, int, int] = (32, 128, 128, 4, 0),
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`down(silu(gate) * up)` of `gate_up(RMSNorm(x + residual))` in one kernel: the decoder
     MLP of pagedrt/models/llama.py for 1 to MAX_ROWS rows, rounded where its modules round
@@ -274,7 +316,7 @@ def mlp_triton(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torc
         norm_weight: [H]; eps: the norm's epsilon.
         gate_up_weight: [2I, H] contiguous, gate rows then up rows (no bias).
         down_weight: [H, I] contiguous (no bias).
-        config: (BLOCK_I, BLOCK_K, BLOCK_H, num_warps), `CONFIGS`.
+        config: (BLOCK_I, BLOCK_K, BLOCK_H, num_warps, ahead), `CONFIGS`.
         All tensors share x's dtype and device.
     Returns:
         (y [M, H] in x's dtype, new_residual [M, H] = x + residual, or None without residual).
@@ -284,7 +326,7 @@ def mlp_triton(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torc
     _check(x, residual, norm_weight, gate_up_weight, down_weight)
     m, h = x.shape
     inter = down_weight.shape[1]
-    block_i, block_k, block_h, num_warps = config
+    block_i, block_k, block_h, num_warps, ahead = config
     programs = triton.cdiv(inter, block_i)
     group, num_groups = groups_of(programs)
     groups_pad = triton.next_power_of_2(num_groups)
@@ -305,7 +347,8 @@ def mlp_triton(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torc
         SUM_BLOCK=min(triton.next_power_of_2(h), max(16, SUM_VALUES // group)),
         TOP_BLOCK=min(triton.next_power_of_2(h), max(16, SUM_VALUES // groups_pad)),
         HAS_RESIDUAL=residual is not None, RSTD_BLOCK=rstd_block(h),
-        PRE_K=pre_wait_columns(2 * block_i, h, num_warps), num_warps=num_warps,
+        PRE_K=pre_wait_columns(2 * block_i, h, num_warps), AHEAD=bool(ahead),
+        num_warps=num_warps,
         **pdl_launch(pdl_enabled(x)),
     )
     return y, new_residual
