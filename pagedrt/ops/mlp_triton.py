@@ -176,26 +176,19 @@ def _mlp_kernel(
             up = tl.sum(wu_pre.to(tl.float32) * x_pre[None, :], axis=1)
         acc_g = tl.zeros((BLOCK_I, BLOCK_K), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_I, BLOCK_K), dtype=tl.float32)
-        if AHEAD:  # each step's tiles loaded one step ahead, the first before the wait
-            for k0 in range(PRE_K, H, BLOCK_K):
-                offs_k = k0 + offs_k0
-                mask_k = offs_k < H
-                wg_next, wu_next = _gate_up_tiles(gate_rows, up_rows, mask_i, offs_k + BLOCK_K,
-                                                  H)
-                x = _input_chunk(x_ptr, r_ptr, nw_ptr, 0, stride_xm, stride_rm, offs_k,
-                                 mask_k, rstd0, H, 1, HAS_RESIDUAL)
-                acc_g += wg_ahead.to(tl.float32) * x[None, :]
-                acc_u += wu_ahead.to(tl.float32) * x[None, :]
-                wg_ahead, wu_ahead = wg_next, wu_next
-        else:
-            for k0 in range(PRE_K, H, BLOCK_K):
-                offs_k = k0 + offs_k0
-                mask_k = offs_k < H
+        for k0 in range(PRE_K, H, BLOCK_K):
+            offs_k = k0 + offs_k0
+            mask_k = offs_k < H
+            if AHEAD:  # each step's tiles loaded one step ahead, the first before the wait
+                wg, wu = wg_ahead, wu_ahead
+                wg_ahead, wu_ahead = _gate_up_tiles(gate_rows, up_rows, mask_i,
+                                                    offs_k + BLOCK_K, H)
+            else:
                 wg, wu = _gate_up_tiles(gate_rows, up_rows, mask_i, offs_k, H)
-                x = _input_chunk(x_ptr, r_ptr, nw_ptr, 0, stride_xm, stride_rm, offs_k,
-                                 mask_k, rstd0, H, 1, HAS_RESIDUAL)
-                acc_g += wg.to(tl.float32) * x[None, :]
-                acc_u += wu.to(tl.float32) * x[None, :]
+            x = _input_chunk(x_ptr, r_ptr, nw_ptr, 0, stride_xm, stride_rm, offs_k, mask_k,
+                             rstd0, H, 1, HAS_RESIDUAL)
+            acc_g += wg.to(tl.float32) * x[None, :]
+            acc_u += wu.to(tl.float32) * x[None, :]
         gate += tl.sum(acc_g, axis=1)
         up += tl.sum(acc_u, axis=1)
         # rounded as the chain rounds: gate/up's output, silu(gate), the product
