@@ -102,10 +102,18 @@ def test_bad_inputs_name_what_does_not_fit():
         attn_o_triton(parts, torch.randn(8, 64, dtype=torch.float64))
     with pytest.raises(ValueError, match="bias"):
         attn_o_triton(parts, torch.randn(8, 64), torch.randn(9))
-    five = DecodePartials(parts.part_out.expand(5, -1, -1, -1),
-                          parts.part_lse.expand(5, -1, -1), 2, torch.float32)
+    five = DecodePartials(parts.part_out.expand(5, -1, -1, -1).contiguous(),
+                          parts.part_lse.expand(5, -1, -1).contiguous(), 2, torch.float32)
     with pytest.raises(ValueError, match="1 to 4 rows"):
         attn_o_triton(five, torch.randn(8, 64))
+    strided = parts._replace(part_out=parts.part_out.transpose(1, 2).contiguous().transpose(1, 2))
+    with pytest.raises(ValueError, match="contiguous fp32"):
+        attn_o_triton(strided, torch.randn(8, 64))
+    with pytest.raises(ValueError, match="head_dim=12"):
+        attn_o_triton(parts._replace(part_out=parts.part_out[..., :12].contiguous()),
+                      torch.randn(8, 48))
+    with pytest.raises(ValueError, match="bias is torch.float64"):
+        attn_o_triton(parts, torch.randn(8, 64), torch.randn(8, dtype=torch.float64))
 
 
 @pytest.fixture
@@ -125,6 +133,7 @@ def attn_o_everywhere(monkeypatch):
                         lambda x, *w: x.dim() == 2 and x.shape[0] <= 4)
     monkeypatch.setattr(llama, "uses_triton", lambda backend, x: True)
     monkeypatch.setattr(gemv_triton, "fused_or_unfused", forced)
+    monkeypatch.setattr(attn_o_module, "ENABLED", True)  # (PAGEDRT_FUSED_ATTN_O, opt-in)
     plan = attention_triton.decode_launch_plan
 
     def four_splits(*args, **kwargs):  # (the CPU's small contexts would not split)
@@ -168,6 +177,7 @@ def test_tensor_parallel_keeps_the_reduce(monkeypatch):
 
     monkeypatch.setattr(layers, "_small_batch_fusion", lambda x, *w: True)
     monkeypatch.setattr(llama, "uses_triton", lambda backend, x: True)
+    monkeypatch.setattr(attn_o_module, "ENABLED", True)
     config = ModelConfig(architecture="LlamaForCausalLM", vocab_size=32, hidden_size=32,
                          intermediate_size=32, num_hidden_layers=1, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=8)

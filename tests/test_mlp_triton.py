@@ -142,6 +142,7 @@ def whole_mlp_everywhere(monkeypatch):
     monkeypatch.setattr(layers, "_small_batch_fusion",
                         lambda x, *w: x.dim() == 2 and x.shape[0] <= MAX_ROWS)
     monkeypatch.setattr(gemv_triton, "fused_or_unfused", always_fused)
+    monkeypatch.setattr(mlp_triton, "ENABLED", True)  # (PAGEDRT_FUSED_MLP, opt-in)
     return calls
 
 
@@ -195,6 +196,7 @@ def test_tensor_parallel_keeps_the_chain(monkeypatch):
     config = ModelConfig(architecture="LlamaForCausalLM", vocab_size=32, hidden_size=16,
                          intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                          num_key_value_heads=2, head_dim=8)
+    monkeypatch.setattr(mlp_triton, "ENABLED", True)
     mlp = LlamaMLP(config, tp=TPGroup(rank=0, size=2))
     norm = RMSNorm(16)
     assert not mlp._whole_mlp_fusion(norm, torch.randn(1, 16))

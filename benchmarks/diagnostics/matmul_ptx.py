@@ -119,7 +119,8 @@ def compile_mlp(m: int = 1, block_i: int = 32, block_k: int = 128, block_h: int 
              "SUM_BLOCK": min(triton.next_power_of_2(h), SUM_VALUES // group),
              "TOP_BLOCK": min(triton.next_power_of_2(h), SUM_VALUES // groups_pad),
              "HAS_RESIDUAL": True, "RSTD_BLOCK": rstd_block(h), "PDL": True,
-             "PRE_K": pre_wait_columns(2 * block_i, h, num_warps), "AHEAD": bool(ahead)}
+             "PRE_K": 0 if ahead else pre_wait_columns(2 * block_i, h, num_warps),
+             "AHEAD": bool(ahead)}
     return compile_sm90(_mlp_kernel, sig, const, ptrs + ints,
                         {"num_warps": num_warps, "launch_pdl": True})
 

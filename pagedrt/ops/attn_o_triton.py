@@ -10,8 +10,9 @@ reduce kernel's output), and multiplies it by its BLOCK_N output rows of W at he
 columns, storing an fp32 partial [M, BLOCK_N]. So each head's partitions are read by the
 cdiv(N, BLOCK_N) programs of its row of the grid (from L2), and each weight element once.
 The heads' partials of an output block are summed with an arrival counter per block
-(pagedrt/ops/arrival_counters.py): the block's last program to arrive sums them in head order
-(the same sum whoever is last), adds the bias and writes y. The weight tile is loaded before
+(pagedrt/ops/arrival_counters.py): the block's last program to arrive sums them (one
+reduction tree of fixed shape over the heads, the same sum whoever is last), adds the bias and
+writes y. The weight tile is loaded before
 the PDL wait (`pdl_prologue`): no kernel writes it.
 
 An earlier version combined the partitions in the O projection's prologue with the
@@ -20,8 +21,8 @@ partitions, 64 of them per head at batch 1, and it was never chosen (docs/design
 "Small-batch decode"). Here a program reads one head's.
 
 Chosen per shape by timing against the reduce kernel and the projection
-(`gemv_triton.fused_or_unfused`); on by default, PAGEDRT_FUSED_ATTN_O=0 turns it off; not
-under tensor parallelism. docs/design.md, "Small-batch decode".
+(`gemv_triton.fused_or_unfused`); opt-in (PAGEDRT_FUSED_ATTN_O=1) until measured on a GPU;
+not under tensor parallelism. docs/design.md, "Small-batch decode".
 """
 
 from __future__ import annotations
@@ -34,9 +35,15 @@ from pagedrt.env_flags import env_flag
 from pagedrt.ops.arrival_counters import arrival_counters
 from pagedrt.ops.decode_partials import DecodePartials
 from pagedrt.ops.gemv_triton import MAX_ROWS
-from pagedrt.ops.triton_utils import next_pow2, pdl_enabled, pdl_launch, pdl_prologue
+from pagedrt.ops.triton_utils import (
+    check_head_dim,
+    next_pow2,
+    pdl_enabled,
+    pdl_launch,
+    pdl_prologue,
+)
 
-ENABLED = env_flag("PAGEDRT_FUSED_ATTN_O")  # PAGEDRT_FUSED_ATTN_O=0: off
+ENABLED = env_flag("PAGEDRT_FUSED_ATTN_O")  # PAGEDRT_FUSED_ATTN_O=1: on (off by default)
 # (BLOCK_N, num_warps): output rows of W per program; at Qwen2-0.5B's O (896 x 896, 14 heads
 # of 64) 64-256 rows give 56-196 programs
 CONFIGS = [(64, 4), (128, 4), (128, 8), (256, 8)]
@@ -99,7 +106,7 @@ def _attn_o_kernel(
         # rounded as the reduce kernel's output is
         attn = attn.to(y_ptr.dtype.element_ty).to(tl.float32)
         tl.store(part + m * N + offs_n, tl.sum(w * attn[None, :], axis=1), mask=mask_n)
-    # count in; the block's last head sums the heads' shares in head order
+    # count in; the block's last head sums the heads' shares
     # (pagedrt/ops/arrival_counters.py: a CTA barrier, then an acq_rel atomic)
     tl.debug_barrier()
     count = tl.atomic_add(counters_ptr + block, 1, sem="acq_rel", scope="gpu")
@@ -136,11 +143,14 @@ def attn_o_triton(partials: DecodePartials, weight: torch.Tensor,
         ValueError: shapes, dtypes or devices that do not fit, naming them.
     """
     part_out, part_lse, num_splits, dtype = partials
-    if part_out.dim() != 4 or part_lse.shape != part_out.shape[:3]:
-        raise ValueError(f"part_out {tuple(part_out.shape)} and part_lse "
-                         f"{tuple(part_lse.shape)} must be [M, heads, splits, head_dim] and "
-                         "[M, heads, splits]")
+    if (part_out.dim() != 4 or part_lse.shape != part_out.shape[:3]
+            or part_out.dtype != torch.float32 or part_lse.dtype != torch.float32
+            or not (part_out.is_contiguous() and part_lse.is_contiguous())):
+        raise ValueError(f"part_out {tuple(part_out.shape)} {part_out.dtype} and part_lse "
+                         f"{tuple(part_lse.shape)} {part_lse.dtype} must be contiguous fp32 "
+                         "[M, heads, splits, head_dim] and [M, heads, splits]")
     m, num_heads, splits, head_dim = part_out.shape
+    check_head_dim(head_dim)
     if not 1 <= m <= MAX_ROWS or splits != num_splits:
         raise ValueError(f"partials of {m} rows and {splits} splits (num_splits "
                          f"{num_splits}); this kernel serves 1 to {MAX_ROWS} rows")
@@ -151,8 +161,10 @@ def attn_o_triton(partials: DecodePartials, weight: torch.Tensor,
         raise ValueError(f"weight is {weight.dtype} on {weight.device}; it must be contiguous "
                          f"{dtype} on {part_out.device}")
     n = weight.shape[0]
-    if bias is not None and bias.shape != (n,):
-        raise ValueError(f"bias has shape {tuple(bias.shape)}; expected ({n},)")
+    if bias is not None and (bias.shape != (n,) or bias.dtype != dtype
+                             or bias.device != weight.device):
+        raise ValueError(f"bias is {bias.dtype} {tuple(bias.shape)} on {bias.device}; "
+                         f"expected {dtype} ({n},) on {weight.device}")
     block_n, num_warps = config
     blocks = triton.cdiv(n, block_n)
     y = torch.empty((m, n), dtype=dtype, device=weight.device)

@@ -12,17 +12,20 @@ outputs (each down weight column read once, by this program). That is a split-K 
 projection over the programs, so each program stores an fp32 partial [M, H], and the partials
 are summed with arrival counters (pagedrt/ops/arrival_counters.py), in two levels so that no
 program reads them all: the programs come in groups of GROUP; the last of a group to arrive
-sums its group's partials in program order into a group sum and counts in once more, at the
-top; the last group to arrive there sums the group sums in group order and writes y. The same
-sums whoever arrives last, so the result does not depend on the order the programs ran.
+sums its group's partials into a group sum and counts in once more, at the top; the last
+group to arrive there sums the group sums and writes y. Each sum is one reduction tree of
+fixed shape over fixed entries (`_sum_entries`), the same whoever arrives last, so the
+result does not depend on the order the programs ran.
 
 The first tiles of the gate/up and down weights are loaded before the PDL wait
-(`pdl_prologue`): they are no kernel's output. Rounding follows the unfused modules: gate and
+(`pdl_prologue`): they are no kernel's output. That is gate/up's first PRE_K columns
+(`pre_wait_columns`' budget of values per thread) or, with `ahead`, its first loop step's
+tiles instead, and the first down tile on top of either. Rounding follows the unfused modules: gate and
 up rounded to the model dtype (the gate/up matmul's output), silu(gate) rounded, the product
 rounded (pagedrt/models/layers.py's SiluAndMul), the down sum in fp32 rounded once.
 
-Chosen per shape by timing against the chain (`gemv_triton.fused_or_unfused`), on by default,
-PAGEDRT_FUSED_MLP=0 turns it off; not under tensor parallelism, nor with biases.
+Chosen per shape by timing against the chain (`gemv_triton.fused_or_unfused`); opt-in
+(PAGEDRT_FUSED_MLP=1) until measured on a GPU; not under tensor parallelism, nor with biases.
 docs/design.md, "Small-batch decode".
 """
 
@@ -46,17 +49,17 @@ from pagedrt.ops.gemv_triton import (
 )
 from pagedrt.ops.triton_utils import pdl_enabled, pdl_launch, pdl_prologue
 
-ENABLED = env_flag("PAGEDRT_FUSED_MLP")  # PAGEDRT_FUSED_MLP=0: off
+ENABLED = env_flag("PAGEDRT_FUSED_MLP")  # PAGEDRT_FUSED_MLP=1: on (off by default)
 # (BLOCK_I, BLOCK_K, BLOCK_H, num_warps, ahead): intermediate columns per program, hidden
 # columns per gate/up loop step, down weight rows per down loop step, warps, and whether each
 # loop loads its next step's weight tiles before the current step's products (two steps'
-# loads in flight per program, for twice the registers). Each loop step reads 8-16 KB of
-# weights per program; 16-64 columns per program give 76-304 programs at Qwen2-0.5B's
-# I = 4,864, with fp32 partials of 2-8% of the weights' bytes
+# loads in flight per program, for twice the registers). A gate/up step reads 16-32 KB of
+# bf16 weights per program (gate and up), a down step 8-16 KB; 16-64 columns per program
+# give 76-304 programs at Qwen2-0.5B's I = 4,864
 CONFIGS = [(16, 256, 256, 4, 0), (32, 128, 128, 4, 0), (32, 256, 128, 8, 0),
            (64, 128, 64, 8, 0), (16, 512, 512, 8, 0), (16, 256, 256, 4, 1),
            (32, 128, 128, 4, 1), (32, 128, 256, 8, 1)]
-SUM_VALUES = 8192  # fp32 values per load while summing partials: 64 per thread at 4 warps
+SUM_VALUES = 8192  # fp32 values per load while summing partials: 64 a thread at 4 warps, 32 at 8
 
 
 @triton.jit
@@ -92,7 +95,8 @@ def _gate_up_tiles(gate_rows, up_rows, mask_i, offs_k, H):
 
 @triton.jit
 def _down_tile(down_cols, mask_i, offs_n, H, I):
-    """The down weight's tile [len(offs_n), BLOCK_I] at output rows offs_n (0 past H)."""
+    """The down weight's tile [len(offs_n), BLOCK_I] at output rows offs_n (0 past H or past
+    I's columns)."""
     mask = (offs_n < H)[:, None] & mask_i[None, :]
     return tl.load(down_cols + offs_n.to(tl.int64)[:, None] * I, mask=mask, other=0.0)
 
@@ -155,7 +159,7 @@ def _mlp_kernel(
         mask_pre = mask_i[:, None] & (offs_pre < H)[None, :]
         wg_pre = tl.load(gate_rows + offs_pre[None, :], mask=mask_pre, other=0.0)
         wu_pre = tl.load(up_rows + offs_pre[None, :], mask=mask_pre, other=0.0)
-    if AHEAD:
+    if AHEAD:  # (the wrapper passes PRE_K 0 then: this is the pre-wait gate/up tile)
         wg_ahead, wu_ahead = _gate_up_tiles(gate_rows, up_rows, mask_i,
                                             PRE_K + tl.arange(0, BLOCK_K), H)
     pdl_prologue(PDL)
@@ -281,8 +285,8 @@ def _check(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Te
     if down_weight.shape != (h, inter):
         raise ValueError(f"down_weight {tuple(down_weight.shape)} must be [H, I] = ({h}, "
                          f"{inter}) for gate_up_weight {tuple(gate_up_weight.shape)}")
-    if norm_weight.shape != (h,):
-        raise ValueError(f"norm_weight {tuple(norm_weight.shape)} must be ({h},)")
+    if norm_weight.shape != (h,) or norm_weight.stride(0) != 1:
+        raise ValueError(f"norm_weight {tuple(norm_weight.shape)} must be ({h},), contiguous")
     if residual is not None and (residual.shape != x.shape or residual.stride(1) != 1):
         raise ValueError(f"residual {tuple(residual.shape)} must be like x {tuple(x.shape)}, "
                          "last dim contiguous")
@@ -340,7 +344,7 @@ def mlp_triton(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torc
         SUM_BLOCK=min(triton.next_power_of_2(h), max(16, SUM_VALUES // group)),
         TOP_BLOCK=min(triton.next_power_of_2(h), max(16, SUM_VALUES // groups_pad)),
         HAS_RESIDUAL=residual is not None, RSTD_BLOCK=rstd_block(h),
-        PRE_K=pre_wait_columns(2 * block_i, h, num_warps), AHEAD=bool(ahead),
+        PRE_K=0 if ahead else pre_wait_columns(2 * block_i, h, num_warps), AHEAD=bool(ahead),
         num_warps=num_warps,
         **pdl_launch(pdl_enabled(x)),
     )

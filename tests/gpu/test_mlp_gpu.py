@@ -13,6 +13,7 @@ from pagedrt import LLM, SamplingParams
 from pagedrt.models import layers
 from pagedrt.models.layers import RMSNorm, SiluAndMul
 from pagedrt.ops import gemv_triton
+from pagedrt.ops import mlp_triton as mlp_module
 from pagedrt.ops.arrival_counters import arrival_counters
 from pagedrt.ops.mlp_triton import CONFIGS, mlp_triton
 
@@ -92,6 +93,7 @@ def test_engine_tokens_through_the_whole_mlp(monkeypatch):
         with monkeypatch.context() as mp:
             mp.setattr(layers, "SMALL_BATCH_FUSION", fusion)
             mp.setattr(gemv_triton, "fused_or_unfused", whole_mlp_always)
+            mp.setattr(mlp_module, "ENABLED", True)  # (PAGEDRT_FUSED_MLP, opt-in)
             llm = LLM(loaded, num_kv_blocks=64, block_size=16, max_num_seqs=4)
             outs[fusion] = [[o.outputs[0].token_ids
                              for o in llm.generate(prompts[:n], params, use_tqdm=False)]
