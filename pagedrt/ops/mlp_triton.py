@@ -168,37 +168,17 @@ def _mlp_kernel(
     rstd_m = _rows_rstd(x_ptr, r_ptr, new_r_ptr, stride_xm, stride_rm, H, eps, pid == 0,
                         M, M_PAD, RSTD_BLOCK, HAS_RESIDUAL)
     dt = wgu_ptr.dtype.element_ty
-    if M == 1:
-        # one row: products kept per lane, reduced once at the end (as the skinny matmul)
+    if M == 1:  # one row: products kept per lane, reduced once at the end (as the gemv)
         rstd0 = tl.sum(tl.where(offs_m == 0, rstd_m, 0.0), axis=0)
         gate = tl.zeros((BLOCK_I,), dtype=tl.float32)
         up = tl.zeros((BLOCK_I,), dtype=tl.float32)
+        acc_g = tl.zeros((BLOCK_I, BLOCK_K), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_I, BLOCK_K), dtype=tl.float32)
         if PRE_K > 0:
             x_pre = _input_chunk(x_ptr, r_ptr, nw_ptr, 0, stride_xm, stride_rm, offs_pre,
                                  offs_pre < H, rstd0, H, 1, HAS_RESIDUAL)
             gate = tl.sum(wg_pre.to(tl.float32) * x_pre[None, :], axis=1)
             up = tl.sum(wu_pre.to(tl.float32) * x_pre[None, :], axis=1)
-        acc_g = tl.zeros((BLOCK_I, BLOCK_K), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_I, BLOCK_K), dtype=tl.float32)
-        for k0 in range(PRE_K, H, BLOCK_K):
-            offs_k = k0 + offs_k0
-            mask_k = offs_k < H
-            if AHEAD:  # each step's tiles loaded one step ahead, the first before the wait
-                wg, wu = wg_ahead, wu_ahead
-                wg_ahead, wu_ahead = _gate_up_tiles(gate_rows, up_rows, mask_i,
-                                                    offs_k + BLOCK_K, H)
-            else:
-                wg, wu = _gate_up_tiles(gate_rows, up_rows, mask_i, offs_k, H)
-            x = _input_chunk(x_ptr, r_ptr, nw_ptr, 0, stride_xm, stride_rm, offs_k, mask_k,
-                             rstd0, H, 1, HAS_RESIDUAL)
-            acc_g += wg.to(tl.float32) * x[None, :]
-            acc_u += wu.to(tl.float32) * x[None, :]
-        gate += tl.sum(acc_g, axis=1)
-        up += tl.sum(acc_u, axis=1)
-        # rounded as the chain rounds: gate/up's output, silu(gate), the product
-        gate = gate.to(dt).to(tl.float32)
-        act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
-        h = (act * up.to(dt).to(tl.float32)).to(dt).to(tl.float32)  # [BLOCK_I]
     else:
         gate = tl.zeros((M_PAD, BLOCK_I), dtype=tl.float32)
         up = tl.zeros((M_PAD, BLOCK_I), dtype=tl.float32)
@@ -209,24 +189,34 @@ def _mlp_kernel(
             up = _rows_products(up, wu_pre.to(tl.float32), x_ptr, r_ptr, nw_ptr, stride_xm,
                                 stride_rm, offs_pre, offs_pre < H, rstd_m, H, offs_m, M, 1,
                                 HAS_RESIDUAL)
-        for k0 in range(PRE_K, H, BLOCK_K):
-            offs_k = k0 + offs_k0
-            mask_k = offs_k < H
-            if AHEAD:  # each step's tiles loaded one step ahead, the first before the wait
-                wg, wu = wg_ahead, wu_ahead
-                wg_ahead, wu_ahead = _gate_up_tiles(gate_rows, up_rows, mask_i,
-                                                    offs_k + BLOCK_K, H)
-            else:
-                wg, wu = _gate_up_tiles(gate_rows, up_rows, mask_i, offs_k, H)
+    for k0 in range(PRE_K, H, BLOCK_K):
+        offs_k = k0 + offs_k0
+        mask_k = offs_k < H
+        if AHEAD:  # each step's tiles loaded one step ahead, the first before the wait
+            wg, wu = wg_ahead, wu_ahead
+            wg_ahead, wu_ahead = _gate_up_tiles(gate_rows, up_rows, mask_i, offs_k + BLOCK_K,
+                                                H)
+        else:
+            wg, wu = _gate_up_tiles(gate_rows, up_rows, mask_i, offs_k, H)
+        if M == 1:
+            x = _input_chunk(x_ptr, r_ptr, nw_ptr, 0, stride_xm, stride_rm, offs_k, mask_k,
+                             rstd0, H, 1, HAS_RESIDUAL)
+            acc_g += wg.to(tl.float32) * x[None, :]
+            acc_u += wu.to(tl.float32) * x[None, :]
+        else:
             gate = _rows_products(gate, wg.to(tl.float32), x_ptr, r_ptr, nw_ptr, stride_xm,
                                   stride_rm, offs_k, mask_k, rstd_m, H, offs_m, M, 1,
                                   HAS_RESIDUAL)
             up = _rows_products(up, wu.to(tl.float32), x_ptr, r_ptr, nw_ptr, stride_xm,
                                 stride_rm, offs_k, mask_k, rstd_m, H, offs_m, M, 1,
                                 HAS_RESIDUAL)
-        gate = gate.to(dt).to(tl.float32)
-        act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
-        h = (act * up.to(dt).to(tl.float32)).to(dt).to(tl.float32)  # [M_PAD, BLOCK_I]
+    if M == 1:
+        gate += tl.sum(acc_g, axis=1)
+        up += tl.sum(acc_u, axis=1)
+    # rounded as the chain rounds: gate/up's output, silu(gate), the product
+    gate = gate.to(dt).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32)
+    h = (act * up.to(dt).to(tl.float32)).to(dt).to(tl.float32)  # [BLOCK_I] or [M_PAD, BLOCK_I]
     # h's share of the down projection, all H outputs, into this program's partial
     part = part_ptr + pid.to(tl.int64) * M * H
     if AHEAD:  # each step's tile loaded one step ahead

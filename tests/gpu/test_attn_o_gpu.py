@@ -8,11 +8,10 @@ on every launch and replay; and the engine's greedy tokens through it against th
 import pytest
 import torch
 import torch.nn.functional as F
+from forced_op import greedy_tokens_forcing
 from tiny_model import build_tiny_llama
 
-from pagedrt import LLM, SamplingParams
 from pagedrt.ops import attn_o_triton as attn_o_module
-from pagedrt.ops import gemv_triton
 from pagedrt.ops.arrival_counters import arrival_counters
 from pagedrt.ops.attention_triton import paged_attention_decode_triton, reduce_partials
 from pagedrt.ops.attn_o_triton import CONFIGS, attn_o_triton
@@ -74,25 +73,9 @@ def test_engine_tokens_through_the_combined_kernel(monkeypatch):
     (inside the CUDA graphs), the greedy tokens of 1 and 4 requests are the reduce's."""
     loaded = build_tiny_llama(seed=0)
     loaded = loaded._replace(model=loaded.model.to("cuda"))
-    prompts = [[1, 5, 9, 20, 7], list(range(3, 40)), list(range(100, 164)), [7]]
-    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    timed = gemv_triton.fused_or_unfused
-    forced = []
-
-    def combined_always(key, unfused, fused, *args, **kwargs):
-        if key[0] == "attn_o":
-            forced.append(key)
-            return fused(CONFIGS[1])
-        return timed(key, unfused, fused, *args, **kwargs)
-
-    outs = {}
-    for enabled in (True, False):
-        with monkeypatch.context() as mp:
-            mp.setattr(attn_o_module, "ENABLED", enabled)
-            mp.setattr(gemv_triton, "fused_or_unfused", combined_always)
-            llm = LLM(loaded, num_kv_blocks=64, block_size=16, max_num_seqs=4)
-            outs[enabled] = [[o.outputs[0].token_ids
-                              for o in llm.generate(prompts[:n], params, use_tqdm=False)]
-                             for n in (1, 4)]
+    combined, forced = greedy_tokens_forcing(monkeypatch, loaded, "attn_o", CONFIGS[1],
+                                             [(attn_o_module, "ENABLED", True)])
+    reduced, _ = greedy_tokens_forcing(monkeypatch, loaded, "attn_o", CONFIGS[1],
+                                       [(attn_o_module, "ENABLED", False)])
     assert forced, "no decode step split and took the combined kernel"
-    assert outs[True] == outs[False]
+    assert combined == reduced

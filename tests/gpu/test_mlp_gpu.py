@@ -7,12 +7,11 @@ greedy tokens through it against the plain modules (CUDA graphs on, batches of 1
 import pytest
 import torch
 import torch.nn.functional as F
+from forced_op import greedy_tokens_forcing
 from tiny_model import build_tiny_llama, perturb_norms
 
-from pagedrt import LLM, SamplingParams
 from pagedrt.models import layers
 from pagedrt.models.layers import RMSNorm, SiluAndMul
-from pagedrt.ops import gemv_triton
 from pagedrt.ops import mlp_triton as mlp_module
 from pagedrt.ops.arrival_counters import arrival_counters
 from pagedrt.ops.mlp_triton import CONFIGS, mlp_triton
@@ -77,26 +76,9 @@ def test_engine_tokens_through_the_whole_mlp(monkeypatch):
     modules'."""
     loaded = perturb_norms(build_tiny_llama(seed=0), torch.Generator().manual_seed(11))
     loaded = loaded._replace(model=loaded.model.to("cuda"))
-    prompts = [[1, 5, 9, 20, 7], list(range(3, 40)), list(range(100, 164)), [7]]
-    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    timed = gemv_triton.fused_or_unfused
-    forced = []
-
-    def whole_mlp_always(key, unfused, fused, *args, **kwargs):
-        if key[0] == "mlp":
-            forced.append(key)
-            return fused(CONFIGS[1])
-        return timed(key, unfused, fused, *args, **kwargs)
-
-    outs = {}
-    for fusion in (True, False):
-        with monkeypatch.context() as mp:
-            mp.setattr(layers, "SMALL_BATCH_FUSION", fusion)
-            mp.setattr(gemv_triton, "fused_or_unfused", whole_mlp_always)
-            mp.setattr(mlp_module, "ENABLED", True)  # (PAGEDRT_FUSED_MLP, opt-in)
-            llm = LLM(loaded, num_kv_blocks=64, block_size=16, max_num_seqs=4)
-            outs[fusion] = [[o.outputs[0].token_ids
-                             for o in llm.generate(prompts[:n], params, use_tqdm=False)]
-                            for n in (1, 4)]
+    on = [(mlp_module, "ENABLED", True)]  # (PAGEDRT_FUSED_MLP, opt-in)
+    fused, forced = greedy_tokens_forcing(monkeypatch, loaded, "mlp", CONFIGS[1], on)
+    plain, _ = greedy_tokens_forcing(monkeypatch, loaded, "mlp", CONFIGS[1],
+                                     on + [(layers, "SMALL_BATCH_FUSION", False)])
     assert forced, "the whole-MLP path never ran"
-    assert outs[True] == outs[False]
+    assert fused == plain
