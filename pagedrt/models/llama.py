@@ -295,7 +295,6 @@ class LlamaMLP(nn.Module):
         h, residual = norm(x, residual)
         return self.down_proj(self.gate_up_proj.silu_mul_of(h, self.act_fn)), residual
 
-
     def _whole_mlp_fusion(self, norm: RMSNorm, x: torch.Tensor) -> bool:
         """Whether `_whole_mlp` may run: 1-4 CUDA rows of the small-batch kernels,
         PAGEDRT_FUSED_MLP on, no biases, one rank (the down projection's all-reduce stays

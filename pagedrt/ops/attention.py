@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 
 from pagedrt.ops import attention_reference as ref
+from pagedrt.ops.decode_partials import DecodePartials
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -210,7 +211,7 @@ def paged_attention(
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
     partials: bool = False,
-) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+) -> torch.Tensor | DecodePartials:  # [num_tokens, num_heads, head_dim]
     """What an attention layer calls: write the new K/V (unless `kv_written`: the caller's
     fused RoPE kernel did), then decode or extend (or decode per query token, when `meta` has
     query_seq_lens), over the last `sliding_window` positions of each query when the layer
