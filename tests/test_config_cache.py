@@ -31,13 +31,12 @@ def fake_gpu(monkeypatch):
 
 def test_the_fingerprint_holds_the_gpu_versions_sources_and_kernel_settings(fake_gpu):
     env = {"PAGEDRT_GEMV": "0", "PAGEDRT_COMMIT": "abc1234", "PAGEDRT_CONFIG_CACHE": "/x",
-           "PAGEDRT_SAMPLE_SPLIT": "0", "PAGEDRT_FUSED_MLP": "0", "HOME": "/root"}
+           "PAGEDRT_SAMPLE_SPLIT": "0", "HOME": "/root"}
     fp = config_cache.fingerprint(0, env)
     assert fp["gpu"] == "NVIDIA H200" and fp["sms"] == 132 and fp["capability"] == [9, 0]
     assert fp["torch"] == torch.__version__ and fp["triton"] == triton.__version__
     assert len(fp["sources"]) == 64
-    # the commit, the cache itself, the sampler's split (no timed kernel) and the whole-MLP
-    # switch (its off position asks for no choice its on position does not time) left out
+    # the commit, the cache itself and the sampler's split (no timed kernel) left out
     assert fp["settings"] == {"PAGEDRT_GEMV": "0"}
 
 

@@ -119,13 +119,10 @@ def test_bad_inputs():
 @pytest.fixture
 def fused_everywhere(monkeypatch):
     """The layers take the fused path on CPU tensors (the interpreter runs the kernels), with
-    one config for every shape, and the MLP its two-kernel chain (the whole-MLP kernel:
-    tests/test_mlp_triton.py); counts the fused calls."""
+    one config for every shape; counts the fused calls."""
     calls = []
 
     def always_fused(key, unfused, fused, *_, **__):
-        if key[0] == "mlp":
-            return unfused()
         calls.append(key[0])
         return fused((8, 128, 4))
 

@@ -79,21 +79,3 @@ def test_small_batch_kernels_load_weights_before_the_pdl_wait(compiled, case):
     got = compiled[case]
     assert got["griddepcontrol"]["griddepcontrol.wait"] == 1
     assert got["loads_before_wait"] == 8
-
-
-@pytest.mark.parametrize("case,atoms", [
-    ("whole MLP, 1 row", 2), ("whole MLP, 4 rows", 2),
-    ("attention combine + O, 1 row", 1), ("attention combine + O, 4 rows", 1)])
-def test_one_kernel_ops_order_their_arrivals(compiled, case, atoms):
-    """The 1-4-row one-kernel ops (pagedrt/ops/mlp_triton.py: a group's arrival, then the
-    top's; pagedrt/ops/attn_o_triton.py: an output block's): weights loaded before the PDL
-    wait; each acq_rel atomic at GPU scope after a barrier that follows the stores before it
-    (partials, group sums); the sums' loads through L2 (.cg)."""
-    got = compiled[case]
-    assert got["griddepcontrol"] == {"griddepcontrol.wait": 1,
-                                     "griddepcontrol.launch_dependents": 1}
-    assert got["loads_before_wait"] > 0
-    assert got["arrivals"]["atoms"] == {"atom.global.gpu.acq_rel.add.u32": atoms}
-    assert got["barrier_before_each_atom"]
-    loads = got["arrivals"]["loads_after_atom"]
-    assert loads and all(".cg" in k for k in loads)

@@ -1,7 +1,6 @@
 """Compile the decode matmul's variants (pagedrt/ops/matmul_triton.py: whole K, split-K, the
 SwiGLU epilogue; pagedrt/ops/matmul_rope_triton.py: the QKV + RoPE epilogue), the 1-4-row QKV + RoPE kernel (pagedrt/ops/gemv_rope_triton.py) and
-skinny matmul (gemv_triton.py), the whole 1-4-row MLP (mlp_triton.py) and the attention's
-combine with the O projection (attn_o_triton.py) for the H200 (sm_90) without a GPU, and report what their
+skinny matmul (gemv_triton.py) for the H200 (sm_90) without a GPU, and report what their
 PTX holds: the matrix instructions (wgmma / mma), the asynchronous copies of a pipelined K loop
 (cp.async), PDL's grid controls and the loads issued before its wait, and for the variants that
 count arrivals the order of the partial stores, the barrier, the atomic and the loads after it
@@ -29,12 +28,10 @@ from triton.compiler import ASTSource
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from decode_ptx import fused_reduce_order
 
-from pagedrt.ops.attn_o_triton import _attn_o_kernel
 from pagedrt.ops.gemv_rope_triton import _qkv_rope_kernel
 from pagedrt.ops.gemv_triton import _gemv_kernel, pre_wait_columns, rstd_block
 from pagedrt.ops.matmul_rope_triton import _matmul_rope_kernel
 from pagedrt.ops.matmul_triton import _matmul_kernel
-from pagedrt.ops.mlp_triton import SUM_VALUES, _mlp_kernel, groups_of
 
 # name: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, swap_ab, split_k, silu)
 CASES = {
@@ -102,45 +99,6 @@ def compile_gemv(m: int = 1, prologue: int = 1, block_n: int = 8, block_k: int =
                         {"num_warps": num_warps, "launch_pdl": True})
 
 
-def compile_mlp(m: int = 1, block_i: int = 32, block_k: int = 128, block_h: int = 128,
-                num_warps: int = 4, ahead: int = 1, h: int = 896, inter: int = 4864):
-    """The whole 1-4-row MLP (pagedrt/ops/mlp_triton.py) at Qwen2-0.5B's H and I, as the
-    engine launches it with PDL (its group sizes from `groups_of`)."""
-    ptrs = ["x_ptr", "r_ptr", "nw_ptr", "new_r_ptr", "wgu_ptr", "wd_ptr", "part_ptr",
-            "gsum_ptr", "y_ptr", "counters_ptr"]
-    types = ["*bf16"] * 6 + ["*fp32", "*fp32", "*bf16", "*i32"]
-    ints = ["H", "I", "stride_xm", "stride_rm"]
-    sig = {**dict(zip(ptrs, types, strict=True)), **dict.fromkeys(ints, "i32"), "eps": "fp32"}
-    group, num_groups = groups_of(triton.cdiv(inter, block_i))
-    groups_pad = triton.next_power_of_2(num_groups)
-    const = {"M": m, "M_PAD": max(2, triton.next_power_of_2(m)), "BLOCK_I": block_i,
-             "BLOCK_K": block_k, "BLOCK_H": block_h, "GROUP": group, "NUM_GROUPS": num_groups,
-             "GROUPS_PAD": groups_pad,
-             "SUM_BLOCK": min(triton.next_power_of_2(h), SUM_VALUES // group),
-             "TOP_BLOCK": min(triton.next_power_of_2(h), SUM_VALUES // groups_pad),
-             "HAS_RESIDUAL": True, "RSTD_BLOCK": rstd_block(h), "PDL": True,
-             "PRE_K": 0 if ahead else pre_wait_columns(2 * block_i, h, num_warps),
-             "AHEAD": bool(ahead)}
-    return compile_sm90(_mlp_kernel, sig, const, ptrs + ints,
-                        {"num_warps": num_warps, "launch_pdl": True})
-
-
-def compile_attn_o(m: int = 1, block_n: int = 128, num_warps: int = 4, heads: int = 14,
-                   head_dim: int = 64, splits: int = 64):
-    """The attention's combine with the O projection for 1-4 rows (pagedrt/ops/
-    attn_o_triton.py) at Qwen2-0.5B's heads and a batch-1 graph's 64 splits, with PDL."""
-    ptrs = ["part_out_ptr", "part_lse_ptr", "w_ptr", "b_ptr", "part_ptr", "y_ptr",
-            "counters_ptr"]
-    types = ["*fp32", "*fp32", "*bf16", "*bf16", "*fp32", "*bf16", "*i32"]
-    ints = ["N", "num_heads", "num_splits"]
-    sig = {**dict(zip(ptrs, types, strict=True)), **dict.fromkeys(ints, "i32")}
-    const = {"M": m, "HEAD_DIM": head_dim, "SPLITS_PAD": triton.next_power_of_2(splits),
-             "HEADS_PAD": triton.next_power_of_2(heads), "BLOCK_N": block_n,
-             "HAS_BIAS": False, "PDL": True}
-    return compile_sm90(_attn_o_kernel, sig, const, ptrs + ["N"],
-                        {"num_warps": num_warps, "launch_pdl": True})
-
-
 def loads_before_wait(ptx: str) -> int:
     """Global loads the PTX issues before its first griddepcontrol.wait (PDL: reads of what
     no earlier kernel writes, the weights); 0 without a wait."""
@@ -200,10 +158,6 @@ def main() -> None:
                                                             (1, 2, 4, 2048, 8, 4864))
     kernels["gemv + SwiGLU, 4 rows, K 4864, 4x2048 tile"] = (compile_gemv,
                                                              (4, 2, 4, 2048, 8, 4864))
-    kernels["whole MLP, 1 row"] = (compile_mlp, (1,))
-    kernels["whole MLP, 4 rows"] = (compile_mlp, (4, 16, 256, 256, 4, 0))
-    kernels["attention combine + O, 1 row"] = (compile_attn_o, (1,))
-    kernels["attention combine + O, 4 rows"] = (compile_attn_o, (4, 64, 8))
     for name, (fn, case) in kernels.items():
         ptx = fn(*case).asm["ptx"]
         results[name] = summary(ptx)

@@ -30,7 +30,6 @@ from pagedrt.models.layers import (
     VocabParallelEmbedding,
 )
 from pagedrt.ops.attention import AttentionMetadata, KVCacheLayer, paged_attention, uses_triton
-from pagedrt.ops.decode_partials import DecodePartials
 
 # Hugging Face projection name -> (our fused parameter, shard id)
 _STACKED_PARAMS = {
@@ -102,12 +101,10 @@ class LlamaAttention(nn.Module):
         `attention_of_normed`."""
         if self._rope_fusion(norm, x, kv_cache, meta):
             qkv, residual = self._qkv_rope(norm, positions, x, residual, kv_cache, meta)
-            return self._o_proj_of(self.attention(positions, qkv, kv_cache, meta, True,
-                                                  self._attn_o_fusion(x, meta))), residual
+            return self.o_proj(self.attention(positions, qkv, kv_cache, meta, True)), residual
         if x.shape[0] <= 4:  # the norm in the QKV kernel, where timed faster
             qkv, residual = norm.forward_linear(x, residual, self.qkv_proj)
-            return self._o_proj_of(self.attention(
-                positions, qkv, kv_cache, meta, partials=self._attn_o_fusion(x, meta))), residual
+            return self.o_proj(self.attention(positions, qkv, kv_cache, meta)), residual
         h, residual = norm.forward_pair(x, residual)
         return self.o_proj(self.attention_of_normed(positions, h, kv_cache, meta)), residual
 
@@ -137,40 +134,6 @@ class LlamaAttention(nn.Module):
                                        meta.slot_mapping, self.num_heads, self.num_kv_heads,
                                        plain)
         return self.attention(positions, qkv, kv_cache, meta, rotated)
-
-    def _attn_o_fusion(self, x: torch.Tensor, meta: AttentionMetadata) -> bool:
-        """Whether a decode step of 1-4 CUDA rows hands the attention's split-K partitions to
-        the O projection, which combines them (`_o_proj_of`): the small-batch fusions and
-        PAGEDRT_FUSED_ATTN_O on, decode rows only, the Triton backend, one rank."""
-        from pagedrt.models import layers
-
-        if not (meta.is_decode_only and meta.query_seq_lens is None
-                and self.o_proj.tp_size == 1 and uses_triton(meta.backend, x)
-                and layers._small_batch_fusion(x, self.o_proj.weight)):
-            return False
-        from pagedrt.ops import attn_o_triton
-
-        return attn_o_triton.ENABLED
-
-    def _o_proj_of(self, attn: torch.Tensor | DecodePartials) -> torch.Tensor:
-        """The O projection of the attention's output, given whole [T, heads * head_dim] or
-        as a split launch's partitions: then one kernel combines and projects them
-        (`pagedrt.ops.attn_o_triton`) or the reduce kernel and the projection run, whichever
-        was timed faster for the shape (`fused_or_unfused`)."""
-        if not isinstance(attn, DecodePartials):
-            return self.o_proj(attn)
-        from pagedrt.ops.attention_triton import reduce_partials
-        from pagedrt.ops.attn_o_triton import CONFIGS, attn_o_triton
-        from pagedrt.ops.gemv_triton import fused_or_unfused
-
-        weight, bias = self.o_proj.weight, self.o_proj.bias
-        rows = attn.part_out.shape[0]
-        key = ("attn_o", tuple(weight.shape), rows, weight.dtype, bias is not None,
-               attn.num_splits, weight.device.index)
-        return fused_or_unfused(
-            key, lambda: self.o_proj(reduce_partials(attn).flatten(1)),
-            lambda cfg: attn_o_triton(attn, weight, bias, cfg), weight, rows,
-            bias is not None, candidates=CONFIGS)
 
     def _rope_fusion(self, norm: RMSNorm, x: torch.Tensor, kv_cache, meta) -> bool:
         """Whether `_qkv_rope` may run: 1-4 CUDA rows of the small-batch kernels and
@@ -233,13 +196,11 @@ class LlamaAttention(nn.Module):
         kv_cache: KVCacheLayer | tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         rotated: bool = False,
-        partials: bool = False,
-    ) -> torch.Tensor | DecodePartials:  # [T, num_heads * head_dim]
+    ) -> torch.Tensor:  # [T, num_heads * head_dim]
         """The attention after the QKV projection and before the O projection (the decoder
         layer may fuse the projections with the norms around them): RoPE, the K/V write and
         paged attention; with `rotated`, q and k in qkv are rotated and K/V written already
-        (`_qkv_rope`); with `partials` (`_attn_o_fusion`), a split decode launch's
-        partitions uncombined (`DecodePartials`), for `_o_proj_of`."""
+        (`_qkv_rope`)."""
         q, k, v = self._heads(qkv)
         if self.q_norm is not None:  # per head: rows of [T * heads, head_dim]
             q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
@@ -253,8 +214,8 @@ class LlamaAttention(nn.Module):
             q, k = self.rotary_emb(positions, q, k)
         out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale,
                               kv_written, self.sliding_window, k_scales,
-                              v_scales, partials)  # [T, heads, d]
-        return out if isinstance(out, DecodePartials) else out.flatten(1)
+                              v_scales)  # [T, heads, d]
+        return out.flatten(1)
 
 
 class LlamaMLP(nn.Module):
@@ -279,54 +240,16 @@ class LlamaMLP(nn.Module):
     def forward_normed(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """`(self(norm(x + residual)), x + residual)`, x and residual [T, hidden_size], with
-        fewer kernels on CUDA where timed faster: for 1 to 4 rows all of it in one kernel
-        (`_whole_mlp`), or the add and norm in gate/up's kernel and the activation in down's
-        (`RMSNorm.forward_linear`, `down`), for 8 to 128 rows the activation in gate/up's epilogue
+        fewer kernels on CUDA where timed faster: for 1 to 4 rows the add and norm run in
+        gate/up's kernel and the activation in down's (`RMSNorm.forward_linear`, `down`), for
+        8 to 128 rows the activation in gate/up's epilogue
         (`MergedColumnParallelLinear.silu_mul_of`); docs/design.md, "Small-batch decode" and
         "Decode matmuls (8 to 128 rows)"."""
         if x.shape[0] <= 4:
-            def chain():
-                gate_up, new_residual = norm.forward_linear(x, residual, self.gate_up_proj)
-                return self.down(gate_up), new_residual
-
-            if self._whole_mlp_fusion(norm, x):
-                return self._whole_mlp(norm, x, residual, chain)
-            return chain()
+            gate_up, residual = norm.forward_linear(x, residual, self.gate_up_proj)
+            return self.down(gate_up), residual
         h, residual = norm(x, residual)
         return self.down_proj(self.gate_up_proj.silu_mul_of(h, self.act_fn)), residual
-
-    def _whole_mlp_fusion(self, norm: RMSNorm, x: torch.Tensor) -> bool:
-        """Whether `_whole_mlp` may run: 1-4 CUDA rows of the small-batch kernels,
-        PAGEDRT_FUSED_MLP on, no biases, one rank (the down projection's all-reduce stays
-        outside any timed op, as in `RowParallelLinear.forward_silu_mul`)."""
-        from pagedrt.models import layers
-
-        gate_up, down = self.gate_up_proj, self.down_proj
-        if not layers._small_batch_fusion(x, norm.weight, gate_up.weight, down.weight):
-            return False
-        from pagedrt.ops import mlp_triton
-
-        return (mlp_triton.ENABLED and gate_up.bias is None and down.bias is None
-                and down.tp_size == 1)
-
-    def _whole_mlp(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None,
-                   chain) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the MLP's output, the new residual): the add, the norm and the whole MLP in one
-        kernel (`pagedrt.ops.mlp_triton`) or `chain()`, whichever was timed faster for the
-        shape (`fused_or_unfused`)."""
-        from pagedrt.ops.gemv_triton import fused_or_unfused
-        from pagedrt.ops.mlp_triton import CONFIGS, mlp_triton
-
-        gate_up, down = self.gate_up_proj.weight, self.down_proj.weight
-
-        def fused(cfg):
-            y, new_residual = mlp_triton(x, residual, norm.weight, norm.eps, gate_up, down, cfg)
-            return y, (x if new_residual is None else new_residual)
-
-        key = ("mlp", tuple(gate_up.shape), x.shape[0], x.dtype, residual is not None,
-               x.device.index)
-        return fused_or_unfused(key, chain, fused, gate_up, x.shape[0], False,
-                                candidates=CONFIGS)
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -2,12 +2,9 @@
 launch, without a second kernel and without a program waiting for another.
 
 Users: the split-K decode matmuls (`pagedrt/ops/matmul_triton.py`: the programs of one output
-tile sum their partial products), the sampler's split rows (`pagedrt/ops/sample_triton.py`:
-the programs of one row keep the best of their spans), and the opt-in 1-4-row one-kernel ops
-(`pagedrt/ops/mlp_triton.py`: the down projection's partials, in two levels;
-`pagedrt/ops/attn_o_triton.py`: the heads' shares of the O projection). The scheme
-(docs/design.md, "Decode matmuls (8 to 128 rows)", "Seeded sampling" and "Small-batch
-decode"):
+tile sum their partial products) and the sampler's split rows (`pagedrt/ops/sample_triton.py`:
+the programs of one row keep the best of their spans). The scheme (docs/design.md, "Decode
+matmuls (8 to 128 rows)" and "Seeded sampling"):
 
 1. each program stores its partial result to global memory;
 2. it counts itself in on the counter of its group (tile or row), `tl.atomic_add(counter, 1)`,
@@ -92,13 +89,11 @@ def arrival_counters(device: torch.device | str, needed: int) -> torch.Tensor:
     if _capturing(device):
         raise RuntimeError(
             f"a launch needs {needed} arrival counters on {device} (a split-K decode matmul: "
-            f"its output tiles; the sampler's split rows: its rows; the whole-MLP kernel: its "
-            f"groups; the attention + O kernel: its output blocks), but {have} exist and they "
+            f"its output tiles; the sampler's split rows: its rows), but {have} exist and they "
             "cannot be allocated while a CUDA graph is being captured (the graph would hold "
             "memory of its own pool). Make a launch of this size eagerly before capturing, or "
             f"call pagedrt.ops.arrival_counters.arrival_counters(device, {needed}) first, or "
-            "set PAGEDRT_MATMUL=0 / PAGEDRT_SAMPLE_SPLIT=0 / PAGEDRT_FUSED_MLP=0 / "
-            "PAGEDRT_FUSED_ATTN_O=0.")
+            "set PAGEDRT_MATMUL=0 / PAGEDRT_SAMPLE_SPLIT=0.")
     if counters is not None:
         _RETIRED.append(counters)
     counters = torch.zeros(max(MIN_COUNTERS, next_pow2(needed)), dtype=torch.int32,

@@ -15,7 +15,6 @@ from typing import NamedTuple
 import torch
 
 from pagedrt.ops import attention_reference as ref
-from pagedrt.ops.decode_partials import DecodePartials
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -144,20 +143,15 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping, backend: str = "auto",
 def paged_attention_decode(
     query, k_cache, v_cache, block_tables, seq_lens, scale, backend: str = "auto",
     validate: bool = True, sliding_window: int | None = None, k_scales=None, v_scales=None,
-    partials: bool = False,
-):
+) -> torch.Tensor:
     """Decode attention (one query token per sequence); see the reference for shapes.
 
     sliding_window: attend only to the last `sliding_window` tokens; None = all of them.
-    partials: on the Triton backend, a split launch's partitions uncombined
-    (`pagedrt.ops.decode_partials.DecodePartials`, for an O projection that combines them);
-    otherwise the output as usual.
     """
     if _use_triton(backend, query):
         return _triton_ops().paged_attention_decode_triton(
             query, k_cache, v_cache, block_tables, seq_lens, scale, validate=validate,
-            sliding_window=sliding_window, k_scales=k_scales, v_scales=v_scales,
-            partials=partials)
+            sliding_window=sliding_window, k_scales=k_scales, v_scales=v_scales)
     return ref.paged_attention_decode_reference(query, k_cache, v_cache, block_tables, seq_lens,
                                                 scale, sliding_window, k_scales, v_scales)
 
@@ -210,8 +204,7 @@ def paged_attention(
     sliding_window: int | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
-    partials: bool = False,
-) -> torch.Tensor | DecodePartials:  # [num_tokens, num_heads, head_dim]
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     """What an attention layer calls: write the new K/V (unless `kv_written`: the caller's
     fused RoPE kernel did), then decode or extend (or decode per query token, when `meta` has
     query_seq_lens), over the last `sliding_window` positions of each query when the layer
@@ -219,9 +212,7 @@ def paged_attention(
     argument checks. k_scales, v_scales: an FP8 cache's scales (see `KVCacheLayer`), else
     None. Into an FP8 cache the write leaves key and value holding what the cache holds
     (round_rows; a fused writer must have done the same), and a prefill reads its own K/V
-    from them (`paged_attention_extend`'s key and value). With `partials`, a decode-only step
-    on the Triton backend whose launch splits returns its partitions uncombined
-    (`paged_attention_decode`), for an O projection that combines them."""
+    from them (`paged_attention_extend`'s key and value)."""
     if not kv_written:
         write_kv(key, value, k_cache, v_cache, meta.slot_mapping, meta.backend, validate=False,
                  k_scales=k_scales, v_scales=v_scales, round_rows=True)
@@ -229,7 +220,6 @@ def paged_attention(
         return paged_attention_decode(
             query, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, meta.backend,
             validate=False, sliding_window=sliding_window, k_scales=k_scales, v_scales=v_scales,
-            partials=partials,
         )
     if meta.query_seq_lens is not None:  # a short chunk per sequence, each token as a decode
         return paged_attention_decode(

@@ -79,7 +79,6 @@ from pagedrt.ops.attention_extend_triton import (
     online_softmax_step,
     paged_attention_extend_triton,
 )
-from pagedrt.ops.decode_partials import DecodePartials
 from pagedrt.ops.fp8 import is_fp8
 from pagedrt.ops.kv_write_triton import copy_blocks_triton, write_kv_triton
 from pagedrt.ops.triton_utils import (
@@ -485,8 +484,7 @@ def paged_attention_decode_triton(
     sliding_window: int | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
-    partials: bool = False,
-) -> torch.Tensor | DecodePartials:
+) -> torch.Tensor:
     """Decode attention: one query token per sequence over its `seq_lens[i]` cached tokens.
 
     Args:
@@ -521,12 +519,8 @@ def paged_attention_decode_triton(
             Blocks before the window are not read.
         k_scales, v_scales: an FP8 cache's scales, [num_blocks, num_kv_heads, block_size]
             float32 (`pagedrt.ops.fp8`); None for other caches.
-        partials: where the launch splits, return its partitions uncombined, for a consumer
-            that combines them itself (`pagedrt.ops.attn_o_triton`; `reduce_partials`
-            combines them alone).
     Returns:
-        [num_seqs, num_heads, head_dim] in query's dtype, or with `partials` and a split
-        launch its `DecodePartials`.
+        [num_seqs, num_heads, head_dim] in query's dtype.
     Raises:
         ValueError: a broken contract (with `validate`), num_splits < 1, or a config's
             warp_tiles other than 0 or 1.
@@ -601,36 +595,13 @@ def paged_attention_decode_triton(
            dim_major, warp_tiles)
     launch_first_fitting(key, configs, launch)
     if split:
-        parts = DecodePartials(part_out, part_lse, num_splits, query.dtype)
-        if partials:
-            return parts
-        reduce_partials(parts, (config or {}).get("reduce_heads"), out)
-    return out
-
-
-def reduce_partials(partials: DecodePartials, heads: int | None = None,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
-    """The split-K combine of a decode launch's partitions (`_decode_reduce_kernel`).
-
-    Args:
-        partials: from a split launch of `paged_attention_decode_triton`.
-        heads: query heads per program (a power of two); None: `reduce_heads_per_program`.
-        out: [num_seqs, num_heads, head_dim] of partials.dtype to write into, or None.
-    Returns:
-        out (or a new tensor) [num_seqs, num_heads, head_dim] in partials.dtype.
-    """
-    part_out, part_lse = partials.part_out, partials.part_lse
-    num_seqs, num_heads, num_splits, head_dim = part_out.shape
-    if out is None:
-        out = torch.empty(num_seqs, num_heads, head_dim, dtype=partials.dtype,
-                          device=part_out.device)
-    heads = heads or reduce_heads_per_program(num_seqs, num_heads, num_splits, head_dim,
-                                              device_sms(part_out))
-    _decode_reduce_kernel[(triton.cdiv(num_heads, heads), num_seqs)](
-        part_out, part_lse, out, out.stride(0), out.stride(1), num_heads, num_splits,
-        HEAD_DIM=head_dim, SPLITS_PAD=next_pow2(num_splits), HEADS=heads, num_warps=4,
-        **pdl_launch(pdl_enabled(out)),
-    )
+        heads = (config or {}).get("reduce_heads") or reduce_heads_per_program(
+            num_seqs, num_heads, num_splits, head_dim, device_sms(query))
+        _decode_reduce_kernel[(triton.cdiv(num_heads, heads), num_seqs)](
+            part_out, part_lse, out, out.stride(0), out.stride(1), num_heads, num_splits,
+            HEAD_DIM=head_dim, SPLITS_PAD=next_pow2(num_splits), HEADS=heads, num_warps=4,
+            **pdl_launch(pdl),
+        )
     return out
 
 
@@ -642,6 +613,5 @@ __all__ = [
     "paged_attention_decode_triton",
     "paged_attention_extend_triton",
     "reduce_heads_per_program",
-    "reduce_partials",
     "write_kv_triton",
 ]

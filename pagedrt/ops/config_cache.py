@@ -37,13 +37,8 @@ CHOICE_TABLES = (("pagedrt.ops.gemv_triton", ("_CHOICE", "_FUSED_CHOICE")),
 
 # PAGEDRT_* settings left out of the fingerprint: they change no kernel and no candidate, or
 # only a kernel no choice here times or runs beside (PAGEDRT_SAMPLE_SPLIT: the sampler's race
-# and argmax), or only add a choice of their own whose baseline times every choice that the
-# switch's off position makes (PAGEDRT_FUSED_MLP: the whole-MLP kernel against the chain,
-# whose ops are timed inside its baseline; PAGEDRT_FUSED_ATTN_O: the combine and the O
-# projection in one kernel against the reduce and the projection), so that A/B runs of such
-# a switch make the same choices elsewhere and time once
+# and argmax), so that A/B runs of such a switch make the same choices and time once
 _NOT_FINGERPRINTED = frozenset({ENV, "PAGEDRT_CACHE_DIR", "PAGEDRT_COMMIT",
-                                "PAGEDRT_FUSED_ATTN_O", "PAGEDRT_FUSED_MLP",
                                 "PAGEDRT_NUM_THREADS", "PAGEDRT_SAMPLE_SPLIT"})
 
 _log = logging.getLogger(__name__)
