@@ -67,8 +67,8 @@ def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tenso
     top_ps = [p.top_p for p in params]
     if any(k < vocab_size for k in top_ks) or any(p < 1.0 for p in top_ps):
         logits = apply_top_k_top_p(logits, to_device(top_ks, device, torch.int64).unsqueeze(1),
-                                    to_device(top_ps, device, torch.float32).unsqueeze(1),
-                                    top_ks, top_ps)
+                                   to_device(top_ps, device, torch.float32).unsqueeze(1),
+                                   top_ks, top_ps)
     if any(p.min_p > 0.0 for p in params):
         min_ps = to_device([p.min_p for p in params], device, torch.float32)
         logits = apply_min_p(logits, min_ps.unsqueeze(1))
@@ -111,7 +111,7 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Ten
 
 
 def penalize(x: torch.Tensor, output_counts: torch.Tensor, prompt_seen: torch.Tensor,
-              rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor) -> torch.Tensor:
+             rep: torch.Tensor, freq: torch.Tensor, pres: torch.Tensor) -> torch.Tensor:
     """The penalties of `_apply_penalties` on the rows that have them.
 
     Args:
@@ -163,7 +163,7 @@ def _apply_min_tokens(
 
 
 def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor,
-                       host_k: np.ndarray, host_p: np.ndarray) -> torch.Tensor:
+                      host_k: np.ndarray, host_p: np.ndarray) -> torch.Tensor:
     """Top-k, then top-p (nucleus; Holtzman et al. 2019), over the rows of a batch.
 
     Top-k keeps a row's k largest logits (exactly k tokens; among equal values at the k-th

@@ -311,8 +311,8 @@ class Sampler:
         logits = raw
         if len(penalized):
             x = penalize(raw[pen_t], state.output_counts[slots_t].float(),
-                          state.prompt_seen[slots_t], params[pen_t, REPETITION, None],
-                          params[pen_t, FREQUENCY, None], params[pen_t, PRESENCE, None])
+                         state.prompt_seen[slots_t], params[pen_t, REPETITION, None],
+                         params[pen_t, FREQUENCY, None], params[pen_t, PRESENCE, None])
             logits = raw.clone()
             logits[pen_t] = x
         if len(pair_i):
