@@ -3,7 +3,8 @@ Qwen2-0.5B and Llama-3-8B over a grid of tile configs, each checked against F.li
 A tuning diagnostic for the H200 (issue 16), not a benchmark of record.
 
     PYTHONPATH=$PWD python3 benchmarks/matmul_tune.py --out DIR [--rows 8,32,64,128,256]
-        [--models qwen2-0.5b,llama3-8b] [--ops qkv,o,gate_up,down] [--grid tiles|split|silu]
+        [--models qwen2-0.5b,llama3-8b] [--ops qkv,o,gate_up,down]
+        [--grid tiles|split|silu|narrow]
         [--shard I/N]
 
 Two timings per op, both from CUDA graphs: "cold", the op called once on each of enough
@@ -40,13 +41,23 @@ from pagedrt.ops.matmul_triton import CONFIGS, matmul_triton
 def grid(name: str = "tiles") -> list[tuple]:
     """"tiles": the 84 whole-K configs of the first tuning (and CONFIGS); "split": split-K
     over fewer tile shapes (split 1 included, as the reference); "silu": whole-K configs for
-    gate/up with SwiGLU's activation (`--ops gate_up_silu`)."""
+    gate/up with SwiGLU's activation (`--ops gate_up_silu`); "narrow": swapped tiles of 16 or
+    32 weight rows (under wgmma's 64, so mma.sync: four or two times the programs of the
+    64-row tiles at 8-64 rows, as the QKV + RoPE epilogue's 16- and 32-pair tiles), one to
+    four warps, whole K and split-K 2 and 4, with CONFIGS as the reference (the silu ops skip
+    the split ones)."""
     if name == "silu":  # whole K only (what silu_mul runs)
         swapped = [(bm, bn, bk, 4, st, True) for bm, bn, bk, st in
                    itertools.product((16, 32, 64), (64, 128), (64, 128), (3, 4, 5))]
         plain = [(bm, bn, 64, w, 3, False) for bm, bn, w in
                  itertools.product((64, 128), (64, 128), (4, 8))]
         return list(dict.fromkeys(swapped + plain))
+    if name == "narrow":
+        whole = [(bm, bn, bk, w, st, True) for bn, bm, bk, w, st in
+                 itertools.product((16, 32), (16, 32), (64, 128, 256), (1, 2, 4), (3, 4))]
+        split = [(bm, bn, 128, w, 4, True, sk) for bn, bm, w, sk in
+                 itertools.product((16, 32), (16, 32), (1, 2, 4), (2, 4))]
+        return list(dict.fromkeys(whole + split + CONFIGS))
     if name == "split":
         swapped = [(bm, bn, bk, 4, st, True, sk) for bm, bn, bk, st, sk in
                    itertools.product((16, 32, 64), (64, 128), (64, 128), (4,), (1, 2, 3, 4, 6, 8))]
@@ -147,7 +158,7 @@ def main() -> None:
     p.add_argument("--rows", default="8,32,64,128,256")
     p.add_argument("--models", default="qwen2-0.5b,llama3-8b")
     p.add_argument("--shard", default="0/1")
-    p.add_argument("--grid", default="tiles", choices=("tiles", "split", "silu"))
+    p.add_argument("--grid", default="tiles", choices=("tiles", "split", "silu", "narrow"))
     p.add_argument("--ops", default="qkv,o,gate_up,down",
                    help="of qkv, o, gate_up, gate_up_silu (with SwiGLU's activation), down")
     args = p.parse_args()
@@ -172,9 +183,10 @@ def main() -> None:
                     compile_only(weights, bias, x, configs[shard::num_shards],
                                  name == "gate_up_silu")
                     continue
+                silu = name == "gate_up_silu"
+                op_configs = [c for c in configs if not silu or len(c) == 6 or c[6] == 1]
                 row = {"model": model, "op": name, "n": n, "k": k, "rows": m,
-                       "copies": copies,
-                       **time_op(weights, bias, x, configs, name == "gate_up_silu")}
+                       "copies": copies, **time_op(weights, bias, x, op_configs, silu)}
                 results.append(row)
                 timed = {c: v for c, v in row["configs"].items() if "cold_us" in v}
                 best = min(timed, key=lambda c, t=timed: t[c]["cold_us"])
