@@ -31,10 +31,13 @@ def test_matmuls_run_wgmma_from_pipelined_copies(compiled, case):
                                      "griddepcontrol.launch_dependents": 1}
 
 
-def test_narrow_rope_tile_runs_ampere_mma_from_pipelined_copies(compiled):
-    """32 pairs a program: the weight side of the swapped product is under wgmma's 64 rows, so
-    Triton emits mma.sync, still fed by asynchronous copies."""
-    got = compiled["QKV + RoPE epilogue, 32 pairs"]
+@pytest.mark.parametrize("case", ["QKV + RoPE epilogue, 32 pairs", "whole K, narrow",
+                                  "SwiGLU epilogue, narrow"])
+def test_narrow_tiles_run_ampere_mma_from_pipelined_copies(compiled, case):
+    """32 pairs or 16 weight rows a program (matmul_triton.CONFIGS' narrow tiles): the weight
+    side of the swapped product is under wgmma's 64 rows, so Triton emits mma.sync, still fed
+    by asynchronous copies."""
+    got = compiled[case]
     assert got["matrix"] and all(k.startswith("mma.sync") for k in got["matrix"])
     assert got["cp_async"] > 0
     assert got["griddepcontrol"] == {"griddepcontrol.wait": 1,

@@ -39,6 +39,8 @@ CASES = {
     "whole K": (64, 64, 64, 4, 5, False, 1, False),
     "split-K 8, swap": (16, 64, 128, 4, 4, True, 8, False),
     "SwiGLU epilogue, swap": (16, 64, 128, 4, 5, True, 1, True),
+    "whole K, narrow": (16, 16, 256, 2, 4, True, 1, False),
+    "SwiGLU epilogue, narrow": (16, 16, 128, 1, 4, True, 1, True),
 }
 MATRIX = r"(wgmma\.mma_async[\w.]*|mma\.sync[\w.]*)"
 
