@@ -1,13 +1,18 @@
 """Device time of the decode CUDA graph with the tiled decode matmul (pagedrt/ops/
 matmul_triton.py) on and off, in one process: engines over the same random Qwen2-0.5B
 weights, one built with the path (its start-up timing choosing per shape), one with cuBLAS
-only, and optionally one without RoPE in the QKV matmul's epilogue (PAGEDRT_FUSED_ROPE=0);
+only, and optionally one without RoPE in the QKV matmul's epilogue (PAGEDRT_FUSED_ROPE=0)
+or one whose candidates leave out the narrow whole-K tiles (16 weight rows, `CONFIGS`' last
+four whole-K entries; "wide");
 for each batch size N, N requests of 512 prompt tokens are brought into decode on each engine
 and its N-row decode graph is replayed (its static inputs hold that engine's last real step),
 the engines alternated ABC CBA. A diagnostic for issue 16, not a benchmark of record.
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/matmul_graphs.py [--batch-sizes 8,32,64,128]
-        [--variants on,off[,norope]]
+        [--variants on,off[,norope][,wide]]
+
+Each engine times its own choices (the choice table is cleared before each is built): run it
+with PAGEDRT_CONFIG_CACHE=off, or the second engine reads the first one's choices from disk.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import torch
 
 from pagedrt import LLM, SamplingParams
 from pagedrt.bench.presets import get_preset, random_model
-from pagedrt.ops import gemv_rope_triton, matmul_triton
+from pagedrt.ops import gemv_rope_triton, matmul_rope_triton, matmul_triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from profile_step import cuda_ms  # benchmarks/profile_step.py
@@ -46,11 +51,21 @@ def into_decode(llm, n: int, tag: str) -> None:
 
 
 # matmul_triton.ENABLED, gemv_rope_triton.ENABLED
-VARIANTS = {"off": (False, True), "on": (True, True), "norope": (True, False)}
+VARIANTS = {"off": (False, True), "on": (True, True), "norope": (True, False),
+            "wide": (True, True)}
+# the candidate lists as imported, and the narrow whole-K tiles that "wide" leaves out
+LISTS = (matmul_triton.CONFIGS, matmul_triton.SILU_CONFIGS, matmul_rope_triton.CONFIGS)
+FULL = [list(v) for v in LISTS]
+NARROW = [c for c in matmul_triton.CONFIGS if c[1] == 16 and len(c) == 6]
 
 
 def set_variant(name: str) -> None:
+    """The variant's switches and candidate lists (changed in place: `_choice`'s default
+    argument is the CONFIGS list itself), with the choices timed so far forgotten."""
     matmul_triton.ENABLED, gemv_rope_triton.ENABLED = VARIANTS[name]
+    for target, full in zip(LISTS, FULL, strict=True):
+        target[:] = [c for c in full if name != "wide" or c not in NARROW]
+    matmul_triton._CHOICE.clear()
 
 
 def main() -> None:
@@ -68,11 +83,11 @@ def main() -> None:
         set_variant(name)
         llms[name] = LLM(model, max_num_seqs=max(sizes), max_model_len=4096,
                          num_kv_blocks=8192)
-    set_variant("on")
-    chosen = {k: v for k, v in matmul_triton._CHOICE.items() if v is not None}
-    print(f"{len(chosen)} of {len(matmul_triton._CHOICE)} timed shapes took the kernel")
-    for k, v in sorted(chosen.items(), key=str):
-        print(f"  {k} -> {v}")
+        chosen = {k: v for k, v in matmul_triton._CHOICE.items() if v is not None}
+        print(f"{name}: {len(chosen)} of {len(matmul_triton._CHOICE)} timed shapes took the "
+              "kernel", flush=True)
+        for k, v in sorted(chosen.items(), key=str):
+            print(f"  {k} -> {v}")
     rows = []
     for n in sizes:
         for name in names:
