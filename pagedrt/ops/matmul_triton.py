@@ -103,11 +103,12 @@ def row_count_timed(m: int, fused: bool = False) -> bool:
 # with cold weights: the whole-K tiles won on Qwen2-0.5B's QKV, O and gate/up projections, the
 # split-K ones on the down projections (K = 4,864 and 14,336) and on Llama-3-8B's O at 8 rows;
 # benchmarks/results/RUNS.md, "Runs of 2026-12-03 (23:05-01:00 UTC)" and "Runs of 2026-12-04
-# (03:30-04:00 UTC)"). The last four whole-K tiles are narrow: 16 weight rows a program, under
-# wgmma's 64, so mma.sync on 1-4 warps, and four times the programs of a 64-row tile; on an
-# H100 they beat the 64-row tiles at 8-32 rows on O (2.96-3.05 against 3.16-3.26 us) and on
-# gate/up with the activation (7.8-8.3 against 8.8-9.1; `matmul_tune.py --grid narrow`,
-# benchmarks/results/RUNS.md, "Runs of 2026-12-06 (23:10-23:40 UTC)")
+# (03:30-04:00 UTC)"). The four whole-K tiles of 16 weight rows are narrow: under wgmma's
+# 64, so mma.sync on 1-4 warps, with four times the programs of a 64-row tile; on an H100 they
+# beat the 64-row tiles at 8-32 rows on O (2.96-3.05 against 3.16-3.26 us) and on gate/up with
+# the activation (7.8-8.3 against 8.8-9.1; `matmul_tune.py --grid narrow`, benchmarks/results/
+# RUNS.md, "Runs of 2026-12-06 (23:03-00:36 UTC)"); their effect on a whole decode step is not
+# measured yet (docs/design.md, "Decode matmuls (8 to 128 rows)")
 CONFIGS = [
     (16, 64, 128, 4, 5, True),
     (32, 64, 128, 4, 5, True),
