@@ -2,8 +2,8 @@
 matmul_triton.py) on and off, in one process: engines over the same random Qwen2-0.5B
 weights, one built with the path (its start-up timing choosing per shape), one with cuBLAS
 only, and optionally one without RoPE in the QKV matmul's epilogue (PAGEDRT_FUSED_ROPE=0)
-or one whose candidates leave out the narrow whole-K tiles (16 weight rows, `CONFIGS`' last
-four whole-K entries; "wide");
+or one whose candidates leave out the narrow whole-K tiles (`CONFIGS`' four whole-K entries
+of 16 weight rows; "wide");
 for each batch size N, N requests of 512 prompt tokens are brought into decode on each engine
 and its N-row decode graph is replayed (its static inputs hold that engine's last real step),
 the engines alternated ABC CBA. A diagnostic for issue 16, not a benchmark of record.
