@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pagedrt.models import llama
-from pagedrt.ops import matmul_triton
+from pagedrt.ops import matmul_rope_triton, matmul_triton
 from pagedrt.ops.fused_triton import rotary_write_kv_triton
 from pagedrt.ops.matmul_rope_triton import matmul_qkv_rope_triton
 from pagedrt.ops.matmul_triton import matmul_triton as mm
@@ -51,10 +51,25 @@ def test_matches_the_chain(m, heads, config):
     bias and without, padding rows (slot -1), slots at a block's first and last token, a
     row count that leaves a partial row tile, K not a multiple of BLOCK_K."""
     num_heads, num_kv_heads = heads
-    d, k, block_size = 16, 40, 8
+    _compare_with_chain(m, num_heads, num_kv_heads, config, d=16, k=40,
+                        cases=((torch.float32, True), (torch.float16, False)))
+
+
+@pytest.mark.parametrize("config", matmul_rope_triton.CONFIGS, ids=str)
+def test_every_candidate_the_timing_may_pick_matches_the_chain(config):
+    """Each config of the module's own CONFIGS (the narrow tiles among them) at head_dim 64,
+    GQA 2, fp16 with a bias: 8 and 19 rows, K = 320 (BLOCK_K 256 does not divide it)."""
+    for m in (8, 19):
+        _compare_with_chain(m, 4, 2, config, d=64, k=320, cases=((torch.float16, True),))
+
+
+def _compare_with_chain(m, num_heads, num_kv_heads, config, d, k, cases):
+    """`matmul_qkv_rope_triton` with `config` against `_chain` on fresh inputs, for each
+    (dtype, with_bias) of `cases`: qkv rows and both caches (NaN where no slot was written)."""
+    block_size = 8
     n = (num_heads + 2 * num_kv_heads) * d
-    g = torch.Generator().manual_seed(m * 10 + num_kv_heads + config[1])
-    for dtype, with_bias in ((torch.float32, True), (torch.float16, False)):
+    g = torch.Generator().manual_seed(m * 10 + num_kv_heads + config[1] + d)
+    for dtype, with_bias in cases:
         x = torch.randn(m, k, generator=g).to(dtype)
         w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
         b = torch.randn(n, generator=g).to(dtype) if with_bias else None

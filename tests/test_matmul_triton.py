@@ -84,6 +84,27 @@ def test_silu_mul_matches_the_plain_path(dtype, config):
         torch.testing.assert_close(got, plain, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("config", matmul_triton.CONFIGS, ids=str)
+def test_every_candidate_the_timing_may_pick_matches_torch(config):
+    """Each config of the engine's own CONFIGS (the narrow 16-row tiles, split-K among them)
+    and, where whole-K, SILU_CONFIGS' epilogue: fp16 against torch at 8 and 19 rows, N = 70 (no
+    tile divides it) and K = 320 (BLOCK_K 256 does not divide it, 64 and 128 do)."""
+    from pagedrt.ops.fused_triton import silu_and_mul_triton
+
+    g = torch.Generator().manual_seed(sum(config))
+    for m in (8, 19):
+        x = torch.randn(m, 320, generator=g).half()
+        w = (torch.randn(70, 320, generator=g) / 320 ** 0.5).half()
+        b = torch.randn(70, generator=g).half()
+        want = torch.nn.functional.linear(x.float(), w.float(), b.float())
+        torch.testing.assert_close(mm(x, w, b, config).float(), want, rtol=2e-2, atol=2e-2)
+        if config in matmul_triton.SILU_CONFIGS:
+            w2 = (torch.randn(2 * 70, 320, generator=g) / 320 ** 0.5).half()
+            plain = silu_and_mul_triton(torch.nn.functional.linear(x, w2))
+            torch.testing.assert_close(mm(x, w2, None, config, silu_mul=True), plain,
+                                       rtol=2e-3, atol=2e-3)
+
+
 def test_bf16_under_the_interpreter_is_multiplied_in_fp32():
     """The interpreter's bf16 tl.dot is wrong (triton 3.9): the kernel upcasts there, so bf16
     matches torch within the output's rounding."""
