@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The narrow matmul tiles on the next GPU, either card, one call (carry .commit, .whl and
+# .tcache; ~8 min): first `tests/gpu/test_matmul_gpu.py` (every CONFIGS entry, the narrow tiles
+# among them, against cuBLAS in bf16; split-K in a replayed graph; the SwiGLU and RoPE
+# epilogues against the plain path; engine tokens with and without the tiled matmul), then
+# call_s140.sh's comparison at 8, 16, 32 and 64 rows: `matmul_graphs.py --variants wide,on`
+# with PAGEDRT_CONFIG_CACHE=off and PAGEDRT_TIMING_REP_MS=5, the decode graphs with and without
+# the narrow tiles in one process. If the graphs are not faster with them, take them out of
+# CONFIGS (docs/design.md, "Decode matmuls (8 to 128 rows)"). Everything in
+# $OUT/results.tgz.
+set -u
+. benchmarks/diagnostics/call_common.sh
+out="$(cd "$out" && pwd)"
+PAGEDRT_TIMING_REP_MS=2 gpu_tests matmul_gpu 200 tests/gpu/test_matmul_gpu.py
+t0=$SECONDS
+PAGEDRT_CONFIG_CACHE=off PAGEDRT_TIMING_REP_MS=5 timeout 300 python3 \
+  benchmarks/diagnostics/matmul_graphs.py --batch-sizes 8,16,32,64 --variants wide,on \
+  > "$out/r/graphs.txt" 2>&1
+echo "graphs status $? in $((SECONDS - t0)) s"
+grep -vE "^  \(" "$out/r/graphs.txt" | tail -12
+tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"
+echo "call done at ${SECONDS}s"
