@@ -44,8 +44,8 @@ def grid(name: str = "tiles") -> list[tuple]:
     gate/up with SwiGLU's activation (`--ops gate_up_silu`); "narrow": swapped tiles of 16 or
     32 weight rows (under wgmma's 64, so mma.sync: four or two times the programs of the
     64-row tiles at 8-64 rows, as the QKV + RoPE epilogue's 16- and 32-pair tiles), one to
-    four warps, whole K and split-K 2 and 4, with CONFIGS as the reference (the silu ops skip
-    the split ones)."""
+    four warps, whole K and split-K 2 and 4, with CONFIGS as the reference. In every grid
+    `--ops gate_up_silu` times only the whole-K configs (split-K has no SwiGLU epilogue)."""
     if name == "silu":  # whole K only (what silu_mul runs)
         swapped = [(bm, bn, bk, 4, st, True) for bm, bn, bk, st in
                    itertools.product((16, 32, 64), (64, 128), (64, 128), (3, 4, 5))]

@@ -3,7 +3,7 @@
 # .tcache; ~8 min): first `tests/gpu/test_matmul_gpu.py` (every CONFIGS entry, the narrow tiles
 # among them, against cuBLAS in bf16; split-K in a replayed graph; the SwiGLU and RoPE
 # epilogues against the plain path; engine tokens with and without the tiled matmul), then
-# call_s140.sh's comparison at 8, 16, 32 and 64 rows: `matmul_graphs.py --variants wide,on`
+# the comparison at 8, 16, 32 and 64 rows: `matmul_graphs.py --variants wide,on`
 # with PAGEDRT_CONFIG_CACHE=off and PAGEDRT_TIMING_REP_MS=5, the decode graphs with and without
 # the narrow tiles in one process. If the graphs are not faster with them, take them out of
 # CONFIGS (docs/design.md, "Decode matmuls (8 to 128 rows)"). Everything in
