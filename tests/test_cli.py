@@ -350,3 +350,18 @@ def test_version(capsys):
         main(["--version"])
     assert e.value.code == 0
     assert capsys.readouterr().out.strip() == f"pagedrt {pagedrt.__version__}"
+
+
+@pytest.mark.parametrize(("port", "message"), [
+    ("-1", "-1 is out of range: give 0 to 65535"),
+    ("70000", "70000 is out of range: give 0 to 65535"),
+    ("http", "'http' is not a port number: give 0 to 65535"),
+])
+def test_serve_port_out_of_range_is_a_usage_error(port, message, capsys):
+    """`pagedrt serve --port -1` (or 70000) ended in socket.bind's OverflowError traceback (a
+    fresh user's run): now a usage error naming the value, before anything starts."""
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--port", port])
+    assert e.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"pagedrt serve: error: argument --port: {message}"

@@ -433,9 +433,10 @@ def test_cli_num_threads_from_env(monkeypatch):
         assert main(["bench", "memory"]) == 2
 
 
-def test_bench_throughput_on_cpu_writes_its_trace(smollm2_path, tmp_path):
+def test_bench_throughput_on_cpu_writes_its_trace(smollm2_path, tmp_path, capsys):
     """`pagedrt bench throughput` end to end on CPU (tiny workload): the JSON has the figures
-    and one trace row per engine step, decode-only and prefill steps told apart."""
+    and one trace row per engine step, decode-only and prefill steps told apart; the first
+    line printed says what the run is about to do (no GPU-sized hint for a tiny workload)."""
     import json
 
     from pagedrt.bench.throughput import main
@@ -443,6 +444,10 @@ def test_bench_throughput_on_cpu_writes_its_trace(smollm2_path, tmp_path):
     assert main(["--model", smollm2_path, "--device", "cpu", "--dtype", "float32",
                  "--num-requests", "2", "--input-len", "8", "--output-len", "3",
                  "--num-kv-blocks", "64", "--out", str(tmp_path), "--name", "t"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("pagedrt bench throughput: ") and "2 requests, 22 prompt and " \
+        "output tokens per run, on cpu; a warm-up run, then 1 timed run(s)" in first
+    assert "GPU-sized" not in first
     data = json.loads((tmp_path / "t.json").read_text())
     row = data["results"][0]
     assert row["system"] == "pagedrt" and row["output_tokens"] == 6
@@ -487,6 +492,23 @@ def test_bench_latency_repeats_and_graphs_on_cpu(smollm2_path, tmp_path, monkeyp
         latency.main([*base, "--graphs", "on"])
     with pytest.raises(SystemExit):
         latency.main([*base, "--repeats", "0"])
+
+
+def test_bench_throughput_says_its_default_workload_is_gpu_sized_on_a_cpu():
+    """The default workload (256 x 512/128) on a CPU: the start line says how to shrink it;
+    on CUDA it does not."""
+    import argparse
+
+    from pagedrt.bench.throughput import _start_line, make_workload
+
+    args = argparse.Namespace(workload="fixed", num_requests=256, input_len=512,
+                              output_len=128, repeats=1, sampling="")
+    prompts, params, workload = make_workload(args)
+    cpu = _start_line("qwen2-0.5b", workload, prompts, params, torch.device("cpu"), args)
+    assert "256 requests, 163,840 prompt and output tokens per run, on cpu" in cpu
+    assert "GPU-sized" in cpu and "--num-requests 8 --input-len 128 --output-len 32" in cpu
+    gpu = _start_line("qwen2-0.5b", workload, prompts, params, torch.device("cuda"), args)
+    assert "GPU-sized" not in gpu
 
 
 def test_bench_throughput_repeats_reports_the_median_run(smollm2_path, tmp_path, monkeypatch):

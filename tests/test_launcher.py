@@ -66,3 +66,23 @@ def test_a_dead_core_or_a_timeout_ends_the_wait(capsys):
     assert time.monotonic() - start < 5
     assert "1 API process(es) not ready after 0 s" in capsys.readouterr().out
     w.close()
+
+
+def test_bind_errors_name_the_option_to_change():
+    """A port in use is --port's fault; an address of no interface here is --host's (a fresh
+    user's `--host 999.1.1.1` was told to pick another --port)."""
+    import pytest
+
+    taken = launcher._bind("127.0.0.1", 0)
+    try:
+        port = taken.getsockname()[1]
+        taken.listen(1)
+        with pytest.raises(ValueError, match=f"cannot listen on 127.0.0.1:{port}: .*; pick "
+                                             "another --port or stop the process using it"):
+            launcher._bind("127.0.0.1", port)
+    finally:
+        taken.close()
+    for host in ("999.1.1.1", "192.0.2.1"):  # not an address; TEST-NET-1, no interface
+        with pytest.raises(ValueError, match=f"cannot listen on {host}:0: .*; give --host an "
+                                             "address of this machine"):
+            launcher._bind(host, 0)

@@ -175,6 +175,21 @@ def test_no_paths_and_no_unbounded_echoes(open_server, keyed_server):
     open_server.assert_unharmed()
 
 
+def test_unknown_path_and_wrong_method_name_what_was_asked(open_server):
+    """404 and 405 said only "Not Found" / "Method Not Allowed" (a fresh user's try): the
+    message now names the method and path (cut at 64 characters), and a 405 the methods the
+    path takes, as its Allow header does."""
+    error = assert_error(open_server.http.get("/v1/nowhere"), 404)
+    assert error["message"] == "Not Found: GET /v1/nowhere"
+    error = assert_error(open_server.http.get("/v2/" + "y" * 5000), 404)
+    assert error["message"] == "Not Found: GET /v2/" + "y" * 60 + "..."
+    resp = open_server.http.get("/v1/completions")
+    error = assert_error(resp, 405)
+    assert error["message"] == "Method Not Allowed: GET /v1/completions; this path takes POST"
+    assert resp.headers["allow"] == "POST"
+    open_server.assert_unharmed()
+
+
 # ---------------------------------------------------------------- non-finite numbers
 @pytest.mark.parametrize("param", ["temperature", "top_p", "min_p", "presence_penalty",
                                    "frequency_penalty", "repetition_penalty"])

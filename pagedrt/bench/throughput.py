@@ -534,6 +534,20 @@ def _main_beam(llm, loaded, args, prompts, name: str, workload: str) -> int:
     return 0
 
 
+def _start_line(name: str, workload: str, prompts: list[list[int]],
+                params: list[SamplingParams], device: torch.device, args) -> str:
+    """What the run is about to do, printed before the engine starts (on a CPU the default
+    workload takes tens of minutes with nothing else printed until the tables)."""
+    tokens = sum(len(p) for p in prompts) + sum(p.max_tokens for p in params)
+    line = (f"pagedrt bench throughput: {name}, workload {workload}: {len(prompts)} requests, "
+            f"{tokens:,} prompt and output tokens per run, on {device}; a warm-up run, then "
+            f"{args.repeats} timed run(s)")
+    if device.type == "cpu" and tokens > 20_000:
+        line += (" (GPU-sized: on a CPU this takes many minutes; --num-requests 8 "
+                 "--input-len 128 --output-len 32 takes about a minute)")
+    return line
+
+
 def main(argv: list[str]) -> int:
     p = ArgumentParser(prog="pagedrt bench throughput", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -552,9 +566,13 @@ def main(argv: list[str]) -> int:
                         "token ids of the same lengths); the median is reported. With "
                         "--compare-speculative: rounds of one engine each way, made in ABBA "
                         "order (off, on, on, off, ...); medians are compared")
-    p.add_argument("--num-requests", type=int, default=256)
-    p.add_argument("--input-len", type=int, default=512)
-    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--num-requests", type=int, default=256,
+                   help="requests of the fixed workload (default: %(default)s, sized for a "
+                        "GPU; on a CPU try 8 requests of 128/32 tokens)")
+    p.add_argument("--input-len", type=int, default=512,
+                   help="prompt tokens of each fixed-workload request (default: %(default)s)")
+    p.add_argument("--output-len", type=int, default=128,
+                   help="tokens generated per fixed-workload request (default: %(default)s)")
     p.add_argument("--compare", default="", help="'hf' to run HF transformers peers")
     p.add_argument("--hf-batch-sizes", default="256", type=int_list,
                    help="comma list for HF generate (default: 256)")
@@ -599,6 +617,7 @@ def main(argv: list[str]) -> int:
     if device.type == "cuda":
         torch.cuda.empty_cache()  # what the ceilings used is free for the KV cache
     prompts, params, workload = make_workload(args)
+    print(_start_line(name, workload, prompts, params, device, args), flush=True)
     if args.compare_speculative:
         return compare_speculative(args, model, name, prompts, params, ceilings, workload)
 

@@ -99,6 +99,18 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
     return module.main(rest) or 0
 
 
+def _port(text: str) -> int:
+    """--port's type: a TCP port, 0 to 65535 (0: any free one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number: give 0 to 65535") \
+            from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is out of range: give 0 to 65535")
+    return port
+
+
 def build_parser() -> ArgumentParser:
     """The `pagedrt` parser; its `subcommands` attribute maps each command's name to its
     parser (for errors that name the command's own --help)."""
@@ -128,7 +140,7 @@ def build_parser() -> ArgumentParser:
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     s.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: 127.0.0.1, this machine only)")
-    s.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
+    s.add_argument("--port", type=_port, default=8000, help="TCP port (default: 8000)")
     s.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every path but /health "
                         "(/metrics too); also turns /docs, /redoc and /openapi.json off")

@@ -23,6 +23,7 @@ dies, the others are stopped and the launcher exits with 1.
 
 from __future__ import annotations
 
+import errno
 import logging
 import multiprocessing as mp
 import os
@@ -167,8 +168,11 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}; pick another --port "
-                         "or stop the process using it") from None
+        if e.errno in (errno.EADDRINUSE, errno.EACCES):
+            fix = "pick another --port or stop the process using it"
+        else:  # an unknown name or an address of no interface here (socket.gaierror too)
+            fix = "give --host an address of this machine (127.0.0.1, or 0.0.0.0 for all)"
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}; {fix}") from None
     sock.set_inheritable(True)
     return sock
 

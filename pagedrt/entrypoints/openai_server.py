@@ -399,7 +399,16 @@ def build_app(client: EngineCoreClient, tokenizer, served_model_name: str,
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, e: HTTPException) -> JSONResponse:
-        return _error_response(APIError(e.status_code, str(e.detail)))
+        message = str(e.detail)
+        headers = dict(e.headers or {})
+        if e.status_code in (404, 405):  # name what was asked for (cut: no long echoes)
+            path = request.url.path
+            message += f": {request.method} {path if len(path) <= 64 else path[:64] + '...'}"
+            if headers.get("Allow"):
+                message += f"; this path takes {headers['Allow']}"
+        response = _error_response(APIError(e.status_code, message))
+        response.headers.update(headers)
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
