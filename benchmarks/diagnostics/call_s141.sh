@@ -7,14 +7,15 @@
 # with PAGEDRT_CONFIG_CACHE=off and PAGEDRT_TIMING_REP_MS=5, the decode graphs with and without
 # the narrow tiles in one process. If the graphs are not faster with them, take them out of
 # CONFIGS (docs/design.md, "Decode matmuls (8 to 128 rows)"). Everything in
-# $OUT/results.tgz.
+# $OUT/results.tgz. TESTS_CAP (seconds, default 200) and BATCHES (default 8,16,32,64) shorten
+# it where little device time is left.
 set -u
 . benchmarks/diagnostics/call_common.sh
 out="$(cd "$out" && pwd)"
-PAGEDRT_TIMING_REP_MS=2 gpu_tests matmul_gpu 200 tests/gpu/test_matmul_gpu.py
+PAGEDRT_TIMING_REP_MS=2 gpu_tests matmul_gpu "${TESTS_CAP:-200}" tests/gpu/test_matmul_gpu.py
 t0=$SECONDS
 PAGEDRT_CONFIG_CACHE=off PAGEDRT_TIMING_REP_MS=5 timeout 300 python3 \
-  benchmarks/diagnostics/matmul_graphs.py --batch-sizes 8,16,32,64 --variants wide,on \
+  benchmarks/diagnostics/matmul_graphs.py --batch-sizes "${BATCHES:-8,16,32,64}" --variants wide,on \
   > "$out/r/graphs.txt" 2>&1
 echo "graphs status $? in $((SECONDS - t0)) s"
 grep -vE "^  \(" "$out/r/graphs.txt" | tail -12
