@@ -433,17 +433,32 @@ def test_cli_num_threads_from_env(monkeypatch):
         assert main(["bench", "memory"]) == 2
 
 
-def test_bench_throughput_on_cpu_writes_its_trace(smollm2_path, tmp_path, capsys):
+def test_bench_throughput_on_cpu_writes_its_trace(smollm2_path, tmp_path, capsys, monkeypatch):
     """`pagedrt bench throughput` end to end on CPU (tiny workload): the JSON has the figures
     and one trace row per engine step, decode-only and prefill steps told apart; the first
-    line printed says what the run is about to do (no GPU-sized hint for a tiny workload)."""
+    line printed says what the run is about to do (no GPU-sized hint for a tiny workload);
+    `LLM.generate`'s slow-CPU warning stays off (every run made "slow" here)."""
     import json
+    import warnings
 
     from pagedrt.bench.throughput import main
+    from pagedrt.entrypoints import cpu_threads
 
-    assert main(["--model", smollm2_path, "--device", "cpu", "--dtype", "float32",
-                 "--num-requests", "2", "--input-len", "8", "--output-len", "3",
-                 "--num-kv-blocks", "64", "--out", str(tmp_path), "--name", "t"]) == 0
+    monkeypatch.delenv("PAGEDRT_NUM_THREADS", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(cpu_threads, "SLOW_CPU_TOK_S", 1e12)
+    monkeypatch.setattr(cpu_threads, "SLOW_CPU_MIN_TOKENS", 1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert main(["--model", smollm2_path, "--device", "cpu", "--dtype", "float32",
+                         "--num-requests", "2", "--input-len", "8", "--output-len", "3",
+                         "--num-kv-blocks", "64", "--out", str(tmp_path), "--name", "t"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert not [w for w in caught if "generated tok/s" in str(w.message)]
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("pagedrt bench throughput: ") and "2 requests, 22 prompt and " \
         "output tokens per run, on cpu; a warm-up run, then 1 timed run(s)" in first

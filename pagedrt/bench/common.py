@@ -68,10 +68,15 @@ def load(args) -> tuple:
 
 
 def make_llm(model, args, **overrides):
+    """The benchmark's `LLM`, without `LLM.generate`'s slow-CPU RuntimeWarning: a benchmark
+    reports its own rates, and its warm-up (prefill-heavy, a few tokens a request) fired the
+    warning on an idle 2-core CPU (a `bench throughput` run of 2026-12-07)."""
     from pagedrt import LLM
 
-    return LLM(model, dtype=args.dtype, device=args.device,
-               **{**engine_kwargs(args), **overrides})
+    llm = LLM(model, dtype=args.dtype, device=args.device,
+              **{**engine_kwargs(args), **overrides})
+    llm._warned_slow_cpu = True
+    return llm
 
 
 def start_up_report(llm, engine_s: float) -> dict:
