@@ -139,7 +139,8 @@ class ModelConfig:
         Raises:
             ValueError: the architecture is not in SUPPORTED_ARCHITECTURES, the config asks for
                 something pagedrt does not run (Gemma 3 logit soft-capping, bidirectional
-                attention, an activation other than GELU-tanh), or a field is missing.
+                attention, an activation other than GELU-tanh; attention_bias on an architecture
+                other than Qwen2 and Gemma 3, mlp_bias), or a field is missing.
         """
         archs = cfg.get("architectures") or [cfg.get("model_type", "?")]
         arch = archs[0]
@@ -149,6 +150,7 @@ class ModelConfig:
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         gemma3 = arch == "Gemma3ForCausalLM"
+        _refuse_biases(arch, cfg)
         try:
             num_heads = cfg["num_attention_heads"]
             hidden = cfg["hidden_size"]
@@ -184,6 +186,19 @@ class ModelConfig:
             )
         except KeyError as e:
             raise ValueError(f"config.json lacks the field {e.args[0]!r}") from None
+
+
+def _refuse_biases(arch: str, cfg: dict) -> None:
+    """Biases pagedrt's modules do not have: HF's `attention_bias` puts one on the o projection
+    too (Llama, Mistral, Qwen3; Qwen2's q/k/v biases come without the field, Gemma 3 has the o
+    bias), `mlp_bias` on gate, up and down. Refused here, by name, rather than by the weight
+    loader's "matches no parameter" (a QA trial of 2026-12-07)."""
+    if cfg.get("attention_bias") and arch not in ("Qwen2ForCausalLM", "Gemma3ForCausalLM"):
+        raise ValueError(f"attention_bias=True (biases on the q/k/v and o projections) is not "
+                         f"supported for {arch}; pagedrt runs these checkpoints without them")
+    if cfg.get("mlp_bias"):
+        raise ValueError(f"mlp_bias=True (biases on the gate, up and down projections) is not "
+                         f"supported for {arch}; pagedrt runs these checkpoints without them")
 
 
 def _rope_theta(cfg: dict, rope_params: dict | None, default: float = 10000.0) -> float:

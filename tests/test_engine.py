@@ -162,6 +162,39 @@ def test_eos_and_stop_token_ids_and_output_fields(llm, prompts):
     assert_free(llm)
 
 
+def test_chat_takes_the_servers_content_forms_and_names_the_bad_item(llm):
+    """LLM.chat takes what the server takes: content as text parts (joined, the same answer
+    as the plain text), None in an assistant's message only; a bad message or conversation in
+    a list is named by its index, as is a bad prompt in a batch, and nothing is queued
+    (a QA trial of 2026-12-07 got a jinja2 UndefinedError, a TypeError, and errors naming no
+    prompt)."""
+    params = SamplingParams(temperature=0, max_tokens=8)
+    plain = llm.chat([{"role": "user", "content": "What is the capital of France?"}], params,
+                     use_tqdm=False)[0].outputs[0].token_ids
+    parts = [{"type": "text", "text": "What is the capital "}, {"type": "text", "text": "of France?"}]
+    assert llm.chat([{"role": "user", "content": parts}], params,
+                    use_tqdm=False)[0].outputs[0].token_ids == plain
+    llm.chat([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None},
+              {"role": "user", "content": "And?"}], params, use_tqdm=False)
+    with pytest.raises(ValueError, match=r"a user message needs content \(null is allowed only "
+                                         r"for an assistant's message\)"):
+        llm.chat([{"role": "user", "content": None}], params, use_tqdm=False)
+    with pytest.raises(ValueError, match=r"content part of type 'image_url' is not supported"):
+        llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}],
+                 params, use_tqdm=False)
+    with pytest.raises(ValueError, match=r"^messages\[1\]: the conversation is empty"):
+        llm.chat([[{"role": "user", "content": "Hi"}], []], params, use_tqdm=False)
+    with pytest.raises(ValueError, match=r"^messages\[1\]: chat message role='wizard'"):
+        llm.chat([[{"role": "user", "content": "Hi"}], [{"role": "wizard", "content": "x"}]],
+                 params, use_tqdm=False)
+    with pytest.raises(ValueError, match=r"^prompts\[1\]: prompt token id 1000000 is not an "
+                                         r"int in \[0, 49152\)"):
+        llm.generate(["Good", [1, 10**6], "Also good"], params, use_tqdm=False)
+    with pytest.raises(ValueError, match=r"^prompt token id 1000000"):  # one prompt: no index
+        llm.generate([[1, 10**6]], params, use_tqdm=False)
+    assert_free(llm)
+
+
 def test_streamed_logprobs_report_their_running_sum(llm, prompts):
     """A streamed request (the engine's default) reports every step all its logprobs so far
     and their sum, kept as tokens arrive: equal to summing the reported list each step, for

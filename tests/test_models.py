@@ -342,6 +342,29 @@ def test_attention_layer_matches_transformers_mixed_batch() -> None:
 # Errors
 
 
+@pytest.mark.parametrize(("arch", "config_cls", "field"), [
+    ("LlamaForCausalLM", LlamaConfig, "attention_bias"),
+    ("Qwen3ForCausalLM", Qwen3Config, "attention_bias"),
+    ("LlamaForCausalLM", LlamaConfig, "mlp_bias"),
+])
+def test_hf_biases_the_modules_lack_are_refused_by_name(arch, config_cls, field) -> None:
+    """Llama's or Qwen3's attention_bias (an o-projection bias too) and mlp_bias: a
+    ValueError naming the field, where the loader said only that a checkpoint tensor
+    'model.layers.0.self_attn.o_proj.bias' matched no parameter (a QA trial of 2026-12-07).
+    Qwen2's q/k/v biases are still read."""
+    hf_cfg = config_cls(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                        num_hidden_layers=2, vocab_size=100, intermediate_size=96,
+                        architectures=[arch], **{field: True})
+    with pytest.raises(ValueError, match=rf"^{field}=True \(biases on the .*\) is not supported "
+                                         rf"for {arch}"):
+        ModelConfig.from_hf_config(hf_cfg.to_dict())
+    plain = ModelConfig.from_hf_config({**hf_cfg.to_dict(), field: False})
+    assert not plain.attention_bias
+    bare = {k: v for k, v in hf_cfg.to_dict().items() if k not in ("attention_bias", "mlp_bias")}
+    qwen2 = ModelConfig.from_hf_config({**bare, "architectures": ["Qwen2ForCausalLM"]})
+    assert qwen2.attention_bias  # (Qwen2's config.json has no attention_bias field)
+
+
 def test_unsupported_gguf_architecture(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("PAGEDRT_CACHE_DIR", str(tmp_path / "cache"))
     path = str(tmp_path / "tiny-gpt2.gguf")

@@ -53,7 +53,7 @@ def test_a_long_value_is_cut():
     # fresh-user trial got "messages.0.content.str=5: Input should be a valid string (and 1
     # more errors)")
     ({"role": "user", "content": 5},
-     "messages.0.content=5 must be one of: str, list[ContentPart]"),
+     "messages.0.content=5 must be one of: str, a list of {'type': 'text', 'text': ...} parts"),
     # OpenAI's roles only (a trial's "wizard" generated as if it were a role)
     ({"role": "wizard", "content": "hi"},
      ("messages.0.role='wizard': Input should be 'system', 'developer', 'user', 'assistant' or "

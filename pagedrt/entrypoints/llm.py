@@ -103,12 +103,17 @@ class LLM:
         priorities = list(priority) if priority is not None else [0] * len(prompt_list)
         engine = self.llm_engine
         prepared = []
-        for prompt, params in zip(prompt_list, params_list):
-            text, token_ids = self._tokenize(prompt)
+        for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
             if not isinstance(params, SamplingParams):
                 raise ValueError(  # noqa: TRY004 - API contract: bad input is a ValueError
                     f"sampling_params entry {short_repr(params)} is not a SamplingParams")
-            engine.validate_prompt(token_ids, params)
+            try:
+                text, token_ids = self._tokenize(prompt)
+                engine.validate_prompt(token_ids, params)
+            except ValueError as e:
+                if len(prompt_list) == 1:
+                    raise
+                raise ValueError(f"prompts[{i}]: {e}") from None  # which of the batch
             prepared.append((text, token_ids, params))
         ids = []
         for (text, token_ids, params), prio in zip(prepared, priorities):
@@ -160,8 +165,15 @@ class LLM:
         or a list of conversations, then generate."""
         if not messages:
             raise ValueError("messages is empty; give at least one {'role', 'content'} message")
-        conversations = [messages] if isinstance(messages[0], dict) else messages
-        prompts = [self.apply_chat_template(c, add_generation_prompt) for c in conversations]
+        if isinstance(messages[0], dict):
+            prompts = [self.apply_chat_template(messages, add_generation_prompt)]
+        else:
+            prompts = []
+            for i, conversation in enumerate(messages):
+                try:
+                    prompts.append(self.apply_chat_template(conversation, add_generation_prompt))
+                except ValueError as e:
+                    raise ValueError(f"messages[{i}]: {e}") from None  # which conversation
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def apply_chat_template(
@@ -169,22 +181,50 @@ class LLM:
     ) -> str:
         """The model's chat template over one conversation, as text.
 
+        A message's content is text or, as in OpenAI's API and on the server, a list of
+        {"type": "text", "text": ...} parts (joined); None only in an assistant's message.
+
         Raises:
-            ValueError: no chat template; a message that is not a dict with 'role' and
-                'content', or whose role is not one of protocol.CHAT_ROLES.
+            ValueError: no tokenizer or no chat template; an empty conversation; a message that
+                is not a dict with 'role' and 'content', whose role is not one of
+                protocol.CHAT_ROLES, or whose content is not as above.
         """
         tok = self.llm_engine.tokenizer
-        if tok is None or not getattr(tok, "chat_template", None):
+        if tok is None:
+            raise ValueError("this model has no tokenizer, so no chat template; use generate() "
+                             "with token-id prompts")
+        if not getattr(tok, "chat_template", None):
             raise ValueError("this model has no chat template; use generate() with plain prompts")
-        from pagedrt.entrypoints.protocol import CHAT_ROLES  # (pydantic: only once chatting)
+        # (pydantic: only once chatting)
+        from pydantic import ValidationError
 
+        from pagedrt.entrypoints.protocol import (
+            CHAT_ROLES,
+            APIError,
+            ChatMessage,
+            api_error_from_validation,
+        )
+
+        if not conversation:
+            raise ValueError("the conversation is empty; give at least one {'role', 'content'} "
+                             "message")
+        rendered = []
         for m in conversation:
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
-                raise ValueError(f"chat message {m!r} needs 'role' and 'content'")
+                raise ValueError(f"chat message {short_repr(m)} needs 'role' and 'content'")
             if m["role"] not in CHAT_ROLES:  # the template would render any role as given
                 raise ValueError(f"chat message role={m['role']!r} is not one of "
                                  f"{', '.join(CHAT_ROLES)} (the server's roles too)")
-        return tok.apply_chat_template(conversation, tokenize=False,
+            try:  # the server's rules for content (protocol.ChatMessage)
+                message = ChatMessage.model_validate(
+                    {"role": m["role"], "content": m["content"]})
+                rendered.append({**m, **message.to_template_dict()})
+            except ValidationError as e:
+                why = api_error_from_validation(e).message.removeprefix("body: ")
+                raise ValueError(f"chat message {short_repr(m)}: {why}") from None
+            except APIError as e:
+                raise ValueError(f"chat message {short_repr(m)}: {e.message}") from None
+        return tok.apply_chat_template(rendered, tokenize=False,
                                        add_generation_prompt=add_generation_prompt)
 
     def stats(self) -> dict:

@@ -62,6 +62,10 @@ def api_error_from_value_error(e: ValueError, prompt_field: str) -> APIError:
     return APIError(400, message, param=prompt_field)
 
 
+# a type as a client knows it, where pydantic names a class of ours
+_TYPE_NAMES = {"list[ContentPart]": "a list of {'type': 'text', 'text': ...} parts"}
+
+
 def api_error_from_validation(e: ValidationError) -> APIError:
     """A 400 naming the first offending field (its top-level name) and the value sent (cut by
     `short_repr`) for a pydantic error."""
@@ -77,7 +81,9 @@ def api_error_from_validation(e: ValidationError) -> APIError:
     field = loc[:-1]
     same_field = [err for err in errors if len(err.get("loc", ())) > len(field)
                   and [str(part) for part in err["loc"][: len(field)]] == field]
-    kinds = list(dict.fromkeys(str(err["loc"][len(field)]) for err in same_field))
+    kinds = list(dict.fromkeys(_TYPE_NAMES.get(str(err["loc"][len(field)]),
+                                               str(err["loc"][len(field)]))
+                               for err in same_field))
     if field and len(kinds) > 1 and len(same_field) == len(errors):
         return APIError(400, f"{'.'.join(field)}={short_repr(first.get('input'))} must be one "
                         f"of: {', '.join(kinds)}", param=param)
