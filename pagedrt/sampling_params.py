@@ -47,7 +47,10 @@ class SamplingParams:
         seed: per-request seed; the request's samples are then reproducible whatever else runs in
             the same batch and however often it is preempted (sample i of n draws as a request
             with seed + i would; docs/design.md, "Seeded sampling").
-        max_tokens: most tokens to generate (>= 1).
+        max_tokens: most tokens to generate (>= 1), or None for as many as fit (vLLM's
+            None): max_model_len, or the whole KV cache where it holds fewer tokens, less the
+            prompt's; `LLM.generate` and `LLMEngine.add_request` set it per prompt
+            (`validation.resolve_max_tokens`).
         min_tokens: EOS and stop token ids are suppressed until this many tokens were generated.
         stop: strings that end generation; the matched string is not part of the output text.
         stop_token_ids: token ids that end generation (besides EOS unless ignore_eos).
@@ -77,7 +80,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     seed: int | None = None
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     min_tokens: int = 0
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
@@ -129,9 +132,10 @@ class SamplingParams:
             raise ValueError(f"seed={short_repr(self.seed)} must be an int or None")
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
             raise ValueError(f"seed={short_repr(self.seed)} must be in [-2**63, 2**63) (a 64-bit int)")
-        _check_int("max_tokens", self.max_tokens, 1)
+        if self.max_tokens is not None:  # (None: as many as fit, set per prompt)
+            _check_int("max_tokens", self.max_tokens, 1)
         _check_int("min_tokens", self.min_tokens, 0)
-        if self.min_tokens > self.max_tokens:
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens={self.min_tokens} exceeds max_tokens={self.max_tokens}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop={short_repr(self.stop)} must be a list of non-empty strings")

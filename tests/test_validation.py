@@ -46,3 +46,40 @@ def test_max_model_len_past_the_model_names_the_bound_and_the_flag():
                        r"max_position_embeddings=8192; pass at most that \(`--max-model-len`"):
         resolve_max_model_len(config, model)
     assert resolve_max_model_len(types.SimpleNamespace(max_model_len=None), model) == 8192
+
+
+def test_max_tokens_none_is_as_many_as_fit_per_prompt():
+    """vLLM's max_tokens=None: up to max_model_len, or the whole KV cache where it holds
+    fewer tokens, less each prompt's; the params given stay as they were."""
+    from pagedrt.engine.validation import max_tokens_that_fit, resolve_max_tokens
+
+    params = SamplingParams(max_tokens=None, min_tokens=3)
+    roomy = limits(64, 256)  # 1,000 blocks of 16: max_model_len binds
+    assert resolve_max_tokens([1] * 10, params, roomy).max_tokens == 54
+    assert resolve_max_tokens([1] * 63, SamplingParams(max_tokens=None), roomy).max_tokens == 1
+    assert params.max_tokens is None
+    assert resolve_max_tokens([1] * 10, SamplingParams(max_tokens=5), roomy).max_tokens == 5
+    small = EngineLimits(vocab_size=100, max_model_len=4096, num_blocks=4, block_size=16,
+                         max_num_seqs=8, max_position_embeddings=None)  # 64 tokens bind
+    assert max_tokens_that_fit(10, small) == 54
+    validate_prompt([1] * 10, resolve_max_tokens([1] * 10, params, small), small)
+    with pytest.raises(ValueError, match=r"min_tokens=3 exceeds max_tokens=1"):
+        resolve_max_tokens([1] * 63, params, roomy)  # (only one token fits)
+    with pytest.raises(ValueError, match=r"max_tokens=None is set per prompt"):
+        validate_prompt([1] * 10, params, roomy)
+
+
+def test_llm_generate_with_max_tokens_none_fills_max_model_len():
+    """The API end of it: each prompt of a batch runs to max_model_len (ignore_eos), and
+    LLMEngine.add_request resolves it too."""
+    from tiny_model import build_tiny_llama
+
+    from pagedrt import LLM
+
+    llm = LLM(build_tiny_llama(), num_kv_blocks=64, block_size=8, max_model_len=40)
+    params = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
+    outs = llm.generate([[1, 2, 3], [4] * 17], params, use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [37, 23]
+    request = llm.llm_engine.add_request("r", [5] * 30, params)
+    assert request.params.max_tokens == 10 and params.max_tokens is None
+    llm.llm_engine.abort_request("r")

@@ -50,7 +50,7 @@ from pagedrt.engine.detokenizer import IncrementalDetokenizer
 from pagedrt.engine.model_runner import LaunchedStep
 from pagedrt.engine.profiling import StepClock
 from pagedrt.engine.scheduler import Scheduler
-from pagedrt.engine.validation import EngineLimits, validate_prompt
+from pagedrt.engine.validation import EngineLimits, resolve_max_tokens, validate_prompt
 from pagedrt.env_flags import check_environment, env_flag
 from pagedrt.kv.kv_cache import KVCacheSpec, kv_cache_torch_dtype
 from pagedrt.kv.kv_cache_manager import KVCacheManager
@@ -236,6 +236,7 @@ class LLMEngine:
             token_ids = self.tokenize(prompt)
         else:
             token_ids = list(prompt)
+        params = self.resolve_max_tokens(token_ids, params)
         self.validate_prompt(token_ids, params)
         return self.add_validated_request(request_id, token_ids, params, text, priority, stream)
 
@@ -262,6 +263,11 @@ class LLMEngine:
         self.requests[request_id] = req
         self.scheduler.add_request(req)
         return req
+
+    def resolve_max_tokens(self, token_ids: list[int], params: SamplingParams) -> SamplingParams:
+        """See `pagedrt.engine.validation.resolve_max_tokens` (max_tokens=None set for this
+        prompt)."""
+        return resolve_max_tokens(token_ids, params, self.limits)
 
     def validate_prompt(self, token_ids: list[int], params: SamplingParams) -> None:
         """See `pagedrt.engine.validation.validate_prompt` (raises ValueError)."""

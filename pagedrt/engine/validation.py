@@ -4,6 +4,7 @@ server's API process, see docs/design.md) can reject bad requests before they re
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 from pagedrt.core.beam import num_beam_candidates
@@ -45,6 +46,22 @@ class EngineLimits(NamedTuple):
         return self.num_blocks * self.block_size
 
 
+def max_tokens_that_fit(num_prompt_tokens: int, limits: EngineLimits) -> int:
+    """The most tokens a prompt of `num_prompt_tokens` can be given: up to max_model_len, or
+    the whole KV cache where it holds fewer tokens (at least 1: a prompt too long is then
+    refused by `validate_prompt`, naming its length)."""
+    return max(1, min(limits.max_model_len, limits.kv_capacity_tokens) - num_prompt_tokens)
+
+
+def resolve_max_tokens(token_ids: list[int], params: SamplingParams,
+                       limits: EngineLimits) -> SamplingParams:
+    """`params` itself, or, where its max_tokens is None (vLLM's "as many as fit"), a copy
+    with `max_tokens_that_fit` for this prompt."""
+    if params.max_tokens is not None:
+        return params
+    return dataclasses.replace(params, max_tokens=max_tokens_that_fit(len(token_ids), limits))
+
+
 def validate_prompt(token_ids: list[int], params: SamplingParams, limits: EngineLimits) -> None:
     """Check a tokenized prompt with its sampling params against the engine's limits.
 
@@ -59,6 +76,9 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
             and the fix.
     """
     params.__post_init__()
+    if params.max_tokens is None:
+        raise ValueError("max_tokens=None is set per prompt: pass the params through "
+                         "resolve_max_tokens first (LLM.generate and LLMEngine.add_request do)")
     n = len(token_ids)
     if n == 0:
         raise ValueError("prompt is empty; give at least one token")

@@ -109,6 +109,7 @@ class LLM:
                     f"sampling_params entry {short_repr(params)} is not a SamplingParams")
             try:
                 text, token_ids = self._tokenize(prompt)
+                params = engine.resolve_max_tokens(token_ids, params)
                 engine.validate_prompt(token_ids, params)
             except ValueError as e:
                 if len(prompt_list) == 1:

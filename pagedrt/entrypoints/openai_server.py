@@ -46,7 +46,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from pagedrt.engine.detokenizer import IncrementalDetokenizer
-from pagedrt.engine.validation import validate_prompt
+from pagedrt.engine.validation import max_tokens_that_fit, validate_prompt
 from pagedrt.entrypoints.core_client import EngineCoreClient, RequestRun, RequestState
 from pagedrt.entrypoints.guards import HttpOptions, install_guards
 from pagedrt.entrypoints.metrics import CONTENT_TYPE, ServerMetrics
@@ -276,8 +276,7 @@ class OpenAIServer:
         if max_tokens is None:
             max_tokens = body.max_tokens
         if max_tokens is None:  # as much as fits (OpenAI's default for chat)
-            capacity = self.limits.kv_capacity_tokens
-            max_tokens = max(1, min(self.limits.max_model_len, capacity) - len(prompts[0]))
+            max_tokens = max_tokens_that_fit(len(prompts[0]), self.limits)
         if body.logprobs:
             logprobs = 0 if body.top_logprobs is None else body.top_logprobs
         elif body.top_logprobs:
