@@ -56,7 +56,7 @@ def max_tokens_that_fit(num_prompt_tokens: int, limits: EngineLimits) -> int:
 def resolve_max_tokens(token_ids: list[int], params: SamplingParams,
                        limits: EngineLimits) -> SamplingParams:
     """`params` itself, or, where its max_tokens is None (vLLM's "as many as fit"), a copy
-    with `max_tokens_that_fit` for this prompt."""
+    with `max_tokens_that_fit` for this prompt (docs/design.md, "Request lifecycle")."""
     if params.max_tokens is not None:
         return params
     return dataclasses.replace(params, max_tokens=max_tokens_that_fit(len(token_ids), limits))
