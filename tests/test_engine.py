@@ -195,6 +195,27 @@ def test_chat_takes_the_servers_content_forms_and_names_the_bad_item(llm):
     assert_free(llm)
 
 
+def test_chat_template_string_replaces_the_models(llm):
+    """LLM.chat(chat_template=...) as in vLLM: the string is rendered instead of the model's
+    template (the same tokens as generating from the rendered text); a template that does not
+    parse, or a value that is not a string, is a ValueError naming it."""
+    template = "Q: {{ messages[0]['content'] }}\nA:"
+    conversation = [{"role": "user", "content": "What is the capital of France?"}]
+    assert llm.apply_chat_template(conversation, chat_template=template) == \
+        "Q: What is the capital of France?\nA:"
+    params = SamplingParams(temperature=0, max_tokens=6)
+    chatted = llm.chat(conversation, params, use_tqdm=False, chat_template=template)
+    plain = llm.generate(["Q: What is the capital of France?\nA:"], params, use_tqdm=False)
+    assert chatted[0].outputs[0].token_ids == plain[0].outputs[0].token_ids
+    assert chatted[0].prompt_token_ids != llm.chat(conversation, params, use_tqdm=False)[0] \
+        .prompt_token_ids  # (the model's own template differs)
+    with pytest.raises(ValueError, match=r"^chat_template does not render: "):
+        llm.chat(conversation, params, use_tqdm=False, chat_template="{% for %}")
+    with pytest.raises(ValueError, match=r"^chat_template=5 must be a Jinja template string"):
+        llm.apply_chat_template(conversation, chat_template=5)
+    assert_free(llm)
+
+
 def test_streamed_logprobs_report_their_running_sum(llm, prompts):
     """A streamed request (the engine's default) reports every step all its logprobs so far
     and their sum, kept as tokens arrive: equal to summing the reported list each step, for

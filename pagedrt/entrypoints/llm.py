@@ -161,32 +161,38 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
+        chat_template: str | None = None,
     ) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation (a list of {"role", "content"})
-        or a list of conversations, then generate."""
+        """Apply the model's chat template (or `chat_template`, a Jinja template string, as in
+        vLLM) to one conversation (a list of {"role", "content"}) or a list of
+        conversations, then generate."""
         if not messages:
             raise ValueError("messages is empty; give at least one {'role', 'content'} message")
         if isinstance(messages[0], dict):
-            prompts = [self.apply_chat_template(messages, add_generation_prompt)]
+            prompts = [self.apply_chat_template(messages, add_generation_prompt, chat_template)]
         else:
             prompts = []
             for i, conversation in enumerate(messages):
                 try:
-                    prompts.append(self.apply_chat_template(conversation, add_generation_prompt))
+                    prompts.append(self.apply_chat_template(conversation, add_generation_prompt,
+                                                            chat_template))
                 except ValueError as e:
                     raise ValueError(f"messages[{i}]: {e}") from None  # which conversation
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def apply_chat_template(
-        self, conversation: list[dict], add_generation_prompt: bool = True
+        self, conversation: list[dict], add_generation_prompt: bool = True,
+        chat_template: str | None = None,
     ) -> str:
-        """The model's chat template over one conversation, as text.
+        """The model's chat template (or `chat_template`, a Jinja template string, which
+        transformers renders in its place) over one conversation, as text.
 
         A message's content is text or, as in OpenAI's API and on the server, a list of
         {"type": "text", "text": ...} parts (joined); None only in an assistant's message.
 
         Raises:
-            ValueError: no tokenizer or no chat template; an empty conversation; a message that
+            ValueError: no tokenizer, or no chat template and none given; an empty
+                conversation; a template string that does not parse; a message that
                 is not a dict with 'role' and 'content', whose role is not one of
                 protocol.CHAT_ROLES, or whose content is not as above.
         """
@@ -194,8 +200,12 @@ class LLM:
         if tok is None:
             raise ValueError("this model has no tokenizer, so no chat template; use generate() "
                              "with token-id prompts")
-        if not getattr(tok, "chat_template", None):
-            raise ValueError("this model has no chat template; use generate() with plain prompts")
+        if chat_template is None and not getattr(tok, "chat_template", None):
+            raise ValueError("this model has no chat template; pass chat_template (a Jinja "
+                             "template string) or use generate() with plain prompts")
+        if chat_template is not None and not isinstance(chat_template, str):
+            raise ValueError(f"chat_template={short_repr(chat_template)} must be a Jinja "
+                             "template string")
         # (pydantic: only once chatting)
         from pydantic import ValidationError
 
@@ -225,8 +235,15 @@ class LLM:
                 raise ValueError(f"chat message {short_repr(m)}: {why}") from None
             except APIError as e:
                 raise ValueError(f"chat message {short_repr(m)}: {e.message}") from None
-        return tok.apply_chat_template(rendered, tokenize=False,
-                                       add_generation_prompt=add_generation_prompt)
+        from jinja2 import TemplateError
+
+        try:
+            return tok.apply_chat_template(rendered, tokenize=False, chat_template=chat_template,
+                                           add_generation_prompt=add_generation_prompt)
+        except TemplateError as e:
+            if chat_template is None:
+                raise
+            raise ValueError(f"chat_template does not render: {e}") from None
 
     def stats(self) -> dict:
         """See LLMEngine.stats: blocks, prefix cache, fragmentation, throughput."""
