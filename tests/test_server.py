@@ -383,6 +383,10 @@ def test_openai_client_raises_typed_errors(client):
 
 # ---------------------------------------------------------------- metrics
 def test_metrics_exposes_the_series(server):
+    # one request of its own: the token counters must not rely on the tests before it (run
+    # alone, or with the file's tests spread over workers, they saw none)
+    httpx.post(f"{server}/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
+               headers=AUTH, timeout=60).raise_for_status()
     text = httpx.get(f"{server}/metrics", headers=AUTH, timeout=10).text
     for name in ("pagedrt_num_requests_running", "pagedrt_num_requests_waiting",
                  "pagedrt_kv_blocks_used", "pagedrt_kv_blocks_free", "pagedrt_kv_blocks_cached",
