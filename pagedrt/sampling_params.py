@@ -302,9 +302,14 @@ def _check_number(name: str, value) -> None:
         raise ValueError(f"{name}={short_repr(value)} must be a finite number (not NaN or infinity)")
 
 
+def short_text(text: str) -> str:
+    """`text`, cut to its first 64 characters and "..." where longer (no message echoes a huge
+    input back)."""
+    return text if len(text) <= 64 else text[:64] + "..."
+
+
 def short_repr(value) -> str:
-    """repr(value), at most about 64 characters (no message echoes a huge input back)."""
+    """repr(value), at most about 64 characters (`short_text`)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**60:
         return f"<an int of about {int(value.bit_length() * 0.30103)} digits>"
-    text = repr(value)
-    return text if len(text) <= 64 else text[:64] + "..."
+    return short_text(repr(value))

@@ -60,7 +60,7 @@ from pagedrt.entrypoints.protocol import (
 )
 from pagedrt.entrypoints.response import ResponseBuilder, StreamState
 from pagedrt.outputs import CompletionOutput, RequestOutput
-from pagedrt.sampling_params import SamplingParams
+from pagedrt.sampling_params import SamplingParams, short_text
 
 logger = logging.getLogger(__name__)
 
@@ -205,9 +205,9 @@ class OpenAIServer:
         except ValidationError as e:
             raise api_error_from_validation(e) from None
         if body.model is not None and body.model != self.served_model_name:
-            name = body.model if len(body.model) <= 64 else body.model[:64] + "..."
-            raise APIError(404, f"the model {name!r} does not exist; this server serves "
-                           f"{self.served_model_name!r}", param="model", code="model_not_found")
+            raise APIError(404, f"the model {short_text(body.model)!r} does not exist; this "
+                           f"server serves {self.served_model_name!r}", param="model",
+                           code="model_not_found")
         return body
 
     def _check_count(self, num_prompts: int, params: SamplingParams) -> None:
@@ -401,8 +401,7 @@ def build_app(client: EngineCoreClient, tokenizer, served_model_name: str,
         message = str(e.detail)
         headers = dict(e.headers or {})
         if e.status_code in (404, 405):  # name what was asked for (cut: no long echoes)
-            path = request.url.path
-            message += f": {request.method} {path if len(path) <= 64 else path[:64] + '...'}"
+            message += f": {request.method} {short_text(request.url.path)}"
             if headers.get("Allow"):
                 message += f"; this path takes {headers['Allow']}"
         response = _error_response(APIError(e.status_code, message))
