@@ -56,6 +56,12 @@ class SamplingParams:
         stop_token_ids: token ids that end generation (besides EOS unless ignore_eos).
         ignore_eos: keep generating past EOS until max_tokens.
         logprobs: return the log-probabilities of this many top tokens per step (None: none).
+        prompt_logprobs: return, for every prompt token after the first, its log-probability
+            given the tokens before it and the this many most likely tokens at its position
+            (0: the prompt token alone; None: none; at most 20), in
+            `RequestOutput.prompt_logprobs`. Such a request
+            takes no prefix-cache hit: it computes its whole prompt (docs/design.md, "Request
+            lifecycle"). Not with beam search.
         skip_special_tokens: drop special tokens from the output text.
         include_stop_str_in_output: keep the matched stop string in the text.
         beam_search: run the request as a beam search of these settings instead of sampling
@@ -86,6 +92,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     beam_search: BeamSearchParams | None = None
@@ -148,6 +155,11 @@ class SamplingParams:
             _check_int("logprobs", self.logprobs, 0)
             if self.logprobs > 20:
                 raise ValueError(f"logprobs={self.logprobs} must be at most 20")
+        prompt_k = self.prompt_logprobs
+        if prompt_k is not None and (isinstance(prompt_k, bool) or not isinstance(prompt_k, int)
+                                     or not 0 <= prompt_k <= 20):
+            raise ValueError(f"prompt_logprobs={short_repr(prompt_k)} must be None or an int in "
+                             "[0, 20]")
         if self.beam_search is not None:
             self._check_beam_search()
 
@@ -171,7 +183,8 @@ class SamplingParams:
             ("frequency_penalty", self.frequency_penalty, 0.0),
             ("repetition_penalty", self.repetition_penalty, 1.0), ("seed", self.seed, None),
             ("min_tokens", self.min_tokens, 0), ("stop", self.stop, []),
-            ("stop_token_ids", self.stop_token_ids, []), ("logprobs", self.logprobs, None))
+            ("stop_token_ids", self.stop_token_ids, []), ("logprobs", self.logprobs, None),
+            ("prompt_logprobs", self.prompt_logprobs, None))
             if value != default]
         if self.top_k not in (-1, 0):
             unsupported.insert(2, "top_k")
