@@ -61,6 +61,15 @@ class RequestOutput:
         finished: all samples finished.
         num_cached_tokens: prompt tokens served from the prefix cache at admission.
         metrics: arrival, first-token and finish times (seconds, time.monotonic()).
+        prompt_logprobs: when SamplingParams.prompt_logprobs was set, one entry per prompt
+            token: None for the first (nothing comes before it), then its `TokenLogprobs`
+            under the raw model distribution given the tokens before it (token_id: the
+            prompt token, its logprob and rank, top_logprobs: the prompt_logprobs most likely
+            (token_id, logprob) pairs at its position, most likely first); a one-token
+            prompt gives [None]. None when not asked. It is in every output of a request
+            (CUMULATIVE, and the one FINAL_ONLY or `LLM.generate` output) except with
+            output_kind DELTA, where only the first output has it (docs/design.md, "Request
+            lifecycle").
     """
 
     request_id: str
@@ -70,6 +79,7 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: dict = field(default_factory=dict)
+    prompt_logprobs: list | None = None  # of TokenLogprobs (None first)
 
 
 class TokenEvent(NamedTuple):
@@ -90,6 +100,21 @@ class TokenEvent(NamedTuple):
     logprobs: TokenLogprobs | None
     finish_reason: str | None
     stop_reason: int | str | None
+
+
+class PromptLogprobsEvent(NamedTuple):
+    """Prompt logprobs of one step of one request, as the engine core reports them (plain
+    data; typed in msgspec msgpack).
+
+    Attributes:
+        request_id: the request.
+        logprobs: a TokenLogprobs per prompt position the step computed, in order, each
+            following those of the request's earlier events (the first prompt token, which
+            has none, is never sent).
+    """
+
+    request_id: str
+    logprobs: list[TokenLogprobs]
 
 
 @dataclass

@@ -127,6 +127,11 @@ class StepPlan:
             after the sequence's last token (its num_new_tokens is 1 + their number); -1
             entries are proposed on the device side (draft model) in this step. Empty: no
             sequence speculates.
+        prompt_logprobs: req_id -> (a, b): positions a .. b - 1 of the sequence's chunk this
+            step whose next-token log-probabilities are prompt logprobs to return (those of
+            prompt tokens a + 1 .. b; pagedrt/engine/prompt_logprobs.py). Only sequences
+            asking for them (`SamplingParams.prompt_logprobs`) with positions not yet sent
+            (a prompt recomputed after a preemption sends none twice). Empty: none.
     """
 
     step_id: int = 0
@@ -141,6 +146,7 @@ class StepPlan:
     preempted_req_ids: list[str] = field(default_factory=list)
     num_prompt_tokens: int = 0
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def total_num_tokens(self) -> int:
@@ -168,6 +174,10 @@ class StepResult:
             first, then the target model's own token (so 1 + len(...) tokens in all, and
             len(...) drafts accepted); empty when the plan verified no drafts.
         extra_logprobs: the TokenLogprobs of those tokens, per sequence that asked.
+        prompt_logprobs: for every sequence of the plan's `prompt_logprobs`, one
+            TokenLogprobs per position it names, in order (token_id: the prompt token at
+            position + 1, its logprob and rank, top_logprobs: the request's
+            `prompt_logprobs` most likely (token_id, logprob) there); empty when none.
     """
 
     req_ids: list[str] = field(default_factory=list)
@@ -176,3 +186,4 @@ class StepResult:
     beams: list[BeamStepResult] = field(default_factory=list)
     extra_token_ids: dict[str, list[int]] = field(default_factory=dict)
     extra_logprobs: dict[str, list] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list] = field(default_factory=dict)

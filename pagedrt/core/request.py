@@ -77,6 +77,15 @@ class Request:
         # still being sampled (the device side knows where it is), else 0
         self.num_pending_tokens = 0
         self.output_logprobs: list = []
+        # SamplingParams.prompt_logprobs: one entry per prompt token as they come back (None
+        # for the first, then a TokenLogprobs each), on the sequence that computes the prompt;
+        # None when not asked. `num_prompt_logprobs_planned`: prompt positions a plan has
+        # asked for so far (position p gives prompt token p + 1's entry), which a recompute
+        # after a preemption does not lower: no entry is sent twice (docs/design.md, "Request
+        # lifecycle")
+        self.prompt_logprobs: list | None = None if params.prompt_logprobs is None else [None]
+        self.num_prompt_logprobs_planned = 0
+        self.prompt_logprobs_reported = False  # (DELTA outputs hold them once)
         # the sum of output_logprobs' chosen-token logprobs, kept by `append_logprob` (a
         # streamed request reports it every step: summing the list each time was quadratic)
         self.cumulative_logprob = 0.0
@@ -150,6 +159,13 @@ class Request:
         if end <= len(self.prompt_array):
             return self.prompt_array[start:end]
         return np.asarray(self.token_ids_slice(start, end), dtype=np.int64)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Whether prompt positions are left whose logprobs no plan has asked for yet (such a
+        request takes no prefix-cache hit: cached positions have no logits)."""
+        return (self.prompt_logprobs is not None
+                and self.num_prompt_logprobs_planned < len(self.prompt_token_ids) - 1)
 
     def append_logprob(self, logprob) -> None:
         """Record a sampled token's logprobs (an object whose `.logprob` is the chosen

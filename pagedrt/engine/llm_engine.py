@@ -55,7 +55,7 @@ from pagedrt.env_flags import check_environment, env_flag
 from pagedrt.kv.kv_cache import KVCacheSpec, kv_cache_torch_dtype
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.ops.attention import check_backend
-from pagedrt.outputs import CompletionOutput, RequestOutput, TokenEvent
+from pagedrt.outputs import CompletionOutput, PromptLogprobsEvent, RequestOutput, TokenEvent
 from pagedrt.sampling_params import RequestOutputKind, SamplingParams
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
@@ -194,6 +194,9 @@ class LLMEngine:
         # instead and returns no outputs; text is then made by the reader, and the engine
         # detokenizes only requests with stop strings (to find them).
         self.token_events: list[TokenEvent] | None = None
+        # in token-event mode, where the prompt logprobs a step brings go (one
+        # PromptLogprobsEvent per request and step; the engine core sets it with token_events)
+        self.prompt_logprob_events: list[PromptLogprobsEvent] | None = None
         self.counters = {"num_steps": 0, "num_prompt_tokens": 0, "num_generated_tokens": 0,
                          "num_finished_requests": 0, "busy_time_s": 0.0}
         if self.device.type == "cuda":
@@ -354,7 +357,7 @@ class LLMEngine:
         result = self.executor.fetch(step.launched)
         events = self.token_events
         heads, num_generated = self.scheduler.update(step.plan, result, self._check_stop,
-                                                     events)
+                                                     events, self.prompt_logprob_events)
         self.counters["num_generated_tokens"] += num_generated
         if events is not None:
             for head in heads:  # every sample finished
@@ -395,6 +398,8 @@ class LLMEngine:
         """The output of a request that advanced or finished: per sample, the tokens, text and
         logprobs so far (CUMULATIVE, or a request reported only once finished) or only those
         since its previous output (DELTA: no copy of the history, O(new tokens) per output).
+        The prompt logprobs, where asked, are in every output, or in the first only (DELTA);
+        the list is the request's own, not a copy.
         `Request.num_reported_tokens` marks where each sample's next delta starts; tokens
         still being sampled (`num_pending_tokens`) are left for a later output."""
         if head.beam is not None:
@@ -428,7 +433,12 @@ class LLMEngine:
         finished = head.forked and all(s.is_finished for s in head.group)
         if finished:
             self._retire(head)
-        return self._request_output(head, outs, finished)
+        output = self._request_output(head, outs, finished)
+        if head.prompt_logprobs is not None and not (delta_only
+                                                     and head.prompt_logprobs_reported):
+            output.prompt_logprobs = head.prompt_logprobs  # (complete: the prompt is computed)
+            head.prompt_logprobs_reported = True
+        return output
 
     def _make_beam_output(self, head: Request) -> RequestOutput:
         """A finished beam search: its hypotheses, best first (index = rank), detokenized

@@ -11,7 +11,10 @@ Inputs of one step, for requests r_0..r_{n-1} with query lengths q_i (new tokens
 
 Logits are computed only for the last token of requests whose step completes their tokens
 (decodes, and the last chunk of a prefill), and for every token of a sequence that verifies
-drafts (speculative decoding: its last token and its j drafts, j + 1 logits rows).
+drafts (speculative decoding: its last token and its j drafts, j + 1 logits rows). Apart from
+those, a request asking for prompt logprobs gets them for the prompt positions its plan names
+(`StepPlan.prompt_logprobs`; pagedrt/engine/prompt_logprobs.py), and such a step runs eagerly
+(no CUDA graph: a graph computes the logits of its rows only); other steps are unchanged.
 Beam slots among the sampled rows are expanded by the `BeamRunner` instead of sampled
 (docs/design.md, "Beam search"); the drafts are written, verified and the accepted ones kept
 by the `SpecRunner` (pagedrt/engine/spec_runner.py; docs/design.md, "Speculative decoding").
@@ -34,6 +37,12 @@ from pagedrt.engine.cuda_graphs import CUDAGraphRunner
 from pagedrt.engine.host_buffers import StepBuffers, to_device
 from pagedrt.engine.input_batch import InputBatch
 from pagedrt.engine.profiling import NULL_CLOCK
+from pagedrt.engine.prompt_logprobs import (
+    PromptLogprobsInputs,
+    PromptLogprobsLaunch,
+    compute_prompt_logprobs,
+    plan_positions,
+)
 from pagedrt.engine.sampler import Sampler, SamplerOutput
 from pagedrt.engine.spec_runner import SpecRunner
 from pagedrt.kv.kv_cache import KVCache
@@ -72,6 +81,8 @@ class ModelInputs:
     query_len: int = 0  # > 0: every sequence padded to this query length (verification graph)
     staged: bool = False  # the inputs are in the graph runner's `staged` buffer: a decode step
     # that replays a graph (`replay_staged`)
+    prompt: PromptLogprobsInputs | None = None  # prompt positions whose logprobs the step
+    # returns (the step then runs eagerly); None: none
 
 
 @dataclass
@@ -93,6 +104,7 @@ class LaunchedStep:
         beams: the beam searches expanded by the step, or None.
         host_verified: with `spec`, host copies (pinned on CUDA, valid once `event` is done)
             of the rejection sampler's token_ids [S, K + 1] and num_tokens [S] int64.
+        prompt_logprobs: the step's prompt logprobs on the device, or None.
     """
 
     step_id: int
@@ -106,6 +118,7 @@ class LaunchedStep:
     beams: BeamLaunch | None = None
     spec: tuple[list[int], RejectionOutput] | None = None
     host_verified: tuple[torch.Tensor, torch.Tensor] | None = None
+    prompt_logprobs: PromptLogprobsLaunch | None = None
 
 
 class ModelRunner:
@@ -317,17 +330,23 @@ class ModelRunner:
         pend = np.flatnonzero(is_sampled & (pending >= 0))
         pend_dst = cu[1:][pend] - 1
         pend_src = pending[pend]
+        prompt_ranges = plan.prompt_logprobs
+        prompt_index = prompt_targets = np.zeros(0, dtype=np.int64)
+        if prompt_ranges:  # (positions of prompt logprobs: only their requests pay)
+            prompt_ids, prompt_counts, prompt_top, prompt_index, prompt_targets = plan_positions(
+                prompt_ranges, plan.req_ids, rows, starts, cu, batch.token_ids, batch.states)
         if len(pend):
             assert (batch.pending_step[rows[pend]] == self._last_step_id).all(), (
                 f"tokens pending from steps {batch.pending_step[rows[pend]].tolist()}, "
                 f"the step in flight is {self._last_step_id}")
             assert num_drafts is None or not num_drafts[pend].any(), (
                 "drafts after a token still being sampled")
-        query_len = 0 if num_drafts is None else self.spec_runner.verify_query_len(
-            self.graph_runner, num_drafts, q_lens, ends, n, width)
+        query_len = 0 if num_drafts is None or prompt_ranges else (
+            self.spec_runner.verify_query_len(self.graph_runner, num_drafts, q_lens, ends, n,
+                                              width))
         runner = self.graph_runner
-        if (num_tokens == n and not query_len and runner is not None and runner.staged_inputs
-                and runner.can_run(n, width)):
+        if (num_tokens == n and not query_len and not prompt_ranges and runner is not None
+                and runner.staged_inputs and runner.can_run(n, width)):
             return self._stage_decode(rows, starts, ends, input_ids, slot_mapping, block_tables,
                                       sampled_idx, logits_indices, pend, pend_dst, pend_src)
         kernel_seq_lens = ends
@@ -360,19 +379,19 @@ class ModelRunner:
         patch = self.beam_runner.table_patch(rows, pend, starts, self._last_num_sampled)
         # one staging buffer, one copy: the int64 parts, then the int32 ones packed two to an
         # int64 (viewed back as int32 on the device: no conversion kernels)
-        #   [ids | positions | slots | logits | pending dst | pending src | cu, seq_lens, tables
-        #    | beam table patch]
+        #   [ids | positions | slots | logits | pending dst | pending src | prompt logprobs'
+        #    hidden rows, targets | cu, seq_lens, tables | beam table patch]
         small = np.zeros(-(-(2 * n + 1 + n * width) // 2) * 2, dtype=np.int32)  # (even)
         small[: n + 1] = cu
         small[n + 1: 2 * n + 1] = kernel_seq_lens
         small[2 * n + 1: 2 * n + 1 + n * width] = block_tables.ravel()
         parts = [input_ids, positions, slot_mapping, logits_indices, pend_dst, pend_src,
-                 small.view(np.int64)] + (patch or [])
+                 prompt_index, prompt_targets, small.view(np.int64)] + (patch or [])
         flat = np.concatenate(parts)
         flat = (torch.from_numpy(flat) if self._staging is None
                 else self._staging.to_device(flat, self.device))
-        ids_t, pos_t, slot_t, logit_t, dst_t, src_t, small_t, *patch_t = torch.split(
-            flat, [len(x) for x in parts])
+        (ids_t, pos_t, slot_t, logit_t, dst_t, src_t, prompt_index_t, prompt_targets_t, small_t,
+         *patch_t) = torch.split(flat, [len(x) for x in parts])
         cu_t, lens_t, tables_t = torch.split(small_t.view(torch.int32)[: len(cu) + n + n * width],
                                              [n + 1, n, n * width])
         if patch_t:
@@ -396,6 +415,8 @@ class ModelRunner:
             logits_indices=None if all_rows else logit_t,
             sampled_rows=rows if all_rows else rows[sampled_idx], seq_lens=ends,
             sampled_num_drafts=sampled_num_drafts, query_len=query_len,
+            prompt=PromptLogprobsInputs(prompt_ids, prompt_counts, prompt_top, prompt_index_t,
+                                        prompt_targets_t) if prompt_ranges else None,
         )
 
     def _stage_decode(self, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray,
@@ -471,11 +492,12 @@ class ModelRunner:
         self.batch.num_computed_tokens[rows] = inputs.seq_lens
         clock.mark("prepare")
         meta = inputs.meta
+        prompt = None
         if inputs.staged:
             logits = self.graph_runner.replay_staged(len(rows))
             if inputs.logits_indices is not None:
                 logits = logits[inputs.logits_indices]
-        elif (self.graph_runner is not None and meta.is_decode_only
+        elif (self.graph_runner is not None and meta.is_decode_only and inputs.prompt is None
                 and self.graph_runner.can_run(len(rows), meta.block_tables.shape[1])):
             logits = self.graph_runner.run(inputs.input_ids, inputs.positions, meta.slot_mapping,
                                            meta.seq_lens, meta.block_tables)
@@ -487,6 +509,8 @@ class ModelRunner:
             logits = logits[inputs.logits_indices]
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_cache.layers, meta)
+            if inputs.prompt is not None:
+                prompt = compute_prompt_logprobs(self.model, hidden, inputs.prompt)
             if inputs.logits_indices is not None:
                 hidden = hidden[inputs.logits_indices]
             logits = self.model.compute_logits(hidden)
@@ -496,14 +520,15 @@ class ModelRunner:
             output, rows_out, spec = self.spec_runner.sample(
                 plan, logits, sampled_rows, inputs.sampled_num_drafts, self.generator,
                 self._run_sampler, self._fork)
-            return self._launch(plan.step_id, output, rows_out, None, clock, spec=spec)
+            return self._launch(plan.step_id, output, rows_out, None, clock, spec=spec,
+                                prompt=prompt)
         index = None
         if plan.forks:
             index, sampled_rows = self._fork(plan, sampled_rows)
             logits = logits[torch.tensor(index, device=logits.device)]
         # every scheduled row sampled, in order (a decode step): the plan has their ids
         req_ids = plan.req_ids if sampled_rows is rows else None
-        return self._sample(plan.step_id, logits, sampled_rows, req_ids, clock, rows)
+        return self._sample(plan.step_id, logits, sampled_rows, req_ids, clock, rows, prompt)
 
     def _fork(self, plan: StepPlan, sampled_rows: np.ndarray) -> tuple[list[int], np.ndarray]:
         """Rows for the forked samples, each after its parent's, sampling from the parent's
@@ -534,7 +559,8 @@ class ModelRunner:
                                         batch.num_tokens, self.generator, out=out)
 
     def _sample(self, step_id: int, logits: torch.Tensor, rows: np.ndarray,
-                req_ids: list[str] | None, clock, scheduled_rows: np.ndarray) -> LaunchedStep:
+                req_ids: list[str] | None, clock, scheduled_rows: np.ndarray,
+                prompt: PromptLogprobsLaunch | None = None) -> LaunchedStep:
         """Sample one token per row (expanding beam searches where rows are beam slots)."""
         batch = self.batch
         is_beam = batch.is_beam[rows]
@@ -543,11 +569,12 @@ class ModelRunner:
             output, beams = self._sample_with_beams(logits, rows, is_beam, scheduled_rows)
         else:
             output = self._run_sampler(logits, rows)
-        return self._launch(step_id, output, rows, req_ids, clock, beams=beams)
+        return self._launch(step_id, output, rows, req_ids, clock, beams=beams, prompt=prompt)
 
     def _launch(self, step_id: int, output: SamplerOutput | None, rows: np.ndarray,
                 req_ids: list[str] | None, clock, beams: BeamLaunch | None = None,
-                spec: tuple[list[int], RejectionOutput] | None = None) -> LaunchedStep:
+                spec: tuple[list[int], RejectionOutput] | None = None,
+                prompt: PromptLogprobsLaunch | None = None) -> LaunchedStep:
         """Append a placeholder per sampled row, start the copy of what `fetch` reads to the
         host, and return the step's handle (`fetch` reads it).
 
@@ -609,7 +636,7 @@ class ModelRunner:
         if req_ids is None:
             req_ids = [states[r].req_id for r in rows.tolist()]
         return LaunchedStep(step_id, req_ids, rows, batch.epoch[rows], positions, output,
-                            host, event, beams, spec, host_verified)
+                            host, event, beams, spec, host_verified, prompt)
 
     def _sample_with_beams(self, logits: torch.Tensor, rows: np.ndarray, is_beam: np.ndarray,
                            scheduled_rows: np.ndarray) -> tuple[SamplerOutput, BeamLaunch]:
@@ -642,15 +669,18 @@ class ModelRunner:
     def fetch(self, step: LaunchedStep) -> StepResult:
         """Wait for a launched step, write its sampled tokens into their rows and return
         them (and, for rows that verified drafts, their further tokens, whose rows then move
-        their computed count back over the rejected drafts)."""
+        their computed count back over the rejected drafts; and the prompt logprobs the plan
+        asked for)."""
         if step.event is not None:
             step.event.synchronize()
+        prompt = {} if step.prompt_logprobs is None else step.prompt_logprobs.to_host()
         if step.output is None:
-            return StepResult()
+            return StepResult(prompt_logprobs=prompt)
         token_ids = step.host_token_ids.tolist()
         self.batch.write_sampled(step.req_ids, step.rows, step.epochs, step.positions,
                                  token_ids, step.step_id)
-        result = StepResult(step.req_ids, token_ids, step.output.logprobs)
+        result = StepResult(step.req_ids, token_ids, step.output.logprobs,
+                            prompt_logprobs=prompt)
         if step.beams is not None:
             result.beams = self.beam_runner.results(step.beams)
         if step.spec is not None:

@@ -10,7 +10,10 @@ gives each scheduled request at least one new token, within `max_num_batched_tok
      its blocks to the CPU pool, falling back to recompute when that pool is full);
   2. then swapped-out requests, brought back when their blocks fit;
   3. then waiting requests, with their prefix-cache hits, as long as blocks and
-     `max_num_seqs` allow. A prompt longer than the remaining budget is chunked.
+     `max_num_seqs` allow. A prompt longer than the remaining budget is chunked. A request
+     asking for prompt logprobs takes no prefix-cache hit (cached positions have no logits),
+     and each of its prompt positions is planned for prompt logprobs once
+     (`StepPlan.prompt_logprobs`), even when a preemption makes it compute them again.
 
 With async scheduling (see `LLMEngine.step`) a request's last token may be a placeholder for
 one still being sampled on the device: it is scheduled like any other token, except when it is
@@ -71,7 +74,7 @@ from pagedrt.core.request import PLACEHOLDER_TOKEN_ID, Request, RequestStatus
 from pagedrt.engine.beam_scheduling import BeamScheduling
 from pagedrt.engine.running_rows import RunningRows
 from pagedrt.kv.kv_cache_manager import KVCacheManager
-from pagedrt.outputs import TokenEvent
+from pagedrt.outputs import PromptLogprobsEvent, TokenEvent
 from pagedrt.spec.acceptance import AcceptanceRule
 from pagedrt.spec.proposer import make_host_proposer
 
@@ -134,6 +137,9 @@ class Scheduler:
         # running part or None)
         self._sampled: dict[int, tuple[list[Request], list[int],
                                        list[tuple[Request, int]], SteadyDecode | None]] = {}
+        # plans with prompt logprobs whose results are not written yet: step_id -> the
+        # sequences they asked them for, by id
+        self._prompt_logprob_reqs: dict[int, dict[str, Request]] = {}
         # steady decode steps (docs/design.md, "Host work per step"): a snapshot of
         # `running`, rebuilt when that list changes; False turns the path off (tests compare)
         self.steady_decode = True
@@ -286,7 +292,9 @@ class Scheduler:
                         budget -= num_new
                     self._chunked = True  # every slot leaves at least its last token for later
                     continue
-                hits, num_hit_tokens = self.kv.get_computed_blocks(req)
+                # (prompt logprobs need every prompt position's logits: no hit)
+                hits, num_hit_tokens = (([], 0) if req.wants_prompt_logprobs
+                                        else self.kv.get_computed_blocks(req))
                 # the query length comes from the count after the cache hit
                 num_new = min(req.num_tokens - req.num_computed_tokens - num_hit_tokens, budget)
                 if self.kv.allocate_slots(req, num_new, hits) is None:
@@ -469,6 +477,8 @@ class Scheduler:
         for req, num_new, start in zip(rest, plan.num_new_tokens[k:], starts[k:]):
             output_token_ids = req.output_token_ids
             end = req.num_computed_tokens = start + num_new
+            if req.prompt_logprobs is not None and req.wants_prompt_logprobs:
+                self._plan_prompt_logprobs(plan, req, start, end)
             # (num_tokens spelled out: this runs for every request of every step)
             if end != len(req.prompt_token_ids) + len(output_token_ids):
                 if not drafts or req.request_id not in drafts:
@@ -486,6 +496,21 @@ class Scheduler:
                 self._fork(req, plan, sampled, indices)
         plan.num_prompt_tokens = sum(plan.num_new_tokens) - num_decode
         self._sampled[plan.step_id] = (sampled, indices, beams, steady)
+
+    def _plan_prompt_logprobs(self, plan: StepPlan, req: Request, start: int,
+                              end: int) -> None:
+        """Ask the step computing positions [start, end) of `req` for the prompt logprobs of
+        those positions no earlier plan asked for (prompt positions 0 .. P - 2 give the
+        entries of prompt tokens 1 .. P - 1)."""
+        first = req.num_prompt_logprobs_planned
+        last = min(end, len(req.prompt_token_ids) - 1)
+        assert start <= first, (
+            f"{req}: prompt logprobs planned up to position {first}, but the chunk starts at "
+            f"{start}")
+        if last > first:
+            plan.prompt_logprobs[req.request_id] = (first, last)
+            req.num_prompt_logprobs_planned = last
+            self._prompt_logprob_reqs.setdefault(plan.step_id, {})[req.request_id] = req
 
     def _fork(self, req: Request, plan: StepPlan, sampled: list[Request],
               indices: list[int]) -> None:
@@ -509,6 +534,7 @@ class Scheduler:
             req.group.append(child)
             self.kv.fork(req, child)
             child.num_computed_tokens = req.num_computed_tokens
+            child.num_prompt_logprobs_planned = req.num_prompt_logprobs_planned  # (all of them)
             child.status = RequestStatus.RUNNING
             self.running.insert(position + k, child)
             child_ids.append(child.request_id)
@@ -588,7 +614,9 @@ class Scheduler:
 
     # ----------------------------------------------------------------- update
     def update(self, plan: StepPlan, result: StepResult, check_stop: StopCheck,
-               events: list[TokenEvent] | None = None) -> tuple[list[Request], int]:
+               events: list[TokenEvent] | None = None,
+               prompt_events: list[PromptLogprobsEvent] | None = None,
+               ) -> tuple[list[Request], int]:
         """Write a step's sampled tokens over their placeholders, then finish the sequences
         that `check_stop` stops (called only where a token can stop one: a stop or EOS token,
         the last allowed token, or a request whose text is checked for stop strings).
@@ -600,8 +628,16 @@ class Scheduler:
 
         events: when given (the engine core's token-event mode), a TokenEvent per written
         token is appended to it, and only the requests whose every sample finished are
-        returned."""
+        returned.
+
+        Prompt logprobs (`result.prompt_logprobs`) are appended to their sequences'
+        `prompt_logprobs` first, so that an output made with the first token holds them all;
+        in token-event mode they also go to `prompt_events`, a PromptLogprobsEvent per sequence.
+        """
         sampled, indices, beams, steady = self._sampled.pop(plan.step_id)
+        prompt_reqs = self._prompt_logprob_reqs.pop(plan.step_id, None)
+        if prompt_reqs is not None:
+            _write_prompt_logprobs(prompt_reqs, result.prompt_logprobs, prompt_events)
         # keep the finished sequences that this plan or a later one not written yet may hold
         stamps = [e[3].num_finished for e in self._sampled.values() if e[3] is not None]
         if steady is not None:
@@ -793,6 +829,20 @@ class Scheduler:
             elif head.stream or (status is not None and all(s.is_finished for s in head.group)):
                 touched[head.request_id] = head
         return list(touched.values()), num_generated
+
+
+def _write_prompt_logprobs(requests: dict[str, Request], entries: dict[str, list],
+                           events: list[PromptLogprobsEvent] | None) -> None:
+    """Append a step's prompt logprobs to their sequences (skipping those finished since:
+    aborted), and their events where given."""
+    for req_id, req in requests.items():
+        got = entries.get(req_id)
+        assert got is not None, f"{req}: the step returned no prompt logprobs"
+        if req.is_finished:
+            continue
+        req.prompt_logprobs.extend(got)
+        if events is not None:
+            events.append(PromptLogprobsEvent(req.group[0].request_id, got))
 
 
 def _insert_sorted(queue: list[Request], req: Request) -> None:
