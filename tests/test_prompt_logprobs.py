@@ -2,18 +2,22 @@
 reference computed apart, with one forward of the model over the whole prompt (the tiny
 random-weight Llama over a plain cache with the torch attention; SmolLM2 against HF
 transformers on the same weights), under chunked prefill, an available prefix-cache hit,
-preemption by recompute, n > 1, speculative decoding, the output kinds and aborts (docs/design.md, "Request lifecycle")."""
+preemption by recompute, n > 1, speculative decoding, the output kinds, token-event mode and
+aborts (docs/design.md, "Request lifecycle")."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import msgspec
 import pytest
 import torch
 
 from pagedrt import LLM, BeamSearchParams, RequestOutputKind, SamplingParams
 from pagedrt.engine.sampler import TokenLogprobs
+from pagedrt.entrypoints.engine_core import CoreOutputs
 from pagedrt.ops.attention import AttentionMetadata
+from pagedrt.outputs import PromptLogprobsEvent, TokenEvent
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -208,6 +212,37 @@ def test_output_kinds(tiny, scheduling, kind):
     reference = reference_logprobs(tiny, PROMPT[:12])
     for entries in with_them:
         assert_matches(entries, PROMPT[:12], reference, 1)
+
+
+def test_token_event_mode_sends_each_entry_once(tiny, scheduling):
+    """The engine core's mode: PromptLogprobsEvents carry the entries (None excluded) in
+    order, before the request's first token, and they cross as typed msgpack."""
+    llm = make_llm(tiny, num_kv_blocks=20, max_num_batched_tokens=16,
+                   preemption_mode="recompute")
+    engine = llm.llm_engine
+    events: list = []
+    prompt_events: list = []
+    engine.token_events, engine.prompt_logprob_events = events, prompt_events
+    prompts = {f"r{i}": PROMPT[i: i + 24] for i in range(4)}
+    for rid, prompt in prompts.items():
+        engine.add_request(rid, prompt, greedy(max_tokens=40, prompt_logprobs=2))
+    got = {rid: [] for rid in prompts}
+    first_token_seen = set()
+    while engine.has_unfinished_requests():
+        assert engine.step() == []
+        message = msgspec.msgpack.Decoder(CoreOutputs).decode(msgspec.msgpack.encode(
+            CoreOutputs(list(events), [], None, list(prompt_events))))
+        for event in message.prompt_logprobs:
+            assert isinstance(event, PromptLogprobsEvent)
+            assert event.request_id not in first_token_seen
+            got[event.request_id] += event.logprobs
+        first_token_seen.update(e.request_id for e in message.events)
+        assert all(isinstance(e, TokenEvent) for e in message.events)
+        events.clear()
+        prompt_events.clear()
+    assert llm.stats()["num_preemptions_recompute"] > 0
+    for rid, prompt in prompts.items():
+        assert_matches([None, *got[rid]], prompt, reference_logprobs(tiny, prompt), 2)
 
 
 def test_abort_in_the_middle_of_the_prompt_frees_everything(tiny, scheduling):

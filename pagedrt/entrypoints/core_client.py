@@ -52,6 +52,9 @@ class RequestState:
 
     Attributes:
         token_ids, logprobs: per sample, every token (and TokenLogprobs) so far.
+        prompt_logprobs: None first, then a TokenLogprobs per prompt token as they arrive
+            (complete once the first token has: engine_core.CoreOutputs); None when the
+            request did not ask (SamplingParams.prompt_logprobs).
         finish_reasons, stop_reasons: per sample, set when it finished.
         num_finished: samples finished.
         arrival_time: time.monotonic() when the HTTP request arrived.
@@ -66,6 +69,7 @@ class RequestState:
         "logprobs",
         "n",
         "num_finished",
+        "prompt_logprobs",
         "prompt_token_ids",
         "request_id",
         "run",
@@ -74,7 +78,7 @@ class RequestState:
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], n: int, run: RequestRun,
-                 arrival_time: float) -> None:
+                 arrival_time: float, prompt_logprobs: bool = False) -> None:
         self.request_id, self.prompt_token_ids, self.run, self.n = (
             request_id, prompt_token_ids, run, n)
         self.token_ids: list[list[int]] = [[] for _ in range(n)]
@@ -82,6 +86,7 @@ class RequestState:
         self.finish_reasons: list[str | None] = [None] * n
         self.stop_reasons: list[int | str | None] = [None] * n
         self.num_finished = 0
+        self.prompt_logprobs: list | None = [None] if prompt_logprobs else None
         self.arrival_time = arrival_time
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
@@ -198,6 +203,10 @@ class EngineCoreClient:
         now = time.monotonic()
         states = self.states
         touched: dict[str, RequestState] = {}
+        for rid, entries in outputs.prompt_logprobs:  # (before the tokens they precede)
+            state = states.get(rid)
+            if state is not None and state.prompt_logprobs is not None:
+                state.prompt_logprobs += entries
         for rid, sample_index, token_id, logprobs, finish_reason, stop_reason in outputs.events:
             state = states.get(rid)
             if state is None:

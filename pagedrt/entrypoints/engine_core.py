@@ -6,7 +6,9 @@
                                                  engine.step()   (schedule, execute, update)
     CoreOutputs  <-- zmq PULL (own) <- PUSH ---  one message per step per API process: every
                                                  token sampled for its requests (TokenEvents),
-                                                 failed requests, now and then a stats snapshot
+                                                 the prompt logprobs the step computed for them
+                                                 (PromptLogprobsEvents), failed requests, now
+                                                 and then a stats snapshot
     liveness: one multiprocessing Pipe per API process (and one for the launcher); end of
     file on either side means the other process is gone.
 
@@ -44,7 +46,7 @@ from typing import NamedTuple
 
 from pagedrt.config import EngineConfig
 from pagedrt.engine.validation import EngineLimits
-from pagedrt.outputs import TokenEvent
+from pagedrt.outputs import PromptLogprobsEvent, TokenEvent
 from pagedrt.sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger("pagedrt.engine_core")
@@ -87,11 +89,16 @@ class CoreOutputs(NamedTuple):
         events: one TokenEvent per sampled token, in row order.
         failures: requests that ended with an error.
         stats: an `LLMEngine.stats()` snapshot, or None (sent every STATS_INTERVAL_S).
+        prompt_logprobs: the prompt logprobs the step computed, one PromptLogprobsEvent per
+            request that asked (SamplingParams.prompt_logprobs); a request's come in order,
+            all of them before (or in the same message as) its first token. Read before
+            `events`.
     """
 
     events: list[TokenEvent]
     failures: list[Failure]
     stats: dict | None
+    prompt_logprobs: list[PromptLogprobsEvent] = []  # noqa: RUF012 - never mutated
 
 
 @dataclass
@@ -225,6 +232,8 @@ class EngineCore:
         self.conns = conns
         self.events: list = []
         engine.token_events = self.events
+        self.prompt_events: list = []
+        engine.prompt_logprob_events = self.prompt_events
         tokenizer = engine.tokenizer
         import torch
 
@@ -300,7 +309,8 @@ class EngineCore:
                 t3 = clock()
                 now = time.monotonic()
                 stats_due = now - self._last_stats_time > STATS_INTERVAL_S
-                if self.events or any(self.failures) or (stats_due and busy):
+                if (self.events or self.prompt_events or any(self.failures)
+                        or (stats_due and busy)):
                     self._publish(stats_due)
                 elif not busy and stats_due and self._last_stats_time >= 0:
                     self._publish(True)  # one snapshot on going idle, then quiet
@@ -368,6 +378,7 @@ class EngineCore:
         except Exception as e:
             logger.exception("engine step failed; failing %d requests", len(self.client_of))
             self.events.clear()
+            self.prompt_events.clear()
             for rid, client in self.client_of.items():
                 self.engine.abort_request(rid)
                 self.failures[client].append(Failure(rid, 500, f"engine step failed: {e!r}"))
@@ -385,22 +396,17 @@ class EngineCore:
             stats = self.engine.stats(detailed=False)
             self._last_stats_time = time.monotonic()
         events = self.events
-        if len(self.outputs) == 1:
-            per_client = [events]
-        else:
-            per_client = [[] for _ in self.outputs]
-            client_of = self.client_of
-            for event in events:
-                client = client_of.get(event[0])
-                if client is not None:
-                    per_client[client].append(event)
+        per_client = self._per_client(events)
+        prompt_per_client = self._per_client(self.prompt_events)
         encode = self._encoder.encode
         for client, sock in enumerate(self.outputs):
             failures = self.failures[client]
-            if per_client[client] or failures or stats is not None:
-                sock.send(encode(CoreOutputs(per_client[client], failures, stats)), zmq.NOBLOCK,
+            if per_client[client] or prompt_per_client[client] or failures or stats is not None:
+                sock.send(encode(CoreOutputs(per_client[client], failures, stats,
+                                             prompt_per_client[client])), zmq.NOBLOCK,
                           copy=False)
             self.failures[client] = []
+        self.prompt_events.clear()
         # requests whose last sample finished this step are no longer the core's
         requests = self.engine.requests
         for event in events:
@@ -409,12 +415,26 @@ class EngineCore:
         events.clear()
 
 
+    def _per_client(self, events: list) -> list[list]:
+        """Events (NamedTuples whose first field is the request id) split by API process."""
+        if len(self.outputs) == 1:
+            return [events]
+        per_client = [[] for _ in self.outputs]
+        client_of = self.client_of
+        for event in events:
+            client = client_of.get(event[0])
+            if client is not None:
+                per_client[client].append(event)
+        return per_client
+
+
 # ---------------------------------------------------------------- warm-up
 def warm_up(engine) -> None:
     """Run each kind of step the server will take once, so that no kernel variant or code path
     is compiled or loaded while a client waits: a prefill, the same prompt again (a prefix-cache
     hit: extend over cached blocks), decodes alone and batched with a chunked prefill,
-    sampled rows with top-k/top-p/min-p, penalties, seeds, logprobs and n = 2, and a beam
+    sampled rows with top-k/top-p/min-p, penalties, seeds, logprobs, prompt logprobs and n = 2,
+    and a beam
     search beside them (log-softmax, top-k and sort kernels, the partial-block copy). Then the
     engine's counters and peaks are reset (the warm-up blocks stay in the prefix cache,
     evictable)."""
@@ -426,7 +446,8 @@ def warm_up(engine) -> None:
     prompt = [(7 + 13 * i) % vocab for i in range(long_len)]
     greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     sampled = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, max_tokens=4,
-                             ignore_eos=True, logprobs=2, seed=1, presence_penalty=0.5,
+                             ignore_eos=True, logprobs=2, prompt_logprobs=2, seed=1,
+                             presence_penalty=0.5,
                              frequency_penalty=0.5, repetition_penalty=1.1)
     batches = [
         [(prompt, greedy)],
