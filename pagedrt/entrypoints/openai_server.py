@@ -32,6 +32,7 @@ a handler runs; prompt_input.py bounds prompt counts and lengths before tokenizi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -60,7 +61,7 @@ from pagedrt.entrypoints.protocol import (
 )
 from pagedrt.entrypoints.response import ResponseBuilder, StreamState
 from pagedrt.outputs import CompletionOutput, RequestOutput
-from pagedrt.sampling_params import SamplingParams, short_text
+from pagedrt.sampling_params import SamplingParams, short_repr, short_text
 
 logger = logging.getLogger(__name__)
 
@@ -80,11 +81,14 @@ class _Run:
 
     def __init__(self, client: EngineCoreClient, tokenizer, request: Request, base_id: str,
                  prompts: list[list[int]], params: SamplingParams, arrival_time: float,
-                 stream: bool) -> None:
+                 stream: bool, echo: list[str] | None = None) -> None:
+        """echo: each prompt's text, which its outputs' `prompt` carries (completions with
+        echo=true), or None."""
         self.client, self.request, self.stream = client, request, stream
-        self.prompts, self.params = prompts, params
+        self.prompts, self.params, self.echo = prompts, params, echo
         self.run = RequestRun()
-        self.states = [RequestState(f"{base_id}-{i}", p, params.n, self.run, arrival_time)
+        self.states = [RequestState(f"{base_id}-{i}", p, params.n, self.run, arrival_time,
+                                    prompt_logprobs=params.prompt_logprobs is not None)
                        for i, p in enumerate(prompts)]
         self.detokenizers = [[None if tokenizer is None
                               else IncrementalDetokenizer(tokenizer, p, params)
@@ -142,7 +146,8 @@ class _Run:
                     logprobs=state.logprobs[k] if wants_logprobs else None, delta_text=delta)
 
     def final_outputs(self) -> list[RequestOutput]:
-        """Every prompt's finished RequestOutput (the text detokenized here, once)."""
+        """Every prompt's finished RequestOutput (the text detokenized here, once; `prompt`
+        the echoed text, if any, and the prompt logprobs, if asked)."""
         finals = []
         for p, state in enumerate(self.states):
             outs = []
@@ -158,8 +163,10 @@ class _Run:
                     index=k, text=text, token_ids=state.token_ids[k],
                     finish_reason=state.finish_reasons[k], stop_reason=state.stop_reasons[k],
                     logprobs=state.logprobs[k] if self.params.logprobs is not None else None))
-            finals.append(RequestOutput(state.request_id, None, state.prompt_token_ids, outs,
-                                        finished=True))
+            finals.append(RequestOutput(
+                state.request_id, None if self.echo is None else self.echo[p],
+                state.prompt_token_ids, outs, finished=True,
+                prompt_logprobs=state.prompt_logprobs))
         return finals
 
     def _abort_unfinished(self) -> None:
@@ -229,8 +236,6 @@ class OpenAIServer:
     async def completions(self, request: Request) -> Response:
         arrival_time = time.monotonic()
         body: CompletionRequest = await self.parse(request, CompletionRequest)
-        if body.echo:
-            raise APIError(400, "echo=true is not supported", param="echo")
         if body.suffix:
             raise APIError(400, "suffix is not supported", param="suffix")
         prompt = body.prompt
@@ -239,6 +244,10 @@ class OpenAIServer:
             params = body.to_sampling_params(max_tokens, body.logprobs)
         except ValueError as e:
             raise api_error_from_value_error(e, "prompt") from None
+        _check_prompt_logprobs(body)
+        if body.echo and body.logprobs is not None:  # the echoed tokens' logprobs
+            params = dataclasses.replace(
+                params, prompt_logprobs=max(body.logprobs, params.prompt_logprobs or 0))
         if not prompt:
             raise APIError(400, "prompt is empty; give at least one token", param="prompt")
         one = isinstance(prompt, str) or isinstance(prompt[0], int)
@@ -252,7 +261,19 @@ class OpenAIServer:
         else:
             prompts = [list(p) for p in prompt]
         self._validate(prompts, params, "prompt")
-        return await self._respond(request, "completion", body, prompts, params, arrival_time)
+        echo = None
+        if body.echo:  # the prompt's text as sent; token ids decoded
+            if isinstance(prompt, str):
+                echo = [prompt]
+            elif isinstance(prompt[0], str):
+                echo = list(prompt)
+            else:
+                echo = [self._decode(ids) for ids in prompts]
+        return await self._respond(request, "completion", body, prompts, params, arrival_time,
+                                   echo)
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return "" if self.tokenizer is None else self.tokenizer.decode(token_ids)
 
     async def chat_completions(self, request: Request) -> Response:
         arrival_time = time.monotonic()
@@ -296,32 +317,41 @@ class OpenAIServer:
                                                       1)
                 error.param = sent[error.param]
             raise error from None
+        _check_prompt_logprobs(body)
         self._check_count(1, params)
         self._validate(prompts, params, "messages")
         return await self._respond(request, "chat", body, prompts, params, arrival_time)
 
     # ------------------------------------------------------------ responses
     async def _respond(self, request: Request, kind: str, body, prompts: list[list[int]],
-                       params: SamplingParams, arrival_time: float) -> Response:
+                       params: SamplingParams, arrival_time: float,
+                       echo: list[str] | None = None) -> Response:
         base_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         run = _Run(self.client, self.tokenizer, request, base_id, prompts, params,
-                   arrival_time, stream=bool(body.stream))
+                   arrival_time, stream=bool(body.stream), echo=echo)
+        num_top = params.logprobs or 0
         if body.stream:
-            return StreamingResponse(self._stream(run, kind, base_id, body.include_usage),
+            return StreamingResponse(self._stream(run, kind, base_id, body.include_usage,
+                                                  num_top),
                                      media_type="text/event-stream", headers=_SSE_HEADERS)
         async with run:
             while not run.finished:
                 await run.wait()
                 if run.gone:  # the client is gone; nobody reads this
                     return Response(status_code=499)
-        return JSONResponse(self.builder.full_response(kind, base_id, run.final_outputs(),
-                                                       params.n))
+        return JSONResponse(self.builder.full_response(
+            kind, base_id, run.final_outputs(), params.n, echo=echo is not None,
+            num_top=num_top, prompt_logprobs=body.prompt_logprobs))
 
-    async def _stream(self, run: _Run, kind: str, base_id: str, include_usage: bool):
+    async def _stream(self, run: _Run, kind: str, base_id: str, include_usage: bool,
+                      num_top: int = 0):
         """Server-sent events; requests are added only once the response streams, so a client
         that leaves before the first byte never starts one. Each wake-up sends everything that
-        arrived since the last one, in one write."""
-        stream: StreamState = self.builder.stream(kind, base_id, run.params.n, len(run.prompts))
+        arrived since the last one, in one write. With echo, each choice's first chunk leads
+        with its prompt (and the prompt's logprobs, num_top per token, where asked)."""
+        echo = None if run.echo is None else list(zip(run.echo, run.prompts))
+        stream: StreamState = self.builder.stream(kind, base_id, run.params.n, len(run.prompts),
+                                                  echo, num_top)
         try:
             async with run:
                 pieces = [_sse(chunk) for chunk in stream.start()]
@@ -334,7 +364,8 @@ class OpenAIServer:
                         if fast is not None:
                             pieces.append(fast)
                         else:
-                            pieces += [_sse(chunk) for chunk in stream.update_one(p, out)]
+                            pieces += [_sse(chunk) for chunk in stream.update_one(
+                                p, out, run.states[p].prompt_logprobs)]
                     if pieces:
                         yield "".join(pieces)
                         pieces = []
@@ -359,6 +390,15 @@ class OpenAIServer:
         for state in list(self.client.states.values()):
             state.run.fail(503, "the server is shutting down")
         self.client.abort(list(self.client.states))
+
+
+def _check_prompt_logprobs(body) -> None:
+    """prompt_logprobs is for whole responses only (vLLM refuses it on streams too)."""
+    if body.stream and body.prompt_logprobs is not None:
+        raise APIError(400, f"prompt_logprobs={short_repr(body.prompt_logprobs)} is not "
+                       "available with stream=true; ask without streaming (echo=true with "
+                       "logprobs gives the prompt tokens' logprobs on a completions stream)",
+                       param="prompt_logprobs")
 
 
 def _sse(payload: dict) -> str:

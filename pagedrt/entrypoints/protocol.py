@@ -112,7 +112,9 @@ class _SamplingRequest(_Body):
     stop_token_ids, ignore_eos, skip_special_tokens, include_stop_str_in_output, and beam search
     (use_beam_search with n as the beam width, every beam returned as a choice, best first;
     length_penalty; early_stopping, HF's True / False / "never"). A beam search's choices
-    arrive together when it ends, streamed or not.
+    arrive together when it ends, streamed or not. prompt_logprobs (vLLM's): the logprob of
+    every prompt token but the first, with this many most likely tokens at its position, in
+    the response's `prompt_logprobs` (not with stream=true, as in vLLM).
     """
 
     model: str | None = None
@@ -138,6 +140,7 @@ class _SamplingRequest(_Body):
     use_beam_search: bool | None = None
     length_penalty: float | None = None
     early_stopping: bool | str | None = None
+    prompt_logprobs: int | None = None
 
     def to_sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """Raises ValueError (from SamplingParams or BeamSearchParams) naming the field and
@@ -148,6 +151,8 @@ class _SamplingRequest(_Body):
             "frequency_penalty", "repetition_penalty", "stop", "stop_token_ids", "min_tokens",
             "ignore_eos", "skip_special_tokens", "include_stop_str_in_output")}
         kwargs = {name: value for name, value in given.items() if value is not None}
+        if self.prompt_logprobs is not None:
+            kwargs["prompt_logprobs"] = self.prompt_logprobs
         if not self.use_beam_search:
             for name in ("length_penalty", "early_stopping"):
                 if getattr(self, name) is not None:

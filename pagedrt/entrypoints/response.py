@@ -2,6 +2,17 @@
 
 Choice indices: with a batch of prompts, choice `prompt_index * n + sample_index` (OpenAI's
 order). Logprobs come per generated token; tokens are shown as their own decoded text.
+
+Echo (completions, `echo=true`): each choice's text starts with its prompt's text (streamed:
+the first chunk of each choice), and with logprobs its logprobs object covers the prompt tokens
+first (the first with a null token_logprob and top_logprobs, nothing coming before it), their
+text offsets counting from 0 and the generated tokens' continuing after them.
+
+Prompt logprobs (vLLM's `prompt_logprobs` field): a list with one entry per prompt token, null
+for the first, then {token id as a string: {"logprob", "rank", "decoded_token"}} holding the
+prompt token and the asked number of most likely tokens at its position; on each completion
+choice (and at the top of a completion response with one prompt), at the top of a chat
+response.
 """
 
 from __future__ import annotations
@@ -62,6 +73,50 @@ class ResponseBuilder:
             content.append(entry)
         return {"content": content}
 
+    def echo_logprobs(self, token_ids: list[int], entries: list | None,
+                      num_top: int) -> tuple[dict, int]:
+        """The legacy completions logprobs of echoed prompt tokens, and the text offset after
+        them.
+
+        Args:
+            token_ids: the prompt.
+            entries: RequestOutput.prompt_logprobs (None first, then a TokenLogprobs per
+                token); None or missing entries give null values.
+            num_top: top_logprobs per token (the request's logprobs).
+        """
+        tokens, token_logprobs, top, offsets = [], [], [], []
+        offset = 0
+        for j, token_id in enumerate(token_ids):
+            text = self.token_text(token_id)
+            e = entries[j] if entries is not None and j < len(entries) else None
+            tokens.append(text)
+            token_logprobs.append(None if e is None else _finite(e.logprob))
+            top.append(None if e is None else {self.token_text(t): _finite(lp)
+                                               for t, lp in e.top_logprobs[:num_top]})
+            offsets.append(offset)
+            offset += len(text)
+        return ({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top,
+                 "text_offset": offsets}, offset)
+
+    def prompt_logprobs(self, entries: list | None, num_top: int) -> list | None:
+        """vLLM's `prompt_logprobs` response field from RequestOutput.prompt_logprobs: None
+        first, then per prompt token {str(token id): {"logprob", "rank", "decoded_token"}},
+        the token itself and its num_top most likely (rank: their order, 1 first)."""
+        if entries is None:
+            return None
+        out: list = []
+        for e in entries:
+            if e is None:
+                out.append(None)
+                continue
+            item = {str(e.token_id): {"logprob": _finite(e.logprob), "rank": e.rank,
+                                      "decoded_token": self.token_text(e.token_id)}}
+            for rank, (t, lp) in enumerate(e.top_logprobs[:num_top], start=1):
+                item.setdefault(str(t), {"logprob": _finite(lp), "rank": rank,
+                                         "decoded_token": self.token_text(t)})
+            out.append(item)
+        return out
+
     def _logprobs(self, kind: str, entries: list[TokenLogprobs] | None, text_offset: int = 0):
         if entries is None:
             return None
@@ -71,24 +126,51 @@ class ResponseBuilder:
 
     # ------------------------------------------------------------ whole responses
     def full_response(self, kind: str, response_id: str, finals: list[RequestOutput],
-                      n: int) -> dict:
+                      n: int, echo: bool = False, num_top: int = 0,
+                      prompt_logprobs: int | None = None) -> dict:
+        """The whole response. echo (completions): each RequestOutput's `prompt` (the prompt's
+        text) leads its choices' text, and its prompt logprobs their logprobs (num_top: the
+        request's logprobs). prompt_logprobs: the top count of vLLM's field when asked (from
+        each RequestOutput.prompt_logprobs), else None (no field)."""
         choices = []
         for p, out in enumerate(finals):
             for o in out.outputs:
-                choice = {"index": p * n + o.index, "logprobs": self._logprobs(kind, o.logprobs),
+                logprobs = self._logprobs(kind, o.logprobs)
+                text = o.text
+                if echo and kind != "chat":
+                    text = (out.prompt or "") + text
+                    if logprobs is not None:
+                        head, end = self.echo_logprobs(out.prompt_token_ids,
+                                                       out.prompt_logprobs, num_top)
+                        logprobs = _joined(head, self.completion_logprobs(o.logprobs, end))
+                choice = {"index": p * n + o.index, "logprobs": logprobs,
                           "finish_reason": o.finish_reason, "stop_reason": o.stop_reason}
                 if kind == "chat":
-                    choice["message"] = {"role": "assistant", "content": o.text}
+                    choice["message"] = {"role": "assistant", "content": text}
                 else:
-                    choice["text"] = o.text
+                    choice["text"] = text
+                    if prompt_logprobs is not None:
+                        choice["prompt_logprobs"] = self.prompt_logprobs(out.prompt_logprobs,
+                                                                         prompt_logprobs)
                 choices.append(choice)
         choices.sort(key=lambda c: c["index"])
-        return {"id": response_id, "object": "chat.completion" if kind == "chat"
-                else "text_completion", "created": int(time.time()), "model": self.model_name,
-                "choices": choices, "usage": usage(finals)}
+        response = {"id": response_id, "object": "chat.completion" if kind == "chat"
+                    else "text_completion", "created": int(time.time()),
+                    "model": self.model_name, "choices": choices, "usage": usage(finals)}
+        if prompt_logprobs is not None and len(finals) == 1:
+            response["prompt_logprobs"] = self.prompt_logprobs(finals[0].prompt_logprobs,
+                                                               prompt_logprobs)
+        return response
 
-    def stream(self, kind: str, response_id: str, n: int, num_prompts: int) -> StreamState:
-        return StreamState(self, kind, response_id, n, num_prompts)
+    def stream(self, kind: str, response_id: str, n: int, num_prompts: int,
+               echo: list[tuple[str, list[int]]] | None = None,
+               num_top: int = 0) -> StreamState:
+        return StreamState(self, kind, response_id, n, num_prompts, echo, num_top)
+
+
+def _joined(head: dict, tail: dict) -> dict:
+    """Two legacy completions logprobs objects, one after the other."""
+    return {key: head[key] + tail[key] for key in head}
 
 
 def usage(finals: list[RequestOutput]) -> dict:
@@ -102,13 +184,19 @@ class StreamState:
     """What each choice of one streamed response has been sent so far."""
 
     def __init__(self, builder: ResponseBuilder, kind: str, response_id: str, n: int,
-                 num_prompts: int) -> None:
+                 num_prompts: int, echo: list[tuple[str, list[int]]] | None = None,
+                 num_top: int = 0) -> None:
+        """echo (completions): per prompt, its text and token ids, which lead each of its
+        choices' first chunk (with their logprobs where the request has logprobs, num_top
+        of them per token)."""
         self.builder, self.kind, self.response_id, self.n = builder, kind, response_id, n
         self.num_choices = n * num_prompts
         self.created = int(time.time())
         self.num_sent_logprobs = [0] * self.num_choices
         self.text_offsets = [0] * self.num_choices
         self.finished = [False] * self.num_choices
+        self.echo, self.num_top = echo, num_top
+        self.echoed = [echo is None] * self.num_choices  # its prompt sent (or none to send)
         self._sse_prefix: str | None = None
 
     def _chunk(self, choices: list[dict]) -> dict:
@@ -131,7 +219,7 @@ class StreamState:
         if o.finished or o.logprobs is not None or not o.delta_text:
             return None
         index = prompt_index * self.n + o.index
-        if self.finished[index]:
+        if self.finished[index] or not self.echoed[index]:
             return None
         if self._sse_prefix is None:
             head = json.dumps({"id": self.response_id, "object": "chat.completion.chunk"
@@ -145,32 +233,45 @@ class StreamState:
         return (f"{self._sse_prefix}{index}{body}"
                 f"{json.dumps(o.delta_text, ensure_ascii=False)}{close}")
 
-    def update_one(self, prompt_index: int, o: CompletionOutput) -> list[dict]:
-        """A chunk for one choice if it has new text, new logprobs or just finished."""
-        chunk = self._choice_chunk(prompt_index, o)
+    def update_one(self, prompt_index: int, o: CompletionOutput,
+                   prompt_logprobs: list | None = None) -> list[dict]:
+        """A chunk for one choice if it has new text, new logprobs or just finished (or its
+        echoed prompt is still to send; prompt_logprobs: its prompt's entries, for that)."""
+        chunk = self._choice_chunk(prompt_index, o, prompt_logprobs)
         return [] if chunk is None else [chunk]
 
-    def _choice_chunk(self, prompt_index: int, o: CompletionOutput) -> dict | None:
+    def _choice_chunk(self, prompt_index: int, o: CompletionOutput,
+                      prompt_logprobs: list | None = None) -> dict | None:
         index = prompt_index * self.n + o.index
         if self.finished[index]:
             return None
+        echo_text, echo_logprobs = "", None
+        if not self.echoed[index]:
+            self.echoed[index] = True
+            echo_text, token_ids = self.echo[prompt_index]
+            if o.logprobs is not None:
+                echo_logprobs, self.text_offsets[index] = self.builder.echo_logprobs(
+                    token_ids, prompt_logprobs, self.num_top)
         new_logprobs = None
         if o.logprobs is not None:
             new_logprobs = o.logprobs[self.num_sent_logprobs[index]:]
             self.num_sent_logprobs[index] = len(o.logprobs)
-        if not o.delta_text and not new_logprobs and not o.finished:
+        if (not o.delta_text and not new_logprobs and not o.finished and not echo_text
+                and echo_logprobs is None):
             return None
         self.finished[index] = o.finished
         logprobs = self.builder._logprobs(self.kind, new_logprobs, self.text_offsets[index])
         if logprobs is not None and self.kind != "chat":
             self.text_offsets[index] += sum(len(t) for t in logprobs["tokens"])
+        if echo_logprobs is not None:
+            logprobs = _joined(echo_logprobs, logprobs)
         choice = {"index": index, "logprobs": logprobs, "finish_reason": o.finish_reason}
         if o.finished:
             choice["stop_reason"] = o.stop_reason
         if self.kind == "chat":
             choice["delta"] = {"content": o.delta_text} if o.delta_text else {}
         else:
-            choice["text"] = o.delta_text
+            choice["text"] = echo_text + o.delta_text
         return self._chunk([choice])
 
     def usage_chunk(self, finals: list[RequestOutput]) -> dict:

@@ -1,0 +1,176 @@
+"""`echo` and `prompt_logprobs` on the OpenAI-compatible server, end to end: a real `pagedrt
+serve` process (its engine core in its own process) on 127.0.0.1, raw httpx clients. The prompt
+tokens' logprobs are checked against HF transformers run over the whole prompt on the same
+weights; every wait is bounded."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+import torch
+from server_process import start_server, stop_server
+
+API_KEY = "test-key"
+MODEL = "SmolLM2-135M-Instruct"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+PROMPT = "The capital of France is Paris, and the capital of Italy is"
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path, tmp_path_factory) -> str:
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    proc, url = start_server(["--api-key", API_KEY, "--served-model-name", MODEL,
+                              "--num-kv-blocks", "128", "--max-model-len", "1024"], log_path)
+    try:
+        yield url
+    finally:
+        stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2, hf_smollm2) -> tuple[list[int], torch.Tensor]:
+    """The prompt's token ids and HF's log_softmax at every position ([P, vocab])."""
+    ids = smollm2.tokenizer.encode(PROMPT)
+    with torch.inference_mode():
+        logits = hf_smollm2(input_ids=torch.tensor([ids])).logits[0]
+    return ids, torch.log_softmax(logits.float(), dim=-1)
+
+
+def post(server: str, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{server}/v1/{path}", json={"model": MODEL, **body}, headers=AUTH,
+                      timeout=120)
+
+
+def stream_chunks(server: str, body: dict) -> list[dict]:
+    chunks = []
+    with httpx.stream("POST", f"{server}/v1/completions", headers=AUTH, timeout=120,
+                      json={"model": MODEL, "stream": True, **body}) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[len("data: "):]))
+    return chunks
+
+
+def token_logprob(ref: torch.Tensor, ids: list[int], j: int) -> float:
+    return ref[j - 1, ids[j]].item()
+
+
+def assert_idle(server: str) -> None:
+    """No KV block held and nothing running (every request's blocks were freed)."""
+    deadline = time.monotonic() + 30
+    while True:
+        text = httpx.get(f"{server}/metrics", headers=AUTH, timeout=10).text
+        values = dict(line.rsplit(" ", 1) for line in text.splitlines()
+                      if line.startswith(("pagedrt_kv_blocks_used ",
+                                          "pagedrt_num_requests_running ")))
+        if all(float(v) == 0 for v in values.values()) and len(values) == 2:
+            return
+        assert time.monotonic() < deadline, values
+        time.sleep(0.1)
+
+
+def test_echo_with_logprobs_covers_the_prompt(server, reference):
+    ids, ref = reference
+    body = {"prompt": PROMPT, "max_tokens": 5, "temperature": 0, "logprobs": 2, "echo": True}
+    r = post(server, "completions", body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    plain = post(server, "completions", {**body, "echo": False}).json()["choices"][0]
+    assert choice["text"] == PROMPT + plain["text"]
+    lp = choice["logprobs"]
+    p = len(ids)
+    assert len(lp["tokens"]) == p + len(plain["logprobs"]["tokens"])
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    for j in range(1, p):
+        assert lp["token_logprobs"][j] == pytest.approx(token_logprob(ref, ids, j), abs=2e-3)
+        assert len(lp["top_logprobs"][j]) == 2
+        best = ref[j - 1].max().item()
+        assert max(lp["top_logprobs"][j].values()) == pytest.approx(best, abs=2e-3)
+    assert lp["token_logprobs"][p:] == pytest.approx(plain["logprobs"]["token_logprobs"],
+                                                     abs=1e-5)
+    offsets = lp["text_offset"]
+    assert offsets[0] == 0 and offsets == sorted(offsets)
+    assert offsets[p] == sum(len(t) for t in lp["tokens"][:p])
+    assert "prompt_logprobs" not in choice  # (not asked)
+
+
+def test_streamed_echo_gives_the_same_text_and_logprobs(server, reference):
+    ids, _ = reference
+    body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 1, "echo": True,
+            "n": 2}
+    whole = post(server, "completions", body).json()["choices"]
+    chunks = [c for c in stream_chunks(server, body) if c["choices"]]
+    for index in (0, 1):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == index]
+        assert mine[0]["text"].startswith(PROMPT)  # the first chunk leads with the prompt
+        assert "".join(c["text"] for c in mine) == whole[index]["text"]
+        tokens = [t for c in mine if c["logprobs"] for t in c["logprobs"]["tokens"]]
+        values = [v for c in mine if c["logprobs"] for v in c["logprobs"]["token_logprobs"]]
+        assert tokens == whole[index]["logprobs"]["tokens"]
+        assert values[0] is None
+        assert values[1:] == pytest.approx(whole[index]["logprobs"]["token_logprobs"][1:],
+                                           abs=1e-5)
+        assert len(tokens) > len(ids)
+
+
+def test_streamed_echo_without_logprobs(server):
+    chunks = [c for c in stream_chunks(server, {"prompt": [PROMPT, "Hello"], "max_tokens": 3,
+                                                "temperature": 0, "echo": True})
+              if c["choices"]]
+    texts = {0: "", 1: ""}
+    for c in chunks:
+        texts[c["choices"][0]["index"]] += c["choices"][0]["text"]
+    assert texts[0].startswith(PROMPT) and texts[1].startswith("Hello")
+    assert len(texts[0]) > len(PROMPT)
+
+
+def test_prompt_logprobs_field_on_completions(server, reference):
+    ids, ref = reference
+    r = post(server, "completions", {"prompt": ids, "max_tokens": 2, "temperature": 0,
+                                     "prompt_logprobs": 3})
+    assert r.status_code == 200, r.text
+    response = r.json()
+    entries = response["choices"][0]["prompt_logprobs"]
+    assert response["prompt_logprobs"] == entries
+    assert len(entries) == len(ids) and entries[0] is None
+    for j in range(1, len(ids)):
+        item = entries[j]
+        assert str(ids[j]) in item and 1 <= len(item) <= 4
+        mine = item[str(ids[j])]
+        assert mine["logprob"] == pytest.approx(token_logprob(ref, ids, j), abs=2e-3)
+        assert mine["rank"] >= 1 and isinstance(mine["decoded_token"], str)
+        assert all(1 <= v["rank"] <= 3 for k, v in item.items() if k != str(ids[j]))
+
+
+def test_prompt_logprobs_field_on_chat(server):
+    r = post(server, "chat/completions", {"messages": [{"role": "user", "content": "Hi!"}],
+                                          "max_tokens": 2, "temperature": 0,
+                                          "prompt_logprobs": 0})
+    assert r.status_code == 200, r.text
+    response = r.json()
+    entries = response["prompt_logprobs"]
+    assert len(entries) == response["usage"]["prompt_tokens"] and entries[0] is None
+    assert all(len(e) == 1 and next(iter(e.values()))["logprob"] <= 0 for e in entries[1:])
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("completions", {"prompt": "Hi", "prompt_logprobs": 21}, "prompt_logprobs"),
+    ("completions", {"prompt": "Hi", "prompt_logprobs": -1}, "prompt_logprobs"),
+    ("completions", {"prompt": "Hi", "prompt_logprobs": "2"}, "prompt_logprobs"),
+    ("completions", {"prompt": "Hi", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+    ("completions", {"prompt": "Hi", "prompt_logprobs": 1, "use_beam_search": True, "n": 2},
+     "prompt_logprobs"),
+    ("completions", {"prompt": "Hi", "echo": True, "suffix": "!"}, "suffix"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                          "prompt_logprobs": 25}, "prompt_logprobs"),
+])
+def test_bad_values_are_400_and_hold_nothing(server, path, body, param):
+    r = post(server, path, {"max_tokens": 2, **body})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert_idle(server)
