@@ -127,14 +127,15 @@ def test_prefix_cache_hit_is_not_taken(tiny, scheduling):
     assert_free(llm)
 
 
-def test_preemption_by_recompute_sends_no_entry_twice(tiny, scheduling):
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_sends_no_entry_twice(tiny, scheduling, mode):
     # 4 x (24 + 40) tokens want 32 blocks of 8 and get 20: sequences are preempted and
-    # recompute their prompts, some in the middle of their chunked prefill
-    llm = make_llm(tiny, num_kv_blocks=20, max_num_batched_tokens=16,
-                   preemption_mode="recompute")
+    # recompute their prompts (or swap out and back), some in the middle of their chunked
+    # prefill
+    llm = make_llm(tiny, num_kv_blocks=20, max_num_batched_tokens=16, preemption_mode=mode)
     prompts = [PROMPT[i: i + 24] for i in range(4)]
     outs = llm.generate(prompts, greedy(max_tokens=40, prompt_logprobs=2), use_tqdm=False)
-    assert llm.stats()["num_preemptions_recompute"] > 0
+    assert llm.stats()[f"num_preemptions_{mode}"] > 0
     for out, prompt in zip(outs, prompts):
         assert_matches(out.prompt_logprobs, prompt, reference_logprobs(tiny, prompt), 2)
     alone = make_llm(tiny).generate(prompts, greedy(max_tokens=40), use_tqdm=False)
