@@ -57,11 +57,10 @@ class SamplingParams:
         ignore_eos: keep generating past EOS until max_tokens.
         logprobs: return the log-probabilities of this many top tokens per step (None: none).
         prompt_logprobs: return, for every prompt token after the first, its log-probability
-            given the tokens before it and the this many most likely tokens at its position
-            (0: the prompt token alone; None: none; at most 20), in
-            `RequestOutput.prompt_logprobs`. Such a request
-            takes no prefix-cache hit: it computes its whole prompt (docs/design.md, "Request
-            lifecycle"). Not with beam search.
+            given the tokens before it and this many most likely tokens at its position (0:
+            the prompt token alone; None: none; at most 20), in `RequestOutput.prompt_logprobs`.
+            Such a request takes no prefix-cache hit: it computes its whole prompt
+            (docs/design.md, "Request lifecycle"). Not with beam search.
         skip_special_tokens: drop special tokens from the output text.
         include_stop_str_in_output: keep the matched stop string in the text.
         beam_search: run the request as a beam search of these settings instead of sampling

@@ -414,7 +414,6 @@ class EngineCore:
                 self.client_of.pop(event[0], None)
         events.clear()
 
-
     def _per_client(self, events: list) -> list[list]:
         """Events (NamedTuples whose first field is the request id) split by API process."""
         if len(self.outputs) == 1:
@@ -432,11 +431,10 @@ class EngineCore:
 def warm_up(engine) -> None:
     """Run each kind of step the server will take once, so that no kernel variant or code path
     is compiled or loaded while a client waits: a prefill, the same prompt again (a prefix-cache
-    hit: extend over cached blocks), decodes alone and batched with a chunked prefill,
-    sampled rows with top-k/top-p/min-p, penalties, seeds, logprobs, prompt logprobs and n = 2,
-    and a beam
-    search beside them (log-softmax, top-k and sort kernels, the partial-block copy). Then the
-    engine's counters and peaks are reset (the warm-up blocks stay in the prefix cache,
+    hit: extend over cached blocks), decodes alone and batched with a chunked prefill, sampled
+    rows with top-k/top-p/min-p, penalties, seeds, logprobs, prompt logprobs and n = 2, and a
+    beam search beside them (log-softmax, top-k and sort kernels, the partial-block copy). Then
+    the engine's counters and peaks are reset (the warm-up blocks stay in the prefix cache,
     evictable)."""
     limits = engine.limits
     long_len = 512 if engine.device.type == "cuda" else 32
