@@ -70,6 +70,14 @@ class SamplingParams:
             whole output so far (CUMULATIVE, the default), only what each output adds (DELTA),
             or the request once finished (FINAL_ONLY). `LLM.generate` returns whole outputs
             whatever it is; a beam search is reported once, whole.
+        logit_bias: OpenAI's map of token id (an int >= 0, within the model's vocabulary) to a
+            bias in [-100, 100], added to that token's logit before penalties, temperature and
+            the filters (docs/design.md, "Logit bias and allowed tokens"); -100 all but bans a
+            token, +100 all but forces it. None (or an empty map, stored as None): no bias.
+        allowed_token_ids: vLLM's list of the only token ids that may be sampled (ints >= 0
+            within the vocabulary; non-empty); every other token's logit is -inf. None: every
+            token. Neither setting changes the logprobs returned, which stay those of the raw
+            model distribution; neither goes with beam search.
 
     Raises:
         ValueError: from `__post_init__`, naming the field, the value and the allowed range;
@@ -96,6 +104,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     beam_search: BeamSearchParams | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         self.output_kind = _as_output_kind(self.output_kind)
@@ -159,8 +169,39 @@ class SamplingParams:
                                      or not 0 <= prompt_k <= 20):
             raise ValueError(f"prompt_logprobs={short_repr(prompt_k)} must be None or an int in "
                              "[0, 20]")
+        self._check_token_controls()
         if self.beam_search is not None:
             self._check_beam_search()
+
+    def _check_token_controls(self) -> None:
+        """logit_bias and allowed_token_ids: their types, ranges and non-emptiness (the
+        vocabulary bound is checked against the model, in `validation.validate_prompt`);
+        stored as a dict of int -> float and a list of ints."""
+        bias = self.logit_bias
+        if bias is not None:
+            if not isinstance(bias, dict):
+                raise ValueError(f"logit_bias={short_repr(bias)} must be a map of token ids to "
+                                 "biases in [-100, 100]")
+            for key, value in bias.items():
+                if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key < 2**63:
+                    raise ValueError(f"logit_bias[{short_repr(key)}]: the key must be a token "
+                                     "id, an int >= 0")
+                if (isinstance(value, bool) or not isinstance(value, (int, float))
+                        or not -100.0 <= value <= 100.0):  # (NaN fails the comparison)
+                    raise ValueError(f"logit_bias[{key}]={short_repr(value)} must be a number "
+                                     "in [-100, 100]")
+            self.logit_bias = {key: float(value) for key, value in bias.items()} or None
+        if self.allowed_token_ids is not None:
+            allowed = _as_list("allowed_token_ids", self.allowed_token_ids,
+                               "a non-empty list of token ids (ints >= 0)")
+            if not allowed:
+                raise ValueError("allowed_token_ids=[] must name at least one token id (None "
+                                 "allows every token)")
+            for i, t in enumerate(allowed):
+                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**63:
+                    raise ValueError(f"allowed_token_ids[{i}]={short_repr(t)} must be a token "
+                                     "id, an int >= 0")
+            self.allowed_token_ids = allowed
 
     def _check_beam_search(self) -> None:
         """A beam search scores the model's own log-probabilities: nothing that samples,
@@ -183,7 +224,9 @@ class SamplingParams:
             ("repetition_penalty", self.repetition_penalty, 1.0), ("seed", self.seed, None),
             ("min_tokens", self.min_tokens, 0), ("stop", self.stop, []),
             ("stop_token_ids", self.stop_token_ids, []), ("logprobs", self.logprobs, None),
-            ("prompt_logprobs", self.prompt_logprobs, None))
+            ("prompt_logprobs", self.prompt_logprobs, None),
+            ("logit_bias", self.logit_bias, None),
+            ("allowed_token_ids", self.allowed_token_ids, None))
             if value != default]
         if self.top_k not in (-1, 0):
             unsupported.insert(2, "top_k")
@@ -205,6 +248,11 @@ class SamplingParams:
         async scheduling does not have on the host while a step is in flight."""
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether logit_bias or allowed_token_ids change the logits before sampling."""
+        return self.logit_bias is not None or self.allowed_token_ids is not None
 
 
 @dataclass(frozen=True)

@@ -72,10 +72,13 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
     Raises:
         ValueError: empty prompt, a token id that is not an int in [0, vocab_size), a prompt
             or prompt + max_tokens longer than max_model_len, or more KV blocks than the whole
-            cache holds, or a sampling param out of its range; the message names the value
+            cache holds, or a sampling param out of its range (a logit_bias key or an
+            allowed_token_ids entry outside [0, vocab_size) too); the message names the value
             and the fix.
     """
     params.__post_init__()
+    if params.adjusts_logits:
+        _validate_token_controls(params, limits.vocab_size)
     if params.max_tokens is None:
         raise ValueError("max_tokens=None is set per prompt: pass the params through "
                          "resolve_max_tokens first (LLM.generate and LLMEngine.add_request do)")
@@ -112,6 +115,21 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
         )
     if params.beam_search is not None:
         _validate_beam_search(n, params, limits)
+
+
+def _validate_token_controls(params: SamplingParams, vocab_size: int) -> None:
+    """logit_bias keys and allowed_token_ids entries within the vocabulary (their types and the
+    bias range were checked by `SamplingParams`)."""
+    if params.logit_bias is not None:
+        bad = next((t for t in params.logit_bias if t >= vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"logit_bias[{bad}]: token id {bad} is not in the vocabulary "
+                             f"[0, {vocab_size})")
+    allowed = params.allowed_token_ids
+    if allowed is not None and max(allowed) >= vocab_size:
+        i = next(i for i, t in enumerate(allowed) if t >= vocab_size)
+        raise ValueError(f"allowed_token_ids[{i}]={allowed[i]} is not a token id of the "
+                         f"vocabulary [0, {vocab_size})")
 
 
 def _longer_context_fix(max_model_len: int, limits: EngineLimits) -> str:
