@@ -5,6 +5,8 @@ Order of operations (vLLM v1's default, which matches HF transformers where both
 
     raw logits --log_softmax--> logprobs (returned; the model's own distribution)
         |
+        +-- logit_bias added; tokens outside allowed_token_ids set to -inf (one additive
+        |   row per request, pagedrt/engine/logit_bias.py)
         +-- penalties: repetition (prompt + output), frequency and presence (output only)
         +-- min_tokens: EOS / stop_token_ids set to -inf while too few tokens were generated
         |
@@ -15,9 +17,10 @@ The logprobs, the argmax and the exponential race are the sampler's; the steps b
 here.
 
 The reference (torch) path builds each row's settings from a list of rows (objects with the
-attributes of `SamplingRow`) on every call: `processed_logits` (penalties, then min_tokens:
-the logits a greedy row takes the argmax of) and `sampling_probs` (temperature, top-k, top-p,
-min-p, softmax: the distribution a sampled row draws from). `Sampler.__call__` and the
+attributes of `SamplingRow`) on every call: `processed_logits` (logit_bias and
+allowed_token_ids, penalties, then min_tokens: the logits a greedy row takes the argmax of)
+and `sampling_probs` (temperature, top-k, top-p, min-p, softmax: the distribution a sampled
+row draws from). `Sampler.__call__` and the
 rejection sampler (pagedrt/spec/rejection_sampler.py) use them. The batched
 `Sampler.sample_rows` reads the settings from `SamplingState` (pagedrt/engine/
 sampling_state.py) as tensors instead and calls the same building blocks itself: `penalize`,
@@ -34,19 +37,39 @@ import numpy as np
 import torch
 
 from pagedrt.engine.host_buffers import to_device
+from pagedrt.engine.logit_bias import additive_rows
 
 if TYPE_CHECKING:
     from pagedrt.engine.sampler import SamplingRow
 
 
 def processed_logits(raw: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """Penalties, then min_tokens: the logits a greedy row takes the argmax of.
+    """logit_bias and allowed_token_ids, penalties, then min_tokens: the logits a greedy row
+    takes the argmax of.
 
     Args:
         raw: [B, vocab] float32, not modified (a new tensor is returned where a row changes).
     """
-    logits = _apply_penalties(raw, rows)  # a new tensor if any row has penalties
+    logits = _apply_logit_bias(raw, rows)  # a new tensor if any row has either setting
+    logits = _apply_penalties(logits, rows)  # a new tensor if any row has penalties
     return _apply_min_tokens(logits, rows, raw)
+
+
+def _apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """Each row with logit_bias or allowed_token_ids plus its additive row
+    (`logit_bias.additive_rows`, built here on every call).
+
+    Args:
+        logits: [B, vocab] float32. Returns a new tensor when any row has either, else logits.
+    """
+    idx = [i for i, r in enumerate(rows) if r.params.adjusts_logits]
+    if not idx:
+        return logits
+    index = to_device(idx, logits.device, torch.int64)
+    adjusted = logits.clone()
+    adjusted[index] = logits[index] + additive_rows([rows[i].params for i in idx],
+                                                    logits.shape[1], logits.device)
+    return adjusted
 
 
 def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:

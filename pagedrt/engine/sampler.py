@@ -1,12 +1,14 @@
 """Sampler: turn a batch of next-token logits into tokens, one `SamplingParams` per row.
 
 The logits first go through the logits processors (pagedrt/engine/logits_processors.py, which
-gives the order of operations): penalties and min_tokens on every row; then greedy rows
-(temperature 0) take the argmax, and other rows draw by the exponential race below from
-softmax(logits / temperature) after top_k, top_p and min_p.
+gives the order of operations): logit_bias and allowed_token_ids, penalties and min_tokens on
+every row; then greedy rows (temperature 0) take the argmax, and other rows draw by the
+exponential race below from softmax(logits / temperature) after top_k, top_p and min_p.
 
-Logprobs are those of the raw logits, before penalties and temperature (vLLM's default
-``logprobs_mode="raw_logprobs"``): they describe the model, not the sampling settings.
+Logprobs are those of the raw logits, before logit_bias, allowed_token_ids, penalties and
+temperature (vLLM's default ``logprobs_mode="raw_logprobs"``): they describe the model, not the
+sampling settings (a token that allowed_token_ids or a bias made certain still reports the
+model's own log-probability).
 
 Reproducibility: a seeded row's noise is a function of its key (its request's seed plus its
 sample index: sample i of seed s draws what a request with seed s + i draws alone) and the
@@ -19,8 +21,10 @@ with q_i ~ Exp(1) picks i with probability p_i) needs no host sync, unlike
 top-k/top-p/min-p is set) in one Triton kernel over the logits and the same noise
 (pagedrt/ops/sample_triton.py).
 
-The hot path (no penalties, no logprobs, no min_tokens) has no host sync: per-row parameters are
-built from Python values once per call and copied to the device from pinned memory, non-blocking.
+The hot path (no penalties, no logprobs, no min_tokens, no logit_bias or allowed_token_ids) has
+no host sync: per-row parameters are built from Python values once per call and copied to the
+device from pinned memory, non-blocking. `sample_rows` reads nothing of logit_bias and
+allowed_token_ids while no row of the batch has them (`AdditiveRows.num_rows`).
 """
 
 from __future__ import annotations
@@ -257,7 +261,9 @@ class Sampler:
         ops on the same values, the same draws), with each row's settings read from `state`
         (pagedrt/engine/sampling_state.py) by tensor ops instead of built per request. Python
         runs per row only for the logprobs of rows that ask for them. Rows with penalties add
-        their sampled token to their counts on the device.
+        their sampled token to their counts on the device. Rows with logit_bias or
+        allowed_token_ids add their additive row (`state.bias`, pagedrt/engine/logit_bias.py)
+        to their logits first, by one gather, one add and one index_put over those rows.
 
         Args:
             logits: [B, vocab] float (any float dtype), any device. Not modified.
@@ -288,8 +294,11 @@ class Sampler:
         state.flush(vocab_size)
         want_logprobs = bool(state.wants_logprobs[rows].any())
 
-        # every index the step needs, in one copy: [rows | penalized i | their slots |
-        # min_tokens (i, token) pairs]
+        # every index the step needs, in one copy: [rows | biased i | their slots | penalized
+        # i | their slots | min_tokens (i, token) pairs]
+        biased = (np.flatnonzero(state.bias.slot[rows] >= 0) if state.bias.num_rows
+                  else _NO_ROWS)
+        bias_slots = state.bias.slot[rows[biased]]
         penalized = np.flatnonzero(state.penalized[rows])
         slots = state.penalty_slot[rows[penalized]]
         blocked = np.flatnonzero(
@@ -300,20 +309,25 @@ class Sampler:
         # the kernel reads 16-bit logits as they are (its float32 values are theirs); the
         # torch ops, penalties, min_tokens and logprobs work on a float32 copy
         raw = logits if (use_kernel and logits.stride(1) == 1 and not want_logprobs
-                         and not len(penalized) and not len(pair_i)) else logits.float()
+                         and not len(penalized) and not len(pair_i) and not len(biased)
+                         ) else logits.float()
         raw_logprobs = torch.log_softmax(raw, dim=-1) if want_logprobs else None
-        index = to_device(np.concatenate([rows, penalized, slots, blocked[pair_i],
-                                          stop[pair_i, pair_j]]), device)
-        rows_t, pen_t, slots_t, block_i, block_t = torch.split(
-            index, [len(rows), len(penalized), len(slots), len(pair_i), len(pair_i)])
+        index = to_device(np.concatenate([rows, biased, bias_slots, penalized, slots,
+                                          blocked[pair_i], stop[pair_i, pair_j]]), device)
+        rows_t, bias_t, bias_slots_t, pen_t, slots_t, block_i, block_t = torch.split(
+            index, [len(rows), len(biased), len(biased), len(penalized), len(slots),
+                    len(pair_i), len(pair_i)])
         params = state.device_params()[rows_t]  # [B, NUM_PARAMS]
 
         logits = raw
+        if len(biased):
+            logits = raw.clone()
+            logits[bias_t] = raw[bias_t] + state.bias.table[bias_slots_t]
         if len(penalized):
-            x = penalize(raw[pen_t], state.output_counts[slots_t].float(),
+            x = penalize(logits[pen_t], state.output_counts[slots_t].float(),
                          state.prompt_seen[slots_t], params[pen_t, REPETITION, None],
                          params[pen_t, FREQUENCY, None], params[pen_t, PRESENCE, None])
-            logits = raw.clone()
+            logits = logits.clone() if logits is raw else logits
             logits[pen_t] = x
         if len(pair_i):
             logits = logits.clone() if logits is raw else logits
@@ -510,6 +524,7 @@ def _exponential_noise(shape: torch.Size, device: torch.device, seeded: SeededRo
 
 
 _NO_OFFSET = np.zeros(1, dtype=np.int64)
+_NO_ROWS = np.zeros(0, dtype=np.int64)
 
 
 def _exponential_race(probs: torch.Tensor, seeded: SeededRows | None,
@@ -538,7 +553,7 @@ def gather_logprobs(raw_logprobs: torch.Tensor, token_ids: torch.Tensor,
 def plain_greedy(p: SamplingParams) -> bool:
     """Greedy with nothing that reads or changes the logits before the argmax."""
     return (p.greedy and p.logprobs is None and p.min_tokens == 0
-            and not p.reads_output_tokens)
+            and not p.reads_output_tokens and not p.adjusts_logits)
 
 
 def _gather_logprobs(

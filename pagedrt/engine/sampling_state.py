@@ -20,6 +20,9 @@ freed, never rebuilt per step:
                             the host's token ids when its row is taken, then counts each token
                             the row samples (`count`, a scatter-add on the device: no host
                             tokens needed, so penalties work with async scheduling)
+    bias (`AdditiveRows`):  logit_bias and allowed_token_ids, a [vocab] float32 row on the
+                            device per batch row that has either, built once when the row is
+                            taken (pagedrt/engine/logit_bias.py)
 
 A preempted row's slot is parked with its request (`InputBatch`): its
 counts already hold the token still being sampled when it was preempted. A fork's slot starts
@@ -33,6 +36,7 @@ import numpy as np
 import torch
 
 from pagedrt.engine.host_buffers import to_device
+from pagedrt.engine.logit_bias import AdditiveRows
 from pagedrt.sampling_params import SamplingParams
 
 TEMPERATURE, TOP_K, TOP_P, MIN_P, REPETITION, FREQUENCY, PRESENCE, GREEDY = range(8)
@@ -71,6 +75,7 @@ class SamplingState:
         self._parked_slots: dict[str, int] = {}
         self._pending_inits: list[tuple[int, list[int], list[int]]] = []
         self._pending_copies: list[tuple[int, int]] = []
+        self.bias = AdditiveRows(num_rows)
 
     # ----------------------------------------------------------------- rows
     def grow(self, num_rows: int) -> None:
@@ -85,13 +90,15 @@ class SamplingState:
             setattr(self, name, np.pad(getattr(self, name), (0, extra)))
         self.stop_ids = np.pad(self.stop_ids, ((0, extra), (0, 0)), constant_values=-1)
         self.penalty_slot = np.pad(self.penalty_slot, (0, extra), constant_values=-1)
+        self.bias.grow(num_rows)
         self._device_params = None
 
     def set_row(self, row: int, req_id: str, params: SamplingParams, sample_index: int,
                 prompt_token_ids: list[int], output_token_ids: list[int],
                 eos_token_ids: tuple[int, ...]) -> None:
-        """A row taken by a request: its settings, and a penalty slot (its parked one, if it
-        was preempted; else one initialized from the token ids, placeholders left out)."""
+        """A row taken by a request: its settings, a penalty slot (its parked one, if it
+        was preempted; else one initialized from the token ids, placeholders left out), and
+        its additive row where it has logit_bias or allowed_token_ids."""
         greedy = params.greedy
         penalized = params.reads_output_tokens
         self.params[row] = (1.0 if greedy else params.temperature, max(params.top_k, 0),
@@ -99,7 +106,7 @@ class SamplingState:
                             params.frequency_penalty, params.presence_penalty, float(greedy))
         self.greedy[row] = greedy
         self.plain_greedy[row] = (greedy and params.logprobs is None and not params.min_tokens
-                                  and not penalized)
+                                  and not penalized and not params.adjusts_logits)
         self.seeded[row] = params.seed is not None and not greedy
         self.seed_key[row] = 0 if params.seed is None else seed_key(params.seed, sample_index)
         self.wants_logprobs[row] = params.logprobs is not None
@@ -121,6 +128,7 @@ class SamplingState:
                 self._pending_inits.append((slot, list(prompt_token_ids),
                                             [t for t in output_token_ids if t >= 0]))
             self.penalty_slot[row] = slot
+        self.bias.set_row(row, params)
         self._device_params = None
 
     def fork_row(self, parent: int, row: int, req_id: str, params: SamplingParams,
@@ -136,7 +144,8 @@ class SamplingState:
             self._pending_copies.append((int(self.penalty_slot[parent]), slot))
 
     def clear_row(self, row: int, req_id: str, preempted: bool) -> None:
-        """A row freed: its penalty slot is parked with a preempted request, else freed."""
+        """A row freed: its penalty slot is parked with a preempted request, else freed; its
+        additive row's slot is freed (a resumed request gets a new one)."""
         slot = int(self.penalty_slot[row])
         if slot >= 0:
             if preempted:
@@ -147,6 +156,7 @@ class SamplingState:
         self.penalized[row] = self.seeded[row] = self.wants_logprobs[row] = False
         self.plain_greedy[row] = self.greedy[row] = False
         self.min_tokens[row] = 0
+        self.bias.clear_row(row)
 
     def forget(self, req_id: str) -> None:
         """A preempted request finished: its parked slot is freed."""
@@ -175,8 +185,9 @@ class SamplingState:
 
     def flush(self, vocab_size: int) -> None:
         """Apply the queued slot inits and copies (before a step samples: they are on the
-        device stream before its penalties read the counts). Grows the count tensors to hold
-        every slot."""
+        device stream before its penalties read the counts), and build the queued additive
+        rows. Grows the count tensors to hold every slot."""
+        self.bias.flush(vocab_size, self.device)
         if not (self._pending_inits or self._pending_copies):
             return
         device = self.device
