@@ -253,9 +253,9 @@ class OpenAIServer:
         one = isinstance(prompt, str) or isinstance(prompt[0], int)
         self._check_count(1 if one else len(prompt), params)
         if isinstance(prompt, str):
-            prompts = await self.prompt_input.encode([prompt], "prompt")
+            prompts = await self.prompt_input.encode([prompt], "prompt", body.add_special_tokens)
         elif isinstance(prompt[0], str):
-            prompts = await self.prompt_input.encode(prompt, "prompt")
+            prompts = await self.prompt_input.encode(prompt, "prompt", body.add_special_tokens)
         elif isinstance(prompt[0], int):
             prompts = [list(prompt)]
         else:
@@ -292,7 +292,7 @@ class OpenAIServer:
                                            add_generation_prompt=add_generation_prompt)
         except Exception as e:  # noqa: BLE001 - a template may refuse a role order or name
             raise APIError(400, f"chat template failed: {e}", param="messages") from None
-        prompts = await self.prompt_input.encode([text], "messages")
+        prompts = await self.prompt_input.encode([text], "messages", body.add_special_tokens)
         max_tokens = body.max_completion_tokens
         if max_tokens is None:
             max_tokens = body.max_tokens

@@ -74,15 +74,19 @@ class PromptInput:
                            f"{self.chars_per_token} characters per token for this tokenizer); "
                            "shorten it", param=field, code="context_length_exceeded")
 
-    async def encode(self, texts: list[str], field: str) -> list[list[int]]:
+    async def encode(self, texts: list[str], field: str,
+                     add_special_tokens: bool | None = None) -> list[list[int]]:
         """Token ids of each text; raises APIError(400) for an empty or too long text, or when
-        the model has no tokenizer."""
+        the model has no tokenizer. `add_special_tokens`: passed to the tokenizer's encode
+        (None: its default)."""
         if any(not text for text in texts):
             raise APIError(400, f"{field} is empty; give at least one token", param=field)
         if self.tokenizer is None:
             raise APIError(400, "this model has no tokenizer; send token ids", param=field)
         for text in texts:
             self.check_length(len(text), field)
+        kwargs = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
         if sum(len(text) for text in texts) <= INLINE_CHARS:
-            return [self.tokenizer.encode(text) for text in texts]
-        return await asyncio.to_thread(lambda: [self.tokenizer.encode(text) for text in texts])
+            return [self.tokenizer.encode(text, **kwargs) for text in texts]
+        return await asyncio.to_thread(
+            lambda: [self.tokenizer.encode(text, **kwargs) for text in texts])

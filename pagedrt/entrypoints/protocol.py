@@ -1,7 +1,9 @@
 """Request bodies of the OpenAI API (the subset pagedrt serves) and its error shape.
 
 Bodies are validated strictly (a string is not a number, a bool is not an int, every float is
-finite), as OpenAI's own server does; unknown fields are ignored so that clients sending newer fields keep working.
+finite), as OpenAI's own server does; unknown fields are ignored so that clients sending newer fields keep working,
+except the fields that would change the output and that pagedrt does not build
+(unsupported_fields.py): those are a 400 naming the field.
 Every rejection becomes `APIError`, rendered as
 
     {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
@@ -18,6 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from pagedrt.entrypoints.unsupported_fields import unsupported_field
 from pagedrt.sampling_params import BeamSearchParams, SamplingParams, short_repr
 
 
@@ -42,8 +45,9 @@ class APIError(Exception):
                           "code": self.code}}
 
 
-# "temperature=-1 must be >= 0": SamplingParams messages start with the field's name.
-_FIELD_RE = re.compile(r"^(\w+)=")
+# "temperature=-1 must be >= 0", "logit_bias[5]=150 must be ...": SamplingParams messages
+# start with the field's name.
+_FIELD_RE = re.compile(r"^(\w+)(?:=|\[)")
 # the body's name of a field named otherwise in the Python API
 _BODY_FIELDS = {"beam_width": "n"}
 
@@ -114,7 +118,10 @@ class _SamplingRequest(_Body):
     length_penalty; early_stopping, HF's True / False / "never"). A beam search's choices
     arrive together when it ends, streamed or not. prompt_logprobs (vLLM's): the logprob of
     every prompt token but the first, with this many most likely tokens at its position, in
-    the response's `prompt_logprobs` (not with stream=true, as in vLLM).
+    the response's `prompt_logprobs` (not with stream=true, as in vLLM). logit_bias is
+    OpenAI's map with token ids as strings ("1234": -100), allowed_token_ids vLLM's list;
+    add_special_tokens (vLLM's) is passed to the tokenizer (None: its default) for prompt
+    texts.
     """
 
     model: str | None = None
@@ -141,6 +148,17 @@ class _SamplingRequest(_Body):
     length_penalty: float | None = None
     early_stopping: bool | str | None = None
     prompt_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    add_special_tokens: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data):
+        refused = unsupported_field(data)
+        if refused is not None:  # (not a ValueError: pydantic passes it on as it is)
+            raise APIError(400, refused[1], param=refused[0])
+        return data
 
     def to_sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """Raises ValueError (from SamplingParams or BeamSearchParams) naming the field and
@@ -149,7 +167,9 @@ class _SamplingRequest(_Body):
         given = {name: getattr(self, name) for name in (
             "n", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
             "frequency_penalty", "repetition_penalty", "stop", "stop_token_ids", "min_tokens",
-            "ignore_eos", "skip_special_tokens", "include_stop_str_in_output")}
+            "ignore_eos", "skip_special_tokens", "include_stop_str_in_output",
+            "allowed_token_ids")}
+        given["logit_bias"] = _token_id_keys(self.logit_bias)
         kwargs = {name: value for name, value in given.items() if value is not None}
         if self.prompt_logprobs is not None:
             kwargs["prompt_logprobs"] = self.prompt_logprobs
@@ -170,6 +190,18 @@ class _SamplingRequest(_Body):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+def _token_id_keys(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's logit_bias (keys: token ids as decimal strings) with int keys; ValueError
+    naming a key that is not a non-negative integer."""
+    if bias is None:
+        return None
+    for key in bias:
+        if not (key.isascii() and key.isdigit()):
+            raise ValueError(f"logit_bias[{short_repr(key)}]: the key must be a token id, a "
+                             "non-negative integer (as a string in JSON)")
+    return {int(key): value for key, value in bias.items()}
 
 
 class CompletionRequest(_SamplingRequest):
@@ -228,3 +260,4 @@ class ChatCompletionRequest(_SamplingRequest):
     top_logprobs: int | None = None
     max_completion_tokens: int | None = None
     add_generation_prompt: bool | None = None
+

@@ -1,0 +1,97 @@
+"""Request fields of OpenAI's API and vLLM's extensions that pagedrt does not build and that
+would change the output or its format: a request that sets one to anything but a value that
+changes nothing gets a 400 naming the field, instead of an answer that silently ignores it.
+
+Checked on the raw body, before the fields pagedrt serves are validated
+(`unsupported_field`, called by `protocol._SamplingRequest`), for /v1/completions and
+/v1/chat/completions alike (a field only one of OpenAI's endpoints defines is no more
+meaningful at the other). A field sent as null is not set.
+
+Accepted and ignored, since they change neither the tokens nor the response's shape: `user`,
+`metadata`, `store`, `service_tier`, `parallel_tool_calls` (tools are refused),
+`prediction` (a latency hint: the output does not depend on it), `prompt_cache_key`,
+`safety_identifier`, and vLLM's `priority`, `request_id`, `cache_salt`,
+`kv_transfer_params`, `vllm_xargs`, `include_reasoning`. Any other unknown field is ignored
+too, so that clients sending fields newer than this table keep working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pagedrt.sampling_params import short_repr
+
+
+def _equals(*harmless) -> Callable[[object, dict], bool]:
+    return lambda value, body: any(value == h and type(value) is type(h) for h in harmless)
+
+
+def _never(value, body) -> bool:
+    return False
+
+
+def _text_format(value, body) -> bool:
+    return value == {"type": "text"}
+
+
+def _best_of_is_n(value, body) -> bool:
+    n = body.get("n")
+    return type(value) is int and value == (1 if n is None else n)
+
+
+def _no_continuous_usage(value, body) -> bool:
+    return not (isinstance(value, dict) and value.get("continuous_usage_stats"))
+
+
+# field -> (whether a value changes nothing, what the server does instead)
+_REFUSED: dict[str, tuple[Callable[[object, dict], bool], str]] = {
+    # OpenAI's chat completions
+    "response_format": (_text_format, 'only {"type": "text"}: no JSON mode or JSON schema'),
+    "tools": (_equals([]), "no tool calling"),
+    "tool_choice": (_equals("none"), 'no tool calling ("none" only)'),
+    "functions": (_equals([]), "no function calling"),
+    "function_call": (_equals("none"), 'no function calling ("none" only)'),
+    "audio": (_never, "text output only"),
+    "modalities": (_equals(["text"]), 'text output only (["text"])'),
+    "reasoning_effort": (_never, "no reasoning controls"),
+    "verbosity": (_never, "no verbosity control"),
+    "web_search_options": (_never, "no web search"),
+    # OpenAI's completions
+    "best_of": (_best_of_is_n, "no best-of ranking (best_of equal to n only)"),
+    # vLLM's extensions
+    "guided_json": (_never, "no guided decoding"),
+    "guided_regex": (_never, "no guided decoding"),
+    "guided_choice": (_never, "no guided decoding"),
+    "guided_grammar": (_never, "no guided decoding"),
+    "guided_decoding_backend": (_never, "no guided decoding"),
+    "guided_whitespace_pattern": (_never, "no guided decoding"),
+    "structured_outputs": (_never, "no guided decoding"),
+    "bad_words": (_equals([]), "no bad_words (logit_bias with -100 bans single tokens)"),
+    "logits_processors": (_equals([]), "no custom logits processors"),
+    "truncate_prompt_tokens": (_never, "prompts are not truncated"),
+    "spaces_between_special_tokens": (_equals(True), "true only"),
+    "continue_final_message": (_equals(False), "false only"),
+    "chat_template": (_never, "the model's own chat template only"),
+    "chat_template_kwargs": (_equals({}), "no chat template arguments"),
+    "documents": (_equals([]), "no documents for the chat template"),
+    "mm_processor_kwargs": (_equals({}), "text models only"),
+    "return_tokens_as_token_ids": (_equals(False), "false only"),
+    "return_token_ids": (_equals(False), "false only"),
+    "stream_options": (_no_continuous_usage, "usage in the last chunk only (include_usage)"),
+}
+
+
+def unsupported_field(body: object) -> tuple[str, str] | None:
+    """(field, message) for the first field of `body` (a request body as parsed from JSON)
+    that `_REFUSED` names with a value that would change the output; None when there is none
+    (or `body` is not a dict: its validation says what is wrong)."""
+    if not isinstance(body, dict):
+        return None
+    for name, (harmless, instead) in _REFUSED.items():
+        value = body.get(name)
+        if value is not None and not harmless(value, body):
+            shown = name
+            if name == "stream_options":  # (the field is served; one of its keys is not)
+                shown, value = f"{name}.continuous_usage_stats", value["continuous_usage_stats"]
+            return name, f"{shown}={short_repr(value)} is not supported by this server ({instead})"
+    return None

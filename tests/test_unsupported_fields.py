@@ -1,0 +1,188 @@
+"""Request bodies: the fields pagedrt does not build and that would change the output are a 400
+naming the field (pagedrt/entrypoints/unsupported_fields.py), one test per category; harmless
+fields are accepted; logit_bias's string keys and allowed_token_ids reach SamplingParams;
+add_special_tokens reaches the tokenizer. No server (tests/test_server_token_controls.py runs one)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from pydantic import ValidationError
+
+from pagedrt.engine.validation import EngineLimits
+from pagedrt.entrypoints.prompt_input import PromptInput
+from pagedrt.entrypoints.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    api_error_from_validation,
+    api_error_from_value_error,
+)
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+COMPLETION = {"prompt": "hi"}
+
+
+def _refused(body: dict, field: str) -> str:
+    """Both endpoints' bodies with `body` added refuse it: 400, `field` as the param, a
+    message naming it and saying it is not supported. Returns the message."""
+    messages = []
+    for model, base in ((CompletionRequest, COMPLETION), (ChatCompletionRequest, CHAT)):
+        with pytest.raises(APIError) as e:
+            model.model_validate({**base, **body})
+        error = e.value.body()["error"]
+        assert e.value.status_code == 400 and error["type"] == "invalid_request_error"
+        assert error["param"] == field, error
+        assert error["message"].startswith(field) and "is not supported" in error["message"]
+        messages.append(error["message"])
+    assert messages[0] == messages[1]
+    return messages[0]
+
+
+def _accepted(body: dict) -> None:
+    CompletionRequest.model_validate({**COMPLETION, **body})
+    ChatCompletionRequest.model_validate({**CHAT, **body})
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format"),
+    ({"guided_json": {"type": "object"}}, "guided_json"),
+    ({"guided_regex": "[a-z]+"}, "guided_regex"),
+    ({"guided_choice": ["yes", "no"]}, "guided_choice"),
+    ({"guided_grammar": "root ::= 'a'"}, "guided_grammar"),
+    ({"structured_outputs": {"json": {}}}, "structured_outputs"),
+])
+def test_structured_output_is_refused(body, field):
+    _refused(body, field)
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"function_call": "auto"}, "function_call"),
+])
+def test_tool_and_function_calling_is_refused(body, field):
+    assert "calling" in _refused(body, field)
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"reasoning_effort": "low"}, "reasoning_effort"),
+    ({"verbosity": "low"}, "verbosity"),
+    ({"web_search_options": {}}, "web_search_options"),
+])
+def test_other_output_controls_of_openai_are_refused(body, field):
+    _refused(body, field)
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"best_of": 3}, "best_of"),
+    ({"best_of": 2, "n": 1}, "best_of"),
+    ({"bad_words": ["x"]}, "bad_words"),
+    ({"logits_processors": ["my.module:Proc"]}, "logits_processors"),
+    ({"truncate_prompt_tokens": 10}, "truncate_prompt_tokens"),
+    ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
+    ({"continue_final_message": True}, "continue_final_message"),
+    ({"chat_template": "{{ messages }}"}, "chat_template"),
+    ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
+    ({"documents": [{"text": "x"}]}, "documents"),
+    ({"mm_processor_kwargs": {"a": 1}}, "mm_processor_kwargs"),
+    ({"return_tokens_as_token_ids": True}, "return_tokens_as_token_ids"),
+    ({"return_token_ids": True}, "return_token_ids"),
+])
+def test_vllm_extensions_not_built_are_refused(body, field):
+    _refused(body, field)
+
+
+def test_continuous_usage_stats_is_refused_naming_the_key():
+    message = _refused({"stream": True, "stream_options": {"include_usage": True,
+                                                           "continuous_usage_stats": True}},
+                       "stream_options")
+    assert message.startswith("stream_options.continuous_usage_stats=True is not supported")
+
+
+@pytest.mark.parametrize("body", [
+    {"user": "u1"}, {"metadata": {"k": "v"}}, {"store": False}, {"service_tier": "auto"},
+    {"parallel_tool_calls": True}, {"prediction": {"type": "content", "content": "x"}},
+    {"prompt_cache_key": "k"}, {"safety_identifier": "s"}, {"priority": 3},
+    {"request_id": "abc"}, {"cache_salt": "salt"}, {"a_field_from_the_future": 1},
+    # values of refused fields that change nothing
+    {"response_format": {"type": "text"}}, {"tools": []}, {"tool_choice": "none"},
+    {"functions": []}, {"function_call": "none"}, {"modalities": ["text"]},
+    {"best_of": 1}, {"best_of": 2, "n": 2}, {"bad_words": []}, {"logits_processors": []},
+    {"spaces_between_special_tokens": True}, {"continue_final_message": False},
+    {"chat_template_kwargs": {}}, {"return_tokens_as_token_ids": False},
+    {"stream_options": {"include_usage": True, "continuous_usage_stats": False}},
+    {"tools": None, "response_format": None, "guided_json": None},  # null: not set
+])
+def test_harmless_fields_are_accepted(body):
+    _accepted(body)
+
+
+def test_a_refused_field_is_named_before_other_errors_and_a_bad_type_still_is_a_400():
+    with pytest.raises(APIError, match="^tools="):
+        CompletionRequest.model_validate({"prompt": 5, "tools": [{"type": "function"}]})
+    with pytest.raises(ValidationError) as e:
+        CompletionRequest.model_validate({"prompt": "hi", "logit_bias": {"5": "x"}})
+    assert api_error_from_validation(e.value).param == "logit_bias"
+
+
+# ---------------------------------------------------------------- logit_bias, allowed ids
+def test_string_keys_become_token_ids():
+    body = CompletionRequest.model_validate({"prompt": "hi", "logit_bias": {"15": -100, "7": 2.5},
+                                             "allowed_token_ids": [7, 15, 30]})
+    params = body.to_sampling_params(16, None)
+    assert params.logit_bias == {15: -100.0, 7: 2.5}
+    assert params.allowed_token_ids == [7, 15, 30]
+
+
+@pytest.mark.parametrize("bias, message", [
+    ({"abc": 1}, "logit_bias['abc']: the key must be a token id, a non-negative integer"),
+    ({"-1": 1}, "logit_bias['-1']: the key must be a token id"),
+    ({" 5": 1}, "logit_bias[' 5']: the key must be a token id"),
+    ({"1.5": 1}, "logit_bias['1.5']: the key must be a token id"),
+    ({"\u0665": 1}, "logit_bias['\u0665']: the key must be a token id"),  # an Arabic-Indic 5
+    ({"5": 100.5}, "logit_bias[5]=100.5 must be a number in [-100, 100]"),
+])
+def test_bad_logit_bias_is_a_400_naming_the_field(bias, message):
+    body = ChatCompletionRequest.model_validate({**CHAT, "logit_bias": bias})
+    with pytest.raises(ValueError) as e:
+        body.to_sampling_params(16, None)
+    error = api_error_from_value_error(e.value, "messages")
+    assert (error.status_code, error.param) == (400, "logit_bias")
+    assert error.message.startswith(message), error.message
+
+
+def test_beam_search_with_logit_bias_is_a_400_naming_it():
+    body = CompletionRequest.model_validate({"prompt": "hi", "use_beam_search": True, "n": 2,
+                                             "logit_bias": {"5": 1}})
+    with pytest.raises(ValueError) as e:
+        body.to_sampling_params(8, None)
+    error = api_error_from_value_error(e.value, "prompt")
+    assert error.param == "logit_bias" and "cannot go with beam search" in error.message
+
+
+class _RecordingTokenizer:
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def get_vocab(self) -> dict:
+        return {"a": 0, "bb": 1}
+
+    def encode(self, text: str, **kwargs) -> list[int]:
+        self.calls.append(kwargs)
+        return [0] * len(text)
+
+
+def test_add_special_tokens_reaches_the_tokenizer_only_when_given():
+    tok = _RecordingTokenizer()
+    prompt_input = PromptInput(tok, EngineLimits(2, 64, 8, 16, 8), 16)
+    for value in (None, True, False):
+        asyncio.run(prompt_input.encode(["abc"], "prompt", value))
+    assert tok.calls == [{}, {"add_special_tokens": True}, {"add_special_tokens": False}]
