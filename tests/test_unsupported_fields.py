@@ -1,7 +1,7 @@
 """Request bodies: the fields pagedrt does not build and that would change the output are a 400
 naming the field (pagedrt/entrypoints/unsupported_fields.py), one test per category; harmless
-fields are accepted; logit_bias's string keys and allowed_token_ids reach SamplingParams;
-add_special_tokens reaches the tokenizer. No server (tests/test_server_token_controls.py runs one)."""
+fields are accepted; logit_bias's string keys and allowed_token_ids reach SamplingParams; the
+/tokenize and /detokenize bodies. No server (tests/test_server_token_controls.py runs one)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from pagedrt.entrypoints.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
     api_error_from_validation,
     api_error_from_value_error,
 )
@@ -166,6 +168,26 @@ def test_beam_search_with_logit_bias_is_a_400_naming_it():
         body.to_sampling_params(8, None)
     error = api_error_from_value_error(e.value, "prompt")
     assert error.param == "logit_bias" and "cannot go with beam search" in error.message
+
+
+# ---------------------------------------------------------------- /tokenize, /detokenize bodies
+@pytest.mark.parametrize("body, param", [
+    ({}, "messages"),
+    ({"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}, "prompt"),
+    ({"prompt": "hi", "add_generation_prompt": True}, "add_generation_prompt"),
+])
+def test_tokenize_takes_exactly_one_input(body, param):
+    with pytest.raises(APIError) as e:
+        TokenizeRequest.model_validate(body)
+    assert (e.value.status_code, e.value.param) == (400, param)
+
+
+def test_detokenize_needs_a_list_of_ints():
+    assert DetokenizeRequest.model_validate({"tokens": [1, 2]}).tokens == [1, 2]
+    for tokens in ("1 2", [1.5], [True]):
+        with pytest.raises(ValidationError) as e:
+            DetokenizeRequest.model_validate({"tokens": tokens})
+        assert api_error_from_validation(e.value).param == "tokens"
 
 
 class _RecordingTokenizer:

@@ -3,6 +3,8 @@
     GET  /v1/models            the served model
     POST /v1/completions       prompt (text, token ids, or a batch of either)
     POST /v1/chat/completions  messages, through the model's chat template
+    POST /tokenize             a prompt's or a chat's token ids (vLLM's; no engine round trip)
+    POST /detokenize           the text of token ids (vLLM's)
     GET  /health               200 while the engine core runs and no shutdown is under way
     GET  /metrics              Prometheus text format (see pagedrt.entrypoints.metrics)
 
@@ -56,6 +58,8 @@ from pagedrt.entrypoints.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
     api_error_from_validation,
     api_error_from_value_error,
 )
@@ -69,6 +73,9 @@ _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 # Seconds the process keeps answering 503 after the engine core died, then exits with 1.
 DEAD_CORE_EXIT_DELAY_S = 3.0
+
+# /detokenize decodes lists up to this many ids on the event loop, longer ones on a thread.
+INLINE_TOKENS = 4096
 
 
 class _Run:
@@ -278,21 +285,8 @@ class OpenAIServer:
     async def chat_completions(self, request: Request) -> Response:
         arrival_time = time.monotonic()
         body: ChatCompletionRequest = await self.parse(request, ChatCompletionRequest)
-        if not body.messages:
-            raise APIError(400, "messages is empty; give at least one message", param="messages")
-        tok = self.tokenizer
-        if tok is None or not getattr(tok, "chat_template", None):
-            raise APIError(400, "this model has no chat template; use /v1/completions",
-                           param="messages")
-        conversation = [m.to_template_dict() for m in body.messages]
-        self.prompt_input.check_length(sum(len(m["content"]) for m in conversation), "messages")
-        add_generation_prompt = body.add_generation_prompt is not False
-        try:
-            text = tok.apply_chat_template(conversation, tokenize=False,
-                                           add_generation_prompt=add_generation_prompt)
-        except Exception as e:  # noqa: BLE001 - a template may refuse a role order or name
-            raise APIError(400, f"chat template failed: {e}", param="messages") from None
-        prompts = await self.prompt_input.encode([text], "messages", body.add_special_tokens)
+        prompts = [await self._chat_prompt(body.messages, body.add_generation_prompt,
+                                           body.add_special_tokens)]
         max_tokens = body.max_completion_tokens
         if max_tokens is None:
             max_tokens = body.max_tokens
@@ -321,6 +315,58 @@ class OpenAIServer:
         self._check_count(1, params)
         self._validate(prompts, params, "messages")
         return await self._respond(request, "chat", body, prompts, params, arrival_time)
+
+    async def _chat_prompt(self, messages: list, add_generation_prompt: bool | None,
+                           add_special_tokens: bool | None) -> list[int]:
+        """The token ids of a chat (`ChatMessage`s) through the model's chat template, as
+        /v1/chat/completions and /tokenize make them; APIError(400) for no messages, no
+        template, a template that fails, or a text too long."""
+        if not messages:
+            raise APIError(400, "messages is empty; give at least one message", param="messages")
+        tok = self.tokenizer
+        if tok is None or not getattr(tok, "chat_template", None):
+            raise APIError(400, "this model has no chat template; use /v1/completions",
+                           param="messages")
+        conversation = [m.to_template_dict() for m in messages]
+        self.prompt_input.check_length(sum(len(m["content"]) for m in conversation), "messages")
+        try:
+            text = tok.apply_chat_template(conversation, tokenize=False,
+                                           add_generation_prompt=add_generation_prompt is not False)
+        except Exception as e:  # noqa: BLE001 - a template may refuse a role order or name
+            raise APIError(400, f"chat template failed: {e}", param="messages") from None
+        return (await self.prompt_input.encode([text], "messages", add_special_tokens))[0]
+
+    async def tokenize(self, request: Request) -> Response:
+        """POST /tokenize: {"tokens", "count", "max_model_len"} for a prompt or a chat, in this
+        process (no engine round trip)."""
+        body: TokenizeRequest = await self.parse(request, TokenizeRequest)
+        if body.messages is not None:
+            tokens = await self._chat_prompt(body.messages, body.add_generation_prompt,
+                                             body.add_special_tokens)
+        else:
+            tokens = (await self.prompt_input.encode([body.prompt], "prompt",
+                                                     body.add_special_tokens))[0]
+        return JSONResponse({"tokens": tokens, "count": len(tokens),
+                             "max_model_len": self.limits.max_model_len})
+
+    async def detokenize(self, request: Request) -> Response:
+        """POST /detokenize: {"prompt": text} of token ids within the vocabulary (special
+        tokens kept, as the tokenizer decodes them)."""
+        body: DetokenizeRequest = await self.parse(request, DetokenizeRequest)
+        tokens, vocab = body.tokens, self.limits.vocab_size
+        if not tokens:
+            raise APIError(400, "tokens is empty; give at least one token id", param="tokens")
+        if min(tokens) < 0 or max(tokens) >= vocab:
+            i = next(i for i, t in enumerate(tokens) if not 0 <= t < vocab)
+            raise APIError(400, f"tokens[{i}]={short_text(str(tokens[i]))} is not a token id of "
+                           f"the vocabulary [0, {vocab})", param="tokens")
+        if self.tokenizer is None:
+            raise APIError(400, "this model has no tokenizer", param="tokens")
+        if len(tokens) <= INLINE_TOKENS:
+            text = self.tokenizer.decode(tokens)
+        else:  # (a long list on a worker thread: the event loop keeps answering)
+            text = await asyncio.to_thread(self.tokenizer.decode, tokens)
+        return JSONResponse({"prompt": text})
 
     # ------------------------------------------------------------ responses
     async def _respond(self, request: Request, kind: str, body, prompts: list[list[int]],
@@ -474,6 +520,8 @@ def build_app(client: EngineCoreClient, tokenizer, served_model_name: str,
 
     app.post("/v1/completions")(server.completions)
     app.post("/v1/chat/completions")(server.chat_completions)
+    app.post("/tokenize")(server.tokenize)
+    app.post("/detokenize")(server.detokenize)
     return app
 
 

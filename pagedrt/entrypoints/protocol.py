@@ -261,3 +261,31 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = None
     add_generation_prompt: bool | None = None
 
+
+class TokenizeRequest(_Body):
+    """POST /tokenize (vLLM's): the token ids of `prompt` as /v1/completions makes them, or of
+    `messages` through the chat template as /v1/chat/completions does (exactly one of the
+    two); add_generation_prompt only with messages."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool | None = None
+    add_special_tokens: bool | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise APIError(400, "give exactly one of prompt (a string) and messages (a chat)",
+                           param="prompt" if self.prompt is not None else "messages")
+        if self.add_generation_prompt is not None and self.messages is None:
+            raise APIError(400, "add_generation_prompt goes with messages, not prompt",
+                           param="add_generation_prompt")
+        return self
+
+
+class DetokenizeRequest(_Body):
+    """POST /detokenize (vLLM's): the text of token ids (special tokens kept)."""
+
+    model: str | None = None
+    tokens: list[int]

@@ -1,0 +1,184 @@
+"""logit_bias, allowed_token_ids, refused fields, /tokenize and /detokenize through a real
+`pagedrt serve` process on 127.0.0.1 (SmolLM2, CPU). Expected tokens come from `LLM.generate`
+in this process with the same settings; every wait is bounded."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from server_process import start_server, stop_server
+from test_server import API_KEY, AUTH, ENGINE_KWARGS, MODEL, wait_until_idle
+
+from pagedrt import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path, tmp_path_factory) -> str:
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    proc, url = start_server(
+        ["--api-key", API_KEY, "--served-model-name", MODEL,
+         "--num-kv-blocks", str(ENGINE_KWARGS["num_kv_blocks"]),
+         "--max-model-len", str(ENGINE_KWARGS["max_model_len"])], log_path)
+    try:
+        yield url
+    finally:
+        stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2) -> LLM:
+    return LLM(smollm2, **ENGINE_KWARGS)
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server}/v1", api_key=API_KEY, timeout=60, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server, headers=AUTH, timeout=60) as h:
+        yield h
+
+
+def _tokens(llm: LLM, prompt, params: SamplingParams) -> list[int]:
+    return llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+
+
+def test_logit_bias_changes_the_completion_as_in_llm_generate(client, llm):
+    """A ban (-100, OpenAI's string key) on the greedy text's first token: the server's text
+    is LLM.generate's with the same bias, and differs from the unbiased one; seeded sampling
+    with a bias and allowed ids equals LLM.generate's too."""
+    prompt = "The capital of France is"
+    tok = llm.get_tokenizer()
+    plain = _tokens(llm, prompt, SamplingParams(temperature=0, max_tokens=8))
+    bias = {plain[0]: -100}
+    expected = _tokens(llm, prompt, SamplingParams(temperature=0, max_tokens=8, logit_bias=bias))
+    assert expected[0] != plain[0]
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0,
+                                  logit_bias={str(plain[0]): -100})
+    assert r.choices[0].text == tok.decode(expected, skip_special_tokens=True)
+    allowed = sorted({*plain, *expected, 11, 12, 13})
+    params = SamplingParams(temperature=1.0, seed=4, max_tokens=10, logit_bias={13: 3.0},
+                            allowed_token_ids=allowed)
+    expected = _tokens(llm, prompt, params)
+    assert set(expected) <= set(allowed)
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=1.0,
+                                  seed=4, logit_bias={"13": 3.0},
+                                  extra_body={"allowed_token_ids": allowed})
+    assert r.choices[0].text == tok.decode(expected, skip_special_tokens=True)
+
+
+def test_chat_takes_them_and_tokenize_gives_the_chat_prompt(client, http, llm):
+    """The chat endpoint with allowed_token_ids: LLM.generate's tokens over the prompt that
+    /tokenize gives for the same messages (whose count is the chat's prompt_tokens)."""
+    messages = [{"role": "user", "content": "Name a colour."}]
+    t = http.post("/tokenize", json={"model": MODEL, "messages": messages}).json()
+    allowed = llm.get_tokenizer().encode(" red green blue yellow and, or.")
+    params = SamplingParams(temperature=0, max_tokens=12, allowed_token_ids=allowed)
+    expected = _tokens(llm, t["tokens"], params)
+    assert set(expected) <= set(allowed)
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12,
+                                       temperature=0, extra_body={"allowed_token_ids": allowed})
+    assert r.usage.prompt_tokens == t["count"]
+    text = llm.get_tokenizer().decode(expected, skip_special_tokens=True)
+    assert r.choices[0].message.content == text
+
+
+def test_tokenize_round_trips_with_detokenize(http, llm):
+    tok = llm.get_tokenizer()
+    prompt = "Paris is the capital of France, and Lyon is \u00e9l\u00e9gant."
+    t = http.post("/tokenize", json={"prompt": prompt}).json()
+    assert t == {"tokens": tok.encode(prompt), "count": len(tok.encode(prompt)),
+                 "max_model_len": ENGINE_KWARGS["max_model_len"]}
+    no_special = http.post("/tokenize", json={"prompt": prompt, "add_special_tokens": False})
+    assert no_special.json()["tokens"] == tok.encode(prompt, add_special_tokens=False)
+    d = http.post("/detokenize", json={"model": MODEL, "tokens": t["tokens"]})
+    assert d.status_code == 200 and d.json() == {"prompt": prompt}
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    for add in (True, False):
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add)
+        got = http.post("/tokenize", json={"messages": messages,
+                                           "add_generation_prompt": add}).json()
+        assert got["tokens"] == tok.encode(text)
+        back = http.post("/detokenize", json={"tokens": got["tokens"]}).json()["prompt"]
+        assert back == text  # special tokens kept
+    with_prompt = http.post("/tokenize", json={"messages": messages}).json()["tokens"]
+    without = http.post("/tokenize", json={"messages": messages,
+                                           "add_generation_prompt": False}).json()["tokens"]
+    assert len(with_prompt) > len(without)  # the default adds the assistant's header
+
+
+@pytest.mark.parametrize("path, body, status, param", [
+    ("/tokenize", {"model": "no-such-model", "prompt": "hi"}, 404, "model"),
+    ("/detokenize", {"model": "no-such-model", "tokens": [1]}, 404, "model"),
+    ("/tokenize", {"prompt": ""}, 400, "prompt"),
+    ("/tokenize", {"messages": []}, 400, "messages"),
+    ("/tokenize", {}, 400, "messages"),
+    ("/tokenize", {"prompt": "hi", "add_generation_prompt": True}, 400, "add_generation_prompt"),
+    ("/detokenize", {"tokens": []}, 400, "tokens"),
+    ("/detokenize", {"tokens": [1, 49152]}, 400, "tokens"),
+    ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
+    ("/detokenize", {"tokens": ["1"]}, 400, "tokens"),
+])
+def test_tokenize_errors(http, path, body, status, param):
+    r = http.post(path, json=body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param and error["message"], error
+
+
+BAD = [
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"abc": 1}}, "logit_bias", "abc"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"-3": 1}}, "logit_bias", "-3"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"49152": 1}}, "logit_bias",
+     "not in the vocabulary [0, 49152)"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "logit_bias": {"5": -100.5}}, "logit_bias", "[-100, 100]"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "logit_bias": {"5": "x"}}, "logit_bias", "valid number"),
+    ("/v1/completions", {"prompt": "hi", "allowed_token_ids": []}, "allowed_token_ids",
+     "at least one"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "allowed_token_ids": [1, 60000]}, "allowed_token_ids",
+     "allowed_token_ids[1]=60000"),
+    ("/v1/completions", {"prompt": "hi", "n": 2, "use_beam_search": True,
+                         "logit_bias": {"5": 1}}, "logit_bias", "beam search"),
+    # fields not built, one of each kind, on both endpoints
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "response_format": {"type": "json_object"}}, "response_format",
+     "not supported"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tools", "not supported"),
+    ("/v1/completions", {"prompt": "hi", "guided_regex": "[0-9]+"}, "guided_regex",
+     "not supported"),
+    ("/v1/completions", {"prompt": "hi", "best_of": 3}, "best_of", "not supported"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True,
+                              "stream_options": {"continuous_usage_stats": True}},
+     "stream_options", "not supported"),
+]
+
+
+def test_bad_values_and_unsupported_fields_get_400_and_hold_no_block(server, http):
+    for path, body, param, part in BAD:
+        r = http.post(path, json={**body, "max_tokens": 4})
+        assert r.status_code == 400, (body, r.text)
+        error = r.json()["error"]
+        assert error["param"] == param and part in error["message"], (body, error)
+        assert error["type"] == "invalid_request_error"
+    assert http.get("/health").status_code == 200
+    m = wait_until_idle(server)
+    assert m["pagedrt_kv_blocks_used"] == 0
+
+
+def test_harmless_fields_are_accepted(http):
+    body = {"prompt": "hi", "max_tokens": 2, "user": "u", "metadata": {"a": "b"},
+            "store": False, "service_tier": "auto", "parallel_tool_calls": False,
+            "response_format": {"type": "text"}, "tools": [], "tool_choice": "none",
+            "best_of": 1}
+    r = http.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 2
