@@ -130,7 +130,7 @@ def greedy_answers(loaded, prompts: list[str], max_tokens: int, **engine_kwargs)
     blocks = len(prompts) * -(-engine_kwargs.get("max_model_len", 2048) // 16)  # all at once
     llm = LLM(loaded, **{"max_num_seqs": len(prompts), "num_kv_blocks": blocks,
                          **engine_kwargs})
-    chats = [llm.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
+    chats = [llm.chat_prompt([{"role": "user", "content": p}]) for p in prompts]
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     outs = llm.generate(chats, params, use_tqdm=False)
     free_llm(llm)  # the next engine sizes its cache from the same free memory

@@ -105,5 +105,6 @@ def as_prompts(llm, messages: list[str]) -> list[list[int]]:
     if tokenizer is None:
         raise ValueError("text prompts need a model with a tokenizer (use --model)")
     if getattr(tokenizer, "chat_template", None):
-        messages = [llm.apply_chat_template([{"role": "user", "content": m}]) for m in messages]
+        return [llm.apply_chat_template([{"role": "user", "content": m}], tokenize=True)
+                for m in messages]
     return [tokenizer.encode(m) for m in messages]

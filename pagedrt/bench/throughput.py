@@ -130,11 +130,13 @@ def text_workload(args, seed: int = 0) -> tuple[list[list[int]], list[SamplingPa
     kinds = text_prompts()
     messages = [m for pair in zip(kinds["repeat"], kinds["novel"]) for m in pair]
     messages += kinds["novel"][len(kinds["repeat"]):]
-    if getattr(tokenizer, "chat_template", None):
+    if getattr(tokenizer, "chat_template", None):  # (the template writes its special tokens)
         messages = [tokenizer.apply_chat_template([{"role": "user", "content": m}],
                                                   tokenize=False, add_generation_prompt=True)
                     for m in messages]
-    encoded = [tokenizer.encode(m) for m in messages]
+        encoded = [tokenizer.encode(m, add_special_tokens=False) for m in messages]
+    else:
+        encoded = [tokenizer.encode(m) for m in messages]
     rng = random.Random(seed)
     prompts, params = [], []
     for i in range(args.num_requests):

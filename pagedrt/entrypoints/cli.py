@@ -50,7 +50,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     tok = llm.get_tokenizer()
     use_chat = not args.no_chat and tok is not None and getattr(tok, "chat_template", None)
     if use_chat:
-        prompts = [llm.apply_chat_template([{"role": "user", "content": p}]) for p in args.prompts]
+        prompts = [llm.chat_prompt([{"role": "user", "content": p}]) for p in args.prompts]
     else:
         prompts = list(args.prompts)
     t0 = time.perf_counter()

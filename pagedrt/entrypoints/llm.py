@@ -169,23 +169,27 @@ class LLM:
         if not messages:
             raise ValueError("messages is empty; give at least one {'role', 'content'} message")
         if isinstance(messages[0], dict):
-            prompts = [self.apply_chat_template(messages, add_generation_prompt, chat_template)]
+            prompts = [self.chat_prompt(messages, add_generation_prompt, chat_template)]
         else:
             prompts = []
             for i, conversation in enumerate(messages):
                 try:
-                    prompts.append(self.apply_chat_template(conversation, add_generation_prompt,
-                                                            chat_template))
+                    prompts.append(self.chat_prompt(conversation, add_generation_prompt,
+                                                    chat_template))
                 except ValueError as e:
                     raise ValueError(f"messages[{i}]: {e}") from None  # which conversation
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def apply_chat_template(
         self, conversation: list[dict], add_generation_prompt: bool = True,
-        chat_template: str | None = None,
-    ) -> str:
+        chat_template: str | None = None, tokenize: bool = False,
+    ) -> str | list[int]:
         """The model's chat template (or `chat_template`, a Jinja template string, which
-        transformers renders in its place) over one conversation, as text.
+        transformers renders in its place) over one conversation, as text, or with
+        `tokenize=True` as its token ids. The ids are the text's encoding without the special
+        tokens the tokenizer adds around a plain prompt: the template writes its own (a Llama 3
+        or Gemma template starts with the BOS token, which the tokenizer would add a second
+        time), as transformers' `apply_chat_template(tokenize=True)` and vLLM's chat do.
 
         A message's content is text or, as in OpenAI's API and on the server, a list of
         {"type": "text", "text": ...} parts (joined); None only in an assistant's message.
@@ -238,12 +242,22 @@ class LLM:
         from jinja2 import TemplateError
 
         try:
-            return tok.apply_chat_template(rendered, tokenize=False, chat_template=chat_template,
+            text = tok.apply_chat_template(rendered, tokenize=False, chat_template=chat_template,
                                            add_generation_prompt=add_generation_prompt)
         except TemplateError as e:
             if chat_template is None:
                 raise
             raise ValueError(f"chat_template does not render: {e}") from None
+        return tok.encode(text, add_special_tokens=False) if tokenize else text
+
+    def chat_prompt(self, conversation: list[dict], add_generation_prompt: bool = True,
+                    chat_template: str | None = None) -> dict:
+        """A conversation as a `generate` prompt: {"prompt": its text, "prompt_token_ids":
+        its ids} (`apply_chat_template`, whose errors it raises; the ids without a second
+        BOS)."""
+        text = self.apply_chat_template(conversation, add_generation_prompt, chat_template)
+        return {"prompt": text, "prompt_token_ids":
+                self.llm_engine.tokenizer.encode(text, add_special_tokens=False)}
 
     def stats(self) -> dict:
         """See LLMEngine.stats: blocks, prefix cache, fragmentation, throughput."""

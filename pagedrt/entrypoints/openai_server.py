@@ -334,7 +334,9 @@ class OpenAIServer:
                                            add_generation_prompt=add_generation_prompt is not False)
         except Exception as e:  # noqa: BLE001 - a template may refuse a role order or name
             raise APIError(400, f"chat template failed: {e}", param="messages") from None
-        return (await self.prompt_input.encode([text], "messages", add_special_tokens))[0]
+        # (the template writes its own special tokens: none added unless asked, as in vLLM)
+        return (await self.prompt_input.encode([text], "messages",
+                                               bool(add_special_tokens)))[0]
 
     async def tokenize(self, request: Request) -> Response:
         """POST /tokenize: {"tokens", "count", "max_model_len"} for a prompt or a chat, in this

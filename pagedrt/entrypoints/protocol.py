@@ -120,8 +120,8 @@ class _SamplingRequest(_Body):
     every prompt token but the first, with this many most likely tokens at its position, in
     the response's `prompt_logprobs` (not with stream=true, as in vLLM). logit_bias is
     OpenAI's map with token ids as strings ("1234": -100), allowed_token_ids vLLM's list;
-    add_special_tokens (vLLM's) is passed to the tokenizer (None: its default) for prompt
-    texts.
+    add_special_tokens (vLLM's) is passed to the tokenizer for prompt texts (None: the
+    tokenizer's default on completions; false on chat, whose template writes its own).
     """
 
     model: str | None = None
