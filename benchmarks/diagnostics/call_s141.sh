@@ -8,7 +8,7 @@
 # the narrow tiles in one process. If the graphs are not faster with them, take them out of
 # CONFIGS (docs/design.md, "Decode matmuls (8 to 128 rows)"). Everything in
 # $OUT/results.tgz. TESTS_CAP (seconds, default 200) and BATCHES (default 8,16,32,64) shorten
-# it where little device time is left. Without a carried .tcache (a fresh checkout has none)
+# it where little device time is left; EXTRA_TESTS (test files) adds GPU tests at the end. Without a carried .tcache (a fresh checkout has none)
 # the candidates are compiled in 8 warming processes before the graphs (WARM_CAP, default 120
 # s; 0 skips it), and the Triton cache comes back in $OUT/tc.txz.NN for the next call.
 set -u
@@ -22,6 +22,8 @@ PAGEDRT_CONFIG_CACHE=off PAGEDRT_TIMING_REP_MS=5 timeout 300 python3 \
   > "$out/r/graphs.txt" 2>&1
 echo "graphs status $? in $((SECONDS - t0)) s"
 grep -vE "^  \(" "$out/r/graphs.txt" | tail -12
+# EXTRA_TESTS: more GPU test files, run last (capped at 150 s)
+[ -z "${EXTRA_TESTS:-}" ] || gpu_tests extra 150 $EXTRA_TESTS
 [ -d .tcache ] || save_triton_cache
 tar -czf /tmp/results.tgz -C "$out" r && rm -rf "$out/r" && mv /tmp/results.tgz "$out/"
 echo "call done at ${SECONDS}s"
