@@ -244,6 +244,36 @@ def test_engine_scenarios_give_the_tokens_of_one_rank(tp2_engines, tiny_model, m
     assert_all_free(llm)
 
 
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_token_controls_at_tp2_match_one_rank(tp2_engines, tiny_model, mode):
+    """Prompt logprobs (chunked prompts: max_num_batched_tokens 32; every rank runs the LM
+    head over the same positions), logit_bias and allowed_token_ids on two ranks: the tokens
+    and prompt logprobs of one rank, every block free at the end."""
+    llm = tp2_engines[mode]
+    prompts, _ = _workload()
+    greedy = {"temperature": 0.0, "max_tokens": 12, "ignore_eos": True}
+    kinds = [SamplingParams(prompt_logprobs=3, **greedy),
+             SamplingParams(logit_bias={5: 100.0, 6: -100.0}, **greedy),
+             SamplingParams(allowed_token_ids=[9, 10, 11], prompt_logprobs=0, **greedy),
+             SamplingParams(temperature=0.8, seed=5, max_tokens=12, ignore_eos=True,
+                            logit_bias={7: 5.0})]
+    params = [kinds[i % len(kinds)] for i in range(len(prompts))]
+    ref = LLM(tiny_model, async_scheduling=mode == "swap", **_engine_kwargs(mode, 1))
+    expected = ref.generate(prompts, params, use_tqdm=False)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert tokens(outs) == tokens(expected)
+    for o, e, p in zip(outs, expected, params):
+        if p.prompt_logprobs is None:
+            assert o.prompt_logprobs is None
+            continue
+        assert len(o.prompt_logprobs) == len(o.prompt_token_ids) and o.prompt_logprobs[0] is None
+        for a, b in zip(o.prompt_logprobs[1:], e.prompt_logprobs[1:]):
+            assert (a.token_id, a.rank) == (b.token_id, b.rank)
+            assert abs(a.logprob - b.logprob) < 1e-4
+            assert [t for t, _ in a.top_logprobs] == [t for t, _ in b.top_logprobs]
+    assert_all_free(llm)
+
+
 def test_beam_search_at_tp2_matches_one_rank(tp2_engines, tiny_model):
     """Beam searches (widths 2 and 4, beside sampled requests, under preemption) on two ranks:
     each rank expands and re-parents its own rows and cache shard alike, and the sequences

@@ -17,7 +17,7 @@ def _on(device: str):
 
 
 def _params() -> list[SamplingParams]:
-    greedy = dict(temperature=0.0, max_tokens=12, ignore_eos=True)
+    greedy = {"temperature": 0.0, "max_tokens": 12, "ignore_eos": True}
     return [SamplingParams(prompt_logprobs=5, logprobs=2, **greedy),
             SamplingParams(logit_bias={7: 100.0, 8: -100.0}, **greedy),
             SamplingParams(allowed_token_ids=[11, 12, 13, 250], prompt_logprobs=0, **greedy),
