@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 from dataclasses import dataclass, field
 
 # Temperatures below this are greedy (as vLLM's _SAMPLING_EPS): dividing float32 logits by a
@@ -183,14 +184,16 @@ class SamplingParams:
                 raise ValueError(f"logit_bias={short_repr(bias)} must be a map of token ids to "
                                  "biases in [-100, 100]")
             for key, value in bias.items():
-                if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key < 2**63:
+                if (isinstance(key, bool) or not isinstance(key, numbers.Integral)
+                        or not 0 <= key < 2**63):
                     raise ValueError(f"logit_bias[{short_repr(key)}]: the key must be a token "
-                                     "id, an int >= 0")
-                if (isinstance(value, bool) or not isinstance(value, (int, float))
+                                     "id (an int >= 0, below the vocabulary's size)")
+                if (isinstance(value, bool) or not isinstance(value, numbers.Real)
                         or not -100.0 <= value <= 100.0):  # (NaN fails the comparison)
                     raise ValueError(f"logit_bias[{key}]={short_repr(value)} must be a number "
                                      "in [-100, 100]")
-            self.logit_bias = {key: float(value) for key, value in bias.items()} or None
+            # (numpy ints and floats taken as Python's)
+            self.logit_bias = {int(key): float(value) for key, value in bias.items()} or None
         if self.allowed_token_ids is not None:
             allowed = _as_list("allowed_token_ids", self.allowed_token_ids,
                                "a non-empty list of token ids (ints >= 0)")
@@ -198,10 +201,11 @@ class SamplingParams:
                 raise ValueError("allowed_token_ids=[] must name at least one token id (None "
                                  "allows every token)")
             for i, t in enumerate(allowed):
-                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**63:
+                if (isinstance(t, bool) or not isinstance(t, numbers.Integral)
+                        or not 0 <= t < 2**63):
                     raise ValueError(f"allowed_token_ids[{i}]={short_repr(t)} must be a token "
-                                     "id, an int >= 0")
-            self.allowed_token_ids = allowed
+                                     "id (an int >= 0, below the vocabulary's size)")
+            self.allowed_token_ids = [int(t) for t in allowed]
 
     def _check_beam_search(self) -> None:
         """A beam search scores the model's own log-probabilities: nothing that samples,

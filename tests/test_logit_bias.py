@@ -35,13 +35,15 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
     ({"logit_bias": {5: math.nan}}, r"^logit_bias\[5\]=nan must be a number in"),
     ({"logit_bias": {5: "1"}}, r"^logit_bias\[5\]='1' must be a number in"),
     ({"logit_bias": {5: True}}, r"^logit_bias\[5\]=True must be a number in"),
-    ({"logit_bias": {"5": 1.0}}, r"^logit_bias\['5'\]: the key must be a token id, an int >= 0$"),
+    ({"logit_bias": {"5": 1.0}},
+     (r"^logit_bias\['5'\]: the key must be a token id \(an int >= 0, below the vocabulary's "
+     r"size\)$")),
     ({"logit_bias": {-1: 1.0}}, r"^logit_bias\[-1\]: the key must be a token id"),
     ({"logit_bias": {10**500: 1.0}}, r"^logit_bias\[<an int of about 500 digits>\]: the key"),
     ({"logit_bias": [(5, 1.0)]},
      r"^logit_bias=\[\(5, 1\.0\)\] must be a map of token ids to biases in \[-100, 100\]$"),
     ({"allowed_token_ids": []}, r"^allowed_token_ids=\[\] must name at least one token id"),
-    ({"allowed_token_ids": [1, -2]}, r"^allowed_token_ids\[1\]=-2 must be a token id, an int"),
+    ({"allowed_token_ids": [1, -2]}, r"^allowed_token_ids\[1\]=-2 must be a token id \(an int"),
     ({"allowed_token_ids": [1, 2.0]}, r"^allowed_token_ids\[1\]=2\.0 must be a token id"),
     ({"allowed_token_ids": 7}, r"^allowed_token_ids=7 must be a non-empty list of token ids"),
 ])
@@ -57,6 +59,12 @@ def test_values_are_normalized():
     assert p.allowed_token_ids == [1, 2, 2] and p.adjusts_logits
     assert SamplingParams(logit_bias={}).logit_bias is None  # an empty map is no bias
     assert not SamplingParams(logit_bias={}).adjusts_logits
+    # numpy's ints and floats (a tokenizer's or an array's ids) as Python's
+    p = SamplingParams(logit_bias={np.int64(5): np.float32(1.5)},
+                       allowed_token_ids=np.array([1, 2], dtype=np.int32))
+    assert p.logit_bias == {5: 1.5}
+    assert all(type(k) is int and type(v) is float for k, v in p.logit_bias.items())
+    assert p.allowed_token_ids == [1, 2] and all(type(t) is int for t in p.allowed_token_ids)
 
 
 @pytest.mark.parametrize("name, value", [("logit_bias", {3: 1.0}), ("allowed_token_ids", [3])])
@@ -78,6 +86,22 @@ def test_token_ids_outside_the_vocabulary_are_refused_against_the_model():
     with pytest.raises(ValueError, match=r"^allowed_token_ids\[2\]=150 is not a token id of the "
                                          r"vocabulary \[0, 100\)$"):
         validate_prompt([1, 2], SamplingParams(allowed_token_ids=[0, 5, 150]), limits)
+
+
+def test_allowed_ids_that_min_tokens_blocks_are_refused():
+    """Only stop or EOS ids allowed while min_tokens blocks them: every logit would be -inf
+    (the row then drew token 0, which is not allowed)."""
+    limits = EngineLimits(vocab_size=100, max_model_len=64, num_blocks=10, block_size=16,
+                          max_num_seqs=8, eos_token_ids=(2,))
+    for params in (SamplingParams(allowed_token_ids=[2], min_tokens=3),
+                   SamplingParams(allowed_token_ids=[2, 7], stop_token_ids=[7], min_tokens=1)):
+        with pytest.raises(ValueError, match=r"^allowed_token_ids=\[2.*\] holds only stop or "
+                                             r"EOS token ids, which min_tokens=\d blocks"):
+            validate_prompt([1, 2], params, limits)
+    for params in (SamplingParams(allowed_token_ids=[2, 8], min_tokens=3),  # 8 can be drawn
+                   SamplingParams(allowed_token_ids=[2], min_tokens=3, ignore_eos=True),
+                   SamplingParams(allowed_token_ids=[2])):
+        validate_prompt([1, 2], params, limits)
 
 
 # ---------------------------------------------------------------- the plain sampler

@@ -179,7 +179,8 @@ class LLMEngine:
             -(-(window - 1 + config.max_num_batched_tokens) // config.block_size) + 2,
             num_eos_tokens=len(self.eos_token_ids),
             enable_prefix_caching=config.enable_prefix_caching,
-            max_position_embeddings=mc.max_position_embeddings)
+            max_position_embeddings=mc.max_position_embeddings,
+            eos_token_ids=self.eos_token_ids)
         self.requests: dict[str, Request] = {}  # request_id -> first sequence of the group
         self.last_scheduler_output: StepPlan | None = None  # the latest plan (tests read it)
         # with the model in other processes there is no device here to synchronize with

@@ -8,7 +8,7 @@ import dataclasses
 from typing import NamedTuple
 
 from pagedrt.core.beam import num_beam_candidates
-from pagedrt.sampling_params import SamplingParams
+from pagedrt.sampling_params import SamplingParams, short_repr
 
 
 class EngineLimits(NamedTuple):
@@ -28,6 +28,7 @@ class EngineLimits(NamedTuple):
             blocks again only through the prefix cache).
         max_position_embeddings: the model's longest context, the most max_model_len can be
             raised to (None: unknown; the error for a long prompt then names no bound).
+        eos_token_ids: the model's EOS ids (what min_tokens blocks besides stop_token_ids).
     """
 
     vocab_size: int
@@ -39,6 +40,7 @@ class EngineLimits(NamedTuple):
     num_eos_tokens: int = 1
     enable_prefix_caching: bool = True
     max_position_embeddings: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -78,7 +80,7 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
     """
     params.__post_init__()
     if params.adjusts_logits:
-        _validate_token_controls(params, limits.vocab_size)
+        _validate_token_controls(params, limits)
     if params.max_tokens is None:
         raise ValueError("max_tokens=None is set per prompt: pass the params through "
                          "resolve_max_tokens first (LLM.generate and LLMEngine.add_request do)")
@@ -117,9 +119,12 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
         _validate_beam_search(n, params, limits)
 
 
-def _validate_token_controls(params: SamplingParams, vocab_size: int) -> None:
+def _validate_token_controls(params: SamplingParams, limits: EngineLimits) -> None:
     """logit_bias keys and allowed_token_ids entries within the vocabulary (their types and the
-    bias range were checked by `SamplingParams`)."""
+    bias range were checked by `SamplingParams`), and allowed_token_ids not all of them ids
+    that min_tokens blocks (stop_token_ids, and EOS unless ignore_eos): every logit would be
+    -inf while it does, and no allowed token could be sampled."""
+    vocab_size = limits.vocab_size
     if params.logit_bias is not None:
         bad = next((t for t in params.logit_bias if t >= vocab_size), None)
         if bad is not None:
@@ -130,6 +135,15 @@ def _validate_token_controls(params: SamplingParams, vocab_size: int) -> None:
         i = next(i for i, t in enumerate(allowed) if t >= vocab_size)
         raise ValueError(f"allowed_token_ids[{i}]={allowed[i]} is not a token id of the "
                          f"vocabulary [0, {vocab_size})")
+    if allowed is not None and params.min_tokens:
+        blocked = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            blocked.update(limits.eos_token_ids)
+        if set(allowed) <= blocked:
+            raise ValueError(
+                f"allowed_token_ids={short_repr(allowed)} holds only stop or EOS token ids, "
+                f"which min_tokens={params.min_tokens} blocks until that many tokens are out: "
+                "nothing could be sampled; allow another token or lower min_tokens")
 
 
 def _longer_context_fix(max_model_len: int, limits: EngineLimits) -> str:
