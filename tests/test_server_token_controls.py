@@ -108,6 +108,9 @@ def test_tokenize_round_trips_with_detokenize(http, llm):
     without = http.post("/tokenize", json={"messages": messages,
                                            "add_generation_prompt": False}).json()["tokens"]
     assert len(with_prompt) > len(without)  # the default adds the assistant's header
+    strs = http.post("/tokenize", json={"prompt": prompt, "return_token_strs": True}).json()
+    assert strs["tokens"] == t["tokens"]
+    assert strs["token_strs"] == tok.convert_ids_to_tokens(t["tokens"])
 
 
 @pytest.mark.parametrize("path, body, status, param", [

@@ -182,6 +182,30 @@ def test_tokenize_takes_exactly_one_input(body, param):
     assert (e.value.status_code, e.value.param) == (400, param)
 
 
+@pytest.mark.parametrize("body, field", [
+    ({"chat_template": "{{ messages }}"}, "chat_template"),
+    ({"continue_final_message": True}, "continue_final_message"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+])
+def test_tokenize_refuses_what_the_chat_endpoint_refuses(body, field):
+    """A template setting /tokenize ignored would give other ids than the chat endpoint."""
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(APIError) as e:
+        TokenizeRequest.model_validate({"messages": messages, **body})
+    assert (e.value.status_code, e.value.param) == (400, field)
+    assert "is not supported" in e.value.message
+    TokenizeRequest.model_validate({"messages": messages, "continue_final_message": False})
+
+
+def test_chat_echo_is_refused_and_false_is_accepted():
+    with pytest.raises(APIError) as e:
+        ChatCompletionRequest.model_validate({**CHAT, "echo": True})
+    assert (e.value.status_code, e.value.param) == (400, "echo")
+    assert e.value.message.startswith("echo=True is not supported on chat completions")
+    ChatCompletionRequest.model_validate({**CHAT, "echo": False})
+    CompletionRequest.model_validate({**COMPLETION, "echo": True})  # (completions echo)
+
+
 def test_detokenize_needs_a_list_of_ints():
     assert DetokenizeRequest.model_validate({"tokens": [1, 2]}).tokens == [1, 2]
     for tokens in ("1 2", [1.5], [True]):

@@ -348,8 +348,11 @@ class OpenAIServer:
         else:
             tokens = (await self.prompt_input.encode([body.prompt], "prompt",
                                                      body.add_special_tokens))[0]
-        return JSONResponse({"tokens": tokens, "count": len(tokens),
-                             "max_model_len": self.limits.max_model_len})
+        response = {"tokens": tokens, "count": len(tokens),
+                    "max_model_len": self.limits.max_model_len}
+        if body.return_token_strs:
+            response["token_strs"] = self.tokenizer.convert_ids_to_tokens(tokens)
+        return JSONResponse(response)
 
     async def detokenize(self, request: Request) -> Response:
         """POST /detokenize: {"prompt": text} of token ids within the vocabulary (special

@@ -261,17 +261,39 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: int | None = None
     add_generation_prompt: bool | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_echo(cls, data):
+        # (vLLM's chat echo, which leads with the last message, is not built; silently
+        # dropping it would change the answer's text)
+        if isinstance(data, dict) and data.get("echo") not in (None, False):
+            raise APIError(400, f"echo={short_repr(data['echo'])} is not supported on chat "
+                           "completions (/v1/completions takes echo=true)", param="echo")
+        return data
+
 
 class TokenizeRequest(_Body):
     """POST /tokenize (vLLM's): the token ids of `prompt` as /v1/completions makes them, or of
     `messages` through the chat template as /v1/chat/completions does (exactly one of the
-    two); add_generation_prompt only with messages."""
+    two); add_generation_prompt only with messages; return_token_strs adds each id's token
+    string. The fields the chat endpoint refuses (a template of one's own, tools,
+    continue_final_message, ...: pagedrt/entrypoints/unsupported_fields.py) are refused
+    here too."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool | None = None
     add_special_tokens: bool | None = None
+    return_token_strs: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data):
+        refused = unsupported_field(data)
+        if refused is not None:
+            raise APIError(400, refused[1], param=refused[0])
+        return data
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
