@@ -21,6 +21,7 @@ from pagedrt.entrypoints.protocol import (
     api_error_from_validation,
     api_error_from_value_error,
 )
+from pagedrt.sampling_params import SamplingParams
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"prompt": "hi"}
@@ -232,3 +233,29 @@ def test_add_special_tokens_reaches_the_tokenizer_only_when_given():
     for value in (None, True, False):
         asyncio.run(prompt_input.encode(["abc"], "prompt", value))
     assert tok.calls == [{}, {"add_special_tokens": True}, {"add_special_tokens": False}]
+
+
+def test_a_bad_prompt_in_a_batch_is_named_by_its_index(smollm2):
+    """`["x", ""]` or `[[1], []]`: the 400 says which prompt, as LLM.generate does."""
+    from test_stream_handler import _InstantClient
+
+    from pagedrt.entrypoints.openai_server import OpenAIServer
+
+    server = OpenAIServer(_InstantClient([]), smollm2.tokenizer, "m", None)
+    with pytest.raises(APIError) as e:
+        asyncio.run(server.prompt_input.encode(["x", ""], "prompt"))
+    assert (e.value.message, e.value.param) == (
+        "prompt[1] is empty; give at least one token", "prompt")
+    with pytest.raises(APIError) as e:
+        asyncio.run(server.prompt_input.encode([""], "prompt"))
+    assert e.value.message == "prompt is empty; give at least one token"
+    params = SamplingParams(max_tokens=4)
+    with pytest.raises(APIError) as e:
+        server._validate([[1], []], params, "prompt")
+    assert e.value.message == "prompt[1]: prompt is empty; give at least one token"
+    with pytest.raises(APIError) as e:
+        server._validate([[1], [2, 10**6]], params, "prompt")
+    assert e.value.message.startswith("prompt[1]: prompt token id 1000000 is not an int in")
+    with pytest.raises(APIError) as e:
+        server._validate([[]], params, "prompt")
+    assert e.value.message == "prompt is empty; give at least one token"

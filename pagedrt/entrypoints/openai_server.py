@@ -233,11 +233,16 @@ class OpenAIServer:
         self.prompt_input.check_count(num_prompts, params.n)
 
     def _validate(self, prompts: list[list[int]], params: SamplingParams, field: str) -> None:
-        for token_ids in prompts:
+        """Each prompt against the engine's limits; APIError(400) naming the field and, in a
+        batch, which prompt."""
+        for i, token_ids in enumerate(prompts):
             try:
                 validate_prompt(token_ids, params, self.limits)
             except ValueError as e:
-                raise api_error_from_value_error(e, field) from None
+                error = api_error_from_value_error(e, field)
+                if len(prompts) > 1:
+                    error.message = f"{field}[{i}]: {error.message}"
+                raise error from None
 
     # ------------------------------------------------------------ endpoints
     async def completions(self, request: Request) -> Response:

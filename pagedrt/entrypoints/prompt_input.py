@@ -79,8 +79,10 @@ class PromptInput:
         """Token ids of each text; raises APIError(400) for an empty or too long text, or when
         the model has no tokenizer. `add_special_tokens`: passed to the tokenizer's encode
         (None: its default)."""
-        if any(not text for text in texts):
-            raise APIError(400, f"{field} is empty; give at least one token", param=field)
+        empty = next((i for i, text in enumerate(texts) if not text), None)
+        if empty is not None:
+            which = field if len(texts) == 1 else f"{field}[{empty}]"
+            raise APIError(400, f"{which} is empty; give at least one token", param=field)
         if self.tokenizer is None:
             raise APIError(400, "this model has no tokenizer; send token ids", param=field)
         for text in texts:
