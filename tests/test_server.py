@@ -169,7 +169,9 @@ def test_logprobs_n_and_mixed_sampling_params(client, server):
     for c in r.choices:
         lp = c.logprobs
         assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs)
-        assert all(len(top) <= 3 for top in lp.top_logprobs)
+        # the 3 most likely, and the sampled token where it is not among them
+        assert all(len(top) <= 4 and tok in top
+                   for tok, top in zip(lp.tokens, lp.top_logprobs, strict=True))
         assert all(x <= 0 for x in lp.token_logprobs)
     assert r.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in r.choices)
     chat = client.chat.completions.create(model=MODEL, max_tokens=5, temperature=0,

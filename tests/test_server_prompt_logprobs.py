@@ -59,6 +59,11 @@ def token_logprob(ref: torch.Tensor, ids: list[int], j: int) -> float:
     return ref[j - 1, ids[j]].item()
 
 
+def rank(ref: torch.Tensor, ids: list[int], j: int) -> int:
+    """1 + how many tokens HF finds likelier than prompt token j at its position."""
+    return 1 + int((ref[j - 1] > ref[j - 1, ids[j]]).sum())
+
+
 def assert_idle(server: str) -> None:
     """No KV block held and nothing running (every request's blocks were freed)."""
     deadline = time.monotonic() + 30
@@ -87,9 +92,11 @@ def test_echo_with_logprobs_covers_the_prompt(server, reference):
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
     for j in range(1, p):
         assert lp["token_logprobs"][j] == pytest.approx(token_logprob(ref, ids, j), abs=2e-3)
-        assert len(lp["top_logprobs"][j]) == 2
+        top = lp["top_logprobs"][j]
+        assert len(top) == (2 if rank(ref, ids, j) <= 2 else 3)  # + the prompt token
+        assert top[lp["tokens"][j]] == lp["token_logprobs"][j]
         best = ref[j - 1].max().item()
-        assert max(lp["top_logprobs"][j].values()) == pytest.approx(best, abs=2e-3)
+        assert max(top.values()) == pytest.approx(best, abs=2e-3)
     assert lp["token_logprobs"][p:] == pytest.approx(plain["logprobs"]["token_logprobs"],
                                                      abs=1e-5)
     offsets = lp["text_offset"]
@@ -115,6 +122,62 @@ def test_streamed_echo_gives_the_same_text_and_logprobs(server, reference):
         assert values[1:] == pytest.approx(whole[index]["logprobs"]["token_logprobs"][1:],
                                            abs=1e-5)
         assert len(tokens) > len(ids)
+        tops = [t for c in mine if c["logprobs"] for t in c["logprobs"]["top_logprobs"]]
+        assert_same_tops(tops, whole[index]["logprobs"]["top_logprobs"])
+
+
+def assert_same_tops(tops: list, expected: list) -> None:
+    """The same top_logprobs (keys in the same order, values within 1e-5)."""
+    assert [None if t is None else list(t) for t in tops] == [
+        None if t is None else list(t) for t in expected]
+    for t, e in zip(tops, expected, strict=True):
+        if t is not None:
+            assert list(t.values()) == pytest.approx(list(e.values()), abs=1e-5)
+
+
+def streamed_logprobs(chunks: list[dict], index: int = 0) -> dict:
+    """One choice's logprobs objects of a stream, joined."""
+    joined = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for c in chunks:
+        for choice in c["choices"]:
+            if choice["index"] == index and choice["logprobs"]:
+                for key, values in joined.items():
+                    values.extend(choice["logprobs"][key])
+    return joined
+
+
+def test_top_logprobs_hold_the_sampled_token(server):
+    """As OpenAI's legacy completions: logprobs=0 gives {token: its logprob} per position; a
+    token sampled outside the top k (temperature 2, seeded) is there besides the k; one inside
+    adds nothing. Streamed and whole responses give the same objects."""
+    r = post(server, "completions", {"prompt": PROMPT, "max_tokens": 12, "temperature": 0,
+                                     "logprobs": 0})
+    lp = r.json()["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == r.json()["usage"]["completion_tokens"] > 0
+    assert lp["top_logprobs"] == [{t: v} for t, v in zip(lp["tokens"], lp["token_logprobs"],
+                                                         strict=True)]
+    greedy = post(server, "completions", {"prompt": PROMPT, "max_tokens": 12, "temperature": 0,
+                                          "logprobs": 2}).json()["choices"][0]["logprobs"]
+    for tok, value, top in zip(greedy["tokens"], greedy["token_logprobs"],
+                               greedy["top_logprobs"], strict=True):
+        assert len(top) == 2 and top[tok] == value == max(top.values())
+
+    body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 2.0, "seed": 11, "logprobs": 1,
+            "ignore_eos": True}
+    lp = post(server, "completions", body).json()["choices"][0]["logprobs"]
+    outside = 0
+    for tok, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"],
+                               strict=True):
+        assert top[tok] == value
+        if len(top) == 2:  # sampled outside the top 1: the likelier one first
+            outside += 1
+            assert list(top)[-1] == tok and next(iter(top.values())) >= value
+        else:
+            assert len(top) == 1
+    assert outside >= 3, lp  # (the seed makes this hold every run)
+    streamed = streamed_logprobs(stream_chunks(server, body))
+    assert streamed["tokens"] == lp["tokens"]
+    assert_same_tops(streamed["top_logprobs"], lp["top_logprobs"])
 
 
 def test_streamed_echo_without_logprobs(server):

@@ -2,6 +2,10 @@
 
 Choice indices: with a batch of prompts, choice `prompt_index * n + sample_index` (OpenAI's
 order). Logprobs come per generated token; tokens are shown as their own decoded text.
+Completions' `top_logprobs` (a {token text: logprob} per position) hold the `logprobs` most
+likely tokens and also the position's own token (sampled, or the prompt's with echo) when it is
+not among them, as OpenAI's legacy completions do (so `logprobs=0` gives that token alone);
+chat's `top_logprobs` lists hold exactly the asked number.
 
 Echo (completions, `echo=true`): each choice's text starts with its prompt's text (streamed:
 the first chunk of each choice), and with logprobs its logprobs object covers the prompt tokens
@@ -48,14 +52,29 @@ class ResponseBuilder:
         return text
 
     # ------------------------------------------------------------ logprobs
+    def top_with_chosen(self, e: TokenLogprobs, num_top: int | None = None) -> dict:
+        """A legacy completions `top_logprobs` entry: {token text: logprob} of the num_top
+        (None: all of e.top_logprobs) most likely tokens, most likely first, then the chosen
+        token (sampled, or the prompt's) where it is not among them: num_top + 1 entries at
+        most, as OpenAI's legacy completions give. Tokens whose texts are the same share one
+        key, holding the likelier one's logprob."""
+        pairs = e.top_logprobs if num_top is None else e.top_logprobs[:num_top]
+        top: dict[str, float] = {}
+        for t, lp in pairs:
+            top.setdefault(self.token_text(t), _finite(lp))
+        if all(t != e.token_id for t, _ in pairs):
+            top.setdefault(self.token_text(e.token_id), _finite(e.logprob))
+        return top
+
     def completion_logprobs(self, entries: list[TokenLogprobs], text_offset: int) -> dict:
-        """Legacy completions shape: parallel lists, top_logprobs as {token text: logprob}."""
+        """Legacy completions shape: parallel lists, top_logprobs as {token text: logprob}
+        (the k most likely and the sampled token: `top_with_chosen`)."""
         tokens, token_logprobs, top, offsets = [], [], [], []
         for e in entries:
             text = self.token_text(e.token_id)
             tokens.append(text)
             token_logprobs.append(_finite(e.logprob))
-            top.append({self.token_text(t): _finite(lp) for t, lp in e.top_logprobs})
+            top.append(self.top_with_chosen(e))
             offsets.append(text_offset)
             text_offset += len(text)
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top,
@@ -82,7 +101,8 @@ class ResponseBuilder:
             token_ids: the prompt.
             entries: RequestOutput.prompt_logprobs (None first, then a TokenLogprobs per
                 token); None or missing entries give null values.
-            num_top: top_logprobs per token (the request's logprobs).
+            num_top: the most likely tokens per position (the request's logprobs); the
+                prompt token is added where it is not among them (`top_with_chosen`).
         """
         tokens, token_logprobs, top, offsets = [], [], [], []
         offset = 0
@@ -91,8 +111,7 @@ class ResponseBuilder:
             e = entries[j] if entries is not None and j < len(entries) else None
             tokens.append(text)
             token_logprobs.append(None if e is None else _finite(e.logprob))
-            top.append(None if e is None else {self.token_text(t): _finite(lp)
-                                               for t, lp in e.top_logprobs[:num_top]})
+            top.append(None if e is None else self.top_with_chosen(e, num_top))
             offsets.append(offset)
             offset += len(text)
         return ({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top,
