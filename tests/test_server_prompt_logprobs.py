@@ -220,6 +220,168 @@ def test_prompt_logprobs_field_on_chat(server):
     assert all(len(e) == 1 and next(iter(e.values()))["logprob"] <= 0 for e in entries[1:])
 
 
+def hf_log_softmax(hf_model, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        logits = hf_model(input_ids=torch.tensor([ids])).logits[0]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def assert_scores(lp: dict, ids: list[int], ref: torch.Tensor, num_top: int) -> None:
+    """A legacy logprobs object covering exactly the prompt `ids`, values as HF's."""
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(ids)
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["text_offset"][0] == 0
+    for j in range(1, len(ids)):
+        value = lp["token_logprobs"][j]
+        assert value == pytest.approx(token_logprob(ref, ids, j), abs=2e-3)
+        top = lp["top_logprobs"][j]
+        assert top[lp["tokens"][j]] == value  # the prompt token, whatever its rank
+        assert num_top <= len(top) <= num_top + 1
+
+
+def test_echo_only_scores_the_prompt(server, reference):
+    """echo=true, max_tokens=0: the prompt alone, its tokens' logprobs (HF's values), finish
+    "length", no completion token; streamed the same, in one chunk."""
+    ids, ref = reference
+    body = {"prompt": PROMPT, "max_tokens": 0, "echo": True, "logprobs": 1}
+    r = post(server, "completions", body)
+    assert r.status_code == 200, r.text
+    response = r.json()
+    [choice] = response["choices"]
+    assert choice["text"] == PROMPT and choice["finish_reason"] == "length"
+    assert choice["stop_reason"] is None
+    assert_scores(choice["logprobs"], ids, ref, 1)
+    assert response["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 0,
+                                 "total_tokens": len(ids)}
+    # a prompt token of rank > 1 is there besides the most likely one
+    assert any(rank(ref, ids, j) > 1 and len(choice["logprobs"]["top_logprobs"][j]) == 2
+               for j in range(1, len(ids)))
+
+    chunks = stream_chunks(server, {**body, "stream_options": {"include_usage": True}})
+    mine = [c["choices"][0] for c in chunks if c["choices"]]
+    assert len(mine) == 1 and mine[0]["text"] == PROMPT
+    assert mine[0]["finish_reason"] == "length" and mine[0]["stop_reason"] is None
+    streamed = mine[0]["logprobs"]
+    assert streamed["tokens"] == choice["logprobs"]["tokens"]
+    assert streamed["text_offset"] == choice["logprobs"]["text_offset"]
+    assert streamed["token_logprobs"][0] is None
+    assert streamed["token_logprobs"][1:] == pytest.approx(
+        choice["logprobs"]["token_logprobs"][1:], abs=1e-5)
+    assert_same_tops(streamed["top_logprobs"], choice["logprobs"]["top_logprobs"])
+    assert chunks[-1]["usage"] == response["usage"]
+    assert_idle(server)
+
+
+def test_echo_only_batch_token_ids_and_n(server, smollm2, hf_smollm2, reference):
+    """A batch of token-id prompts with n=2: each choice its prompt's decoded text and scores,
+    the n choices equal; a batch of texts without logprobs; streamed the same."""
+    ids, ref = reference
+    other = smollm2.tokenizer.encode("Water boils at one hundred degrees")
+    refs = [ref, hf_log_softmax(hf_smollm2, other)]
+    body = {"prompt": [ids, other], "max_tokens": 0, "echo": True, "logprobs": 0, "n": 2,
+            "temperature": 1.0}
+    r = post(server, "completions", body)
+    assert r.status_code == 200, r.text
+    response = r.json()
+    choices = response["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2, 3]
+    for i, c in enumerate(choices):
+        prompt_ids = [ids, other][i // 2]
+        assert c["text"] == smollm2.tokenizer.decode(prompt_ids)
+        assert c["finish_reason"] == "length"
+        assert_scores(c["logprobs"], prompt_ids, refs[i // 2], 0)
+    assert choices[0]["logprobs"] == choices[1]["logprobs"]
+    assert choices[2]["logprobs"] == choices[3]["logprobs"]
+    assert response["usage"]["prompt_tokens"] == len(ids) + len(other)  # (once per prompt)
+    assert response["usage"]["completion_tokens"] == 0
+
+    chunks = stream_chunks(server, body)
+    for i, c in enumerate(choices):
+        mine = [x["choices"][0] for x in chunks if x["choices"][0]["index"] == i]
+        assert "".join(x["text"] for x in mine) == c["text"]
+        assert [x["finish_reason"] for x in mine][-1] == "length"
+        assert streamed_logprobs(chunks, i)["tokens"] == c["logprobs"]["tokens"]
+        assert_same_tops(streamed_logprobs(chunks, i)["top_logprobs"],
+                         c["logprobs"]["top_logprobs"])
+
+    texts = ["Hello there", PROMPT]
+    plain = post(server, "completions", {"prompt": texts, "max_tokens": 0, "echo": True})
+    assert plain.status_code == 200, plain.text
+    assert [(c["text"], c["logprobs"], c["finish_reason"]) for c in plain.json()["choices"]] == [
+        (t, None, "length") for t in texts]
+    assert plain.json()["usage"]["completion_tokens"] == 0
+    chunks = stream_chunks(server, {"prompt": texts, "max_tokens": 0, "echo": True})
+    assert sorted((c["choices"][0]["index"], c["choices"][0]["text"],
+                   c["choices"][0]["finish_reason"]) for c in chunks) == [
+        (0, texts[0], "length"), (1, texts[1], "length")]
+    assert_idle(server)
+
+
+def test_echo_only_leaves_out_a_token_that_stops(server, smollm2):
+    """The one token the engine makes is left out even where it is a stop token or a stop
+    string: finish "length", no stop_reason, no text after the prompt."""
+    token = smollm2.tokenizer.encode(" Rome")[-1]
+    word = smollm2.tokenizer.decode([token])
+    for extra in ({"stop_token_ids": [token]}, {"stop": [word]}):
+        for stream in (False, True):
+            body = {"prompt": PROMPT, "max_tokens": 0, "echo": True,
+                    "allowed_token_ids": [token], **extra}
+            if stream:
+                [chunk] = [c["choices"][0] for c in stream_chunks(server, body)]
+                assert chunk["text"] == PROMPT, extra
+                assert (chunk["finish_reason"], chunk["stop_reason"]) == ("length", None)
+            else:
+                r = post(server, "completions", body)
+                assert r.status_code == 200, r.text
+                c = r.json()["choices"][0]
+                assert (c["text"], c["finish_reason"], c["stop_reason"]) == (
+                    PROMPT, "length", None), extra
+                assert r.json()["usage"]["completion_tokens"] == 0
+        # (the same request generating one token does stop on it)
+        r = post(server, "completions", {"prompt": PROMPT, "max_tokens": 1,
+                                         "allowed_token_ids": [token], **extra})
+        assert r.json()["choices"][0]["finish_reason"] == "stop", r.text
+    assert_idle(server)
+
+
+def test_echo_only_prompt_length(server, reference):
+    """An echo-only prompt may have max_model_len - 1 tokens (the step makes one), not more."""
+    ids, _ = reference
+    long = (ids * 200)[:1023]
+    r = post(server, "completions", {"prompt": long, "max_tokens": 0, "echo": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"] == {"prompt_tokens": 1023, "completion_tokens": 0,
+                                 "total_tokens": 1023}
+    r = post(server, "completions", {"prompt": long + ids[:1], "max_tokens": 0, "echo": True})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "prompt" and error["code"] == "context_length_exceeded"
+    assert "max_model_len - 1 = 1023" in error["message"]
+    assert_idle(server)
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("completions", {"prompt": "Hi", "max_tokens": 0}, "max_tokens"),
+    ("completions", {"prompt": "Hi", "max_tokens": 0, "echo": False, "stream": True},
+     "max_tokens"),
+    ("completions", {"prompt": "Hi", "max_tokens": 0, "echo": True, "min_tokens": 2},
+     "min_tokens"),
+    ("completions", {"prompt": "Hi", "max_tokens": 0, "echo": True, "use_beam_search": True,
+                     "n": 2}, "use_beam_search"),
+    ("completions", {"prompt": "Hi", "max_tokens": -1, "echo": True}, "max_tokens"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 0},
+     "max_tokens"),
+])
+def test_max_tokens_0_without_echo_is_400(server, path, body, param):
+    r = post(server, path, body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    if param == "max_tokens" and path == "completions" and body["max_tokens"] == 0:
+        assert "echo=true" in error["message"]
+    assert_idle(server)
+
+
 @pytest.mark.parametrize(("path", "body", "param"), [
     ("completions", {"prompt": "Hi", "prompt_logprobs": 21}, "prompt_logprobs"),
     ("completions", {"prompt": "Hi", "prompt_logprobs": -1}, "prompt_logprobs"),

@@ -18,6 +18,15 @@ holds text back while it could still become a stop string or while it ends insid
 character, so the concatenated stream is the non-streamed text. A client that goes away
 (streaming or not) has its requests aborted.
 
+Echo-only scoring (completions, `echo=true` with `max_tokens=0`, as OpenAI's legacy completions
+and vLLM take it): each prompt runs as a request of max_tokens=1 (with prompt logprobs where
+`logprobs` is set), and the one token it makes is left out of the response: each choice's text
+is its prompt's text, its logprobs cover the prompt tokens only, finish_reason is "length"
+(also where the token was EOS or a stop), usage counts no completion token; a stream sends each
+choice's prompt and finish in one chunk. With n > 1, n equal choices (each sample still takes
+its step, so n counts against max_num_seqs as usual). A prompt may then have max_model_len - 1
+tokens at most.
+
 Faults: if the engine core dies, every open request ends at once with a 503 (500 with the
 fault where the core said it stopped on a worker's fault; an error event, then `[DONE]`, on a
 stream), `/health` and new requests answer 503, and the process exits with
@@ -88,16 +97,19 @@ class _Run:
 
     def __init__(self, client: EngineCoreClient, tokenizer, request: Request, base_id: str,
                  prompts: list[list[int]], params: SamplingParams, arrival_time: float,
-                 stream: bool, echo: list[str] | None = None) -> None:
+                 stream: bool, echo: list[str] | None = None, echo_only: bool = False) -> None:
         """echo: each prompt's text, which its outputs' `prompt` carries (completions with
-        echo=true), or None."""
+        echo=true), or None. echo_only (echo with max_tokens=0): the engine runs each sample
+        for its one token (params.max_tokens is 1), which the outputs leave out: no token,
+        no text, finish_reason "length"."""
         self.client, self.request, self.stream = client, request, stream
         self.prompts, self.params, self.echo = prompts, params, echo
+        self.echo_only = echo_only
         self.run = RequestRun()
         self.states = [RequestState(f"{base_id}-{i}", p, params.n, self.run, arrival_time,
                                     prompt_logprobs=params.prompt_logprobs is not None)
                        for i, p in enumerate(prompts)]
-        self.detokenizers = [[None if tokenizer is None
+        self.detokenizers = [[None if tokenizer is None or echo_only
                               else IncrementalDetokenizer(tokenizer, p, params)
                               for _ in range(params.n)] for p in prompts]
         self.num_sent = [[0] * params.n for _ in prompts]  # tokens turned into text so far
@@ -131,11 +143,9 @@ class _Run:
     def new_outputs(self):
         """(prompt index, CompletionOutput with the text and state since the last call) for
         every sample that got tokens or finished since."""
-        wants_logprobs = self.params.logprobs is not None
         for p, state in enumerate(self.states):
             for k in range(state.n):
-                tokens = state.token_ids[k]
-                finish_reason = state.finish_reasons[k]
+                tokens, logprobs, finish_reason, stop_reason = self._sample(state, k)
                 start = self.num_sent[p][k]
                 if start == len(tokens) and (finish_reason is None or self.sent_final[p][k]):
                     continue
@@ -149,8 +159,18 @@ class _Run:
                     delta = detokenizer.get_delta(done)
                 yield p, CompletionOutput(
                     index=k, text="", token_ids=tokens, finish_reason=finish_reason,
-                    stop_reason=state.stop_reasons[k],
-                    logprobs=state.logprobs[k] if wants_logprobs else None, delta_text=delta)
+                    stop_reason=stop_reason, logprobs=logprobs, delta_text=delta)
+
+    def _sample(self, state: RequestState, k: int):
+        """Sample k's (token ids, logprobs or None, finish reason, stop reason) as the client
+        sees them: with echo_only, no token and "length" once the engine's one step is done."""
+        logprobs = state.logprobs[k] if self.params.logprobs is not None else None
+        finish_reason, stop_reason = state.finish_reasons[k], state.stop_reasons[k]
+        if not self.echo_only:
+            return state.token_ids[k], logprobs, finish_reason, stop_reason
+        if finish_reason in ("stop", "length"):  # (whether or not the token was a stop)
+            finish_reason, stop_reason = "length", None
+        return [], None if logprobs is None else [], finish_reason, stop_reason
 
     def final_outputs(self) -> list[RequestOutput]:
         """Every prompt's finished RequestOutput (the text detokenized here, once; `prompt`
@@ -159,17 +179,17 @@ class _Run:
         for p, state in enumerate(self.states):
             outs = []
             for k in range(state.n):
+                tokens, logprobs, finish_reason, stop_reason = self._sample(state, k)
                 text = ""
                 detokenizer = self.detokenizers[p][k]
                 if detokenizer is not None:
                     if not self.stream:
-                        detokenizer.update(state.token_ids[k])
+                        detokenizer.update(tokens)
                     detokenizer.get_delta(True)
                     text = detokenizer.output_text
                 outs.append(CompletionOutput(
-                    index=k, text=text, token_ids=state.token_ids[k],
-                    finish_reason=state.finish_reasons[k], stop_reason=state.stop_reasons[k],
-                    logprobs=state.logprobs[k] if self.params.logprobs is not None else None))
+                    index=k, text=text, token_ids=tokens, finish_reason=finish_reason,
+                    stop_reason=stop_reason, logprobs=logprobs))
             finals.append(RequestOutput(
                 state.request_id, None if self.echo is None else self.echo[p],
                 state.prompt_token_ids, outs, finished=True,
@@ -252,6 +272,10 @@ class OpenAIServer:
             raise APIError(400, "suffix is not supported", param="suffix")
         prompt = body.prompt
         max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's default
+        echo_only = max_tokens == 0
+        if echo_only:
+            _check_echo_only(body)
+            max_tokens = 1  # the engine's one step; _Run leaves its token out
         try:
             params = body.to_sampling_params(max_tokens, body.logprobs)
         except ValueError as e:
@@ -272,6 +296,8 @@ class OpenAIServer:
             prompts = [list(prompt)]
         else:
             prompts = [list(p) for p in prompt]
+        if echo_only:
+            self._check_echo_only_fits(prompts)
         self._validate(prompts, params, "prompt")
         echo = None
         if body.echo:  # the prompt's text as sent; token ids decoded
@@ -282,7 +308,17 @@ class OpenAIServer:
             else:
                 echo = [self._decode(ids) for ids in prompts]
         return await self._respond(request, "completion", body, prompts, params, arrival_time,
-                                   echo)
+                                   echo, echo_only)
+
+    def _check_echo_only_fits(self, prompts: list[list[int]]) -> None:
+        """An echo-only prompt still needs room for the one token its engine step makes."""
+        room = self.limits.max_model_len - 1
+        for p in prompts:
+            if len(p) > room:
+                raise APIError(400, f"prompt has {len(p)} tokens; with echo=true and "
+                               f"max_tokens=0 it may have at most max_model_len - 1 = {room} "
+                               "(the prompt is scored by one engine step, which makes a token)",
+                               param="prompt", code="context_length_exceeded")
 
     def _decode(self, token_ids: list[int]) -> str:
         return "" if self.tokenizer is None else self.tokenizer.decode(token_ids)
@@ -381,10 +417,10 @@ class OpenAIServer:
     # ------------------------------------------------------------ responses
     async def _respond(self, request: Request, kind: str, body, prompts: list[list[int]],
                        params: SamplingParams, arrival_time: float,
-                       echo: list[str] | None = None) -> Response:
+                       echo: list[str] | None = None, echo_only: bool = False) -> Response:
         base_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         run = _Run(self.client, self.tokenizer, request, base_id, prompts, params,
-                   arrival_time, stream=bool(body.stream), echo=echo)
+                   arrival_time, stream=bool(body.stream), echo=echo, echo_only=echo_only)
         num_top = params.logprobs or 0
         if body.stream:
             return StreamingResponse(self._stream(run, kind, base_id, body.include_usage,
@@ -446,6 +482,23 @@ class OpenAIServer:
         for state in list(self.client.states.values()):
             state.run.fail(503, "the server is shutting down")
         self.client.abort(list(self.client.states))
+
+
+def _check_echo_only(body: CompletionRequest) -> None:
+    """max_tokens=0 on completions: echo=true without generation (the prompt's text, and with
+    logprobs its tokens' logprobs: scoring), as in OpenAI's legacy completions and vLLM. With n
+    > 1 every choice is the same echo. Not without echo, with min_tokens or with beam search."""
+    if not body.echo:
+        raise APIError(400, "max_tokens=0 must be >= 1; 0 goes only with echo=true (the prompt "
+                       "echoed, and scored with logprobs, with nothing generated)",
+                       param="max_tokens")
+    if body.min_tokens:
+        raise APIError(400, f"min_tokens={short_repr(body.min_tokens)} exceeds max_tokens=0",
+                       param="min_tokens")
+    if body.use_beam_search:
+        raise APIError(400, "max_tokens=0 (echo=true without generation) does not go with "
+                       "use_beam_search=true: there is nothing to search",
+                       param="use_beam_search")
 
 
 def _check_prompt_logprobs(body) -> None:
