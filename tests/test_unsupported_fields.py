@@ -37,6 +37,7 @@ def _refused(body: dict, field: str) -> str:
         error = e.value.body()["error"]
         assert e.value.status_code == 400 and error["type"] == "invalid_request_error"
         assert error["param"] == field, error
+        assert error["code"] == "unsupported_parameter"  # (OpenAI's code)
         assert error["message"].startswith(field) and "is not supported" in error["message"]
         messages.append(error["message"])
     assert messages[0] == messages[1]
@@ -193,7 +194,8 @@ def test_tokenize_refuses_what_the_chat_endpoint_refuses(body, field):
     messages = [{"role": "user", "content": "hi"}]
     with pytest.raises(APIError) as e:
         TokenizeRequest.model_validate({"messages": messages, **body})
-    assert (e.value.status_code, e.value.param) == (400, field)
+    assert (e.value.status_code, e.value.param, e.value.code) == (
+        400, field, "unsupported_parameter")
     assert "is not supported" in e.value.message
     TokenizeRequest.model_validate({"messages": messages, "continue_final_message": False})
 
@@ -201,7 +203,8 @@ def test_tokenize_refuses_what_the_chat_endpoint_refuses(body, field):
 def test_chat_echo_is_refused_and_false_is_accepted():
     with pytest.raises(APIError) as e:
         ChatCompletionRequest.model_validate({**CHAT, "echo": True})
-    assert (e.value.status_code, e.value.param) == (400, "echo")
+    assert (e.value.status_code, e.value.param, e.value.code) == (
+        400, "echo", "unsupported_parameter")
     assert e.value.message.startswith("echo=True is not supported on chat completions")
     ChatCompletionRequest.model_validate({**CHAT, "echo": False})
     CompletionRequest.model_validate({**COMPLETION, "echo": True})  # (completions echo)

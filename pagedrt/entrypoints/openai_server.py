@@ -64,6 +64,7 @@ from pagedrt.entrypoints.guards import HttpOptions, install_guards
 from pagedrt.entrypoints.metrics import CONTENT_TYPE, ServerMetrics
 from pagedrt.entrypoints.prompt_input import PromptInput
 from pagedrt.entrypoints.protocol import (
+    UNSUPPORTED,
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -269,7 +270,7 @@ class OpenAIServer:
         arrival_time = time.monotonic()
         body: CompletionRequest = await self.parse(request, CompletionRequest)
         if body.suffix:
-            raise APIError(400, "suffix is not supported", param="suffix")
+            raise APIError(400, "suffix is not supported", param="suffix", code=UNSUPPORTED)
         prompt = body.prompt
         max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's default
         echo_only = max_tokens == 0

@@ -45,6 +45,11 @@ class APIError(Exception):
                           "code": self.code}}
 
 
+UNSUPPORTED = "unsupported_parameter"
+"""The error `code` of a field this server does not build (OpenAI's code for a parameter a model
+does not take)."""
+
+
 # "temperature=-1 must be >= 0", "logit_bias[5]=150 must be ...": SamplingParams messages
 # start with the field's name.
 _FIELD_RE = re.compile(r"^(\w+)(?:=|\[)")
@@ -157,7 +162,7 @@ class _SamplingRequest(_Body):
     def _refuse_unsupported(cls, data):
         refused = unsupported_field(data)
         if refused is not None:  # (not a ValueError: pydantic passes it on as it is)
-            raise APIError(400, refused[1], param=refused[0])
+            raise APIError(400, refused[1], param=refused[0], code=UNSUPPORTED)
         return data
 
     def to_sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
@@ -268,7 +273,8 @@ class ChatCompletionRequest(_SamplingRequest):
         # dropping it would change the answer's text)
         if isinstance(data, dict) and data.get("echo") not in (None, False):
             raise APIError(400, f"echo={short_repr(data['echo'])} is not supported on chat "
-                           "completions (/v1/completions takes echo=true)", param="echo")
+                           "completions (/v1/completions takes echo=true)", param="echo",
+                           code=UNSUPPORTED)
         return data
 
 
@@ -292,7 +298,7 @@ class TokenizeRequest(_Body):
     def _refuse_unsupported(cls, data):
         refused = unsupported_field(data)
         if refused is not None:
-            raise APIError(400, refused[1], param=refused[0])
+            raise APIError(400, refused[1], param=refused[0], code=UNSUPPORTED)
         return data
 
     @model_validator(mode="after")
