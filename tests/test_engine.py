@@ -369,8 +369,34 @@ def test_cpu_threads_note_names_the_count_and_the_knob(monkeypatch):
     monkeypatch.delenv("PAGEDRT_NUM_THREADS", raising=False)
     assert cpu_threads_note("cpu", 2) == ", 2 CPU threads; PAGEDRT_NUM_THREADS sets them"
     assert cpu_threads_note("cuda:0", 2) == ""
+    assert cpu_threads_note("cpu", 1, world_size=3) == (
+        ", 1 CPU thread per rank x 3 ranks; PAGEDRT_NUM_THREADS sets them")
     monkeypatch.setenv("PAGEDRT_NUM_THREADS", "1")
     assert cpu_threads_note("cpu", 1) == ", 1 CPU thread"
+
+
+def test_cpu_ranks_share_the_cores_out(monkeypatch):
+    """Tensor-parallel workers on a CPU: the cores shared out among the ranks (-tp 3 on 2 cores
+    ran 6 threads, 18x slower than one rank), unless PAGEDRT_NUM_THREADS says otherwise;
+    on CUDA, or with one rank, torch's default stays."""
+    import torch
+
+    from pagedrt.entrypoints import cpu_threads
+
+    assert [cpu_threads.threads_per_rank(w, cores=c) for w, c in
+            ((3, 2), (2, 16), (3, 16), (1, 8), (4, None))] == [1, 8, 5, 8,
+                                                              max(1, os.cpu_count() // 4)]
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    monkeypatch.setattr(cpu_threads.os, "cpu_count", lambda: 2)
+    monkeypatch.delenv("PAGEDRT_NUM_THREADS", raising=False)
+    cpu_threads.set_worker_threads("cpu", 3)
+    cpu_threads.set_worker_threads("cpu", 1)
+    cpu_threads.set_worker_threads("cuda", 3)
+    assert calls == [1]
+    monkeypatch.setenv("PAGEDRT_NUM_THREADS", "2")
+    cpu_threads.set_worker_threads("cpu", 3)
+    assert calls == [1, 2]
 
 
 def test_slow_cpu_generation_suggests_one_thread(monkeypatch):

@@ -259,12 +259,14 @@ def run_worker_process(rank: int, world_size: int, device: str, init_method: str
                        conn: Connection) -> None:
     """Entry point of a worker process started by the engine (torch.multiprocessing, spawn):
     join the process group, then `serve`."""
-    from pagedrt.entrypoints.cpu_threads import set_num_threads_from_env
+    from pagedrt.entrypoints.cpu_threads import set_worker_threads
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
     _exit_with_parent()
-    set_num_threads_from_env()  # a spawned process starts with torch's default again
     dev = torch.device(device)
+    # a spawned process starts with torch's default (a thread per core) again: on a CPU the
+    # ranks share the cores out instead
+    set_worker_threads(dev.type, world_size)
     if world_size == 1:  # the model in a process of its own, split over nothing: no group
         if dev.type == "cuda":
             torch.cuda.set_device(dev)

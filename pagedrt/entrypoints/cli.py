@@ -17,6 +17,7 @@ from pagedrt.entrypoints.cpu_threads import (
     load_average,
     set_num_threads_from_env,
     slow_cpu_hint,
+    threads_per_rank,
 )
 from pagedrt.entrypoints.engine_args import add_engine_config_args, engine_kwargs
 
@@ -76,13 +77,29 @@ def cmd_generate(args: argparse.Namespace) -> int:
         f" in {elapsed:.2f} s | KV blocks used {s['peak_used_blocks']} of {s['num_blocks']} at peak"
         f" (block {s['block_size']} tokens) | peak batch size {s['peak_batch_size']}"
         f" | device {llm.llm_engine.device} {str(llm.llm_engine.dtype).replace('torch.', '')}"
-        f"{cpu_threads_note(str(llm.llm_engine.device), torch.get_num_threads())}"
+        f"{_threads_note(llm)}"
         f" | model load {t_load:.1f} s"
     )
-    hint = slow_cpu_hint(str(llm.llm_engine.device), torch.get_num_threads(), n_gen, elapsed)
+    hint = slow_cpu_hint(str(llm.llm_engine.device), _rank_threads(llm), n_gen, elapsed)
     if hint:
         print(hint)
     return 0
+
+
+def _rank_threads(llm) -> int:
+    """The torch threads each rank computes with: this process's, or with tensor parallelism
+    on a CPU the worker processes' share (`set_worker_threads`)."""
+    import torch
+
+    tp = llm.llm_engine.config.tensor_parallel_size
+    if tp > 1 and not os.environ.get("PAGEDRT_NUM_THREADS"):
+        return threads_per_rank(tp)
+    return torch.get_num_threads()
+
+
+def _threads_note(llm) -> str:
+    return cpu_threads_note(str(llm.llm_engine.device), _rank_threads(llm),
+                            llm.llm_engine.config.tensor_parallel_size)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

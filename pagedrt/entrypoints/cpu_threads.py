@@ -7,13 +7,15 @@ from __future__ import annotations
 import os
 
 
-def cpu_threads_note(device: str, threads: int) -> str:
-    """", N CPU threads" after a CPU device in a status line (empty for other devices): on a
-    CPU that other processes share, fewer threads can be several times faster (README)."""
+def cpu_threads_note(device: str, threads: int, world_size: int = 1) -> str:
+    """", N CPU threads" after a CPU device in a status line (empty for other devices; with
+    several ranks, ", N CPU threads per rank x W ranks"): on a CPU that other processes share,
+    fewer threads can be several times faster (README)."""
     if not device.startswith("cpu"):
         return ""
     hint = "" if os.environ.get("PAGEDRT_NUM_THREADS") else "; PAGEDRT_NUM_THREADS sets them"
-    return f", {threads} CPU thread{'s' if threads != 1 else ''}{hint}"
+    ranks = f" per rank x {world_size} ranks" if world_size > 1 else ""
+    return f", {threads} CPU thread{'s' if threads != 1 else ''}{ranks}{hint}"
 
 
 SLOW_CPU_TOK_S = 8.0  # below this `generate` suggests one thread (the default model does 22-40)
@@ -68,6 +70,27 @@ def load_average() -> float | None:
         return os.getloadavg()[0]
     except (AttributeError, OSError):
         return None
+
+
+def threads_per_rank(world_size: int, cores: int | None = None) -> int:
+    """torch threads for each of `world_size` CPU worker processes of one engine when
+    PAGEDRT_NUM_THREADS is unset: the cores shared out (at least 1). Each process taking one
+    thread per core made `-tp 3` on 2 cores run 6 threads and generate 18x slower than one
+    rank (a fresh user's run of 2026-12-07: 0.8 tok/s, against 14). `cores`: os.cpu_count()
+    by default."""
+    cores = os.cpu_count() if cores is None else cores
+    return max(1, (cores or 1) // max(1, world_size))
+
+
+def set_worker_threads(device_type: str, world_size: int) -> None:
+    """A worker process's torch threads: $PAGEDRT_NUM_THREADS where set, else on a CPU with
+    several ranks `threads_per_rank(world_size)`; otherwise torch's default."""
+    if os.environ.get("PAGEDRT_NUM_THREADS"):
+        set_num_threads_from_env()
+    elif device_type == "cpu" and world_size > 1:
+        import torch
+
+        torch.set_num_threads(threads_per_rank(world_size))
 
 
 def set_num_threads_from_env() -> None:
