@@ -606,6 +606,23 @@ def test_bench_throughput_says_its_default_workload_is_gpu_sized_on_a_cpu():
     assert "GPU-sized" not in gpu
 
 
+def test_bench_latency_says_its_default_contexts_are_gpu_sized_on_a_cpu():
+    """`bench latency`'s defaults (contexts 512 and 4,096, 3 runs each) printed nothing for
+    minutes on a CPU: its start line now says what it does, and on a CPU how to shrink it."""
+    import argparse
+
+    from pagedrt.bench.latency import _start_line
+
+    args = argparse.Namespace(num_tokens=128, repeats=3)
+    cpu = _start_line("qwen2-0.5b", [512, 4096], args, torch.device("cpu"))
+    assert cpu.startswith("pagedrt bench latency: qwen2-0.5b, batch 1 at contexts 512, 4096: "
+                          "128 decode tokens timed, 3 run(s) each, on cpu")
+    assert "GPU-sized" in cpu and "--contexts 128,512 --num-tokens 16 --repeats 1" in cpu
+    assert "GPU-sized" not in _start_line("m", [512, 4096], args, torch.device("cuda"))
+    small = argparse.Namespace(num_tokens=16, repeats=1)
+    assert "GPU-sized" not in _start_line("m", [128, 512], small, torch.device("cpu"))
+
+
 def test_bench_throughput_repeats_reports_the_median_run(smollm2_path, tmp_path, monkeypatch):
     """`bench throughput --repeats 3` times the workload three times in one engine, the runs
     after the first on other token ids of the same lengths, and reports the median run's

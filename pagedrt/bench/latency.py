@@ -169,6 +169,18 @@ def run_text(args, loaded, name: str) -> tuple[list[dict], list[str]]:
     return results, lines
 
 
+def _start_line(name: str, contexts: list[int], args, device: torch.device) -> str:
+    """What the run is about to do, printed before the engine starts; on a CPU, where the
+    default contexts take minutes with nothing printed, a CPU-sized command too."""
+    line = (f"pagedrt bench latency: {name}, batch 1 at contexts "
+            f"{', '.join(map(str, contexts))}: {args.num_tokens} decode tokens timed, "
+            f"{args.repeats} run(s) each, on {device}")
+    if device.type == "cpu" and max(contexts) * args.repeats > 1024:
+        line += (" (GPU-sized: on a CPU this takes minutes; --contexts 128,512 --num-tokens 16 "
+                 "--repeats 1 takes about 20 s)")
+    return line
+
+
 def main(argv: list[str]) -> int:
     p = ArgumentParser(prog="pagedrt bench latency", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -210,6 +222,7 @@ def main(argv: list[str]) -> int:
         raise ValueError("--compare hf needs the model in this process: leave "
                          "--tensor-parallel-size at 1 and the executor backend at auto or uni")
     contexts = [int(c) for c in args.contexts.split(",")]
+    print(_start_line(name, contexts, args, resolve_device(args.device)), flush=True)
     g = torch.Generator().manual_seed(0)
     prompts = {c: torch.randint(0, 10000, (c,), generator=g).tolist() for c in contexts}
     results = []
