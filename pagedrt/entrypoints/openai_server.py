@@ -389,7 +389,8 @@ class OpenAIServer:
                                              body.add_special_tokens)
         else:
             tokens = (await self.prompt_input.encode([body.prompt], "prompt",
-                                                     body.add_special_tokens))[0]
+                                                     body.add_special_tokens,
+                                                     allow_empty=True))[0]
         response = {"tokens": tokens, "count": len(tokens),
                     "max_model_len": self.limits.max_model_len}
         if body.return_token_strs:
@@ -398,12 +399,10 @@ class OpenAIServer:
 
     async def detokenize(self, request: Request) -> Response:
         """POST /detokenize: {"prompt": text} of token ids within the vocabulary (special
-        tokens kept, as the tokenizer decodes them)."""
+        tokens kept, as the tokenizer decodes them; no ids: "")."""
         body: DetokenizeRequest = await self.parse(request, DetokenizeRequest)
         tokens, vocab = body.tokens, self.limits.vocab_size
-        if not tokens:
-            raise APIError(400, "tokens is empty; give at least one token id", param="tokens")
-        if min(tokens) < 0 or max(tokens) >= vocab:
+        if tokens and (min(tokens) < 0 or max(tokens) >= vocab):
             i = next(i for i, t in enumerate(tokens) if not 0 <= t < vocab)
             raise APIError(400, f"tokens[{i}]={short_text(str(tokens[i]))} is not a token id of "
                            f"the vocabulary [0, {vocab})", param="tokens")

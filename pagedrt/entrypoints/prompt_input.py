@@ -74,12 +74,14 @@ class PromptInput:
                            f"{self.chars_per_token} characters per token for this tokenizer); "
                            "shorten it", param=field, code="context_length_exceeded")
 
-    async def encode(self, texts: list[str], field: str,
-                     add_special_tokens: bool | None = None) -> list[list[int]]:
-        """Token ids of each text; raises APIError(400) for an empty or too long text, or when
-        the model has no tokenizer. `add_special_tokens`: passed to the tokenizer's encode
-        (None: its default)."""
-        empty = next((i for i, text in enumerate(texts) if not text), None)
+    async def encode(self, texts: list[str], field: str, add_special_tokens: bool | None = None,
+                     allow_empty: bool = False) -> list[list[int]]:
+        """Token ids of each text; raises APIError(400) for an empty (unless `allow_empty`:
+        /tokenize, which answers with no tokens as vLLM does) or too long text, or when the
+        model has no tokenizer. `add_special_tokens`: passed to the tokenizer's encode (None:
+        its default)."""
+        empty = None if allow_empty else next((i for i, text in enumerate(texts) if not text),
+                                              None)
         if empty is not None:
             which = field if len(texts) == 1 else f"{field}[{empty}]"
             raise APIError(400, f"{which} is empty; give at least one token", param=field)
