@@ -326,6 +326,17 @@ def test_chat_prompt_over_max_model_len_names_the_template(smollm2_path, capsys)
     assert "the chat template's tokens too; --no-chat sends the text as it is" in err
 
 
+def test_max_tokens_over_max_model_len_names_the_flags(smollm2_path, capsys):
+    """`pagedrt generate "..." --max-model-len 40` (a fresh user's try): the default
+    --max-tokens 128 does not fit; the error names both flags and the default's value."""
+    assert main(["generate", "What is the capital of France?", "--model", smollm2_path,
+                 "--max-model-len", "40", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "+ max_tokens (128) = " in err and "exceeds max_model_len=40" in err
+    assert "(--max-tokens is 128, the default; --max-model-len sets the other bound; " in err
+    assert "--no-chat sends the text as it is)" in err
+
+
 def test_a_misspelt_option_names_the_command_and_the_closest_option(capsys):
     """`pagedrt generate hi --temprature 0.5`: the error is the subcommand's (its --help lists
     the options) and suggests --temperature; an unknown word with nothing close gets no hint."""

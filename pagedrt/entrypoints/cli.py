@@ -59,7 +59,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         outputs = llm.generate(prompts, params, use_tqdm=not args.quiet)
     except ValueError as e:
-        if use_chat and "max_model_len" in str(e):  # (the template's tokens are most of it)
+        if "exceeds max_model_len" in str(e):  # (the flags' names, and the default's value)
+            note = (f"--max-tokens is {args.max_tokens}"
+                    f"{', the default' if args.max_tokens == 128 else ''}; --max-model-len "
+                    "sets the other bound")
+            if use_chat:  # (the template's tokens are most of a short prompt)
+                note += ("; the prompt counts the chat template's tokens too, --no-chat sends "
+                         "the text as it is")
+            raise ValueError(f"{e} ({note})") from None
+        if use_chat and "max_model_len" in str(e):
             raise ValueError(f"{e} (the prompt counts the chat template's tokens too; --no-chat "
                              "sends the text as it is)") from None
         raise
