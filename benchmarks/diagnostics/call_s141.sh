@@ -6,7 +6,8 @@
 # the comparison at 8, 16, 32 and 64 rows: `matmul_graphs.py --variants wide,on`
 # with PAGEDRT_CONFIG_CACHE=off and PAGEDRT_TIMING_REP_MS=5, the decode graphs with and without
 # the narrow tiles in one process. If the graphs are not faster with them, take them out of
-# CONFIGS (docs/design.md, "Decode matmuls (8 to 128 rows)"). Everything in
+# CONFIGS (docs/design.md, "Decode matmuls (8 to 128 rows)"; run on an H100 on 2026-12-07 at 8
+# and 32 rows: kept, benchmarks/results/RUNS.md). Everything in
 # $OUT/results.tgz. TESTS_CAP (seconds, default 200) and BATCHES (default 8,16,32,64) shorten
 # it where little device time is left; EXTRA_TESTS (test files) adds GPU tests at the end. Without a carried .tcache (a fresh checkout has none)
 # the candidates are compiled in 8 warming processes before the graphs (WARM_CAP, default 120
