@@ -3,6 +3,7 @@ around the tiny model or a stand-in engine that fails on purpose. Every wait is 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import multiprocessing as mp
 import pickle
@@ -148,13 +149,11 @@ class _StandInEngine:
         return {"num_running": len(self.requests)}
 
 
-@pytest.fixture
-def stand_in_core(tmp_path, request):
-    """(engine, core thread, command socket, output socket, the test's end of the pipe); the
-    engine's first step raises `request.param` where the test is parametrized so."""
-    engine = _StandInEngine()
-    if hasattr(request, "param"):
-        engine.first_step_error = request.param
+@contextlib.contextmanager
+def running_core(engine, tmp_path):
+    """An EngineCore over `engine` running in a thread, one API process's sockets over ipc in
+    `tmp_path`: yields (core thread, command socket, output socket, the test's end of the
+    liveness pipe); at the end sends "shutdown" and checks that the thread stopped."""
     ours, theirs = mp.Pipe()
     core = EngineCore(engine, [theirs], f"ipc://{tmp_path}/in", [f"ipc://{tmp_path}/out"])
     ctx = zmq.Context()
@@ -163,13 +162,26 @@ def stand_in_core(tmp_path, request):
     push.connect(f"ipc://{tmp_path}/in")
     thread = threading.Thread(target=core.run, daemon=True)
     thread.start()
-    yield engine, thread, push, pull, ours
-    push.send(pickle.dumps("shutdown"))
-    thread.join(10)
+    try:
+        yield thread, push, pull, ours
+    finally:
+        push.send(pickle.dumps("shutdown"))
+        thread.join(10)
+        push.close(linger=0)
+        pull.close(linger=0)
+        ctx.term()
     assert not thread.is_alive()
-    push.close(linger=0)
-    pull.close(linger=0)
-    ctx.term()
+
+
+@pytest.fixture
+def stand_in_core(tmp_path, request):
+    """(engine, core thread, command socket, output socket, the test's end of the pipe); the
+    engine's first step raises `request.param` where the test is parametrized so."""
+    engine = _StandInEngine()
+    if hasattr(request, "param"):
+        engine.first_step_error = request.param
+    with running_core(engine, tmp_path) as (thread, push, pull, ours):
+        yield engine, thread, push, pull, ours
 
 
 def _receive_until(pull, done, timeout_s: float = 10.0) -> tuple[list, list]:

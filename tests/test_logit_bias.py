@@ -5,17 +5,15 @@ preemption, speculative decoding, the engine-core loop, refused requests). CPU, 
 from __future__ import annotations
 
 import math
-import multiprocessing as mp
 import pickle
 import random
-import threading
 
 import msgspec
 import numpy as np
 import pytest
 import test_sampler_batched as batched_tests
 import torch
-import zmq
+from test_engine_core import running_core
 from test_sampler_batched import EOS, VOCAB, Harness, _logits_of
 
 from pagedrt import LLM, BeamSearchParams, SamplingParams
@@ -23,7 +21,7 @@ from pagedrt.core.plan import NewRequestData, StepPlan
 from pagedrt.engine.input_batch import InputBatch
 from pagedrt.engine.sampler import Sampler, SamplingRow
 from pagedrt.engine.validation import EngineLimits, validate_prompt
-from pagedrt.entrypoints.engine_core import Add, CoreOutputs, EngineCore
+from pagedrt.entrypoints.engine_core import Add, CoreOutputs
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -339,15 +337,7 @@ def test_the_engine_core_receives_them_by_pickle(tiny, tmp_path):
                              allowed_token_ids=[5, 6, 7])]
     expected = _tokens(LLM(tiny, num_kv_blocks=64), PROMPTS[:2], params)
     engine = LLM(tiny, num_kv_blocks=64).llm_engine
-    _ours, theirs = mp.Pipe()  # (the core's liveness pipe)
-    core = EngineCore(engine, [theirs], f"ipc://{tmp_path}/in", [f"ipc://{tmp_path}/out"])
-    ctx = zmq.Context()
-    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
-    pull.bind(f"ipc://{tmp_path}/out")
-    push.connect(f"ipc://{tmp_path}/in")
-    thread = threading.Thread(target=core.run, daemon=True)
-    thread.start()
-    try:
+    with running_core(engine, tmp_path) as (_thread, push, pull, _ours):
         for i, (prompt, p) in enumerate(zip(PROMPTS, params)):
             push.send(pickle.dumps(Add(0, f"r{i}", prompt, p)))
         got: dict[str, list[int]] = {"r0": [], "r1": []}
@@ -361,11 +351,5 @@ def test_the_engine_core_receives_them_by_pickle(tiny, tmp_path):
                 got[e.request_id].append(e.token_id)
                 if e.finish_reason is not None:
                     done.add(e.request_id)
-    finally:
-        push.send(pickle.dumps("shutdown"))
-        thread.join(10)
-        push.close(linger=0)
-        pull.close(linger=0)
-        ctx.term()
     assert [got["r0"], got["r1"]] == expected
     assert np.all(np.asarray(got["r0"]) % 2 == 1)

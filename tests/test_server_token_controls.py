@@ -5,35 +5,14 @@ in this process with the same settings; every wait is bounded."""
 from __future__ import annotations
 
 import httpx
-import openai
 import pytest
-from server_process import start_server, stop_server
-from test_server import API_KEY, AUTH, ENGINE_KWARGS, MODEL, wait_until_idle
+import test_server
+from test_server import AUTH, ENGINE_KWARGS, MODEL, wait_until_idle
 
 from pagedrt import LLM, SamplingParams
 
-
-@pytest.fixture(scope="module")
-def server(smollm2_path, tmp_path_factory) -> str:
-    log_path = tmp_path_factory.mktemp("server") / "server.log"
-    proc, url = start_server(
-        ["--api-key", API_KEY, "--served-model-name", MODEL,
-         "--num-kv-blocks", str(ENGINE_KWARGS["num_kv_blocks"]),
-         "--max-model-len", str(ENGINE_KWARGS["max_model_len"])], log_path)
-    try:
-        yield url
-    finally:
-        stop_server(proc)
-
-
-@pytest.fixture(scope="module")
-def llm(smollm2) -> LLM:
-    return LLM(smollm2, **ENGINE_KWARGS)
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server}/v1", api_key=API_KEY, timeout=60, max_retries=0)
+# test_server's fixtures (pytest gives this module a server of its own)
+server, llm, client = test_server.server, test_server.llm, test_server.client
 
 
 @pytest.fixture(scope="module")

@@ -110,11 +110,25 @@ class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
+class _RefusesUnsupported(_Body):
+    """A body that refuses, before its own fields are validated, the fields this server does
+    not build (pagedrt/entrypoints/unsupported_fields.py): a 400 naming the field, code
+    "unsupported_parameter"."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data):
+        refused = unsupported_field(data)
+        if refused is not None:  # (not a ValueError: pydantic passes it on as it is)
+            raise APIError(400, refused[1], param=refused[0], code=UNSUPPORTED)
+        return data
+
+
 class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class _SamplingRequest(_Body):
+class _SamplingRequest(_RefusesUnsupported):
     """Fields shared by /v1/completions and /v1/chat/completions. None means the default.
 
     Besides OpenAI's fields, vLLM's extensions: top_k, min_p, repetition_penalty, min_tokens,
@@ -156,14 +170,6 @@ class _SamplingRequest(_Body):
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None
     add_special_tokens: bool | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_unsupported(cls, data):
-        refused = unsupported_field(data)
-        if refused is not None:  # (not a ValueError: pydantic passes it on as it is)
-            raise APIError(400, refused[1], param=refused[0], code=UNSUPPORTED)
-        return data
 
     def to_sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """Raises ValueError (from SamplingParams or BeamSearchParams) naming the field and
@@ -278,7 +284,7 @@ class ChatCompletionRequest(_SamplingRequest):
         return data
 
 
-class TokenizeRequest(_Body):
+class TokenizeRequest(_RefusesUnsupported):
     """POST /tokenize (vLLM's): the token ids of `prompt` as /v1/completions makes them, or of
     `messages` through the chat template as /v1/chat/completions does (exactly one of the
     two); add_generation_prompt only with messages; return_token_strs adds each id's token
@@ -292,14 +298,6 @@ class TokenizeRequest(_Body):
     add_generation_prompt: bool | None = None
     add_special_tokens: bool | None = None
     return_token_strs: bool | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_unsupported(cls, data):
-        refused = unsupported_field(data)
-        if refused is not None:
-            raise APIError(400, refused[1], param=refused[0], code=UNSUPPORTED)
-        return data
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
