@@ -296,9 +296,10 @@ class Sampler:
 
         # every index the step needs, in one copy: [rows | biased i | their slots | penalized
         # i | their slots | min_tokens (i, token) pairs]
-        biased = (np.flatnonzero(state.bias.slot[rows] >= 0) if state.bias.num_rows
-                  else _NO_ROWS)
-        bias_slots = state.bias.slot[rows[biased]]
+        biased = bias_slots = _NO_ROWS  # (no indexing at all while no row has a bias)
+        if state.bias.num_rows:
+            biased = np.flatnonzero(state.bias.slot[rows] >= 0)
+            bias_slots = state.bias.slot[rows[biased]]
         penalized = np.flatnonzero(state.penalized[rows])
         slots = state.penalty_slot[rows[penalized]]
         blocked = np.flatnonzero(

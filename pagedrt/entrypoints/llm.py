@@ -248,7 +248,12 @@ class LLM:
             if chat_template is None:
                 raise
             raise ValueError(f"chat_template does not render: {e}") from None
-        return tok.encode(text, add_special_tokens=False) if tokenize else text
+        return self._chat_ids(text) if tokenize else text
+
+    def _chat_ids(self, text: str) -> list[int]:
+        """A rendered chat's ids: without the tokenizer's added special tokens (the template
+        wrote its own)."""
+        return self.llm_engine.tokenizer.encode(text, add_special_tokens=False)
 
     def chat_prompt(self, conversation: list[dict], add_generation_prompt: bool = True,
                     chat_template: str | None = None) -> dict:
@@ -256,8 +261,7 @@ class LLM:
         its ids} (`apply_chat_template`, whose errors it raises; the ids without a second
         BOS)."""
         text = self.apply_chat_template(conversation, add_generation_prompt, chat_template)
-        return {"prompt": text, "prompt_token_ids":
-                self.llm_engine.tokenizer.encode(text, add_special_tokens=False)}
+        return {"prompt": text, "prompt_token_ids": self._chat_ids(text)}
 
     def stats(self) -> dict:
         """See LLMEngine.stats: blocks, prefix cache, fragmentation, throughput."""
