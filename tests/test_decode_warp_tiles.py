@@ -181,3 +181,51 @@ def test_warp_tile_shape():
     for bad in (16, 48 + 8, 0, 48, 96):  # SUB must be a power of two
         with pytest.raises(ValueError, match="BLOCK_N"):
             warp_tile_shape(bad)
+
+
+@pytest.mark.parametrize("group, pack", [(1, 4), (3, 4), (4, 4), (7, 2), (8, 2)])
+def test_packed_kv_heads_match_reference(group, pack):
+    """kv_heads_per_program: one program reads `pack` KV heads, their query rows packed into
+    one block-diagonal operand (each row its own head's columns, zeros elsewhere), over fp32
+    and FP8 caches (both V layouts, scales per token and head), split with empty partitions
+    and unsplit, at block and tile edges."""
+    num_kv_heads, head_dim, block_size = 4, 32, 16
+    lens = edge_lens(block_size) + [64, 129]
+    scale = head_dim ** -0.5
+    k_cache, v_cache, bt, seq_lens = make_paged_kv(lens, num_kv_heads, head_dim, block_size,
+                                                   torch.float32)
+    query = torch.randn(len(lens), num_kv_heads * group, head_dim)
+    expected = ref.paged_attention_decode_reference(query, k_cache, v_cache, bt, seq_lens,
+                                                    scale)
+    for block_n, num_splits in ((32, 1), (64, 3)):
+        out = tri.paged_attention_decode_triton(
+            query, k_cache, v_cache, bt, seq_lens, scale, num_splits=num_splits,
+            config={**warp_config(block_n), "kv_heads_per_program": pack})
+        assert_close(out, expected, torch.float32)
+    for v_dim_major in (True, False):
+        k8, v8, ks, vs, bt8, lens8 = fp8_paged_kv(lens, num_kv_heads, head_dim, block_size,
+                                                  seed=group + pack, v_dim_major=v_dim_major)
+        expected = ref.paged_attention_decode_reference(query, k8, v8, bt8, lens8, scale,
+                                                        k_scales=ks, v_scales=vs)
+        out = tri.paged_attention_decode_triton(
+            query, k8, v8, bt8, lens8, scale, num_splits=2,
+            config={**warp_config(32), "kv_heads_per_program": pack}, k_scales=ks, v_scales=vs)
+        assert_close_fp8(out, expected)
+
+
+def test_packed_kv_heads_config_checked():
+    """kv_heads_per_program must divide num_kv_heads, and above 1 needs the warp-tile
+    kernel: otherwise a ValueError naming the value."""
+    num_kv_heads, head_dim, block_size = 4, 32, 16
+    k_cache, v_cache, bt, seq_lens = make_paged_kv([20], num_kv_heads, head_dim, block_size,
+                                                   torch.float32)
+    query = torch.randn(1, num_kv_heads * 2, head_dim)
+    for bad in (3, 0, 2.0, 8):
+        with pytest.raises(ValueError, match=f"kv_heads_per_program={bad!r} must be"):
+            tri.paged_attention_decode_triton(
+                query, k_cache, v_cache, bt, seq_lens, 0.1,
+                config={**warp_config(32), "kv_heads_per_program": bad})
+    with pytest.raises(ValueError, match="kv_heads_per_program=2 must be"):
+        tri.paged_attention_decode_triton(
+            query, k_cache, v_cache, bt, seq_lens, 0.1,
+            config={"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "kv_heads_per_program": 2})
