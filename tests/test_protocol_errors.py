@@ -58,6 +58,11 @@ def test_a_long_value_is_cut():
     ({"role": "wizard", "content": "hi"},
      ("messages.0.role='wizard': Input should be 'system', 'developer', 'user', 'assistant' or "
      "'tool'")),
+    # errors in two fields of one message are not a union's members: the first is named
+    # (it read "messages.0=5 must be one of: role, content")
+    ({"role": 5, "content": 5},
+     ("messages.0.role=5: Input should be 'system', 'developer', 'user', 'assistant' or "
+      "'tool' (and 2 more errors)")),
     # null content only for an assistant's message (a trial's null user message generated
     # from empty text); the validator's own words, without pydantic's "Value error, "
     ({"role": "user", "content": None},

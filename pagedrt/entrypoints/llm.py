@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import time
 import warnings
 from collections.abc import Iterable, Sequence
@@ -192,13 +193,20 @@ class LLM:
         time), as transformers' `apply_chat_template(tokenize=True)` and vLLM's chat do.
 
         A message's content is text or, as in OpenAI's API and on the server, a list of
-        {"type": "text", "text": ...} parts (joined); None only in an assistant's message.
+        {"type": "text", "text": ...} parts (joined); None (or left out) only in an
+        assistant's message. The template gets every key of a message, checked as the server
+        checks them (protocol.ChatMessage): "name", an assistant's "tool_calls" (OpenAI's
+        [{"id", "type": "function", "function": {"name", "arguments"}}], "id" and "type"
+        optional) and a tool message's "tool_call_id". A call's arguments reach the template
+        as a dict, as transformers' tool-calling templates take them: given as OpenAI's JSON
+        string (parsed; it must hold a JSON object) or already as a dict (transformers' form).
 
         Raises:
             ValueError: no tokenizer, or no chat template and none given; an empty
                 conversation; a template string that does not parse; a message that
                 is not a dict with 'role' and 'content', whose role is not one of
-                protocol.CHAT_ROLES, or whose content is not as above.
+                protocol.CHAT_ROLES, whose content is not as above, or whose name,
+                tool_calls or tool_call_id the server would refuse.
         """
         tok = self.llm_engine.tokenizer
         if tok is None:
@@ -225,20 +233,29 @@ class LLM:
                              "message")
         rendered = []
         for m in conversation:
-            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            if not isinstance(m, dict) or "role" not in m or (
+                    "content" not in m and m["role"] != "assistant"):
                 raise ValueError(f"chat message {short_repr(m)} needs 'role' and 'content'")
             if m["role"] not in CHAT_ROLES:  # the template would render any role as given
                 raise ValueError(f"chat message role={m['role']!r} is not one of "
                                  f"{', '.join(CHAT_ROLES)} (the server's roles too)")
-            try:  # the server's rules for content (protocol.ChatMessage)
-                message = ChatMessage.model_validate(
-                    {"role": m["role"], "content": m["content"]})
-                rendered.append({**m, **message.to_template_dict()})
+            try:  # the server's rules for its fields (protocol.ChatMessage)
+                fields = {key: m[key] for key in ChatMessage.model_fields if key in m}
+                if "tool_calls" in fields:
+                    fields["tool_calls"] = _arguments_as_json(fields["tool_calls"])
+                template_dict = ChatMessage.model_validate(fields).to_template_dict()
+                # the message's other keys as given; its fields as the server passes them
+                message = {**m, **template_dict}
+                for key in ChatMessage.model_fields.keys() - template_dict.keys():
+                    message.pop(key, None)  # (null, or an empty tool_calls)
+                rendered.append(message)
             except ValidationError as e:
                 why = api_error_from_validation(e).message.removeprefix("body: ")
                 raise ValueError(f"chat message {short_repr(m)}: {why}") from None
             except APIError as e:
                 raise ValueError(f"chat message {short_repr(m)}: {e.message}") from None
+            except ValueError as e:  # (_arguments_as_json)
+                raise ValueError(f"chat message {short_repr(m)}: {e}") from None
         from jinja2 import TemplateError
 
         try:
@@ -318,6 +335,26 @@ class LLM:
         if hint:
             self._warned_slow_cpu = True
             warnings.warn(hint.removeprefix("[hint] "), RuntimeWarning, stacklevel=4)
+
+
+def _arguments_as_json(tool_calls):
+    """Tool calls whose arguments are a dict (transformers' form) with them as JSON text
+    (OpenAI's, which protocol.ChatMessage checks; the template gets a dict either way); other
+    values as given, for ChatMessage to check."""
+    if not isinstance(tool_calls, list):
+        return tool_calls
+    calls = []
+    for i, call in enumerate(tool_calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("arguments"), dict):
+            try:
+                text = json.dumps(function["arguments"])
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"tool_calls.{i}.function.arguments: not JSON data ({e})"
+                                 ) from None
+            call = {**call, "function": {**function, "arguments": text}}
+        calls.append(call)
+    return calls
 
 
 _PROMPT_FORMS = ("a str, a list of str, a list of token ids, a list of token-id lists, or "

@@ -15,10 +15,18 @@ their `ValueError`s are mapped to 400 by `api_error_from_value_error`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from pagedrt.entrypoints.unsupported_fields import unsupported_field
 from pagedrt.sampling_params import BeamSearchParams, SamplingParams, short_repr
@@ -73,6 +81,9 @@ def api_error_from_value_error(e: ValueError, prompt_field: str) -> APIError:
 
 # a type as a client knows it, where pydantic names a class of ours
 _TYPE_NAMES = {"list[ContentPart]": "a list of {'type': 'text', 'text': ...} parts"}
+# how pydantic names the member of a union in an error's loc ("str", "list[int]",
+# "ContentPart"), unlike a field's name (lower case, no brackets)
+_UNION_MEMBER = re.compile(r"^(?:str|int|float|bool|[A-Z]\w*|[\w-]+\[.*\])$")
 
 
 def api_error_from_validation(e: ValidationError) -> APIError:
@@ -90,10 +101,12 @@ def api_error_from_validation(e: ValidationError) -> APIError:
     field = loc[:-1]
     same_field = [err for err in errors if len(err.get("loc", ())) > len(field)
                   and [str(part) for part in err["loc"][: len(field)]] == field]
-    kinds = list(dict.fromkeys(_TYPE_NAMES.get(str(err["loc"][len(field)]),
-                                               str(err["loc"][len(field)]))
-                               for err in same_field))
-    if field and len(kinds) > 1 and len(same_field) == len(errors):
+    members = list(dict.fromkeys(str(err["loc"][len(field)]) for err in same_field))
+    kinds = [_TYPE_NAMES.get(member, member) for member in members]
+    # (errors in two fields of one object, e.g. a tool call's id and function, are not the
+    # members of a union: each is named on its own below)
+    if (field and len(kinds) > 1 and len(same_field) == len(errors)
+            and all(_UNION_MEMBER.match(member) for member in members)):
         return APIError(400, f"{'.'.join(field)}={short_repr(first.get('input'))} must be one "
                         f"of: {', '.join(kinds)}", param=param)
     where = ".".join(loc) or "body"
@@ -233,14 +246,92 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 """The roles a chat message may have (OpenAI's), on the server and in `LLM.chat`."""
 
 
+def tool_call_arguments(text: str) -> dict:
+    """A tool call's `arguments` as a chat template gets them: the JSON object that OpenAI's
+    string holds, as a dict (transformers' tool-calling templates take a dict: Llama 3.1's
+    writes `arguments | tojson`, which would quote a string a second time; Qwen3-Coder's walks
+    `arguments | items`, which fails on a string). Blank text is {} (a call without
+    arguments), as vLLM takes it. ValueError for text that is not a JSON object (recent vLLM
+    renders such arguments as {} with a warning in its log; here the client is told which
+    field, instead of the model seeing a call it never made)."""
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as e:  # (JSONDecodeError is a ValueError)
+        raise ValueError(f"must be a JSON object in a string, as OpenAI writes a tool call's "
+                         f"arguments ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(  # noqa: TRY004 - pydantic turns a validator's ValueError into a 400
+            f"must be a JSON object in a string, as OpenAI writes a tool call's arguments, not "
+            f"a JSON {type(value).__name__}")
+    return value
+
+
+class ToolCallFunction(_Body):
+    """The function an assistant's tool call named, with its arguments as OpenAI writes them:
+    a JSON object in a string."""
+
+    name: str
+    arguments: str
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_object(cls, arguments: str) -> str:
+        tool_call_arguments(arguments)
+        return arguments
+
+
+class ToolCall(_Body):
+    """One tool call of an assistant's message, in OpenAI's shape. `id` and `type` may be
+    left out, as transformers' examples leave them (a missing type is "function", as vLLM
+    takes it; no other type is known)."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+    def to_template_dict(self) -> dict:
+        """{"id" (when given), "type", "function": {"name", "arguments": a dict}}."""
+        call = {} if self.id is None else {"id": self.id}
+        call["type"] = self.type
+        call["function"] = {"name": self.function.name,
+                            "arguments": tool_call_arguments(self.function.arguments)}
+        return call
+
+
 class ChatMessage(_Body):
     """One message of a chat: OpenAI's roles ("developer" is its newer name for "system";
     "tool" carries a tool's result), content as text or text parts; null content only for an
-    assistant's message (one that called tools, in OpenAI's API)."""
+    assistant's message (one that called tools, in OpenAI's API). `name` on any message;
+    `tool_calls` (the calls an assistant made) only on an assistant's message and
+    `tool_call_id` (the call a result answers) only on a tool message: set in another
+    message they are refused, not dropped. Other unknown keys are ignored, as in a request
+    body."""
 
     role: Literal[CHAT_ROLES]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls_of_an_assistant(cls, calls, info: ValidationInfo):
+        role = info.data.get("role")  # (absent where the role itself was refused)
+        if calls and role not in (None, "assistant"):  # (null or [] says nothing)
+            raise ValueError(f"tool_calls go only in an assistant's message; this message's "
+                             f"role is {role!r}")
+        return calls
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _id_of_a_tool_result(cls, call_id, info: ValidationInfo):
+        role = info.data.get("role")
+        if call_id is not None and role not in (None, "tool"):
+            raise ValueError("tool_call_id goes only in a tool message (role 'tool', a tool's "
+                             f"result); this message's role is {role!r}")
+        return call_id
 
     @model_validator(mode="after")
     def _content_given(self) -> ChatMessage:
@@ -250,7 +341,11 @@ class ChatMessage(_Body):
         return self
 
     def to_template_dict(self) -> dict:
-        """{"role", "content"} with text parts joined; other part types are refused."""
+        """What the chat template gets: {"role", "content"} with text parts joined (other
+        part types are refused; null content is ""), and the keys given of "name",
+        "tool_calls" (each {"id", "type", "function": {"name", "arguments"}}, the arguments
+        as a dict: `tool_call_arguments`; an empty list is left out, as vLLM does, so that a
+        template takes its plain assistant path) and "tool_call_id"."""
         content = self.content
         if isinstance(content, list):
             texts = []
@@ -260,7 +355,14 @@ class ChatMessage(_Body):
                                    "only {'type': 'text', 'text': ...}", param="messages")
                 texts.append(part.text)
             content = "".join(texts)
-        return {"role": self.role, "content": content or ""}
+        message = {"role": self.role, "content": content or ""}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [call.to_template_dict() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
 
 class ChatCompletionRequest(_SamplingRequest):
