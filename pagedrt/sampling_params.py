@@ -79,6 +79,23 @@ class SamplingParams:
             within the vocabulary; non-empty); every other token's logit is -inf. None: every
             token. Neither setting changes the logprobs returned, which stay those of the raw
             model distribution; neither goes with beam search.
+        bad_words: vLLM's list of words (non-empty strings) that may not be generated. More
+            precisely, each word becomes token-id sequences (`bad_words_token_ids`), and the
+            last token of a sequence is banned (its logit set to -inf) at every step where the
+            tokens generated so far end with the rest of it (a one-token sequence: at every
+            step). Only generated tokens count, not the prompt's (vLLM v1's rule). None (or an
+            empty list, stored as None): no ban. Not with beam search; the logprobs returned
+            stay those of the raw model distribution (as with logit_bias). docs/design.md,
+            "Bad words".
+        bad_words_token_ids: the token-id sequences `bad_words` becomes with the model's
+            tokenizer, set by the engine when it takes the request
+            (`pagedrt.engine.bad_words.resolve_bad_words`: each word with leading spaces
+            removed, tokenized without special tokens, and with one leading space where that
+            starts with another token and gives as many, vLLM's rule). It may also be given
+            directly: token sequences to ban, for a model without a tokenizer (given with
+            bad_words, it is taken as their tokenization: the words are not tokenized again).
+            A list of non-empty lists of token ids (ints >= 0, within the vocabulary); None (or
+            empty, stored as None): none. Not with beam search.
 
     Raises:
         ValueError: from `__post_init__`, naming the field, the value and the allowed range;
@@ -107,6 +124,8 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    bad_words_token_ids: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         self.output_kind = _as_output_kind(self.output_kind)
@@ -171,6 +190,7 @@ class SamplingParams:
             raise ValueError(f"prompt_logprobs={short_repr(prompt_k)} must be None or an int in "
                              "[0, 20]")
         self._check_token_controls()
+        self._check_bad_words()
         if self.beam_search is not None:
             self._check_beam_search()
 
@@ -207,6 +227,34 @@ class SamplingParams:
                                      "id (an int >= 0, below the vocabulary's size)")
             self.allowed_token_ids = [int(t) for t in allowed]
 
+    def _check_bad_words(self) -> None:
+        """bad_words: a list of non-empty strings; bad_words_token_ids: a list of non-empty
+        lists of token ids (the vocabulary bound is checked against the model, in
+        `validation.validate_prompt`). Empty lists are stored as None."""
+        if self.bad_words is not None:
+            words = _as_list("bad_words", self.bad_words, "a list of non-empty strings (the "
+                             "words that may not be generated), or None")
+            for i, word in enumerate(words):
+                if not isinstance(word, str) or not word:
+                    raise ValueError(f"bad_words[{i}]={short_repr(word)} must be a non-empty "
+                                     "string (bad_words is a list of words that may not be "
+                                     "generated)")
+            self.bad_words = words or None
+        if self.bad_words_token_ids is not None:
+            sequences = _as_list("bad_words_token_ids", self.bad_words_token_ids,
+                                 "a list of non-empty lists of token ids, or None")
+            normalized = []
+            for i, seq in enumerate(sequences):
+                ids = (list(seq) if hasattr(seq, "__iter__")
+                       and not isinstance(seq, (str, bytes, dict)) else None)
+                if not ids or any(isinstance(t, bool) or not isinstance(t, numbers.Integral)
+                                  or not 0 <= t < 2**63 for t in ids):
+                    raise ValueError(f"bad_words_token_ids[{i}]={short_repr(seq)} must be a "
+                                     "non-empty list of token ids (ints >= 0, below the "
+                                     "vocabulary's size)")
+                normalized.append([int(t) for t in ids])
+            self.bad_words_token_ids = normalized or None
+
     def _check_beam_search(self) -> None:
         """A beam search scores the model's own log-probabilities: nothing that samples,
         penalizes or stops on anything but EOS and max_tokens goes with it."""
@@ -230,7 +278,9 @@ class SamplingParams:
             ("stop_token_ids", self.stop_token_ids, []), ("logprobs", self.logprobs, None),
             ("prompt_logprobs", self.prompt_logprobs, None),
             ("logit_bias", self.logit_bias, None),
-            ("allowed_token_ids", self.allowed_token_ids, None))
+            ("allowed_token_ids", self.allowed_token_ids, None),
+            ("bad_words", self.bad_words, None),
+            ("bad_words_token_ids", self.bad_words_token_ids, None))
             if value != default]
         if self.top_k not in (-1, 0):
             unsupported.insert(2, "top_k")
@@ -255,8 +305,10 @@ class SamplingParams:
 
     @property
     def adjusts_logits(self) -> bool:
-        """Whether logit_bias or allowed_token_ids change the logits before sampling."""
-        return self.logit_bias is not None or self.allowed_token_ids is not None
+        """Whether logit_bias, allowed_token_ids or bad words (`bad_words_token_ids`) change
+        the logits before sampling."""
+        return (self.logit_bias is not None or self.allowed_token_ids is not None
+                or self.bad_words_token_ids is not None)
 
 
 @dataclass(frozen=True)

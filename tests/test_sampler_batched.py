@@ -14,6 +14,7 @@ import torch
 from pagedrt import LLM, SamplingParams
 from pagedrt.core.plan import NewRequestData, StepPlan
 from pagedrt.engine import sampler as sampler_module
+from pagedrt.engine.bad_words import OutputHistory
 from pagedrt.engine.input_batch import InputBatch
 from pagedrt.engine.sampler import Sampler, SamplingRow
 
@@ -140,8 +141,9 @@ def sample_plain_and_batched(batch: InputBatch, rows: np.ndarray, logits: torch.
                               s.output_token_ids, s.eos_token_ids, s.sample_index) for s in states]
     original = logits.clone()
     expected = Sampler()(logits, plain_rows, _clone(default))
+    history = OutputHistory(batch.token_ids, batch.pending, None)  # (bad-word sequences)
     got = Sampler(kernel=kernel).sample_rows(logits, batch.sampling, rows, batch.states,
-                                             batch.num_tokens, default)
+                                             batch.num_tokens, default, history=history)
     assert torch.equal(logits, original)
     assert torch.equal(got.token_ids, expected.token_ids), (
         [s.params for s in states], got.token_ids, expected.token_ids)

@@ -53,3 +53,38 @@ def perturb_norms(loaded: LoadedModel, generator: torch.Generator) -> LoadedMode
             if "norm" in name:
                 p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=generator))
     return loaded
+
+
+def tiny_word(i: int) -> str:
+    """The word of `tiny_word_tokenizer`'s token i (i < 192): two or more lowercase letters
+    ("ba", "bb", ..., "ij"), so that ByteLevel's pre-tokenizer keeps it whole."""
+    letters = ""
+    i += 26
+    while i:
+        letters = chr(97 + i % 26) + letters
+        i //= 26
+    return letters
+
+
+def tiny_word_tokenizer():
+    """A word-level Hugging Face fast tokenizer over the tiny model's 384 ids: token i < 192 is
+    `tiny_word(i)` and token 192 + i is the same word after a space (GPT-2's "\u0120"), so a
+    word at the start of a text and inside one are different tokens, as in real byte-level
+    BPE vocabularies. Unknown words encode to token 0. No special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    half = TINY_CONFIG.vocab_size // 2
+    vocab = {}
+    for i in range(half):
+        vocab[tiny_word(i)] = i
+        vocab["\u0120" + tiny_word(i)] = half + i
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=tiny_word(0)))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def with_tokenizer(loaded: LoadedModel) -> LoadedModel:
+    """`loaded` with `tiny_word_tokenizer` (text prompts, bad_words, detokenized outputs)."""
+    return loaded._replace(tokenizer=tiny_word_tokenizer())

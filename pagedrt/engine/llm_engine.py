@@ -46,6 +46,7 @@ from pagedrt.core.beam import BeamGroup
 from pagedrt.core.plan import StepPlan
 from pagedrt.core.request import Request, RequestStatus
 from pagedrt.distributed.executor import ExecutorError, RemoteStep, create_executor
+from pagedrt.engine.bad_words import resolve_bad_words
 from pagedrt.engine.detokenizer import IncrementalDetokenizer
 from pagedrt.engine.model_runner import LaunchedStep
 from pagedrt.engine.profiling import StepClock
@@ -240,6 +241,7 @@ class LLMEngine:
             token_ids = self.tokenize(prompt)
         else:
             token_ids = list(prompt)
+        params = self.resolve_bad_words(params)
         params = self.resolve_max_tokens(token_ids, params)
         self.validate_prompt(token_ids, params)
         return self.add_validated_request(request_id, token_ids, params, text, priority, stream)
@@ -267,6 +269,11 @@ class LLMEngine:
         self.requests[request_id] = req
         self.scheduler.add_request(req)
         return req
+
+    def resolve_bad_words(self, params: SamplingParams) -> SamplingParams:
+        """See `pagedrt.engine.bad_words.resolve_bad_words` (bad_words turned into token ids
+        with this model's tokenizer; raises ValueError where it has none)."""
+        return resolve_bad_words(params, self.tokenizer)
 
     def resolve_max_tokens(self, token_ids: list[int], params: SamplingParams) -> SamplingParams:
         """See `pagedrt.engine.validation.resolve_max_tokens` (max_tokens=None set for this

@@ -1,10 +1,10 @@
-"""logit_bias and allowed_token_ids as one additive row per request (docs/design.md, "Logit
-bias and allowed tokens").
+"""logit_bias, allowed_token_ids and single-token bad words as one additive row per request
+(docs/design.md, "Logit bias and allowed tokens", "Bad words").
 
-A request with either setting (`SamplingParams.adjusts_logits`) has an additive row `a` of
-[vocab] float32:
+A request with any of them (`has_additive_row`) has an additive row `a` of [vocab] float32:
 
-    a[t] = logit_bias.get(t, 0)   where allowed_token_ids is None or holds t
+    a[t] = logit_bias.get(t, 0)   where allowed_token_ids is None or holds t, and no bad word
+                                  is the one token t
     a[t] = -inf                   elsewhere
 
 and its logits become `logits + a` before anything else shapes them (penalties, min_tokens,
@@ -19,8 +19,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pagedrt.engine.bad_words import single_token_bans
 from pagedrt.engine.host_buffers import to_device
 from pagedrt.sampling_params import SamplingParams
+
+
+def has_additive_row(params: SamplingParams) -> bool:
+    """Whether a request has an additive row: logit_bias, allowed_token_ids, or a bad word of
+    one token (longer ones are matched per step: pagedrt/engine/bad_words.py)."""
+    return (params.logit_bias is not None or params.allowed_token_ids is not None
+            or bool(single_token_bans(params)))
 
 
 def additive_rows(params: list[SamplingParams], vocab_size: int,
@@ -29,10 +37,11 @@ def additive_rows(params: list[SamplingParams], vocab_size: int,
 
     Token ids at or past `vocab_size` are left out (`validation.validate_prompt` refuses them
     before a request is queued). Two host-to-device copies (the ids, the biases) and five
-    tensor ops whatever the number of rows.
+    tensor ops whatever the number of rows. A single-token bad word is a bias of -inf (-inf
+    plus any other bias, or plus the 0 of an allowed id, stays -inf).
 
     Args:
-        params: n settings, each with logit_bias or allowed_token_ids (or both).
+        params: n settings, each with an additive row (`has_additive_row`).
         vocab_size: the logits' width.
         device: where the rows go.
 
@@ -43,6 +52,7 @@ def additive_rows(params: list[SamplingParams], vocab_size: int,
     allowed = [[t for t in p.allowed_token_ids if t < vocab_size]
                if p.allowed_token_ids is not None else [] for p in params]
     biased = [[(t, b) for t, b in (p.logit_bias or {}).items() if t < vocab_size]
+              + [(t, float("-inf")) for t in single_token_bans(p) if t < vocab_size]
               for p in params]
     # padding entries go to a column at vocab_size, dropped at the end
     width_a = max(1, max(map(len, allowed), default=0))
@@ -90,9 +100,9 @@ class AdditiveRows:
             self.slot = np.pad(self.slot, (0, extra), constant_values=-1)
 
     def set_row(self, row: int, params: SamplingParams) -> None:
-        """A batch row taken by a request: a slot, its row queued, where the params adjust
-        the logits."""
-        if not params.adjusts_logits:
+        """A batch row taken by a request: a slot, its row queued, where the params have an
+        additive row (`has_additive_row`)."""
+        if not has_additive_row(params):
             return
         if self._free_slots:
             slot = self._free_slots.pop()

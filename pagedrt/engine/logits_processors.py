@@ -5,8 +5,10 @@ Order of operations (vLLM v1's default, which matches HF transformers where both
 
     raw logits --log_softmax--> logprobs (returned; the model's own distribution)
         |
-        +-- logit_bias added; tokens outside allowed_token_ids set to -inf (one additive
-        |   row per request, pagedrt/engine/logit_bias.py)
+        +-- logit_bias added; tokens outside allowed_token_ids and single-token bad words
+        |   set to -inf (one additive row per request, pagedrt/engine/logit_bias.py)
+        +-- bad words of several tokens: the last token set to -inf where the generated
+        |   tokens end with the others (pagedrt/engine/bad_words.py)
         +-- penalties: repetition (prompt + output), frequency and presence (output only)
         +-- min_tokens: EOS / stop_token_ids set to -inf while too few tokens were generated
         |
@@ -17,8 +19,9 @@ The logprobs, the argmax and the exponential race are the sampler's; the steps b
 here.
 
 The reference (torch) path builds each row's settings from a list of rows (objects with the
-attributes of `SamplingRow`) on every call: `processed_logits` (logit_bias and
-allowed_token_ids, penalties, then min_tokens: the logits a greedy row takes the argmax of)
+attributes of `SamplingRow`) on every call: `processed_logits` (logit_bias,
+allowed_token_ids and bad words, penalties, then min_tokens: the logits a greedy row takes the
+argmax of)
 and `sampling_probs` (temperature, top-k, top-p, min-p, softmax: the distribution a sampled
 row draws from). `Sampler.__call__` and the
 rejection sampler (pagedrt/spec/rejection_sampler.py) use them. The batched
@@ -36,33 +39,35 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from pagedrt.engine.bad_words import banned_after, token_sequences
 from pagedrt.engine.host_buffers import to_device
-from pagedrt.engine.logit_bias import additive_rows
+from pagedrt.engine.logit_bias import additive_rows, has_additive_row
 
 if TYPE_CHECKING:
     from pagedrt.engine.sampler import SamplingRow
 
 
 def processed_logits(raw: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """logit_bias and allowed_token_ids, penalties, then min_tokens: the logits a greedy row
-    takes the argmax of.
+    """logit_bias, allowed_token_ids and bad words, penalties, then min_tokens: the logits a
+    greedy row takes the argmax of.
 
     Args:
         raw: [B, vocab] float32, not modified (a new tensor is returned where a row changes).
     """
-    logits = _apply_logit_bias(raw, rows)  # a new tensor if any row has either setting
+    logits = _apply_logit_bias(raw, rows)  # a new tensor if any row has an additive row
+    logits = _apply_bad_word_sequences(logits, rows, raw)
     logits = _apply_penalties(logits, rows)  # a new tensor if any row has penalties
     return _apply_min_tokens(logits, rows, raw)
 
 
 def _apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """Each row with logit_bias or allowed_token_ids plus its additive row
-    (`logit_bias.additive_rows`, built here on every call).
+    """Each row with logit_bias, allowed_token_ids or a single-token bad word plus its additive
+    row (`logit_bias.additive_rows`, built here on every call).
 
     Args:
-        logits: [B, vocab] float32. Returns a new tensor when any row has either, else logits.
+        logits: [B, vocab] float32. Returns a new tensor when any row has one, else logits.
     """
-    idx = [i for i, r in enumerate(rows) if r.params.adjusts_logits]
+    idx = [i for i, r in enumerate(rows) if has_additive_row(r.params)]
     if not idx:
         return logits
     index = to_device(idx, logits.device, torch.int64)
@@ -70,6 +75,29 @@ def _apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Te
     adjusted[index] = logits[index] + additive_rows([rows[i].params for i in idx],
                                                     logits.shape[1], logits.device)
     return adjusted
+
+
+def _apply_bad_word_sequences(logits: torch.Tensor, rows: list[SamplingRow],
+                              raw: torch.Tensor) -> torch.Tensor:
+    """The last token of each bad-word sequence (two tokens or more) whose other tokens end a
+    row's generated tokens (`bad_words.banned_after`, on the host) set to -inf.
+
+    Args:
+        logits: [B, vocab] float32; a copy is made first where it is `raw` and a row bans.
+    """
+    index, tokens = [], []
+    for i, r in enumerate(rows):
+        sequences = token_sequences(r.params)
+        if sequences:
+            banned = banned_after(sequences, r.output_token_ids)
+            index += [i] * len(banned)
+            tokens += banned
+    if not index:
+        return logits
+    logits = logits.clone() if logits is raw else logits
+    pairs = to_device([index, tokens], logits.device, torch.int64)
+    logits[pairs[0], pairs[1]] = float("-inf")
+    return logits
 
 
 def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from pagedrt.core.plan import StepPlan, StepResult
+from pagedrt.engine.bad_words import OutputHistory
 from pagedrt.engine.beam_runner import BeamLaunch, BeamRunner
 from pagedrt.engine.cuda_graphs import CUDAGraphRunner
 from pagedrt.engine.host_buffers import StepBuffers, to_device
@@ -548,15 +549,22 @@ class ModelRunner:
 
     def _run_sampler(self, logits: torch.Tensor, rows: np.ndarray) -> SamplerOutput | None:
         """Sample one token per row of `rows` ([B] int64, in logits order) from the batch's
-        persistent settings (`Sampler.sample_rows`); None for no row."""
+        persistent settings (`Sampler.sample_rows`); None for no row. While some row has
+        bad-word sequences, the sampler also gets the rows' tokens and the step in flight's
+        sampled ids (a row's last token may still be among them: pagedrt/engine/
+        bad_words.py)."""
         if not len(rows):
             return None
         batch = self.batch
         runner, out = self.graph_runner, None
         if runner is not None and runner.staged_inputs and len(rows) <= runner.last_tokens.numel():
             out = runner.last_tokens[: len(rows)]  # (greedy rows: the next graph reads it)
+        history = None
+        if batch.sampling.bad_words.num_rows:
+            history = OutputHistory(batch.token_ids, batch.pending, self._last_sampled)
         return self.sampler.sample_rows(logits, batch.sampling, rows, batch.states,
-                                        batch.num_tokens, self.generator, out=out)
+                                        batch.num_tokens, self.generator, out=out,
+                                        history=history)
 
     def _sample(self, step_id: int, logits: torch.Tensor, rows: np.ndarray,
                 req_ids: list[str] | None, clock, scheduled_rows: np.ndarray,

@@ -1,14 +1,14 @@
 """Sampler: turn a batch of next-token logits into tokens, one `SamplingParams` per row.
 
 The logits first go through the logits processors (pagedrt/engine/logits_processors.py, which
-gives the order of operations): logit_bias and allowed_token_ids, penalties and min_tokens on
-every row; then greedy rows (temperature 0) take the argmax, and other rows draw by the
-exponential race below from softmax(logits / temperature) after top_k, top_p and min_p.
+gives the order of operations): logit_bias, allowed_token_ids and bad words, penalties and
+min_tokens on every row; then greedy rows (temperature 0) take the argmax, and other rows draw
+by the exponential race below from softmax(logits / temperature) after top_k, top_p and min_p.
 
-Logprobs are those of the raw logits, before logit_bias, allowed_token_ids, penalties and
-temperature (vLLM's default ``logprobs_mode="raw_logprobs"``): they describe the model, not the
-sampling settings (a token that allowed_token_ids or a bias made certain still reports the
-model's own log-probability).
+Logprobs are those of the raw logits, before logit_bias, allowed_token_ids, bad words,
+penalties and temperature (vLLM's default ``logprobs_mode="raw_logprobs"``): they describe the
+model, not the sampling settings (a token that allowed_token_ids or a bias made certain still
+reports the model's own log-probability).
 
 Reproducibility: a seeded row's noise is a function of its key (its request's seed plus its
 sample index: sample i of seed s draws what a request with seed s + i draws alone) and the
@@ -21,10 +21,11 @@ with q_i ~ Exp(1) picks i with probability p_i) needs no host sync, unlike
 top-k/top-p/min-p is set) in one Triton kernel over the logits and the same noise
 (pagedrt/ops/sample_triton.py).
 
-The hot path (no penalties, no logprobs, no min_tokens, no logit_bias or allowed_token_ids) has
-no host sync: per-row parameters are built from Python values once per call and copied to the
-device from pinned memory, non-blocking. `sample_rows` reads nothing of logit_bias and
-allowed_token_ids while no row of the batch has them (`AdditiveRows.num_rows`).
+The hot path (no penalties, no logprobs, no min_tokens, no logit_bias, allowed_token_ids or bad
+words) has no host sync: per-row parameters are built from Python values once per call and
+copied to the device from pinned memory, non-blocking. `sample_rows` reads nothing of
+logit_bias, allowed_token_ids and bad words while no row of the batch has them
+(`AdditiveRows.num_rows`, `BadWordSequences.num_rows`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from pagedrt.engine.bad_words import OutputHistory, apply_sequence_bans
 from pagedrt.engine.host_buffers import to_device
 from pagedrt.engine.logits_processors import (
     apply_min_p,
@@ -256,14 +258,18 @@ class Sampler:
         num_tokens: np.ndarray,
         default_generator: torch.Generator | None = None,
         out: torch.Tensor | None = None,
+        history: OutputHistory | None = None,
     ) -> SamplerOutput:
         """`__call__` for rows of the device side's persistent batch: the same tokens (the same
         ops on the same values, the same draws), with each row's settings read from `state`
         (pagedrt/engine/sampling_state.py) by tensor ops instead of built per request. Python
         runs per row only for the logprobs of rows that ask for them. Rows with penalties add
-        their sampled token to their counts on the device. Rows with logit_bias or
-        allowed_token_ids add their additive row (`state.bias`, pagedrt/engine/logit_bias.py)
-        to their logits first, by one gather, one add and one index_put over those rows.
+        their sampled token to their counts on the device. Rows with logit_bias,
+        allowed_token_ids or a single-token bad word add their additive row (`state.bias`,
+        pagedrt/engine/logit_bias.py) to their logits first, by one gather, one add and one
+        index_put over those rows; rows with bad-word sequences of several tokens then get
+        the step's matches (`state.bad_words.bans`, on the host) set to -inf by one index_put
+        (pagedrt/engine/bad_words.py).
 
         Args:
             logits: [B, vocab] float (any float dtype), any device. Not modified.
@@ -277,6 +283,13 @@ class Sampler:
             out: [B] int64 on logits.device, or None: where a batch of plain greedy rows
                 writes its tokens (the graph runner's `last_tokens`, which the next decode
                 graph reads: no copy there); other batches ignore it.
+            history: the rows' generated tokens, which bad-word sequences are matched
+                against; needed while some row has such sequences
+                (`state.bad_words.num_rows`), else None.
+
+        Raises:
+            ValueError: logits that do not match `rows`, or rows with bad-word sequences and
+                no `history`.
 
         Returns:
             SamplerOutput with token_ids [B] int64 on logits.device (`out` itself where it
@@ -295,11 +308,20 @@ class Sampler:
         want_logprobs = bool(state.wants_logprobs[rows].any())
 
         # every index the step needs, in one copy: [rows | biased i | their slots | penalized
-        # i | their slots | min_tokens (i, token) pairs]
+        # i | their slots | min_tokens (i, token) pairs | bad-word bans (i, token, need, src),
+        # where there are any]
         biased = bias_slots = _NO_ROWS  # (no indexing at all while no row has a bias)
         if state.bias.num_rows:
             biased = np.flatnonzero(state.bias.slot[rows] >= 0)
             bias_slots = state.bias.slot[rows[biased]]
+        bans = None  # (nothing read while no row has bad-word sequences)
+        if state.bad_words.num_rows:
+            if history is None:
+                raise ValueError("rows with bad-word sequences need the history of their "
+                                 "generated tokens: pass `history`")
+            bans = state.bad_words.bans(rows, num_tokens, state.prompt_len, history)
+            if not len(bans.index):
+                bans = None
         penalized = np.flatnonzero(state.penalized[rows])
         slots = state.penalty_slot[rows[penalized]]
         blocked = np.flatnonzero(
@@ -311,19 +333,27 @@ class Sampler:
         # torch ops, penalties, min_tokens and logprobs work on a float32 copy
         raw = logits if (use_kernel and logits.stride(1) == 1 and not want_logprobs
                          and not len(penalized) and not len(pair_i) and not len(biased)
-                         ) else logits.float()
+                         and bans is None) else logits.float()
         raw_logprobs = torch.log_softmax(raw, dim=-1) if want_logprobs else None
-        index = to_device(np.concatenate([rows, biased, bias_slots, penalized, slots,
-                                          blocked[pair_i], stop[pair_i, pair_j]]), device)
-        rows_t, bias_t, bias_slots_t, pen_t, slots_t, block_i, block_t = torch.split(
-            index, [len(rows), len(biased), len(biased), len(penalized), len(slots),
-                    len(pair_i), len(pair_i)])
+        parts = [rows, biased, bias_slots, penalized, slots, blocked[pair_i],
+                 stop[pair_i, pair_j]]
+        conditional = bans is not None and bool((bans.need >= 0).any())
+        if bans is not None:
+            parts += [bans.index, bans.token] + ([bans.need, bans.src] if conditional else [])
+        index = to_device(np.concatenate(parts), device)
+        rows_t, bias_t, bias_slots_t, pen_t, slots_t, block_i, block_t, *ban_t = torch.split(
+            index, [len(part) for part in parts])
         params = state.device_params()[rows_t]  # [B, NUM_PARAMS]
 
         logits = raw
         if len(biased):
             logits = raw.clone()
             logits[bias_t] = raw[bias_t] + state.bias.table[bias_slots_t]
+        if bans is not None:
+            logits = logits.clone() if logits is raw else logits
+            need_t, src_t = (ban_t[2], ban_t[3]) if conditional else (None, None)
+            apply_sequence_bans(logits, ban_t[0], ban_t[1], need_t, src_t,
+                                history.pending_tokens)
         if len(penalized):
             x = penalize(logits[pen_t], state.output_counts[slots_t].float(),
                          state.prompt_seen[slots_t], params[pen_t, REPETITION, None],

@@ -20,9 +20,12 @@ freed, never rebuilt per step:
                             the host's token ids when its row is taken, then counts each token
                             the row samples (`count`, a scatter-add on the device: no host
                             tokens needed, so penalties work with async scheduling)
-    bias (`AdditiveRows`):  logit_bias and allowed_token_ids, a [vocab] float32 row on the
-                            device per batch row that has either, built once when the row is
-                            taken (pagedrt/engine/logit_bias.py)
+    bias (`AdditiveRows`):  logit_bias, allowed_token_ids and single-token bad words, a
+                            [vocab] float32 row on the device per batch row that has any,
+                            built once when the row is taken (pagedrt/engine/logit_bias.py)
+    bad_words (host):       the bad-word token sequences of two tokens or more of the rows
+                            that have them (`BadWordSequences`, pagedrt/engine/bad_words.py),
+                            matched against each row's generated tokens per step
 
 A preempted row's slot is parked with its request (`InputBatch`): its
 counts already hold the token still being sampled when it was preempted. A fork's slot starts
@@ -35,6 +38,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pagedrt.engine.bad_words import BadWordSequences
 from pagedrt.engine.host_buffers import to_device
 from pagedrt.engine.logit_bias import AdditiveRows
 from pagedrt.sampling_params import SamplingParams
@@ -76,6 +80,7 @@ class SamplingState:
         self._pending_inits: list[tuple[int, list[int], list[int]]] = []
         self._pending_copies: list[tuple[int, int]] = []
         self.bias = AdditiveRows(num_rows)
+        self.bad_words = BadWordSequences()
 
     # ----------------------------------------------------------------- rows
     def grow(self, num_rows: int) -> None:
@@ -98,7 +103,8 @@ class SamplingState:
                 eos_token_ids: tuple[int, ...]) -> None:
         """A row taken by a request: its settings, a penalty slot (its parked one, if it
         was preempted; else one initialized from the token ids, placeholders left out), and
-        its additive row where it has logit_bias or allowed_token_ids."""
+        its additive row where it has logit_bias, allowed_token_ids or a single-token bad
+        word, and its bad-word sequences of several tokens."""
         greedy = params.greedy
         penalized = params.reads_output_tokens
         self.params[row] = (1.0 if greedy else params.temperature, max(params.top_k, 0),
@@ -129,6 +135,7 @@ class SamplingState:
                                             [t for t in output_token_ids if t >= 0]))
             self.penalty_slot[row] = slot
         self.bias.set_row(row, params)
+        self.bad_words.set_row(row, params)
         self._device_params = None
 
     def fork_row(self, parent: int, row: int, req_id: str, params: SamplingParams,
@@ -145,7 +152,8 @@ class SamplingState:
 
     def clear_row(self, row: int, req_id: str, preempted: bool) -> None:
         """A row freed: its penalty slot is parked with a preempted request, else freed; its
-        additive row's slot is freed (a resumed request gets a new one)."""
+        additive row's slot and its bad-word sequences are dropped (a resumed request gets
+        them again)."""
         slot = int(self.penalty_slot[row])
         if slot >= 0:
             if preempted:
@@ -157,6 +165,7 @@ class SamplingState:
         self.plain_greedy[row] = self.greedy[row] = False
         self.min_tokens[row] = 0
         self.bias.clear_row(row)
+        self.bad_words.clear_row(row)
 
     def forget(self, req_id: str) -> None:
         """A preempted request finished: its parked slot is freed."""

@@ -74,11 +74,17 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
     Raises:
         ValueError: empty prompt, a token id that is not an int in [0, vocab_size), a prompt
             or prompt + max_tokens longer than max_model_len, or more KV blocks than the whole
-            cache holds, or a sampling param out of its range (a logit_bias key or an
-            allowed_token_ids entry outside [0, vocab_size) too); the message names the value
-            and the fix.
+            cache holds, or a sampling param out of its range (a logit_bias key, an
+            allowed_token_ids entry or a bad word's token outside [0, vocab_size) too), or
+            bad_words not yet turned into token ids (`bad_words.resolve_bad_words`); the
+            message names the value and the fix.
     """
     params.__post_init__()
+    if params.bad_words is not None and params.bad_words_token_ids is None:
+        raise ValueError(f"bad_words={short_repr(params.bad_words)} are not tokenized yet: "
+                         "pass the params through pagedrt.engine.bad_words.resolve_bad_words "
+                         "with the model's tokenizer first (LLM.generate and "
+                         "LLMEngine.add_request do)")
     if params.adjusts_logits:
         _validate_token_controls(params, limits)
     if params.max_tokens is None:
@@ -120,11 +126,20 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
 
 
 def _validate_token_controls(params: SamplingParams, limits: EngineLimits) -> None:
-    """logit_bias keys and allowed_token_ids entries within the vocabulary (their types and the
-    bias range were checked by `SamplingParams`), and allowed_token_ids not all of them ids
-    that min_tokens blocks (stop_token_ids, and EOS unless ignore_eos): every logit would be
-    -inf while it does, and no allowed token could be sampled."""
+    """logit_bias keys, allowed_token_ids entries and bad words' token ids within the
+    vocabulary (their types and the bias range were checked by `SamplingParams`), and
+    allowed_token_ids not all of them ids that single-token bad words ban, or that min_tokens
+    blocks (stop_token_ids, and EOS unless ignore_eos): every logit would be -inf, and no
+    allowed token could be sampled."""
     vocab_size = limits.vocab_size
+    sequences = params.bad_words_token_ids or ()
+    for seq in sequences:
+        if max(seq) >= vocab_size:
+            bad = next(t for t in seq if t >= vocab_size)
+            name = ("bad_words" if params.bad_words is not None else "bad_words_token_ids")
+            raise ValueError(f"{name}={short_repr(params.bad_words or sequences)}: token id "
+                             f"{bad} (of the sequence {short_repr(seq)}) is not in the "
+                             f"vocabulary [0, {vocab_size}); leave it out")
     if params.logit_bias is not None:
         bad = next((t for t in params.logit_bias if t >= vocab_size), None)
         if bad is not None:
@@ -135,15 +150,21 @@ def _validate_token_controls(params: SamplingParams, limits: EngineLimits) -> No
         i = next(i for i, t in enumerate(allowed) if t >= vocab_size)
         raise ValueError(f"allowed_token_ids[{i}]={allowed[i]} is not a token id of the "
                          f"vocabulary [0, {vocab_size})")
+    banned = {seq[0] for seq in sequences if len(seq) == 1}
+    if allowed is not None and set(allowed) <= banned:
+        raise ValueError(
+            f"allowed_token_ids={short_repr(allowed)} holds only token ids that bad_words "
+            "bans: nothing could be sampled; allow another token or ban fewer words")
     if allowed is not None and params.min_tokens:
-        blocked = set(params.stop_token_ids)
+        blocked = set(params.stop_token_ids) | banned
         if not params.ignore_eos:
             blocked.update(limits.eos_token_ids)
         if set(allowed) <= blocked:
+            also = " (and ids that bad_words bans)" if banned & set(allowed) else ""
             raise ValueError(
                 f"allowed_token_ids={short_repr(allowed)} holds only stop or EOS token ids, "
-                f"which min_tokens={params.min_tokens} blocks until that many tokens are out: "
-                "nothing could be sampled; allow another token or lower min_tokens")
+                f"which min_tokens={params.min_tokens} blocks until that many tokens are out"
+                f"{also}: nothing could be sampled; allow another token or lower min_tokens")
 
 
 def _longer_context_fix(max_model_len: int, limits: EngineLimits) -> str:

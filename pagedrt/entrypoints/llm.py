@@ -104,12 +104,18 @@ class LLM:
         priorities = list(priority) if priority is not None else [0] * len(prompt_list)
         engine = self.llm_engine
         prepared = []
+        resolved: dict[int, SamplingParams] = {}  # bad_words tokenized once per params object
         for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
             if not isinstance(params, SamplingParams):
                 raise ValueError(  # noqa: TRY004 - API contract: bad input is a ValueError
                     f"sampling_params entry {short_repr(params)} is not a SamplingParams")
             try:
                 text, token_ids = self._tokenize(prompt)
+                if params.bad_words is not None:
+                    key = id(params)
+                    if key not in resolved:
+                        resolved[key] = engine.resolve_bad_words(params)
+                    params = resolved[key]
                 params = engine.resolve_max_tokens(token_ids, params)
                 engine.validate_prompt(token_ids, params)
             except ValueError as e:

@@ -3,8 +3,8 @@
 For a sequence with drafts d_1..d_j after its last token x, the verification step computes
 the target's logits at j + 1 positions: position t (0 <= t <= j) predicts the token after
 x d_1..d_t. Each position's distribution p_t is the one the plain sampler would draw from there
-(penalties and min_tokens see d_1..d_t as generated tokens; temperature, top-k, top-p, min-p;
-pagedrt/engine/logits_processors.py).
+(penalties, min_tokens and bad words see d_1..d_t as generated tokens; temperature, top-k,
+top-p, min-p; pagedrt/engine/logits_processors.py).
 
 Greedy rows accept the longest prefix of drafts equal to the target's argmaxes, then take the
 argmax after it: exactly the tokens plain greedy decoding gives. When every row is greedy with
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pagedrt.engine.bad_words import token_sequences
 from pagedrt.engine.host_buffers import to_device
 from pagedrt.engine.logits_processors import processed_logits, sampling_probs
 from pagedrt.engine.sampler import (
@@ -165,8 +166,10 @@ def _verify_plain_greedy(logits: torch.Tensor, draft_token_ids: torch.Tensor,
 def _position_rows(rows: list, draft_token_ids: torch.Tensor, num_drafts: list[int],
                    width: int) -> list:
     """One sampling row per position (S * (K + 1), row-major): position t of a row sees its
-    drafts d_1..d_t as generated tokens, which the penalties and min_tokens read."""
-    needs_history = any(r.params.reads_output_tokens or r.params.min_tokens for r in rows)
+    drafts d_1..d_t as generated tokens, which the penalties, min_tokens and bad-word
+    sequences read."""
+    needs_history = any(r.params.reads_output_tokens or r.params.min_tokens
+                        or token_sequences(r.params) for r in rows)
     if not needs_history:
         return [r for r in rows for _ in range(width)]
     drafts = draft_token_ids.tolist()
