@@ -1,6 +1,6 @@
-"""logit_bias, allowed_token_ids, refused fields, /tokenize and /detokenize through a real
-`pagedrt serve` process on 127.0.0.1 (SmolLM2, CPU). Expected tokens come from `LLM.generate`
-in this process with the same settings; every wait is bounded."""
+"""logit_bias, allowed_token_ids, bad_words, refused fields, /tokenize and /detokenize through
+a real `pagedrt serve` process on 127.0.0.1 (SmolLM2, CPU). Expected tokens come from
+`LLM.generate` in this process with the same settings; every wait is bounded."""
 
 from __future__ import annotations
 
@@ -63,6 +63,33 @@ def test_chat_takes_them_and_tokenize_gives_the_chat_prompt(client, http, llm):
     assert r.usage.prompt_tokens == t["count"]
     text = llm.get_tokenizer().decode(expected, skip_special_tokens=True)
     assert r.choices[0].message.content == text
+
+
+def test_bad_words_change_the_completion_and_the_chat_as_in_llm_generate(client, http, llm):
+    """vLLM's bad_words on both endpoints (tokenized by the API process, banned by the engine
+    core): a one-token word (the greedy completion's first) and a two-word phrase of the
+    greedy chat answer; each answer is LLM.generate's with the same words, and differs from
+    the answer without them."""
+    tok = llm.get_tokenizer()
+    prompt = "The capital of France is"
+    plain = _tokens(llm, prompt, SamplingParams(temperature=0, max_tokens=8))
+    word = tok.decode([plain[0]]).strip()
+    expected = _tokens(llm, prompt, SamplingParams(temperature=0, max_tokens=8,
+                                                   bad_words=[word]))
+    assert expected[0] != plain[0] and plain[0] not in expected
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0,
+                                  extra_body={"bad_words": [word]})
+    assert r.choices[0].text == tok.decode(expected, skip_special_tokens=True)
+    messages = [{"role": "user", "content": "Name a colour."}]
+    ids = http.post("/tokenize", json={"model": MODEL, "messages": messages}).json()["tokens"]
+    plain = _tokens(llm, ids, SamplingParams(temperature=0, max_tokens=12))
+    phrase = tok.decode(plain[3:5])  # two words of the answer: the second after the first
+    expected = _tokens(llm, ids, SamplingParams(temperature=0, max_tokens=12,
+                                                bad_words=[phrase]))
+    assert expected[:4] == plain[:4] and expected[4] != plain[4], (phrase, plain, expected)
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12,
+                                       temperature=0, extra_body={"bad_words": [phrase]})
+    assert r.choices[0].message.content == tok.decode(expected, skip_special_tokens=True)
 
 
 def test_tokenize_round_trips_with_detokenize(http, llm):
@@ -130,6 +157,13 @@ BAD = [
      "allowed_token_ids[1]=60000"),
     ("/v1/completions", {"prompt": "hi", "n": 2, "use_beam_search": True,
                          "logit_bias": {"5": 1}}, "logit_bias", "beam search"),
+    ("/v1/completions", {"prompt": "hi", "bad_words": ["ok", " "]}, "bad_words",
+     "bad_words[1]=' ' gives no token"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "bad_words": [""]}, "bad_words", "non-empty string"),
+    ("/v1/completions", {"prompt": "hi", "bad_words": "hi"}, "bad_words", "valid array"),
+    ("/v1/completions", {"prompt": "hi", "n": 2, "use_beam_search": True,
+                         "bad_words": ["x"]}, "bad_words", "beam search"),
     # fields not built, one of each kind, on both endpoints
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                               "response_format": {"type": "json_object"}}, "response_format",

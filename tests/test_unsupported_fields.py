@@ -1,7 +1,8 @@
 """Request bodies: the fields pagedrt does not build and that would change the output are a 400
 naming the field (pagedrt/entrypoints/unsupported_fields.py), one test per category; harmless
-fields are accepted; logit_bias's string keys and allowed_token_ids reach SamplingParams; the
-/tokenize and /detokenize bodies. No server (tests/test_server_token_controls.py runs one)."""
+fields are accepted; logit_bias's string keys, allowed_token_ids and bad_words reach
+SamplingParams; the /tokenize and /detokenize bodies. No server
+(tests/test_server_token_controls.py runs one)."""
 
 from __future__ import annotations
 
@@ -88,7 +89,6 @@ def test_other_output_controls_of_openai_are_refused(body, field):
 @pytest.mark.parametrize("body, field", [
     ({"best_of": 3}, "best_of"),
     ({"best_of": 2, "n": 1}, "best_of"),
-    ({"bad_words": ["x"]}, "bad_words"),
     ({"logits_processors": ["my.module:Proc"]}, "logits_processors"),
     ({"truncate_prompt_tokens": 10}, "truncate_prompt_tokens"),
     ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
@@ -119,7 +119,7 @@ def test_continuous_usage_stats_is_refused_naming_the_key():
     # values of refused fields that change nothing
     {"response_format": {"type": "text"}}, {"tools": []}, {"tool_choice": "none"},
     {"functions": []}, {"function_call": "none"}, {"modalities": ["text"]},
-    {"best_of": 1}, {"best_of": 2, "n": 2}, {"bad_words": []}, {"logits_processors": []},
+    {"best_of": 1}, {"best_of": 2, "n": 2}, {"logits_processors": []},
     {"spaces_between_special_tokens": True}, {"continue_final_message": False},
     {"chat_template_kwargs": {}}, {"return_tokens_as_token_ids": False},
     {"stream_options": {"include_usage": True, "continuous_usage_stats": False}},
@@ -170,6 +170,47 @@ def test_beam_search_with_logit_bias_is_a_400_naming_it():
         body.to_sampling_params(8, None)
     error = api_error_from_value_error(e.value, "prompt")
     assert error.param == "logit_bias" and "cannot go with beam search" in error.message
+
+
+# ---------------------------------------------------------------- bad_words
+def test_bad_words_reach_sampling_params_on_both_endpoints():
+    """vLLM's bad_words is served (no longer an unsupported field): the words reach
+    SamplingParams as sent (the API process tokenizes them later); [] is no ban."""
+    for model, base in ((CompletionRequest, COMPLETION), (ChatCompletionRequest, CHAT)):
+        body = model.model_validate({**base, "bad_words": ["Paris", "the city"]})
+        assert body.to_sampling_params(16, None).bad_words == ["Paris", "the city"]
+        assert model.model_validate({**base, "bad_words": []}).to_sampling_params(
+            16, None).bad_words is None
+
+
+@pytest.mark.parametrize("words, message", [
+    ([""], "bad_words[0]='' must be a non-empty string"),
+    (["ok", ""], "bad_words[1]='' must be a non-empty string"),
+])
+def test_bad_bad_words_are_a_400_naming_the_field(words, message):
+    body = ChatCompletionRequest.model_validate({**CHAT, "bad_words": words})
+    with pytest.raises(ValueError) as e:
+        body.to_sampling_params(16, None)
+    error = api_error_from_value_error(e.value, "messages")
+    assert (error.status_code, error.param) == (400, "bad_words")
+    assert error.message.startswith(message), error.message
+
+
+@pytest.mark.parametrize("words", ["Paris", [5], ["ok", None], {"a": 1}])
+def test_bad_words_of_another_type_are_a_400_naming_the_field(words):
+    with pytest.raises(ValidationError) as e:
+        CompletionRequest.model_validate({**COMPLETION, "bad_words": words})
+    error = api_error_from_validation(e.value)
+    assert (error.status_code, error.param) == (400, "bad_words")
+
+
+def test_beam_search_with_bad_words_is_a_400_naming_it():
+    body = CompletionRequest.model_validate({"prompt": "hi", "use_beam_search": True, "n": 2,
+                                             "bad_words": ["x"]})
+    with pytest.raises(ValueError) as e:
+        body.to_sampling_params(8, None)
+    error = api_error_from_value_error(e.value, "prompt")
+    assert error.param == "bad_words" and "cannot go with beam search" in error.message
 
 
 # ---------------------------------------------------------------- /tokenize, /detokenize bodies

@@ -57,6 +57,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
+from pagedrt.engine.bad_words import resolve_bad_words
 from pagedrt.engine.detokenizer import IncrementalDetokenizer
 from pagedrt.engine.validation import max_tokens_that_fit, validate_prompt
 from pagedrt.entrypoints.core_client import EngineCoreClient, RequestRun, RequestState
@@ -253,6 +254,15 @@ class OpenAIServer:
                            param="n")
         self.prompt_input.check_count(num_prompts, params.n)
 
+    def _resolve_bad_words(self, params: SamplingParams, field: str) -> SamplingParams:
+        """bad_words as token ids, with this process's tokenizer (the engine core gets them so);
+        APIError(400) naming bad_words for a word that gives no token or a model without a
+        tokenizer."""
+        try:
+            return resolve_bad_words(params, self.tokenizer)
+        except ValueError as e:
+            raise api_error_from_value_error(e, field) from None
+
     def _validate(self, prompts: list[list[int]], params: SamplingParams, field: str) -> None:
         """Each prompt against the engine's limits; APIError(400) naming the field and, in a
         batch, which prompt."""
@@ -299,6 +309,7 @@ class OpenAIServer:
             prompts = [list(p) for p in prompt]
         if echo_only:
             self._check_echo_only_fits(prompts)
+        params = self._resolve_bad_words(params, "prompt")
         self._validate(prompts, params, "prompt")
         echo = None
         if body.echo:  # the prompt's text as sent; token ids decoded
@@ -355,6 +366,7 @@ class OpenAIServer:
             raise error from None
         _check_prompt_logprobs(body)
         self._check_count(1, params)
+        params = self._resolve_bad_words(params, "messages")
         self._validate(prompts, params, "messages")
         return await self._respond(request, "chat", body, prompts, params, arrival_time)
 

@@ -152,8 +152,10 @@ class _SamplingRequest(_RefusesUnsupported):
     every prompt token but the first, with this many most likely tokens at its position, in
     the response's `prompt_logprobs` (not with stream=true, as in vLLM). logit_bias is
     OpenAI's map with token ids as strings ("1234": -100), allowed_token_ids vLLM's list;
-    add_special_tokens (vLLM's) is passed to the tokenizer for prompt texts (None: the
-    tokenizer's default on completions; false on chat, whose template writes its own).
+    bad_words vLLM's list of words that may not be generated (tokenized by the API process:
+    `pagedrt.engine.bad_words.resolve_bad_words`); add_special_tokens (vLLM's) is passed to
+    the tokenizer for prompt texts (None: the tokenizer's default on completions; false on
+    chat, whose template writes its own).
     """
 
     model: str | None = None
@@ -182,6 +184,7 @@ class _SamplingRequest(_RefusesUnsupported):
     prompt_logprobs: int | None = None
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     add_special_tokens: bool | None = None
 
     def to_sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
@@ -192,7 +195,7 @@ class _SamplingRequest(_RefusesUnsupported):
             "n", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
             "frequency_penalty", "repetition_penalty", "stop", "stop_token_ids", "min_tokens",
             "ignore_eos", "skip_special_tokens", "include_stop_str_in_output",
-            "allowed_token_ids")}
+            "allowed_token_ids", "bad_words")}
         given["logit_bias"] = _token_id_keys(self.logit_bias)
         kwargs = {name: value for name, value in given.items() if value is not None}
         if self.prompt_logprobs is not None:

@@ -66,7 +66,6 @@ _REFUSED: dict[str, tuple[Callable[[object, dict], bool], str]] = {
     "guided_decoding_backend": (_never, "no guided decoding"),
     "guided_whitespace_pattern": (_never, "no guided decoding"),
     "structured_outputs": (_never, "no guided decoding"),
-    "bad_words": (_equals([]), "no bad_words (logit_bias with -100 bans single tokens)"),
     "logits_processors": (_equals([]), "no custom logits processors"),
     "truncate_prompt_tokens": (_never, "prompts are not truncated"),
     "spaces_between_special_tokens": (_equals(True), "true only"),
