@@ -7,7 +7,8 @@
 # 2. decode_tune over both caches at Qwen2-0.5B heads (14/2 x 64): issue 17's shapes (B64
 #    L4096, B16 L16384), issue 16's (B64 L2048, the 256-row decode at 640 and 1,100 tokens,
 #    batch 8 and 1), PACK 1 and 2, tiles 32/64 x 1/2 warps x stages 4/5, the launch's splits;
-#    compiled in 8 shards, then timed in one process.
+#    compiled in 8 shards, then timed in one process;
+# 3. tests/gpu/test_token_controls_gpu.py (bad words among them), capped at CONTROLS_CAP.
 # Results in $OUT/results.tgz; the two tables printed last.
 set -u
 . benchmarks/diagnostics/call_common.sh
@@ -19,6 +20,8 @@ t0=$SECONDS
 tune pack --cases "$CASES" --kv-cache-dtype both --block-n 32,64 --warps 1,2 --stages 4,5 \
   --splits 0 --warp-tiles 1 --kv-heads-per-program 1,2
 echo "tune status $? in $((SECONDS - t0)) s"
+# bad words (and the other token controls) on CUDA against the CPU engine
+gpu_tests controls "${CONTROLS_CAP:-120}" tests/gpu/test_token_controls_gpu.py
 [ -d .tcache ] || save_triton_cache
 tar -czf /tmp/results.tgz -C "$out" r && cp "$out/r/tune_pack.txt" "$out/" && rm -rf "$out/r" \
   && mv /tmp/results.tgz "$out/"
