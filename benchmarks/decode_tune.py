@@ -6,7 +6,7 @@ the PyTorch reference first. A tuning diagnostic for the H200, not a benchmark o
         [--cases llama3-8b:64:4096,qwen2-0.5b:64:2048] [--kv-cache-dtype auto|fp8|both]
         [--small-grid | --default-only] [--block-n 64,128] [--warps 4,8] [--stages 2,3]
         [--splits 1,2] [--maxnreg 0,168] [--warp-tiles 0,1]
-        [--reduce-heads 0,1,8] [--kv-heads-per-program 1,2] [--shard I/N] [--k-head-major]
+        [--reduce-heads 0,1,8] [--shard I/N] [--k-head-major]
 
 `--block-n`, `--warps`, `--stages`, `--splits` and `--maxnreg` (a register cap per thread
 passed to Triton's compiler, 0 for none) replace the full grid's axes; `--splits 0` is each
@@ -14,10 +14,7 @@ setting's split count as the launch would pick it (`decode_launch_plan`). `--war
 adds the warp-tile kernel (`pagedrt.ops.attention_decode_warp_triton`: one 16-token slice of
 each tile per warp; 1 the warp-tile kernel, 0 `_decode_kernel`) as an axis, and
 `--reduce-heads 0,1,8` the query heads per split-K reduce program (0: the launch's,
-`reduce_heads_per_program`; with `--default-only`, the default launch with each), and
-`--kv-heads-per-program 1,2` the KV heads one warp-tile program reads with their query rows
-packed into one operand (attention_decode_warp_triton's module doc, "Packed KV heads"; with
-`--warp-tiles 0` only 1 runs).
+`reduce_heads_per_program`; with `--default-only`, the default launch with each).
 `--default-only` times only the default launch setting, e.g. over both caches:
 
     decode_tune.py --out DIR --default-only --kv-cache-dtype both \
@@ -86,17 +83,16 @@ def timing_at(timings: list[dict], setting: dict) -> dict | None:
     0)."""
     return next((t for t in timings if all(
         t.get(key, 0) == setting.get(key, 0)
-        for key in (*setting, "maxnreg", "warp_tiles", "reduce_heads"))
-        and t.get("kv_heads_per_program", 1) == setting.get("kv_heads_per_program", 1)),
+        for key in (*setting, "maxnreg", "warp_tiles", "reduce_heads"))),
                 None)
 
 
 def plan_splits(shape: tuple, block_n: int, warps: int, stages: int, maxnreg: int,
-                warp_tiles: int, pack: int = 1) -> int:
+                warp_tiles: int) -> int:
     """--splits 0: the split count the launch picks for this setting; shape = (num_seqs,
     num_kv_heads, head_dim, fp8, context, num_sms)."""
     config = {"BLOCK_N": block_n, "num_warps": warps, "num_stages": stages, "maxnreg": maxnreg,
-              "warp_tiles": warp_tiles, "kv_heads_per_program": pack}
+              "warp_tiles": warp_tiles}
     try:
         return decode_launch_plan(*shape, config=config)[2]
     except ValueError:  # (the launch raises it again and is recorded as failed)
@@ -116,7 +112,7 @@ def main() -> None:
                    help="only the default launch setting")
     for axis, default in (("block-n", "32,64,128"), ("warps", "2,4,8"), ("stages", "2,3,4"),
                           ("splits", "1,2,4,8"), ("maxnreg", "0"), ("warp-tiles", "0"),
-                          ("reduce-heads", "0"), ("kv-heads-per-program", "1")):
+                          ("reduce-heads", "0")):
         # (0 allowed: --maxnreg 0 is no cap, --warp-tiles 0 `_decode_kernel`)
         ints = functools.partial(int_list, minimum=0)
         p.add_argument(f"--{axis}", type=ints, default=ints(default),
@@ -134,8 +130,7 @@ def main() -> None:
     if args.quick:
         cases = cases[:2]
     grid = list(itertools.product(args.block_n, args.warps, args.stages, args.splits,
-                                  args.maxnreg, args.warp_tiles, args.reduce_heads,
-                                  args.kv_heads_per_program))
+                                  args.maxnreg, args.warp_tiles, args.reduce_heads))
     shard, num_shards = (int(x) for x in args.shard.split("/"))
     dtypes = ["auto", "fp8"] if args.kv_cache_dtype == "both" else [args.kv_cache_dtype]
     results, table = [], []
@@ -165,26 +160,25 @@ def main() -> None:
                    "warp_tiles": wt, "splits": sp}
         timings = []
         default_points = [(*(default[key] for key in (
-            "BLOCK_N", "num_warps", "num_stages", "splits", "maxnreg", "warp_tiles")), rh, 1)
+            "BLOCK_N", "num_warps", "num_stages", "splits", "maxnreg", "warp_tiles")), rh)
             for rh in args.reduce_heads]
         run_grid = grid
         if args.small_grid:
             run_grid = list(itertools.product([32, 64, 128], [4, 8], [2, 3], [0], [0], [0],
-                                              [0], [1]))
+                                              [0]))
         if args.default_only:
             run_grid = []
 
         shape = (num_seqs, kvh, d, kv_dtype == "fp8", ctx, sms)
         run_grid = list(dict.fromkeys(
-            (bn, w, st, sp or plan_splits(shape, bn, w, st, r, wt, pk), r, wt, rh, pk)
-            for bn, w, st, sp, r, wt, rh, pk in run_grid if pk == 1 or (wt and kvh % pk == 0)))
+            (bn, w, st, sp or plan_splits(shape, bn, w, st, r, wt), r, wt, rh)
+            for bn, w, st, sp, r, wt, rh in run_grid))
         run_grid = run_grid + [x for x in default_points if x not in run_grid]
-        for bn, warps, stages, splits, maxnreg, wt, rh, pk in run_grid[shard::num_shards]:
+        for bn, warps, stages, splits, maxnreg, wt, rh in run_grid[shard::num_shards]:
             if model == "llama3-8b" and bn == 128 and kv_dtype != "fp8":
                 continue
             cfg = {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "maxnreg": maxnreg,
-                   "warp_tiles": wt, **({"reduce_heads": rh} if rh else {}),
-                   **({"kv_heads_per_program": pk} if pk > 1 else {})}
+                   "warp_tiles": wt, **({"reduce_heads": rh} if rh else {})}
             setting = {**cfg, "splits": splits}
             try:
                 out = paged_attention_decode_triton(
@@ -220,11 +214,10 @@ def main() -> None:
                      f"({best['tb_s']:.2f} TB/s) BN{best['BLOCK_N']} w{best['num_warps']} "
                      f"s{best['num_stages']} sp{best['splits']} r{best.get('maxnreg', 0)} "
                      f"wt{best['warp_tiles']} "
-                     f"rh{best.get('reduce_heads', 0)} pk{best.get('kv_heads_per_program', 1)}"
-                     " | next: " + ", ".join(
+                     f"rh{best.get('reduce_heads', 0)} | next: " + ", ".join(
                          f"BN{t['BLOCK_N']}w{t['num_warps']}s{t['num_stages']}sp{t['splits']}"
                          f"r{t.get('maxnreg', 0)}wt{t['warp_tiles']}"
-                         f"rh{t.get('reduce_heads', 0)}pk{t.get('kv_heads_per_program', 1)}"
+                         f"rh{t.get('reduce_heads', 0)}"
                          f"={t['ms']*1e3:.1f}"
                          for t in ok[1:6]))
         print(table[-1], flush=True)

@@ -81,9 +81,9 @@ def compile_decode_warp(head_dim: int, group: int, block_n: int, num_warps: int,
                         pdl: bool = False, fp8: bool = True):
     """The warp-tile decode kernel (`attention_decode_warp_triton`) over an FP8 cache with V
     dim-major (or, without `fp8`, a bf16 cache with V in K's layout), bf16 queries, compiled
-    for sm_90 as `compile_decode` compiles `_decode_kernel`. kv_heads_per_program: KVH in
-    trees before 2026-12-06 (separate rows per head, so that a fingerprint of one compiles),
-    PACK from 2026-12-07 (the heads' query rows packed into one operand)."""
+    for sm_90 as `compile_decode` compiles `_decode_kernel`. kv_heads_per_program: KVH, which
+    only trees before 2026-12-06 have (so that a fingerprint of one compiles); today's kernel
+    takes one KV head a program."""
     from pagedrt.ops.attention_decode_warp_triton import _decode_warp_kernel, warp_tile_shape
     sub, sub_n = warp_tile_shape(block_n)
     cache = "*fp8e4nv" if fp8 else "*bf16"
@@ -97,9 +97,6 @@ def compile_decode_warp(head_dim: int, group: int, block_n: int, num_warps: int,
              "PDL": pdl}
     if "KVH" in _decode_warp_kernel.arg_names:
         const["KVH"] = kv_heads_per_program
-    elif "PACK" in _decode_warp_kernel.arg_names:  # packed query rows (2026-12-07 on)
-        const["PACK"] = kv_heads_per_program
-        const["GROUP_PAD"] = max(16, triton.next_power_of_2(group * kv_heads_per_program))
     elif kv_heads_per_program != 1:
         raise ValueError(f"kv_heads_per_program={kv_heads_per_program}: this tree's warp-tile "
                          "kernel takes one KV head a program")

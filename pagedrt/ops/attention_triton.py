@@ -434,8 +434,7 @@ def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: boo
     Raises:
         ValueError: config's warp_tiles not 0 or 1, its programs_per_sm or
             min_partition_tokens not an int >= 1, its reduce_heads not a power of two >= 1,
-            its kv_heads_per_program not an int >= 1 dividing num_kv_heads (above 1 only
-            with the warp-tile kernel), or num_splits < 1.
+            or num_splits < 1.
     """
     # the warp-tile kernel has no window (a given config runs warp tiles only where it names
     # them)
@@ -455,18 +454,13 @@ def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: boo
     for key in ("programs_per_sm", "min_partition_tokens"):
         if not _positive_int(tuned.get(key, 1)):
             raise ValueError(f"config {key}={tuned[key]!r} must be an int >= 1")
-    pack = tuned.get("kv_heads_per_program", 1)
-    if not _positive_int(pack) or num_kv_heads % pack or (pack > 1 and not n):
-        raise ValueError(f"config kv_heads_per_program={pack!r} must be an int >= 1 dividing "
-                         f"num_kv_heads={num_kv_heads}, and above 1 only with warp_tiles 1 "
-                         "and no sliding window (the warp-tile kernel packs KV heads)")
     heads = tuned.get("reduce_heads", 1)
     if not _positive_int(heads) or heads & (heads - 1):
         raise ValueError(f"config reduce_heads={heads!r} (query heads per split-K reduce "
                          "program) must be a power of two >= 1")
     if num_splits is None:
         num_splits = choose_num_splits(
-            num_seqs, num_kv_heads // pack, max_context, num_sms,
+            num_seqs, num_kv_heads, max_context, num_sms,
             tuned.get("programs_per_sm", 4) if n else 4,
             tuned.get("min_partition_tokens", MIN_PARTITION_TOKENS) if n else
             MIN_PARTITION_TOKENS)
@@ -509,8 +503,6 @@ def paged_attention_decode_triton(
             optionally "maxnreg" (a register cap, 0 none), "warp_tiles" (1: the warp-tile
             kernel of `attention_decode_warp_triton`, 0: `_decode_kernel`; ignored with a
             sliding window, which only `_decode_kernel` has),
-            "kv_heads_per_program" (warp tiles only: KV heads one program reads, their
-            query rows packed into one operand; 1 by default),
             "programs_per_sm" (the split heuristic's target for warp tiles) and
             "min_partition_tokens" (its shortest partition for warp tiles), "reduce_heads"
             (query heads per split-K reduce program, a power of two; default
@@ -581,20 +573,18 @@ def paged_attention_decode_triton(
                    block_tables.stride(0),
                    out.stride(0), out.stride(1),
                    num_splits)
-        pack = cfg.get("kv_heads_per_program", 1) if cfg.get("warp_tiles") and warp_tiles else 1
         common = dict(
-            GROUP=group, GROUP_PAD=max(16, next_pow2(group * pack)), BLOCK_SIZE=block_size,
+            GROUP=group, GROUP_PAD=max(16, next_pow2(group)), BLOCK_SIZE=block_size,
             HEAD_DIM=head_dim, SPLIT=split, UPCAST=upcast,
             DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", KV_FP8=fp8,
             F16_MMA=fp8 and query.dtype != torch.float32, V_DIM_MAJOR=dim_major,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(pdl),
             **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),  # 0: no cap
         )
-        grid = (num_kv_heads // pack, num_splits, num_seqs)
+        grid = (num_kv_heads, num_splits, num_seqs)
         if cfg.get("warp_tiles") and warp_tiles:  # (not the fallbacks)
             sub, sub_n = warp_tile_shape(cfg["BLOCK_N"])  # attention_decode_warp_triton
-            _decode_warp_kernel[grid](*pointers, *scalars, SUB=sub, SUB_N=sub_n,
-                                      **({"PACK": pack} if pack > 1 else {}), **common)
+            _decode_warp_kernel[grid](*pointers, *scalars, SUB=sub, SUB_N=sub_n, **common)
             return
         _decode_kernel[grid](
             *pointers, *scalars, BLOCK_N=cfg["BLOCK_N"], WINDOW=sliding_window or 0, **common)

@@ -66,27 +66,3 @@ def test_default_decode_matches_reference(dtype, head_dim, group):
         assert torch.isfinite(out).all(), (num_splits, config)
         err = (out.float() - expected).abs().max().item()
         assert err < 2e-2, (num_splits, config, err)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("group, pack", [(1, 4), (3, 4), (7, 2), (8, 2)])
-def test_packed_kv_heads_match_reference(dtype, head_dim, group, pack):
-    """The warp-tile kernel over `pack` KV heads a program, their query rows packed into one
-    operand (config kv_heads_per_program), compiled, over 16-bit caches: split and unsplit,
-    one- and two-warp programs."""
-    num_kv_heads = 4
-    lens = [1, 15, 16, 17, 31, 32, 33, 64, 65, 500, 4096, 4097]
-    k, v, bt, seq_lens = paged_case(lens, num_kv_heads, head_dim, dtype, seed=10 * group + pack)
-    query = torch.randn(len(lens), num_kv_heads * group, head_dim, device=CUDA).to(dtype)
-    scale = head_dim ** -0.5
-    expected = ref.paged_attention_decode_reference(query.float(), k.float(), v.float(), bt,
-                                                    seq_lens, scale)
-    for warps, num_splits in ((2, None), (2, 1), (1, 8)):
-        config = {"BLOCK_N": 32, "num_warps": warps, "num_stages": 5, "warp_tiles": 1,
-                  "kv_heads_per_program": pack}
-        out = tri.paged_attention_decode_triton(query, k, v, bt, seq_lens, scale, num_splits,
-                                                config=config)
-        assert torch.isfinite(out).all(), (warps, num_splits)
-        err = (out.float() - expected).abs().max().item()
-        assert err < 2e-2, (warps, num_splits, err)

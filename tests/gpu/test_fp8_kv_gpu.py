@@ -204,8 +204,7 @@ def test_fp8_attention_on_gpu_matches_reference(group, query_dtype):
 @pytest.mark.parametrize("group", [1, 7])
 def test_fp8_decode_launches_on_gpu_match_reference(head_dim, group):
     """The FP8 decode launches compiled: the default (warp tiles, BLOCK_N 32, one warp), the
-    warp tiles at BLOCK_N 64 / 2 warps and over both KV heads in one program, their query
-    rows packed (kv_heads_per_program 2),
+    warp tiles at BLOCK_N 64 / 2 warps and over both KV heads in one program (warp_tiles 2),
     `_decode_kernel`'s FP8 config, and the default under
     a sliding window (which runs `_decode_kernel`), bf16 queries, split and unsplit, with
     lengths at 32-token tile edges and past 4096 (group 4 at head_dim 128 runs the default
@@ -217,8 +216,6 @@ def test_fp8_decode_launches_on_gpu_match_reference(head_dim, group):
     query = torch.randn(len(lens), num_kv_heads * group, head_dim, device=CUDA).bfloat16()
     launches = [(None, None), ({"BLOCK_N": 64, "num_warps": 2, "num_stages": 5,
                                 "warp_tiles": 1}, None),
-                ({"BLOCK_N": 32, "num_warps": 2, "num_stages": 5, "warp_tiles": 1,
-                  "kv_heads_per_program": 2}, None),
                 (tri._decode_launch_config(head_dim, 1, warp_tiles=False), None), (None, 1000)]
     for config, window in launches:
         expected = ref.paged_attention_decode_reference(
