@@ -17,7 +17,7 @@ import torch
 from test_sampler_batched import EOS, VOCAB, Harness, _logits_of
 from tiny_model import tiny_word, tiny_word_tokenizer, with_tokenizer
 
-from pagedrt import LLM, BeamSearchParams, SamplingParams
+from pagedrt import LLM, SamplingParams
 from pagedrt.core.plan import NewRequestData, StepPlan
 from pagedrt.engine.bad_words import (
     OutputHistory,
@@ -65,15 +65,6 @@ def test_values_are_normalized():
     assert p.bad_words_token_ids == [[1, 2], [7]] and p.adjusts_logits
     assert all(type(t) is int for seq in p.bad_words_token_ids for t in seq)
     assert SamplingParams(bad_words_token_ids=[]).bad_words_token_ids is None
-
-
-@pytest.mark.parametrize("name, value", [("bad_words", ["x"]), ("bad_words_token_ids", [[3]])])
-def test_beam_search_refuses_them(name, value):
-    """As logit_bias: a beam search scores the model's own log-probabilities."""
-    beam = BeamSearchParams(beam_width=2, max_tokens=4).to_sampling_params()
-    beam.__dict__[name] = value
-    with pytest.raises(ValueError, match=rf"^{name}=.* cannot go with beam search"):
-        beam.__post_init__()
 
 
 # ---------------------------------------------------------------- tokenization

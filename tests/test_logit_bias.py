@@ -65,8 +65,11 @@ def test_values_are_normalized():
     assert p.allowed_token_ids == [1, 2] and all(type(t) is int for t in p.allowed_token_ids)
 
 
-@pytest.mark.parametrize("name, value", [("logit_bias", {3: 1.0}), ("allowed_token_ids", [3])])
+@pytest.mark.parametrize("name, value", [("logit_bias", {3: 1.0}), ("allowed_token_ids", [3]),
+                                         ("bad_words", ["x"]), ("bad_words_token_ids", [[3]])])
 def test_beam_search_refuses_them(name, value):
+    """The token controls (logit_bias, allowed_token_ids, bad words): a beam search scores
+    the model's own log-probabilities."""
     beam = BeamSearchParams(beam_width=2, max_tokens=4).to_sampling_params()
     beam.__dict__[name] = value
     with pytest.raises(ValueError, match=rf"^{name}=.* cannot go with beam search"):

@@ -92,12 +92,7 @@ def _apply_bad_word_sequences(logits: torch.Tensor, rows: list[SamplingRow],
             banned = banned_after(sequences, r.output_token_ids)
             index += [i] * len(banned)
             tokens += banned
-    if not index:
-        return logits
-    logits = logits.clone() if logits is raw else logits
-    pairs = to_device([index, tokens], logits.device, torch.int64)
-    logits[pairs[0], pairs[1]] = float("-inf")
-    return logits
+    return _minus_inf_at(logits, raw, index, tokens)
 
 
 def sampling_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -205,6 +200,14 @@ def _apply_min_tokens(
             if t < vocab_size:
                 row_idx.append(i)
                 tok_idx.append(t)
+    return _minus_inf_at(logits, raw, row_idx, tok_idx)
+
+
+def _minus_inf_at(logits: torch.Tensor, raw: torch.Tensor, row_idx: list[int],
+                  tok_idx: list[int]) -> torch.Tensor:
+    """`logits` with each (row_idx[i], tok_idx[i]) set to -inf, by one index copy and one
+    index_put; copied first where it is `raw` (the caller's unprocessed logits); `logits`
+    itself where there is no pair."""
     if not row_idx:
         return logits
     logits = logits.clone() if logits is raw else logits
