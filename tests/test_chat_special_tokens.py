@@ -14,7 +14,7 @@ from tiny_model import build_tiny_llama
 
 from pagedrt import LLM, SamplingParams
 from pagedrt.entrypoints.openai_server import OpenAIServer
-from pagedrt.entrypoints.protocol import ChatMessage
+from pagedrt.entrypoints.protocol import ChatMessage, TokenizeRequest
 
 BOS = 1
 CONVERSATION = [{"role": "user", "content": "name a planet"}]
@@ -76,8 +76,9 @@ def test_server_chat_prompts_hold_one_bos_unless_asked(bos_tokenizer):
     server = OpenAIServer(_InstantClient([]), bos_tokenizer, "m", None)
     messages = [ChatMessage(role="user", content="name a planet")]
     expected = _hf_chat_ids(bos_tokenizer, CONVERSATION)
-    assert asyncio.run(server._chat_prompt(messages, None, None)) == expected
+    assert asyncio.run(server._chat_prompt(TokenizeRequest(messages=messages))) == expected
     # vLLM's add_special_tokens=true asks for the tokenizer's own on top
-    assert asyncio.run(server._chat_prompt(messages, None, True)) == [BOS] + expected
+    assert asyncio.run(server._chat_prompt(TokenizeRequest(
+        messages=messages, add_special_tokens=True))) == [BOS] + expected
     # completions' prompt texts keep the tokenizer's default
     assert asyncio.run(server.prompt_input.encode(["hi there"], "prompt")) == [[BOS, 6, 7]]

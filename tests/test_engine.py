@@ -209,7 +209,7 @@ def test_chat_template_string_replaces_the_models(llm):
     assert chatted[0].outputs[0].token_ids == plain[0].outputs[0].token_ids
     assert chatted[0].prompt_token_ids != llm.chat(conversation, params, use_tqdm=False)[0] \
         .prompt_token_ids  # (the model's own template differs)
-    with pytest.raises(ValueError, match=r"^chat_template does not render: "):
+    with pytest.raises(ValueError, match=r"^chat_template does not parse: "):
         llm.chat(conversation, params, use_tqdm=False, chat_template="{% for %}")
     with pytest.raises(ValueError, match=r"^chat_template=5 must be a Jinja template string"):
         llm.apply_chat_template(conversation, chat_template=5)

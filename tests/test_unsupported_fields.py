@@ -92,9 +92,6 @@ def test_other_output_controls_of_openai_are_refused(body, field):
     ({"logits_processors": ["my.module:Proc"]}, "logits_processors"),
     ({"truncate_prompt_tokens": 10}, "truncate_prompt_tokens"),
     ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
-    ({"continue_final_message": True}, "continue_final_message"),
-    ({"chat_template": "{{ messages }}"}, "chat_template"),
-    ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
     ({"documents": [{"text": "x"}]}, "documents"),
     ({"mm_processor_kwargs": {"a": 1}}, "mm_processor_kwargs"),
     ({"return_tokens_as_token_ids": True}, "return_tokens_as_token_ids"),
@@ -226,9 +223,8 @@ def test_tokenize_takes_exactly_one_input(body, param):
 
 
 @pytest.mark.parametrize("body, field", [
-    ({"chat_template": "{{ messages }}"}, "chat_template"),
-    ({"continue_final_message": True}, "continue_final_message"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"documents": [{"text": "x"}]}, "documents"),
 ])
 def test_tokenize_refuses_what_the_chat_endpoint_refuses(body, field):
     """A template setting /tokenize ignored would give other ids than the chat endpoint."""
@@ -238,7 +234,22 @@ def test_tokenize_refuses_what_the_chat_endpoint_refuses(body, field):
     assert (e.value.status_code, e.value.param, e.value.code) == (
         400, field, "unsupported_parameter")
     assert "is not supported" in e.value.message
-    TokenizeRequest.model_validate({"messages": messages, "continue_final_message": False})
+
+
+TEMPLATE_FIELDS = {"chat_template": "{{ messages }}", "continue_final_message": True,
+                   "add_generation_prompt": False,
+                   "chat_template_kwargs": {"enable_thinking": False}}
+
+
+def test_chat_template_fields_are_served_on_chat_and_tokenize():
+    """vLLM's chat template fields reach the chat request and /tokenize's (rendered and
+    checked by chat_template.render_chat: tests/test_chat_template_fields.py); /v1/completions,
+    which renders no template, ignores them as vLLM does."""
+    chat = ChatCompletionRequest.model_validate({**CHAT, **TEMPLATE_FIELDS})
+    tokenize = TokenizeRequest.model_validate({**CHAT, **TEMPLATE_FIELDS})
+    for body in (chat, tokenize):
+        assert {name: getattr(body, name) for name in TEMPLATE_FIELDS} == TEMPLATE_FIELDS
+    CompletionRequest.model_validate({**COMPLETION, **TEMPLATE_FIELDS})
 
 
 def test_chat_echo_is_refused_and_false_is_accepted():

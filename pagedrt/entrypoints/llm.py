@@ -169,20 +169,26 @@ class LLM:
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
         """Apply the model's chat template (or `chat_template`, a Jinja template string, as in
         vLLM) to one conversation (a list of {"role", "content"}) or a list of
-        conversations, then generate."""
+        conversations, then generate. add_generation_prompt, continue_final_message and
+        chat_template_kwargs as in vLLM and on the server (`apply_chat_template`)."""
         if not messages:
             raise ValueError("messages is empty; give at least one {'role', 'content'} message")
+        template = {"add_generation_prompt": add_generation_prompt,
+                    "chat_template": chat_template,
+                    "continue_final_message": continue_final_message,
+                    "chat_template_kwargs": chat_template_kwargs}
         if isinstance(messages[0], dict):
-            prompts = [self.chat_prompt(messages, add_generation_prompt, chat_template)]
+            prompts = [self.chat_prompt(messages, **template)]
         else:
             prompts = []
             for i, conversation in enumerate(messages):
                 try:
-                    prompts.append(self.chat_prompt(conversation, add_generation_prompt,
-                                                    chat_template))
+                    prompts.append(self.chat_prompt(conversation, **template))
                 except ValueError as e:
                     raise ValueError(f"messages[{i}]: {e}") from None  # which conversation
         return self.generate(prompts, sampling_params, use_tqdm)
@@ -190,6 +196,7 @@ class LLM:
     def apply_chat_template(
         self, conversation: list[dict], add_generation_prompt: bool = True,
         chat_template: str | None = None, tokenize: bool = False,
+        continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
     ) -> str | list[int]:
         """The model's chat template (or `chat_template`, a Jinja template string, which
         transformers renders in its place) over one conversation, as text, or with
@@ -207,9 +214,19 @@ class LLM:
         as a dict, as transformers' tool-calling templates take them: given as OpenAI's JSON
         string (parsed; it must hold a JSON object) or already as a dict (transformers' form).
 
+        The rendering is the server's (pagedrt/entrypoints/chat_template.py, `render_chat`):
+        `add_generation_prompt` ends with the assistant's header; `continue_final_message`
+        leaves the last message (the assistant's) open so that the model continues it, and
+        needs add_generation_prompt=False; `chat_template_kwargs` are extra template
+        variables (Qwen3's {"enable_thinking": False}), none named as one of
+        apply_chat_template's own arguments, a variable transformers sets or a special token.
+
         Raises:
             ValueError: no tokenizer, or no chat template and none given; an empty
-                conversation; a template string that does not parse; a message that
+                conversation; a template string that does not parse or render (or the
+                model's template failing); chat_template_kwargs, continue_final_message or
+                add_generation_prompt as render_chat refuses them
+                (chat_template.ChatTemplateError, a ValueError); a message that
                 is not a dict with 'role' and 'content', whose role is not one of
                 protocol.CHAT_ROLES, whose content is not as above, or whose name,
                 tool_calls or tool_call_id the server would refuse.
@@ -221,9 +238,6 @@ class LLM:
         if chat_template is None and not getattr(tok, "chat_template", None):
             raise ValueError("this model has no chat template; pass chat_template (a Jinja "
                              "template string) or use generate() with plain prompts")
-        if chat_template is not None and not isinstance(chat_template, str):
-            raise ValueError(f"chat_template={short_repr(chat_template)} must be a Jinja "
-                             "template string")
         # (pydantic: only once chatting)
         from pydantic import ValidationError
 
@@ -262,15 +276,12 @@ class LLM:
                 raise ValueError(f"chat message {short_repr(m)}: {e.message}") from None
             except ValueError as e:  # (_arguments_as_json)
                 raise ValueError(f"chat message {short_repr(m)}: {e}") from None
-        from jinja2 import TemplateError
+        from pagedrt.entrypoints.chat_template import render_chat
 
-        try:
-            text = tok.apply_chat_template(rendered, tokenize=False, chat_template=chat_template,
-                                           add_generation_prompt=add_generation_prompt)
-        except TemplateError as e:
-            if chat_template is None:
-                raise
-            raise ValueError(f"chat_template does not render: {e}") from None
+        text = render_chat(tok, rendered, add_generation_prompt=add_generation_prompt,
+                           continue_final_message=continue_final_message,
+                           chat_template=chat_template,
+                           chat_template_kwargs=chat_template_kwargs)
         return self._chat_ids(text) if tokenize else text
 
     def _chat_ids(self, text: str) -> list[int]:
@@ -279,11 +290,14 @@ class LLM:
         return self.llm_engine.tokenizer.encode(text, add_special_tokens=False)
 
     def chat_prompt(self, conversation: list[dict], add_generation_prompt: bool = True,
-                    chat_template: str | None = None) -> dict:
+                    chat_template: str | None = None, continue_final_message: bool = False,
+                    chat_template_kwargs: dict | None = None) -> dict:
         """A conversation as a `generate` prompt: {"prompt": its text, "prompt_token_ids":
         its ids} (`apply_chat_template`, whose errors it raises; the ids without a second
         BOS)."""
-        text = self.apply_chat_template(conversation, add_generation_prompt, chat_template)
+        text = self.apply_chat_template(conversation, add_generation_prompt, chat_template,
+                                        continue_final_message=continue_final_message,
+                                        chat_template_kwargs=chat_template_kwargs)
         return {"prompt": text, "prompt_token_ids": self._chat_ids(text)}
 
     def stats(self) -> dict:

@@ -60,6 +60,7 @@ from starlette.exceptions import HTTPException
 from pagedrt.engine.bad_words import resolve_bad_words
 from pagedrt.engine.detokenizer import IncrementalDetokenizer
 from pagedrt.engine.validation import max_tokens_that_fit, validate_prompt
+from pagedrt.entrypoints.chat_template import ChatTemplateError, render_chat
 from pagedrt.entrypoints.core_client import EngineCoreClient, RequestRun, RequestState
 from pagedrt.entrypoints.guards import HttpOptions, install_guards
 from pagedrt.entrypoints.metrics import CONTENT_TYPE, ServerMetrics
@@ -338,8 +339,7 @@ class OpenAIServer:
     async def chat_completions(self, request: Request) -> Response:
         arrival_time = time.monotonic()
         body: ChatCompletionRequest = await self.parse(request, ChatCompletionRequest)
-        prompts = [await self._chat_prompt(body.messages, body.add_generation_prompt,
-                                           body.add_special_tokens)]
+        prompts = [await self._chat_prompt(body)]
         max_tokens = body.max_completion_tokens
         if max_tokens is None:
             max_tokens = body.max_tokens
@@ -370,35 +370,42 @@ class OpenAIServer:
         self._validate(prompts, params, "messages")
         return await self._respond(request, "chat", body, prompts, params, arrival_time)
 
-    async def _chat_prompt(self, messages: list, add_generation_prompt: bool | None,
-                           add_special_tokens: bool | None) -> list[int]:
-        """The token ids of a chat (`ChatMessage`s) through the model's chat template, as
-        /v1/chat/completions and /tokenize make them; APIError(400) for no messages, no
-        template, a template that fails, or a text too long."""
+    async def _chat_prompt(self, body: ChatCompletionRequest | TokenizeRequest) -> list[int]:
+        """The token ids of a chat (`ChatMessage`s) through the model's chat template or the
+        request's `chat_template`, with its chat_template_kwargs, add_generation_prompt
+        (default true) and continue_final_message (chat_template.render_chat's rule, which
+        LLM.chat shares), as /v1/chat/completions and /tokenize make them; APIError(400)
+        naming the field for no messages, no template, a template that fails, a bad
+        combination of those fields, or a text too long."""
+        messages = body.messages
         if not messages:
             raise APIError(400, "messages is empty; give at least one message", param="messages")
         tok = self.tokenizer
-        if tok is None or not getattr(tok, "chat_template", None):
-            raise APIError(400, "this model has no chat template; use /v1/completions",
-                           param="messages")
+        if tok is None:
+            raise APIError(400, "this model has no tokenizer, so no chat template; use "
+                           "/v1/completions with token ids", param="messages")
+        if body.chat_template is None and not getattr(tok, "chat_template", None):
+            raise APIError(400, "this model has no chat template; use /v1/completions or "
+                           "send chat_template", param="messages")
         conversation = [m.to_template_dict() for m in messages]
         self.prompt_input.check_length(sum(len(m["content"]) for m in conversation), "messages")
         try:
-            text = tok.apply_chat_template(conversation, tokenize=False,
-                                           add_generation_prompt=add_generation_prompt is not False)
-        except Exception as e:  # noqa: BLE001 - a template may refuse a role order or name
-            raise APIError(400, f"chat template failed: {e}", param="messages") from None
+            text = render_chat(
+                tok, conversation, add_generation_prompt=body.add_generation_prompt is not False,
+                continue_final_message=bool(body.continue_final_message),
+                chat_template=body.chat_template, chat_template_kwargs=body.chat_template_kwargs)
+        except ChatTemplateError as e:
+            raise APIError(400, str(e), param=e.param) from None
         # (the template writes its own special tokens: none added unless asked, as in vLLM)
         return (await self.prompt_input.encode([text], "messages",
-                                               bool(add_special_tokens)))[0]
+                                               bool(body.add_special_tokens)))[0]
 
     async def tokenize(self, request: Request) -> Response:
         """POST /tokenize: {"tokens", "count", "max_model_len"} for a prompt or a chat, in this
         process (no engine round trip)."""
         body: TokenizeRequest = await self.parse(request, TokenizeRequest)
         if body.messages is not None:
-            tokens = await self._chat_prompt(body.messages, body.add_generation_prompt,
-                                             body.add_special_tokens)
+            tokens = await self._chat_prompt(body)
         else:
             tokens = (await self.prompt_input.encode([body.prompt], "prompt",
                                                      body.add_special_tokens,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -369,13 +369,19 @@ class ChatMessage(_Body):
 
 
 class ChatCompletionRequest(_SamplingRequest):
-    """POST /v1/chat/completions."""
+    """POST /v1/chat/completions. vLLM's chat template fields: add_generation_prompt (default
+    true), continue_final_message (default false; needs add_generation_prompt false),
+    chat_template (a Jinja string in place of the model's) and chat_template_kwargs (the
+    template's extra variables), rendered by chat_template.render_chat, which checks them."""
 
     messages: list[ChatMessage]
     logprobs: bool | None = None
     top_logprobs: int | None = None
     max_completion_tokens: int | None = None
     add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -392,15 +398,19 @@ class ChatCompletionRequest(_SamplingRequest):
 class TokenizeRequest(_RefusesUnsupported):
     """POST /tokenize (vLLM's): the token ids of `prompt` as /v1/completions makes them, or of
     `messages` through the chat template as /v1/chat/completions does (exactly one of the
-    two); add_generation_prompt only with messages; return_token_strs adds each id's token
-    string. The fields the chat endpoint refuses (a template of one's own, tools,
-    continue_final_message, ...: pagedrt/entrypoints/unsupported_fields.py) are refused
-    here too."""
+    two); the chat template fields (add_generation_prompt, continue_final_message,
+    chat_template, chat_template_kwargs: ChatCompletionRequest) only with messages;
+    return_token_strs adds each id's token string. The fields the chat endpoint refuses
+    (tools, documents, ...: pagedrt/entrypoints/unsupported_fields.py) are refused here
+    too."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool | None = None
     return_token_strs: bool | None = None
 
@@ -409,9 +419,11 @@ class TokenizeRequest(_RefusesUnsupported):
         if (self.prompt is None) == (self.messages is None):
             raise APIError(400, "give exactly one of prompt (a string) and messages (a chat)",
                            param="prompt" if self.prompt is not None else "messages")
-        if self.add_generation_prompt is not None and self.messages is None:
-            raise APIError(400, "add_generation_prompt goes with messages, not prompt",
-                           param="add_generation_prompt")
+        if self.messages is None:
+            for name in ("add_generation_prompt", "continue_final_message", "chat_template",
+                         "chat_template_kwargs"):
+                if getattr(self, name) is not None:
+                    raise APIError(400, f"{name} goes with messages, not prompt", param=name)
         return self
 
 

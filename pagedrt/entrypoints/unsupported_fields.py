@@ -13,6 +13,11 @@ Accepted and ignored, since they change neither the tokens nor the response's sh
 `safety_identifier`, and vLLM's `priority`, `request_id`, `cache_salt`,
 `kv_transfer_params`, `vllm_xargs`, `include_reasoning`. Any other unknown field is ignored
 too, so that clients sending fields newer than this table keep working.
+
+vLLM's chat template fields (chat_template, chat_template_kwargs, continue_final_message,
+add_generation_prompt) are served by /v1/chat/completions and /tokenize
+(pagedrt/entrypoints/chat_template.py); /v1/completions, which renders no template, ignores
+them as vLLM does.
 """
 
 from __future__ import annotations
@@ -69,9 +74,6 @@ _REFUSED: dict[str, tuple[Callable[[object, dict], bool], str]] = {
     "logits_processors": (_equals([]), "no custom logits processors"),
     "truncate_prompt_tokens": (_never, "prompts are not truncated"),
     "spaces_between_special_tokens": (_equals(True), "true only"),
-    "continue_final_message": (_equals(False), "false only"),
-    "chat_template": (_never, "the model's own chat template only"),
-    "chat_template_kwargs": (_equals({}), "no chat template arguments"),
     "documents": (_equals([]), "no documents for the chat template"),
     "mm_processor_kwargs": (_equals({}), "text models only"),
     "return_tokens_as_token_ids": (_equals(False), "false only"),
