@@ -18,7 +18,10 @@ from tiny_model import build_tiny_llama
 
 from pagedrt import LLM, SamplingParams
 from pagedrt.entrypoints.chat_template import reserved_template_kwargs
+from pagedrt.entrypoints.guards import HttpOptions
 from pagedrt.entrypoints.openai_server import build_app
+
+TRUSTED = HttpOptions(trust_request_chat_template=True)  # (--trust-request-chat-template)
 
 # a Qwen3-like template: enable_thinking=false writes an empty think block after the header
 TEMPLATE = (
@@ -62,7 +65,7 @@ CONTINUATION = " three."
 @pytest.fixture(scope="module")
 def http(tok):
     client = _Client(tok.encode(CONTINUATION))
-    return TestClient(build_app(client, tok, "m"), base_url="http://127.0.0.1")
+    return TestClient(build_app(client, tok, "m", TRUSTED), base_url="http://127.0.0.1")
 
 
 def _rendered(http, tok, messages: list, **extra) -> str:
@@ -186,7 +189,8 @@ def test_the_model_without_a_template_takes_a_request_template(tok):
 
     untemplated = copy.deepcopy(tok)
     untemplated.chat_template = None
-    http = TestClient(build_app(_Client([]), untemplated, "m"), base_url="http://127.0.0.1")
+    http = TestClient(build_app(_Client([]), untemplated, "m", TRUSTED),
+                      base_url="http://127.0.0.1")
     r = http.post("/tokenize", json={"messages": CHAT})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
     assert "send chat_template" in r.json()["error"]["message"]
@@ -244,3 +248,16 @@ def test_llm_refuses_what_the_server_refuses(llm, fields, match):
         llm.chat(PARTIAL, SamplingParams(max_tokens=1), use_tqdm=False, **fields)
     with pytest.raises(ValueError, match=r"^messages\[0\]: " + match[1:]):
         llm.chat([PARTIAL, PARTIAL], SamplingParams(max_tokens=1), use_tqdm=False, **fields)
+
+
+@pytest.mark.parametrize("path", ["/tokenize", "/v1/chat/completions"])
+def test_a_request_template_needs_a_trusting_server(tok, path):
+    """Without --trust-request-chat-template a request's chat_template is a 400 naming it
+    (client-supplied Jinja is not run), as in vLLM; the model's own template still serves."""
+    http = TestClient(build_app(_Client(tok.encode(CONTINUATION)), tok, "m"),
+                      base_url="http://127.0.0.1")
+    r = http.post(path, json={"messages": CHAT, "chat_template": OTHER, "max_tokens": 2})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "chat_template"
+    assert "--trust-request-chat-template" in r.json()["error"]["message"]
+    assert http.post(path, json={"messages": CHAT, "max_tokens": 2}).status_code == 200

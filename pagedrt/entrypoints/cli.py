@@ -187,6 +187,9 @@ def build_parser() -> ArgumentParser:
     s.add_argument("--shutdown-timeout", type=float, default=4.0,
                    help="seconds open requests get to finish after SIGTERM before their "
                         "streams end with an error event; 0: at once (default: %(default)s)")
+    s.add_argument("--trust-request-chat-template", action="store_true",
+                   help="run a chat request's own chat_template (client-supplied Jinja, "
+                        "rendered in the API process); without it such a request is a 400")
     s.add_argument("--served-model-name", default=None)
     s.add_argument("--api-server-count", type=int, default=None,
                    help="HTTP front-end processes sharing the port (tokenize, detokenize, SSE); "

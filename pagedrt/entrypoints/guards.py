@@ -67,6 +67,9 @@ class HttpOptions:
         read_timeout_s: seconds a client has to send a request's headers, and again its body.
         shutdown_timeout_s: seconds open requests get to finish after SIGTERM.
         max_prompts_per_request: most sequences (prompts x n) in one request.
+        trust_request_chat_template: run a request's own `chat_template` (client-supplied
+            Jinja, rendered in the API process); off by default, as vLLM's
+            --trust-request-chat-template: such a request is then a 400.
     """
 
     allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
@@ -76,6 +79,7 @@ class HttpOptions:
     read_timeout_s: float = 30.0
     shutdown_timeout_s: float = 4.0
     max_prompts_per_request: int = 256
+    trust_request_chat_template: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_request_bytes", "max_prompts_per_request"):

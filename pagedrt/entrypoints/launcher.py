@@ -68,7 +68,9 @@ def http_options(args) -> HttpOptions:
                        api_key=args.api_key, max_request_bytes=args.max_request_bytes,
                        read_timeout_s=args.read_timeout,
                        shutdown_timeout_s=args.shutdown_timeout,
-                       max_prompts_per_request=args.max_prompts_per_request)
+                       max_prompts_per_request=args.max_prompts_per_request,
+                       trust_request_chat_template=bool(
+                           getattr(args, "trust_request_chat_template", False)))
 
 
 def run_server(args) -> int:

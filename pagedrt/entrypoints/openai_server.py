@@ -216,7 +216,9 @@ class OpenAIServer:
     """Turns validated bodies into engine requests and engine outputs into OpenAI responses."""
 
     def __init__(self, client: EngineCoreClient, tokenizer, served_model_name: str,
-                 max_prompts_per_request: int = HttpOptions.max_prompts_per_request) -> None:
+                 max_prompts_per_request: int = HttpOptions.max_prompts_per_request,
+                 trust_request_chat_template: bool = False) -> None:
+        self.trust_request_chat_template = trust_request_chat_template
         self.client, self.tokenizer = client, tokenizer
         self.limits = client.info.limits
         self.served_model_name = served_model_name
@@ -384,6 +386,11 @@ class OpenAIServer:
         if tok is None:
             raise APIError(400, "this model has no tokenizer, so no chat template; use "
                            "/v1/completions with token ids", param="messages")
+        if body.chat_template is not None and not self.trust_request_chat_template:
+            raise APIError(400, "a request's chat_template runs only on a server started with "
+                           "--trust-request-chat-template (it is client-supplied Jinja); "
+                           "leave chat_template out to use the model's template",
+                           param="chat_template")
         if body.chat_template is None and not getattr(tok, "chat_template", None):
             raise APIError(400, "this model has no chat template; use /v1/completions or "
                            "send chat_template", param="messages")
@@ -545,7 +552,8 @@ def build_app(client: EngineCoreClient, tokenizer, served_model_name: str,
     metrics = ServerMetrics()
     client.metrics = metrics
     metrics.bind(client.snapshot)
-    server = OpenAIServer(client, tokenizer, served_model_name, options.max_prompts_per_request)
+    server = OpenAIServer(client, tokenizer, served_model_name, options.max_prompts_per_request,
+                          options.trust_request_chat_template)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
