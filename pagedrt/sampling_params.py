@@ -96,6 +96,14 @@ class SamplingParams:
             bad_words, it is taken as their tokenization: the words are not tokenized again).
             A list of non-empty lists of token ids (ints >= 0, within the vocabulary); None (or
             empty, stored as None): none. Not with beam search.
+        truncate_prompt_tokens: vLLM's left truncation of the tokenized prompt: an int k >= 1
+            keeps only its last k tokens (a prompt of k tokens or fewer is unchanged); -1 keeps
+            the most that leave room for max_tokens (`validation.truncate_prompt`: the last
+            min(max_model_len, KV cache tokens) - max_tokens, with max_tokens=None counted as
+            1); None: no truncation. Applied after tokenization (after the chat template in
+            `LLM.chat` and on the server's chat endpoint), before the prompt is checked, so
+            the truncated prompt is what runs, what prompt_logprobs score and what
+            `RequestOutput.prompt_token_ids` holds.
 
     Raises:
         ValueError: from `__post_init__`, naming the field, the value and the allowed range;
@@ -126,6 +134,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     bad_words_token_ids: list[list[int]] | None = None
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         self.output_kind = _as_output_kind(self.output_kind)
@@ -189,6 +198,7 @@ class SamplingParams:
                                      or not 0 <= prompt_k <= 20):
             raise ValueError(f"prompt_logprobs={short_repr(prompt_k)} must be None or an int in "
                              "[0, 20]")
+        check_truncate_prompt_tokens(self.truncate_prompt_tokens)
         self._check_token_controls()
         self._check_bad_words()
         if self.beam_search is not None:
@@ -309,6 +319,15 @@ class SamplingParams:
         the logits before sampling."""
         return (self.logit_bias is not None or self.allowed_token_ids is not None
                 or self.bad_words_token_ids is not None)
+
+
+def check_truncate_prompt_tokens(value) -> None:
+    """ValueError naming the field unless `value` is None, -1 or an int >= 1 (not a bool)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not (value == -1 or 1 <= value < 2**63)):
+        raise ValueError(f"truncate_prompt_tokens={short_repr(value)} must be None (no "
+                         "truncation), an int k >= 1 (keep the prompt's last k tokens) or -1 "
+                         "(keep the most that leave room for max_tokens)")
 
 
 @dataclass(frozen=True)

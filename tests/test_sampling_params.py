@@ -84,3 +84,29 @@ def test_engine_config_takes_numpy_ints():
     from pagedrt.config import EngineConfig
 
     assert EngineConfig(num_kv_blocks=np.int64(5)).num_kv_blocks == 5
+
+
+@pytest.mark.parametrize("value", [0, -2, 1.5, True, "3", 2**63])
+def test_bad_truncate_prompt_tokens_is_a_value_error_naming_the_field(value):
+    with pytest.raises(ValueError, match=r"^truncate_prompt_tokens=.* must be None .*-1"):
+        SamplingParams(truncate_prompt_tokens=value)
+
+
+def test_truncate_prompt_keeps_the_last_tokens():
+    from pagedrt.engine.validation import EngineLimits, truncate_prompt
+
+    limits = EngineLimits(vocab_size=100, max_model_len=10, num_blocks=4, block_size=4,
+                          max_num_seqs=4)  # the KV cache holds 16 tokens, more than 10
+    ids = list(range(20))
+    for k in (None, -1, 1, 3, 20, 25):
+        SamplingParams(truncate_prompt_tokens=k)  # (all accepted)
+    assert truncate_prompt(ids, None, 4, limits) is ids
+    assert truncate_prompt(ids, 3, 4, limits) == [17, 18, 19]
+    assert truncate_prompt(ids, 1, None, limits) == [19]
+    assert truncate_prompt(ids, 20, 4, limits) is ids  # k >= the prompt: unchanged
+    assert truncate_prompt(ids, 25, 4, limits) is ids
+    assert truncate_prompt(ids, -1, 4, limits) == ids[-6:]  # max_model_len - max_tokens
+    assert truncate_prompt(ids, -1, None, limits) == ids[-9:]  # room for one token
+    assert truncate_prompt(ids, -1, 50, limits) == ids[-1:]  # at least one token
+    small = limits._replace(num_blocks=2)  # the cache holds 8 tokens
+    assert truncate_prompt(ids, -1, 4, small) == ids[-4:]

@@ -90,11 +90,9 @@ def test_other_output_controls_of_openai_are_refused(body, field):
     ({"best_of": 3}, "best_of"),
     ({"best_of": 2, "n": 1}, "best_of"),
     ({"logits_processors": ["my.module:Proc"]}, "logits_processors"),
-    ({"truncate_prompt_tokens": 10}, "truncate_prompt_tokens"),
     ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
     ({"documents": [{"text": "x"}]}, "documents"),
     ({"mm_processor_kwargs": {"a": 1}}, "mm_processor_kwargs"),
-    ({"return_tokens_as_token_ids": True}, "return_tokens_as_token_ids"),
     ({"return_token_ids": True}, "return_token_ids"),
 ])
 def test_vllm_extensions_not_built_are_refused(body, field):
@@ -119,6 +117,8 @@ def test_continuous_usage_stats_is_refused_naming_the_key():
     {"best_of": 1}, {"best_of": 2, "n": 2}, {"logits_processors": []},
     {"spaces_between_special_tokens": True}, {"continue_final_message": False},
     {"chat_template_kwargs": {}}, {"return_tokens_as_token_ids": False},
+    {"return_tokens_as_token_ids": True}, {"truncate_prompt_tokens": 10},
+    {"truncate_prompt_tokens": -1},
     {"stream_options": {"include_usage": True, "continuous_usage_stats": False}},
     {"tools": None, "response_format": None, "guided_json": None},  # null: not set
 ])
@@ -314,3 +314,20 @@ def test_a_bad_prompt_in_a_batch_is_named_by_its_index(smollm2):
     with pytest.raises(APIError) as e:
         server._validate([[]], params, "prompt")
     assert e.value.message == "prompt is empty; give at least one token"
+
+
+def test_truncate_prompt_tokens_reaches_sampling_params_and_bad_values_are_a_400():
+    for model, base in ((CompletionRequest, COMPLETION), (ChatCompletionRequest, CHAT)):
+        body = model.model_validate({**base, "truncate_prompt_tokens": 7})
+        assert body.to_sampling_params(4, None).truncate_prompt_tokens == 7
+        for bad in (0, -2):
+            body = model.model_validate({**base, "truncate_prompt_tokens": bad})
+            with pytest.raises(ValueError) as e:
+                body.to_sampling_params(4, None)
+            error = api_error_from_value_error(e.value, "prompt")
+            assert error.param == "truncate_prompt_tokens", error.message
+            assert "k >= 1" in error.message
+        for bad in (True, 1.5, "3"):  # (strict: not an int)
+            with pytest.raises(ValidationError) as e:
+                model.model_validate({**base, "truncate_prompt_tokens": bad})
+            assert api_error_from_validation(e.value).param == "truncate_prompt_tokens"

@@ -51,7 +51,12 @@ from pagedrt.engine.detokenizer import IncrementalDetokenizer
 from pagedrt.engine.model_runner import LaunchedStep
 from pagedrt.engine.profiling import StepClock
 from pagedrt.engine.scheduler import Scheduler
-from pagedrt.engine.validation import EngineLimits, resolve_max_tokens, validate_prompt
+from pagedrt.engine.validation import (
+    EngineLimits,
+    resolve_max_tokens,
+    truncate_prompt,
+    validate_prompt,
+)
 from pagedrt.env_flags import check_environment, env_flag
 from pagedrt.kv.kv_cache import KVCacheSpec, kv_cache_torch_dtype
 from pagedrt.kv.kv_cache_manager import KVCacheManager
@@ -241,6 +246,7 @@ class LLMEngine:
             token_ids = self.tokenize(prompt)
         else:
             token_ids = list(prompt)
+        token_ids, text = self.truncate_prompt(token_ids, params, text)
         params = self.resolve_bad_words(params)
         params = self.resolve_max_tokens(token_ids, params)
         self.validate_prompt(token_ids, params)
@@ -274,6 +280,21 @@ class LLMEngine:
         """See `pagedrt.engine.bad_words.resolve_bad_words` (bad_words turned into token ids
         with this model's tokenizer; raises ValueError where it has none)."""
         return resolve_bad_words(params, self.tokenizer)
+
+    def truncate_prompt(self, token_ids: list[int], params: SamplingParams,
+                        text: str | None = None) -> tuple[list[int], str | None]:
+        """(token ids, text) as `params.truncate_prompt_tokens` leaves them
+        (`pagedrt.engine.validation.truncate_prompt`): a truncated prompt's text is its
+        tokens' text (None without a tokenizer), so that `RequestOutput.prompt` matches
+        `prompt_token_ids`. Raises ValueError for a bad truncate_prompt_tokens."""
+        if params.truncate_prompt_tokens is None:
+            return token_ids, text
+        params.__post_init__()  # (a value assigned after construction is checked too)
+        kept = truncate_prompt(token_ids, params.truncate_prompt_tokens, params.max_tokens,
+                               self.limits)
+        if len(kept) == len(token_ids):
+            return token_ids, text
+        return kept, None if self.tokenizer is None else self.tokenizer.decode(kept)
 
     def resolve_max_tokens(self, token_ids: list[int], params: SamplingParams) -> SamplingParams:
         """See `pagedrt.engine.validation.resolve_max_tokens` (max_tokens=None set for this

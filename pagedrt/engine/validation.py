@@ -64,6 +64,23 @@ def resolve_max_tokens(token_ids: list[int], params: SamplingParams,
     return dataclasses.replace(params, max_tokens=max_tokens_that_fit(len(token_ids), limits))
 
 
+def truncate_prompt(token_ids: list[int], truncate_prompt_tokens: int | None,
+                    max_tokens: int | None, limits: EngineLimits) -> list[int]:
+    """`token_ids` as `SamplingParams.truncate_prompt_tokens` (already checked) leaves them,
+    vLLM's left truncation: their last k tokens for k >= 1; for -1, their last
+    min(max_model_len, KV cache tokens) - max_tokens (max_tokens=None counted as 1; at least
+    1 token), so that the prompt fits with its max_tokens; unchanged for None or a prompt no
+    longer than that. Call before `resolve_max_tokens` and `validate_prompt` (LLM.generate,
+    LLMEngine.add_request and the server do)."""
+    k = truncate_prompt_tokens
+    if k is None:
+        return token_ids
+    if k == -1:
+        room = min(limits.max_model_len, limits.kv_capacity_tokens)
+        k = max(1, room - (1 if max_tokens is None else max_tokens))
+    return token_ids[-k:] if len(token_ids) > k else token_ids
+
+
 def validate_prompt(token_ids: list[int], params: SamplingParams, limits: EngineLimits) -> None:
     """Check a tokenized prompt with its sampling params against the engine's limits.
 

@@ -111,6 +111,7 @@ class LLM:
                     f"sampling_params entry {short_repr(params)} is not a SamplingParams")
             try:
                 text, token_ids = self._tokenize(prompt)
+                token_ids, text = engine.truncate_prompt(token_ids, params, text)
                 if params.bad_words is not None:
                     key = id(params)
                     if key not in resolved:

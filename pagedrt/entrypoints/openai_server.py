@@ -59,7 +59,7 @@ from starlette.exceptions import HTTPException
 
 from pagedrt.engine.bad_words import resolve_bad_words
 from pagedrt.engine.detokenizer import IncrementalDetokenizer
-from pagedrt.engine.validation import max_tokens_that_fit, validate_prompt
+from pagedrt.engine.validation import max_tokens_that_fit, truncate_prompt, validate_prompt
 from pagedrt.entrypoints.chat_template import ChatTemplateError, render_chat
 from pagedrt.entrypoints.core_client import EngineCoreClient, RequestRun, RequestState
 from pagedrt.entrypoints.guards import HttpOptions, install_guards
@@ -77,7 +77,12 @@ from pagedrt.entrypoints.protocol import (
 )
 from pagedrt.entrypoints.response import ResponseBuilder, StreamState
 from pagedrt.outputs import CompletionOutput, RequestOutput
-from pagedrt.sampling_params import SamplingParams, short_repr, short_text
+from pagedrt.sampling_params import (
+    SamplingParams,
+    check_truncate_prompt_tokens,
+    short_repr,
+    short_text,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -310,18 +315,23 @@ class OpenAIServer:
             prompts = [list(prompt)]
         else:
             prompts = [list(p) for p in prompt]
+        untruncated = prompts
+        prompts = [truncate_prompt(p, params.truncate_prompt_tokens, params.max_tokens,
+                                   self.limits) for p in prompts]
         if echo_only:
             self._check_echo_only_fits(prompts)
         params = self._resolve_bad_words(params, "prompt")
         self._validate(prompts, params, "prompt")
         echo = None
-        if body.echo:  # the prompt's text as sent; token ids decoded
+        if body.echo:  # the prompt's text as sent; token ids (and truncated prompts) decoded
             if isinstance(prompt, str):
                 echo = [prompt]
             elif isinstance(prompt[0], str):
                 echo = list(prompt)
             else:
                 echo = [self._decode(ids) for ids in prompts]
+            echo = [text if kept is whole else self._decode(kept)
+                    for text, kept, whole in zip(echo, prompts, untruncated)]
         return await self._respond(request, "completion", body, prompts, params, arrival_time,
                                    echo, echo_only)
 
@@ -345,6 +355,13 @@ class OpenAIServer:
         max_tokens = body.max_completion_tokens
         if max_tokens is None:
             max_tokens = body.max_tokens
+        if body.truncate_prompt_tokens is not None:  # (before the default max_tokens below)
+            try:
+                check_truncate_prompt_tokens(body.truncate_prompt_tokens)
+            except ValueError as e:
+                raise api_error_from_value_error(e, "messages") from None
+            prompts = [truncate_prompt(prompts[0], body.truncate_prompt_tokens, max_tokens,
+                                       self.limits)]
         if max_tokens is None:  # as much as fits (OpenAI's default for chat)
             max_tokens = max_tokens_that_fit(len(prompts[0]), self.limits)
         if body.logprobs:
@@ -445,30 +462,33 @@ class OpenAIServer:
                        params: SamplingParams, arrival_time: float,
                        echo: list[str] | None = None, echo_only: bool = False) -> Response:
         base_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        builder = self.builder.for_request(body.return_tokens_as_token_ids)
         run = _Run(self.client, self.tokenizer, request, base_id, prompts, params,
                    arrival_time, stream=bool(body.stream), echo=echo, echo_only=echo_only)
         num_top = params.logprobs or 0
         if body.stream:
             return StreamingResponse(self._stream(run, kind, base_id, body.include_usage,
-                                                  num_top),
+                                                  num_top, builder),
                                      media_type="text/event-stream", headers=_SSE_HEADERS)
         async with run:
             while not run.finished:
                 await run.wait()
                 if run.gone:  # the client is gone; nobody reads this
                     return Response(status_code=499)
-        return JSONResponse(self.builder.full_response(
+        return JSONResponse(builder.full_response(
             kind, base_id, run.final_outputs(), params.n, echo=echo is not None,
             num_top=num_top, prompt_logprobs=body.prompt_logprobs))
 
     async def _stream(self, run: _Run, kind: str, base_id: str, include_usage: bool,
-                      num_top: int = 0):
+                      num_top: int = 0, builder: ResponseBuilder | None = None):
         """Server-sent events; requests are added only once the response streams, so a client
         that leaves before the first byte never starts one. Each wake-up sends everything that
         arrived since the last one, in one write. With echo, each choice's first chunk leads
-        with its prompt (and the prompt's logprobs, num_top per token, where asked)."""
+        with its prompt (and the prompt's logprobs, num_top per token, where asked). builder:
+        the request's (`ResponseBuilder.for_request`), else the server's."""
         echo = None if run.echo is None else list(zip(run.echo, run.prompts))
-        stream: StreamState = self.builder.stream(kind, base_id, run.params.n, len(run.prompts),
+        builder = self.builder if builder is None else builder
+        stream: StreamState = builder.stream(kind, base_id, run.params.n, len(run.prompts),
                                                   echo, num_top)
         try:
             async with run:

@@ -155,7 +155,10 @@ class _SamplingRequest(_RefusesUnsupported):
     bad_words vLLM's list of words that may not be generated (tokenized by the API process:
     `pagedrt.engine.bad_words.resolve_bad_words`); add_special_tokens (vLLM's) is passed to
     the tokenizer for prompt texts (None: the tokenizer's default on completions; false on
-    chat, whose template writes its own).
+    chat, whose template writes its own). truncate_prompt_tokens (vLLM's): keep the last k
+    tokens of each tokenized prompt (after the chat template on chat; -1: the most that leave
+    room for max_tokens; `SamplingParams.truncate_prompt_tokens`). return_tokens_as_token_ids
+    (vLLM's): logprobs name tokens as "token_id:{id}" (`ResponseBuilder`).
     """
 
     model: str | None = None
@@ -186,6 +189,8 @@ class _SamplingRequest(_RefusesUnsupported):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     add_special_tokens: bool | None = None
+    truncate_prompt_tokens: int | None = None
+    return_tokens_as_token_ids: bool | None = None
 
     def to_sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """Raises ValueError (from SamplingParams or BeamSearchParams) naming the field and
@@ -195,7 +200,7 @@ class _SamplingRequest(_RefusesUnsupported):
             "n", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
             "frequency_penalty", "repetition_penalty", "stop", "stop_token_ids", "min_tokens",
             "ignore_eos", "skip_special_tokens", "include_stop_str_in_output",
-            "allowed_token_ids", "bad_words")}
+            "allowed_token_ids", "bad_words", "truncate_prompt_tokens")}
         given["logit_bias"] = _token_id_keys(self.logit_bias)
         kwargs = {name: value for name, value in given.items() if value is not None}
         if self.prompt_logprobs is not None:

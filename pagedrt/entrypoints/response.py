@@ -17,10 +17,18 @@ for the first, then {token id as a string: {"logprob", "rank", "decoded_token"}}
 prompt token and the asked number of most likely tokens at its position; on each completion
 choice (and at the top of a completion response with one prompt), at the top of a chat
 response.
+
+Token ids as tokens (vLLM's `return_tokens_as_token_ids`): every token of the logprobs (the
+chosen and the top_logprobs ones, echoed prompt tokens too) is named "token_id:{id}" instead
+of its text, so that a client gets the id of a token whose text is not valid UTF-8 on its own;
+chat's `bytes` are then that string's UTF-8 bytes (as in vLLM). text_offset still counts the
+tokens' text (vLLM counts the "token_id:..." strings, which are not in the text). Prompt
+logprobs' `decoded_token` stays the text (vLLM's).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 
@@ -42,6 +50,20 @@ class ResponseBuilder:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self._token_texts: dict[int, str] = {}
+        self.as_token_ids = False
+
+    def for_request(self, return_tokens_as_token_ids: bool | None) -> ResponseBuilder:
+        """This builder, or one sharing its text cache that names the logprobs' tokens
+        "token_id:{id}" (`token_label`)."""
+        if not return_tokens_as_token_ids:
+            return self
+        builder = copy.copy(self)  # (shallow: the cache dict is shared)
+        builder.as_token_ids = True
+        return builder
+
+    def token_label(self, token_id: int) -> str:
+        """How logprobs name a token: its text, or "token_id:{id}" (as_token_ids)."""
+        return f"token_id:{token_id}" if self.as_token_ids else self.token_text(token_id)
 
     def token_text(self, token_id: int) -> str:
         text = self._token_texts.get(token_id)
@@ -61,9 +83,9 @@ class ResponseBuilder:
         pairs = e.top_logprobs if num_top is None else e.top_logprobs[:num_top]
         top: dict[str, float] = {}
         for t, lp in pairs:
-            top.setdefault(self.token_text(t), _finite(lp))
+            top.setdefault(self.token_label(t), _finite(lp))
         if all(t != e.token_id for t, _ in pairs):
-            top.setdefault(self.token_text(e.token_id), _finite(e.logprob))
+            top.setdefault(self.token_label(e.token_id), _finite(e.logprob))
         return top
 
     def completion_logprobs(self, entries: list[TokenLogprobs], text_offset: int) -> dict:
@@ -71,18 +93,17 @@ class ResponseBuilder:
         (the k most likely and the sampled token: `top_with_chosen`)."""
         tokens, token_logprobs, top, offsets = [], [], [], []
         for e in entries:
-            text = self.token_text(e.token_id)
-            tokens.append(text)
+            tokens.append(self.token_label(e.token_id))
             token_logprobs.append(_finite(e.logprob))
             top.append(self.top_with_chosen(e))
             offsets.append(text_offset)
-            text_offset += len(text)
+            text_offset += len(self.token_text(e.token_id))
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top,
                 "text_offset": offsets}
 
     def chat_logprobs(self, entries: list[TokenLogprobs]) -> dict:
         def item(token_id: int, logprob: float) -> dict:
-            text = self.token_text(token_id)
+            text = self.token_label(token_id)
             return {"token": text, "logprob": _finite(logprob), "bytes": list(text.encode())}
 
         content = []
@@ -109,7 +130,7 @@ class ResponseBuilder:
         for j, token_id in enumerate(token_ids):
             text = self.token_text(token_id)
             e = entries[j] if entries is not None and j < len(entries) else None
-            tokens.append(text)
+            tokens.append(self.token_label(token_id))
             token_logprobs.append(None if e is None else _finite(e.logprob))
             top.append(None if e is None else self.top_with_chosen(e, num_top))
             offsets.append(offset)
@@ -281,7 +302,8 @@ class StreamState:
         self.finished[index] = o.finished
         logprobs = self.builder._logprobs(self.kind, new_logprobs, self.text_offsets[index])
         if logprobs is not None and self.kind != "chat":
-            self.text_offsets[index] += sum(len(t) for t in logprobs["tokens"])
+            self.text_offsets[index] += sum(len(self.builder.token_text(e.token_id))
+                                            for e in new_logprobs)
         if echo_logprobs is not None:
             logprobs = _joined(echo_logprobs, logprobs)
         choice = {"index": index, "logprobs": logprobs, "finish_reason": o.finish_reason}

@@ -72,11 +72,9 @@ _REFUSED: dict[str, tuple[Callable[[object, dict], bool], str]] = {
     "guided_whitespace_pattern": (_never, "no guided decoding"),
     "structured_outputs": (_never, "no guided decoding"),
     "logits_processors": (_equals([]), "no custom logits processors"),
-    "truncate_prompt_tokens": (_never, "prompts are not truncated"),
     "spaces_between_special_tokens": (_equals(True), "true only"),
     "documents": (_equals([]), "no documents for the chat template"),
     "mm_processor_kwargs": (_equals({}), "text models only"),
-    "return_tokens_as_token_ids": (_equals(False), "false only"),
     "return_token_ids": (_equals(False), "false only"),
     "stream_options": (_no_continuous_usage, "usage in the last chunk only (include_usage)"),
 }
