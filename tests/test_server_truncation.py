@@ -115,7 +115,7 @@ def test_chat_truncates_after_the_template(http, llm):
     assert r["usage"]["prompt_tokens"] == k
     assert r["choices"][0]["message"]["content"] == tok.decode(expected.token_ids,
                                                                skip_special_tokens=True)
-    # -1 without max_tokens: the prompt fits whole (short), as without truncation
+    # -1: a short prompt fits whole, as without truncation
     r = http.post("/v1/chat/completions", json={
         "model": MODEL, "messages": CHAT, "max_tokens": 4, "truncate_prompt_tokens": -1})
     assert r.json()["usage"]["prompt_tokens"] == t["count"]
