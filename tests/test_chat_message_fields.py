@@ -18,7 +18,7 @@ import json
 import pytest
 from starlette.testclient import TestClient
 from test_stream_handler import _InstantClient
-from tiny_model import build_tiny_llama
+from tiny_model import build_tiny_llama, byte_level_chat_tokenizer
 
 from pagedrt import LLM, SamplingParams
 from pagedrt.entrypoints.openai_server import build_app
@@ -79,18 +79,7 @@ PLAIN_TEXT = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im
 def tok():
     """A byte-level tokenizer (every text round-trips; 259 ids, within the tiny model's 384)
     with TEMPLATE."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    for special in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
-        vocab[special] = len(vocab)
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>",
-                                  additional_special_tokens=["<|im_start|>", "<|im_end|>"])
-    tok.chat_template = TEMPLATE
+    tok = byte_level_chat_tokenizer(TEMPLATE)
     assert tok.decode(tok.encode(TOOL_HISTORY_TEXT)) == TOOL_HISTORY_TEXT
     return tok
 

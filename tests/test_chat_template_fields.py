@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from starlette.testclient import TestClient
 from test_chat_message_fields import _Client
-from tiny_model import build_tiny_llama
+from tiny_model import build_tiny_llama, byte_level_chat_tokenizer
 
 from pagedrt import LLM, SamplingParams
 from pagedrt.entrypoints.chat_template import reserved_template_kwargs
@@ -44,19 +44,7 @@ PARTIAL_TEXT = ("<|im_start|>user\nCount to three.<|im_end|>\n"
 
 @pytest.fixture(scope="module")
 def tok():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    for special in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
-        vocab[special] = len(vocab)
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>",
-                                  additional_special_tokens=["<|im_start|>", "<|im_end|>"])
-    tok.chat_template = TEMPLATE
-    return tok
+    return byte_level_chat_tokenizer(TEMPLATE)
 
 
 CONTINUATION = " three."

@@ -85,6 +85,24 @@ def tiny_word_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok)
 
 
+def byte_level_chat_tokenizer(chat_template: str):
+    """A byte-level BPE tokenizer with no merges (every text round-trips; 259 ids, within the
+    tiny model's vocabulary), ChatML's special tokens and `chat_template`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    for special in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
+        vocab[special] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>",
+                                  additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    tok.chat_template = chat_template
+    return tok
+
+
 def with_tokenizer(loaded: LoadedModel) -> LoadedModel:
     """`loaded` with `tiny_word_tokenizer` (text prompts, bad_words, detokenized outputs)."""
     return loaded._replace(tokenizer=tiny_word_tokenizer())
