@@ -91,7 +91,6 @@ def test_other_output_controls_of_openai_are_refused(body, field):
     ({"best_of": 2, "n": 1}, "best_of"),
     ({"logits_processors": ["my.module:Proc"]}, "logits_processors"),
     ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
-    ({"documents": [{"text": "x"}]}, "documents"),
     ({"mm_processor_kwargs": {"a": 1}}, "mm_processor_kwargs"),
     ({"return_token_ids": True}, "return_token_ids"),
 ])
@@ -224,7 +223,7 @@ def test_tokenize_takes_exactly_one_input(body, param):
 
 @pytest.mark.parametrize("body, field", [
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"documents": [{"text": "x"}]}, "documents"),
+    ({"mm_processor_kwargs": {"a": 1}}, "mm_processor_kwargs"),
 ])
 def test_tokenize_refuses_what_the_chat_endpoint_refuses(body, field):
     """A template setting /tokenize ignored would give other ids than the chat endpoint."""

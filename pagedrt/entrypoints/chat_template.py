@@ -14,6 +14,10 @@ request fields and transformers' `apply_chat_template` doing the rendering:
   a variable transformers sets for the template (messages, raise_exception, strftime_now) or a
   special token's name (bos_token, eos_token, ...: transformers would let the kwarg replace
   the tokenizer's token).
+- `documents`: vLLM's field for RAG templates (Command-R's, Granite's), passed as
+  `apply_chat_template(documents=...)`: a list of objects with string keys, typically
+  {"title", "text"} (`check_documents`); the template decides how (and whether) to render
+  them. Left out, nothing is passed, and the chat renders as without the field.
 - `add_generation_prompt` (default true): end with the assistant's header so that the model
   writes a new assistant message.
 - `continue_final_message` (default false): render the last message open-ended (without the
@@ -82,14 +86,34 @@ def check_template_kwargs(tok, kwargs) -> dict:
     return dict(kwargs)
 
 
+def check_documents(documents) -> list[dict] | None:
+    """`documents` (None is none) as apply_chat_template takes them: a list of objects
+    (dicts) with string keys, copied; or ChatTemplateError naming documents."""
+    if documents is None:
+        return None
+    if not isinstance(documents, list):
+        raise ChatTemplateError(f"documents={short_repr(documents)} must be a list of objects "
+                                "(e.g. {'title': ..., 'text': ...})", "documents")
+    for i, document in enumerate(documents):
+        if not isinstance(document, dict):
+            raise ChatTemplateError(f"documents[{i}]={short_repr(document)} must be an object "
+                                    "(e.g. {'title': ..., 'text': ...})", "documents")
+        for key in document:
+            if not isinstance(key, str):
+                raise ChatTemplateError(f"documents[{i}] key {short_repr(key)} must be a "
+                                        "string", "documents")
+    return [dict(document) for document in documents]
+
+
 def render_chat(tok, conversation: list[dict], *, add_generation_prompt: bool = True,
                 continue_final_message: bool = False, chat_template: str | None = None,
-                chat_template_kwargs: dict | None = None) -> str:
+                chat_template_kwargs: dict | None = None,
+                documents: list[dict] | None = None) -> str:
     """The text of `conversation` (the template's message dicts, at least one) through
     `chat_template` or else the tokenizer's own template (the caller checks that there is
     one). ChatTemplateError naming the field at fault: chat_template (not a non-empty
     string, does not parse or fails to render), chat_template_kwargs
-    (`check_template_kwargs`), continue_final_message (with add_generation_prompt, or the
+    (`check_template_kwargs`), documents (`check_documents`), continue_final_message (with add_generation_prompt, or the
     last message not the assistant's, or a template that drops it) or, for the model's own
     template failing, messages."""
     if chat_template is not None and (not isinstance(chat_template, str)
@@ -101,6 +125,9 @@ def render_chat(tok, conversation: list[dict], *, add_generation_prompt: bool = 
         if not isinstance(value, bool):
             raise ChatTemplateError(f"{name}={short_repr(value)} must be true or false", name)
     kwargs = check_template_kwargs(tok, chat_template_kwargs)
+    documents = check_documents(documents)
+    if documents is not None:  # (left out otherwise: a plain chat's call as before)
+        kwargs["documents"] = documents
     if continue_final_message:
         if add_generation_prompt:
             raise ChatTemplateError(

@@ -172,17 +172,21 @@ class LLM:
         chat_template: str | None = None,
         continue_final_message: bool = False,
         chat_template_kwargs: dict | None = None,
+        documents: list[dict] | None = None,
     ) -> list[RequestOutput]:
         """Apply the model's chat template (or `chat_template`, a Jinja template string, as in
         vLLM) to one conversation (a list of {"role", "content"}) or a list of
         conversations, then generate. add_generation_prompt, continue_final_message and
-        chat_template_kwargs as in vLLM and on the server (`apply_chat_template`)."""
+        chat_template_kwargs as in vLLM and on the server (`apply_chat_template`);
+        `documents` (the server's field for RAG templates, here for every conversation) is
+        pagedrt's addition: vLLM's LLM.chat has no such argument."""
         if not messages:
             raise ValueError("messages is empty; give at least one {'role', 'content'} message")
         template = {"add_generation_prompt": add_generation_prompt,
                     "chat_template": chat_template,
                     "continue_final_message": continue_final_message,
-                    "chat_template_kwargs": chat_template_kwargs}
+                    "chat_template_kwargs": chat_template_kwargs,
+                    "documents": documents}
         if isinstance(messages[0], dict):
             prompts = [self.chat_prompt(messages, **template)]
         else:
@@ -198,6 +202,7 @@ class LLM:
         self, conversation: list[dict], add_generation_prompt: bool = True,
         chat_template: str | None = None, tokenize: bool = False,
         continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
+        documents: list[dict] | None = None,
     ) -> str | list[int]:
         """The model's chat template (or `chat_template`, a Jinja template string, which
         transformers renders in its place) over one conversation, as text, or with
@@ -211,7 +216,9 @@ class LLM:
         assistant's message. The template gets every key of a message, checked as the server
         checks them (protocol.ChatMessage): "name", an assistant's "tool_calls" (OpenAI's
         [{"id", "type": "function", "function": {"name", "arguments"}}], "id" and "type"
-        optional) and a tool message's "tool_call_id". A call's arguments reach the template
+        optional), a tool message's "tool_call_id" and an assistant's "reasoning" or
+        "reasoning_content" (its reasoning, text; passed under both keys, as vLLM does). A
+        call's arguments reach the template
         as a dict, as transformers' tool-calling templates take them: given as OpenAI's JSON
         string (parsed; it must hold a JSON object) or already as a dict (transformers' form).
 
@@ -220,17 +227,19 @@ class LLM:
         leaves the last message (the assistant's) open so that the model continues it, and
         needs add_generation_prompt=False; `chat_template_kwargs` are extra template
         variables (Qwen3's {"enable_thinking": False}), none named as one of
-        apply_chat_template's own arguments, a variable transformers sets or a special token.
+        apply_chat_template's own arguments, a variable transformers sets or a special token;
+        `documents` (a list of dicts with string keys, e.g. {"title", "text"}) are passed as
+        apply_chat_template's `documents`, for RAG templates.
 
         Raises:
             ValueError: no tokenizer, or no chat template and none given; an empty
                 conversation; a template string that does not parse or render (or the
                 model's template failing); chat_template_kwargs, continue_final_message or
-                add_generation_prompt as render_chat refuses them
+                add_generation_prompt or documents as render_chat refuses them
                 (chat_template.ChatTemplateError, a ValueError); a message that
                 is not a dict with 'role' and 'content', whose role is not one of
                 protocol.CHAT_ROLES, whose content is not as above, or whose name,
-                tool_calls or tool_call_id the server would refuse.
+                tool_calls, tool_call_id or reasoning the server would refuse.
         """
         tok = self.llm_engine.tokenizer
         if tok is None:
@@ -282,7 +291,7 @@ class LLM:
         text = render_chat(tok, rendered, add_generation_prompt=add_generation_prompt,
                            continue_final_message=continue_final_message,
                            chat_template=chat_template,
-                           chat_template_kwargs=chat_template_kwargs)
+                           chat_template_kwargs=chat_template_kwargs, documents=documents)
         return self._chat_ids(text) if tokenize else text
 
     def _chat_ids(self, text: str) -> list[int]:
@@ -292,13 +301,15 @@ class LLM:
 
     def chat_prompt(self, conversation: list[dict], add_generation_prompt: bool = True,
                     chat_template: str | None = None, continue_final_message: bool = False,
-                    chat_template_kwargs: dict | None = None) -> dict:
+                    chat_template_kwargs: dict | None = None,
+                    documents: list[dict] | None = None) -> dict:
         """A conversation as a `generate` prompt: {"prompt": its text, "prompt_token_ids":
         its ids} (`apply_chat_template`, whose errors it raises; the ids without a second
         BOS)."""
         text = self.apply_chat_template(conversation, add_generation_prompt, chat_template,
                                         continue_final_message=continue_final_message,
-                                        chat_template_kwargs=chat_template_kwargs)
+                                        chat_template_kwargs=chat_template_kwargs,
+                                        documents=documents)
         return {"prompt": text, "prompt_token_ids": self._chat_ids(text)}
 
     def stats(self) -> dict:

@@ -391,7 +391,7 @@ class OpenAIServer:
 
     async def _chat_prompt(self, body: ChatCompletionRequest | TokenizeRequest) -> list[int]:
         """The token ids of a chat (`ChatMessage`s) through the model's chat template or the
-        request's `chat_template`, with its chat_template_kwargs, add_generation_prompt
+        request's `chat_template`, with its chat_template_kwargs, documents, add_generation_prompt
         (default true) and continue_final_message (chat_template.render_chat's rule, which
         LLM.chat shares), as /v1/chat/completions and /tokenize make them; APIError(400)
         naming the field for no messages, no template, a template that fails, a bad
@@ -417,7 +417,8 @@ class OpenAIServer:
             text = render_chat(
                 tok, conversation, add_generation_prompt=body.add_generation_prompt is not False,
                 continue_final_message=bool(body.continue_final_message),
-                chat_template=body.chat_template, chat_template_kwargs=body.chat_template_kwargs)
+                chat_template=body.chat_template, chat_template_kwargs=body.chat_template_kwargs,
+                documents=body.documents)
         except ChatTemplateError as e:
             raise APIError(400, str(e), param=e.param) from None
         # (the template writes its own special tokens: none added unless asked, as in vLLM)

@@ -314,14 +314,31 @@ class ChatMessage(_Body):
     assistant's message (one that called tools, in OpenAI's API). `name` on any message;
     `tool_calls` (the calls an assistant made) only on an assistant's message and
     `tool_call_id` (the call a result answers) only on a tool message: set in another
-    message they are refused, not dropped. Other unknown keys are ignored, as in a request
-    body."""
+    message they are refused, not dropped. An assistant's `reasoning` (vLLM's name) or
+    `reasoning_content` (its older name, which Qwen3 / DeepSeek-R1 templates read): the
+    reasoning of an earlier turn, text, only on an assistant's message (both given: the same
+    text). Other unknown keys are ignored, as in a request body."""
 
     role: Literal[CHAT_ROLES]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+
+    @field_validator("reasoning", "reasoning_content")
+    @classmethod
+    def _reasoning_of_an_assistant(cls, text, info: ValidationInfo):
+        role = info.data.get("role")
+        if text is not None and role not in (None, "assistant"):
+            raise ValueError(f"{info.field_name} goes only in an assistant's message; this "
+                             f"message's role is {role!r}")
+        if (info.field_name == "reasoning_content" and text is not None
+                and info.data.get("reasoning") not in (None, text)):
+            raise ValueError("reasoning_content differs from reasoning (its newer name) in "
+                             "this message; give one of them")
+        return text
 
     @field_validator("tool_calls")
     @classmethod
@@ -353,7 +370,9 @@ class ChatMessage(_Body):
         part types are refused; null content is ""), and the keys given of "name",
         "tool_calls" (each {"id", "type", "function": {"name", "arguments"}}, the arguments
         as a dict: `tool_call_arguments`; an empty list is left out, as vLLM does, so that a
-        template takes its plain assistant path) and "tool_call_id"."""
+        template takes its plain assistant path), "tool_call_id" and an assistant's
+        reasoning under both "reasoning_content" (the key Qwen3 / DeepSeek-R1 templates read)
+        and "reasoning" (vLLM's newer name), as vLLM passes it."""
         content = self.content
         if isinstance(content, list):
             texts = []
@@ -370,14 +389,19 @@ class ChatMessage(_Body):
             message["tool_calls"] = [call.to_template_dict() for call in self.tool_calls]
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        reasoning = self.reasoning if self.reasoning is not None else self.reasoning_content
+        if reasoning is not None:
+            message["reasoning_content"] = message["reasoning"] = reasoning
         return message
 
 
 class ChatCompletionRequest(_SamplingRequest):
     """POST /v1/chat/completions. vLLM's chat template fields: add_generation_prompt (default
     true), continue_final_message (default false; needs add_generation_prompt false),
-    chat_template (a Jinja string in place of the model's) and chat_template_kwargs (the
-    template's extra variables), rendered by chat_template.render_chat, which checks them."""
+    chat_template (a Jinja string in place of the model's), chat_template_kwargs (the
+    template's extra variables) and documents (a list of objects for RAG templates, e.g.
+    {"title", "text"}: apply_chat_template's `documents`), rendered by
+    chat_template.render_chat, which checks them."""
 
     messages: list[ChatMessage]
     logprobs: bool | None = None
@@ -387,6 +411,7 @@ class ChatCompletionRequest(_SamplingRequest):
     continue_final_message: bool | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, Any]] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -404,10 +429,9 @@ class TokenizeRequest(_RefusesUnsupported):
     """POST /tokenize (vLLM's): the token ids of `prompt` as /v1/completions makes them, or of
     `messages` through the chat template as /v1/chat/completions does (exactly one of the
     two); the chat template fields (add_generation_prompt, continue_final_message,
-    chat_template, chat_template_kwargs: ChatCompletionRequest) only with messages;
-    return_token_strs adds each id's token string. The fields the chat endpoint refuses
-    (tools, documents, ...: pagedrt/entrypoints/unsupported_fields.py) are refused here
-    too."""
+    chat_template, chat_template_kwargs, documents: ChatCompletionRequest) only with
+    messages; return_token_strs adds each id's token string. The fields the chat endpoint
+    refuses (tools, ...: pagedrt/entrypoints/unsupported_fields.py) are refused here too."""
 
     model: str | None = None
     prompt: str | None = None
@@ -416,6 +440,7 @@ class TokenizeRequest(_RefusesUnsupported):
     continue_final_message: bool | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, Any]] | None = None
     add_special_tokens: bool | None = None
     return_token_strs: bool | None = None
 
@@ -426,7 +451,7 @@ class TokenizeRequest(_RefusesUnsupported):
                            param="prompt" if self.prompt is not None else "messages")
         if self.messages is None:
             for name in ("add_generation_prompt", "continue_final_message", "chat_template",
-                         "chat_template_kwargs"):
+                         "chat_template_kwargs", "documents"):
                 if getattr(self, name) is not None:
                     raise APIError(400, f"{name} goes with messages, not prompt", param=name)
         return self

@@ -15,7 +15,7 @@ Accepted and ignored, since they change neither the tokens nor the response's sh
 too, so that clients sending fields newer than this table keep working.
 
 vLLM's chat template fields (chat_template, chat_template_kwargs, continue_final_message,
-add_generation_prompt) are served by /v1/chat/completions and /tokenize
+add_generation_prompt, documents) are served by /v1/chat/completions and /tokenize
 (pagedrt/entrypoints/chat_template.py); /v1/completions, which renders no template, ignores
 them as vLLM does.
 """
@@ -73,7 +73,6 @@ _REFUSED: dict[str, tuple[Callable[[object, dict], bool], str]] = {
     "structured_outputs": (_never, "no guided decoding"),
     "logits_processors": (_equals([]), "no custom logits processors"),
     "spaces_between_special_tokens": (_equals(True), "true only"),
-    "documents": (_equals([]), "no documents for the chat template"),
     "mm_processor_kwargs": (_equals({}), "text models only"),
     "return_token_ids": (_equals(False), "false only"),
     "stream_options": (_no_continuous_usage, "usage in the last chunk only (include_usage)"),
