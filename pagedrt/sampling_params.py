@@ -214,8 +214,7 @@ class SamplingParams:
                 raise ValueError(f"logit_bias={short_repr(bias)} must be a map of token ids to "
                                  "biases in [-100, 100]")
             for key, value in bias.items():
-                if (isinstance(key, bool) or not isinstance(key, numbers.Integral)
-                        or not 0 <= key < 2**63):
+                if not _is_token_id(key):
                     raise ValueError(f"logit_bias[{short_repr(key)}]: the key must be a token "
                                      "id (an int >= 0, below the vocabulary's size)")
                 if (isinstance(value, bool) or not isinstance(value, numbers.Real)
@@ -231,8 +230,7 @@ class SamplingParams:
                 raise ValueError("allowed_token_ids=[] must name at least one token id (None "
                                  "allows every token)")
             for i, t in enumerate(allowed):
-                if (isinstance(t, bool) or not isinstance(t, numbers.Integral)
-                        or not 0 <= t < 2**63):
+                if not _is_token_id(t):
                     raise ValueError(f"allowed_token_ids[{i}]={short_repr(t)} must be a token "
                                      "id (an int >= 0, below the vocabulary's size)")
             self.allowed_token_ids = [int(t) for t in allowed]
@@ -257,8 +255,7 @@ class SamplingParams:
             for i, seq in enumerate(sequences):
                 ids = (list(seq) if hasattr(seq, "__iter__")
                        and not isinstance(seq, (str, bytes, dict)) else None)
-                if not ids or any(isinstance(t, bool) or not isinstance(t, numbers.Integral)
-                                  or not 0 <= t < 2**63 for t in ids):
+                if not ids or not all(map(_is_token_id, ids)):
                     raise ValueError(f"bad_words_token_ids[{i}]={short_repr(seq)} must be a "
                                      "non-empty list of token ids (ints >= 0, below the "
                                      "vocabulary's size)")
@@ -389,6 +386,14 @@ class BeamSearchParams:
         """The SamplingParams the engine runs this search with (n = beam_width, greedy)."""
         return SamplingParams(n=self.beam_width, temperature=0.0, max_tokens=self.max_tokens,
                               ignore_eos=self.ignore_eos, beam_search=self)
+
+
+def _is_token_id(value) -> bool:
+    """An int (numpy's too, not a bool) in [0, 2**63): what logit_bias keys, allowed_token_ids
+    and bad_words_token_ids hold (the vocabulary bound is the model's:
+    `validation.validate_prompt`)."""
+    return (not isinstance(value, bool) and isinstance(value, numbers.Integral)
+            and 0 <= value < 2**63)
 
 
 def _as_list(name: str, value, expected: str) -> list:

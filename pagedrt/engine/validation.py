@@ -8,6 +8,7 @@ import dataclasses
 from typing import NamedTuple
 
 from pagedrt.core.beam import num_beam_candidates
+from pagedrt.engine.bad_words import single_token_bans
 from pagedrt.sampling_params import SamplingParams, short_repr
 
 
@@ -167,7 +168,7 @@ def _validate_token_controls(params: SamplingParams, limits: EngineLimits) -> No
         i = next(i for i, t in enumerate(allowed) if t >= vocab_size)
         raise ValueError(f"allowed_token_ids[{i}]={allowed[i]} is not a token id of the "
                          f"vocabulary [0, {vocab_size})")
-    banned = {seq[0] for seq in sequences if len(seq) == 1}
+    banned = set(single_token_bans(params))
     if allowed is not None and set(allowed) <= banned:
         raise ValueError(
             f"allowed_token_ids={short_repr(allowed)} holds only token ids that bad_words "

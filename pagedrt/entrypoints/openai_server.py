@@ -481,16 +481,15 @@ class OpenAIServer:
             num_top=num_top, prompt_logprobs=body.prompt_logprobs))
 
     async def _stream(self, run: _Run, kind: str, base_id: str, include_usage: bool,
-                      num_top: int = 0, builder: ResponseBuilder | None = None):
+                      num_top: int, builder: ResponseBuilder):
         """Server-sent events; requests are added only once the response streams, so a client
         that leaves before the first byte never starts one. Each wake-up sends everything that
         arrived since the last one, in one write. With echo, each choice's first chunk leads
         with its prompt (and the prompt's logprobs, num_top per token, where asked). builder:
-        the request's (`ResponseBuilder.for_request`), else the server's."""
+        the request's (`ResponseBuilder.for_request`)."""
         echo = None if run.echo is None else list(zip(run.echo, run.prompts))
-        builder = self.builder if builder is None else builder
         stream: StreamState = builder.stream(kind, base_id, run.params.n, len(run.prompts),
-                                                  echo, num_top)
+                                             echo, num_top)
         try:
             async with run:
                 pieces = [_sse(chunk) for chunk in stream.start()]

@@ -308,6 +308,15 @@ class ToolCall(_Body):
         return call
 
 
+def _only_in_role(role: str, given: bool, info: ValidationInfo, rule: str) -> None:
+    """ValueError "<rule>; this message's role is ..." for a ChatMessage field `given` in a
+    message whose role is not `role` (no check where the role itself was refused: absent from
+    info.data)."""
+    actual = info.data.get("role")
+    if given and actual not in (None, role):
+        raise ValueError(f"{rule}; this message's role is {actual!r}")
+
+
 class ChatMessage(_Body):
     """One message of a chat: OpenAI's roles ("developer" is its newer name for "system";
     "tool" carries a tool's result), content as text or text parts; null content only for an
@@ -330,10 +339,8 @@ class ChatMessage(_Body):
     @field_validator("reasoning", "reasoning_content")
     @classmethod
     def _reasoning_of_an_assistant(cls, text, info: ValidationInfo):
-        role = info.data.get("role")
-        if text is not None and role not in (None, "assistant"):
-            raise ValueError(f"{info.field_name} goes only in an assistant's message; this "
-                             f"message's role is {role!r}")
+        _only_in_role("assistant", text is not None, info,
+                      f"{info.field_name} goes only in an assistant's message")
         if (info.field_name == "reasoning_content" and text is not None
                 and info.data.get("reasoning") not in (None, text)):
             raise ValueError("reasoning_content differs from reasoning (its newer name) in "
@@ -343,19 +350,15 @@ class ChatMessage(_Body):
     @field_validator("tool_calls")
     @classmethod
     def _calls_of_an_assistant(cls, calls, info: ValidationInfo):
-        role = info.data.get("role")  # (absent where the role itself was refused)
-        if calls and role not in (None, "assistant"):  # (null or [] says nothing)
-            raise ValueError(f"tool_calls go only in an assistant's message; this message's "
-                             f"role is {role!r}")
+        _only_in_role("assistant", bool(calls), info,  # (null or [] says nothing)
+                      "tool_calls go only in an assistant's message")
         return calls
 
     @field_validator("tool_call_id")
     @classmethod
     def _id_of_a_tool_result(cls, call_id, info: ValidationInfo):
-        role = info.data.get("role")
-        if call_id is not None and role not in (None, "tool"):
-            raise ValueError("tool_call_id goes only in a tool message (role 'tool', a tool's "
-                             f"result); this message's role is {role!r}")
+        _only_in_role("tool", call_id is not None, info,
+                      "tool_call_id goes only in a tool message (role 'tool', a tool's result)")
         return call_id
 
     @model_validator(mode="after")
