@@ -59,7 +59,7 @@ def test_a_request_finished_before_the_first_wait_is_streamed_whole(smollm2, kin
     run = _Run(client, tokenizer, _Connection(), "id", [[1, 2, 3]], params, 0.0, stream=True)
 
     async def collect() -> list[str]:
-        return [piece async for piece in server._stream(run, kind, "id", include_usage=True)]
+        return [piece async for piece in server._stream(run, kind, "id", True, 0, server.builder)]
 
     body = "".join(asyncio.run(collect()))
     events = [line[len("data: "):] for line in body.split("\n") if line.startswith("data: ")]
