@@ -249,3 +249,37 @@ def test_a_request_template_needs_a_trusting_server(tok, path):
     assert r.json()["error"]["param"] == "chat_template"
     assert "--trust-request-chat-template" in r.json()["error"]["message"]
     assert http.post(path, json={"messages": CHAT, "max_tokens": 2}).status_code == 200
+
+
+# a template that writes every message but the last: under continue_final_message there is no
+# final message left to continue
+DROPS_LAST = "{% for m in messages[:-1] %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+DROPPED = ("continue_final_message=true: continue_final_message is set but the final message "
+           "does not appear in the chat after applying the chat template")
+CONTINUE = {"continue_final_message": True, "add_generation_prompt": False}
+
+
+@pytest.mark.parametrize("path", ["/tokenize", "/v1/chat/completions"])
+def test_a_template_that_drops_the_final_message_is_a_400(http, path):
+    r = http.post(path, json={"messages": PARTIAL, "chat_template": DROPS_LAST,
+                              "max_tokens": 2, **CONTINUE})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["param"], error["type"], error["code"]) == (
+        "continue_final_message", "invalid_request_error", None)
+    assert error["message"].startswith(DROPPED), error["message"]
+    # the same template without continue_final_message renders (the last message is left out)
+    r = http.post(path, json={"messages": PARTIAL, "chat_template": DROPS_LAST,
+                              "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
+def test_llm_refuses_a_template_that_drops_the_final_message(llm):
+    from pagedrt.entrypoints.chat_template import ChatTemplateError
+
+    with pytest.raises(ChatTemplateError, match="^" + DROPPED) as caught:
+        llm.chat(PARTIAL, SamplingParams(max_tokens=1), use_tqdm=False,
+                 chat_template=DROPS_LAST, **CONTINUE)
+    assert caught.value.param == "continue_final_message"
+    assert llm.apply_chat_template(PARTIAL, chat_template=DROPS_LAST,
+                                   add_generation_prompt=False) == "user: Count to three.\n"
