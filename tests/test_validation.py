@@ -83,3 +83,49 @@ def test_llm_generate_with_max_tokens_none_fills_max_model_len():
     request = llm.llm_engine.add_request("r", [5] * 30, params)
     assert request.params.max_tokens == 10 and params.max_tokens is None
     llm.llm_engine.abort_request("r")
+
+
+def test_an_echo_only_prompt_is_bounded_by_its_one_step_and_worded_for_max_tokens_0():
+    """Echo-only scoring runs as max_tokens=1: the same bound as any prompt + max_tokens,
+    worded for the max_tokens=0 the client sent; without echo_only the usual wording."""
+    params = SamplingParams(max_tokens=1)
+    validate_prompt([1] * 63, params, limits(64, 256), echo_only=True)
+    for n in (64, 65):
+        with pytest.raises(ValueError, match=(
+                rf"^prompt has {n} tokens; with echo=true and max_tokens=0 it may have at most "
+                r"max_model_len - 1 = 63 \(the prompt is scored by one engine step")):
+            validate_prompt([1] * n, params, limits(64, 256), echo_only=True)
+    with pytest.raises(ValueError, match=r"^prompt \(64 tokens\) \+ max_tokens \(1\) = 65 "
+                       r"exceeds max_model_len=64"):
+        validate_prompt([1] * 64, params, limits(64, 256))
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_the_server_words_an_echo_only_prompt_too_long(batch):
+    """The completions endpoint with echo=true and max_tokens=0: max_model_len - 1 tokens
+    pass, one more is a 400 (context_length_exceeded, naming prompt and, in a batch, which)."""
+    from starlette.testclient import TestClient
+    from test_chat_message_fields import _Client
+
+    from pagedrt.entrypoints.openai_server import build_app
+
+    client = _Client([7])
+    max_model_len = client.info.limits.max_model_len
+    http = TestClient(build_app(client, None, "m"), base_url="http://127.0.0.1")
+    fits, long = [1] * (max_model_len - 1), [1] * max_model_len
+
+    def post(prompt):
+        return http.post("/v1/completions", json={"prompt": [fits, prompt] if batch else prompt,
+                                                  "max_tokens": 0, "echo": True})
+
+    r = post(fits)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 0
+    r = post(long)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["param"], error["code"]) == ("prompt", "context_length_exceeded")
+    assert error["message"] == (
+        f"{'prompt[1]: ' if batch else ''}prompt has {max_model_len} tokens; with echo=true and "
+        f"max_tokens=0 it may have at most max_model_len - 1 = {max_model_len - 1} (the prompt "
+        "is scored by one engine step, which makes a token)")

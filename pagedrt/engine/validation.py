@@ -82,12 +82,18 @@ def truncate_prompt(token_ids: list[int], truncate_prompt_tokens: int | None,
     return token_ids[-k:] if len(token_ids) > k else token_ids
 
 
-def validate_prompt(token_ids: list[int], params: SamplingParams, limits: EngineLimits) -> None:
+def validate_prompt(token_ids: list[int], params: SamplingParams, limits: EngineLimits, *,
+                    echo_only: bool = False) -> None:
     """Check a tokenized prompt with its sampling params against the engine's limits.
 
     The params are checked again as at construction (`SamplingParams.__post_init__`, which
     also turns an output_kind given by name into the enum), so that a field assigned after
     construction is checked too.
+
+    `echo_only`: the request is the server's echo-only scoring (completions with echo=true and
+    max_tokens=0), run as max_tokens=1; the same bound (prompt + max_tokens within
+    max_model_len) then words a prompt too long for the max_tokens=0 the client sent: at most
+    max_model_len - 1 tokens.
 
     Raises:
         ValueError: empty prompt, a token id that is not an int in [0, vocab_size), a prompt
@@ -113,6 +119,11 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
         raise ValueError("prompt is empty; give at least one token")
     # the length first: it costs nothing, the id check below reads every id
     max_model_len = limits.max_model_len
+    if echo_only and n + params.max_tokens > max_model_len:
+        room = max_model_len - params.max_tokens
+        raise ValueError(f"prompt has {n} tokens; with echo=true and max_tokens=0 it may have "
+                         f"at most max_model_len - {params.max_tokens} = {room} (the prompt is "
+                         "scored by one engine step, which makes a token)")
     if n > max_model_len:
         raise ValueError(f"prompt has {n} tokens, more than max_model_len={max_model_len}; "
                          f"{_longer_context_fix(max_model_len, limits)}")

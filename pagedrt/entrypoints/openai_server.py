@@ -271,12 +271,13 @@ class OpenAIServer:
         except ValueError as e:
             raise api_error_from_value_error(e, field) from None
 
-    def _validate(self, prompts: list[list[int]], params: SamplingParams, field: str) -> None:
-        """Each prompt against the engine's limits; APIError(400) naming the field and, in a
-        batch, which prompt."""
+    def _validate(self, prompts: list[list[int]], params: SamplingParams, field: str,
+                  echo_only: bool = False) -> None:
+        """Each prompt against the engine's limits (`validate_prompt`, echo_only worded for
+        max_tokens=0); APIError(400) naming the field and, in a batch, which prompt."""
         for i, token_ids in enumerate(prompts):
             try:
-                validate_prompt(token_ids, params, self.limits)
+                validate_prompt(token_ids, params, self.limits, echo_only=echo_only)
             except ValueError as e:
                 error = api_error_from_value_error(e, field)
                 if len(prompts) > 1:
@@ -318,10 +319,8 @@ class OpenAIServer:
         untruncated = prompts
         prompts = [truncate_prompt(p, params.truncate_prompt_tokens, params.max_tokens,
                                    self.limits) for p in prompts]
-        if echo_only:
-            self._check_echo_only_fits(prompts)
         params = self._resolve_bad_words(params, "prompt")
-        self._validate(prompts, params, "prompt")
+        self._validate(prompts, params, "prompt", echo_only)
         echo = None
         if body.echo:  # the prompt's text as sent; token ids (and truncated prompts) decoded
             if isinstance(prompt, str):
@@ -334,16 +333,6 @@ class OpenAIServer:
                     for text, kept, whole in zip(echo, prompts, untruncated)]
         return await self._respond(request, "completion", body, prompts, params, arrival_time,
                                    echo, echo_only)
-
-    def _check_echo_only_fits(self, prompts: list[list[int]]) -> None:
-        """An echo-only prompt still needs room for the one token its engine step makes."""
-        room = self.limits.max_model_len - 1
-        for p in prompts:
-            if len(p) > room:
-                raise APIError(400, f"prompt has {len(p)} tokens; with echo=true and "
-                               f"max_tokens=0 it may have at most max_model_len - 1 = {room} "
-                               "(the prompt is scored by one engine step, which makes a token)",
-                               param="prompt", code="context_length_exceeded")
 
     def _decode(self, token_ids: list[int]) -> str:
         return "" if self.tokenizer is None else self.tokenizer.decode(token_ids)
