@@ -283,3 +283,36 @@ def test_llm_refuses_a_template_that_drops_the_final_message(llm):
     assert caught.value.param == "continue_final_message"
     assert llm.apply_chat_template(PARTIAL, chat_template=DROPS_LAST,
                                    add_generation_prompt=False) == "user: Count to three.\n"
+
+
+def test_the_early_length_check_counts_contents_not_reasoning_or_documents(http, tok):
+    """Before rendering only the contents count against max_model_len x the longest token's
+    characters: an assistant's reasoning and documents that the template leaves out do not
+    refuse a chat that fits, and where the template renders them the rendered text is held
+    to the same bound."""
+    max_chars = 2048 * max(len(token) for token in tok.get_vocab())
+    long = "x" * (max_chars + 1)
+    history = [{"role": "user", "content": "Hi"},
+               {"role": "assistant", "content": "Hello", "reasoning_content": long},
+               {"role": "user", "content": "Bye"}]
+    documents = [{"title": "t", "text": long}]
+    for path in ["/tokenize", "/v1/chat/completions"]:
+        # TEMPLATE renders neither: the chat is short and passes
+        for extra in [{"messages": history}, {"messages": CHAT, "documents": documents}]:
+            r = http.post(path, json={"max_tokens": 1, **extra})
+            assert r.status_code == 200, r.text
+        # a content that long is refused before rendering, naming its characters
+        r = http.post(path, json={"messages": [{"role": "user", "content": long}]})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert (error["param"], error["code"]) == ("messages", "context_length_exceeded")
+        assert error["message"].startswith(f"messages has {max_chars + 1} characters, more "
+                                           "than max_model_len=2048 tokens can hold")
+        # a template that renders the reasoning: the rendered text is refused
+        renders = "{% for m in messages %}{{ m.content }}{{ m.reasoning_content }}{% endfor %}"
+        r = http.post(path, json={"messages": history, "chat_template": renders})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert (error["param"], error["code"]) == ("messages", "context_length_exceeded")
+        assert error["message"].startswith(f"messages has {max_chars + 1 + len('HiHelloBye')} "
+                                           "characters")

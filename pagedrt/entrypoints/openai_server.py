@@ -384,7 +384,18 @@ class OpenAIServer:
         (default true) and continue_final_message (chat_template.render_chat's rule, which
         LLM.chat shares), as /v1/chat/completions and /tokenize make them; APIError(400)
         naming the field for no messages, no template, a template that fails, a bad
-        combination of those fields, or a text too long."""
+        combination of those fields, or a text too long.
+
+        Too long, before rendering: the messages' contents together over
+        `PromptInput.check_length`'s bound (max_model_len x the longest token's characters),
+        a cheap refusal of a chat that cannot fit. It counts the contents only, the text chat
+        templates render (Qwen3's leaves out a `<think>` block written into an earlier
+        assistant content, so such a chat can be refused here by that block's characters).
+        An assistant's reasoning and the documents are not counted: a template may leave them
+        out (Qwen3's and DeepSeek-R1's drop the reasoning of earlier turns; a template without
+        RAG support ignores documents), so counting them could refuse a chat that fits. After
+        rendering, the text (whatever it took in) is held to the same bound, and on the chat
+        endpoint its tokens to max_model_len (`validate_prompt`)."""
         messages = body.messages
         if not messages:
             raise APIError(400, "messages is empty; give at least one message", param="messages")
