@@ -187,6 +187,36 @@ def test_decoder_small_batches_give_the_unfused_tokens(tiny_model, fused_everywh
     assert {"rmsnorm", "silu_mul"} <= set(fused_everywhere)
 
 
+@pytest.mark.parametrize("sampling", ["greedy", "mixed"])
+def test_decoder_batch_one_with_the_one_row_kernel_gives_the_unfused_tokens(
+        tiny_model, monkeypatch, sampling):
+    """One request: every fused op at one row runs the one-row kernel (`row_configs`' last
+    config for its K, so that a program walks several blocks), the decode steps give the
+    modules' tokens and nearly their logprobs."""
+    from pagedrt.entrypoints.llm import LLM
+    from tests.tiny_model import build_tiny_llama
+
+    used = []
+
+    def row_fused(key, unfused, fused, weight, rows, *_, **__):
+        if rows != 1:
+            return unfused()
+        config = gemv_triton.row_configs(weight.shape[1], 1)[-1]
+        used.append((key[0], config))
+        return fused(config)
+
+    monkeypatch.setattr(layers, "_small_batch_fusion",
+                        lambda x, *w: x.dim() == 2 and x.shape[0] <= MAX_ROWS)
+    monkeypatch.setattr(gemv_triton, "fused_or_unfused", row_fused)
+    model = build_tiny_llama(seed=0)
+    _perturbed_norms(model.model)
+    llm = LLM(model, num_kv_blocks=64, block_size=8)
+    _assert_fused_gives_the_plain_tokens(llm, [[5, 9, 200, 17]], _params(sampling, 1, 12),
+                                         monkeypatch)
+    assert {name for name, _ in used} >= {"rmsnorm", "silu_mul"}
+    assert all(len(config) == 4 for _, config in used)
+
+
 def test_row_parallel_down_projection_keeps_the_chain_under_tensor_parallelism(monkeypatch):
     """With tp_size > 1 the fused SiLU down projection is never timed (both candidates end in
     the all-reduce, which the ranks would run different numbers of times): the plain chain

@@ -9,6 +9,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from pagedrt.ops.gemv_triton import (
     CONFIGS,
@@ -17,6 +18,7 @@ from pagedrt.ops.gemv_triton import (
     candidate_configs,
     gemv_triton,
     linear,
+    row_configs,
 )
 
 ALL_CONFIGS = CONFIGS + WIDE_K_CONFIGS
@@ -89,3 +91,71 @@ def test_bad_inputs_and_cpu_dispatch():
         gemv_triton(x[:2], w.double())
     # off CUDA `linear` is plain F.linear
     torch.testing.assert_close(linear(x[:2], w), x[:2] @ w.T)
+
+
+def test_row_configs_only_at_one_row_and_where_registers_hold_them():
+    assert row_configs(896, 1) == [(8, 1024, 4, 8), (4, 1024, 4, 8), (2, 1024, 4, 8)]
+    assert row_configs(4864, 1) == [(2, 8192, 8, 8), (1, 8192, 8, 8)]  # 64 values a thread
+    assert row_configs(14336, 1) == [(1, 16384, 8, 8)]
+    assert row_configs(16385, 1) == [] and row_configs(896, 2) == []
+    assert candidate_configs(896, 132, 896, 1) == CONFIGS + WIDE_K_CONFIGS + row_configs(896, 1)
+    assert candidate_configs(896, 132, 896, 3) == CONFIGS + WIDE_K_CONFIGS
+
+
+# one program per "SM" (4 under the interpreter) so that each walks several blocks
+ROW_CASES = [(2, 512, 4, 1), (8, 512, 4, 2), (4, 512, 8, 8)]
+
+
+@pytest.mark.parametrize("config", ROW_CASES, ids=[str(c) for c in ROW_CASES])
+@pytest.mark.parametrize("prologue", ["none", "rmsnorm", "rmsnorm_residual", "silu_mul"])
+@pytest.mark.parametrize("n", [70, 3])
+def test_row_kernel_matches_torch(n, prologue, config):
+    """The one-row kernel (`_gemv_row_kernel`) against torch: N = 70 walks blocks 0..34 over
+    4-32 programs (fewer blocks than programs at N = 3), K = 300 under its 512-column row,
+    every prologue, with and without bias; program 0 writes the new residual."""
+    from pagedrt.ops.gemv_triton import gemv_rmsnorm_triton, gemv_silu_mul_triton
+
+    g = torch.Generator().manual_seed(n + config[0] + len(prologue))
+    k = 300
+    w = torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g)
+    for bias in (None, b):
+        if prologue == "none":
+            x = torch.randn(1, k, generator=g)
+            got, want = gemv_triton(x, w, bias, config), F.linear(x, w, bias)
+        elif prologue == "silu_mul":
+            x = torch.randn(1, 2 * k, generator=g)
+            got = gemv_silu_mul_triton(x, w, bias, config)
+            want = F.linear(F.silu(x[:, :k]) * x[:, k:], w, bias)
+        else:
+            x, norm_w = torch.randn(1, k, generator=g), torch.randn(k, generator=g)
+            res = torch.randn(1, k, generator=g) if prologue == "rmsnorm_residual" else None
+            got, new_res = gemv_rmsnorm_triton(x, res, norm_w, 1e-6, w, bias, config)
+            h = x + res if res is not None else x
+            if res is not None:
+                torch.testing.assert_close(new_res, h)
+            else:
+                assert new_res is None
+            normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_w
+            want = F.linear(normed, w, bias)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+
+
+def test_row_kernel_over_a_long_row_in_half_precision():
+    """K = 4,864 (Qwen2-0.5B's down projection) with its own row config, bf16 (the products
+    in fp32, as the grid kernel)."""
+    g = torch.Generator().manual_seed(3)
+    k = 4864
+    x = torch.randn(1, k, generator=g).to(torch.bfloat16)
+    w = (torch.randn(9, k, generator=g) * 0.05).to(torch.bfloat16)
+    for config in row_configs(k, 1):
+        got = gemv_triton(x, w, None, config).float()
+        torch.testing.assert_close(got, x.float() @ w.float().T, rtol=2e-2, atol=2e-2)
+
+
+def test_row_config_is_refused_for_more_rows_or_a_longer_row():
+    x, w = torch.randn(2, 8), torch.randn(4, 8)
+    with pytest.raises(ValueError, match=r"one-row config .* got 2 rows of K = 8"):
+        gemv_triton(x, w, None, (2, 16, 4, 1))
+    with pytest.raises(ValueError, match=r"for K <= 16; got 1 rows of K = 32"):
+        gemv_triton(torch.randn(1, 32), torch.randn(4, 32), None, (2, 16, 4, 1))

@@ -4,7 +4,10 @@ At batch 1 to 4 a decoder's linear layers are matrix-vector products: the time i
 once, and cuBLAS's kernels for these shapes reach well under the device's bandwidth (on the
 H200, Qwen2-0.5B's down projection ran at about 1.2 TB/s through a split-K GEMM plus a
 reduction kernel). This kernel streams W once with wide loads, each program owning BLOCK_N
-output columns for all M rows, fp32 accumulation, bias added in the epilogue.
+output columns for all M rows, fp32 accumulation, bias added in the epilogue. At one row a
+second kernel is timed beside it (`_gemv_row_kernel`, `row_configs`): a grid of a few programs
+per SM, each walking every P-th block of outputs with its input row computed once and the next
+block's weights in flight while it multiplies the current one.
 
 `linear` picks, once per (N, K, M, dtype), the faster of this kernel (over a few tile
 configs) and `torch.nn.functional.linear`, timed on the device outside CUDA-graph capture;
@@ -60,10 +63,34 @@ def wide_k_configs(n: int, sms: int) -> list[tuple[int, int, int]]:
     return WIDE_K_CONFIGS if triton.cdiv(n, 4) < 2 * sms else []
 
 
-def candidate_configs(n: int, sms: int) -> list[tuple[int, int, int]]:
-    """The tile configs `linear` times for a weight of `n` rows on a GPU of `sms`
-    multiprocessors: CONFIGS and `wide_k_configs`."""
-    return CONFIGS + wide_k_configs(n, sms)
+# One-row configs of `_gemv_row_kernel`, (BLOCK_N, BLOCK_K, num_warps, programs per SM): four
+# values, which is how `_launch` tells them from the grid kernel's three. A program keeps its
+# whole input row and two blocks of weights in registers, so they are timed only at one row
+# and where a block is at most 64 weight values per thread (`row_configs`). On an H100 the
+# kernel read Qwen2-0.5B's gate/up weight (17.4 MB, cold) in 6.18 us at (4, 1,024, 4, 8)
+# against 7.05 for the best grid config and 6.08 for a kernel that only reads it
+# (benchmarks/diagnostics/read_floor.py; benchmarks/results/RUNS.md, "Runs of 2026-12-07
+# (09:20-10:40 UTC)").
+ROW_TILES = ((8, 4), (4, 4), (2, 4), (4, 8), (2, 8), (1, 8))  # (BLOCK_N, num_warps), preferred first
+ROW_PROGRAMS_PER_SM = 8
+ROW_MAX_K = 16384  # one 8-warp program holds a 16,384-column row of weights and of x
+
+
+def row_configs(k: int, rows: int) -> list[tuple[int, int, int, int]]:
+    """The first three of ROW_TILES whose block of BLOCK_N rows of a K = `k` weight fits 64
+    values per thread, as one-row configs; none unless `rows` is 1 and k <= ROW_MAX_K."""
+    if rows != 1 or k > ROW_MAX_K:
+        return []
+    block_k = triton.next_power_of_2(k)
+    return [(block_n, block_k, warps, ROW_PROGRAMS_PER_SM) for block_n, warps in ROW_TILES
+            if block_n * block_k <= 64 * 32 * warps][:3]
+
+
+def candidate_configs(n: int, sms: int, k: int = 0, rows: int = 0) -> list[tuple]:
+    """The tile configs `linear` times for a weight of `n` rows (and `k` columns, for `rows`
+    rows of x) on a GPU of `sms` multiprocessors: CONFIGS, `wide_k_configs` and
+    `row_configs`."""
+    return CONFIGS + wide_k_configs(n, sms) + row_configs(k, rows)
 
 
 @triton.jit
@@ -214,6 +241,50 @@ def _gemv_kernel(
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & mask_n[None, :])
 
 
+@triton.jit
+def _gemv_row_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, new_r_ptr,  # as `_gemv_kernel`, one row
+    N, K, stride_wn, eps,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # K rounded up to a power of two: the whole row at once
+    PROLOGUE: tl.constexpr = 0,
+    HAS_RESIDUAL: tl.constexpr = False,
+    RSTD_BLOCK: tl.constexpr = 16,
+    PDL: tl.constexpr = False,
+):
+    """One row of x: program p computes the blocks of BLOCK_N outputs p, p + P, ... (P
+    programs), its input row taken once (after the prologue) and each next block's weights
+    loaded before this block's products, so that every program keeps a block in flight
+    (`ROW_CONFIGS`). The first block is loaded before the PDL wait."""
+    pid = tl.program_id(0)
+    num_progs = tl.num_programs(0)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_k = offs_k < K
+    rows = tl.arange(0, BLOCK_N)
+    offs_n = pid * BLOCK_N + rows
+    w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
+                mask=(offs_n < N)[:, None] & mask_k[None, :], other=0.0)
+    pdl_prologue(PDL)
+    rstd = 0.0
+    if PROLOGUE == 1:
+        rstd_m = _rows_rstd(x_ptr, r_ptr, new_r_ptr, 0, 0, K, eps, pid == 0, 1, 2, RSTD_BLOCK,
+                            HAS_RESIDUAL)
+        rstd = tl.sum(tl.where(tl.arange(0, 2) == 0, rstd_m, 0.0), axis=0)
+    x = _input_chunk(x_ptr, r_ptr, nw_ptr, 0, 0, 0, offs_k, mask_k, rstd, K, PROLOGUE,
+                     HAS_RESIDUAL)
+    for block in range(pid, tl.cdiv(N, BLOCK_N), num_progs):
+        offs_n = block * BLOCK_N + rows
+        next_n = offs_n + num_progs * BLOCK_N
+        w_next = tl.load(w_ptr + next_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
+                         mask=(next_n < N)[:, None] & mask_k[None, :], other=0.0)
+        y = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        if HAS_BIAS:
+            y += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+        tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=offs_n < N)
+        w = w_next
+
+
 def _pre_wait_values(env: str | None) -> int:
     """PAGEDRT_GEMV_PRE_VALUES: W's values per thread a 1-4-row program holds across the PDL
     wait (`pre_wait_columns`), 64 unless set; 0 turns the pre-load off.
@@ -275,7 +346,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-            config: tuple[int, int, int], prologue: int,
+            config: tuple[int, ...], prologue: int,
             norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(y [M, N] = prologue(x) @ weight.T (+ bias), the new residual or None) for prologue 0
@@ -287,6 +358,20 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     residual, norm_weight, eps = norm if norm is not None else (None, x, 0.0)
     new_residual = (torch.empty_like(x, memory_format=torch.contiguous_format)
                     if residual is not None else None)
+    if len(config) == 4:  # `row_configs`: the one-row kernel
+        block_n, block_k, num_warps, per_sm = config
+        if m != 1 or block_k < k:
+            raise ValueError(f"config {config} is a one-row config for K <= {block_k}; got "
+                             f"{m} rows of K = {k}: use a (BLOCK_N, BLOCK_K, num_warps) config")
+        _gemv_row_kernel[(min(per_sm * device_sms(x), triton.cdiv(n, block_n)),)](
+            x, weight, bias if bias is not None else weight, y,
+            residual if residual is not None else x, norm_weight,
+            new_residual if new_residual is not None else x, n, k, weight.stride(0), eps,
+            HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, PROLOGUE=prologue,
+            HAS_RESIDUAL=residual is not None, RSTD_BLOCK=rstd_block(k) if prologue == 1 else 16,
+            num_warps=num_warps, **pdl_launch(pdl_enabled(x)),
+        )
+        return y, new_residual
     block_n, block_k, num_warps = config
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, bias if bias is not None else weight, y,
@@ -304,18 +389,20 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                config: tuple[int, int, int] = (8, 256, 4)) -> torch.Tensor:
+                config: tuple[int, ...] = (8, 256, 4)) -> torch.Tensor:
     """y = x @ weight.T (+ bias) with the skinny kernel.
 
     Args:
         x: [M, K], M in 1..MAX_ROWS, last dim contiguous; fp16, bf16 or fp32.
         weight: [N, K], contiguous, same dtype and device.
         bias: [N] or None.
-        config: (BLOCK_N, BLOCK_K, num_warps).
+        config: (BLOCK_N, BLOCK_K, num_warps), or at one row a `row_configs` config
+            (BLOCK_N, BLOCK_K >= K, num_warps, programs per SM).
     Returns:
         [M, N] in x's dtype.
     Raises:
-        ValueError: shapes, dtypes or devices that do not match.
+        ValueError: shapes, dtypes or devices that do not match; a one-row config for more
+            rows or a longer K.
     """
     _check(x, weight, bias)
     return _launch(x, weight, bias, config, prologue=0)[0]
@@ -324,7 +411,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def gemv_rmsnorm_triton(x: torch.Tensor, residual: torch.Tensor | None,
                         norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
                         bias: torch.Tensor | None = None,
-                        config: tuple[int, int, int] = (8, 256, 4),
+                        config: tuple[int, ...] = (8, 256, 4),
                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`linear(RMSNorm(x + residual), weight, bias)` in one kernel: the RMSNorm of
     `pagedrt.models.layers.RMSNorm` (rounded where it rounds) is the matmul's prologue.
@@ -334,7 +421,8 @@ def gemv_rmsnorm_triton(x: torch.Tensor, residual: torch.Tensor | None,
         residual: None or [M, K] like x (last dim contiguous).
         norm_weight: [K], x's dtype. eps: the norm's epsilon.
         weight: [N, K] contiguous, x's dtype; bias: [N] or None.
-        config: (BLOCK_N, BLOCK_K, num_warps).
+        config: (BLOCK_N, BLOCK_K, num_warps), or at one row a `row_configs` config
+            (BLOCK_N, BLOCK_K >= K, num_warps, programs per SM).
     Returns:
         (y [M, N], new_residual [M, K] = x + residual in x's dtype, or None without residual).
     Raises:
@@ -354,14 +442,15 @@ def gemv_rmsnorm_triton(x: torch.Tensor, residual: torch.Tensor | None,
 
 def gemv_silu_mul_triton(x: torch.Tensor, weight: torch.Tensor,
                          bias: torch.Tensor | None = None,
-                         config: tuple[int, int, int] = (8, 256, 4)) -> torch.Tensor:
+                         config: tuple[int, ...] = (8, 256, 4)) -> torch.Tensor:
     """`linear(silu(x[:, :K]) * x[:, K:], weight, bias)` in one kernel: SwiGLU's activation
     (rounded as `pagedrt.models.layers.SiluAndMul` rounds) is the matmul's prologue.
 
     Args:
         x: [M, 2K] (gate | up), M in 1..MAX_ROWS, last dim contiguous; fp16, bf16 or fp32.
         weight: [N, K] contiguous, x's dtype; bias: [N] or None.
-        config: (BLOCK_N, BLOCK_K, num_warps).
+        config: (BLOCK_N, BLOCK_K, num_warps), or at one row a `row_configs` config
+            (BLOCK_N, BLOCK_K >= K, num_warps, programs per SM).
     Returns:
         y [M, N] in x's dtype.
     Raises:
@@ -371,7 +460,7 @@ def gemv_silu_mul_triton(x: torch.Tensor, weight: torch.Tensor,
     return _launch(x, weight, bias, config, prologue=2)[0]
 
 
-_CHOICE: dict[tuple, tuple[int, int, int] | None] = {}  # shape key -> config, None = torch
+_CHOICE: dict[tuple, tuple[int, ...] | None] = {}  # shape key -> config, None = torch
 
 
 def _plain_key(weight: torch.Tensor, rows: int, has_bias: bool) -> tuple:
@@ -392,14 +481,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             return F.linear(x, weight, bias)
         _CHOICE[key] = fastest_config(lambda: F.linear(x, weight, bias),
                                       lambda cfg: gemv_triton(x, weight, bias, cfg),
-                                      candidate_configs(weight.shape[0], device_sms(x)), rep=20,
+                                      candidate_configs(weight.shape[0], device_sms(x),
+                                                        weight.shape[1], m), rep=20,
                                       record=(_CHOICE, key, m))
     cfg = _CHOICE[key]
     note_use(_CHOICE, key)
     return F.linear(x, weight, bias) if cfg is None else gemv_triton(x, weight, bias, cfg)
 
 
-_FUSED_CHOICE: dict[tuple, tuple[int, int, int] | None] = {}  # key -> config, None = unfused
+_FUSED_CHOICE: dict[tuple, tuple[int, ...] | None] = {}  # key -> config, None = unfused
 
 
 FUSED_DEFAULT = (8, 256, 4)  # tried for every fused op, beside the plain matmul's choice
@@ -462,7 +552,8 @@ def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int
             plain = _CHOICE.get(_plain_key(weight, rows, has_bias))
             extra = FUSED_ONE_ROW if rows == 1 else ()
             wide = wide_k_configs(weight.shape[0], device_sms(weight))
-            yield from dict.fromkeys(c for c in (plain, FUSED_DEFAULT, *extra, *wide)
+            row = row_configs(weight.shape[1], rows)
+            yield from dict.fromkeys(c for c in (plain, FUSED_DEFAULT, *extra, *wide, *row)
                                      if c is not None)
 
         _FUSED_CHOICE[key] = fastest_config(unfused, fused, configs(), rep=10,
