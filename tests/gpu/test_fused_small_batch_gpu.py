@@ -10,7 +10,14 @@ from tiny_model import build_tiny_llama, perturb_norms
 from pagedrt import LLM, SamplingParams
 from pagedrt.models import layers
 from pagedrt.models.layers import RMSNorm, SiluAndMul
-from pagedrt.ops.gemv_triton import CONFIGS, gemv_rmsnorm_triton, gemv_silu_mul_triton
+from pagedrt.ops.gemv_triton import (
+    CONFIGS,
+    gemv_rmsnorm_triton,
+    gemv_silu_mul_triton,
+    gemv_triton,
+    linear,
+    row_configs,
+)
 
 SHAPES = {"qwen2": (896, 1152, 9728, 4864), "llama3": (4096, 6144, 28672, 14336)}
 
@@ -40,6 +47,48 @@ def test_fused_prologues_match_the_modules_in_bf16(model, m):
     want = SiluAndMul()(gu).float() @ w.float().T
     for cfg in CONFIGS:
         got = gemv_silu_mul_triton(gu, w, None, cfg).float()
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("model", SHAPES)
+def test_one_row_kernel_matches_the_modules_in_bf16(model):
+    """The one-row kernel (`row_configs`, launched with PDL at one row) at every config of each
+    projection: plain (O), RMSNorm + residual (QKV, gate/up), SwiGLU (down), bf16."""
+    hidden, qkv, gate_up, inter = SHAPES[model]
+    g = torch.Generator(device="cuda").manual_seed(5)
+    dev, bf16 = "cuda", torch.bfloat16
+    norm = RMSNorm(hidden, 1e-6).to(dev, bf16)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.2 * torch.randn(hidden, device=dev, generator=g))
+    x = torch.randn(1, hidden, device=dev, generator=g).to(bf16)
+    residual = torch.randn(1, hidden, device=dev, generator=g).to(bf16)
+    h, want_residual = norm(x, residual)
+    assert row_configs(hidden, 1) and row_configs(inter, 1)
+    for n in (qkv, gate_up, hidden):
+        w = (torch.randn(n, hidden, device=dev, generator=g) * 0.02).to(bf16)
+        for cfg in row_configs(hidden, 1):
+            got = gemv_triton(x, w, None, cfg).float()
+            torch.testing.assert_close(got, x.float() @ w.float().T, rtol=2e-2, atol=2e-2)
+            y, new_residual = gemv_rmsnorm_triton(x, residual, norm.weight, norm.eps, w, None,
+                                                  cfg)
+            assert torch.equal(new_residual, want_residual)
+            torch.testing.assert_close(y.float(), h.float() @ w.float().T, rtol=2e-2, atol=2e-2)
+    gu = torch.randn(1, 2 * inter, device=dev, generator=g).to(bf16)
+    w = (torch.randn(hidden, inter, device=dev, generator=g) * 0.02).to(bf16)
+    want = SiluAndMul()(gu).float() @ w.float().T
+    for cfg in row_configs(inter, 1):
+        got = gemv_silu_mul_triton(gu, w, None, cfg).float()
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_lm_head_rows_through_the_timed_skinny_matmul():
+    """`linear` at an LM head's shape (Qwen2-0.5B's 151,936 x 896) for 1 and 4 rows: what it
+    chose (cuBLAS or a config) gives F.linear's logits."""
+    g = torch.Generator(device="cuda").manual_seed(9)
+    w = (torch.randn(151936, 896, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    for m in (1, 4):
+        x = torch.randn(m, 896, device="cuda", generator=g).to(torch.bfloat16)
+        got, want = linear(x, w).float(), torch.nn.functional.linear(x, w).float()
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
 
 
