@@ -18,8 +18,8 @@ lat_tree() {  # tree (base|head), name, cap
   (cd "$path" && PAGEDRT_COMMIT=$commit PYTHONPATH="$path" timeout "$3" python3 -m \
     pagedrt.entrypoints.cli bench latency --preset qwen2-0.5b --contexts 512,4096 \
     --graphs on --repeats 3 --name "$2" --out "$out/r") > "$out/r/$2.txt" 2>&1
-  echo "$2 status $? in $((SECONDS - t0))s: $(grep -E "^pagedrt +qwen" "$out/r/$2.txt" \
-    | tr -s ' ' | tr '\n' ' ')"
+  echo "$2 status $? in $((SECONDS - t0))s: $(grep -E "batch1" "$out/r/$2.txt" \
+    | tr -s " " | cut -d" " -f4,6 | tr "\n" " ")"
   python3 - "$out/r/$2.json" <<'PY' 2>/dev/null
 import json, sys
 for name, table in json.load(open(sys.argv[1])).get("kernel_choices", {}).items():
