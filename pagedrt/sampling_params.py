@@ -323,8 +323,8 @@ def check_truncate_prompt_tokens(value) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                               or not (value == -1 or 1 <= value < 2**63)):
         raise ValueError(f"truncate_prompt_tokens={short_repr(value)} must be None (no "
-                         "truncation), an int k >= 1 (keep the prompt's last k tokens) or -1 "
-                         "(keep the most that leave room for max_tokens)")
+                         "truncation), an int k from 1 to max_model_len (keep the prompt's "
+                         "last k tokens) or -1 (keep the most that leave room for max_tokens)")
 
 
 @dataclass(frozen=True)

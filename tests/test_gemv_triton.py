@@ -93,11 +93,16 @@ def test_bad_inputs_and_cpu_dispatch():
     torch.testing.assert_close(linear(x[:2], w), x[:2] @ w.T)
 
 
-def test_row_configs_only_at_one_row_and_where_registers_hold_them():
+def test_row_configs_only_at_one_row_and_where_registers_hold_them(monkeypatch):
+    from pagedrt.ops import gemv_triton as gemv_triton_module
+
     assert row_configs(896, 1) == [(8, 1024, 4, 8), (4, 1024, 4, 8), (2, 1024, 4, 8)]
     assert row_configs(4864, 1) == [(2, 8192, 8, 8), (1, 8192, 8, 8)]  # 64 values a thread
     assert row_configs(14336, 1) == [(1, 16384, 8, 8)]
     assert row_configs(16385, 1) == [] and row_configs(896, 2) == []
+    # timed only with PAGEDRT_GEMV_ROW=1 (opt-in)
+    assert candidate_configs(896, 132, 896, 1) == CONFIGS + WIDE_K_CONFIGS
+    monkeypatch.setattr(gemv_triton_module, "ROW_ENABLED", True)
     assert candidate_configs(896, 132, 896, 1) == CONFIGS + WIDE_K_CONFIGS + row_configs(896, 1)
     assert candidate_configs(896, 132, 896, 3) == CONFIGS + WIDE_K_CONFIGS
 

@@ -103,8 +103,13 @@ def test_truncate_prompt_keeps_the_last_tokens():
     assert truncate_prompt(ids, None, 4, limits) is ids
     assert truncate_prompt(ids, 3, 4, limits) == [17, 18, 19]
     assert truncate_prompt(ids, 1, None, limits) == [19]
-    assert truncate_prompt(ids, 20, 4, limits) is ids  # k >= the prompt: unchanged
-    assert truncate_prompt(ids, 25, 4, limits) is ids
+    short = ids[:8]
+    assert truncate_prompt(short, 10, 4, limits) is short  # k >= the prompt: unchanged
+    assert truncate_prompt(ids, 10, 4, limits) == ids[-10:]  # k = max_model_len
+    for k in (11, 20, 25):  # above max_model_len: refused, as vLLM refuses it
+        with pytest.raises(ValueError, match=f"^truncate_prompt_tokens={k} is more than "
+                                             "max_model_len=10: give at most 10, or -1"):
+            truncate_prompt(ids, k, 4, limits)
     assert truncate_prompt(ids, -1, 4, limits) == ids[-6:]  # max_model_len - max_tokens
     assert truncate_prompt(ids, -1, None, limits) == ids[-9:]  # room for one token
     assert truncate_prompt(ids, -1, 50, limits) == ids[-1:]  # at least one token

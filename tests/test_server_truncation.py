@@ -135,6 +135,30 @@ def test_bad_truncate_prompt_tokens_is_a_400_naming_it(server, http, path, base,
     assert "truncate_prompt_tokens" in error["message"]
 
 
+@pytest.mark.parametrize("path, base", [
+    ("/v1/completions", {"prompt": PROMPT}),
+    ("/v1/chat/completions", {"messages": CHAT}),
+])
+def test_truncate_prompt_tokens_above_max_model_len_is_a_400(server, http, llm, path, base):
+    """As vLLM: k above max_model_len is refused (offline too), naming both numbers; k equal
+    to it is taken."""
+    limit = ENGINE_KWARGS["max_model_len"]
+    for value in (limit + 1, 2**62):
+        r = http.post(path, json={**base, "model": MODEL, "max_tokens": 2,
+                                  "truncate_prompt_tokens": value})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "truncate_prompt_tokens", error
+        assert error["message"].startswith(
+            f"truncate_prompt_tokens={value} is more than max_model_len={limit}"), error
+    r = http.post(path, json={**base, "model": MODEL, "max_tokens": 2,
+                              "truncate_prompt_tokens": limit})
+    assert r.status_code == 200, r.text
+    with pytest.raises(ValueError, match=f"^truncate_prompt_tokens={limit + 1} is more than "
+                                         f"max_model_len={limit}: give at most {limit}"):
+        _greedy(llm, PROMPT, truncate_prompt_tokens=limit + 1)
+
+
 def test_return_tokens_as_token_ids_completions(http, llm):
     """Every token of the logprobs (chosen, top, echoed prompt; streamed or not) is
     "token_id:{id}" with the ids LLM.generate gives; text_offset still counts the text."""

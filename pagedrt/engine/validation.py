@@ -72,10 +72,18 @@ def truncate_prompt(token_ids: list[int], truncate_prompt_tokens: int | None,
     min(max_model_len, KV cache tokens) - max_tokens (max_tokens=None counted as 1; at least
     1 token), so that the prompt fits with its max_tokens; unchanged for None or a prompt no
     longer than that. Call before `resolve_max_tokens` and `validate_prompt` (LLM.generate,
-    LLMEngine.add_request and the server do)."""
+    LLMEngine.add_request and the server do).
+
+    Raises:
+        ValueError: k above max_model_len (as vLLM refuses it), naming both.
+    """
     k = truncate_prompt_tokens
     if k is None:
         return token_ids
+    if k > limits.max_model_len:
+        raise ValueError(f"truncate_prompt_tokens={k} is more than max_model_len="
+                         f"{limits.max_model_len}: give at most {limits.max_model_len}, or -1 "
+                         "to keep the most tokens that leave room for max_tokens")
     if k == -1:
         room = min(limits.max_model_len, limits.kv_capacity_tokens)
         k = max(1, room - (1 if max_tokens is None else max_tokens))

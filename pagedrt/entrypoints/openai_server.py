@@ -317,8 +317,11 @@ class OpenAIServer:
         else:
             prompts = [list(p) for p in prompt]
         untruncated = prompts
-        prompts = [truncate_prompt(p, params.truncate_prompt_tokens, params.max_tokens,
-                                   self.limits) for p in prompts]
+        try:
+            prompts = [truncate_prompt(p, params.truncate_prompt_tokens, params.max_tokens,
+                                       self.limits) for p in prompts]
+        except ValueError as e:
+            raise api_error_from_value_error(e, "truncate_prompt_tokens") from None
         params = self._resolve_bad_words(params, "prompt")
         self._validate(prompts, params, "prompt", echo_only)
         echo = None
@@ -347,10 +350,10 @@ class OpenAIServer:
         if body.truncate_prompt_tokens is not None:  # (before the default max_tokens below)
             try:
                 check_truncate_prompt_tokens(body.truncate_prompt_tokens)
+                prompts = [truncate_prompt(prompts[0], body.truncate_prompt_tokens, max_tokens,
+                                           self.limits)]
             except ValueError as e:
                 raise api_error_from_value_error(e, "messages") from None
-            prompts = [truncate_prompt(prompts[0], body.truncate_prompt_tokens, max_tokens,
-                                       self.limits)]
         if max_tokens is None:  # as much as fits (OpenAI's default for chat)
             max_tokens = max_tokens_that_fit(len(prompts[0]), self.limits)
         if body.logprobs:

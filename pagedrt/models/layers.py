@@ -431,9 +431,10 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states [num_tokens, hidden] -> logits [num_tokens, num_embeddings]; 1 to 4
-        CUDA rows through the skinny Triton matmul where it timed faster than cuBLAS
-        (`pagedrt.ops.gemv_triton.linear`; Qwen2-0.5B's 272 MB head at one row on an H100:
-        88.3 against 95.0 us, benchmarks/diagnostics/read_floor.py)."""
+        CUDA rows through the skinny Triton matmul where the start-up timing finds it 5%
+        faster than cuBLAS (`pagedrt.ops.gemv_triton.linear`; Qwen2-0.5B's 272 MB head at one
+        row on an H100: 88.3 against 95.0 us cold in benchmarks/diagnostics/read_floor.py,
+        under 5% in the engine's timing, which kept cuBLAS)."""
         if hidden_states.dim() == 2 and hidden_states.shape[0] <= 4 and _use_fused(hidden_states):
             from pagedrt.ops.gemv_triton import linear
 

@@ -5,9 +5,10 @@ once, and cuBLAS's kernels for these shapes reach well under the device's bandwi
 H200, Qwen2-0.5B's down projection ran at about 1.2 TB/s through a split-K GEMM plus a
 reduction kernel). This kernel streams W once with wide loads, each program owning BLOCK_N
 output columns for all M rows, fp32 accumulation, bias added in the epilogue. At one row a
-second kernel is timed beside it (`_gemv_row_kernel`, `row_configs`): a grid of a few programs
-per SM, each walking every P-th block of outputs with its input row computed once and the next
-block's weights in flight while it multiplies the current one.
+second kernel can be timed beside it (`_gemv_row_kernel`, `row_configs`; opt-in,
+PAGEDRT_GEMV_ROW=1): a grid of a few programs per SM, each walking every P-th block of outputs
+with its input row computed once and the next block's weights in flight while it multiplies
+the current one.
 
 `linear` picks, once per (N, K, M, dtype), the faster of this kernel (over a few tile
 configs) and `torch.nn.functional.linear`, timed on the device outside CUDA-graph capture;
@@ -66,11 +67,14 @@ def wide_k_configs(n: int, sms: int) -> list[tuple[int, int, int]]:
 # One-row configs of `_gemv_row_kernel`, (BLOCK_N, BLOCK_K, num_warps, programs per SM): four
 # values, which is how `_launch` tells them from the grid kernel's three. A program keeps its
 # whole input row and two blocks of weights in registers, so they are timed only at one row
-# and where a block is at most 64 weight values per thread (`row_configs`). On an H100 the
-# kernel read Qwen2-0.5B's gate/up weight (17.4 MB, cold) in 6.18 us at (4, 1,024, 4, 8)
-# against 7.05 for the best grid config and 6.08 for a kernel that only reads it
-# (benchmarks/diagnostics/read_floor.py; benchmarks/results/RUNS.md, "Runs of 2026-12-07
-# (09:20-10:40 UTC)").
+# and where a block is at most 64 weight values per thread (`row_configs`), and only with
+# PAGEDRT_GEMV_ROW=1 (opt-in: docs/design.md, "Small-batch decode", has the measurements).
+# On an H100 the kernel read Qwen2-0.5B's gate/up weight (17.4 MB, cold) in 6.18 us at (4,
+# 1,024, 4, 8) against 7.05 for the best grid config and 6.08 for a kernel that only reads it
+# (benchmarks/diagnostics/read_floor.py), and the start-up timing took it for QKV, O and
+# gate/up, but batch-1 decode was not reliably faster (benchmarks/results/RUNS.md, "Runs of
+# 2026-12-07 (09:25-10:50 UTC)").
+ROW_ENABLED = env_flag("PAGEDRT_GEMV_ROW")
 ROW_TILES = ((8, 4), (4, 4), (2, 4), (4, 8), (2, 8), (1, 8))  # (BLOCK_N, num_warps), preferred first
 ROW_PROGRAMS_PER_SM = 8
 ROW_MAX_K = 16384  # one 8-warp program holds a 16,384-column row of weights and of x
@@ -78,7 +82,9 @@ ROW_MAX_K = 16384  # one 8-warp program holds a 16,384-column row of weights and
 
 def row_configs(k: int, rows: int) -> list[tuple[int, int, int, int]]:
     """The first three of ROW_TILES whose block of BLOCK_N rows of a K = `k` weight fits 64
-    values per thread, as one-row configs; none unless `rows` is 1 and k <= ROW_MAX_K."""
+    values per thread, as one-row configs; none unless `rows` is 1 and k <= ROW_MAX_K. The
+    configs the start-up timing tries only with PAGEDRT_GEMV_ROW=1 (`candidate_configs`,
+    `fused_or_unfused`)."""
     if rows != 1 or k > ROW_MAX_K:
         return []
     block_k = triton.next_power_of_2(k)
@@ -88,9 +94,9 @@ def row_configs(k: int, rows: int) -> list[tuple[int, int, int, int]]:
 
 def candidate_configs(n: int, sms: int, k: int = 0, rows: int = 0) -> list[tuple]:
     """The tile configs `linear` times for a weight of `n` rows (and `k` columns, for `rows`
-    rows of x) on a GPU of `sms` multiprocessors: CONFIGS, `wide_k_configs` and
-    `row_configs`."""
-    return CONFIGS + wide_k_configs(n, sms) + row_configs(k, rows)
+    rows of x) on a GPU of `sms` multiprocessors: CONFIGS, `wide_k_configs` and, with
+    PAGEDRT_GEMV_ROW=1, `row_configs`."""
+    return CONFIGS + wide_k_configs(n, sms) + (row_configs(k, rows) if ROW_ENABLED else [])
 
 
 @triton.jit
@@ -552,7 +558,7 @@ def fused_or_unfused(key: tuple, unfused, fused, weight: torch.Tensor, rows: int
             plain = _CHOICE.get(_plain_key(weight, rows, has_bias))
             extra = FUSED_ONE_ROW if rows == 1 else ()
             wide = wide_k_configs(weight.shape[0], device_sms(weight))
-            row = row_configs(weight.shape[1], rows)
+            row = row_configs(weight.shape[1], rows) if ROW_ENABLED else []
             yield from dict.fromkeys(c for c in (plain, FUSED_DEFAULT, *extra, *wide, *row)
                                      if c is not None)
 
