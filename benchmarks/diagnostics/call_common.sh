@@ -17,7 +17,8 @@
 # .json, one summary line each), and latency_run NAME CAP [ENV] (Qwen2-0.5B batch-1 ms/token
 # at ctx 512 and 4,096 with ENV, capped at CAP seconds: $out/r/lat_NAME.txt and .json, a
 # summary line and the run's 1-row tile choices printed, with the in-step timing's findings
-# where PAGEDRT_STEP_TIMING is set), and sweep NAME [ENV] (the batch sweep of record, Qwen2-0.5B
+# where PAGEDRT_STEP_TIMING is set), and lat_tree TREE NAME CAP (one such process of this tree,
+# or with TREE base of .base/, whose commit BASE_COMMIT names), and sweep NAME [ENV] (the batch sweep of record, Qwen2-0.5B
 # 512/128 at 256 and batches 8-128 with --repeats 3 and ENV, capped at 200 s: $out/r/sweep_NAME
 # .txt and .json, a summary line), and timeline_run BATCH STEPS CAP [ENV [SUFFIX]]
 # (decode_timeline.py at ctx 512 with ENV: $out/r/tl_bBATCH[SUFFIX].txt and .json, its totals
@@ -159,6 +160,24 @@ latency_env() {  # name, cap, environment (VAR=VALUE, or "" for none), then extr
     > "$out/r/$name.txt" 2>&1
   echo "$name ($envs $*) status $? in $((SECONDS - t0))s: $(grep -E "batch1" \
     "$out/r/$name.txt" | tr -s ' ' | cut -d' ' -f4,6 | tr '\n' ' ')"
+}
+lat_tree() {  # tree (base|head), name, cap: one Qwen2-0.5B batch-1 `bench latency` process
+  # (ctx 512 and 4,096) of this tree or of .base/ (its commit in BASE_COMMIT), a summary line
+  # and the process's 1-row choices ($out/r/NAME.txt and .json)
+  local path=$PWD commit=$PAGEDRT_COMMIT t0=$SECONDS
+  [ "$1" = base ] && path=$PWD/.base commit=${BASE_COMMIT:-base}
+  (cd "$path" && PAGEDRT_COMMIT=$commit PYTHONPATH="$path" timeout "$3" python3 -m \
+    pagedrt.entrypoints.cli bench latency --preset qwen2-0.5b --contexts 512,4096 \
+    --graphs on --repeats 3 --name "$2" --out "$out/r") > "$out/r/$2.txt" 2>&1
+  echo "$2 status $? in $((SECONDS - t0))s: $(grep -E "batch1" "$out/r/$2.txt" \
+    | tr -s " " | cut -d" " -f4,6 | tr "\n" " ")"
+  python3 - "$out/r/$2.json" <<'PY' 2>/dev/null
+import json, sys
+for name, table in json.load(open(sys.argv[1])).get("kernel_choices", {}).items():
+    for k, v in table.items():
+        if ", 1, " in k:
+            print("   ", k[:64], "->", v)
+PY
 }
 sweep() {  # name, extra environment (VAR=VALUE or "")
   bench_env "sweep_$1" 200 "${2:-}" --batch-sizes 8,32,64,128 --repeats 3

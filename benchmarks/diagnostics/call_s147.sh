@@ -6,22 +6,7 @@
 set -u
 . benchmarks/diagnostics/call_common.sh
 out="$(cd "$out" && pwd)"
-lat_tree() {  # tree (base|head), name, cap
-  local path=$PWD commit=$PAGEDRT_COMMIT t0=$SECONDS
-  [ "$1" = base ] && path=$PWD/.base commit=9f4b5df
-  (cd "$path" && PAGEDRT_COMMIT=$commit PYTHONPATH="$path" timeout "$3" python3 -m \
-    pagedrt.entrypoints.cli bench latency --preset qwen2-0.5b --contexts 512,4096 \
-    --graphs on --repeats 3 --name "$2" --out "$out/r") > "$out/r/$2.txt" 2>&1
-  echo "$2 status $? in $((SECONDS - t0))s: $(grep -E "batch1" "$out/r/$2.txt" \
-    | tr -s " " | cut -d" " -f4,6 | tr "\n" " ")"
-  python3 - "$out/r/$2.json" <<'PY' 2>/dev/null
-import json, sys
-for name, table in json.load(open(sys.argv[1])).get("kernel_choices", {}).items():
-    for k, v in table.items():
-        if ", 1, " in k:
-            print("   ", k[:64], "->", v)
-PY
-}
+BASE_COMMIT=9f4b5df  # lat_tree (call_common.sh): .base holds its pagedrt/
 lat_tree base lat_base_1 60
 lat_tree head lat_head_2 60
 lat_tree head lat_head_3 60

@@ -12,10 +12,12 @@ weight from DRAM), one row of x, the engine's PDL launch where the kernel has it
   BLOCK-element chunks and stores one float), over grids of 1-16 programs per SM, its first
   chunk loaded before the PDL wait as the skinny matmul loads its first columns: the floor.
 - `gemv`: the engine's skinny matmul (`gemv_triton`) at every config `linear` times.
-- `persist`: a one-row matmul whose programs (1-8 per SM) each walk every P-th block of
-  BLOCK_N weight rows, whole K in registers (K <= 1,024 only), the next block's load issued
-  before the current block's products: does a grid of long-lived programs read closer to the
-  floor than one of many short ones?
+- `persist`: the one-row matmul (`gemv_triton`'s `_gemv_row_kernel`, opt-in in the engine:
+  PAGEDRT_GEMV_ROW=1), whose programs (1-8 per SM) each walk every P-th block of BLOCK_N
+  weight rows, whole K in registers (K <= 1,024 here), the next block's load issued before
+  the current block's products: does a grid of long-lived programs read closer to the floor
+  than one of many short ones? (Its first run, on 2026-12-07, timed this file's own copy of
+  the kernel, which then moved into the engine.)
 - `cublas`: `F.linear`.
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/read_floor.py --out DIR
@@ -65,43 +67,10 @@ def _read_kernel(w_ptr, out_ptr, numel, BLOCK: tl.constexpr, PDL: tl.constexpr):
     tl.store(out_ptr + pid, tl.sum(acc, axis=0))
 
 
-@triton.jit
-def _persist_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    """y[0, n] = x[0] . w[n] for the blocks of BLOCK_N rows pid, pid + P, ...; whole K
-    (BLOCK_K >= K) per block, the next block loaded before this one's products."""
-    pid = tl.program_id(0)
-    num_progs = tl.num_programs(0)
-    offs_k = tl.arange(0, BLOCK_K)
-    mask_k = offs_k < K
-    rows = tl.arange(0, BLOCK_N)
-    offs_n = pid * BLOCK_N + rows
-    w = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
-                mask=(offs_n < N)[:, None] & mask_k[None, :], other=0.0)
-    pdl_prologue(PDL)
-    x = tl.load(x_ptr + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-    for block in range(pid, tl.cdiv(N, BLOCK_N), num_progs):
-        offs_n = block * BLOCK_N + rows
-        next_n = offs_n + num_progs * BLOCK_N
-        w_next = tl.load(w_ptr + next_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :],
-                         mask=(next_n < N)[:, None] & mask_k[None, :], other=0.0)
-        y = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-        tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=offs_n < N)
-        w = w_next
-
-
 def read_launch(w: torch.Tensor, out: torch.Tensor, programs: int, block: int, warps: int,
                 pdl: bool) -> None:
     _read_kernel[(programs,)](w, out, w.numel(), BLOCK=block, num_warps=warps,
                               **pdl_launch(pdl))
-
-
-def persist_launch(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, programs: int,
-                   block_n: int, warps: int, pdl: bool) -> None:
-    n, k = w.shape
-    _persist_kernel[(min(programs, triton.cdiv(n, block_n)),)](
-        x, w, y, n, k, w.stride(0), BLOCK_N=block_n, BLOCK_K=triton.next_power_of_2(k),
-        num_warps=warps, **pdl_launch(pdl))
 
 
 def read_configs(quick: bool) -> list[tuple[int, int, int]]:
@@ -111,18 +80,15 @@ def read_configs(quick: bool) -> list[tuple[int, int, int]]:
             if b // (32 * w) <= 64]
 
 
-def persist_configs(k: int, quick: bool) -> list[tuple[int, int, int]]:
-    """(programs per SM, BLOCK_N, warps) whose two weight tiles fit in registers."""
+def persist_configs(k: int, quick: bool) -> list[tuple[int, int, int, int]]:
+    """One-row configs of the engine's `_gemv_row_kernel` (BLOCK_N, BLOCK_K, warps, programs
+    per SM) whose two weight blocks fit in registers, K <= 1,024 (as first measured)."""
     if k > 1024:
         return []
     per_sm = (2, 4, 8) if quick else (1, 2, 4, 8)
-    out = []
-    for p in per_sm:
-        for block_n in (2, 4, 8, 16):
-            for warps in (4, 8):
-                if block_n * triton.next_power_of_2(k) // (32 * warps) <= 64:
-                    out.append((p, block_n, warps))
-    return out
+    block_k = triton.next_power_of_2(k)
+    return [(block_n, block_k, warps, p) for p in per_sm for block_n in (2, 4, 8, 16)
+            for warps in (4, 8) if block_n * block_k // (32 * warps) <= 64]
 
 
 def time_shape(n: int, k: int, dtype: torch.dtype, quick: bool) -> dict:
@@ -162,13 +128,11 @@ def time_shape(n: int, k: int, dtype: torch.dtype, quick: bool) -> dict:
         row["gemv"][str(list(cfg))] = entry(cold_us(
             [functools.partial(gemv_triton, x, w, None, cfg) for w in weights]))
     row["persist"] = {}
-    y = torch.empty(1, n, device=dev, dtype=dtype)
-    for p, block_n, warps in persist_configs(k, quick):
-        persist_launch(x, weights[0], y, p * sms, block_n, warps, pdl)
+    for cfg in persist_configs(k, quick):
+        y = gemv_triton(x, weights[0], None, cfg)
         torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2)
-        row["persist"][f"{p}/{block_n}/{warps}"] = entry(cold_us(
-            [functools.partial(persist_launch, x, w, y, p * sms, block_n, warps, pdl)
-             for w in weights]))
+        row["persist"][f"{cfg[3]}/{cfg[0]}/{cfg[2]}"] = entry(cold_us(
+            [functools.partial(gemv_triton, x, w, None, cfg) for w in weights]))
     del weights
     torch.cuda.empty_cache()
     return row
