@@ -325,7 +325,7 @@ def test_truncate_prompt_tokens_reaches_sampling_params_and_bad_values_are_a_400
                 body.to_sampling_params(4, None)
             error = api_error_from_value_error(e.value, "prompt")
             assert error.param == "truncate_prompt_tokens", error.message
-            assert "k >= 1" in error.message
+            assert "k from 1 to max_model_len" in error.message
         for bad in (True, 1.5, "3"):  # (strict: not an int)
             with pytest.raises(ValidationError) as e:
                 model.model_validate({**base, "truncate_prompt_tokens": bad})
