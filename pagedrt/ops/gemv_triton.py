@@ -262,7 +262,7 @@ def _gemv_row_kernel(
     """One row of x: program p computes the blocks of BLOCK_N outputs p, p + P, ... (P
     programs), its input row taken once (after the prologue) and each next block's weights
     loaded before this block's products, so that every program keeps a block in flight
-    (`ROW_CONFIGS`). The first block is loaded before the PDL wait."""
+    (`row_configs`). The first block is loaded before the PDL wait."""
     pid = tl.program_id(0)
     num_progs = tl.num_programs(0)
     offs_k = tl.arange(0, BLOCK_K)
