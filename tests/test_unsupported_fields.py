@@ -92,7 +92,6 @@ def test_other_output_controls_of_openai_are_refused(body, field):
     ({"logits_processors": ["my.module:Proc"]}, "logits_processors"),
     ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
     ({"mm_processor_kwargs": {"a": 1}}, "mm_processor_kwargs"),
-    ({"return_token_ids": True}, "return_token_ids"),
 ])
 def test_vllm_extensions_not_built_are_refused(body, field):
     _refused(body, field)
@@ -117,7 +116,7 @@ def test_continuous_usage_stats_is_refused_naming_the_key():
     {"spaces_between_special_tokens": True}, {"continue_final_message": False},
     {"chat_template_kwargs": {}}, {"return_tokens_as_token_ids": False},
     {"return_tokens_as_token_ids": True}, {"truncate_prompt_tokens": 10},
-    {"truncate_prompt_tokens": -1},
+    {"truncate_prompt_tokens": -1}, {"return_token_ids": True}, {"return_token_ids": False},
     {"stream_options": {"include_usage": True, "continuous_usage_stats": False}},
     {"tools": None, "response_format": None, "guided_json": None},  # null: not set
 ])

@@ -472,7 +472,8 @@ class OpenAIServer:
         num_top = params.logprobs or 0
         if body.stream:
             return StreamingResponse(self._stream(run, kind, base_id, body.include_usage,
-                                                  num_top, builder),
+                                                  num_top, builder,
+                                                  bool(body.return_token_ids)),
                                      media_type="text/event-stream", headers=_SSE_HEADERS)
         async with run:
             while not run.finished:
@@ -481,18 +482,22 @@ class OpenAIServer:
                     return Response(status_code=499)
         return JSONResponse(builder.full_response(
             kind, base_id, run.final_outputs(), params.n, echo=echo is not None,
-            num_top=num_top, prompt_logprobs=body.prompt_logprobs))
+            num_top=num_top, prompt_logprobs=body.prompt_logprobs,
+            token_ids=bool(body.return_token_ids)))
 
     async def _stream(self, run: _Run, kind: str, base_id: str, include_usage: bool,
-                      num_top: int, builder: ResponseBuilder):
+                      num_top: int, builder: ResponseBuilder, token_ids: bool = False):
         """Server-sent events; requests are added only once the response streams, so a client
         that leaves before the first byte never starts one. Each wake-up sends everything that
         arrived since the last one, in one write. With echo, each choice's first chunk leads
         with its prompt (and the prompt's logprobs, num_top per token, where asked). builder:
-        the request's (`ResponseBuilder.for_request`)."""
+        the request's (`ResponseBuilder.for_request`). token_ids (vLLM's return_token_ids):
+        the chunks carry token ids (response.py), all through `StreamState.update_one`."""
         echo = None if run.echo is None else list(zip(run.echo, run.prompts))
         stream: StreamState = builder.stream(kind, base_id, run.params.n, len(run.prompts),
-                                             echo, num_top)
+                                             echo, num_top,
+                                             run.prompts if token_ids else None)
+        fast_path = not token_ids
         try:
             async with run:
                 pieces = [_sse(chunk) for chunk in stream.start()]
@@ -501,7 +506,7 @@ class OpenAIServer:
                     # earlier write waited on the client
                     done = run.finished
                     for p, out in run.new_outputs():
-                        fast = stream.text_sse(p, out)
+                        fast = stream.text_sse(p, out) if fast_path else None
                         if fast is not None:
                             pieces.append(fast)
                         else:

@@ -158,7 +158,9 @@ class _SamplingRequest(_RefusesUnsupported):
     chat, whose template writes its own). truncate_prompt_tokens (vLLM's): keep the last k
     tokens of each tokenized prompt (after the chat template on chat; -1: the most that leave
     room for max_tokens; `SamplingParams.truncate_prompt_tokens`). return_tokens_as_token_ids
-    (vLLM's): logprobs name tokens as "token_id:{id}" (`ResponseBuilder`).
+    (vLLM's): logprobs name tokens as "token_id:{id}" (`ResponseBuilder`). return_token_ids
+    (vLLM's): the response carries the prompt's token ids (after truncate_prompt_tokens) and
+    each choice's generated ones (`prompt_token_ids`, `token_ids`: response.py says where).
     """
 
     model: str | None = None
@@ -191,6 +193,7 @@ class _SamplingRequest(_RefusesUnsupported):
     add_special_tokens: bool | None = None
     truncate_prompt_tokens: int | None = None
     return_tokens_as_token_ids: bool | None = None
+    return_token_ids: bool | None = None
 
     def to_sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """Raises ValueError (from SamplingParams or BeamSearchParams) naming the field and

@@ -24,6 +24,19 @@ of its text, so that a client gets the id of a token whose text is not valid UTF
 chat's `bytes` are then that string's UTF-8 bytes (as in vLLM). text_offset still counts the
 tokens' text (vLLM counts the "token_id:..." strings, which are not in the text). Prompt
 logprobs' `decoded_token` stays the text (vLLM's).
+
+Token ids (vLLM's `return_token_ids`): the prompt that ran (after truncate_prompt_tokens; with
+echo still the prompt alone) as `prompt_token_ids`, on each completion choice and at the top of
+a chat response, and each choice's generated ids as its `token_ids`: exactly
+`CompletionOutput.token_ids`, the ids the engine produced, the one that ended the choice
+included (an EOS or stop token id; for a stop string, the token that completed it, although
+the text stops before the stop string; echo adds none; echo-only scoring has none). Streamed:
+each chunk of a choice carries the ids new since that choice's previous chunk as `token_ids`
+(ids whose text is still held back, a possible stop string or a partial UTF-8 character, go
+with the chunk that sends it, or with the last one), so that a choice's chunks' ids together
+are its non-streamed `token_ids`; a completion choice's first chunk also carries
+`prompt_token_ids`, and on chat every opening (role) chunk carries it at the top. Without the
+field the responses have neither key.
 """
 
 from __future__ import annotations
@@ -167,11 +180,12 @@ class ResponseBuilder:
     # ------------------------------------------------------------ whole responses
     def full_response(self, kind: str, response_id: str, finals: list[RequestOutput],
                       n: int, echo: bool = False, num_top: int = 0,
-                      prompt_logprobs: int | None = None) -> dict:
+                      prompt_logprobs: int | None = None, token_ids: bool = False) -> dict:
         """The whole response. echo (completions): each RequestOutput's `prompt` (the prompt's
         text) leads its choices' text, and its prompt logprobs their logprobs (num_top: the
         request's logprobs). prompt_logprobs: the top count of vLLM's field when asked (from
-        each RequestOutput.prompt_logprobs), else None (no field)."""
+        each RequestOutput.prompt_logprobs), else None (no field). token_ids (vLLM's
+        return_token_ids): `prompt_token_ids` and `token_ids` as the module docstring says."""
         choices = []
         for p, out in enumerate(finals):
             for o in out.outputs:
@@ -192,6 +206,10 @@ class ResponseBuilder:
                     if prompt_logprobs is not None:
                         choice["prompt_logprobs"] = self.prompt_logprobs(out.prompt_logprobs,
                                                                          prompt_logprobs)
+                    if token_ids:
+                        choice["prompt_token_ids"] = list(out.prompt_token_ids)
+                if token_ids:
+                    choice["token_ids"] = list(o.token_ids)
                 choices.append(choice)
         choices.sort(key=lambda c: c["index"])
         response = {"id": response_id, "object": "chat.completion" if kind == "chat"
@@ -200,12 +218,16 @@ class ResponseBuilder:
         if prompt_logprobs is not None and len(finals) == 1:
             response["prompt_logprobs"] = self.prompt_logprobs(finals[0].prompt_logprobs,
                                                                prompt_logprobs)
+        if token_ids and kind == "chat":
+            response["prompt_token_ids"] = list(finals[0].prompt_token_ids)
         return response
 
     def stream(self, kind: str, response_id: str, n: int, num_prompts: int,
                echo: list[tuple[str, list[int]]] | None = None,
-               num_top: int = 0) -> StreamState:
-        return StreamState(self, kind, response_id, n, num_prompts, echo, num_top)
+               num_top: int = 0,
+               prompt_token_ids: list[list[int]] | None = None) -> StreamState:
+        return StreamState(self, kind, response_id, n, num_prompts, echo, num_top,
+                           prompt_token_ids)
 
 
 def _joined(head: dict, tail: dict) -> dict:
@@ -225,10 +247,13 @@ class StreamState:
 
     def __init__(self, builder: ResponseBuilder, kind: str, response_id: str, n: int,
                  num_prompts: int, echo: list[tuple[str, list[int]]] | None = None,
-                 num_top: int = 0) -> None:
+                 num_top: int = 0, prompt_token_ids: list[list[int]] | None = None) -> None:
         """echo (completions): per prompt, its text and token ids, which lead each of its
         choices' first chunk (with their logprobs where the request has logprobs, num_top
-        of them per token)."""
+        of them per token). prompt_token_ids (vLLM's return_token_ids; None: not asked): per
+        prompt, the ids that ran; the chunks then carry `prompt_token_ids` and `token_ids`
+        (module docstring), and every chunk goes through `update_one` (`text_sse` has no
+        ids)."""
         self.builder, self.kind, self.response_id, self.n = builder, kind, response_id, n
         self.num_choices = n * num_prompts
         self.created = int(time.time())
@@ -238,6 +263,9 @@ class StreamState:
         self.echo, self.num_top = echo, num_top
         self.echoed = [echo is None] * self.num_choices  # its prompt sent (or none to send)
         self._sse_prefix: str | None = None
+        self.prompt_token_ids = prompt_token_ids
+        self.num_sent_ids = [0] * self.num_choices  # (with prompt_token_ids)
+        self.sent_prompt_ids = [False] * self.num_choices
 
     def _chunk(self, choices: list[dict]) -> dict:
         return {"id": self.response_id, "object": "chat.completion.chunk" if self.kind == "chat"
@@ -248,9 +276,13 @@ class StreamState:
         """Chat streams open every choice with the assistant role (OpenAI does)."""
         if self.kind != "chat":
             return []
-        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
-                              "logprobs": None, "finish_reason": None}])
-                for i in range(self.num_choices)]
+        chunks = [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None, "finish_reason": None}])
+                  for i in range(self.num_choices)]
+        if self.prompt_token_ids is not None:
+            for chunk in chunks:
+                chunk["prompt_token_ids"] = list(self.prompt_token_ids[0])
+        return chunks
 
     def text_sse(self, prompt_index: int, o: CompletionOutput) -> str | None:
         """The SSE event of the common chunk (new text, no logprobs, not finished) as one string
@@ -313,6 +345,12 @@ class StreamState:
             choice["delta"] = {"content": o.delta_text} if o.delta_text else {}
         else:
             choice["text"] = echo_text + o.delta_text
+        if self.prompt_token_ids is not None:
+            if self.kind != "chat" and not self.sent_prompt_ids[index]:
+                self.sent_prompt_ids[index] = True
+                choice["prompt_token_ids"] = list(self.prompt_token_ids[prompt_index])
+            choice["token_ids"] = list(o.token_ids[self.num_sent_ids[index]:])
+            self.num_sent_ids[index] = len(o.token_ids)
         return self._chunk([choice])
 
     def usage_chunk(self, finals: list[RequestOutput]) -> dict:

@@ -18,6 +18,9 @@ vLLM's chat template fields (chat_template, chat_template_kwargs, continue_final
 add_generation_prompt, documents) are served by /v1/chat/completions and /tokenize
 (pagedrt/entrypoints/chat_template.py); /v1/completions, which renders no template, ignores
 them as vLLM does.
+
+vLLM's `return_token_ids` is served, so not in this table: the prompt's and the choices' token
+ids in the response (pagedrt/entrypoints/response.py).
 """
 
 from __future__ import annotations
@@ -74,7 +77,6 @@ _REFUSED: dict[str, tuple[Callable[[object, dict], bool], str]] = {
     "logits_processors": (_equals([]), "no custom logits processors"),
     "spaces_between_special_tokens": (_equals(True), "true only"),
     "mm_processor_kwargs": (_equals({}), "text models only"),
-    "return_token_ids": (_equals(False), "false only"),
     "stream_options": (_no_continuous_usage, "usage in the last chunk only (include_usage)"),
 }
 
