@@ -174,9 +174,6 @@ BAD = [
     ("/v1/completions", {"prompt": "hi", "guided_regex": "[0-9]+"}, "guided_regex",
      "not supported"),
     ("/v1/completions", {"prompt": "hi", "best_of": 3}, "best_of", "not supported"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True,
-                              "stream_options": {"continuous_usage_stats": True}},
-     "stream_options", "not supported"),
 ]
 
 

@@ -97,11 +97,28 @@ def test_vllm_extensions_not_built_are_refused(body, field):
     _refused(body, field)
 
 
-def test_continuous_usage_stats_is_refused_naming_the_key():
-    message = _refused({"stream": True, "stream_options": {"include_usage": True,
-                                                           "continuous_usage_stats": True}},
-                       "stream_options")
-    assert message.startswith("stream_options.continuous_usage_stats=True is not supported")
+@pytest.mark.parametrize("stream, options, include, continuous", [
+    (True, {"include_usage": True, "continuous_usage_stats": True}, True, True),
+    (True, {"include_usage": True, "continuous_usage_stats": False}, True, False),
+    (True, {"include_usage": True}, True, False),
+    # vLLM's rule: continuous stats only with include_usage (alone it adds nothing)
+    (True, {"continuous_usage_stats": True}, False, False),
+    (True, {"include_usage": False, "continuous_usage_stats": True}, False, False),
+    (True, None, False, False),
+    (False, {"include_usage": True, "continuous_usage_stats": True}, False, False),
+])
+def test_continuous_usage_stats_is_served_and_needs_include_usage(stream, options, include,
+                                                                  continuous):
+    for model, base in ((CompletionRequest, COMPLETION), (ChatCompletionRequest, CHAT)):
+        body = model.model_validate({**base, "stream": stream, "stream_options": options})
+        assert body.include_usage is include
+        assert body.continuous_usage_stats is continuous
+
+
+def test_continuous_usage_stats_must_be_a_boolean():
+    with pytest.raises(ValidationError, match="continuous_usage_stats"):
+        CompletionRequest.model_validate({**COMPLETION, "stream": True, "stream_options": {
+            "include_usage": True, "continuous_usage_stats": "yes"}})
 
 
 @pytest.mark.parametrize("body", [
@@ -118,6 +135,8 @@ def test_continuous_usage_stats_is_refused_naming_the_key():
     {"return_tokens_as_token_ids": True}, {"truncate_prompt_tokens": 10},
     {"truncate_prompt_tokens": -1}, {"return_token_ids": True}, {"return_token_ids": False},
     {"stream_options": {"include_usage": True, "continuous_usage_stats": False}},
+    {"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+    {"stream_options": {"continuous_usage_stats": True}},
     {"tools": None, "response_format": None, "guided_json": None},  # null: not set
 ])
 def test_harmless_fields_are_accepted(body):

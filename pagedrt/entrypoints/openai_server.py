@@ -473,7 +473,8 @@ class OpenAIServer:
         if body.stream:
             return StreamingResponse(self._stream(run, kind, base_id, body.include_usage,
                                                   num_top, builder,
-                                                  bool(body.return_token_ids)),
+                                                  bool(body.return_token_ids),
+                                                  body.continuous_usage_stats),
                                      media_type="text/event-stream", headers=_SSE_HEADERS)
         async with run:
             while not run.finished:
@@ -486,18 +487,25 @@ class OpenAIServer:
             token_ids=bool(body.return_token_ids)))
 
     async def _stream(self, run: _Run, kind: str, base_id: str, include_usage: bool,
-                      num_top: int, builder: ResponseBuilder, token_ids: bool = False):
+                      num_top: int, builder: ResponseBuilder, token_ids: bool = False,
+                      continuous_usage: bool = False):
         """Server-sent events; requests are added only once the response streams, so a client
         that leaves before the first byte never starts one. Each wake-up sends everything that
         arrived since the last one, in one write. With echo, each choice's first chunk leads
         with its prompt (and the prompt's logprobs, num_top per token, where asked). builder:
         the request's (`ResponseBuilder.for_request`). token_ids (vLLM's return_token_ids):
-        the chunks carry token ids (response.py), all through `StreamState.update_one`."""
+        the chunks carry token ids (response.py), all through `StreamState.update_one`.
+        continuous_usage (vLLM's stream_options.continuous_usage_stats, with include_usage):
+        every chunk with choices carries the usage so far (response.py), also all through
+        `update_one`."""
         echo = None if run.echo is None else list(zip(run.echo, run.prompts))
+        usage_prompt_tokens = (sum(len(p) for p in run.prompts) if continuous_usage
+                               else None)
         stream: StreamState = builder.stream(kind, base_id, run.params.n, len(run.prompts),
                                              echo, num_top,
-                                             run.prompts if token_ids else None)
-        fast_path = not token_ids
+                                             run.prompts if token_ids else None,
+                                             usage_prompt_tokens)
+        fast_path = not token_ids and not continuous_usage
         try:
             async with run:
                 pieces = [_sse(chunk) for chunk in stream.start()]

@@ -138,7 +138,12 @@ class _RefusesUnsupported(_Body):
 
 
 class StreamOptions(_Body):
+    """include_usage: a last chunk with the request's usage. continuous_usage_stats (vLLM's):
+    also the usage so far on every chunk with choices; only with include_usage (as in vLLM;
+    alone it adds nothing)."""
+
     include_usage: bool = False
+    continuous_usage_stats: bool = False
 
 
 class _SamplingRequest(_RefusesUnsupported):
@@ -161,6 +166,9 @@ class _SamplingRequest(_RefusesUnsupported):
     (vLLM's): logprobs name tokens as "token_id:{id}" (`ResponseBuilder`). return_token_ids
     (vLLM's): the response carries the prompt's token ids (after truncate_prompt_tokens) and
     each choice's generated ones (`prompt_token_ids`, `token_ids`: response.py says where).
+    stream_options: include_usage (a last chunk with the usage) and vLLM's
+    continuous_usage_stats (the usage so far on every chunk with choices, only together with
+    include_usage: `continuous_usage_stats` below; response.py).
     """
 
     model: str | None = None
@@ -225,6 +233,12 @@ class _SamplingRequest(_RefusesUnsupported):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage_stats(self) -> bool:
+        """The usage so far on every streamed chunk with choices: stream, include_usage and
+        continuous_usage_stats all on (vLLM's rule: without include_usage, no usage)."""
+        return bool(self.include_usage and self.stream_options.continuous_usage_stats)
 
 
 def _token_id_keys(bias: dict[str, float] | None) -> dict[int, float] | None:

@@ -37,6 +37,14 @@ with the chunk that sends it, or with the last one), so that a choice's chunks' 
 are its non-streamed `token_ids`; a completion choice's first chunk also carries
 `prompt_token_ids`, and on chat every opening (role) chunk carries it at the top. Without the
 field the responses have neither key.
+
+Continuous usage (vLLM's `stream_options.continuous_usage_stats`, with `include_usage`): every
+streamed chunk that has choices (chat's opening role chunks too) also carries `usage`, the
+counts so far of the whole request: prompt_tokens of all its prompts, completion_tokens the
+tokens generated so far over all its choices (those of every output the stream has taken in,
+held-back text included), never decreasing and, on the last chunk with choices, equal to the
+final usage chunk's. Those chunks all go through `update_one` (`text_sse` has no usage).
+Without it no chunk but the final usage-only one (include_usage) has `usage`.
 """
 
 from __future__ import annotations
@@ -225,9 +233,10 @@ class ResponseBuilder:
     def stream(self, kind: str, response_id: str, n: int, num_prompts: int,
                echo: list[tuple[str, list[int]]] | None = None,
                num_top: int = 0,
-               prompt_token_ids: list[list[int]] | None = None) -> StreamState:
+               prompt_token_ids: list[list[int]] | None = None,
+               usage_prompt_tokens: int | None = None) -> StreamState:
         return StreamState(self, kind, response_id, n, num_prompts, echo, num_top,
-                           prompt_token_ids)
+                           prompt_token_ids, usage_prompt_tokens)
 
 
 def _joined(head: dict, tail: dict) -> dict:
@@ -247,13 +256,17 @@ class StreamState:
 
     def __init__(self, builder: ResponseBuilder, kind: str, response_id: str, n: int,
                  num_prompts: int, echo: list[tuple[str, list[int]]] | None = None,
-                 num_top: int = 0, prompt_token_ids: list[list[int]] | None = None) -> None:
+                 num_top: int = 0, prompt_token_ids: list[list[int]] | None = None,
+                 usage_prompt_tokens: int | None = None) -> None:
         """echo (completions): per prompt, its text and token ids, which lead each of its
         choices' first chunk (with their logprobs where the request has logprobs, num_top
         of them per token). prompt_token_ids (vLLM's return_token_ids; None: not asked): per
         prompt, the ids that ran; the chunks then carry `prompt_token_ids` and `token_ids`
         (module docstring), and every chunk goes through `update_one` (`text_sse` has no
-        ids)."""
+        ids). usage_prompt_tokens (continuous usage; None: not asked): the prompt tokens of
+        all the request's prompts; every chunk with choices then carries `usage` (module
+        docstring), so every chunk goes through `update_one` too (the caller skips
+        `text_sse`, which has no usage and does not count tokens)."""
         self.builder, self.kind, self.response_id, self.n = builder, kind, response_id, n
         self.num_choices = n * num_prompts
         self.created = int(time.time())
@@ -266,11 +279,19 @@ class StreamState:
         self.prompt_token_ids = prompt_token_ids
         self.num_sent_ids = [0] * self.num_choices  # (with prompt_token_ids)
         self.sent_prompt_ids = [False] * self.num_choices
+        self.usage_prompt_tokens = usage_prompt_tokens
+        self.num_tokens = [0] * self.num_choices  # generated so far (for continuous usage)
 
     def _chunk(self, choices: list[dict]) -> dict:
-        return {"id": self.response_id, "object": "chat.completion.chunk" if self.kind == "chat"
-                else "text_completion", "created": self.created,
-                "model": self.builder.model_name, "choices": choices}
+        chunk = {"id": self.response_id, "object": "chat.completion.chunk"
+                 if self.kind == "chat" else "text_completion", "created": self.created,
+                 "model": self.builder.model_name, "choices": choices}
+        if choices and self.usage_prompt_tokens is not None:
+            completion_tokens = sum(self.num_tokens)
+            chunk["usage"] = {"prompt_tokens": self.usage_prompt_tokens,
+                              "completion_tokens": completion_tokens,
+                              "total_tokens": self.usage_prompt_tokens + completion_tokens}
+        return chunk
 
     def start(self) -> list[dict]:
         """Chat streams open every choice with the assistant role (OpenAI does)."""
@@ -317,6 +338,7 @@ class StreamState:
         index = prompt_index * self.n + o.index
         if self.finished[index]:
             return None
+        self.num_tokens[index] = len(o.token_ids)
         echo_text, echo_logprobs = "", None
         if not self.echoed[index]:
             self.echoed[index] = True

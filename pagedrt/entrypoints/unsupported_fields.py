@@ -20,7 +20,9 @@ add_generation_prompt, documents) are served by /v1/chat/completions and /tokeni
 them as vLLM does.
 
 vLLM's `return_token_ids` is served, so not in this table: the prompt's and the choices' token
-ids in the response (pagedrt/entrypoints/response.py).
+ids in the response (pagedrt/entrypoints/response.py). So is `stream_options` with both its
+keys, OpenAI's `include_usage` and vLLM's `continuous_usage_stats` (the usage so far on every
+streamed chunk with choices; only together with include_usage, as in vLLM).
 """
 
 from __future__ import annotations
@@ -45,10 +47,6 @@ def _text_format(value, body) -> bool:
 def _best_of_is_n(value, body) -> bool:
     n = body.get("n")
     return type(value) is int and value == (1 if n is None else n)
-
-
-def _no_continuous_usage(value, body) -> bool:
-    return not (isinstance(value, dict) and value.get("continuous_usage_stats"))
 
 
 # field -> (whether a value changes nothing, what the server does instead)
@@ -77,7 +75,6 @@ _REFUSED: dict[str, tuple[Callable[[object, dict], bool], str]] = {
     "logits_processors": (_equals([]), "no custom logits processors"),
     "spaces_between_special_tokens": (_equals(True), "true only"),
     "mm_processor_kwargs": (_equals({}), "text models only"),
-    "stream_options": (_no_continuous_usage, "usage in the last chunk only (include_usage)"),
 }
 
 
@@ -90,8 +87,5 @@ def unsupported_field(body: object) -> tuple[str, str] | None:
     for name, (harmless, instead) in _REFUSED.items():
         value = body.get(name)
         if value is not None and not harmless(value, body):
-            shown = name
-            if name == "stream_options":  # (the field is served; one of its keys is not)
-                shown, value = f"{name}.continuous_usage_stats", value["continuous_usage_stats"]
-            return name, f"{shown}={short_repr(value)} is not supported by this server ({instead})"
+            return name, f"{name}={short_repr(value)} is not supported by this server ({instead})"
     return None
