@@ -1,8 +1,8 @@
 """vLLM's stream_options.continuous_usage_stats through a real `pagedrt serve` process on
-127.0.0.1 (SmolLM2, CPU): with include_usage, every chunk with choices carries the usage so far
-(prompt tokens of all the prompts, tokens generated so far over all the choices), on both
-endpoints, with n > 1 and a batch of prompts; without it (or without include_usage) the chunks
-are as before. Every wait is bounded."""
+127.0.0.1 (SmolLM2, CPU): with include_usage, every chunk with a choice carries that choice's
+usage so far (its prompt's tokens, the tokens it has generated so far), as vLLM counts it, on
+both endpoints, with n > 1 and a batch of prompts; without it (or without include_usage) the
+chunks are as before. Every wait is bounded."""
 
 from __future__ import annotations
 
@@ -45,22 +45,29 @@ def _num_tokens(http, **body) -> int:
     return r.json()["count"]
 
 
-def _check_continuous(chunks: list[dict], prompt_tokens: int, completion_tokens: int) -> list:
-    """Every chunk with choices has usage, prompt_tokens constant, completion_tokens never
-    decreasing and ending at the final usage-only chunk's; returns the usages."""
+def _check_continuous(chunks: list[dict], prompt_tokens: list[int], n: int,
+                      completion_tokens: int) -> list:
+    """Every chunk with a choice has that choice's usage: its prompt's tokens (prompt_tokens[i]
+    for prompt i; choice index = prompt * n + sample) and its count so far, never decreasing
+    per choice, each choice ending at completion_tokens; the final usage-only chunk has the
+    request's sums. Returns the usages in order."""
     *body, last = chunks
+    num_choices = len(prompt_tokens) * n
     assert last["choices"] == [] and last["usage"] == {
-        "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens}
-    assert body and all(chunk["choices"] for chunk in body)
-    usages = [chunk["usage"] for chunk in body]
-    for u in usages:
-        assert u["prompt_tokens"] == prompt_tokens
+        "prompt_tokens": sum(prompt_tokens), "completion_tokens": num_choices * completion_tokens,
+        "total_tokens": sum(prompt_tokens) + num_choices * completion_tokens}
+    assert body and all(len(chunk["choices"]) == 1 for chunk in body)
+    per_choice: dict[int, list[int]] = {}
+    for chunk in body:
+        index, u = chunk["choices"][0]["index"], chunk["usage"]
+        assert u["prompt_tokens"] == prompt_tokens[index // n]
         assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
-    counts = [u["completion_tokens"] for u in usages]
-    assert counts == sorted(counts) and counts[-1] == completion_tokens
-    assert 0 <= counts[0] < completion_tokens
-    return usages
+        per_choice.setdefault(index, []).append(u["completion_tokens"])
+    assert sorted(per_choice) == list(range(num_choices))
+    for counts in per_choice.values():
+        assert counts == sorted(counts) and counts[-1] == completion_tokens
+        assert 0 <= counts[0] < completion_tokens
+    return [chunk["usage"] for chunk in body]
 
 
 def _completion_body(**extra) -> dict:
@@ -72,7 +79,7 @@ def test_completions_every_chunk_carries_the_usage_so_far(http):
     prompt_tokens = _num_tokens(http, prompt=PROMPT)
     chunks = _chunks(http, "/v1/completions",
                      _completion_body(stream_options=CONTINUOUS, return_token_ids=True))
-    _check_continuous(chunks, prompt_tokens, MAX_TOKENS)
+    _check_continuous(chunks, [prompt_tokens], 1, MAX_TOKENS)
     assert len(chunks) > 3  # (several chunks, not one at the end)
     sent = 0
     for chunk in chunks[:-1]:  # never fewer than the ids already sent
@@ -90,25 +97,24 @@ def test_chat_every_chunk_carries_the_usage_so_far_role_chunk_included(http):
     chunks = _chunks(http, "/v1/chat/completions", {
         "model": MODEL, "messages": CHAT, "max_tokens": MAX_TOKENS, "temperature": 0,
         "ignore_eos": True, "stream_options": CONTINUOUS})
-    usages = _check_continuous(chunks, prompt_tokens, MAX_TOKENS)
+    usages = _check_continuous(chunks, [prompt_tokens], 1, MAX_TOKENS)
     assert chunks[0]["choices"][0]["delta"].get("role") == "assistant"
     assert usages[0]["completion_tokens"] == 0
 
 
-def test_completions_n_2_counts_cover_every_choice(http):
+def test_completions_n_2_each_choice_counts_its_own_tokens(http):
     prompt_tokens = _num_tokens(http, prompt=PROMPT)
     chunks = _chunks(http, "/v1/completions", _completion_body(
         n=2, temperature=0.8, seed=7, stream_options=CONTINUOUS))
-    _check_continuous(chunks, prompt_tokens, 2 * MAX_TOKENS)
-    assert {c["index"] for ch in chunks for c in ch["choices"]} == {0, 1}
+    _check_continuous(chunks, [prompt_tokens], 2, MAX_TOKENS)
 
 
-def test_completions_batch_of_two_prompts_counts_cover_every_prompt(http):
-    prompt_tokens = _num_tokens(http, prompt=PROMPT) + _num_tokens(http, prompt=OTHER)
+def test_completions_batch_of_two_prompts_each_choice_counts_its_own_prompt(http):
+    prompt_tokens = [_num_tokens(http, prompt=PROMPT), _num_tokens(http, prompt=OTHER)]
+    assert prompt_tokens[0] != prompt_tokens[1]  # (so that a mix-up shows)
     chunks = _chunks(http, "/v1/completions", _completion_body(
-        prompt=[PROMPT, OTHER], stream_options=CONTINUOUS))
-    _check_continuous(chunks, prompt_tokens, 2 * MAX_TOKENS)
-    assert {c["index"] for ch in chunks for c in ch["choices"]} == {0, 1}
+        prompt=[PROMPT, OTHER], n=2, temperature=0.8, seed=3, stream_options=CONTINUOUS))
+    _check_continuous(chunks, prompt_tokens, 2, MAX_TOKENS)
 
 
 @pytest.mark.parametrize("path, body", [

@@ -496,11 +496,10 @@ class OpenAIServer:
         the request's (`ResponseBuilder.for_request`). token_ids (vLLM's return_token_ids):
         the chunks carry token ids (response.py), all through `StreamState.update_one`.
         continuous_usage (vLLM's stream_options.continuous_usage_stats, with include_usage):
-        every chunk with choices carries the usage so far (response.py), also all through
-        `update_one`."""
+        every chunk with a choice carries that choice's usage so far (response.py), also all
+        through `update_one`."""
         echo = None if run.echo is None else list(zip(run.echo, run.prompts))
-        usage_prompt_tokens = (sum(len(p) for p in run.prompts) if continuous_usage
-                               else None)
+        usage_prompt_tokens = [len(p) for p in run.prompts] if continuous_usage else None
         stream: StreamState = builder.stream(kind, base_id, run.params.n, len(run.prompts),
                                              echo, num_top,
                                              run.prompts if token_ids else None,

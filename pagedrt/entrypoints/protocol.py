@@ -139,8 +139,8 @@ class _RefusesUnsupported(_Body):
 
 class StreamOptions(_Body):
     """include_usage: a last chunk with the request's usage. continuous_usage_stats (vLLM's):
-    also the usage so far on every chunk with choices; only with include_usage (as in vLLM;
-    alone it adds nothing)."""
+    also, on every chunk with a choice, that choice's usage so far; only with include_usage
+    (as in vLLM; alone it adds nothing)."""
 
     include_usage: bool = False
     continuous_usage_stats: bool = False
@@ -167,7 +167,7 @@ class _SamplingRequest(_RefusesUnsupported):
     (vLLM's): the response carries the prompt's token ids (after truncate_prompt_tokens) and
     each choice's generated ones (`prompt_token_ids`, `token_ids`: response.py says where).
     stream_options: include_usage (a last chunk with the usage) and vLLM's
-    continuous_usage_stats (the usage so far on every chunk with choices, only together with
+    continuous_usage_stats (each chunk's choice's usage so far, only together with
     include_usage: `continuous_usage_stats` below; response.py).
     """
 
@@ -236,7 +236,7 @@ class _SamplingRequest(_RefusesUnsupported):
 
     @property
     def continuous_usage_stats(self) -> bool:
-        """The usage so far on every streamed chunk with choices: stream, include_usage and
+        """A choice's usage so far on each of its streamed chunks: stream, include_usage and
         continuous_usage_stats all on (vLLM's rule: without include_usage, no usage)."""
         return bool(self.include_usage and self.stream_options.continuous_usage_stats)
 

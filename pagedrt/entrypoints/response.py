@@ -39,12 +39,13 @@ are its non-streamed `token_ids`; a completion choice's first chunk also carries
 field the responses have neither key.
 
 Continuous usage (vLLM's `stream_options.continuous_usage_stats`, with `include_usage`): every
-streamed chunk that has choices (chat's opening role chunks too) also carries `usage`, the
-counts so far of the whole request: prompt_tokens of all its prompts, completion_tokens the
-tokens generated so far over all its choices (those of every output the stream has taken in,
-held-back text included), never decreasing and, on the last chunk with choices, equal to the
-final usage chunk's. Those chunks all go through `update_one` (`text_sse` has no usage).
-Without it no chunk but the final usage-only one (include_usage) has `usage`.
+streamed chunk that has a choice (chat's opening role chunks too) also carries `usage`, the
+counts so far of that chunk's choice, as vLLM counts them: prompt_tokens of its prompt,
+completion_tokens the tokens it has generated so far (held-back text included), never
+decreasing and, on its last chunk, its whole count; so with one prompt and n = 1 the last
+chunk's count is the final usage chunk's, and otherwise the choices' last counts sum to it.
+Those chunks all go through `update_one` (`text_sse` has no usage). Without it no chunk but the
+final usage-only one (include_usage) has `usage`.
 """
 
 from __future__ import annotations
@@ -234,7 +235,7 @@ class ResponseBuilder:
                echo: list[tuple[str, list[int]]] | None = None,
                num_top: int = 0,
                prompt_token_ids: list[list[int]] | None = None,
-               usage_prompt_tokens: int | None = None) -> StreamState:
+               usage_prompt_tokens: list[int] | None = None) -> StreamState:
         return StreamState(self, kind, response_id, n, num_prompts, echo, num_top,
                            prompt_token_ids, usage_prompt_tokens)
 
@@ -257,14 +258,14 @@ class StreamState:
     def __init__(self, builder: ResponseBuilder, kind: str, response_id: str, n: int,
                  num_prompts: int, echo: list[tuple[str, list[int]]] | None = None,
                  num_top: int = 0, prompt_token_ids: list[list[int]] | None = None,
-                 usage_prompt_tokens: int | None = None) -> None:
+                 usage_prompt_tokens: list[int] | None = None) -> None:
         """echo (completions): per prompt, its text and token ids, which lead each of its
         choices' first chunk (with their logprobs where the request has logprobs, num_top
         of them per token). prompt_token_ids (vLLM's return_token_ids; None: not asked): per
         prompt, the ids that ran; the chunks then carry `prompt_token_ids` and `token_ids`
         (module docstring), and every chunk goes through `update_one` (`text_sse` has no
-        ids). usage_prompt_tokens (continuous usage; None: not asked): the prompt tokens of
-        all the request's prompts; every chunk with choices then carries `usage` (module
+        ids). usage_prompt_tokens (continuous usage; None: not asked): per prompt, its
+        tokens; every chunk with a choice then carries that choice's `usage` (module
         docstring), so every chunk goes through `update_one` too (the caller skips
         `text_sse`, which has no usage and does not count tokens)."""
         self.builder, self.kind, self.response_id, self.n = builder, kind, response_id, n
@@ -283,22 +284,27 @@ class StreamState:
         self.num_tokens = [0] * self.num_choices  # generated so far (for continuous usage)
 
     def _chunk(self, choices: list[dict]) -> dict:
-        chunk = {"id": self.response_id, "object": "chat.completion.chunk"
-                 if self.kind == "chat" else "text_completion", "created": self.created,
-                 "model": self.builder.model_name, "choices": choices}
-        if choices and self.usage_prompt_tokens is not None:
-            completion_tokens = sum(self.num_tokens)
-            chunk["usage"] = {"prompt_tokens": self.usage_prompt_tokens,
+        return {"id": self.response_id, "object": "chat.completion.chunk" if self.kind == "chat"
+                else "text_completion", "created": self.created,
+                "model": self.builder.model_name, "choices": choices}
+
+    def _with_usage(self, chunk: dict, index: int) -> dict:
+        """`chunk` (of choice `index`) with that choice's usage so far, where asked."""
+        if self.usage_prompt_tokens is not None:
+            prompt_tokens = self.usage_prompt_tokens[index // self.n]
+            completion_tokens = self.num_tokens[index]
+            chunk["usage"] = {"prompt_tokens": prompt_tokens,
                               "completion_tokens": completion_tokens,
-                              "total_tokens": self.usage_prompt_tokens + completion_tokens}
+                              "total_tokens": prompt_tokens + completion_tokens}
         return chunk
 
     def start(self) -> list[dict]:
         """Chat streams open every choice with the assistant role (OpenAI does)."""
         if self.kind != "chat":
             return []
-        chunks = [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
-                                "logprobs": None, "finish_reason": None}])
+        chunks = [self._with_usage(self._chunk([{"index": i, "delta": {"role": "assistant",
+                                                                       "content": ""},
+                                                 "logprobs": None, "finish_reason": None}]), i)
                   for i in range(self.num_choices)]
         if self.prompt_token_ids is not None:
             for chunk in chunks:
@@ -373,7 +379,7 @@ class StreamState:
                 choice["prompt_token_ids"] = list(self.prompt_token_ids[prompt_index])
             choice["token_ids"] = list(o.token_ids[self.num_sent_ids[index]:])
             self.num_sent_ids[index] = len(o.token_ids)
-        return self._chunk([choice])
+        return self._with_usage(self._chunk([choice]), index)
 
     def usage_chunk(self, finals: list[RequestOutput]) -> dict:
         chunk = self._chunk([])

@@ -21,8 +21,8 @@ them as vLLM does.
 
 vLLM's `return_token_ids` is served, so not in this table: the prompt's and the choices' token
 ids in the response (pagedrt/entrypoints/response.py). So is `stream_options` with both its
-keys, OpenAI's `include_usage` and vLLM's `continuous_usage_stats` (the usage so far on every
-streamed chunk with choices; only together with include_usage, as in vLLM).
+keys, OpenAI's `include_usage` and vLLM's `continuous_usage_stats` (each streamed chunk's
+choice's usage so far; only together with include_usage, as in vLLM).
 """
 
 from __future__ import annotations
