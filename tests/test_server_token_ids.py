@@ -5,32 +5,20 @@ ids come from `LLM.generate` greedy in this process; every wait is bounded."""
 
 from __future__ import annotations
 
-import json
-
-import httpx
-import pytest
+import server_http
 import test_server
-from test_server import AUTH, MODEL, wait_until_idle
-
-from pagedrt import LLM, SamplingParams
+from server_http import greedy_one, sse_chunks
+from test_server import MODEL, wait_until_idle
 
 # test_server's fixtures (pytest gives this module a server of its own)
 server, llm, client = test_server.server, test_server.llm, test_server.client
+http = server_http.http  # (a fixture: an httpx client on that server)
 
 PROMPT = "The capital of France is Paris, and the capital of Italy is"
 OTHER = "Once upon a time, in a small village,"
 CHAT = [{"role": "user", "content": "Name three colours of the rainbow, please."}]
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server, headers=AUTH, timeout=120) as h:
-        yield h
-
-
-def _greedy(llm: LLM, prompt, max_tokens: int = 8, **kwargs):
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, **kwargs)
-    return llm.generate([prompt], params, use_tqdm=False)[0]
 
 
 def _tokens(http, **body) -> list[int]:
@@ -38,15 +26,6 @@ def _tokens(http, **body) -> list[int]:
     assert r.status_code == 200, r.text
     return r.json()["tokens"]
 
-
-def _chunks(http, path: str, body: dict) -> list[dict]:
-    chunks = []
-    with http.stream("POST", path, json={**body, "stream": True}) as s:
-        assert s.status_code == 200, s.read()
-        for line in s.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                chunks.append(json.loads(line[6:]))
-    return chunks
 
 
 def _streamed(chunks: list[dict], kind: str) -> dict[int, dict]:
@@ -67,7 +46,7 @@ def _streamed(chunks: list[dict], kind: str) -> dict[int, dict]:
 
 def test_completions_ids_match_llm_generate_and_are_absent_without_the_field(http, llm):
     ids = _tokens(http, prompt=PROMPT)
-    expected = _greedy(llm, PROMPT).outputs[0]
+    expected = greedy_one(llm, PROMPT).outputs[0]
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
     r = http.post("/v1/completions", json={**body, "return_token_ids": True})
     assert r.status_code == 200, r.text
@@ -83,7 +62,7 @@ def test_completions_ids_match_llm_generate_and_are_absent_without_the_field(htt
         assert set(without["choices"][0]) == {"index", "text", "logprobs", "finish_reason",
                                               "stop_reason"}
         assert "prompt_token_ids" not in without
-    for chunk in _chunks(http, "/v1/completions", body):
+    for chunk in sse_chunks(http, "/v1/completions", body):
         assert all("token_ids" not in c and "prompt_token_ids" not in c
                    for c in chunk["choices"])
 
@@ -94,7 +73,7 @@ def test_completions_batch_n2_streamed_equals_non_streamed(http, llm):
     together are the non-streamed ones."""
     prompts = [PROMPT, OTHER]
     ids = [_tokens(http, prompt=p) for p in prompts]
-    expected = [_greedy(llm, p).outputs[0].token_ids for p in prompts]
+    expected = [greedy_one(llm, p).outputs[0].token_ids for p in prompts]
     body = {"model": MODEL, "prompt": prompts, "max_tokens": 8, "temperature": 0, "n": 2,
             "return_token_ids": True}
     r = http.post("/v1/completions", json=body)
@@ -104,7 +83,7 @@ def test_completions_batch_n2_streamed_equals_non_streamed(http, llm):
     for c in choices:
         assert c["prompt_token_ids"] == ids[c["index"] // 2]
         assert c["token_ids"] == expected[c["index"] // 2]
-    streamed = _streamed(_chunks(http, "/v1/completions", body), "completion")
+    streamed = _streamed(sse_chunks(http, "/v1/completions", body), "completion")
     assert sorted(streamed) == [0, 1, 2, 3]
     for c in choices:
         got = streamed[c["index"]]
@@ -116,7 +95,7 @@ def test_completions_truncate_echo_logprobs_and_stop(http, llm):
     ids = _tokens(http, prompt=PROMPT)
     k = 6
     kept = ids[-k:]
-    expected = _greedy(llm, kept).outputs[0]
+    expected = greedy_one(llm, kept).outputs[0]
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0,
             "truncate_prompt_tokens": k, "return_token_ids": True}
     # truncated: the kept ids; echo adds the prompt's text, not ids
@@ -128,28 +107,28 @@ def test_completions_truncate_echo_logprobs_and_stop(http, llm):
         assert choice["token_ids"] == expected.token_ids
         if extra.get("logprobs"):
             assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in expected.token_ids]
-        streamed = _streamed(_chunks(http, "/v1/completions", {**body, **extra}), "completion")
+        streamed = _streamed(sse_chunks(http, "/v1/completions", {**body, **extra}), "completion")
         assert streamed[0]["ids"] == choice["token_ids"]
         assert streamed[0]["prompt_ids"] == [(1, kept)]
         assert streamed[0]["text"] == choice["text"]
     # a stop string: the ids are CompletionOutput.token_ids (LLM.generate's with the stop)
-    whole = _greedy(llm, PROMPT, max_tokens=12).outputs[0]
+    whole = greedy_one(llm, PROMPT, max_tokens=12).outputs[0]
     stop = llm.get_tokenizer().decode(whole.token_ids[3:5]).strip()
     assert stop
-    stopped = _greedy(llm, PROMPT, max_tokens=12, stop=[stop]).outputs[0]
+    stopped = greedy_one(llm, PROMPT, max_tokens=12, stop=[stop]).outputs[0]
     assert stopped.finish_reason == "stop"
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 12, "temperature": 0,
             "stop": [stop], "return_token_ids": True}
     choice = http.post("/v1/completions", json=body).json()["choices"][0]
     assert choice["finish_reason"] == "stop" and choice["text"] == stopped.text
     assert choice["token_ids"] == stopped.token_ids
-    streamed = _streamed(_chunks(http, "/v1/completions", body), "completion")
+    streamed = _streamed(sse_chunks(http, "/v1/completions", body), "completion")
     assert streamed[0]["ids"] == stopped.token_ids and streamed[0]["text"] == stopped.text
 
 
 def test_chat_ids_streamed_or_not(http, llm):
     prompt_ids = _tokens(http, messages=CHAT)
-    expected = _greedy(llm, prompt_ids).outputs[0]
+    expected = greedy_one(llm, prompt_ids).outputs[0]
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 8, "temperature": 0, "n": 2,
             "return_token_ids": True}
     r = http.post("/v1/chat/completions", json=body)
@@ -159,7 +138,7 @@ def test_chat_ids_streamed_or_not(http, llm):
     for c in r["choices"]:
         assert c["token_ids"] == expected.token_ids
         assert "prompt_token_ids" not in c
-    chunks = _chunks(http, "/v1/chat/completions", body)
+    chunks = sse_chunks(http, "/v1/chat/completions", body)
     openers = [ch for ch in chunks if ch["choices"] and "role" in ch["choices"][0]["delta"]]
     assert len(openers) == 2 and all(ch["prompt_token_ids"] == prompt_ids for ch in openers)
     assert all("prompt_token_ids" not in ch for ch in chunks if ch not in openers)
@@ -172,12 +151,12 @@ def test_chat_ids_streamed_or_not(http, llm):
     r = http.post("/v1/chat/completions", json={**body, "n": 1, "truncate_prompt_tokens": k})
     r = r.json()
     assert r["prompt_token_ids"] == prompt_ids[-k:]
-    assert r["choices"][0]["token_ids"] == _greedy(llm, prompt_ids[-k:]).outputs[0].token_ids
+    assert r["choices"][0]["token_ids"] == greedy_one(llm, prompt_ids[-k:]).outputs[0].token_ids
     # without the field: neither key, streamed or not
     plain = {key: v for key, v in body.items() if key != "return_token_ids"}
     r = http.post("/v1/chat/completions", json=plain).json()
     assert "prompt_token_ids" not in r and all("token_ids" not in c for c in r["choices"])
-    for ch in _chunks(http, "/v1/chat/completions", plain):
+    for ch in sse_chunks(http, "/v1/chat/completions", plain):
         assert "prompt_token_ids" not in ch
         assert all("token_ids" not in c for c in ch["choices"])
 

@@ -7,29 +7,22 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
+import server_http
 import test_server
-from test_server import AUTH, ENGINE_KWARGS, MODEL, wait_until_idle
+from server_http import greedy_one
+from test_server import ENGINE_KWARGS, MODEL, wait_until_idle
 
-from pagedrt import LLM, SamplingParams
+from pagedrt import SamplingParams
 
 # test_server's fixtures (pytest gives this module a server of its own)
 server, llm, client = test_server.server, test_server.llm, test_server.client
+http = server_http.http  # (a fixture: an httpx client on that server)
 
 PROMPT = "The capital of France is Paris, and the capital of Italy is"
 CHAT = [{"role": "user", "content": "Name three colours of the rainbow, please."}]
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server, headers=AUTH, timeout=120) as h:
-        yield h
-
-
-def _greedy(llm: LLM, prompt, max_tokens: int = 8, **kwargs):
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, **kwargs)
-    return llm.generate([prompt], params, use_tqdm=False)[0]
 
 
 def test_llm_generate_keeps_the_last_k_tokens(llm):
@@ -37,20 +30,20 @@ def test_llm_generate_keeps_the_last_k_tokens(llm):
     ids = tok.encode(PROMPT)
     k = 5
     assert len(ids) > k
-    out = _greedy(llm, PROMPT, truncate_prompt_tokens=k)
-    expected = _greedy(llm, ids[-k:])
+    out = greedy_one(llm, PROMPT, truncate_prompt_tokens=k)
+    expected = greedy_one(llm, ids[-k:])
     assert out.prompt_token_ids == ids[-k:]
     assert out.prompt == tok.decode(ids[-k:])  # the text of what ran
     assert out.outputs[0].token_ids == expected.outputs[0].token_ids
     # k at least the prompt's length: nothing changes (the text as given)
-    whole = _greedy(llm, PROMPT, truncate_prompt_tokens=len(ids))
+    whole = greedy_one(llm, PROMPT, truncate_prompt_tokens=len(ids))
     assert whole.prompt == PROMPT and whole.prompt_token_ids == ids
     # -1: the most that leave room for max_tokens
     long_ids = (ids * 200)[: ENGINE_KWARGS["max_model_len"] + 50]
-    out = _greedy(llm, long_ids, max_tokens=4, truncate_prompt_tokens=-1)
+    out = greedy_one(llm, long_ids, max_tokens=4, truncate_prompt_tokens=-1)
     assert out.prompt_token_ids == long_ids[-(ENGINE_KWARGS["max_model_len"] - 4):]
     with pytest.raises(ValueError, match="^truncate_prompt_tokens=0 must be"):
-        _greedy(llm, PROMPT, truncate_prompt_tokens=0)
+        greedy_one(llm, PROMPT, truncate_prompt_tokens=0)
     # LLMEngine.add_request truncates too
     engine = llm.llm_engine
     req = engine.add_request("trunc", PROMPT, SamplingParams(max_tokens=1,
@@ -67,7 +60,7 @@ def test_completions_truncate_echo_usage_and_prompt_logprobs(http, llm):
     ids = tok.encode(PROMPT)
     k = 6
     kept = ids[-k:]
-    expected = _greedy(llm, kept).outputs[0]
+    expected = greedy_one(llm, kept).outputs[0]
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0,
             "truncate_prompt_tokens": k}
     r = http.post("/v1/completions", json=body)
@@ -97,7 +90,7 @@ def test_completions_truncate_echo_usage_and_prompt_logprobs(http, llm):
     r = http.post("/v1/completions", json={**body, "prompt": [ids, ids[:4]]}).json()
     assert r["usage"]["prompt_tokens"] == k + 4
     plain = http.post("/v1/completions", json={**body, "truncate_prompt_tokens": 1000}).json()
-    whole = _greedy(llm, ids).outputs[0]
+    whole = greedy_one(llm, ids).outputs[0]
     assert plain["usage"]["prompt_tokens"] == len(ids)
     assert plain["choices"][0]["text"] == tok.decode(whole.token_ids, skip_special_tokens=True)
 
@@ -106,7 +99,7 @@ def test_chat_truncates_after_the_template(http, llm):
     tok = llm.get_tokenizer()
     t = http.post("/tokenize", json={"model": MODEL, "messages": CHAT}).json()
     k = 7
-    expected = _greedy(llm, t["tokens"][-k:]).outputs[0]
+    expected = greedy_one(llm, t["tokens"][-k:]).outputs[0]
     r = http.post("/v1/chat/completions", json={
         "model": MODEL, "messages": CHAT, "max_tokens": 8, "temperature": 0,
         "truncate_prompt_tokens": k})
@@ -156,7 +149,7 @@ def test_truncate_prompt_tokens_above_max_model_len_is_a_400(server, http, llm, 
     assert r.status_code == 200, r.text
     with pytest.raises(ValueError, match=f"^truncate_prompt_tokens={limit + 1} is more than "
                                          f"max_model_len={limit}: give at most {limit}"):
-        _greedy(llm, PROMPT, truncate_prompt_tokens=limit + 1)
+        greedy_one(llm, PROMPT, truncate_prompt_tokens=limit + 1)
 
 
 def test_return_tokens_as_token_ids_completions(http, llm):
@@ -164,7 +157,7 @@ def test_return_tokens_as_token_ids_completions(http, llm):
     "token_id:{id}" with the ids LLM.generate gives; text_offset still counts the text."""
     tok = llm.get_tokenizer()
     ids = tok.encode(PROMPT)
-    expected = _greedy(llm, PROMPT, logprobs=2).outputs[0]
+    expected = greedy_one(llm, PROMPT, logprobs=2).outputs[0]
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0,
             "logprobs": 2, "return_tokens_as_token_ids": True}
     plain = http.post("/v1/completions", json={**body, "return_tokens_as_token_ids": False})
@@ -195,7 +188,7 @@ def test_return_tokens_as_token_ids_completions(http, llm):
 
 def test_return_tokens_as_token_ids_chat(http, llm):
     t = http.post("/tokenize", json={"model": MODEL, "messages": CHAT}).json()
-    expected = _greedy(llm, t["tokens"], logprobs=3).outputs[0]
+    expected = greedy_one(llm, t["tokens"], logprobs=3).outputs[0]
     r = http.post("/v1/chat/completions", json={
         "model": MODEL, "messages": CHAT, "max_tokens": 8, "temperature": 0,
         "logprobs": True, "top_logprobs": 3, "return_tokens_as_token_ids": True})

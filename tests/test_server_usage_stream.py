@@ -6,15 +6,15 @@ chunks are as before. Every wait is bounded."""
 
 from __future__ import annotations
 
-import json
-
-import httpx
 import pytest
+import server_http
 import test_server
-from test_server import AUTH, MODEL
+from server_http import sse_chunks
+from test_server import MODEL
 
 # test_server's fixtures (pytest gives this module a server of its own)
 server, llm, client = test_server.server, test_server.llm, test_server.client
+http = server_http.http  # (a fixture: an httpx client on that server)
 
 PROMPT = "The capital of France is Paris, and the capital of Italy is"
 OTHER = "Once upon a time, in a small village,"
@@ -23,20 +23,6 @@ CONTINUOUS = {"include_usage": True, "continuous_usage_stats": True}
 MAX_TOKENS = 10
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server, headers=AUTH, timeout=120) as h:
-        yield h
-
-
-def _chunks(http, path: str, body: dict) -> list[dict]:
-    chunks = []
-    with http.stream("POST", path, json={**body, "stream": True}) as s:
-        assert s.status_code == 200, s.read()
-        for line in s.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                chunks.append(json.loads(line[6:]))
-    return chunks
 
 
 def _num_tokens(http, **body) -> int:
@@ -77,7 +63,7 @@ def _completion_body(**extra) -> dict:
 
 def test_completions_every_chunk_carries_the_usage_so_far(http):
     prompt_tokens = _num_tokens(http, prompt=PROMPT)
-    chunks = _chunks(http, "/v1/completions",
+    chunks = sse_chunks(http, "/v1/completions",
                      _completion_body(stream_options=CONTINUOUS, return_token_ids=True))
     _check_continuous(chunks, [prompt_tokens], 1, MAX_TOKENS)
     assert len(chunks) > 3  # (several chunks, not one at the end)
@@ -87,14 +73,14 @@ def test_completions_every_chunk_carries_the_usage_so_far(http):
         assert chunk["usage"]["completion_tokens"] >= sent
     assert sent == MAX_TOKENS
     # the text is the same as without the option
-    plain = _chunks(http, "/v1/completions", _completion_body())
+    plain = sse_chunks(http, "/v1/completions", _completion_body())
     assert ("".join(c["text"] for ch in chunks for c in ch["choices"])
             == "".join(c["text"] for ch in plain for c in ch["choices"]))
 
 
 def test_chat_every_chunk_carries_the_usage_so_far_role_chunk_included(http):
     prompt_tokens = _num_tokens(http, messages=CHAT)
-    chunks = _chunks(http, "/v1/chat/completions", {
+    chunks = sse_chunks(http, "/v1/chat/completions", {
         "model": MODEL, "messages": CHAT, "max_tokens": MAX_TOKENS, "temperature": 0,
         "ignore_eos": True, "stream_options": CONTINUOUS})
     usages = _check_continuous(chunks, [prompt_tokens], 1, MAX_TOKENS)
@@ -104,7 +90,7 @@ def test_chat_every_chunk_carries_the_usage_so_far_role_chunk_included(http):
 
 def test_completions_n_2_each_choice_counts_its_own_tokens(http):
     prompt_tokens = _num_tokens(http, prompt=PROMPT)
-    chunks = _chunks(http, "/v1/completions", _completion_body(
+    chunks = sse_chunks(http, "/v1/completions", _completion_body(
         n=2, temperature=0.8, seed=7, stream_options=CONTINUOUS))
     _check_continuous(chunks, [prompt_tokens], 2, MAX_TOKENS)
 
@@ -112,7 +98,7 @@ def test_completions_n_2_each_choice_counts_its_own_tokens(http):
 def test_completions_batch_of_two_prompts_each_choice_counts_its_own_prompt(http):
     prompt_tokens = [_num_tokens(http, prompt=PROMPT), _num_tokens(http, prompt=OTHER)]
     assert prompt_tokens[0] != prompt_tokens[1]  # (so that a mix-up shows)
-    chunks = _chunks(http, "/v1/completions", _completion_body(
+    chunks = sse_chunks(http, "/v1/completions", _completion_body(
         prompt=[PROMPT, OTHER], n=2, temperature=0.8, seed=3, stream_options=CONTINUOUS))
     _check_continuous(chunks, prompt_tokens, 2, MAX_TOKENS)
 
@@ -131,7 +117,7 @@ def test_without_the_option_only_the_last_chunk_has_usage(http, path, body):
                                  ({"include_usage": False, "continuous_usage_stats": True},
                                   False),
                                  (None, False)):
-        chunks = _chunks(http, path, {**body, "stream_options": options})
+        chunks = sse_chunks(http, path, {**body, "stream_options": options})
         body_chunks = chunks[:-1] if final_usage else chunks
         assert body_chunks and all("usage" not in chunk for chunk in body_chunks), options
         if final_usage:
