@@ -62,7 +62,11 @@ from pagedrt.kv.kv_cache import KVCacheSpec, kv_cache_torch_dtype
 from pagedrt.kv.kv_cache_manager import KVCacheManager
 from pagedrt.ops.attention import check_backend
 from pagedrt.outputs import CompletionOutput, PromptLogprobsEvent, RequestOutput, TokenEvent
-from pagedrt.sampling_params import RequestOutputKind, SamplingParams
+from pagedrt.sampling_params import (
+    RequestOutputKind,
+    SamplingParams,
+    check_truncate_prompt_tokens,
+)
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
            "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
@@ -289,7 +293,9 @@ class LLMEngine:
         `prompt_token_ids`. Raises ValueError for a bad truncate_prompt_tokens."""
         if params.truncate_prompt_tokens is None:
             return token_ids, text
-        params.__post_init__()  # (a value assigned after construction is checked too)
+        # (a value assigned after construction is checked too; the other fields are checked
+        # again by `validate_prompt`)
+        check_truncate_prompt_tokens(params.truncate_prompt_tokens)
         kept = truncate_prompt(token_ids, params.truncate_prompt_tokens, params.max_tokens,
                                self.limits)
         if len(kept) == len(token_ids):

@@ -113,9 +113,9 @@ def render_chat(tok, conversation: list[dict], *, add_generation_prompt: bool = 
     `chat_template` or else the tokenizer's own template (the caller checks that there is
     one). ChatTemplateError naming the field at fault: chat_template (not a non-empty
     string, does not parse or fails to render), chat_template_kwargs
-    (`check_template_kwargs`), documents (`check_documents`), continue_final_message (with add_generation_prompt, or the
-    last message not the assistant's, or a template that drops it) or, for the model's own
-    template failing, messages."""
+    (`check_template_kwargs`), documents (`check_documents`), continue_final_message (with
+    add_generation_prompt, or the last message not the assistant's, or a template that drops
+    it) or, for the model's own template failing, messages."""
     if chat_template is not None and (not isinstance(chat_template, str)
                                       or not chat_template.strip()):
         raise ChatTemplateError(f"chat_template={short_repr(chat_template)} must be a Jinja "

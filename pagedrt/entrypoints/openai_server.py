@@ -494,17 +494,15 @@ class OpenAIServer:
         arrived since the last one, in one write. With echo, each choice's first chunk leads
         with its prompt (and the prompt's logprobs, num_top per token, where asked). builder:
         the request's (`ResponseBuilder.for_request`). token_ids (vLLM's return_token_ids):
-        the chunks carry token ids (response.py), all through `StreamState.update_one`.
-        continuous_usage (vLLM's stream_options.continuous_usage_stats, with include_usage):
-        every chunk with a choice carries that choice's usage so far (response.py), also all
-        through `update_one`."""
+        the chunks carry token ids; continuous_usage (vLLM's
+        stream_options.continuous_usage_stats, with include_usage): every chunk with a choice
+        carries that choice's usage so far (response.py, `StreamState`)."""
         echo = None if run.echo is None else list(zip(run.echo, run.prompts))
         usage_prompt_tokens = [len(p) for p in run.prompts] if continuous_usage else None
         stream: StreamState = builder.stream(kind, base_id, run.params.n, len(run.prompts),
                                              echo, num_top,
                                              run.prompts if token_ids else None,
                                              usage_prompt_tokens)
-        fast_path = not token_ids and not continuous_usage
         try:
             async with run:
                 pieces = [_sse(chunk) for chunk in stream.start()]
@@ -513,7 +511,7 @@ class OpenAIServer:
                     # earlier write waited on the client
                     done = run.finished
                     for p, out in run.new_outputs():
-                        fast = stream.text_sse(p, out) if fast_path else None
+                        fast = stream.text_sse(p, out)
                         if fast is not None:
                             pieces.append(fast)
                         else:

@@ -415,23 +415,28 @@ class ChatMessage(_Body):
         return message
 
 
-class ChatCompletionRequest(_SamplingRequest):
-    """POST /v1/chat/completions. vLLM's chat template fields: add_generation_prompt (default
-    true), continue_final_message (default false; needs add_generation_prompt false),
-    chat_template (a Jinja string in place of the model's), chat_template_kwargs (the
-    template's extra variables) and documents (a list of objects for RAG templates, e.g.
-    {"title", "text"}: apply_chat_template's `documents`), rendered by
-    chat_template.render_chat, which checks them."""
+class _ChatTemplateFields(_Body):
+    """vLLM's chat template fields, taken by /v1/chat/completions and /tokenize alike:
+    add_generation_prompt (default true), continue_final_message (default false; needs
+    add_generation_prompt false), chat_template (a Jinja string in place of the model's),
+    chat_template_kwargs (the template's extra variables) and documents (a list of objects
+    for RAG templates, e.g. {"title", "text"}: apply_chat_template's `documents`), rendered
+    by chat_template.render_chat, which checks them."""
 
-    messages: list[ChatMessage]
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
-    max_completion_tokens: int | None = None
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, Any]] | None = None
+
+
+class ChatCompletionRequest(_SamplingRequest, _ChatTemplateFields):
+    """POST /v1/chat/completions, with the chat template fields (`_ChatTemplateFields`)."""
+
+    messages: list[ChatMessage]
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    max_completion_tokens: int | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -445,22 +450,16 @@ class ChatCompletionRequest(_SamplingRequest):
         return data
 
 
-class TokenizeRequest(_RefusesUnsupported):
+class TokenizeRequest(_RefusesUnsupported, _ChatTemplateFields):
     """POST /tokenize (vLLM's): the token ids of `prompt` as /v1/completions makes them, or of
     `messages` through the chat template as /v1/chat/completions does (exactly one of the
-    two); the chat template fields (add_generation_prompt, continue_final_message,
-    chat_template, chat_template_kwargs, documents: ChatCompletionRequest) only with
-    messages; return_token_strs adds each id's token string. The fields the chat endpoint
-    refuses (tools, ...: pagedrt/entrypoints/unsupported_fields.py) are refused here too."""
+    two); the chat template fields (`_ChatTemplateFields`) only with messages;
+    return_token_strs adds each id's token string. The fields the chat endpoint refuses
+    (tools, ...: pagedrt/entrypoints/unsupported_fields.py) are refused here too."""
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_generation_prompt: bool | None = None
-    continue_final_message: bool | None = None
-    chat_template: str | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    documents: list[dict[str, Any]] | None = None
     add_special_tokens: bool | None = None
     return_token_strs: bool | None = None
 
@@ -470,8 +469,7 @@ class TokenizeRequest(_RefusesUnsupported):
             raise APIError(400, "give exactly one of prompt (a string) and messages (a chat)",
                            param="prompt" if self.prompt is not None else "messages")
         if self.messages is None:
-            for name in ("add_generation_prompt", "continue_final_message", "chat_template",
-                         "chat_template_kwargs", "documents"):
+            for name in _ChatTemplateFields.model_fields:
                 if getattr(self, name) is not None:
                     raise APIError(400, f"{name} goes with messages, not prompt", param=name)
         return self

@@ -263,11 +263,10 @@ class StreamState:
         choices' first chunk (with their logprobs where the request has logprobs, num_top
         of them per token). prompt_token_ids (vLLM's return_token_ids; None: not asked): per
         prompt, the ids that ran; the chunks then carry `prompt_token_ids` and `token_ids`
-        (module docstring), and every chunk goes through `update_one` (`text_sse` has no
-        ids). usage_prompt_tokens (continuous usage; None: not asked): per prompt, its
-        tokens; every chunk with a choice then carries that choice's `usage` (module
-        docstring), so every chunk goes through `update_one` too (the caller skips
-        `text_sse`, which has no usage and does not count tokens)."""
+        (module docstring). usage_prompt_tokens (continuous usage; None: not asked): per
+        prompt, its tokens; every chunk with a choice then carries that choice's `usage`
+        (module docstring). With either, `text_sse` (no ids, no usage, no token counts)
+        declines every chunk, so all go through `update_one`."""
         self.builder, self.kind, self.response_id, self.n = builder, kind, response_id, n
         self.num_choices = n * num_prompts
         self.created = int(time.time())
@@ -282,6 +281,7 @@ class StreamState:
         self.sent_prompt_ids = [False] * self.num_choices
         self.usage_prompt_tokens = usage_prompt_tokens
         self.num_tokens = [0] * self.num_choices  # generated so far (for continuous usage)
+        self.per_chunk_fields = prompt_token_ids is not None or usage_prompt_tokens is not None
 
     def _chunk(self, choices: list[dict]) -> dict:
         return {"id": self.response_id, "object": "chat.completion.chunk" if self.kind == "chat"
@@ -314,8 +314,9 @@ class StreamState:
     def text_sse(self, prompt_index: int, o: CompletionOutput) -> str | None:
         """The SSE event of the common chunk (new text, no logprobs, not finished) as one string
         built from a template (about 3x cheaper than a dict through json.dumps; the server
-        writes one per stream per engine step); None for any other chunk (use `update_one`)."""
-        if o.finished or o.logprobs is not None or not o.delta_text:
+        writes one per stream per engine step); None for any other chunk, and for every chunk
+        of a stream whose chunks carry token ids or usage (use `update_one`)."""
+        if self.per_chunk_fields or o.finished or o.logprobs is not None or not o.delta_text:
             return None
         index = prompt_index * self.n + o.index
         if self.finished[index] or not self.echoed[index]:
