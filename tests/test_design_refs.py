@@ -1,5 +1,6 @@
-"""Every pointer from the code into docs/design.md (`docs/design.md, "Section"`) names one of
-its headings, so that a renamed or removed section shows here and not in a reader's search."""
+"""Every pointer from the code (the package, the benchmarks and the tests) into docs/design.md
+(`docs/design.md, "Section"`) names one of its headings, so that a renamed or removed section
+shows here and not in a reader's search."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ def _headings() -> set[str]:
 
 def _references() -> list[tuple[str, str]]:
     refs = []
-    for path in sorted((ROOT / "pagedrt").rglob("*.py")):
+    paths = [p for folder in ("pagedrt", "benchmarks", "tests")
+             for p in sorted((ROOT / folder).rglob("*.py"))]
+    for path in paths:
+        if path == pathlib.Path(__file__).resolve():  # (its docstring's example)
+            continue
         # a reference may wrap over lines of a docstring or of a comment
         text = re.sub(r"\s*\n\s*(#\s*)?", " ", path.read_text())
         refs += [(str(path.relative_to(ROOT)), m.group(1))

@@ -1,8 +1,8 @@
 """The decode and prefill projections under each BLAS library torch can route F.linear to
 (`torch.backends.cuda.preferred_blas_library`: "cublas", torch's default, and "cublaslt"),
 to see whether the 256-row projections, which run far below both ceilings (docs/design.md,
-"Overlapping attention with the projections"), get faster kernels from cuBLASLt's heuristics.
-A probe for issue 16, not a benchmark of record.
+"Overlapping attention with the projections: measured, not built"), get faster kernels from
+cuBLASLt's heuristics. A probe for issue 16, not a benchmark of record.
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/blas_library.py --out DIR \
         [--rows 8,64,128,256,512,16384]

@@ -2,8 +2,9 @@
 projections? `torch.compile(mode="max-autotune-no-cudagraphs")` over F.linear times cuBLAS
 (ATen) against Inductor's Triton templates, the persistent TMA one included where the GPU has
 TMA, and prints its table per shape ("AUTOTUNE mm(...)" on stderr). A probe for issue 16
-(docs/design.md, "Overlapping attention with the projections": the 256-row projections are
-latency, and the engine's own Triton matmul lost to cuBLAS there), not a benchmark of record.
+(docs/design.md, "Overlapping attention with the projections: measured, not built": the
+256-row projections are latency, and the engine's own Triton matmul lost to cuBLAS there), not
+a benchmark of record.
 
     PYTHONPATH=$PWD python3 benchmarks/diagnostics/inductor_gemm.py [--rows 256]
         [--ops gate_up,down,qkv,o]

@@ -59,7 +59,9 @@ class KVStats:
 
 @dataclass
 class PendingCopies:
-    """Block copies the model runner performs before the next forward, in this order."""
+    """Block copies the model runner performs before the next forward. `KVCache.apply` runs
+    the swap-outs first, then the copy-on-write copies, then the swap-ins (not the order of
+    the fields)."""
 
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, cpu block)
     swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu block, device block)
