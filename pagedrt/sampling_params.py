@@ -52,7 +52,9 @@ class SamplingParams:
             None): max_model_len, or the whole KV cache where it holds fewer tokens, less the
             prompt's; `LLM.generate` and `LLMEngine.add_request` set it per prompt
             (`validation.resolve_max_tokens`).
-        min_tokens: EOS and stop token ids are suppressed until this many tokens were generated.
+        min_tokens: EOS and stop token ids are suppressed until this many tokens were generated,
+            and stop strings are matched only from the next token on (one inside the first
+            min_tokens tokens neither stops nor cuts the text; as vLLM).
         stop: strings that end generation; the matched string is not part of the output text.
         stop_token_ids: token ids that end generation (besides EOS unless ignore_eos).
         ignore_eos: keep generating past EOS until max_tokens.

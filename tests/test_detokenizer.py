@@ -146,3 +146,42 @@ def test_long_output_decodes_constant_window(tokenizer):
     _detok, deltas, _ = _stream(CountingTokenizer(), ids, SamplingParams(), prompt=[])
     assert "".join(deltas) == _decode(tokenizer, ids)
     assert max(calls) <= 8  # the window never grows with the output
+
+
+def _first_stop_after_min_tokens(tokenizer, ids, stops, min_tokens, include):
+    """Reference from whole decodes (vLLM's rule): after each token past the first min_tokens,
+    the earliest-ending stop string that ends in that token's new text (it may start before)
+    ends the output. Returns (text, stop) or (whole text, None)."""
+    for m in range(min_tokens + 1, len(ids) + 1):
+        before, text = _decode(tokenizer, ids[: m - 1]), _decode(tokenizer, ids[:m])
+        found = [(text.find(s, max(0, len(before) - len(s) + 1)), s) for s in stops]
+        found = [(start + len(s), start, s) for start, s in found if start >= 0]
+        if found:
+            end, start, stop = min(found)
+            return text[: end if include else start], stop
+    return _decode(tokenizer, ids), None
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_min_tokens_defers_stop_strings(tokenizer, include):
+    """No stop string matches within the first min_tokens tokens (it neither stops nor cuts
+    the text); from the next token on, one that ends in the new text does, including one
+    that began inside the first min_tokens tokens."""
+    text = " 4, 5, 6, 7, 8, 9, 10"
+    ids = tokenizer.encode(text)
+    assert _decode(tokenizer, ids) == text and len(ids) > 10
+    for stops in ([","], [", 6"], ["9", ", 1"]):
+        for min_tokens in range(len(ids) + 1):
+            params = SamplingParams(stop=stops, min_tokens=min_tokens, max_tokens=len(ids),
+                                    include_stop_str_in_output=include)
+            detok, deltas, stop = _stream(tokenizer, ids, params, prompt=tokenizer.encode("3,"))
+            want_text, want_stop = _first_stop_after_min_tokens(tokenizer, ids, stops,
+                                                                min_tokens, include)
+            assert (stop, detok.output_text) == (want_stop, want_text), (stops, min_tokens)
+            assert "".join(deltas) == want_text
+    # the straddling case is among them: ", 6" begins in the first 6 tokens' text (" 4, 5,")
+    # and ends after it
+    first6 = _decode(tokenizer, ids[:6])
+    assert ", 6" not in first6 and text.index(", 6") < len(first6)
+    detok, _, stop = _stream(tokenizer, ids, SamplingParams(stop=[", 6"], min_tokens=6))
+    assert stop == ", 6" and detok.output_text == " 4, 5"

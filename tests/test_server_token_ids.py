@@ -163,3 +163,24 @@ def test_chat_ids_streamed_or_not(http, llm):
 
 def test_no_block_is_held_after(server):
     assert wait_until_idle(server)["pagedrt_kv_blocks_used"] == 0
+
+
+def test_min_tokens_with_a_stop_string(http, llm):
+    """A stop string inside the first min_tokens tokens neither stops the request nor cuts
+    its text (as vLLM): the text runs to the first "," that ends after them, offline, and
+    through the server streamed or not, with the same token ids."""
+    tok = llm.get_tokenizer()
+    prompt, k = "1, 2, 3,", 8
+    out = greedy_one(llm, prompt, max_tokens=20, min_tokens=k, stop=[","]).outputs[0]
+    full, first = (tok.decode(ids, skip_special_tokens=True)
+                   for ids in (out.token_ids, out.token_ids[:k]))
+    assert "," in first  # (else this would test nothing)
+    assert out.finish_reason == "stop" and out.stop_reason == ","
+    assert len(out.token_ids) > k and out.text == full[: full.index(",", len(first))]
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 20, "temperature": 0,
+            "min_tokens": k, "stop": [","], "return_token_ids": True}
+    choice = http.post("/v1/completions", json=body).json()["choices"][0]
+    assert (choice["text"], choice["token_ids"], choice["finish_reason"]) == (
+        out.text, out.token_ids, "stop")
+    streamed = _streamed(sse_chunks(http, "/v1/completions", body), "completion")
+    assert streamed[0]["ids"] == out.token_ids and streamed[0]["text"] == out.text

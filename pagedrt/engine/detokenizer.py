@@ -20,6 +20,11 @@ Text then passes through a stop-string filter, whose state is:
 
 `_pending` is the longest suffix of the text that is a proper prefix of some stop string. A stop
 string never crosses into `_parts`, so a delta never contains one.
+
+min_tokens (as vLLM's detokenizer counts it): the text of the first `min_tokens` output tokens
+is never searched for a stop string; from token min_tokens + 1 on, a match must end in the new
+token's text, and may start in the held-back `_pending` before it. So a stop string inside
+the first min_tokens tokens neither ends the request nor cuts its text.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ class IncrementalDetokenizer:
     Args:
         tokenizer: an HF tokenizer (anything with ``decode(ids, skip_special_tokens=...)``).
         prompt_token_ids: the prompt; its last tokens give context to the first output token.
-        params: uses ``stop``, ``include_stop_str_in_output`` and ``skip_special_tokens``.
+        params: uses ``stop``, ``include_stop_str_in_output``, ``min_tokens`` and
+            ``skip_special_tokens``.
     """
 
     def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -57,6 +63,7 @@ class IncrementalDetokenizer:
         self._pending = ""
         self.stop_reason: str | None = None  # the matched stop string
         self.finished = False
+        self._num_output = 0  # output tokens received (stop strings count from min_tokens + 1)
 
     @property
     def output_text(self) -> str:
@@ -67,15 +74,17 @@ class IncrementalDetokenizer:
         """Append tokens; returns the stop string they completed, else None.
 
         After a match the text ends right before the stop string (or right after it, with
-        include_stop_str_in_output) and later tokens are ignored.
+        include_stop_str_in_output) and later tokens are ignored. Within the first
+        ``min_tokens`` output tokens no stop string matches (module doc).
         """
         for token_id in new_token_ids:
             if self.stop_reason is not None:
                 break
             self._token_ids.append(token_id)
+            self._num_output += 1
             text = self._decode_new(allow_partial=False)
             if text:
-                self._add_text(text)
+                self._add_text(text, self._num_output > self.params.min_tokens)
         return self.stop_reason
 
     def get_delta(self, finished: bool) -> str:
@@ -117,10 +126,11 @@ class IncrementalDetokenizer:
             token_ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
         )
 
-    def _add_text(self, text: str) -> None:
-        """Move text through the stop filter: match, or split into safe part and pending."""
+    def _add_text(self, text: str, match_stop: bool) -> None:
+        """Move text through the stop filter: match (only with `match_stop`), or split into
+        safe part and pending."""
         buf = self._pending + text
-        match = _find_stop(buf, self.params.stop, len(self._pending))
+        match = _find_stop(buf, self.params.stop, len(self._pending)) if match_stop else None
         if match is not None:
             start, stop = match
             end = start + len(stop) if self.params.include_stop_str_in_output else start
