@@ -86,7 +86,6 @@ from pagedrt.ops.triton_utils import (
     check_decode_args,
     check_sliding_window,
     device_sms,
-    env_config,
     interpreting,
     launch_first_fitting,
     load_group_query,
@@ -470,28 +469,6 @@ def decode_launch_plan(num_seqs: int, num_kv_heads: int, head_dim: int, fp8: boo
     return tuned, n, num_splits
 
 
-def batch1_decode_override() -> dict | None:
-    """PAGEDRT_DECODE_BATCH1_CONFIG="BLOCK_N,num_warps,num_stages,num_splits": the launch of
-    one-sequence decode calls (batch-1 decode steps) without a sliding window, on the
-    warp-tile kernel, instead of the default's; unset: None. A tuning override for A/B runs
-    of whole steps, e.g. "512,16,1,1": one 16-warp program per KV head, no split and so no
-    reduce launch (benchmarks/diagnostics/call_s149.sh times such launches alone; docs/design.md,
-    "Small-batch decode"). Read at every launch, so in a CUDA-graph engine at capture.
-
-    Raises:
-        ValueError: not four comma-separated positive ints (`env_config`), or a BLOCK_N the
-            warp tiles cannot take (16 times a power of two, at least 32).
-    """
-    config = env_config("PAGEDRT_DECODE_BATCH1_CONFIG",
-                        ("BLOCK_N", "num_warps", "num_stages", "num_splits"), "512,16,1,1")
-    if config is not None:
-        try:
-            warp_tile_shape(config["BLOCK_N"])
-        except ValueError as e:
-            raise ValueError(f"PAGEDRT_DECODE_BATCH1_CONFIG: {e}") from None
-    return config
-
-
 def paged_attention_decode_triton(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -561,11 +538,6 @@ def paged_attention_decode_triton(
     out = torch.empty_like(query)
     if num_seqs == 0:
         return out
-    if num_seqs == 1 and config is None and num_splits is None and not sliding_window:
-        override = batch1_decode_override()
-        if override is not None:
-            num_splits = override.pop("num_splits")
-            config = {**override, "warp_tiles": 1}
     fp8 = is_fp8(k_cache.dtype)
     max_context = max_seq_len or block_tables.shape[1] * block_size
     if sliding_window is not None:  # the tokens a query reads

@@ -37,11 +37,9 @@ CHOICE_TABLES = (("pagedrt.ops.gemv_triton", ("_CHOICE", "_FUSED_CHOICE")),
 
 # PAGEDRT_* settings left out of the fingerprint: they change no kernel and no candidate, or
 # only a kernel no choice here times or runs beside (PAGEDRT_SAMPLE_SPLIT: the sampler's race
-# and argmax; PAGEDRT_DECODE_BATCH1_CONFIG: the batch-1 decode attention's launch), so that A/B
-# runs of such a switch make the same choices and time once
+# and argmax), so that A/B runs of such a switch make the same choices and time once
 _NOT_FINGERPRINTED = frozenset({ENV, "PAGEDRT_CACHE_DIR", "PAGEDRT_COMMIT",
-                                "PAGEDRT_NUM_THREADS", "PAGEDRT_SAMPLE_SPLIT",
-                                "PAGEDRT_DECODE_BATCH1_CONFIG"})
+                                "PAGEDRT_NUM_THREADS", "PAGEDRT_SAMPLE_SPLIT"})
 
 _log = logging.getLogger(__name__)
 
