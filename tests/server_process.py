@@ -19,13 +19,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(extra_args: list[str], log_path: Path,
-                 timeout_s: float = 180) -> tuple[subprocess.Popen, str]:
-    """Launch `pagedrt serve` on CPU with `extra_args`; returns (process, base URL) once the
-    launcher has printed its "serving" line and /health answers 200. Raises AssertionError with the log if it exits or times out."""
+def start_server(extra_args: list[str], log_path: Path, timeout_s: float = 180,
+                 global_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+    """Launch `pagedrt [global_args] serve` on CPU with `extra_args`; returns (process, base
+    URL) once the launcher has printed its "serving" line and /health answers 200. Raises
+    AssertionError with the log if it exits or times out."""
     port = free_port()
-    cmd = [sys.executable, "-m", "pagedrt.entrypoints.cli", "serve", "--host", "127.0.0.1",
-           "--port", str(port), "--device", "cpu", *extra_args]
+    cmd = [sys.executable, "-m", "pagedrt.entrypoints.cli", *global_args, "serve", "--host",
+           "127.0.0.1", "--port", str(port), "--device", "cpu", *extra_args]
     # one torch thread in the engine core (unless the caller set another): SmolLM2's matmuls
     # at these batch sizes gain nothing from two, and the test process and the API processes
     # share the same few cores (ten times faster on a loaded 2-core machine, 2026-12-01)

@@ -115,7 +115,8 @@ class EngineCoreClient:
         self.client_index = client_index
         self.metrics = metrics
         self.states: dict[str, RequestState] = {}
-        self.stats: dict = {}
+        # the core's snapshot once ready (tests build clients without a CoreInfo)
+        self.stats: dict = dict(info.stats) if info is not None else {}
         self.num_prompt_tokens = 0  # admitted through this process
         self.num_finished: dict[str, int] = {}  # finish reason -> samples
         self.alive = True

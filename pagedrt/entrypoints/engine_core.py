@@ -113,6 +113,9 @@ class CoreInfo:
     warm_up_s: float
     pid: int = field(default_factory=os.getpid)
     cpu_threads: int = 0  # torch's intra-op threads in the core ($PAGEDRT_NUM_THREADS)
+    # `LLMEngine.stats()` once ready, so that /metrics has the pool's sizes from the first
+    # scrape (later snapshots come with the outputs, every STATS_INTERVAL_S while busy)
+    stats: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -124,6 +127,7 @@ class CoreSpec:
         input_address: zmq address the core binds its PULL socket to.
         output_addresses: zmq address of each API process's PULL socket (index = client index).
         warm_up: run every kind of step once before saying it is ready.
+        verbose: the core's log level INFO instead of WARNING (`pagedrt -v serve`).
     """
 
     model: str | None
@@ -133,6 +137,7 @@ class CoreSpec:
     input_address: str
     output_addresses: list[str]
     warm_up: bool = True
+    verbose: bool = False  # log at INFO (scheduler events: preemptions, ...), as `pagedrt -v`
 
 
 # ---------------------------------------------------------------- the process
@@ -142,7 +147,7 @@ def run_engine_core(spec: CoreSpec, conns: list[Connection]) -> None:
     every pipe, then serve until a pipe closes or a Shutdown arrives."""
     # Ctrl-C reaches the whole process group: the launcher decides when the core stops
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=logging.WARNING,
+    logging.basicConfig(level=logging.INFO if spec.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         from pagedrt.engine.llm_engine import LLMEngine
@@ -241,7 +246,8 @@ class EngineCore:
             limits=engine.limits, model_path=engine.model_path,
             tokenizer_path=None if tokenizer is None else tokenizer.name_or_path,
             device=str(engine.device), dtype=str(engine.dtype).replace("torch.", ""),
-            warm_up_s=0.0, cpu_threads=torch.get_num_threads())
+            warm_up_s=0.0, cpu_threads=torch.get_num_threads(),
+            stats=engine.stats(detailed=False))
         self._encoder = msgspec.msgpack.Encoder()
         self.zmq_context = zmq.Context(io_threads=1)
         self.input = self.zmq_context.socket(zmq.PULL)

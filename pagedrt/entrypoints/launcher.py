@@ -105,7 +105,8 @@ def run_server(args) -> int:
         output_addresses = [f"ipc://{tmp}/api-{i}-out" for i in range(num_api)]
         pipes = [ctx.Pipe() for _ in range(num_api + 1)]  # [0]: the launcher's own
         spec = CoreSpec(args.model, args.dtype, args.device, config, input_address,
-                        output_addresses, warm_up=not args.no_warm_up)
+                        output_addresses, warm_up=not args.no_warm_up,
+                        verbose=bool(getattr(args, "verbose", False)))
         core = ctx.Process(target=run_engine_core, args=(spec, [p[1] for p in pipes]),
                            name="pagedrt-engine-core")
         core.start()
