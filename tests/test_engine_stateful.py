@@ -1,0 +1,141 @@
+"""The engine under random interleavings of adds, aborts and steps: a hypothesis state machine
+on the tiny random-weight Llama (tests/tiny_model.py, fp32, CPU) with a small KV pool, so
+requests are preempted (by recompute or swap), prompts share prefixes (prefix caching on or
+off), prefills are chunked, n = 2 requests fork, and aborts land at any point: while waiting,
+mid-prefill, running, preempted, swapped out, or (async scheduling) with a step in flight.
+
+After every rule, the engine's own integrity check (block manager invariants, device rows
+against the host). At the end, with every request finished: no block held, the swap pool
+empty, and each request that was not aborted has the tokens it gets alone on an engine with
+ample memory (greedy, or seeded sampling, which is batch-invariant). Examples are
+derandomized, so a run is the same in CI as here. (Checked to fail: swap-ins that copied
+nothing gave a seeded n = 2 request other tokens.)
+"""
+
+from __future__ import annotations
+
+import random
+from typing import ClassVar
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from test_scheduler import assert_clean, swap_bytes
+
+from pagedrt import LLM, SamplingParams
+
+VOCAB = 384
+BLOCK_SIZE = 8
+# longest request: a 24-token prefix, a 10-token tail and 20 tokens = 7 blocks (8 with a
+# fork's own last block); two running requests of half that fill the pool, so more preempt
+NUM_KV_BLOCKS = 10
+_rng = random.Random(7)
+PREFIXES = ([], [_rng.randrange(VOCAB) for _ in range(24)],
+            [_rng.randrange(VOCAB) for _ in range(17)])
+KINDS = ("greedy", "seeded", "seeded_n2", "greedy_stop")
+
+
+def params_of(kind: str, max_tokens: int, seed: int) -> SamplingParams:
+    if kind == "greedy":
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    if kind == "greedy_stop":  # ends early where the model emits one of these ids
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                              stop_token_ids=list(range(0, VOCAB, 7)))
+    return SamplingParams(temperature=0.9, top_k=50, seed=seed, max_tokens=max_tokens,
+                          ignore_eos=True, n=2 if kind == "seeded_n2" else 1)
+
+
+class EngineMachine(RuleBasedStateMachine):
+    """One engine per example; the test sets the class's model, config and reference_llm."""
+
+    model = None
+    config: ClassVar[dict] = {}
+    reference_llm: LLM | None = None  # ample memory: each request alone
+    reference: ClassVar[dict] = {}  # (prompt, kind, max_tokens, seed) -> tokens per sample
+    preemptions: ClassVar[list[int]] = []  # each example's count
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.llm = LLM(self.model, num_kv_blocks=NUM_KV_BLOCKS, block_size=BLOCK_SIZE,
+                       max_num_batched_tokens=24, max_num_seqs=6,
+                       swap_space_bytes=swap_bytes(self.model, 8, BLOCK_SIZE), **self.config)
+        self.engine = self.llm.llm_engine
+        self.requests: dict[str, tuple] = {}  # request id -> its key in `reference`
+        self.aborted: set[str] = set()
+        self.done: dict[str, list[list[int]]] = {}
+
+    def _record(self, outputs) -> None:
+        for out in outputs:
+            if out.finished:
+                assert out.request_id not in self.aborted, out.request_id
+                self.done[out.request_id] = [c.token_ids for c in out.outputs]
+
+    @rule(new=st.lists(st.tuples(
+        st.sampled_from(PREFIXES), st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=10),
+        st.sampled_from(KINDS), st.integers(1, 20), st.integers(0, 3)), min_size=1, max_size=3))
+    def add(self, new):
+        for prefix, tail, kind, max_tokens, seed in new:
+            request_id = f"r{len(self.requests)}"
+            prompt = tuple(prefix) + tuple(tail)
+            self.engine.add_request(request_id, list(prompt),
+                                    params_of(kind, max_tokens, seed), stream=False)
+            self.requests[request_id] = (prompt, kind, max_tokens, seed)
+
+    @rule(num_steps=st.integers(1, 4))
+    def step(self, num_steps):
+        for _ in range(num_steps):
+            self._record(self.engine.step())
+
+    @precondition(lambda self: any(r in self.engine.requests for r in self.requests))
+    @rule(data=st.data())
+    def abort(self, data):
+        live = sorted(r for r in self.requests if r in self.engine.requests)
+        request_id = data.draw(st.sampled_from(live))
+        assert self.engine.abort_request(request_id)
+        self.aborted.add(request_id)
+
+    @invariant()
+    def integrity(self):
+        self.engine.check_integrity()
+
+    def teardown(self):
+        while self.engine.has_unfinished_requests():
+            self._record(self.engine.step())
+        assert_clean(self.llm)
+        assert set(self.done) | self.aborted == set(self.requests)
+        for request_id, tokens in self.done.items():
+            key = self.requests[request_id]
+            if key not in self.reference:
+                prompt, kind, max_tokens, seed = key
+                alone = self.reference_llm.generate([list(prompt)],
+                                                    params_of(kind, max_tokens, seed),
+                                                    use_tqdm=False)[0]
+                self.reference[key] = [c.token_ids for c in alone.outputs]
+            assert tokens == self.reference[key], (request_id, key)
+        self.preemptions.append(self.llm.stats()["num_preemptions"])
+
+
+@pytest.mark.parametrize(("mode", "prefix_caching"), [("recompute", True), ("swap", True),
+                                                      ("recompute", False), ("swap", False)],
+                         ids=["recompute-cache", "swap-cache", "recompute", "swap"])
+def test_random_adds_aborts_and_steps(tiny, scheduling, mode, prefix_caching):
+    if EngineMachine.reference_llm is None:
+        EngineMachine.reference_llm = LLM(tiny, num_kv_blocks=512, block_size=BLOCK_SIZE,
+                                          enable_prefix_caching=False)
+    EngineMachine.model = tiny
+    EngineMachine.config = {"preemption_mode": mode, "enable_prefix_caching": prefix_caching}
+    EngineMachine.preemptions = []
+    run_state_machine_as_test(EngineMachine, settings=settings(
+        max_examples=30, stateful_step_count=30, deadline=None, derandomize=True, database=None,
+        suppress_health_check=list(HealthCheck),
+        # no shrinking: a failure prints its whole run of rules at once (shrinking one took
+        # 10 minutes here)
+        phases=[Phase.explicit, Phase.reuse, Phase.generate]))
+    assert sum(EngineMachine.preemptions) > 0  # (else the pool was too large to test them)
