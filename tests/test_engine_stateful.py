@@ -3,13 +3,16 @@ on the tiny random-weight Llama (tests/tiny_model.py, fp32, CPU) with a small KV
 requests are preempted (by recompute or swap), prompts share prefixes (prefix caching on or
 off), prefills are chunked, n = 2 requests fork, and aborts land at any point: while waiting,
 mid-prefill, running, preempted, swapped out, or (async scheduling) with a step in flight.
+Two more configurations: an FP8 cache (its scales move with swapped blocks) and n-gram
+speculation (rejected drafts rolled back; greedy requests only).
 
 After every rule, the engine's own integrity check (block manager invariants, device rows
 against the host). At the end, with every request finished: no block held, the swap pool
 empty, and each request that was not aborted has the tokens it gets alone on an engine with
 ample memory (greedy, or seeded sampling, which is batch-invariant). Examples are
 derandomized, so a run is the same in CI as here. (Checked to fail: swap-ins that copied
-nothing gave a seeded n = 2 request other tokens.)
+nothing, and swaps that left an FP8 cache's scales behind, each gave a seeded n = 2 request
+other tokens.)
 """
 
 from __future__ import annotations
@@ -57,9 +60,10 @@ class EngineMachine(RuleBasedStateMachine):
 
     model = None
     config: ClassVar[dict] = {}
-    reference_llm: LLM | None = None  # ample memory: each request alone
-    reference: ClassVar[dict] = {}  # (prompt, kind, max_tokens, seed) -> tokens per sample
-    preemptions: ClassVar[list[int]] = []  # each example's count
+    greedy_only = False  # (speculation: seeded samples may differ from the plain engine's)
+    reference_llm: LLM | None = None  # ample memory, each request alone, the cache's dtype
+    reference: ClassVar[dict] = {}  # (cache dtype, prompt, kind, max_tokens, seed) -> tokens
+    counts: ClassVar[list[dict]] = []  # each example's stats
 
     def __init__(self) -> None:
         super().__init__()
@@ -82,6 +86,8 @@ class EngineMachine(RuleBasedStateMachine):
         st.sampled_from(KINDS), st.integers(1, 20), st.integers(0, 3)), min_size=1, max_size=3))
     def add(self, new):
         for prefix, tail, kind, max_tokens, seed in new:
+            if self.greedy_only and kind.startswith("seeded"):
+                kind = "greedy"
             request_id = f"r{len(self.requests)}"
             prompt = tuple(prefix) + tuple(tail)
             self.engine.add_request(request_id, list(prompt),
@@ -110,32 +116,54 @@ class EngineMachine(RuleBasedStateMachine):
             self._record(self.engine.step())
         assert_clean(self.llm)
         assert set(self.done) | self.aborted == set(self.requests)
+        dtype = self.config.get("kv_cache_dtype", "auto")
         for request_id, tokens in self.done.items():
-            key = self.requests[request_id]
+            key = (dtype, *self.requests[request_id])
             if key not in self.reference:
-                prompt, kind, max_tokens, seed = key
+                _, prompt, kind, max_tokens, seed = key
                 alone = self.reference_llm.generate([list(prompt)],
                                                     params_of(kind, max_tokens, seed),
                                                     use_tqdm=False)[0]
                 self.reference[key] = [c.token_ids for c in alone.outputs]
             assert tokens == self.reference[key], (request_id, key)
-        self.preemptions.append(self.llm.stats()["num_preemptions"])
+        self.counts.append(self.llm.stats())
 
 
-@pytest.mark.parametrize(("mode", "prefix_caching"), [("recompute", True), ("swap", True),
-                                                      ("recompute", False), ("swap", False)],
-                         ids=["recompute-cache", "swap-cache", "recompute", "swap"])
-def test_random_adds_aborts_and_steps(tiny, scheduling, mode, prefix_caching):
-    if EngineMachine.reference_llm is None:
-        EngineMachine.reference_llm = LLM(tiny, num_kv_blocks=512, block_size=BLOCK_SIZE,
-                                          enable_prefix_caching=False)
-    EngineMachine.model = tiny
-    EngineMachine.config = {"preemption_mode": mode, "enable_prefix_caching": prefix_caching}
-    EngineMachine.preemptions = []
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+         "prompt_lookup_max": 3, "disable_by_batch_size": 6}
+CONFIGS = {  # name: (engine settings, greedy only)
+    "recompute-cache": ({"preemption_mode": "recompute"}, False),
+    "swap-cache": ({"preemption_mode": "swap"}, False),
+    "recompute": ({"preemption_mode": "recompute", "enable_prefix_caching": False}, False),
+    "swap": ({"preemption_mode": "swap", "enable_prefix_caching": False}, False),
+    # an FP8 cache (its scales swapped and copied with the blocks), against an FP8 reference
+    "swap-cache-fp8": ({"preemption_mode": "swap", "kv_cache_dtype": "fp8"}, False),
+    # n-gram speculation (rollbacks of rejected drafts), greedy: tokens as without it
+    "recompute-cache-ngram": ({"preemption_mode": "recompute", "speculative_config": NGRAM},
+                              True),
+}
+_REFERENCE_LLMS: dict[str, LLM] = {}  # cache dtype -> an engine with ample memory
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_random_adds_aborts_and_steps(tiny, scheduling, name):
+    config, greedy_only = CONFIGS[name]
+    dtype = config.get("kv_cache_dtype", "auto")
+    if dtype not in _REFERENCE_LLMS:
+        _REFERENCE_LLMS[dtype] = LLM(tiny, num_kv_blocks=512, block_size=BLOCK_SIZE,
+                                     enable_prefix_caching=False, kv_cache_dtype=dtype)
+    EngineMachine.model, EngineMachine.config = tiny, config
+    EngineMachine.greedy_only, EngineMachine.reference_llm = greedy_only, _REFERENCE_LLMS[dtype]
+    EngineMachine.counts = []
     run_state_machine_as_test(EngineMachine, settings=settings(
         max_examples=30, stateful_step_count=30, deadline=None, derandomize=True, database=None,
         suppress_health_check=list(HealthCheck),
         # no shrinking: a failure prints its whole run of rules at once (shrinking one took
         # 10 minutes here)
         phases=[Phase.explicit, Phase.reuse, Phase.generate]))
-    assert sum(EngineMachine.preemptions) > 0  # (else the pool was too large to test them)
+    # (else the pool was too large, or the drafts too rare, to test them)
+    assert sum(c["num_preemptions"] for c in EngineMachine.counts) > 0
+    if config["preemption_mode"] == "swap":
+        assert sum(c["num_swapped_out_blocks"] for c in EngineMachine.counts) > 0
+    if "speculative_config" in config:
+        assert sum(c["spec_decode_num_drafts"] for c in EngineMachine.counts) > 0
