@@ -266,3 +266,26 @@ def test_the_client_fails_its_requests_by_what_the_core_said(notice, status, tex
         for run in runs:
             assert run.wake.is_set() and run.error_status == status and text in run.error
     asyncio.run(scenario())
+
+
+def test_the_ready_info_carries_a_stats_snapshot_the_client_reports_at_once(tmp_path):
+    """CoreInfo holds the engine's stats when the core is built (after the warm-up), and an
+    API process's client reports them before any output arrives: /metrics has the pool's
+    figures from its first scrape, whatever the race with the core's first publish."""
+    from pagedrt.entrypoints.core_client import EngineCoreClient
+
+    engine = _StandInEngine()
+    engine.requests = {"a": [1], "b": [2]}  # (its stats: num_running 2)
+    ours, theirs = mp.Pipe()
+    core = EngineCore(engine, [theirs], f"ipc://{tmp_path}/in", [f"ipc://{tmp_path}/out"])
+    try:
+        assert core.info.stats == {"num_running": 2}
+        restored = pickle.loads(pickle.dumps(core.info))  # (as the launcher's pipe carries it)
+        client = EngineCoreClient(ours, restored, "", "", 0)
+        snapshot = client.snapshot()
+        assert snapshot["num_running"] == 2 and snapshot["server_prompt_tokens"] == 0
+    finally:
+        core.input.close(linger=0)
+        for sock in core.outputs:
+            sock.close(linger=0)
+        core.zmq_context.term()

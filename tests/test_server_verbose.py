@@ -1,7 +1,9 @@
 """`pagedrt -v serve` through a real server process on 127.0.0.1 (SmolLM2, CPU, a small KV
 pool): /metrics has the pool's figures from the first scrape after the server says it is
 ready, and the engine core logs at INFO with -v (its preemptions, as `pagedrt -v generate`
-does). Every wait is bounded."""
+does). Every wait is bounded. (Here the core's first idle snapshot usually arrives before the
+first scrape anyway; the snapshot in CoreInfo, which removes that race, is checked in
+tests/test_engine_core.py.)"""
 
 from __future__ import annotations
 

@@ -19,12 +19,12 @@ Text then passes through a stop-string filter, whose state is:
     _parts (safe: sent, or ready to send) | _pending (could be the start of a stop string)
 
 `_pending` is the longest suffix of the text that is a proper prefix of some stop string. A stop
-string never crosses into `_parts`, so a delta never contains one.
+string that matches never crosses into `_parts`, so a delta never contains a matched one.
 
 min_tokens (as vLLM's detokenizer counts it): the text of the first `min_tokens` output tokens
 is never searched for a stop string; from token min_tokens + 1 on, a match must end in the new
 token's text, and may start in the held-back `_pending` before it. So a stop string inside
-the first min_tokens tokens neither ends the request nor cuts its text.
+the first min_tokens tokens neither ends the request nor cuts its text: it is sent as text.
 """
 
 from __future__ import annotations
