@@ -1,15 +1,16 @@
 """The engine under random interleavings of adds, aborts and steps: a hypothesis state machine
 on the tiny random-weight Llama (tests/tiny_model.py, fp32, CPU) with a small KV pool, so
 requests are preempted (by recompute or swap), prompts share prefixes (prefix caching on or
-off), prefills are chunked, n = 2 requests fork, and aborts land at any point: while waiting,
-mid-prefill, running, preempted, swapped out, or (async scheduling) with a step in flight.
-Two more configurations: an FP8 cache (its scales move with swapped blocks) and n-gram
-speculation (rejected drafts rolled back; greedy requests only).
+off), prefills are chunked, n = 2 requests fork, width-2 beam searches share their slots'
+blocks copy-on-write, and aborts land at any point: while waiting, mid-prefill, running,
+preempted, swapped out, or (async scheduling) with a step in flight. Two more configurations:
+an FP8 cache (its scales move with swapped blocks) and n-gram speculation (rejected drafts
+rolled back; greedy requests only).
 
 After every rule, the engine's own integrity check (block manager invariants, device rows
-against the host). At the end, with every request finished: no block held, the swap pool
-empty, and each request that was not aborted has the tokens it gets alone on an engine with
-ample memory (greedy, or seeded sampling, which is batch-invariant). Examples are
+against the host). At the end, with every request finished: no block held, the swap pool empty,
+and each request that was not aborted has the tokens it gets alone on an engine with ample
+memory (greedy, beam search, or seeded sampling, which is batch-invariant). Examples are
 derandomized, so a run is the same in CI as here. (Checked to fail: swap-ins that copied
 nothing, and swaps that left an FP8 cache's scales behind, each gave a seeded n = 2 request
 other tokens.)
@@ -32,7 +33,7 @@ from hypothesis.stateful import (
 )
 from test_scheduler import assert_clean, swap_bytes
 
-from pagedrt import LLM, SamplingParams
+from pagedrt import LLM, BeamSearchParams, SamplingParams
 
 VOCAB = 384
 BLOCK_SIZE = 8
@@ -42,10 +43,14 @@ NUM_KV_BLOCKS = 10
 _rng = random.Random(7)
 PREFIXES = ([], [_rng.randrange(VOCAB) for _ in range(24)],
             [_rng.randrange(VOCAB) for _ in range(17)])
-KINDS = ("greedy", "seeded", "seeded_n2", "greedy_stop")
+KINDS = ("greedy", "seeded", "seeded_n2", "greedy_stop", "beam2")
+BEAM_MAX_TOKENS = 8  # (a width-2 search's slots fit the pool beside nothing else)
 
 
 def params_of(kind: str, max_tokens: int, seed: int) -> SamplingParams:
+    if kind == "beam2":  # a beam search of width 2 (its slots share blocks copy-on-write)
+        return BeamSearchParams(beam_width=2, max_tokens=min(max_tokens, BEAM_MAX_TOKENS),
+                                ignore_eos=True).to_sampling_params()
     if kind == "greedy":
         return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     if kind == "greedy_stop":  # ends early where the model emits one of these ids
@@ -60,7 +65,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     model = None
     config: ClassVar[dict] = {}
-    greedy_only = False  # (speculation: seeded samples may differ from the plain engine's)
+    greedy_only = False  # (speculation: seeded samples and beams are left out)
     reference_llm: LLM | None = None  # ample memory, each request alone, the cache's dtype
     reference: ClassVar[dict] = {}  # (cache dtype, prompt, kind, max_tokens, seed) -> tokens
     counts: ClassVar[list[dict]] = []  # each example's stats
@@ -86,7 +91,7 @@ class EngineMachine(RuleBasedStateMachine):
         st.sampled_from(KINDS), st.integers(1, 20), st.integers(0, 3)), min_size=1, max_size=3))
     def add(self, new):
         for prefix, tail, kind, max_tokens, seed in new:
-            if self.greedy_only and kind.startswith("seeded"):
+            if self.greedy_only and kind in ("seeded", "seeded_n2", "beam2"):
                 kind = "greedy"
             request_id = f"r{len(self.requests)}"
             prompt = tuple(prefix) + tuple(tail)
