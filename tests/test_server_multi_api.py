@@ -4,6 +4,7 @@ the answers of `LLM.generate`, and the death of one API process stops the whole 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -82,3 +83,29 @@ def test_a_dead_api_process_stops_the_server(two_api_server):
         time.sleep(0.1)
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{url}/health", timeout=2)
+
+
+def test_sigterm_lets_every_api_process_drain(smollm2_path, tmp_path):
+    """SIGTERM with a stream in flight on one of two API processes: the idle one leaves at
+    once, and the core goes on serving the other's drain (before, the first pipe to close
+    ended the core, and the stream was cut with "the engine core process died" after about
+    0.5 s of a 4 s drain). The stream ends with its last token; the server exits with 0."""
+    from test_server_faults import _Stream
+
+    log_path = tmp_path / "server.log"
+    proc, url = start_server([*ENGINE_ARGS, "--api-server-count", "2",
+                              "--shutdown-timeout", "20"], log_path)
+    try:
+        stream = _Stream(url, max_tokens=48)
+        stream.start()
+        assert stream.started.wait(120), "no tokens within 120 s"
+        proc.send_signal(signal.SIGTERM)
+        stream.join(40)
+        assert not stream.is_alive() and stream.error is None, stream.error
+        assert stream.ended_with_done and not stream.error_events(), stream.payloads[-3:]
+        chunks = [c for p in stream.payloads[:-1] if (c := json.loads(p))["choices"]]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert proc.wait(timeout=40) == 0
+        assert "engine core process died" not in log_path.read_text(errors="replace")
+    finally:
+        stop_server(proc)

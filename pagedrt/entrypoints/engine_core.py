@@ -26,9 +26,11 @@ the requests in flight (500), which are aborted, and the loop goes on, unless it
 `ExecutorError` (a tensor-parallel worker died or raised: the workers are gone), after which the
 failures are sent, then a ("failed", message) notice on every liveness pipe, and the process
 exits with status 1. The process exits when any liveness pipe
-closes (a parent or API process died) or a Shutdown command arrives; on SIGTERM it first sends
-a ("stopping", "SIGTERM") notice on every pipe (SIGINT it ignores: the launcher decides). See
-docs/design.md for the whole process layout.
+closes (a parent or API process died) or a Shutdown command arrives; an API process that stops
+gracefully says ("leaving", index) on its pipe first, and the core then drops that pipe and
+serves the others until their own drains end (the launcher closes its pipe last). On SIGTERM
+the core first sends a ("stopping", "SIGTERM") notice on every pipe (SIGINT it ignores: the
+launcher decides). See docs/design.md for the whole process layout.
 """
 
 from __future__ import annotations
@@ -292,7 +294,7 @@ class EngineCore:
                 t0 = clock()
                 busy = engine.has_unfinished_requests()
                 ready = dict(self.poller.poll(0 if busy else _IDLE_POLL_MS))
-                if len(ready) > (self.input in ready):  # a liveness pipe: its peer is gone
+                if len(ready) > (self.input in ready) and self._pipes_end(ready):
                     # a shutdown or a crash: the launcher reports which
                     logger.info("a liveness pipe closed; the engine core exits")
                     return
@@ -347,6 +349,25 @@ class EngineCore:
                 for conn in self.conns:
                     with contextlib.suppress(OSError, ValueError):
                         conn.send(("failed", self.fatal))
+
+    def _pipes_end(self, ready: dict) -> bool:
+        """Read the liveness pipes that poll found readable: True if one ended (its process is
+        gone without a word: the loop must end). An API process that stops gracefully sends
+        ("leaving", index) first, once its drain is over; its pipe is then dropped and the
+        loop goes on serving the others, which may still be draining (`pagedrt serve
+        --api-server-count` > 1 under SIGTERM)."""
+        for conn in list(self.conns):
+            if conn.fileno() not in ready:
+                continue
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                return True
+            if isinstance(message, tuple) and message[:1] == ("leaving",):
+                self.poller.unregister(conn.fileno())
+                self.conns.remove(conn)
+                conn.close()
+        return False
 
     def _apply(self, command) -> None:
         engine = self.engine

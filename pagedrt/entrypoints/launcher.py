@@ -12,8 +12,9 @@ The launcher prints its "serving ..." line once every API process has said it ac
 seconds of imports and tokenizer loading each, which must not land in a client's first request).
 
 Stop: SIGTERM or SIGINT to the launcher is passed to the API processes, which drain for
-`--shutdown-timeout` seconds (see openai_server.py); once they are gone the core sees its pipes
-close and exits; anything still alive `_STOP_MARGIN_S` after the drain is killed (9 s in all
+`--shutdown-timeout` seconds (see openai_server.py) and each tell the core they are leaving, so
+that it serves the others' drains to their end; once they are gone the launcher closes its own
+pipe and the core exits; anything still alive `_STOP_MARGIN_S` after the drain is killed (9 s in all
 by default). If the core dies, the API processes fail their
 requests, answer 503 for a moment and exit with 1; the launcher then exits with 1 too (a
 supervisor such as systemd or Kubernetes restarts it: reloading a model in place would serve
@@ -23,6 +24,7 @@ dies, the others are stopped and the launcher exits with 1.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import multiprocessing as mp
@@ -250,6 +252,7 @@ def _supervise(core, apis: list, conn: Connection, stop: dict, stop_timeout_s: f
             if p.is_alive():
                 os.kill(p.pid, signal.SIGTERM)
         _join_all(apis, time.monotonic() + stop_timeout_s - 1.0)
+        conn.close()  # the core's last pipe: it exits (each API process left its own)
         return 0
     if not core.is_alive():
         # the API processes fail their requests, answer 503 briefly and exit on their own
@@ -329,6 +332,15 @@ def run_api_process(api: ApiSpec, info: CoreInfo, listener: socket.socket,
                 loop.call_soon_threadsafe(loop.create_task,
                                           server_api.drain(api.http.shutdown_timeout_s))
             super().handle_exit(sig, frame)
+
+        async def shutdown(self, sockets=None) -> None:
+            await super().shutdown(sockets=sockets)
+            # drained (here, not after run(): uvicorn re-raises the captured SIGTERM when
+            # serve() returns, which ends the process): the core may go on serving the
+            # other API processes' drains
+            if exit_status["code"] == 0:
+                with contextlib.suppress(OSError, ValueError):
+                    conn.send(("leaving", api.index))
 
     # uvicorn bounds header size and time only through our protocol (guards.py)
     config = uvicorn.Config(app, log_level="info" if api.verbose else "warning",
