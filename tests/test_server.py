@@ -383,6 +383,22 @@ def test_openai_client_raises_typed_errors(client):
         bad_key.models.list()
 
 
+def test_chat_length_errors_name_max_completion_tokens_when_sent(server):
+    """A chat whose prompt + max_completion_tokens exceeds max_model_len: the 400 names the
+    field the client sent, not the Python API's max_tokens."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2040}
+    resp = httpx.post(f"{server}/v1/chat/completions", json=body, headers=AUTH, timeout=30)
+    error = resp.json()["error"]
+    assert resp.status_code == 400 and error["code"] == "context_length_exceeded"
+    assert "max_completion_tokens (2040)" in error["message"], error
+    assert "max_tokens" not in error["message"].replace("max_completion_tokens", ""), error
+    # sent as max_tokens, it is named so
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2040}
+    error = httpx.post(f"{server}/v1/chat/completions", json=body, headers=AUTH,
+                       timeout=30).json()["error"]
+    assert "max_tokens (2040)" in error["message"], error
+
+
 # ---------------------------------------------------------------- metrics
 def test_metrics_exposes_the_series(server):
     # one request of its own: the token counters must not rely on the tests before it (run

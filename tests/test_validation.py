@@ -29,6 +29,16 @@ def test_a_long_prompt_at_the_models_own_limit_says_only_shorten_it():
         validate_prompt([1] * 257, SamplingParams(max_tokens=1), limits(256, 256))
 
 
+def test_a_prompt_of_exactly_max_model_len_leaves_no_room_whatever_max_tokens():
+    """Not "lower max_tokens": the prompt alone fills max_model_len (the chat endpoint's
+    default max_tokens, what fits, is then 1, which the client never sent)."""
+    for max_tokens in (1, 5):
+        with pytest.raises(ValueError, match=r"^prompt has 64 tokens, all of max_model_len=64, "
+                           r"which leaves no room for a generated token; shorten it or raise"):
+            validate_prompt([1] * 64, SamplingParams(max_tokens=max_tokens), limits(64, 256))
+    validate_prompt([1] * 63, SamplingParams(max_tokens=1), limits(64, 256))  # (fits)
+
+
 def test_a_long_prompt_without_a_known_bound_still_says_raise_it():
     with pytest.raises(ValueError, match=r"shorten it or raise max_model_len "
                        r"\(`--max-model-len` on the command line\)$"):
@@ -95,9 +105,9 @@ def test_an_echo_only_prompt_is_bounded_by_its_one_step_and_worded_for_max_token
                 rf"^prompt has {n} tokens; with echo=true and max_tokens=0 it may have at most "
                 r"max_model_len - 1 = 63 \(the prompt is scored by one engine step")):
             validate_prompt([1] * n, params, limits(64, 256), echo_only=True)
-    with pytest.raises(ValueError, match=r"^prompt \(64 tokens\) \+ max_tokens \(1\) = 65 "
+    with pytest.raises(ValueError, match=r"^prompt \(63 tokens\) \+ max_tokens \(2\) = 65 "
                        r"exceeds max_model_len=64"):
-        validate_prompt([1] * 64, params, limits(64, 256))
+        validate_prompt([1] * 63, SamplingParams(max_tokens=2), limits(64, 256))
 
 
 @pytest.mark.parametrize("batch", [False, True])

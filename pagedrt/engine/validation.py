@@ -135,6 +135,10 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
     if n > max_model_len:
         raise ValueError(f"prompt has {n} tokens, more than max_model_len={max_model_len}; "
                          f"{_longer_context_fix(max_model_len, limits)}")
+    if n == max_model_len:  # (whatever max_tokens, or its default, asked for)
+        raise ValueError(f"prompt has {n} tokens, all of max_model_len={max_model_len}, which "
+                         f"leaves no room for a generated token; "
+                         f"{_longer_context_fix(max_model_len, limits)}")
     vocab = limits.vocab_size
     # fast path in C (set of types, min, max): a Python loop here cost about 20 ms of host
     # time for 256 prompts of 512 tokens, before the first step could start

@@ -378,7 +378,12 @@ class OpenAIServer:
         _check_prompt_logprobs(body)
         self._check_count(1, params)
         params = self._resolve_bad_words(params, "messages")
-        self._validate(prompts, params, "messages")
+        try:
+            self._validate(prompts, params, "messages")
+        except APIError as error:  # the length errors name the field the client sent
+            if body.max_completion_tokens is not None:
+                error.message = error.message.replace("max_tokens", "max_completion_tokens")
+            raise
         return await self._respond(request, "chat", body, prompts, params, arrival_time)
 
     async def _chat_prompt(self, body: ChatCompletionRequest | TokenizeRequest) -> list[int]:
