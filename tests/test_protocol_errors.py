@@ -32,7 +32,8 @@ def _error(model, body: dict):
      "max_tokens='x': Input should be a valid integer"),
     ({"prompt": "hi", "temperature": "hot"}, "temperature",
      "temperature='hot': Input should be a valid number"),
-    ({"prompt": "hi", "stream_options": {"include_usage": "yes"}}, "stream_options",
+    ({"prompt": "hi", "stream": True, "stream_options": {"include_usage": "yes"}},
+     "stream_options",
      "stream_options.include_usage='yes': Input should be a valid boolean"),
     ({}, "prompt", "prompt: Field required"),  # a missing field: no value to show
 ])

@@ -105,7 +105,8 @@ def test_vllm_extensions_not_built_are_refused(body, field):
     (True, {"continuous_usage_stats": True}, False, False),
     (True, {"include_usage": False, "continuous_usage_stats": True}, False, False),
     (True, None, False, False),
-    (False, {"include_usage": True, "continuous_usage_stats": True}, False, False),
+    (False, None, False, False),
+    (False, {}, False, False),  # (empty: nothing asked, as vLLM lets it pass)
 ])
 def test_continuous_usage_stats_is_served_and_needs_include_usage(stream, options, include,
                                                                   continuous):
@@ -113,6 +114,19 @@ def test_continuous_usage_stats_is_served_and_needs_include_usage(stream, option
         body = model.model_validate({**base, "stream": stream, "stream_options": options})
         assert body.include_usage is include
         assert body.continuous_usage_stats is continuous
+
+
+@pytest.mark.parametrize("stream", [False, None])
+def test_stream_options_without_stream_is_refused(stream):
+    """As vLLM and OpenAI: stream_options only with stream=true (a 400 naming the field)."""
+    for model, base in ((CompletionRequest, COMPLETION), (ChatCompletionRequest, CHAT)):
+        body = {**base, "stream_options": {"include_usage": True}}
+        if stream is not None:
+            body["stream"] = stream
+        with pytest.raises(APIError, match="^stream_options is only allowed with stream=true") \
+                as e:
+            model.model_validate(body)
+        assert e.value.status_code == 400 and e.value.param == "stream_options"
 
 
 def test_continuous_usage_stats_must_be_a_boolean():
@@ -134,9 +148,9 @@ def test_continuous_usage_stats_must_be_a_boolean():
     {"chat_template_kwargs": {}}, {"return_tokens_as_token_ids": False},
     {"return_tokens_as_token_ids": True}, {"truncate_prompt_tokens": 10},
     {"truncate_prompt_tokens": -1}, {"return_token_ids": True}, {"return_token_ids": False},
-    {"stream_options": {"include_usage": True, "continuous_usage_stats": False}},
-    {"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
-    {"stream_options": {"continuous_usage_stats": True}},
+    {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": False}},
+    {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+    {"stream": True, "stream_options": {"continuous_usage_stats": True}},
     {"tools": None, "response_format": None, "guided_json": None},  # null: not set
 ])
 def test_harmless_fields_are_accepted(body):

@@ -230,6 +230,15 @@ class _SamplingRequest(_RefusesUnsupported):
         # the sampling fields left must be defaults: SamplingParams says which is not
         return dataclasses.replace(beam.to_sampling_params(), logprobs=logprobs, **kwargs)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _stream_options_need_stream(cls, data):
+        # as vLLM and OpenAI refuse it (an empty or null stream_options passes, as in vLLM)
+        if isinstance(data, dict) and data.get("stream_options") and not data.get("stream"):
+            raise APIError(400, "stream_options is only allowed with stream=true; set stream "
+                           "or leave stream_options out", param="stream_options")
+        return data
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
