@@ -79,8 +79,14 @@ def wait_until_idle(server: str, timeout_s: float = 30) -> dict[str, float]:
 
 # ---------------------------------------------------------------- openai client
 def test_models_and_health(server, client):
+    import pagedrt
+
     assert httpx.get(f"{server}/health", timeout=10).status_code == 200
     assert [m.id for m in client.models.list().data] == [MODEL]
+    # vLLM's /version, behind the key as every path but /health
+    assert httpx.get(f"{server}/version", headers=AUTH, timeout=10).json() == {
+        "version": pagedrt.__version__}
+    assert httpx.get(f"{server}/version", timeout=10).status_code == 401
 
 
 def test_completions_stream_equals_non_stream(client, llm):

@@ -635,6 +635,12 @@ def build_app(client: EngineCoreClient, tokenizer, served_model_name: str,
     async def health() -> Response:
         return Response(status_code=200 if server.healthy else 503)
 
+    @app.get("/version")
+    async def version() -> JSONResponse:  # (vLLM's path and body)
+        from pagedrt import __version__
+
+        return JSONResponse({"version": __version__})
+
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
