@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -587,6 +588,22 @@ def test_bench_latency_repeats_and_graphs_on_cpu(smollm2_path, tmp_path, monkeyp
         latency.main([*base, "--graphs", "on"])
     with pytest.raises(SystemExit):
         latency.main([*base, "--repeats", "0"])
+
+
+@pytest.mark.parametrize("num_scheduler_steps", [1, 4])
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_decode_ms_per_token_divides_by_the_decode_tokens(tiny, monkeypatch, async_scheduling,
+                                                          num_scheduler_steps):
+    """`bench latency`'s figure is the timed window over the tokens decoded in it (num_tokens),
+    not over the `engine.step()` calls: async scheduling makes one call more (it only reads
+    the last token), and a multi-step decode fewer. A fake clock gives the window 1 s."""
+    from pagedrt.bench import latency
+
+    llm = LLM(tiny, num_kv_blocks=32, block_size=8, async_scheduling=async_scheduling,
+              num_scheduler_steps=num_scheduler_steps)
+    clock = iter([10.0, 11.0])
+    monkeypatch.setattr(latency, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    assert latency.decode_ms_per_token(llm, list(range(20)), 16) == pytest.approx(1e3 / 16)
 
 
 def test_bench_throughput_says_its_default_workload_is_gpu_sized_on_a_cpu():

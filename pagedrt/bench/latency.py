@@ -37,18 +37,23 @@ from pagedrt.sampling_params import SamplingParams
 
 
 def decode_ms_per_token(llm, prompt: list[int], num_tokens: int) -> float:
+    """Wall ms per decode token of one greedy request of `prompt` that generates
+    `num_tokens` + 1 tokens: the time from the first token on the device (the prefill's)
+    to the last one on the host, over the `num_tokens` decoded in it. Divided by tokens, not
+    by `engine.step()` calls: with async scheduling the last call only reads the last token
+    (num_tokens + 1 calls; until 2026-12-07 the figure was divided by those, 1/(num_tokens +
+    1) low), and a multi-step decode computes several tokens in one call."""
     engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=num_tokens + 1)
-    engine.add_request("latency", prompt, params, stream=False)
+    req = engine.add_request("latency", prompt, params, stream=False)
     engine.step()  # prefill + first token
     sync_engine(engine)
     t = time.perf_counter()
-    steps = 0
     while engine.has_unfinished_requests():
         engine.step()
-        steps += 1
     sync_engine(engine)
-    return 1e3 * (time.perf_counter() - t) / steps
+    elapsed = time.perf_counter() - t
+    return 1e3 * elapsed / (len(req.output_token_ids) - 1)
 
 
 def hf_ms_per_token(hf, prompt: list[int], num_tokens: int) -> float:
