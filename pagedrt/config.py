@@ -324,6 +324,15 @@ class EngineConfig:
                 "running step n; tokens reach the host one step later. None = on for CUDA, off "
                 "on CPU (where the model runs on the host anyway), unless the environment "
                 "variable PAGEDRT_ASYNC_SCHEDULING is set to 1 or 0"})
+    num_scheduler_steps: int = field(default=1, metadata={
+        "help": "multi-step decode: a steady decode step (every running sequence decoding, "
+                "none waiting) runs up to this many forward passes and samples on the device "
+                "before the host reads their tokens, each pass taking the last one's tokens "
+                "as inputs on the device, so the host's per-step work (schedule, prepare, "
+                "update) is paid once per this many tokens. Tokens reach the host and stream "
+                "in groups of this many; tokens sampled after a stop are discarded. 1 = off. "
+                "At most block_size. Steps with beam search, speculative decoding, logprobs "
+                "or bad-word sequences run one pass (docs/design.md, \"Multi-step decode\")"})
     attention_backend: str = field(default="auto", metadata={
         "help": "attention kernels; auto = Triton on CUDA, torch on CPU",
         "choices": ATTENTION_BACKENDS})
@@ -367,6 +376,13 @@ class EngineConfig:
                 raise ValueError(f"{name}={value!r} must be an int")
         if self.block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size={self.block_size!r} is not supported; use 8, 16 or 32")
+        if (isinstance(self.num_scheduler_steps, bool)
+                or not isinstance(self.num_scheduler_steps, numbers.Integral)
+                or not 1 <= self.num_scheduler_steps <= self.block_size):
+            raise ValueError(
+                f"num_scheduler_steps={self.num_scheduler_steps!r} must be an int from 1 (off) "
+                f"to block_size ({self.block_size}): a multi-step decode takes at most one new "
+                "KV block per sequence")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks={self.num_kv_blocks} must be >= 1 (or None)")
         if self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes < 1:

@@ -3,8 +3,9 @@ on the tiny random-weight Llama (tests/tiny_model.py, fp32, CPU) with a small KV
 requests are preempted (by recompute or swap), prompts share prefixes (prefix caching on or
 off), prefills are chunked, n = 2 requests fork, width-2 beam searches share their slots'
 blocks copy-on-write, and aborts land at any point: while waiting, mid-prefill, running,
-preempted, swapped out, or (async scheduling) with a step in flight. Two more configurations:
-an FP8 cache (its scales move with swapped blocks; no beam searches: see CONFIGS) and n-gram
+preempted, swapped out, or (async scheduling) with a step in flight. Three more
+configurations: an FP8 cache (its scales move with swapped blocks; no beam searches: see
+CONFIGS), multi-step decode (four passes a plan where every sequence may take part) and n-gram
 speculation (rejected drafts rolled back; greedy requests only).
 
 After every rule, the engine's own integrity check (block manager invariants, device rows
@@ -151,6 +152,9 @@ CONFIGS = {  # name: (engine settings, request kinds run as greedy instead)
     # two width-2 searches parted at their fifth token), so beams are not reproducible across
     # batch compositions over an FP8 cache
     "swap-cache-fp8": ({"preemption_mode": "swap", "kv_cache_dtype": "fp8"}, ("beam2",)),
+    # multi-step decode (several passes a plan; stops and aborts mid-burst, bursts that do
+    # not fit the pool fall back to one pass)
+    "swap-cache-multistep": ({"preemption_mode": "swap", "num_scheduler_steps": 4}, ()),
     # n-gram speculation (rollbacks of rejected drafts), greedy: tokens as without it
     "recompute-cache-ngram": ({"preemption_mode": "recompute", "speculative_config": NGRAM},
                               ("seeded", "seeded_n2", "beam2")),
@@ -181,6 +185,8 @@ def test_random_adds_aborts_and_steps(tiny, scheduling, name):
         assert sum(c["num_swapped_out_blocks"] for c in EngineMachine.counts) > 0
     if config.get("enable_prefix_caching", True):
         assert sum(c["prefix_cache_hits"] for c in EngineMachine.counts) > 0
+    if "num_scheduler_steps" in config:  # plans of several passes ran
+        assert sum(c["num_multi_step_plans"] for c in EngineMachine.counts) > 0
     if "speculative_config" in config:  # drafts verified, some rejected (rolled back)
         drafted = sum(c["spec_decode_num_draft_tokens"] for c in EngineMachine.counts)
         accepted = sum(c["spec_decode_num_accepted_tokens"] for c in EngineMachine.counts)

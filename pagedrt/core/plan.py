@@ -132,6 +132,11 @@ class StepPlan:
             prompt tokens a + 1 .. b; pagedrt/engine/prompt_logprobs.py). Only sequences
             asking for them (`SamplingParams.prompt_logprobs`) with positions not yet sent
             (a prompt recomputed after a preemption sends none twice). Empty: none.
+        num_steps: multi-step decode (docs/design.md, "Multi-step decode"): > 1 when every
+            scheduled sequence computes one token and the device side then runs this many
+            forward passes, each pass's sampled tokens the next one's inputs; the sequences'
+            blocks hold slots for them all, and each gets num_steps sampled tokens. 1:
+            one pass.
     """
 
     step_id: int = 0
@@ -147,6 +152,7 @@ class StepPlan:
     num_prompt_tokens: int = 0
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
     prompt_logprobs: dict[str, tuple[int, int]] = field(default_factory=dict)
+    num_steps: int = 1
 
     @property
     def total_num_tokens(self) -> int:
@@ -178,6 +184,9 @@ class StepResult:
             TokenLogprobs per position it names, in order (token_id: the prompt token at
             position + 1, its logprob and rank, top_logprobs: the request's
             `prompt_logprobs` most likely (token_id, logprob) there); empty when none.
+        multi_step_token_ids: for a plan with num_steps > 1, the tokens of its passes after
+            the first: num_steps - 1 lists, one per pass in order, each one token per entry
+            of `req_ids`; empty otherwise.
     """
 
     req_ids: list[str] = field(default_factory=list)
@@ -187,3 +196,4 @@ class StepResult:
     extra_token_ids: dict[str, list[int]] = field(default_factory=dict)
     extra_logprobs: dict[str, list] = field(default_factory=dict)
     prompt_logprobs: dict[str, list] = field(default_factory=dict)
+    multi_step_token_ids: list[list[int]] = field(default_factory=list)

@@ -175,7 +175,7 @@ class Worker:
             max_num_batched_tokens=cfg.max_num_batched_tokens, seed=cfg.seed,
             num_speculative_tokens=speculative.num_speculative_tokens if speculative else 0,
             spec_max_num_seqs=speculative.disable_by_batch_size if speculative else 0,
-            draft_proposer=draft_proposer)
+            draft_proposer=draft_proposer, num_scheduler_steps=cfg.num_scheduler_steps)
 
     # ------------------------------------------------------------ steps
     def execute(self, plan: StepPlan) -> None:

@@ -196,6 +196,10 @@ class InputBatch:
         if new.output_token_ids and new.output_token_ids[-1] == PLACEHOLDER_TOKEN_ID:
             # resumed right after a preemption, its last token still being sampled
             assert pending >= 0, f"{new.req_id}: a token in flight, but none was parked"
+            # (one token in flight at most: a multi-step plan's tokens are written before
+            # any plan can resume its sequences)
+            assert new.output_token_ids[-2:-1] != [PLACEHOLDER_TOKEN_ID], (
+                f"{new.req_id}: resumed with several tokens in flight")
             self.pending[row], self.pending_step[row] = pending, pending_step
         self.states[row] = RowState(self, row, new.req_id, new.sampling_params,
                                     new.prompt_token_ids, new.eos_token_ids, new.sample_index,
@@ -314,6 +318,17 @@ class InputBatch:
         done = rows[self.pending_step[rows] == step_id]
         self.pending[done] = -1
         self.pending_step[done] = -1
+
+    def write_earlier_passes(self, rows: np.ndarray, epochs: np.ndarray,
+                             positions: list[np.ndarray], token_ids: list[list[int]]) -> None:
+        """The tokens of a multi-step decode's passes before its last (`positions` and
+        `token_ids`: one [n] entry each per pass, as `append_sampled` gave the slots; the
+        last pass goes through `write_sampled`, which clears the rows' pending token). Rows
+        dropped since (their epoch moved on) are skipped."""
+        same = self.epoch[rows] == epochs
+        rows = rows[same]
+        for slots, tokens in zip(positions, token_ids):
+            self.token_ids[rows, slots[same]] = np.asarray(tokens, dtype=np.int64)[same]
 
     def write_drafts(self, row: int, drafts: list[int]) -> None:
         """Put a step's draft tokens past the row's tokens (scratch: num_tokens does not

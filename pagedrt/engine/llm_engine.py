@@ -536,6 +536,8 @@ class LLMEngine:
             "num_preemptions_recompute": sch.num_preemptions["recompute"],
             "num_preemptions_swap": sch.num_preemptions["swap"],
             "num_chunked_prefill_steps": sch.num_chunked_prefill_steps,
+            "num_multi_step_plans": sch.num_multi_step_plans,
+            "num_multi_step_passes": sch.num_multi_step_passes,
         })
         if sch.proposer is not None:
             s.update(spec_decode_stats(sch))
@@ -566,6 +568,7 @@ class LLMEngine:
         sch = self.scheduler
         sch.num_preemptions.clear()
         sch.num_chunked_prefill_steps = sch.peak_num_running = sch.peak_num_used_blocks = 0
+        sch.num_multi_step_plans = sch.num_multi_step_passes = 0
         sch.num_spec_steps = sch.num_spec_drafts = sch.num_spec_early_reads = 0
         sch.num_spec_draft_tokens = sch.num_spec_accepted_tokens = 0
         if sch.acceptance is not None:

@@ -18,6 +18,9 @@ those, a request asking for prompt logprobs gets them for the prompt positions i
 Beam slots among the sampled rows are expanded by the `BeamRunner` instead of sampled
 (docs/design.md, "Beam search"); the drafts are written, verified and the accepted ones kept
 by the `SpecRunner` (pagedrt/engine/spec_runner.py; docs/design.md, "Speculative decoding").
+A multi-step decode plan (`StepPlan.num_steps` > 1) runs that many decode passes, each taking
+the last one's samples as inputs on the device (`_multi_step`; docs/design.md, "Multi-step
+decode").
 """
 
 from __future__ import annotations
@@ -48,7 +51,13 @@ from pagedrt.engine.sampler import Sampler, SamplerOutput
 from pagedrt.engine.spec_runner import SpecRunner
 from pagedrt.kv.kv_cache import KVCache
 from pagedrt.ops.attention import AttentionMetadata, triton_available
-from pagedrt.ops.graph_inputs import stage_decode_inputs, staged_block_tables, staged_input_ids
+from pagedrt.ops.graph_inputs import (
+    stage_decode_inputs,
+    staged_block_tables,
+    staged_decode_columns,
+    staged_input_ids,
+    staged_seq_lens,
+)
 from pagedrt.spec.rejection_sampler import RejectionOutput
 
 logger = logging.getLogger(__name__)
@@ -84,6 +93,7 @@ class ModelInputs:
     # that replays a graph (`replay_staged`)
     prompt: PromptLogprobsInputs | None = None  # prompt positions whose logprobs the step
     # returns (the step then runs eagerly); None: none
+    width: int = 0  # staged: block-table entries per row in the staged buffer
 
 
 @dataclass
@@ -106,6 +116,10 @@ class LaunchedStep:
         host_verified: with `spec`, host copies (pinned on CUDA, valid once `event` is done)
             of the rejection sampler's token_ids [S, K + 1] and num_tokens [S] int64.
         prompt_logprobs: the step's prompt logprobs on the device, or None.
+        multi_step_positions: a multi-step decode (`ModelRunner._multi_step`): the slots of
+            the tokens of every pass but the last ([num_sampled] int64 each, in pass order;
+            `positions` holds the last pass's), whose tokens `host_token_ids` then holds
+            too, pass after pass ([num_steps * num_sampled]); None: one pass.
     """
 
     step_id: int
@@ -120,6 +134,7 @@ class LaunchedStep:
     spec: tuple[list[int], RejectionOutput] | None = None
     host_verified: tuple[torch.Tensor, torch.Tensor] | None = None
     prompt_logprobs: PromptLogprobsLaunch | None = None
+    multi_step_positions: list[np.ndarray] | None = None
 
 
 class ModelRunner:
@@ -127,9 +142,11 @@ class ModelRunner:
                  max_num_seqs: int = 256, max_model_len: int = 2048, use_cuda_graphs: bool = False,
                  max_num_batched_tokens: int = 8192, seed: int = 0,
                  num_speculative_tokens: int = 0, spec_max_num_seqs: int = 0,
-                 draft_proposer=None):
+                 draft_proposer=None, num_scheduler_steps: int = 1):
         """seed: of the generator of the rows without a seed (seeded rows draw from their
         own key, pagedrt/ops/philox.py).
+        num_scheduler_steps: the most passes of a multi-step decode plan (`_multi_step`),
+            for the size of the host buffers its tokens come back in.
         num_speculative_tokens, spec_max_num_seqs: speculative decoding's k and the batch up
         to which it runs (CUDA graphs for verification steps are captured up to there).
         draft_proposer: the draft model (pagedrt/spec/draft_model.py) that fills -1 drafts."""
@@ -163,7 +180,8 @@ class ModelRunner:
         pinned = self.device.type == "cuda"
         spec_rows = min(spec_max_num_seqs, max_num_seqs) if num_speculative_tokens else 0
         self._token_buffers = StepBuffers(
-            2 * max_num_seqs + spec_rows * (num_speculative_tokens + 2), pin=pinned)
+            2 * max_num_seqs * max(num_scheduler_steps, 1)
+            + spec_rows * (num_speculative_tokens + 2), pin=pinned)
         self.graph_runner: CUDAGraphRunner | None = None
         # the step's inputs (`prepare`), on CUDA
         self._staging: StepBuffers | None = None
@@ -472,7 +490,7 @@ class ModelRunner:
         return ModelInputs(
             input_ids=None, positions=None, meta=None,
             logits_indices=logit_t, sampled_rows=rows if all_rows else rows[sampled_idx],
-            seq_lens=ends, staged=True)
+            seq_lens=ends, staged=True, width=width)
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan, clock=NULL_CLOCK) -> LaunchedStep | None:
@@ -529,7 +547,69 @@ class ModelRunner:
             logits = logits[torch.tensor(index, device=logits.device)]
         # every scheduled row sampled, in order (a decode step): the plan has their ids
         req_ids = plan.req_ids if sampled_rows is rows else None
+        if plan.num_steps > 1:
+            return self._multi_step(plan, inputs, logits, rows, clock)
         return self._sample(plan.step_id, logits, sampled_rows, req_ids, clock, rows, prompt)
+
+    def _multi_step(self, plan: StepPlan, inputs: ModelInputs, logits: torch.Tensor,
+                    rows: np.ndarray, clock) -> LaunchedStep:
+        """The passes of a multi-step decode plan (docs/design.md, "Multi-step decode"): every
+        row decodes one token per pass, and each pass after the first takes the tokens the
+        one before it sampled as inputs, on the device (`_next_pass_logits`), without the
+        host reading them. The sampler runs once per pass, after the rows' token counts
+        have moved on by the passes before (seeded draws and min_tokens read them); the
+        tokens of every pass come back in one copy (`_launch`). `logits`: [n, vocab], the
+        first pass's."""
+        num_steps, n = plan.num_steps, len(rows)
+        tokens = torch.empty((num_steps, n), dtype=torch.int64, device=logits.device)
+        positions = []
+        for i in range(num_steps):
+            if i:
+                positions.append(self.batch.append_sampled(rows, plan.step_id))
+                logits = self._next_pass_logits(inputs, tokens[i - 1], n)
+            output = self._run_sampler(logits, rows)
+            tokens[i].copy_(output.token_ids)
+        self.batch.num_computed_tokens[rows] = inputs.seq_lens + num_steps - 1
+        return self._launch(plan.step_id, output, rows, plan.req_ids, clock,
+                            multi_step=(tokens, positions))
+
+    def _next_pass_logits(self, inputs: ModelInputs, token_ids: torch.Tensor,
+                          n: int) -> torch.Tensor:
+        """The logits ([n, vocab]) of the next pass of a multi-step decode whose last pass's
+        inputs are `inputs` (a decode step's: one token per row, every row sampled), each
+        row's input now `token_ids` ([n] int64 on the device, the last pass's samples) one
+        position further on. Moves `inputs` on by that pass, in place: in the graph runner's
+        staged buffer (pagedrt/ops/graph_inputs.py, its pending sources cleared), or as new
+        eager tensors."""
+        bs = self.block_size
+        if inputs.staged:
+            runner = self.graph_runner
+            staged = runner.staged
+            ids, positions, slots, pending_src = staged_decode_columns(staged, n)
+            tables = staged_block_tables(staged, n, inputs.width)
+            ids.copy_(token_ids)
+            pending_src.fill_(-1)
+            positions.add_(1)
+            staged_seq_lens(staged, n).add_(1)
+            slots.copy_(tables.gather(1, (positions // bs).unsqueeze(1)).squeeze(1) * bs
+                        + positions % bs)
+            return runner.replay_staged(n)
+        meta = inputs.meta
+        positions = inputs.positions + 1
+        block_tables = meta.block_tables
+        slot_mapping = (block_tables.gather(1, (positions // bs).unsqueeze(1)).squeeze(1)
+                        .to(torch.int64) * bs + positions % bs)
+        meta = AttentionMetadata(
+            slot_mapping=slot_mapping, block_tables=block_tables, seq_lens=meta.seq_lens + 1,
+            cu_seqlens_q=meta.cu_seqlens_q, max_query_len=1,
+            max_seq_len=meta.max_seq_len + 1, backend=self.backend)
+        inputs.input_ids, inputs.positions, inputs.meta = token_ids, positions, meta
+        runner = self.graph_runner
+        if (runner is not None and not runner.staged_inputs
+                and runner.can_run(n, block_tables.shape[1])):
+            return runner.run(token_ids, positions, slot_mapping, meta.seq_lens, block_tables)
+        hidden = self.model(token_ids, positions, self.kv_cache.layers, meta)
+        return self.model.compute_logits(hidden)
 
     def _fork(self, plan: StepPlan, sampled_rows: np.ndarray) -> tuple[list[int], np.ndarray]:
         """Rows for the forked samples, each after its parent's, sampling from the parent's
@@ -582,7 +662,9 @@ class ModelRunner:
     def _launch(self, step_id: int, output: SamplerOutput | None, rows: np.ndarray,
                 req_ids: list[str] | None, clock, beams: BeamLaunch | None = None,
                 spec: tuple[list[int], RejectionOutput] | None = None,
-                prompt: PromptLogprobsLaunch | None = None) -> LaunchedStep:
+                prompt: PromptLogprobsLaunch | None = None,
+                multi_step: tuple[torch.Tensor, list[np.ndarray]] | None = None,
+                ) -> LaunchedStep:
         """Append a placeholder per sampled row, start the copy of what `fetch` reads to the
         host, and return the step's handle (`fetch` reads it).
 
@@ -594,7 +676,10 @@ class ModelRunner:
 
         the last two only for a step that verified drafts (`spec`); when every sampled row
         verified drafts, the first tokens are the verified tokens' first column (`output`'s
-        token_ids is that column: `SpecRunner.sample`), read from there, not copied."""
+        token_ids is that column: `SpecRunner.sample`), read from there, not copied. A
+        multi-step decode (`multi_step`: its tokens [num_steps, n] on the device and the
+        slots of its passes but the last) copies every pass's tokens, pass after pass, in
+        place of the first tokens; `output` is then its last pass's."""
         batch = self.batch
         states = batch.states
         if beams is None:
@@ -605,7 +690,8 @@ class ModelRunner:
         if output is not None:
             cuda = self.device.type == "cuda"
             all_verified = spec is not None and len(spec[0]) == len(rows)
-            num_first = 0 if all_verified else len(rows)
+            num_first = (0 if all_verified else len(rows) if multi_step is None
+                         else multi_step[0].numel())
             size = num_first
             if spec is not None:
                 num_spec, width = spec[1].token_ids.shape
@@ -623,7 +709,8 @@ class ModelRunner:
                 host = host_verified[0][:, 0]
             else:
                 host = buffer[:num_first]
-                host.copy_(output.token_ids, non_blocking=cuda)
+                host.copy_(output.token_ids if multi_step is None else multi_step[0].view(-1),
+                           non_blocking=cuda)
         if self.device.type == "cuda":
             # recorded for every step, sampled rows or not: waiting on it in `fetch` is what
             # makes the step's pinned input buffer free for reuse two steps later
@@ -644,7 +731,8 @@ class ModelRunner:
         if req_ids is None:
             req_ids = [states[r].req_id for r in rows.tolist()]
         return LaunchedStep(step_id, req_ids, rows, batch.epoch[rows], positions, output,
-                            host, event, beams, spec, host_verified, prompt)
+                            host, event, beams, spec, host_verified, prompt,
+                            None if multi_step is None else multi_step[1])
 
     def _sample_with_beams(self, logits: torch.Tensor, rows: np.ndarray, is_beam: np.ndarray,
                            scheduled_rows: np.ndarray) -> tuple[SamplerOutput, BeamLaunch]:
@@ -685,10 +773,17 @@ class ModelRunner:
         if step.output is None:
             return StepResult(prompt_logprobs=prompt)
         token_ids = step.host_token_ids.tolist()
+        passes = []
+        if step.multi_step_positions is not None:  # [first pass | ... | last pass]
+            n = len(step.rows)
+            passes = [token_ids[i: i + n] for i in range(0, len(token_ids), n)]
+            self.batch.write_earlier_passes(step.rows, step.epochs, step.multi_step_positions,
+                                            passes[:-1])
+            token_ids = passes.pop(0)
         self.batch.write_sampled(step.req_ids, step.rows, step.epochs, step.positions,
-                                 token_ids, step.step_id)
+                                 passes[-1] if passes else token_ids, step.step_id)
         result = StepResult(step.req_ids, token_ids, step.output.logprobs,
-                            prompt_logprobs=prompt)
+                            prompt_logprobs=prompt, multi_step_token_ids=passes)
         if step.beams is not None:
             result.beams = self.beam_runner.results(step.beams)
         if step.spec is not None:

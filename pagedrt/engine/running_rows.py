@@ -45,6 +45,9 @@ class RunningRows:
             `BeamScheduling.update`, never one by one).
         beam_heads: [b] int64 the rows of beam searches' first slots (`Scheduler._advance`
             hands their searches to the step's beam expansion), in row order.
+        multi_step: [n] bool, the sequence may take part in a multi-step decode (not a beam
+            slot, no logprobs, no bad words: what the device side needs the host for between
+            two passes; docs/design.md, "Multi-step decode").
     """
 
     def __init__(self, running: list[Request]) -> None:
@@ -64,6 +67,9 @@ class RunningRows:
         self.decodable = all(r.forked for r in requests)
         self.beam_heads = np.flatnonzero(
             self.is_beam & np.array([r.sample_index == 0 for r in requests], dtype=np.bool_))
+        self.multi_step = ~self.is_beam & np.array(
+            [p.logprobs is None and not p.bad_words and not p.bad_words_token_ids
+             for p in params], dtype=np.bool_)
         self._event_keys: tuple[list[str], list[int]] | None = None
 
     def event_keys(self) -> tuple[list[str], list[int]]:

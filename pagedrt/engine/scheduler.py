@@ -29,6 +29,12 @@ Speculative tokens never preempt anyone: when their blocks do not fit, the seque
 one token. `update` then writes the accepted tokens, rolls back the rejected ones and tells
 the acceptance rule how many were accepted.
 
+Multi-step decode (`EngineConfig.num_scheduler_steps` > 1; docs/design.md, "Multi-step
+decode"): a steady decode plan with nothing waiting, whose sequences need no host work between
+passes, runs up to that many passes (`StepPlan.num_steps`, never past a sequence's
+max_tokens); each sequence gets that many slots and placeholders, and `update` writes and
+stop-checks their tokens one by one.
+
 Importance is (priority, arrival order): lower first. The scheduler never touches free lists;
 it asks the KVCacheManager, which answers None on shortage.
 
@@ -128,6 +134,9 @@ class Scheduler:
         self.swapped: list[Request] = []  # sorted by sort_key
         self.num_preemptions: Counter = Counter()
         self.num_chunked_prefill_steps = 0
+        # multi-step decode (EngineConfig.num_scheduler_steps): plans of more than one pass,
+        # and their passes
+        self.num_multi_step_plans = self.num_multi_step_passes = 0
         self.peak_num_running = 0
         self.peak_num_used_blocks = 0
         self._next_step_id = 0
@@ -258,6 +267,8 @@ class Scheduler:
         if steady is not None:  # the same plan as the loop below would make, in numpy
             scheduled.extend(steady.requests)
             num_new_tokens.extend(repeat(1, len(scheduled)))
+            if self.config.num_scheduler_steps > 1 and not self.waiting and not self.swapped:
+                plan.num_steps = self._multi_step_length(steady)
         else:
             self._schedule_running(plan, max_tokens, speculate, scheduled)
         budget = max_tokens - sum(num_new_tokens)
@@ -424,6 +435,33 @@ class Scheduler:
         return SteadyDecode(rows, picked, requests, req_ids, outputs, num_output, computed,
                             self.num_finished)
 
+    def _multi_step_length(self, steady: SteadyDecode) -> int:
+        """The passes of a multi-step decode plan (docs/design.md, "Multi-step decode") made of
+        a steady decode whose one-token slots `_steady_decode` allocated: up to
+        `num_scheduler_steps`, none past any sequence's max_tokens (so a request never
+        exceeds it, nor max_model_len: `validate_prompt`), with the further slots allocated
+        here; 1 (a plain step) when some sequence cannot take part (`RunningRows.multi_step`)
+        or the blocks the further slots need are not free (they never preempt anyone)."""
+        rows = steady.rows
+        if not steady.take(rows.multi_step).all():
+            return 1
+        k = min(self.config.num_scheduler_steps,
+                int((steady.take(rows.max_tokens) - steady.num_output).min()))
+        if k <= 1:
+            return 1
+        requests = steady.requests
+        if self.kv.num_blocks_to_allocate(requests, [k] * len(requests)) > \
+                self.kv.num_free_blocks:
+            return 1
+        allocate = self.kv.allocate_slots
+        for req in requests:  # (num_computed_tokens is still the plan's start)
+            # allocated outside the assert: `python -O` strips asserts with their side effects
+            allocated = allocate(req, k)
+            assert allocated is not None, f"{req}: {k} slots do not fit, the count said they do"
+        self.num_multi_step_plans += 1
+        self.num_multi_step_passes += k
+        return k
+
     def _propose(self, req: Request, budget: int, step_id: int) -> list[int]:
         """Drafts for a decoding sequence whose last token is known: at most `budget`, none
         past max_tokens (the step yields up to 1 + drafts tokens), none while the acceptance
@@ -455,11 +493,13 @@ class Scheduler:
             k = len(steady.requests)  # generated before (else that token ends a prompt)
             req_ids += steady.req_ids
             starts += steady.computed.tolist()
+            num_steps = plan.num_steps  # (multi-step: that many tokens computed and sampled)
+            placeholders = [PLACEHOLDER_TOKEN_ID] * num_steps
             for req, output_token_ids, end in zip(steady.requests, steady.outputs,
-                                                  (steady.computed + 1).tolist()):
+                                                  (steady.computed + num_steps).tolist()):
                 req.num_computed_tokens = end
-                output_token_ids.append(PLACEHOLDER_TOKEN_ID)
-                req.num_pending_tokens = 1
+                output_token_ids += placeholders
+                req.num_pending_tokens = num_steps
             sampled += steady.requests
             indices += steady.num_output.tolist()
             num_decode = int(np.count_nonzero(steady.num_output))
@@ -651,6 +691,8 @@ class Scheduler:
         if plan.draft_token_ids:
             return self._update_speculative(plan, result, sampled, indices, beams, check_stop,
                                             events)
+        if plan.num_steps > 1:
+            return self._update_multi_step(plan, result, sampled, indices, check_stop, events)
         logprobs = result.logprobs
         now = time.monotonic()
         touched: dict[str, Request] = {}
@@ -748,6 +790,57 @@ class Scheduler:
             events += map(TokenEvent, head_ids, sample_indices, token_ids, repeat(None, k),
                           repeat(None), repeat(None))
         return k - len(one_by_one), one_by_one + list(range(k, len(token_ids)))
+
+    def _update_multi_step(self, plan: StepPlan, result: StepResult, sampled: list[Request],
+                           indices: list[int], check_stop: StopCheck,
+                           events: list[TokenEvent] | None) -> tuple[list[Request], int]:
+        """`update` for a multi-step decode plan (`plan.num_steps` > 1; docs/design.md,
+        "Multi-step decode"): each sequence's tokens, one per pass, over its placeholders,
+        each written, stop-checked and reported in turn (stop strings, stop ids and
+        max_tokens hold at the exact token); a sequence that stops drops the tokens after
+        the stop (their KV sits in its blocks, freed with them). No sequence of such a plan
+        asks for logprobs or is a beam slot (`RunningRows.multi_step`)."""
+        passes = [result.sampled_token_ids, *result.multi_step_token_ids]
+        assert len(passes) == plan.num_steps, (
+            f"step {plan.step_id}: {len(passes)} passes of tokens, planned {plan.num_steps}")
+        now = time.monotonic()
+        touched: dict[str, Request] = {}
+        num_generated = 0
+        for i, (req, index) in enumerate(zip(sampled, indices)):
+            if req.is_finished:
+                continue  # aborted, or stopped by a token before these: drop the row
+            output_token_ids = req.output_token_ids
+            head = req.group[0]
+            status = None
+            checks = (req.stop_token_set, req.params.max_tokens,
+                      req.detokenizer is not None and (req.stream or req.params.stop))
+            for position, tokens in enumerate(passes, start=index):
+                token = tokens[i]
+                output_token_ids[position] = token
+                if req.first_token_time is None:
+                    req.first_token_time = now
+                num_generated += 1
+                if token in checks[0] or position + 1 >= checks[1] or checks[2]:
+                    status = check_stop(req, token, position + 1)
+                if events is not None:
+                    events.append(TokenEvent(
+                        head.request_id, req.sample_index, token, None,
+                        None if status is None else status._value_,
+                        None if status is None else req.stop_reason))
+                if status is not None:
+                    del output_token_ids[position + 1:]
+                    req.num_pending_tokens = 0
+                    self.finish(req, status)
+                    break
+            else:  # (placeholders a later plan appended stay pending)
+                req.num_pending_tokens = len(output_token_ids) - index - len(passes)
+            req.last_token_time = now
+            if events is not None:
+                if status is not None and all(s.is_finished for s in head.group):
+                    touched[head.request_id] = head
+            elif head.stream or (status is not None and all(s.is_finished for s in head.group)):
+                touched[head.request_id] = head
+        return list(touched.values()), num_generated
 
     def _update_speculative(self, plan: StepPlan, result: StepResult, sampled: list[Request],
                             indices: list[int], beams, check_stop: StopCheck,

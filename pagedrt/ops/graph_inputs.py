@@ -37,6 +37,18 @@ def staged_input_ids(staged: torch.Tensor, n: int) -> torch.Tensor:
     return staged[HEADER: HEADER + n]
 
 
+def staged_decode_columns(staged: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+    """The input ids, positions, slot mapping and pending sources of an n-row step in `staged`
+    ([n] int64 views each)."""
+    return tuple(staged[HEADER + i * n: HEADER + (i + 1) * n] for i in range(4))
+
+
+def staged_seq_lens(staged: torch.Tensor, n: int) -> torch.Tensor:
+    """The seq_lens of an n-row step in `staged` ([n] int32 view)."""
+    first = 2 * (HEADER + 4 * n)
+    return staged.view(torch.int32)[first: first + n]
+
+
 def staged_block_tables(staged: torch.Tensor, n: int, width: int) -> torch.Tensor:
     """The block tables of an n-row step in `staged` ([n, width] int32 view)."""
     first = 2 * (HEADER + 4 * n) + n  # int32 index, after seq_lens

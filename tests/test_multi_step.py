@@ -1,0 +1,295 @@
+"""Multi-step decode (`EngineConfig.num_scheduler_steps`; docs/design.md, "Multi-step decode")
+against the one-pass engine on the tiny random-weight Llama (CPU, fp32).
+
+A multi-step plan runs several forward passes on the device side, each taking the tokens the
+pass before sampled as inputs, and the scheduler writes all their tokens in one update. So it
+must give every request the tokens the one-pass engine gives it, with stops, max_tokens and
+streamed deltas at the exact token, nothing left behind by a stop or an abort mid-burst, and
+no burst where a sequence needs the host between two passes. Each engine comparison runs
+sync and async (the `scheduling` fixture), eager and through a graph runner whose staged
+inputs are moved on by the passes (`_staged_llm`, eager "replays" on the CPU).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from test_graph_inputs import _staged_llm
+from tiny_model import with_tokenizer
+
+from pagedrt import LLM, SamplingParams
+from pagedrt.config import EngineConfig
+from pagedrt.sampling_params import RequestOutputKind
+
+VOCAB = 384
+
+pytestmark = pytest.mark.usefixtures("scheduling")
+
+
+def _prompts(seed: int, n: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(VOCAB) for _ in range(rng.randint(2, 30))] for _ in range(n)]
+
+
+def _mixed_params() -> list[SamplingParams]:
+    """Greedy, seeded (top-k; top-p / min-p with penalties), stop ids that end some requests
+    mid-burst, min_tokens holding those stops back, n = 2: each of what the device side runs
+    between passes without the host (penalty counts, seeded draws at each pass's position,
+    min_tokens at each pass's count)."""
+    stops = list(range(0, VOCAB, 9))
+    return [
+        SamplingParams(temperature=0.0, max_tokens=21, ignore_eos=True),
+        SamplingParams(temperature=0.9, top_k=40, seed=3, max_tokens=18, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=26, ignore_eos=True, stop_token_ids=stops),
+        SamplingParams(temperature=0.8, top_p=0.9, min_p=0.05, seed=5, max_tokens=23,
+                       ignore_eos=True, repetition_penalty=1.3, frequency_penalty=0.4,
+                       presence_penalty=0.2, min_tokens=10, stop_token_ids=stops),
+        SamplingParams(temperature=0.9, seed=7, max_tokens=17, ignore_eos=True, n=2),
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, min_tokens=12,
+                       stop_token_ids=stops),
+    ]
+
+
+class PlanLog:
+    """Records the num_steps of every plan an engine makes."""
+
+    def __init__(self, llm: LLM) -> None:
+        scheduler = llm.llm_engine.scheduler
+        schedule = scheduler.schedule
+        self.num_steps: list[int] = []
+
+        def logged():
+            plan = schedule()
+            if plan:
+                self.num_steps.append(plan.num_steps)
+            return plan
+
+        scheduler.schedule = logged
+
+
+def _tokens(outputs) -> list[list[list[int]]]:
+    return [[list(c.token_ids) for c in o.outputs] for o in outputs]
+
+
+def _assert_clean(llm: LLM) -> None:
+    engine = llm.llm_engine
+    engine.check_integrity()
+    assert engine.kv_manager.num_free_blocks == engine.kv_manager.num_blocks
+    assert not engine.scheduler.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["eager", "staged"])
+@pytest.mark.parametrize("num_steps", [4, 8])
+def test_tokens_match_the_one_pass_engine(tiny, staged, num_steps, monkeypatch):
+    """Mixed requests in one batch: the same tokens as num_scheduler_steps 1, in fewer plans,
+    some of which run the full num_steps passes; nothing held at the end."""
+    prompts, params = _prompts(1, 6), _mixed_params()
+    ref = LLM(tiny, num_kv_blocks=96, block_size=8).generate(prompts, params, use_tqdm=False)
+    if staged:
+        monkeypatch.setenv("PAGEDRT_STAGED_GRAPH_INPUTS", "1")
+        llm = _staged_llm(tiny, num_kv_blocks=96, num_scheduler_steps=num_steps)
+    else:
+        llm = LLM(tiny, num_kv_blocks=96, block_size=8, num_scheduler_steps=num_steps)
+    log = PlanLog(llm)
+    out = llm.generate(prompts, params, use_tqdm=False)
+    assert _tokens(out) == _tokens(ref)
+    assert max(log.num_steps) == num_steps
+    assert sum(log.num_steps) > len(log.num_steps)  # multi-step plans ran
+    # a stop id ended some request before its max_tokens, inside a burst or not
+    assert any(o.outputs[0].finish_reason == "stop" for o in out)
+    _assert_clean(llm)
+
+
+def test_stop_mid_burst_drops_the_later_tokens(tiny):
+    """A request whose stop id comes at token 3 of an 8-pass burst ends there (its later
+    samples discarded), with finish reason and stop_reason of that token; a request beside it
+    runs on to its max_tokens with its own tokens."""
+    prompt = _prompts(2, 1)[0]
+    free = LLM(tiny, num_kv_blocks=64, block_size=8).generate(
+        [prompt], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+        use_tqdm=False)[0].outputs[0].token_ids
+    other = _prompts(3, 1)[0]
+    stop = free[2 + 1]  # the 4th token: in the first burst after the prefill's token
+    assert stop not in free[:3], "pick another prompt: the stop id comes earlier"
+    params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                             stop_token_ids=[stop]),
+              SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)]
+    ref = LLM(tiny, num_kv_blocks=64, block_size=8).generate([prompt, other], params,
+                                                             use_tqdm=False)
+    llm = LLM(tiny, num_kv_blocks=64, block_size=8, num_scheduler_steps=8)
+    log = PlanLog(llm)
+    out = llm.generate([prompt, other], params, use_tqdm=False)
+    assert list(out[0].outputs[0].token_ids) == list(free[:4])
+    assert out[0].outputs[0].finish_reason == "stop" and out[0].outputs[0].stop_reason == stop
+    assert _tokens(out) == _tokens(ref)
+    assert 8 in log.num_steps
+    _assert_clean(llm)
+
+
+def test_stop_strings_and_streamed_deltas(tiny):
+    """With a tokenizer: a stop string and a streamed request (DELTA outputs) give the text and
+    tokens of the one-pass engine, the streamed request's deltas adding up to its whole
+    output, several tokens to a delta where a burst brought them."""
+    model = with_tokenizer(tiny)
+    prompts = ["ba bb bc bd", "ca cb cc"]
+    free = LLM(model, num_kv_blocks=64, block_size=8).generate(
+        prompts[:1], SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True),
+        use_tqdm=False)[0].outputs[0].text
+    stop = free.split()[4]  # a word the greedy text reaches mid-way
+    params = [SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True, stop=[stop]),
+              SamplingParams(temperature=0.0, max_tokens=15, ignore_eos=True,
+                             output_kind=RequestOutputKind.DELTA)]
+    ref_llm = LLM(model, num_kv_blocks=64, block_size=8)
+    llm = LLM(model, num_kv_blocks=64, block_size=8, num_scheduler_steps=4)
+    results = []
+    for engine_llm in (ref_llm, llm):
+        engine = engine_llm.llm_engine
+        engine.add_request("s", prompts[0], params[0])
+        engine.add_request("d", prompts[1], params[1], stream=True)
+        deltas, final = [], {}
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                if o.request_id == "d":
+                    deltas.append(list(o.outputs[0].token_ids))
+                if o.finished:
+                    final[o.request_id] = o
+        results.append((final["s"].outputs[0].text, list(final["s"].outputs[0].token_ids),
+                        [t for d in deltas for t in d], max(map(len, deltas))))
+        _assert_clean(engine_llm)
+    (ref_text, ref_ids, ref_stream, _), (text, ids, stream, widest) = results
+    assert stop not in text and text == ref_text and ids == ref_ids
+    assert len(stream) == 15 and stream == ref_stream
+    assert widest > 1  # a delta carried a burst's tokens
+
+
+def test_no_burst_with_logprobs_or_bad_words_or_beams(tiny):
+    """Sequences that need the host between passes keep the batch to one pass a plan while
+    they run: logprobs (and their values, as the one-pass engine gives them), bad-word
+    sequences, beam search."""
+    from pagedrt.sampling_params import BeamSearchParams
+
+    model = with_tokenizer(tiny)
+    prompts = _prompts(4, 2)
+    for asked in ({"logprobs": 2}, {"bad_words": ["ba bb"]}):
+        params = [SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, **asked),
+                  SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)]
+        ref = LLM(model, num_kv_blocks=64, block_size=8).generate(
+            [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        llm = LLM(model, num_kv_blocks=64, block_size=8, num_scheduler_steps=4)
+        log = PlanLog(llm)
+        out = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        assert _tokens(out) == _tokens(ref)
+        assert set(log.num_steps) == {1}, asked
+        if "logprobs" in asked:
+            assert [lp.logprob for lp in out[0].outputs[0].logprobs] == pytest.approx(
+                [lp.logprob for lp in ref[0].outputs[0].logprobs], abs=1e-5)
+        _assert_clean(llm)
+    beam = BeamSearchParams(beam_width=2, max_tokens=8, ignore_eos=True)
+    ref = LLM(tiny, num_kv_blocks=64, block_size=8).beam_search(prompts[:1], beam)
+    llm = LLM(tiny, num_kv_blocks=64, block_size=8, num_scheduler_steps=4)
+    log = PlanLog(llm)
+    out = llm.beam_search(prompts[:1], beam)
+    assert [s.tokens for s in out[0].sequences] == [s.tokens for s in ref[0].sequences]
+    assert set(log.num_steps) == {1}
+    _assert_clean(llm)
+
+
+def test_waiting_requests_and_max_tokens_bound_the_burst(tiny):
+    """No burst while a request waits (it would wait num_steps passes more for its prefill);
+    and none runs past the fewest tokens any sequence has left, so no request gets more than
+    its max_tokens."""
+    prompts = _prompts(5, 4)
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)
+              for m in (9, 30, 30, 30)]
+    ref = LLM(tiny, num_kv_blocks=96, block_size=8, max_num_seqs=2).generate(
+        prompts, params, use_tqdm=False)
+    llm = LLM(tiny, num_kv_blocks=96, block_size=8, max_num_seqs=2, num_scheduler_steps=8)
+    scheduler = llm.llm_engine.scheduler
+    schedule = scheduler.schedule
+    seen = []
+
+    def logged():
+        waiting = bool(scheduler.waiting)
+        # (async: a sequence whose last allowed token is in flight is not scheduled)
+        left = min((r.params.max_tokens - len(r.output_token_ids) for r in scheduler.running
+                    if len(r.output_token_ids) < r.params.max_tokens), default=0)
+        plan = schedule()
+        if plan:
+            seen.append((waiting, left, plan.num_steps))
+        return plan
+
+    scheduler.schedule = logged
+    out = llm.generate(prompts, params, use_tqdm=False)
+    assert _tokens(out) == _tokens(ref)
+    assert [len(o.outputs[0].token_ids) for o in out] == [9, 30, 30, 30]
+    assert all(k == 1 for waiting, _, k in seen if waiting)
+    assert all(k <= left for waiting, left, k in seen if k > 1)
+    assert any(k == 8 for _, _, k in seen) and any(1 < k < 8 for _, _, k in seen)
+    _assert_clean(llm)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_a_small_pool_preempts_and_bursts_never_do(tiny, mode):
+    """A pool too small for the batch: sequences are preempted by the one-token allocations
+    as in the one-pass engine, a burst's further slots never preempt (the plan runs one pass
+    when they do not fit), and the tokens and the free pool at the end are the one-pass
+    engine's."""
+    from test_scheduler import swap_bytes
+
+    prompts = _prompts(6, 6)
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=28,
+                             ignore_eos=True) for i in range(6)]
+    kw = {"num_kv_blocks": 20, "block_size": 8, "preemption_mode": mode,
+          "swap_space_bytes": swap_bytes(tiny, 32, 8)}
+    ref_llm = LLM(tiny, **kw)
+    ref = ref_llm.generate(prompts, params, use_tqdm=False)
+    llm = LLM(tiny, num_scheduler_steps=4, **kw)
+    log = PlanLog(llm)
+    out = llm.generate(prompts, params, use_tqdm=False)
+    assert _tokens(out) == _tokens(ref)
+    assert llm.stats()[f"num_preemptions_{mode}"] > 0
+    assert max(log.num_steps) == 4
+    _assert_clean(llm)
+
+
+def test_abort_with_a_burst_in_flight(tiny):
+    """Aborting a request between steps, while (async) its burst is still on the device: its
+    placeholders go, its blocks are freed, and the request beside it keeps its tokens."""
+    prompts = _prompts(7, 2)
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    ref = LLM(tiny, num_kv_blocks=64, block_size=8).generate(prompts[1:], params,
+                                                             use_tqdm=False)
+    llm = LLM(tiny, num_kv_blocks=64, block_size=8, num_scheduler_steps=4)
+    log = PlanLog(llm)
+    engine = llm.llm_engine
+    engine.add_request("a", prompts[0], params)
+    engine.add_request("b", prompts[1], params)
+    final = {}
+    aborted = False
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                final[o.request_id] = o
+        if not aborted and log.num_steps.count(4) >= 2:
+            a = engine.requests["a"]
+            assert engine.abort_request("a")
+            assert -1 not in a.output_token_ids  # no placeholder left in its output
+            aborted = True
+        engine.check_integrity()
+    assert aborted
+    assert list(final["b"].outputs[0].token_ids) == list(ref[0].outputs[0].token_ids)
+    _assert_clean(llm)
+
+
+@pytest.mark.parametrize("value", [0, -1, 17, True, 2.0, "4"])
+def test_bad_num_scheduler_steps_is_a_value_error(value):
+    with pytest.raises(ValueError, match=f"num_scheduler_steps={value!r}"):
+        EngineConfig(num_scheduler_steps=value)
+
+
+def test_num_scheduler_steps_up_to_the_block_size():
+    assert EngineConfig(num_scheduler_steps=16).num_scheduler_steps == 16
+    assert EngineConfig(block_size=32, num_scheduler_steps=32).num_scheduler_steps == 32
+    with pytest.raises(ValueError, match="block_size"):
+        EngineConfig(block_size=8, num_scheduler_steps=9)
