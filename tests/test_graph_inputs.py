@@ -74,6 +74,41 @@ def test_kernel_matches_the_reference(n, bs, width, max_blocks):
     assert (got[0][bs:] == -5).all() and (got[4][:, width:] == -5).all()
 
 
+@pytest.mark.parametrize("n, width, block_size", [
+    (1, 1, 8), (5, 3, 16), (130, 7, 16), (3, 257, 32), (16, 64, 8),
+])
+def test_advance_kernel_matches_the_reference(n, width, block_size):
+    """A multi-step decode's move to the next pass (`advance_decode_inputs`) under the
+    interpreter against its torch reference: positions at the end of a block and inside one
+    (the slot then from the next table entry, or the same), rows past one program's 128, the
+    pending sources set to each row, and nothing past the step's rows written."""
+    from pagedrt.ops.graph_inputs import advance_decode_inputs_reference
+    from pagedrt.ops.graph_inputs_triton import advance_decode_inputs
+
+    rng = np.random.default_rng(n + width)
+    ids, _, slots, src, _, tables = _step(rng, n, width, 4)
+    positions = rng.integers(0, width * block_size - 1, n)  # (the next one in the table)
+    positions[: n // 2] = (positions[: n // 2] // block_size + 1) * block_size - 1
+    positions = np.minimum(positions, width * block_size - 2)
+    lens = positions + 1
+    flat = torch.from_numpy(stage_decode_inputs(ids, positions, slots, src, lens, tables))
+    staged = torch.cat([flat, torch.full((9,), -7, dtype=torch.int64)])
+    last = torch.from_numpy(rng.integers(0, 1000, n + 3))
+    got, want = staged.clone(), staged.clone()
+    tokens_got = torch.full((n + 2,), -5, dtype=torch.int64)
+    tokens_want = tokens_got.clone()
+    advance_decode_inputs(got, n, width, block_size, last, tokens_got[:n])
+    advance_decode_inputs_reference(want, n, width, block_size, last, tokens_want[:n])
+    assert torch.equal(got, want) and torch.equal(tokens_got, tokens_want)
+    new_positions = positions + 1
+    block = tables[np.arange(n), new_positions // block_size]
+    assert want[2 + n: 2 + 2 * n].tolist() == new_positions.tolist()
+    assert want[2 + 2 * n: 2 + 3 * n].tolist() == (block * block_size
+                                                   + new_positions % block_size).tolist()
+    assert want[2 + 3 * n: 2 + 4 * n].tolist() == list(range(n))
+    assert tokens_want[:n].tolist() == last[:n].tolist()
+
+
 def test_host_layout_round_trips():
     """Scattering a staged step (reference) gives back the arrays it was built from."""
     rng = np.random.default_rng(3)

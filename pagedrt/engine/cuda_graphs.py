@@ -131,6 +131,18 @@ class CUDAGraphRunner:
         scatter_decode_inputs(self.staged, self.last_tokens, self.input_ids, self.positions,
                               self.slot_mapping, self.seq_lens, self.block_tables, bs)
 
+    def advance_staged(self, n: int, width: int, tokens: torch.Tensor) -> None:
+        """Move the n-row step in `staged` (width table entries a row) on to a multi-step
+        decode's next pass, its input ids those in `last_tokens`, which are also copied to
+        `tokens` ([n] int64): one launch (pagedrt/ops/graph_inputs.py)."""
+        if self.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+            from pagedrt.ops.graph_inputs_triton import advance_decode_inputs
+        else:
+            from pagedrt.ops.graph_inputs import (
+                advance_decode_inputs_reference as advance_decode_inputs,
+            )
+        advance_decode_inputs(self.staged, n, width, self.block_size, self.last_tokens, tokens)
+
     def _forward(self, bs: int, q: int) -> torch.Tensor:
         hidden = self.model(self.input_ids[: bs * q], self.positions[: bs * q], self.kv_layers,
                             self._meta(bs, q))

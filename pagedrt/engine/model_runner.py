@@ -563,12 +563,22 @@ class ModelRunner:
         num_steps, n = plan.num_steps, len(rows)
         tokens = torch.empty((num_steps, n), dtype=torch.int64, device=logits.device)
         positions = []
+        runner = self.graph_runner
+        # a staged step moves on by one kernel, its pending ids read from `last_tokens`
+        fused = inputs.staged and n <= runner.last_tokens.numel()
         for i in range(num_steps):
             if i:
                 positions.append(self.batch.append_sampled(rows, plan.step_id))
-                logits = self._next_pass_logits(inputs, tokens[i - 1], n)
+                if fused:  # (which also copies the last pass's samples to tokens[i - 1])
+                    runner.advance_staged(n, inputs.width, tokens[i - 1])
+                    logits = runner.replay_staged(n)
+                else:
+                    logits = self._next_pass_logits(inputs, tokens[i - 1], n)
             output = self._run_sampler(logits, rows)
-            tokens[i].copy_(output.token_ids)
+            if not fused or i == num_steps - 1:
+                tokens[i].copy_(output.token_ids)
+            elif output.token_ids.data_ptr() != runner.last_tokens.data_ptr():
+                runner.last_tokens[:n].copy_(output.token_ids)  # (plain greedy writes there)
         self.batch.num_computed_tokens[rows] = inputs.seq_lens + num_steps - 1
         return self._launch(plan.step_id, output, rows, plan.req_ids, clock,
                             multi_step=(tokens, positions))
@@ -580,7 +590,8 @@ class ModelRunner:
         row's input now `token_ids` ([n] int64 on the device, the last pass's samples) one
         position further on. Moves `inputs` on by that pass, in place: in the graph runner's
         staged buffer (pagedrt/ops/graph_inputs.py, its pending sources cleared), or as new
-        eager tensors."""
+        eager tensors. (`_multi_step` moves a staged step on by one kernel instead where
+        `last_tokens` holds its rows.)"""
         bs = self.block_size
         if inputs.staged:
             runner = self.graph_runner
