@@ -56,7 +56,9 @@ class SamplingParams:
             and stop strings are matched only from the next token on (one inside the first
             min_tokens tokens neither stops nor cuts the text; as vLLM).
         stop: strings that end generation; the matched string is not part of the output text.
-        stop_token_ids: token ids that end generation (besides EOS unless ignore_eos).
+        stop_token_ids: token ids that end generation (besides EOS unless ignore_eos). The
+            token that ends it (one of these, or EOS) stays in `token_ids`, but its text is
+            left out of `text` unless include_stop_str_in_output, as in vLLM.
         ignore_eos: keep generating past EOS until max_tokens.
         logprobs: return the log-probabilities of this many top tokens per step (None: none).
         prompt_logprobs: return, for every prompt token after the first, its log-probability
@@ -65,7 +67,8 @@ class SamplingParams:
             Such a request takes no prefix-cache hit: it computes its whole prompt
             (docs/design.md, "Request lifecycle"). Not with beam search.
         skip_special_tokens: drop special tokens from the output text.
-        include_stop_str_in_output: keep the matched stop string in the text.
+        include_stop_str_in_output: keep the matched stop string, or the text of the stop
+            token (EOS or one of stop_token_ids) that ended generation, in the text.
         beam_search: run the request as a beam search of these settings instead of sampling
             (`BeamSearchParams.to_sampling_params` fills in the rest); None: sampling.
         output_kind: a `RequestOutputKind`, or its name as a string in any case ("cumulative",

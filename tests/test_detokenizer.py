@@ -185,3 +185,28 @@ def test_min_tokens_defers_stop_strings(tokenizer, include):
     assert ", 6" not in first6 and text.index(", 6") < len(first6)
     detok, _, stop = _stream(tokenizer, ids, SamplingParams(stop=[", 6"], min_tokens=6))
     assert stop == ", 6" and detok.output_text == " 4, 5"
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_a_stop_tokens_text_is_left_out(tokenizer, include):
+    """update(..., stop_terminated=True): the last token ended the request as a stop token
+    (EOS or a stop id), so its text is left out of the output, as vLLM's detokenizer does,
+    unless include_stop_str_in_output; fed one by one or all at once, the same text. The EOS
+    of a chat answer with skip_special_tokens=False is the case users meet."""
+    answer = tokenizer.encode("Hello there!", add_special_tokens=False)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    params = SamplingParams(skip_special_tokens=False, include_stop_str_in_output=include)
+    prompt = tokenizer.encode("Say something:")
+    texts = []
+    for one_by_one in (True, False):
+        detok = IncrementalDetokenizer(tokenizer, prompt, params)
+        if one_by_one:
+            for token_id in answer:
+                detok.update([token_id])
+            detok.update([eos], stop_terminated=True)
+        else:
+            detok.update([*answer, eos], stop_terminated=True)
+        detok.get_delta(True)
+        texts.append(detok.output_text)
+    want = "Hello there!" + ("<|im_end|>" if include else "")
+    assert texts == [want, want]

@@ -197,3 +197,33 @@ def test_harmless_fields_are_accepted(http):
     r = http.post("/v1/completions", json=body)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 2
+
+
+def test_a_stop_tokens_text_is_left_out_as_in_vllm(client, llm):
+    """A completion stopped by one of stop_token_ids ends before that token's text (vLLM's
+    detokenizer leaves a stop token's text out unless include_stop_str_in_output), streamed
+    or not, with the id as stop_reason; include_stop_str_in_output keeps it; LLM.generate
+    gives the same texts."""
+    prompt = "The capital of France is"
+    tok = llm.get_tokenizer()
+    plain = _tokens(llm, prompt, SamplingParams(temperature=0, max_tokens=8))
+    stop = plain[2]
+    assert stop not in plain[:2], plain
+    before = tok.decode(plain[:2], skip_special_tokens=True)
+    with_stop = tok.decode(plain[:3], skip_special_tokens=True)
+    assert before != with_stop
+    for include in (False, True):
+        want = with_stop if include else before
+        extra = {"stop_token_ids": [stop], "include_stop_str_in_output": include}
+        r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0,
+                                      extra_body=extra)
+        choice = r.choices[0]
+        assert (choice.text, choice.finish_reason, choice.stop_reason) == (want, "stop", stop)
+        chunks = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8,
+                                           temperature=0, stream=True, extra_body=extra)
+        assert "".join(c.choices[0].text for c in chunks) == want
+        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=8,
+                                                    stop_token_ids=[stop],
+                                                    include_stop_str_in_output=include),
+                           use_tqdm=False)[0].outputs[0]
+        assert out.text == want and list(out.token_ids) == plain[:3]

@@ -70,13 +70,19 @@ class IncrementalDetokenizer:
         """The text so far; a matched stop string is in it only if include_stop_str_in_output."""
         return "".join(self._parts) + self._pending
 
-    def update(self, new_token_ids: list[int]) -> str | None:
+    def update(self, new_token_ids: list[int], stop_terminated: bool = False) -> str | None:
         """Append tokens; returns the stop string they completed, else None.
 
         After a match the text ends right before the stop string (or right after it, with
         include_stop_str_in_output) and later tokens are ignored. Within the first
         ``min_tokens`` output tokens no stop string matches (module doc).
+
+        stop_terminated: the last of `new_token_ids` ended the request as a stop token (EOS,
+        or one of stop_token_ids). As in vLLM's detokenizer, its text is then left out of the
+        output unless include_stop_str_in_output.
         """
+        if stop_terminated and not self.params.include_stop_str_in_output:
+            new_token_ids = new_token_ids[:-1]
         for token_id in new_token_ids:
             if self.stop_reason is not None:
                 break

@@ -407,23 +407,28 @@ class LLMEngine:
         status = self._stop_status(req, token, num_output)
         if (status is not None and req.detokenizer is not None
                 and not (req.stream or req.params.stop)):
-            req.detokenizer.update(req.output_token_ids[:num_output])  # detokenize once
+            # detokenize once; a stop token's text is left out (`IncrementalDetokenizer.update`)
+            req.detokenizer.update(req.output_token_ids[:num_output],
+                                   stop_terminated=status is RequestStatus.FINISHED_STOPPED)
         return status
 
     def _stop_status(self, req: Request, token: int, num_output: int) -> RequestStatus | None:
         p = req.params
+        eos = stop_id = False
+        if num_output >= p.min_tokens:
+            eos = not p.ignore_eos and token in req.eos_token_ids
+            stop_id = not eos and token in p.stop_token_ids
         stop_string = None
         if req.detokenizer is not None and (req.stream or p.stop):
-            stop_string = req.detokenizer.update([token])
-        if num_output >= p.min_tokens:
-            if not p.ignore_eos and token in req.eos_token_ids:
-                return RequestStatus.FINISHED_STOPPED
-            if token in p.stop_token_ids:
-                req.stop_reason = token
-                return RequestStatus.FINISHED_STOPPED
-            if stop_string is not None:
-                req.stop_reason = stop_string
-                return RequestStatus.FINISHED_STOPPED
+            stop_string = req.detokenizer.update([token], stop_terminated=eos or stop_id)
+        if eos:
+            return RequestStatus.FINISHED_STOPPED
+        if stop_id:
+            req.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
+        if num_output >= p.min_tokens and stop_string is not None:
+            req.stop_reason = stop_string
+            return RequestStatus.FINISHED_STOPPED
         if (num_output >= p.max_tokens
                 or req.num_prompt_tokens + num_output >= self.max_model_len):
             return RequestStatus.FINISHED_LENGTH

@@ -95,6 +95,13 @@ DEAD_CORE_EXIT_DELAY_S = 3.0
 INLINE_TOKENS = 4096
 
 
+def _stop_terminated(finish_reason: str | None, stop_reason) -> bool:
+    """Whether a sample's last token ended it as a stop token (EOS: no stop reason; or one of
+    stop_token_ids: that id), whose text is then left out (`IncrementalDetokenizer.update`),
+    not by a stop string or its length."""
+    return finish_reason == "stop" and not isinstance(stop_reason, str)
+
+
 class _Run:
     """The engine requests of one HTTP request: their states, detokenizers and a disconnect
     watcher.
@@ -163,7 +170,8 @@ class _Run:
                 delta = ""
                 detokenizer = self.detokenizers[p][k]
                 if detokenizer is not None:
-                    detokenizer.update(tokens[start:])
+                    detokenizer.update(tokens[start:], _stop_terminated(finish_reason,
+                                                                        stop_reason))
                     delta = detokenizer.get_delta(done)
                 yield p, CompletionOutput(
                     index=k, text="", token_ids=tokens, finish_reason=finish_reason,
@@ -192,7 +200,7 @@ class _Run:
                 detokenizer = self.detokenizers[p][k]
                 if detokenizer is not None:
                     if not self.stream:
-                        detokenizer.update(tokens)
+                        detokenizer.update(tokens, _stop_terminated(finish_reason, stop_reason))
                     detokenizer.get_delta(True)
                     text = detokenizer.output_text
                 outs.append(CompletionOutput(
