@@ -1,6 +1,7 @@
 """Request checks against the engine's limits (pagedrt/engine/validation.py) and the
 max_model_len bound at construction: each error names the value and a fix that can be taken."""
 
+import re
 import types
 
 import pytest
@@ -139,3 +140,42 @@ def test_the_server_words_an_echo_only_prompt_too_long(batch):
         f"{'prompt[1]: ' if batch else ''}prompt has {max_model_len} tokens; with echo=true and "
         f"max_tokens=0 it may have at most max_model_len - 1 = {max_model_len - 1} (the prompt "
         "is scored by one engine step, which makes a token)")
+
+
+@pytest.mark.parametrize("priority, match", [
+    ([0], "1 priorities for 3 prompts"),
+    (["a", 0, 1], "priority='a' must be an int"),
+    ([None, 0, 1], "priority=None must be an int"),
+    ([float("nan"), 0, 1], "priority=nan must be an int"),
+    ([True, 0, 0], "priority=True must be an int"),
+    (5, "priority=5 must be a list of ints"),
+])
+def test_bad_priorities_are_refused_before_anything_is_queued(tiny, priority, match):
+    """LLM.generate's priority list: one int per prompt, checked before any request is queued
+    (before, a short list dropped the prompts past it, and a string was queued and broke every
+    later step with a TypeError); the engine stays usable and lower values run first."""
+    from pagedrt import LLM, SamplingParams
+
+    llm = LLM(tiny, num_kv_blocks=32, block_size=8, max_num_seqs=1)
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    with pytest.raises(ValueError, match=re.escape(match)):
+        llm.generate([[1, 2], [3], [4]], params, priority=priority, use_tqdm=False)
+    engine = llm.llm_engine
+    assert not engine.has_unfinished_requests()
+    with pytest.raises(ValueError, match="priority='x' must be an int"):
+        engine.add_request("r", [1, 2], params, priority="x")
+    assert not engine.has_unfinished_requests()
+    finished = []
+    llm.llm_engine.step = _recording(engine.step, finished)
+    out = llm.generate([[1, 2], [3], [4]], params, priority=[2, 0, 1], use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in out] == [2, 2, 2]
+    assert finished == [out[1].request_id, out[2].request_id, out[0].request_id]
+
+
+def _recording(step, finished: list):
+    """`step` that appends each finished output's request id to `finished`."""
+    def recorded():
+        outputs = step()
+        finished.extend(o.request_id for o in outputs if o.finished)
+        return outputs
+    return recorded

@@ -53,6 +53,7 @@ from pagedrt.engine.profiling import StepClock
 from pagedrt.engine.scheduler import Scheduler
 from pagedrt.engine.validation import (
     EngineLimits,
+    check_priority,
     resolve_max_tokens,
     truncate_prompt,
     validate_prompt,
@@ -243,6 +244,7 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise ValueError(  # noqa: TRY004 - API contract: bad input is a ValueError
                 f"sampling params must be a SamplingParams, got {type(params)}")
+        priority = check_priority(priority)
         text = prompt if isinstance(prompt, str) else None
         if isinstance(prompt, str):
             if not prompt:

@@ -5,6 +5,7 @@ server's API process, see docs/design.md) can reject bad requests before they re
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import NamedTuple
 
 from pagedrt.core.beam import num_beam_candidates
@@ -47,6 +48,19 @@ class EngineLimits(NamedTuple):
     def kv_capacity_tokens(self) -> int:
         """Tokens the whole KV cache holds."""
         return self.num_blocks * self.block_size
+
+
+def check_priority(priority) -> int:
+    """A request's priority (lower runs first; any int, as in vLLM) as an int.
+
+    Raises:
+        ValueError: not an int (a bool, a float, a string, None...).
+    """
+    if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
+        raise ValueError(  # noqa: TRY004 - API contract: bad input is a ValueError
+            f"priority={short_repr(priority)} must be an int (lower runs first; 0 is the "
+            "default)")
+    return int(priority)
 
 
 def max_tokens_that_fit(num_prompt_tokens: int, limits: EngineLimits) -> int:

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from pagedrt.config import EngineConfig
 from pagedrt.core.beam import beam_score
 from pagedrt.engine.llm_engine import LLMEngine
+from pagedrt.engine.validation import check_priority
 from pagedrt.entrypoints.cpu_threads import slow_cpu_hint
 from pagedrt.models.loader import LoadedModel
 from pagedrt.outputs import BeamSearchOutput, BeamSearchSequence, RequestOutput
@@ -87,6 +88,7 @@ class LLM:
         prompts: a str, a list of str, a list of token-id lists, or dicts with "prompt" or
         "prompt_token_ids". All prompts are validated before any is queued: a ValueError leaves
         the engine untouched.
+        priority: one int per prompt (lower runs first), or None (all 0).
         """
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
@@ -101,7 +103,16 @@ class LLM:
                 "SamplingParams or a list of them, one per prompt")
         if len(params_list) != len(prompt_list):
             raise ValueError(f"{len(params_list)} sampling params for {len(prompt_list)} prompts")
-        priorities = list(priority) if priority is not None else [0] * len(prompt_list)
+        if priority is None:
+            priorities = [0] * len(prompt_list)
+        elif isinstance(priority, Sequence) and not isinstance(priority, str):
+            priorities = [check_priority(p) for p in priority]
+            if len(priorities) != len(prompt_list):
+                raise ValueError(f"{len(priorities)} priorities for {len(prompt_list)} prompts; "
+                                 "give one per prompt (or none)")
+        else:
+            raise ValueError(
+                f"priority={short_repr(priority)} must be a list of ints, one per prompt")
         engine = self.llm_engine
         prepared = []
         resolved: dict[int, SamplingParams] = {}  # bad_words tokenized once per params object
