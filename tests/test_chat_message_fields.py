@@ -50,8 +50,8 @@ TOOL_HISTORY = [
         {"id": "call_2", "type": "function",
          "function": {"name": "get_weather", "arguments": '{"city": "Lyon"}'}}]},
     {"role": "tool", "content": "18 C, sunny", "tool_call_id": "call_1", "name": "get_weather"},
-    {"role": "tool", "content": [{"type": "text", "text": "15 C, "}, {"type": "text",
-                                                                       "text": "rain"}],
+    {"role": "tool", "content": [{"type": "text", "text": "15 C,"}, {"type": "text",
+                                                                      "text": "rain"}],
      "tool_call_id": "call_2"},
 ]
 TOOL_HISTORY_TEXT = (
@@ -63,16 +63,16 @@ TOOL_HISTORY_TEXT = (
     '<call id=call_2 type=function>{"name": "get_weather", "arguments": {"city": "Lyon"}}'
     "</call><|im_end|>\n"
     "<|im_start|>tool name=get_weather\n[result of call_1] 18 C, sunny<|im_end|>\n"
-    "<|im_start|>tool\n[result of call_2] 15 C, rain<|im_end|>\n"
+    "<|im_start|>tool\n[result of call_2] 15 C,\nrain<|im_end|>\n"  # (two parts)
     "<|im_start|>assistant\n")
 
 PLAIN = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
          {"role": "assistant", "content": "Hello."},
-         {"role": "user", "content": [{"type": "text", "text": "Name "},
+         {"role": "user", "content": [{"type": "text", "text": "Name"},
                                       {"type": "text", "text": "a planet."}]}]
 PLAIN_TEXT = ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
               "<|im_start|>assistant\nHello.<|im_end|>\n"
-              "<|im_start|>user\nName a planet.<|im_end|>\n<|im_start|>assistant\n")
+              "<|im_start|>user\nName\na planet.<|im_end|>\n<|im_start|>assistant\n")
 
 
 @pytest.fixture(scope="module")
@@ -103,13 +103,14 @@ def _rendered(http, tok, messages: list, **extra) -> str:
 
 
 def _transformers_form(messages: list) -> list:
-    """The messages as transformers' docs write them: arguments as dicts, text content."""
+    """The messages as transformers' docs write them: arguments as dicts, text content (a
+    list's text parts joined by newlines, as vLLM joins them)."""
     messages = copy.deepcopy(messages)
     for m in messages:
         for call in m.get("tool_calls") or ():
             call["function"]["arguments"] = json.loads(call["function"]["arguments"])
         if isinstance(m.get("content"), list):
-            m["content"] = "".join(part["text"] for part in m["content"])
+            m["content"] = "\n".join(part["text"] for part in m["content"])
         if m.get("content") is None:
             m["content"] = ""
     return messages

@@ -164,17 +164,21 @@ def test_eos_and_stop_token_ids_and_output_fields(llm, prompts):
 
 
 def test_chat_takes_the_servers_content_forms_and_names_the_bad_item(llm):
-    """LLM.chat takes what the server takes: content as text parts (joined, the same answer
-    as the plain text), None in an assistant's message only; a bad message or conversation in
+    """LLM.chat takes what the server takes: content as text parts (joined by newlines, as vLLM
+    joins them: the same answer as that plain text), None in an assistant's message only; a
+    part without its text is named as such; a bad message or conversation in
     a list is named by its index, as is a bad prompt in a batch, and nothing is queued
     (a QA trial of 2026-12-07 got a jinja2 UndefinedError, a TypeError, and errors naming no
     prompt)."""
     params = SamplingParams(temperature=0, max_tokens=8)
-    plain = llm.chat([{"role": "user", "content": "What is the capital of France?"}], params,
-                     use_tqdm=False)[0].outputs[0].token_ids
-    parts = [{"type": "text", "text": "What is the capital "}, {"type": "text", "text": "of France?"}]
+    plain = llm.chat([{"role": "user", "content": "What is the capital of France?\nOne word."}],
+                     params, use_tqdm=False)[0].outputs[0].token_ids
+    parts = [{"type": "text", "text": "What is the capital of France?"},
+             {"type": "text", "text": "One word."}]
     assert llm.chat([{"role": "user", "content": parts}], params,
                     use_tqdm=False)[0].outputs[0].token_ids == plain
+    with pytest.raises(ValueError, match=r"a content part of type 'text' needs its 'text'"):
+        llm.chat([{"role": "user", "content": [{"type": "text"}]}], params, use_tqdm=False)
     llm.chat([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None},
               {"role": "user", "content": "And?"}], params, use_tqdm=False)
     with pytest.raises(ValueError, match=r"a user message needs content \(null is allowed only "

@@ -395,7 +395,7 @@ class ChatMessage(_Body):
         return self
 
     def to_template_dict(self) -> dict:
-        """What the chat template gets: {"role", "content"} with text parts joined (other
+        """What the chat template gets: {"role", "content"} with text parts joined by newlines (other
         part types are refused; null content is ""), and the keys given of "name",
         "tool_calls" (each {"id", "type", "function": {"name", "arguments"}}, the arguments
         as a dict: `tool_call_arguments`; an empty list is left out, as vLLM does, so that a
@@ -406,11 +406,14 @@ class ChatMessage(_Body):
         if isinstance(content, list):
             texts = []
             for part in content:
-                if part.type != "text" or part.text is None:
+                if part.type != "text":
                     raise APIError(400, f"content part of type {part.type!r} is not supported; "
                                    "only {'type': 'text', 'text': ...}", param="messages")
+                if part.text is None:
+                    raise APIError(400, "a content part of type 'text' needs its 'text' (a "
+                                   "string): {'type': 'text', 'text': ...}", param="messages")
                 texts.append(part.text)
-            content = "".join(texts)
+            content = "\n".join(texts)  # (as vLLM joins a message's text parts)
         message = {"role": self.role, "content": content or ""}
         if self.name is not None:
             message["name"] = self.name
