@@ -812,35 +812,49 @@ class Scheduler:
             output_token_ids = req.output_token_ids
             head = req.group[0]
             status = None
-            checks = (req.stop_token_set, req.params.max_tokens,
-                      req.detokenizer is not None and (req.stream or req.params.stop))
             for position, tokens in enumerate(passes, start=index):
-                token = tokens[i]
-                output_token_ids[position] = token
-                if req.first_token_time is None:
-                    req.first_token_time = now
+                output_token_ids[position] = tokens[i]
                 num_generated += 1
-                if token in checks[0] or position + 1 >= checks[1] or checks[2]:
-                    status = check_stop(req, token, position + 1)
-                if events is not None:
-                    events.append(TokenEvent(
-                        head.request_id, req.sample_index, token, None,
-                        None if status is None else status._value_,
-                        None if status is None else req.stop_reason))
+                status = self._take_token(req, head, tokens[i], None, position, now,
+                                          check_stop, events)
                 if status is not None:
-                    del output_token_ids[position + 1:]
-                    req.num_pending_tokens = 0
-                    self.finish(req, status)
                     break
             else:  # (placeholders a later plan appended stay pending)
                 req.num_pending_tokens = len(output_token_ids) - index - len(passes)
-            req.last_token_time = now
             if events is not None:
                 if status is not None and all(s.is_finished for s in head.group):
                     touched[head.request_id] = head
             elif head.stream or (status is not None and all(s.is_finished for s in head.group)):
                 touched[head.request_id] = head
         return list(touched.values()), num_generated
+
+    def _take_token(self, req: Request, head: Request, token: int, logprob, position: int,
+                    now: float, check_stop: StopCheck,
+                    events: list[TokenEvent] | None) -> RequestStatus | None:
+        """The rest of writing one of several tokens a step gives a sequence (a multi-step
+        decode's, or a verification step's), once `token` is at `position` of its output: its
+        logprobs (`logprob`, or None), token times, the stop check (where the token can stop
+        it), its TokenEvent in token-event mode, and on a stop the tokens after it dropped and
+        the sequence finished. Returns the stop's status, or None."""
+        if logprob is not None:
+            req.append_logprob(logprob)
+        if req.first_token_time is None:
+            req.first_token_time = now
+        req.last_token_time = now
+        status = None
+        if (token in req.stop_token_set or position + 1 >= req.params.max_tokens
+                or (req.detokenizer is not None and (req.stream or req.params.stop))):
+            status = check_stop(req, token, position + 1)
+        if events is not None:
+            events.append(TokenEvent(
+                head.request_id, req.sample_index, token, logprob,
+                None if status is None else status._value_,
+                None if status is None else req.stop_reason))
+        if status is not None:
+            del req.output_token_ids[position + 1:]
+            req.num_pending_tokens = 0
+            self.finish(req, status)
+        return status
 
     def _update_speculative(self, plan: StepPlan, result: StepResult, sampled: list[Request],
                             indices: list[int], beams, check_stop: StopCheck,
@@ -892,24 +906,9 @@ class Scheduler:
                         req.num_pending_tokens = 0
                 else:
                     output_token_ids.insert(position, tok)
-                if lp is not None:
-                    req.append_logprob(lp)
-                if req.first_token_time is None:
-                    req.first_token_time = now
-                req.last_token_time = now
                 num_generated += 1
-                if (tok in req.stop_token_set or position + 1 >= req.params.max_tokens
-                        or (req.detokenizer is not None and (req.stream or req.params.stop))):
-                    status = check_stop(req, tok, position + 1)
-                if events is not None:
-                    events.append(TokenEvent(
-                        head.request_id, req.sample_index, tok, lp,
-                        None if status is None else status._value_,
-                        None if status is None else req.stop_reason))
+                status = self._take_token(req, head, tok, lp, position, now, check_stop, events)
                 if status is not None:
-                    del output_token_ids[position + 1:]
-                    req.num_pending_tokens = 0
-                    self.finish(req, status)
                     break
             if status is None and drafts is not None:
                 # rollback: the rejected drafts' KV is not the sequence's
