@@ -821,11 +821,7 @@ class Scheduler:
                     break
             else:  # (placeholders a later plan appended stay pending)
                 req.num_pending_tokens = len(output_token_ids) - index - len(passes)
-            if events is not None:
-                if status is not None and all(s.is_finished for s in head.group):
-                    touched[head.request_id] = head
-            elif head.stream or (status is not None and all(s.is_finished for s in head.group)):
-                touched[head.request_id] = head
+            _note_report(touched, head, status, events)
         return list(touched.values()), num_generated
 
     def _take_token(self, req: Request, head: Request, token: int, logprob, position: int,
@@ -915,12 +911,18 @@ class Scheduler:
                 req.num_computed_tokens -= len(drafts) - (len(tokens) - 1)
                 self.kv.trim(req)
                 self.kv.cache_computed_blocks(req)
-            if events is not None:
-                if status is not None and all(s.is_finished for s in head.group):
-                    touched[head.request_id] = head
-            elif head.stream or (status is not None and all(s.is_finished for s in head.group)):
-                touched[head.request_id] = head
+            _note_report(touched, head, status, events)
         return list(touched.values()), num_generated
+
+
+def _note_report(touched: dict[str, Request], head: Request, status: RequestStatus | None,
+                 events: list[TokenEvent] | None) -> None:
+    """Put a request in the step's reported ones (`touched`) when its sample's tokens just
+    finished every sample of it, or, outside token-event mode (`events` None), when it is
+    streamed."""
+    if ((status is not None and all(s.is_finished for s in head.group))
+            or (events is None and head.stream)):
+        touched[head.request_id] = head
 
 
 def _write_prompt_logprobs(requests: dict[str, Request], entries: dict[str, list],
