@@ -816,22 +816,30 @@ class Scheduler:
                 output_token_ids[position] = tokens[i]
                 num_generated += 1
                 status = self._take_token(req, head, tokens[i], None, position, now,
-                                          check_stop, events)
+                                          check_stop, events, cache_first=True)
                 if status is not None:
                     break
             else:  # (placeholders a later plan appended stay pending)
                 req.num_pending_tokens = len(output_token_ids) - index - len(passes)
+                # blocks the passes filled: no later allocation may come to hash them
+                self.kv.cache_computed_blocks(req)
             _note_report(touched, head, status, events)
         return list(touched.values()), num_generated
 
     def _take_token(self, req: Request, head: Request, token: int, logprob, position: int,
-                    now: float, check_stop: StopCheck,
-                    events: list[TokenEvent] | None) -> RequestStatus | None:
+                    now: float, check_stop: StopCheck, events: list[TokenEvent] | None,
+                    cache_first: bool = False) -> RequestStatus | None:
         """The rest of writing one of several tokens a step gives a sequence (a multi-step
         decode's, or a verification step's), once `token` is at `position` of its output: its
         logprobs (`logprob`, or None), token times, the stop check (where the token can stop
         it), its TokenEvent in token-event mode, and on a stop the tokens after it dropped and
-        the sequence finished. Returns the stop's status, or None."""
+        the sequence finished. Returns the stop's status, or None.
+
+        cache_first (a multi-step decode): on a stop, offer the sequence's blocks full of
+        computed, known tokens to the prefix cache before they are freed (every known token
+        but the stop's has its KV, and the stop's is counted only where a later pass, or the
+        step in flight, computes it: `KVCacheManager.cache_computed_blocks`). Not after a
+        verification step: a rejected draft's KV sits where the target's own token goes."""
         if logprob is not None:
             req.append_logprob(logprob)
         if req.first_token_time is None:
@@ -849,6 +857,8 @@ class Scheduler:
         if status is not None:
             del req.output_token_ids[position + 1:]
             req.num_pending_tokens = 0
+            if cache_first:
+                self.kv.cache_computed_blocks(req)
             self.finish(req, status)
         return status
 
