@@ -4,6 +4,7 @@ max_model_len bound at construction: each error names the value and a fix that c
 import re
 import types
 
+import numpy as np
 import pytest
 
 from pagedrt.distributed.executor import resolve_max_model_len
@@ -167,7 +168,8 @@ def test_bad_priorities_are_refused_before_anything_is_queued(tiny, priority, ma
     assert not engine.has_unfinished_requests()
     finished = []
     llm.llm_engine.step = _recording(engine.step, finished)
-    out = llm.generate([[1, 2], [3], [4]], params, priority=[2, 0, 1], use_tqdm=False)
+    out = llm.generate([[1, 2], [3], [4]], params, priority=np.array([2, 0, 1]),
+                       use_tqdm=False)  # (an array of ints is a list of them)
     assert [len(o.outputs[0].token_ids) for o in out] == [2, 2, 2]
     assert finished == [out[1].request_id, out[2].request_id, out[0].request_id]
 

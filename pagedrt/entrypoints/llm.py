@@ -105,8 +105,8 @@ class LLM:
             raise ValueError(f"{len(params_list)} sampling params for {len(prompt_list)} prompts")
         if priority is None:
             priorities = [0] * len(prompt_list)
-        elif isinstance(priority, Sequence) and not isinstance(priority, str):
-            priorities = [check_priority(p) for p in priority]
+        elif isinstance(priority, Iterable) and not isinstance(priority, (str, bytes)):
+            priorities = [check_priority(p) for p in priority]  # (any iterable: numpy too)
             if len(priorities) != len(prompt_list):
                 raise ValueError(f"{len(priorities)} priorities for {len(prompt_list)} prompts; "
                                  "give one per prompt (or none)")
