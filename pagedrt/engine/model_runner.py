@@ -555,8 +555,9 @@ class ModelRunner:
                     rows: np.ndarray, clock) -> LaunchedStep:
         """The passes of a multi-step decode plan (docs/design.md, "Multi-step decode"): every
         row decodes one token per pass, and each pass after the first takes the tokens the
-        one before it sampled as inputs, on the device (`_next_pass_logits`), without the
-        host reading them. The sampler runs once per pass, after the rows' token counts
+        one before it sampled as inputs, on the device (a staged step by one kernel,
+        `CUDAGraphRunner.advance_staged`; else `_next_pass_logits`), without the host reading
+        them. The sampler runs once per pass, after the rows' token counts
         have moved on by the passes before (seeded draws and min_tokens read them); the
         tokens of every pass come back in one copy (`_launch`). `logits`: [n, vocab], the
         first pass's."""
