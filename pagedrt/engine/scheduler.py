@@ -821,8 +821,10 @@ class Scheduler:
                     break
             else:  # (placeholders a later plan appended stay pending)
                 req.num_pending_tokens = len(output_token_ids) - index - len(passes)
-                # blocks the passes filled: no later allocation may come to hash them
-                self.kv.cache_computed_blocks(req)
+                # blocks the passes filled: no later allocation may come to hash them (none to
+                # offer where a plan since preempted the sequence: freed, or swapped out)
+                if req.status is RequestStatus.RUNNING:
+                    self.kv.cache_computed_blocks(req)
             _note_report(touched, head, status, events)
         return list(touched.values()), num_generated
 
@@ -857,7 +859,7 @@ class Scheduler:
         if status is not None:
             del req.output_token_ids[position + 1:]
             req.num_pending_tokens = 0
-            if cache_first:
+            if cache_first and req.status is RequestStatus.RUNNING:  # (not preempted since)
                 self.kv.cache_computed_blocks(req)
             self.finish(req, status)
         return status
