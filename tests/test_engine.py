@@ -610,6 +610,19 @@ def test_decode_ms_per_token_divides_by_the_decode_tokens(tiny, monkeypatch, asy
     assert latency.decode_ms_per_token(llm, list(range(20)), 16) == pytest.approx(1e3 / 16)
 
 
+def test_bench_latency_start_line_names_multi_step():
+    """The start line says when the run decodes with several passes a step (the table's rows
+    look the same either way; the JSON rows carry num_scheduler_steps)."""
+    import argparse
+
+    from pagedrt.bench.latency import _start_line
+
+    args = argparse.Namespace(num_tokens=8, repeats=1, num_scheduler_steps=4)
+    assert "up to 4 decode passes a step" in _start_line("m", [32], args, torch.device("cpu"))
+    args.num_scheduler_steps = 1
+    assert "passes" not in _start_line("m", [32], args, torch.device("cpu"))
+
+
 def test_bench_throughput_says_its_default_workload_is_gpu_sized_on_a_cpu():
     """The default workload (256 x 512/128) on a CPU: the start line says how to shrink it;
     on CUDA it does not."""

@@ -150,6 +150,7 @@ def test_the_server_words_an_echo_only_prompt_too_long(batch):
     ([float("nan"), 0, 1], "priority=nan must be an int"),
     ([True, 0, 0], "priority=True must be an int"),
     (5, "priority=5 must be a list of ints"),
+    ({0: 1, 1: 2, 2: 0}, "must be a list of ints"),  # (iterating a dict gives its keys)
 ])
 def test_bad_priorities_are_refused_before_anything_is_queued(tiny, priority, match):
     """LLM.generate's priority list: one int per prompt, checked before any request is queued

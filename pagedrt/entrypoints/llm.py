@@ -14,7 +14,7 @@ import itertools
 import json
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -105,7 +105,7 @@ class LLM:
             raise ValueError(f"{len(params_list)} sampling params for {len(prompt_list)} prompts")
         if priority is None:
             priorities = [0] * len(prompt_list)
-        elif isinstance(priority, Iterable) and not isinstance(priority, (str, bytes)):
+        elif isinstance(priority, Iterable) and not isinstance(priority, (str, bytes, Mapping)):
             priorities = [check_priority(p) for p in priority]  # (any iterable: numpy too)
             if len(priorities) != len(prompt_list):
                 raise ValueError(f"{len(priorities)} priorities for {len(prompt_list)} prompts; "

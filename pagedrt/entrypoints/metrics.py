@@ -60,6 +60,9 @@ _COUNTERS = {
     "pagedrt_spec_decode_num_pauses": (
         "spec_decode_num_pauses",
         "Speculative decoding: pauses of a sequence whose drafts were mostly rejected."),
+    "pagedrt_multi_step_plans": (
+        "num_multi_step_plans", "Multi-step decode: plans that ran more than one pass."),
+    "pagedrt_multi_step_passes": ("num_multi_step_passes", "Multi-step decode: their passes."),
 }
 
 
