@@ -52,11 +52,12 @@ from pagedrt.engine.spec_runner import SpecRunner
 from pagedrt.kv.kv_cache import KVCache
 from pagedrt.ops.attention import AttentionMetadata, triton_available
 from pagedrt.ops.graph_inputs import (
+    advance_staged_positions,
+    slots_of,
     stage_decode_inputs,
     staged_block_tables,
     staged_decode_columns,
     staged_input_ids,
-    staged_seq_lens,
 )
 from pagedrt.spec.rejection_sampler import RejectionOutput
 
@@ -596,21 +597,15 @@ class ModelRunner:
         bs = self.block_size
         if inputs.staged:
             runner = self.graph_runner
-            staged = runner.staged
-            ids, positions, slots, pending_src = staged_decode_columns(staged, n)
-            tables = staged_block_tables(staged, n, inputs.width)
+            ids, _, _, pending_src = staged_decode_columns(runner.staged, n)
             ids.copy_(token_ids)
             pending_src.fill_(-1)
-            positions.add_(1)
-            staged_seq_lens(staged, n).add_(1)
-            slots.copy_(tables.gather(1, (positions // bs).unsqueeze(1)).squeeze(1) * bs
-                        + positions % bs)
+            advance_staged_positions(runner.staged, n, inputs.width, bs)
             return runner.replay_staged(n)
         meta = inputs.meta
         positions = inputs.positions + 1
         block_tables = meta.block_tables
-        slot_mapping = (block_tables.gather(1, (positions // bs).unsqueeze(1)).squeeze(1)
-                        .to(torch.int64) * bs + positions % bs)
+        slot_mapping = slots_of(block_tables, positions, bs)
         meta = AttentionMetadata(
             slot_mapping=slot_mapping, block_tables=block_tables, seq_lens=meta.seq_lens + 1,
             cu_seqlens_q=meta.cu_seqlens_q, max_query_len=1,

@@ -19,6 +19,8 @@ or writes one attribute per object costs about 10-20 ns per object, less than `m
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from pagedrt.core.request import Request
@@ -47,7 +49,8 @@ class RunningRows:
             hands their searches to the step's beam expansion), in row order.
         multi_step: [n] bool, the sequence may take part in a multi-step decode (not a beam
             slot, no logprobs, no bad words: what the device side needs the host for between
-            two passes; docs/design.md, "Multi-step decode").
+            two passes; docs/design.md, "Multi-step decode"). Made on first use: only an
+            engine with num_scheduler_steps > 1 reads it.
     """
 
     def __init__(self, running: list[Request]) -> None:
@@ -67,10 +70,13 @@ class RunningRows:
         self.decodable = all(r.forked for r in requests)
         self.beam_heads = np.flatnonzero(
             self.is_beam & np.array([r.sample_index == 0 for r in requests], dtype=np.bool_))
-        self.multi_step = ~self.is_beam & np.array(
-            [p.logprobs is None and not p.bad_words and not p.bad_words_token_ids
-             for p in params], dtype=np.bool_)
         self._event_keys: tuple[list[str], list[int]] | None = None
+
+    @functools.cached_property
+    def multi_step(self) -> np.ndarray:
+        return ~self.is_beam & np.array(
+            [p.logprobs is None and not p.bad_words and not p.bad_words_token_ids
+             for p in (r.params for r in self.requests)], dtype=np.bool_)
 
     def event_keys(self) -> tuple[list[str], list[int]]:
         """Each sequence's request id (its group's first sequence's) and sample index, the

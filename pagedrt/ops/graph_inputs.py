@@ -76,21 +76,35 @@ def stage_decode_inputs(input_ids: np.ndarray, positions: np.ndarray, slot_mappi
                            slot_mapping, pending_src, small.view(np.int64)])
 
 
+def slots_of(block_tables: torch.Tensor, positions: torch.Tensor,
+             block_size: int) -> torch.Tensor:
+    """[n] int64 KV slots of `positions` ([n] int64, one a row) in their rows of
+    `block_tables` ([n, width] int)."""
+    blocks = block_tables.gather(1, (positions // block_size).unsqueeze(1)).squeeze(1)
+    return blocks.to(torch.int64) * block_size + positions % block_size
+
+
+def advance_staged_positions(staged: torch.Tensor, n: int, width: int,
+                             block_size: int) -> None:
+    """An n-row step in `staged` one position further on, in place: every row's position and
+    seq_len + 1, its slot that of the new position (`slots_of`); input ids and pending
+    sources untouched."""
+    _, positions, slots, _ = staged_decode_columns(staged, n)
+    positions.add_(1)
+    staged_seq_lens(staged, n).add_(1)
+    slots.copy_(slots_of(staged_block_tables(staged, n, width), positions, block_size))
+
+
 def advance_decode_inputs_reference(staged: torch.Tensor, n: int, width: int,
                                     block_size: int, last_tokens: torch.Tensor,
                                     tokens: torch.Tensor) -> None:
     """A multi-step decode's next pass in `staged` (graph_inputs_triton.advance_decode_inputs
-    in torch ops, its arguments; docs/design.md, "Multi-step decode"): every row's position
-    and seq_len + 1, its slot that of the new position in its block table, its input id
-    pending from last_tokens[row] (pending_src = row); last_tokens[:n] copied to `tokens`."""
-    _, positions, slots, pending_src = staged_decode_columns(staged, n)
+    in torch ops, its arguments; docs/design.md, "Multi-step decode"): the positions moved on
+    (`advance_staged_positions`), every row's input id pending from last_tokens[row]
+    (pending_src = row); last_tokens[:n] copied to `tokens`."""
     tokens.copy_(last_tokens[:n])
-    positions.add_(1)
-    staged_seq_lens(staged, n).add_(1)
-    tables = staged_block_tables(staged, n, width)
-    slots.copy_(tables.gather(1, (positions // block_size).unsqueeze(1)).squeeze(1)
-                .to(torch.int64) * block_size + positions % block_size)
-    pending_src.copy_(torch.arange(n, device=staged.device))
+    advance_staged_positions(staged, n, width, block_size)
+    staged_decode_columns(staged, n)[3].copy_(torch.arange(n, device=staged.device))
 
 
 def scatter_decode_inputs_reference(staged: torch.Tensor, last_tokens: torch.Tensor,
