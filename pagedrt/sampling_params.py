@@ -144,6 +144,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         self.output_kind = _as_output_kind(self.output_kind)
         if isinstance(self.stop, str):
+            if not self.stop:
+                raise ValueError("stop='' must be a non-empty string (or a list of non-empty "
+                                 "strings; None or [] for no stop strings)")
             self.stop = [self.stop]
         self.stop = _as_list("stop", self.stop, "a string or a list of non-empty strings")
         self.stop_token_ids = _as_list("stop_token_ids", self.stop_token_ids,
@@ -187,8 +190,10 @@ class SamplingParams:
         _check_int("min_tokens", self.min_tokens, 0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens={self.min_tokens} exceeds max_tokens={self.max_tokens}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError(f"stop={short_repr(self.stop)} must be a list of non-empty strings")
+        for i, s in enumerate(self.stop):
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop={short_repr(self.stop)} must be a list of non-empty "
+                                 f"strings: stop[{i}] is {short_repr(s)}")
         if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**63
                for t in self.stop_token_ids):
             raise ValueError(

@@ -25,7 +25,12 @@ def _error(model, body: dict):
 
 @pytest.mark.parametrize(("body", "param", "message"), [
     ({"prompt": "hi", "stop": 5}, "stop", "stop=5 must be one of: str, list[str]"),
-    ({"prompt": "hi", "stop": ["a", 5]}, "stop", "stop=['a', 5] must be one of: str, list[str]"),
+    # a value of one member's shape with a bad item: that item named, not the union (it
+    # read "stop=['a', 5] must be one of: str, list[str]")
+    ({"prompt": "hi", "stop": ["a", 5]}, "stop", "stop.1=5: Input should be a valid string"),
+    # a value of no member's shape, or of several members' shapes: the union
+    ({"prompt": [[1, "a"]]}, "prompt",
+     "prompt=[[1, 'a']] must be one of: str, list[str], list[int], list[list[int]]"),
     ({"prompt": 5.5}, "prompt",
      "prompt=5.5 must be one of: str, list[str], list[int], list[list[int]]"),
     ({"prompt": "hi", "max_tokens": "x"}, "max_tokens",
@@ -55,6 +60,12 @@ def test_a_long_value_is_cut():
     # more errors)")
     ({"role": "user", "content": 5},
      "messages.0.content=5 must be one of: str, a list of {'type': 'text', 'text': ...} parts"),
+    # content parts: the bad part named (a trial got the union's message for each)
+    ({"role": "user", "content": [{"type": "text", "text": 5}]},
+     "messages.0.content.0.text=5: Input should be a valid string"),
+    ({"role": "user", "content": [{"text": "hi"}]}, "messages.0.content.0.type: Field required"),
+    ({"role": "user", "content": [{"type": "text", "text": "a"}, 5]},
+     "messages.0.content.1=5: Input should be a valid dictionary"),  # (no class name of ours)
     # OpenAI's roles only (a trial's "wizard" generated as if it were a role)
     ({"role": "wizard", "content": "hi"},
      ("messages.0.role='wizard': Input should be 'system', 'developer', 'user', 'assistant' or "

@@ -41,6 +41,11 @@ def test_temperatures_below_the_floor_are_greedy():
 
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"stop": 5}, r"^stop=5 must be a string or a list of non-empty strings"),
+    # the value as given (it read "stop=[''] must be a list of non-empty strings")
+    ({"stop": ""}, (r"^stop='' must be a non-empty string \(or a list of non-empty strings; "
+                   r"None or \[\] for no stop strings\)$")),
+    ({"stop": ["a", "", "b"]}, (r"^stop=\['a', '', 'b'\] must be a list of non-empty strings: "
+                               r"stop\[1\] is ''$")),
     ({"stop": {"a": 1}}, r"^stop=\{'a': 1\} must be a string or a list"),
     ({"stop_token_ids": 5}, r"^stop_token_ids=5 must be a list of non-negative ints"),
     ({"stop_token_ids": "5"}, r"^stop_token_ids='5' must be a list of non-negative ints"),

@@ -107,13 +107,25 @@ def api_error_from_validation(e: ValidationError) -> APIError:
     # members of a union: each is named on its own below)
     if (field and len(kinds) > 1 and len(same_field) == len(errors)
             and all(_UNION_MEMBER.match(member) for member in members)):
-        return APIError(400, f"{'.'.join(field)}={short_repr(first.get('input'))} must be one "
-                        f"of: {', '.join(kinds)}", param=param)
+        # where the value has the shape of one member only (the others fail on the value as
+        # a whole, this one inside it: a list with one bad item), that member's error is the
+        # one to name: stop=["a", 5] -> "stop.1=5: Input should be a valid string"
+        inside = [err for err in same_field if len(err["loc"]) > len(field) + 1]
+        if inside and len({str(err["loc"][len(field)]) for err in inside}) == 1:
+            first = dict(inside[0], loc=(*field, *inside[0]["loc"][len(field) + 1:]))
+            loc = [str(part) for part in first["loc"]]
+            errors = inside
+        else:
+            return APIError(400, f"{'.'.join(field)}={short_repr(first.get('input'))} must be "
+                            f"one of: {', '.join(kinds)}", param=param)
     where = ".".join(loc) or "body"
     if loc and "input" in first and first.get("type") != "missing":  # the value, as sent
         where += f"={short_repr(first['input'])}"
     more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
     msg = first["msg"].removeprefix("Value error, ")  # (a validator's own ValueError)
+    # (a Python dict where one of our models belongs, as LLM.chat validates: pydantic's
+    # "valid dictionary or instance of ContentPart" names a class the caller never sees)
+    msg = re.sub(r" or instance of [A-Z]\w*", "", msg)
     return APIError(400, f"{where}: {msg}{more}", param=param)
 
 
