@@ -374,3 +374,41 @@ def test_num_scheduler_steps_up_to_the_block_size():
     assert EngineConfig(block_size=32, num_scheduler_steps=32).num_scheduler_steps == 32
     with pytest.raises(ValueError, match="block_size"):
         EngineConfig(block_size=8, num_scheduler_steps=9)
+
+
+@pytest.mark.parametrize("num_steps", [1, 4])
+def test_a_failed_step_leaves_no_placeholder_behind(tiny, num_steps, monkeypatch):
+    """An executor that fails while a step is in flight (async: the next plan already made,
+    its placeholders appended, the step before it not yet read) ends every request; none
+    keeps a placeholder in its output, and every block is freed (`LLMEngine.step` aborts them
+    all on an ExecutorError). `num_pending_tokens` counts every placeholder of the sequence,
+    those of the step in flight and of the plan just made."""
+    from pagedrt.distributed.executor import ExecutorError
+
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    llm = LLM(tiny, num_kv_blocks=64, block_size=8, num_scheduler_steps=num_steps)
+    engine = llm.llm_engine
+    for i, prompt in enumerate(_prompts(11, 3)):
+        engine.add_request(str(i), prompt, params)
+    requests = list(engine.requests.values())
+    execute = engine.executor.execute
+    calls = 0
+
+    def failing(plan, clock):
+        nonlocal calls
+        calls += 1
+        for seq in requests:  # the plan is made: its placeholders are counted
+            assert seq.output_token_ids.count(-1) == seq.num_pending_tokens, seq
+        if calls == 6:
+            raise ExecutorError("injected")
+        return execute(plan, clock)
+
+    monkeypatch.setattr(engine.executor, "execute", failing)
+    with pytest.raises(ExecutorError, match="injected"):
+        for _ in range(20):
+            engine.step()
+    assert calls == 6
+    for seq in requests:
+        assert seq.is_finished and -1 not in seq.output_token_ids, seq
+        assert seq.num_pending_tokens == 0
+    _assert_clean(llm)

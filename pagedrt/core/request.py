@@ -73,8 +73,10 @@ class Request:
         # does, made every step's per-request loops about 15% slower)
         self._prompt_array: np.ndarray | None = None  # see prompt_array
         self.output_token_ids: list[int] = []
-        # async scheduling: 1 while the last of output_token_ids is a placeholder for a token
-        # still being sampled (the device side knows where it is), else 0
+        # how many of output_token_ids, at its end, are placeholders for tokens still being
+        # sampled (the device side knows where they are): the step in flight's (one, or one per
+        # pass of a multi-step plan) and, with async scheduling, those of the plan made since;
+        # 0 once every token is written
         self.num_pending_tokens = 0
         self.output_logprobs: list = []
         # SamplingParams.prompt_logprobs: one entry per prompt token as they come back (None

@@ -223,9 +223,8 @@ class BeamScheduling:
                         num_blocks = (len(head.prompt_token_ids) + index) // block_size
                         moves += [(slots[s].request_id, slots[p].request_id, num_blocks)
                                   for s, p in enumerate(slot_parents) if p != s]
-                if index == len(slots[0].output_token_ids) - 1:  # (every slot has the same)
-                    for slot in slots:
-                        slot.num_pending_tokens = 0
+                for slot in slots:  # (placeholders a later plan appended stay pending)
+                    slot.num_pending_tokens = len(slot.output_token_ids) - index - 1
         if moves:
             self.kv.reparent_slots(moves)
         return num_written

@@ -499,7 +499,7 @@ class Scheduler:
                                                   (steady.computed + num_steps).tolist()):
                 req.num_computed_tokens = end
                 output_token_ids += placeholders
-                req.num_pending_tokens = num_steps
+                req.num_pending_tokens += num_steps  # (async: the step in flight's too)
             sampled += steady.requests
             indices += steady.num_output.tolist()
             num_decode = int(np.count_nonzero(steady.num_output))
@@ -531,7 +531,7 @@ class Scheduler:
             if req.beam is not None and req.sample_index == 0:
                 beams.append((req, len(output_token_ids)))
             output_token_ids.append(PLACEHOLDER_TOKEN_ID)
-            req.num_pending_tokens = 1
+            req.num_pending_tokens += 1
             if not req.forked:
                 self._fork(req, plan, sampled, indices)
         plan.num_prompt_tokens = sum(plan.num_new_tokens) - num_decode
@@ -711,8 +711,7 @@ class Scheduler:
                 continue
             output_token_ids = req.output_token_ids
             output_token_ids[index] = token
-            if index == len(output_token_ids) - 1:
-                req.num_pending_tokens = 0
+            req.num_pending_tokens = len(output_token_ids) - index - 1  # (a later plan's)
             if logprobs is not None and logprobs[i] is not None:
                 req.append_logprob(logprobs[i])
             if req.first_token_time is None:
@@ -782,8 +781,7 @@ class Scheduler:
             if skip:
                 continue
             output_token_ids[i] = token
-            if i == len(output_token_ids) - 1:
-                req.num_pending_tokens = 0
+            req.num_pending_tokens = len(output_token_ids) - i - 1  # (a later plan's)
             req.last_token_time = now
         if events is not None:  # (every row is quiet here)
             head_ids, sample_indices = map(steady.take, rows.event_keys())
@@ -910,8 +908,7 @@ class Scheduler:
                 position = index + m
                 if m == 0:
                     output_token_ids[position] = tok
-                    if position == len(output_token_ids) - 1:
-                        req.num_pending_tokens = 0
+                    req.num_pending_tokens = len(output_token_ids) - position - 1
                 else:
                     output_token_ids.insert(position, tok)
                 num_generated += 1
