@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 16's Llama-3-8B shape row and issue 17's decode ratios on the next H200 (carry .commit,
 # .whl and .tcache; ~7 min): `bench throughput --preset llama3-8b --skip-step-split` with
-# --num-scheduler-steps 1 (first: it times the Llama-3-8B configs into the config cache), 8, 1,
-# 8, one process each; then `bench attention --kv-cache-dtype fp8` at the four shapes of record
-# (FP8 against the bf16 cache in one process); a second 1 / 8 pair where time is left. Results in $OUT/r; the summary lines last.
+# --num-scheduler-steps 1 (first: it times the Llama-3-8B configs into the config cache) and 8,
+# one process each; then `bench attention --kv-cache-dtype fp8` at the four shapes of record
+# (FP8 against the bf16 cache in one process); a second 1 / 8 pair where time is left.
+# Results in $OUT/r; the summary lines last.
 set -u
 . benchmarks/diagnostics/call_common.sh
 out="$(cd "$out" && pwd)"
