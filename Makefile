@@ -14,9 +14,12 @@ PROMPTS := "What is the capital of France?" \
 
 setup: $(STAMP)
 
-# torch: a CUDA machine keeps (or gets) a CUDA build; a CPU-only machine gets the CPU build
-# (torch==2.13.0, found on disk here) and never a multi-GB CUDA download. triton is pinned only
-# on CPU (for the interpreter tests); CUDA builds of torch bring their own.
+# torch: a CUDA machine keeps (or gets) a CUDA build; a CPU-only machine gets the CPU build,
+# torch==2.13.0+cpu, never a multi-GB CUDA download: PyTorch's CPU index is added to pip's
+# (its "+cpu" version outranks plain PyPI's CUDA wheel of 2.13.0; where the index cannot be
+# reached, pip's own configuration serves it, as on the machines this project is developed on,
+# after at most two 20 s tries). triton is pinned only on CPU (for the interpreter tests); CUDA
+# builds of torch bring their own.
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	@if $(PY) -c "import torch" 2>/dev/null; then \
@@ -24,7 +27,8 @@ $(STAMP): pyproject.toml
 	elif nvidia-smi -L >/dev/null 2>&1; then \
 	  $(PIP) install torch; \
 	else \
-	  $(PIP) install torch==2.13.0 numpy; \
+	  $(PIP) install torch==2.13.0 numpy --timeout 20 --retries 1 \
+	    --extra-index-url https://download.pytorch.org/whl/cpu; \
 	fi
 	@if ! $(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
 	  $(PIP) install "triton==3.9.0"; \

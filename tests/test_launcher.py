@@ -86,3 +86,35 @@ def test_bind_errors_name_the_option_to_change():
         with pytest.raises(ValueError, match=f"cannot listen on {host}:0: .*; give --host an "
                                              "address of this machine"):
             launcher._bind(host, 0)
+
+
+def test_ready_lines_name_a_busy_cpu(monkeypatch):
+    """`pagedrt serve` says once, after its "serving" line, that a CPU already busy when it
+    started wants PAGEDRT_NUM_THREADS=1 (a fresh user's server answered a 30-token request in
+    25.5 s on a shared 2-core CPU, 2.0 s with one thread, and said nothing); not on a GPU, not
+    on an idle CPU, not where the user chose the threads."""
+    from pagedrt.engine.validation import EngineLimits
+    from pagedrt.entrypoints.engine_core import CoreInfo
+
+    monkeypatch.delenv("PAGEDRT_NUM_THREADS", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    limits = EngineLimits(100, 64, 10, 16, 8)
+
+    def lines(device: str, load: float | None, threads: int = 2) -> list[str]:
+        info = CoreInfo(limits, "m.gguf", None, device, "float32", 1.5, pid=7,
+                        cpu_threads=threads)
+        return launcher.ready_lines("m", "http://127.0.0.1:8000", info, [8, 9], 3.25, load, 2)
+
+    busy = lines("cpu", 2.4)
+    assert len(busy) == 2
+    assert busy[0] == (
+        "pagedrt: serving 'm' on http://127.0.0.1:8000 (device cpu float32, 2 CPU threads; "
+        "PAGEDRT_NUM_THREADS sets them, max_model_len 64, 10 KV blocks, 2 API process(es), "
+        "engine core pid 7, API pids 8,9, ready in 3.2 s, of it the engine 1.5 s)")
+    assert "load average 2.4 on 2 cores" in busy[1] and "PAGEDRT_NUM_THREADS=1" in busy[1]
+    assert len(lines("cpu", 1.0)) == 1  # a core left
+    assert len(lines("cpu", None)) == 1  # no load average on this platform
+    assert len(lines("cuda:0", 30.0)) == 1
+    assert len(lines("cpu", 2.4, threads=1)) == 1
+    monkeypatch.setenv("PAGEDRT_NUM_THREADS", "2")
+    assert len(lines("cpu", 2.4)) == 1  # the user chose

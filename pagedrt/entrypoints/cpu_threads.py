@@ -48,8 +48,8 @@ def slow_cpu_hint(device: str, threads: int, generated_tokens: int, seconds: flo
 
 
 def busy_cpu_hint(device: str, threads: int, load: float | None, cores: int | None) -> str:
-    """A line for `pagedrt generate` to print before it generates, where the CPU was already
-    busy when the command started: a 1-minute load average `load` (`load_average()`, taken
+    """A line for `pagedrt generate` to print before it generates, and for `pagedrt serve`
+    once it serves, where the CPU was already busy when the command started: a 1-minute load average `load` (`load_average()`, taken
     before the model loads, so that the load is other processes') of at least one runnable
     process per core (`cores`), with several threads and PAGEDRT_NUM_THREADS unset. Then
     `slow_cpu_hint`'s advice comes before the wait instead of after it (a fresh user's run of

@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
+from pagedrt.entrypoints.cpu_threads import busy_cpu_hint, cpu_threads_note, load_average
 from pagedrt.entrypoints.engine_core import CoreInfo, CoreSpec, profiled, run_engine_core
 from pagedrt.entrypoints.guards import HttpOptions, default_allowed_hosts
 
@@ -80,6 +81,7 @@ def run_server(args) -> int:
     2 if the port cannot be bound or the engine refuses its settings, such as a model path that
     is not a model)."""
     started = time.monotonic()
+    load_before = load_average()  # (other processes' load: before the core loads the model)
     from pagedrt.config import EngineConfig
     from pagedrt.entrypoints.engine_args import engine_kwargs
     from pagedrt.entrypoints.openai_server import default_model_name
@@ -138,16 +140,10 @@ def run_server(args) -> int:
         # must not meet processes still importing (their start-up would count in its timing)
         if not _wait_apis_ready(ready_conns, apis, core, stop):
             return 0 if stop["signal"] is not None else 1
-        limits = info.limits
-        from pagedrt.entrypoints.cpu_threads import cpu_threads_note
-
-        print(f"pagedrt: serving {name!r} on http://{args.host}:{args.port} "
-              f"(device {info.device} {info.dtype}{cpu_threads_note(info.device, info.cpu_threads)}"
-              f", max_model_len {limits.max_model_len}, "
-              f"{limits.num_blocks} KV blocks, {num_api} API process(es), engine core pid "
-              f"{info.pid}, API pids {','.join(str(p.pid) for p in apis)}, ready in "
-              f"{time.monotonic() - started:.1f} s, of it the engine {info.warm_up_s:.1f} s)",
-              flush=True)
+        for line in ready_lines(name, f"http://{args.host}:{args.port}", info,
+                                [p.pid for p in apis], time.monotonic() - started,
+                                load_before, os.cpu_count()):
+            print(line, flush=True)
         return _supervise(core, apis, conn, stop,
                           http.shutdown_timeout_s + _STOP_MARGIN_S)
     finally:
@@ -156,6 +152,28 @@ def run_server(args) -> int:
         _stop_all(core, apis)
         listener.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def ready_lines(name: str, url: str, info: CoreInfo, api_pids: list[int], ready_s: float,
+                load_before: float | None, cores: int | None) -> list[str]:
+    """What `pagedrt serve` prints once every process is ready: the "serving" line (the
+    model's name, URL, device and dtype with the core's CPU threads, the limits, the pids, the
+    start-up time) and, on a CPU that was already busy when the command started
+    (`load_before`, the 1-minute load average then, against `cores`), `busy_cpu_hint`'s line:
+    said once, at the start, since a server's requests would crawl all its life (a fresh
+    user's 30-token request took 25.5 s on a shared 2-core CPU, 2.0 s with one thread)."""
+    limits = info.limits
+    serving = (f"pagedrt: serving {name!r} on {url} (device {info.device} {info.dtype}"
+               f"{cpu_threads_note(info.device, info.cpu_threads)}, max_model_len "
+               f"{limits.max_model_len}, {limits.num_blocks} KV blocks, {len(api_pids)} API "
+               f"process(es), engine core pid {info.pid}, API pids "
+               f"{','.join(str(pid) for pid in api_pids)}, ready in {ready_s:.1f} s, of it "
+               f"the engine {info.warm_up_s:.1f} s)")
+    lines = [serving]
+    busy = busy_cpu_hint(info.device, info.cpu_threads, load_before, cores)
+    if busy:
+        lines.append(busy)
+    return lines
 
 
 def default_api_server_count() -> int:
