@@ -66,6 +66,10 @@ def test_a_long_value_is_cut():
     ({"role": "user", "content": [{"text": "hi"}]}, "messages.0.content.0.type: Field required"),
     ({"role": "user", "content": [{"type": "text", "text": "a"}, 5]},
      "messages.0.content.1=5: Input should be a valid dictionary"),  # (no class name of ours)
+    # no parts: refused as OpenAI does (a trial's empty turn was answered for 1,404 tokens)
+    ({"role": "user", "content": []},
+     ("messages.0.content=[]: an empty list of content parts: give at least one "
+      "{'type': 'text', 'text': ...} part, or the text as a string")),
     # OpenAI's roles only (a trial's "wizard" generated as if it were a role)
     ({"role": "wizard", "content": "hi"},
      ("messages.0.role='wizard': Input should be 'system', 'developer', 'user', 'assistant' or "

@@ -374,6 +374,16 @@ class ChatMessage(_Body):
     reasoning: str | None = None
     reasoning_content: str | None = None
 
+    @field_validator("content")
+    @classmethod
+    def _some_part(cls, content):
+        # (OpenAI refuses an empty array too; taken as "", it opened an empty turn that a chat,
+        # whose max_tokens is as many as fit, answered at length)
+        if isinstance(content, list) and not content:
+            raise ValueError("an empty list of content parts: give at least one "
+                             "{'type': 'text', 'text': ...} part, or the text as a string")
+        return content
+
     @field_validator("reasoning", "reasoning_content")
     @classmethod
     def _reasoning_of_an_assistant(cls, text, info: ValidationInfo):
