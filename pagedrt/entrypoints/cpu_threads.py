@@ -49,9 +49,10 @@ def slow_cpu_hint(device: str, threads: int, generated_tokens: int, seconds: flo
 
 def busy_cpu_hint(device: str, threads: int, load: float | None, cores: int | None) -> str:
     """A line for `pagedrt generate` to print before it generates, and for `pagedrt serve`
-    once it serves, where the CPU was already busy when the command started: a 1-minute load average `load` (`load_average()`, taken
-    before the model loads, so that the load is other processes') of at least one runnable
-    process per core (`cores`), with several threads and PAGEDRT_NUM_THREADS unset. Then
+    once it serves (`launcher.ready_lines`), where the CPU was already busy when the command
+    started: a 1-minute load average `load` (`load_average()`, taken before the model loads,
+    so that the load is other processes') of at least one runnable process per core
+    (`cores`), with several threads and PAGEDRT_NUM_THREADS unset. Then
     `slow_cpu_hint`'s advice comes before the wait instead of after it (a fresh user's run of
     2026-12-06 waited 165 s at 1.1 tok/s on a shared 2-core CPU; with one thread, 31.7). ""
     otherwise, and "" under TRITON_INTERPRET=1 or where the load average is unknown (None)."""
