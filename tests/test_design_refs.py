@@ -35,3 +35,19 @@ def test_code_points_at_sections_that_exist():
     assert len(refs) > 20  # the pattern still finds them
     missing = sorted({(path, name) for path, name in refs if name not in headings})
     assert not missing, f"docs/design.md has no heading for: {missing}"
+
+
+def test_the_contents_list_matches_the_headings():
+    """design.md's "Contents" lists every heading below it (## and ###, code blocks left out)
+    in order, each linked to its GitHub anchor: a section added or renamed without its entry
+    shows here."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    body = re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+    headings = [(len(m.group(1)), m.group(2).strip())
+                for m in re.finditer(r"^(##+)\s+(.+)$", body, re.MULTILINE)]
+    assert headings[0] == (2, "Contents")
+    entries = re.findall(r"^( *)- \[(.+)\]\(#([^)]+)\)$",
+                         body.split("## Contents", 1)[1].split("\n## ", 1)[0], re.MULTILINE)
+    expected = [(level, title, re.sub(r"[^a-z0-9 _-]", "", title.lower()).replace(" ", "-"))
+                for level, title in headings[1:]]
+    assert [(2 + len(indent) // 2, title, anchor) for indent, title, anchor in entries] == expected
