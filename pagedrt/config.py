@@ -331,8 +331,8 @@ class EngineConfig:
                 "as inputs on the device, so the host's per-step work (schedule, prepare, "
                 "update) is paid once per this many tokens. Tokens reach the host and stream "
                 "in groups of this many; tokens sampled after a stop are discarded. 1 = off. "
-                "At most block_size. Steps with beam search, speculative decoding, logprobs "
-                "or bad-word sequences run one pass (docs/design.md, \"Multi-step decode\")"})
+                "At most block_size. Steps with beam search, speculative decoding or "
+                "bad-word sequences run one pass (docs/design.md, \"Multi-step decode\")"})
     attention_backend: str = field(default="auto", metadata={
         "help": "attention kernels; auto = Triton on CUDA, torch on CPU",
         "choices": ATTENTION_BACKENDS})

@@ -187,6 +187,9 @@ class StepResult:
         multi_step_token_ids: for a plan with num_steps > 1, the tokens of its passes after
             the first: num_steps - 1 lists, one per pass in order, each one token per entry
             of `req_ids`; empty otherwise.
+        multi_step_logprobs: the logprobs of those passes' tokens, one entry per pass in
+            order, each as `logprobs` is for the first pass (None when no row asked); empty
+            for one pass.
     """
 
     req_ids: list[str] = field(default_factory=list)
@@ -197,3 +200,4 @@ class StepResult:
     extra_logprobs: dict[str, list] = field(default_factory=dict)
     prompt_logprobs: dict[str, list] = field(default_factory=dict)
     multi_step_token_ids: list[list[int]] = field(default_factory=list)
+    multi_step_logprobs: list[list | None] = field(default_factory=list)

@@ -121,6 +121,9 @@ class LaunchedStep:
             the tokens of every pass but the last ([num_sampled] int64 each, in pass order;
             `positions` holds the last pass's), whose tokens `host_token_ids` then holds
             too, pass after pass ([num_steps * num_sampled]); None: one pass.
+        multi_step_logprobs: a multi-step decode's logprobs, one `SamplerOutput.logprobs`
+            per pass in order (the first pass's first; None for a pass where no row asked);
+            None: one pass.
     """
 
     step_id: int
@@ -136,6 +139,7 @@ class LaunchedStep:
     host_verified: tuple[torch.Tensor, torch.Tensor] | None = None
     prompt_logprobs: PromptLogprobsLaunch | None = None
     multi_step_positions: list[np.ndarray] | None = None
+    multi_step_logprobs: list[list | None] | None = None
 
 
 class ModelRunner:
@@ -565,6 +569,7 @@ class ModelRunner:
         num_steps, n = plan.num_steps, len(rows)
         tokens = torch.empty((num_steps, n), dtype=torch.int64, device=logits.device)
         positions = []
+        logprobs = []  # (each pass's, gathered to the host by the sampler where rows ask)
         runner = self.graph_runner
         # a staged step moves on by one kernel, its pending ids read from `last_tokens`
         fused = inputs.staged and n <= runner.last_tokens.numel()
@@ -577,13 +582,16 @@ class ModelRunner:
                 else:
                     logits = self._next_pass_logits(inputs, tokens[i - 1], n)
             output = self._run_sampler(logits, rows)
+            logprobs.append(output.logprobs)
             if not fused or i == num_steps - 1:
                 tokens[i].copy_(output.token_ids)
             elif output.token_ids.data_ptr() != runner.last_tokens.data_ptr():
                 runner.last_tokens[:n].copy_(output.token_ids)  # (plain greedy writes there)
         self.batch.num_computed_tokens[rows] = inputs.seq_lens + num_steps - 1
-        return self._launch(plan.step_id, output, rows, plan.req_ids, clock,
+        step = self._launch(plan.step_id, output, rows, plan.req_ids, clock,
                             multi_step=(tokens, positions))
+        step.multi_step_logprobs = logprobs
+        return step
 
     def _next_pass_logits(self, inputs: ModelInputs, token_ids: torch.Tensor,
                           n: int) -> torch.Tensor:
@@ -791,6 +799,8 @@ class ModelRunner:
                                  passes[-1] if passes else token_ids, step.step_id)
         result = StepResult(step.req_ids, token_ids, step.output.logprobs,
                             prompt_logprobs=prompt, multi_step_token_ids=passes)
+        if step.multi_step_logprobs is not None:  # (`output` is the last pass's)
+            result.logprobs, *result.multi_step_logprobs = step.multi_step_logprobs
         if step.beams is not None:
             result.beams = self.beam_runner.results(step.beams)
         if step.spec is not None:

@@ -48,9 +48,9 @@ class RunningRows:
         beam_heads: [b] int64 the rows of beam searches' first slots (`Scheduler._advance`
             hands their searches to the step's beam expansion), in row order.
         multi_step: [n] bool, the sequence may take part in a multi-step decode (not a beam
-            slot, no logprobs, no bad words: what the device side needs the host for between
-            two passes; docs/design.md, "Multi-step decode"). Made on first use: only an
-            engine with num_scheduler_steps > 1 reads it.
+            slot, no bad words: what the device side needs the host for between two passes;
+            docs/design.md, "Multi-step decode"). Made on first use: only an engine with
+            num_scheduler_steps > 1 reads it.
     """
 
     def __init__(self, running: list[Request]) -> None:
@@ -75,7 +75,7 @@ class RunningRows:
     @functools.cached_property
     def multi_step(self) -> np.ndarray:
         return ~self.is_beam & np.array(
-            [p.logprobs is None and not p.bad_words and not p.bad_words_token_ids
+            [not p.bad_words and not p.bad_words_token_ids
              for p in (r.params for r in self.requests)], dtype=np.bool_)
 
     def event_keys(self) -> tuple[list[str], list[int]]:

@@ -69,7 +69,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from itertools import repeat
+from itertools import count, repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -795,10 +795,13 @@ class Scheduler:
         """`update` for a multi-step decode plan (`plan.num_steps` > 1; docs/design.md,
         "Multi-step decode"): each sequence's tokens, one per pass, over its placeholders,
         each written, stop-checked and reported in turn (stop strings, stop ids and
-        max_tokens hold at the exact token); a sequence that stops drops the tokens after
-        the stop (their KV sits in its blocks, freed with them). No sequence of such a plan
-        asks for logprobs or is a beam slot (`RunningRows.multi_step`)."""
+        max_tokens hold at the exact token), with its logprobs where asked (each pass's,
+        `StepResult.multi_step_logprobs`); a sequence that stops drops the tokens after the
+        stop (their KV sits in its blocks, freed with them). No sequence of such a plan is a
+        beam slot (`RunningRows.multi_step`)."""
         passes = [result.sampled_token_ids, *result.multi_step_token_ids]
+        pass_logprobs = ([result.logprobs, *result.multi_step_logprobs]
+                         if result.multi_step_logprobs else [None] * len(passes))
         assert len(passes) == plan.num_steps, (
             f"step {plan.step_id}: {len(passes)} passes of tokens, planned {plan.num_steps}")
         now = time.monotonic()
@@ -810,11 +813,12 @@ class Scheduler:
             output_token_ids = req.output_token_ids
             head = req.group[0]
             status = None
-            for position, tokens in enumerate(passes, start=index):
+            for position, tokens, logprobs in zip(count(index), passes, pass_logprobs):
                 output_token_ids[position] = tokens[i]
                 num_generated += 1
-                status = self._take_token(req, head, tokens[i], None, position, now,
-                                          check_stop, events, cache_first=True)
+                status = self._take_token(req, head, tokens[i],
+                                          None if logprobs is None else logprobs[i], position,
+                                          now, check_stop, events, cache_first=True)
                 if status is not None:
                     break
             else:  # (placeholders a later plan appended stay pending)
