@@ -48,3 +48,30 @@ def test_tokens_match_the_one_pass_engine(monkeypatch, staged, async_scheduling)
         kv = llm.llm_engine.kv_manager
         assert kv.num_free_blocks == kv.num_blocks
     assert outs[8] == outs[1]
+
+
+@pytest.mark.parametrize("staged", [True, False])
+def test_logprobs_match_the_one_pass_engine(monkeypatch, staged):
+    """Requests asking for logprobs take part in bursts on the GPU too: each pass's logprobs
+    (greedy and seeded, beside a row asking none) as one pass gives them."""
+    rng = random.Random(1)
+    prompts = [[rng.randrange(200) for _ in range(rng.randint(1, 40))] for _ in range(3)]
+    params = [SamplingParams(temperature=0.0, max_tokens=21, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=17, ignore_eos=True,
+                             logprobs=1),
+              SamplingParams(temperature=0.0, max_tokens=19, ignore_eos=True)]
+    outs = {}
+    for steps in (1, 8):
+        llm = _llm(monkeypatch, staged, async_scheduling=True, num_scheduler_steps=steps)
+        outs[steps] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+        if steps > 1:
+            assert llm.stats()["num_multi_step_plans"] > 0
+    for got, want in zip(outs[8], outs[1]):
+        assert got.token_ids == want.token_ids
+        if want.logprobs is None:
+            assert got.logprobs is None
+            continue
+        assert [(g.token_id, g.rank) for g in got.logprobs] == [
+            (w.token_id, w.rank) for w in want.logprobs]
+        assert [g.logprob for g in got.logprobs] == pytest.approx(
+            [w.logprob for w in want.logprobs], abs=1e-4)
