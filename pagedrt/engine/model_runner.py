@@ -588,10 +588,8 @@ class ModelRunner:
             elif output.token_ids.data_ptr() != runner.last_tokens.data_ptr():
                 runner.last_tokens[:n].copy_(output.token_ids)  # (plain greedy writes there)
         self.batch.num_computed_tokens[rows] = inputs.seq_lens + num_steps - 1
-        step = self._launch(plan.step_id, output, rows, plan.req_ids, clock,
-                            multi_step=(tokens, positions))
-        step.multi_step_logprobs = logprobs
-        return step
+        return self._launch(plan.step_id, output, rows, plan.req_ids, clock,
+                            multi_step=(tokens, positions, logprobs))
 
     def _next_pass_logits(self, inputs: ModelInputs, token_ids: torch.Tensor,
                           n: int) -> torch.Tensor:
@@ -678,7 +676,7 @@ class ModelRunner:
                 req_ids: list[str] | None, clock, beams: BeamLaunch | None = None,
                 spec: tuple[list[int], RejectionOutput] | None = None,
                 prompt: PromptLogprobsLaunch | None = None,
-                multi_step: tuple[torch.Tensor, list[np.ndarray]] | None = None,
+                multi_step: tuple[torch.Tensor, list[np.ndarray], list] | None = None,
                 ) -> LaunchedStep:
         """Append a placeholder per sampled row, start the copy of what `fetch` reads to the
         host, and return the step's handle (`fetch` reads it).
@@ -692,9 +690,10 @@ class ModelRunner:
         the last two only for a step that verified drafts (`spec`); when every sampled row
         verified drafts, the first tokens are the verified tokens' first column (`output`'s
         token_ids is that column: `SpecRunner.sample`), read from there, not copied. A
-        multi-step decode (`multi_step`: its tokens [num_steps, n] on the device and the
-        slots of its passes but the last) copies every pass's tokens, pass after pass, in
-        place of the first tokens; `output` is then its last pass's."""
+        multi-step decode (`multi_step`: its tokens [num_steps, n] on the device, the slots
+        of its passes but the last, and each pass's `SamplerOutput.logprobs`) copies every
+        pass's tokens, pass after pass, in place of the first tokens; `output` is then its
+        last pass's."""
         batch = self.batch
         states = batch.states
         if beams is None:
@@ -745,9 +744,11 @@ class ModelRunner:
         clock.mark("sample")
         if req_ids is None:
             req_ids = [states[r].req_id for r in rows.tolist()]
-        return LaunchedStep(step_id, req_ids, rows, batch.epoch[rows], positions, output,
-                            host, event, beams, spec, host_verified, prompt,
-                            None if multi_step is None else multi_step[1])
+        step = LaunchedStep(step_id, req_ids, rows, batch.epoch[rows], positions, output,
+                            host, event, beams, spec, host_verified, prompt)
+        if multi_step is not None:
+            _, step.multi_step_positions, step.multi_step_logprobs = multi_step
+        return step
 
     def _sample_with_beams(self, logits: torch.Tensor, rows: np.ndarray, is_beam: np.ndarray,
                            scheduled_rows: np.ndarray) -> tuple[SamplerOutput, BeamLaunch]:

@@ -709,6 +709,8 @@ class Scheduler:
                 # aborted, or stopped by the token before this one: drop the row; a beam slot
                 # was written by BeamScheduling.update
                 continue
+            # (the one-token form of `_take_token` and `_note_report`, written out: this loop
+            # runs for every row of a step that `_write_quiet` leaves, each step)
             output_token_ids = req.output_token_ids
             output_token_ids[index] = token
             req.num_pending_tokens = len(output_token_ids) - index - 1  # (a later plan's)
