@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numbers
 import textwrap
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from pagedrt.models.registry import supported_architectures
 from pagedrt.spec.config import SpeculativeConfig
@@ -279,6 +279,10 @@ PREEMPTION_MODES = ("recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 KV_CACHE_DTYPES = ("auto", "fp8")
 EXECUTOR_BACKENDS = ("auto", "uni", "mp")
+# num_scheduler_steps=None ("auto"): this many passes while at most this many sequences
+# decode, on CUDA with graphs (`resolve_multi_step`; docs/design.md, "Multi-step decode")
+AUTO_SCHEDULER_STEPS = 8
+AUTO_MULTI_STEP_MAX_NUM_SEQS = 32
 
 
 @dataclass(frozen=True)
@@ -324,7 +328,7 @@ class EngineConfig:
                 "running step n; tokens reach the host one step later. None = on for CUDA, off "
                 "on CPU (where the model runs on the host anyway), unless the environment "
                 "variable PAGEDRT_ASYNC_SCHEDULING is set to 1 or 0"})
-    num_scheduler_steps: int = field(default=1, metadata={
+    num_scheduler_steps: int | None = field(default=None, metadata={
         "help": "multi-step decode: a steady decode step (every running sequence decoding, "
                 "none waiting) runs up to this many forward passes and samples on the device "
                 "before the host reads their tokens, each pass taking the last one's tokens "
@@ -332,7 +336,15 @@ class EngineConfig:
                 "update) is paid once per this many tokens. Tokens reach the host and stream "
                 "in groups of this many; tokens sampled after a stop are discarded. 1 = off. "
                 "At most block_size. Steps with beam search, speculative decoding or "
-                "bad-word sequences run one pass (docs/design.md, \"Multi-step decode\")"})
+                "bad-word sequences run one pass. None = auto: on CUDA with CUDA graphs, "
+                f"{AUTO_SCHEDULER_STEPS} passes while at most {AUTO_MULTI_STEP_MAX_NUM_SEQS} "
+                "sequences decode (the batches where the host's work shows), else 1; the "
+                "server (pagedrt serve) defaults to 1, so that tokens stream one at a time "
+                "(docs/design.md, \"Multi-step decode\")"})
+    multi_step_max_num_seqs: int | None = field(default=None, metadata={
+        "help": "multi-step decode only while the steady batch has at most this many "
+                "sequences; a larger batch runs one pass a step. None = any batch (auto "
+                f"num_scheduler_steps sets {AUTO_MULTI_STEP_MAX_NUM_SEQS})"})
     attention_backend: str = field(default="auto", metadata={
         "help": "attention kernels; auto = Triton on CUDA, torch on CPU",
         "choices": ATTENTION_BACKENDS})
@@ -376,13 +388,19 @@ class EngineConfig:
                 raise ValueError(f"{name}={value!r} must be an int")
         if self.block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size={self.block_size!r} is not supported; use 8, 16 or 32")
-        if (isinstance(self.num_scheduler_steps, bool)
-                or not isinstance(self.num_scheduler_steps, numbers.Integral)
-                or not 1 <= self.num_scheduler_steps <= self.block_size):
+        steps = self.num_scheduler_steps
+        if steps is not None and (isinstance(steps, bool)
+                                  or not isinstance(steps, numbers.Integral)
+                                  or not 1 <= steps <= self.block_size):
             raise ValueError(
-                f"num_scheduler_steps={self.num_scheduler_steps!r} must be an int from 1 (off) "
+                f"num_scheduler_steps={steps!r} must be None (auto) or an int from 1 (off) "
                 f"to block_size ({self.block_size}): a multi-step decode takes at most one new "
                 "KV block per sequence")
+        cap = self.multi_step_max_num_seqs
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, numbers.Integral)
+                                or cap < 1):
+            raise ValueError(f"multi_step_max_num_seqs={cap!r} must be None (any batch) or an "
+                             "int >= 1")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks={self.num_kv_blocks} must be >= 1 (or None)")
         if self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes < 1:
@@ -438,6 +456,24 @@ class EngineConfig:
         if self.speculative_config is None:
             return None
         return SpeculativeConfig.from_dict(self.speculative_config)
+
+
+def resolve_multi_step(config: EngineConfig, device_type: str) -> EngineConfig:
+    """`config` with num_scheduler_steps decided: unchanged where it is an int; for None
+    (auto), on CUDA with CUDA graphs (not enforce_eager) AUTO_SCHEDULER_STEPS passes while at
+    most AUTO_MULTI_STEP_MAX_NUM_SEQS sequences decode (a multi_step_max_num_seqs given is
+    kept), elsewhere 1. Measured on the H200 (docs/design.md, "Multi-step decode"): bursts of 8
+    beat one pass at batch 1 (0.582-0.586 against 0.601-0.814 ms a token at context 512) and
+    at 8 and 32 rows (1-9%), and lost at 256 rows (nano-vllm's workload 60,749 and 64,471
+    against 65,470 tok/s), where the host is already hidden under the device. On the CPU the
+    model runs on the host, so there is no host work to hide."""
+    if config.num_scheduler_steps is not None:
+        return config
+    if device_type != "cuda" or config.enforce_eager:
+        return replace(config, num_scheduler_steps=1)
+    cap = config.multi_step_max_num_seqs
+    return replace(config, num_scheduler_steps=min(AUTO_SCHEDULER_STEPS, config.block_size),
+                   multi_step_max_num_seqs=AUTO_MULTI_STEP_MAX_NUM_SEQS if cap is None else cap)
 
 
 def _attributes_section(cls: type) -> str:

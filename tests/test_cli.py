@@ -23,7 +23,7 @@ NON_DEFAULT = {
     "gpu_memory_utilization": 0.5, "max_num_seqs": 3, "max_num_batched_tokens": 99,
     "max_model_len": 77, "enable_prefix_caching": False, "preemption_mode": "swap",
     "swap_space_bytes": 0, "enforce_eager": True, "async_scheduling": True,
-    "num_scheduler_steps": 4,
+    "num_scheduler_steps": 4, "multi_step_max_num_seqs": 16,
     "attention_backend": "torch", "kv_cache_dtype": "fp8", "seed": 42,
     "tensor_parallel_size": 2, "distributed_executor_backend": "mp",
     "speculative_config": {"method": "ngram", "num_speculative_tokens": 2},

@@ -14,6 +14,7 @@ import msgspec
 import pytest
 import zmq
 
+from pagedrt.config import EngineConfig, resolve_multi_step
 from pagedrt.distributed.executor import ExecutorError
 from pagedrt.engine.llm_engine import LLMEngine
 from pagedrt.engine.sampler import TokenLogprobs
@@ -25,10 +26,21 @@ from pagedrt.entrypoints.engine_core import (
     CoreOutputs,
     EngineCore,
     Failure,
+    server_engine_config,
     warm_up,
 )
 from pagedrt.outputs import TokenEvent
 from pagedrt.sampling_params import SamplingParams
+
+
+def test_a_server_streams_one_token_at_a_time_unless_told():
+    """Auto multi-step (the default) bursts on CUDA offline; the server's engine takes it as
+    one pass, so streams get single tokens; a number given is kept."""
+    served = server_engine_config(EngineConfig(max_num_seqs=3))
+    assert served.num_scheduler_steps == 1 and served.max_num_seqs == 3
+    assert resolve_multi_step(served, "cuda").num_scheduler_steps == 1
+    assert resolve_multi_step(EngineConfig(), "cuda").num_scheduler_steps == 8
+    assert server_engine_config(EngineConfig(num_scheduler_steps=4)).num_scheduler_steps == 4
 
 
 def test_messages_round_trip_through_pickle():

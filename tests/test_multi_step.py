@@ -19,7 +19,12 @@ from test_graph_inputs import _staged_llm
 from tiny_model import with_tokenizer
 
 from pagedrt import LLM, SamplingParams
-from pagedrt.config import EngineConfig
+from pagedrt.config import (
+    AUTO_MULTI_STEP_MAX_NUM_SEQS,
+    AUTO_SCHEDULER_STEPS,
+    EngineConfig,
+    resolve_multi_step,
+)
 from pagedrt.sampling_params import RequestOutputKind
 
 VOCAB = 384
@@ -52,17 +57,20 @@ def _mixed_params() -> list[SamplingParams]:
 
 
 class PlanLog:
-    """Records the num_steps of every plan an engine makes."""
+    """Records the num_steps and the number of sequences of every plan an engine makes."""
 
     def __init__(self, llm: LLM) -> None:
         scheduler = llm.llm_engine.scheduler
         schedule = scheduler.schedule
         self.num_steps: list[int] = []
 
+        self.num_seqs: list[int] = []
+
         def logged():
             plan = schedule()
             if plan:
                 self.num_steps.append(plan.num_steps)
+                self.num_seqs.append(len(plan.req_ids))
             return plan
 
         scheduler.schedule = logged
@@ -395,8 +403,66 @@ def test_a_stop_mid_burst_caches_only_blocks_of_the_kept_tokens(tiny):
 
 @pytest.mark.parametrize("value", [0, -1, 17, True, 2.0, "4"])
 def test_bad_num_scheduler_steps_is_a_value_error(value):
+    """(None is auto: `resolve_multi_step`.)"""
     with pytest.raises(ValueError, match=f"num_scheduler_steps={value!r}"):
         EngineConfig(num_scheduler_steps=value)
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 2.0, "4"])
+def test_bad_multi_step_max_num_seqs_is_a_value_error(value):
+    with pytest.raises(ValueError, match=f"multi_step_max_num_seqs={value!r}"):
+        EngineConfig(multi_step_max_num_seqs=value)
+
+
+def test_auto_is_bursts_at_small_batches_on_cuda_with_graphs_only():
+    """num_scheduler_steps None (the default): AUTO_SCHEDULER_STEPS passes while at most
+    AUTO_MULTI_STEP_MAX_NUM_SEQS sequences decode on CUDA with graphs; one pass on the CPU
+    and without graphs; a number given is kept, and so is a cap given."""
+    auto = EngineConfig()
+    assert auto.num_scheduler_steps is None and auto.multi_step_max_num_seqs is None
+    cuda = resolve_multi_step(auto, "cuda")
+    assert (cuda.num_scheduler_steps, cuda.multi_step_max_num_seqs) == (
+        AUTO_SCHEDULER_STEPS, AUTO_MULTI_STEP_MAX_NUM_SEQS) == (8, 32)
+    assert resolve_multi_step(auto, "cpu").num_scheduler_steps == 1
+    assert resolve_multi_step(EngineConfig(enforce_eager=True), "cuda").num_scheduler_steps == 1
+    capped = resolve_multi_step(EngineConfig(multi_step_max_num_seqs=4), "cuda")
+    assert (capped.num_scheduler_steps, capped.multi_step_max_num_seqs) == (8, 4)
+    explicit = EngineConfig(num_scheduler_steps=4)
+    assert resolve_multi_step(explicit, "cuda") is explicit
+    assert resolve_multi_step(explicit, "cuda").multi_step_max_num_seqs is None  # any batch
+    resolved = resolve_multi_step(EngineConfig(block_size=8), "cuda")
+    assert resolved.num_scheduler_steps == 8
+    EngineConfig(**{f: getattr(resolved, f) for f in ("block_size", "num_scheduler_steps")})
+
+
+def test_the_cpu_engine_runs_one_pass_by_default(tiny):
+    llm = LLM(tiny, num_kv_blocks=64, block_size=8)
+    config = llm.llm_engine.config
+    assert (config.num_scheduler_steps, config.multi_step_max_num_seqs) == (1, None)
+    log = PlanLog(llm)
+    llm.generate(_prompts(3, 2), SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+                 use_tqdm=False)
+    assert set(log.num_steps) == {1}
+
+
+def test_bursts_only_while_the_batch_is_within_the_cap(tiny):
+    """multi_step_max_num_seqs=2 over four requests that finish at different steps: one pass
+    while three or four decode, bursts once two are left; the tokens are the one-pass
+    engine's."""
+    prompts = _prompts(11, 4)
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)
+              for m in (5, 11, 30, 37)]
+    llm = LLM(tiny, num_kv_blocks=96, block_size=8, num_scheduler_steps=4,
+              multi_step_max_num_seqs=2)
+    log = PlanLog(llm)
+    got = llm.generate(prompts, params, use_tqdm=False)
+    ref = LLM(tiny, num_kv_blocks=96, block_size=8, num_scheduler_steps=1).generate(
+        prompts, params, use_tqdm=False)
+    assert _tokens(got) == _tokens(ref)
+    bursts = [n for n, k in zip(log.num_seqs, log.num_steps, strict=True) if k > 1]
+    assert bursts and max(bursts) <= 2
+    assert max(log.num_seqs) == 4  # (the batch did run above the cap, in single passes)
+    _assert_clean(llm)
 
 
 def test_num_scheduler_steps_up_to_the_block_size():

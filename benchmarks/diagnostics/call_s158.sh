@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The GPU tests left unrun by the session of 2026-12-07 17:36 (carry .commit and .whl; ~7 min):
+# The GPU tests left unrun by the session of 2026-12-07 17:36, now under auto multi-step
+# (carry .commit and .whl; ~9 min):
 # the multi-step, staged-input, smoke, beam-search and spec-decode files in 4 pytest processes
-# at once, capped at 300 s each, then the Triton cache saved into $OUT (tc.txz.NN) for the
+# at once, capped at 420 s each, then the Triton cache saved into $OUT (tc.txz.NN) for the
 # next call. Results in $OUT/r; the summary lines last.
 set -u
 . benchmarks/diagnostics/call_common.sh
 out="$(cd "$out" && pwd)"
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$out/r/gpu.txt"
 {
-  gpu_tests_sharded unrun 300 4 tests/gpu/test_multi_step_gpu.py \
+  gpu_tests_sharded unrun 420 4 tests/gpu/test_multi_step_gpu.py \
     tests/gpu/test_graph_inputs_gpu.py tests/gpu/test_smoke_gpu.py \
     tests/gpu/test_beam_search_gpu.py tests/gpu/test_spec_decode_gpu.py
 } 2>&1 | tee "$out/r/summary.txt"

@@ -180,8 +180,12 @@ def _start_line(name: str, contexts: list[int], args, device: torch.device) -> s
     line = (f"pagedrt bench latency: {name}, batch 1 at contexts "
             f"{', '.join(map(str, contexts))}: {args.num_tokens} decode tokens timed, "
             f"{args.repeats} run(s) each, on {device}")
-    if getattr(args, "num_scheduler_steps", 1) > 1:
-        line += f", up to {args.num_scheduler_steps} decode passes a step (multi-step decode)"
+    steps = getattr(args, "num_scheduler_steps", 1)
+    if steps is None:
+        line += (", multi-step decode auto (up to 8 decode passes a step with CUDA graphs; "
+                 "--num-scheduler-steps 1 for one)")
+    elif steps > 1:
+        line += f", up to {steps} decode passes a step (multi-step decode)"
     if device.type == "cpu" and max(contexts) * args.repeats > 1024:
         line += (" (GPU-sized: on a CPU this takes minutes; --contexts 128,512 --num-tokens 16 "
                  "--repeats 1 takes about 20 s)")
@@ -248,6 +252,8 @@ def main(argv: list[str]) -> int:
             results.append({"system": "pagedrt", "workload": f"{name} batch1 ctx{c}",
                             "cuda_graphs": graphs, "ms_per_token": ms,
                             "num_scheduler_steps": llm.llm_engine.config.num_scheduler_steps,
+                            "multi_step_max_num_seqs":
+                                llm.llm_engine.config.multi_step_max_num_seqs,
                             "tensor_parallel_size": llm.llm_engine.executor.tp_size,
                             "worker_processes": llm.llm_engine.model_runner is None,
                             "output_tok_s": 1e3 / ms})

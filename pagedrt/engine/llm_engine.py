@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedrt.config import EngineConfig
+from pagedrt.config import EngineConfig, resolve_multi_step
 from pagedrt.core.beam import BeamGroup
 from pagedrt.core.plan import StepPlan
 from pagedrt.core.request import Request, RequestStatus
@@ -153,8 +153,9 @@ class LLMEngine:
                 not allow or a process group that cannot form (see create_executor).
         """
         check_environment()  # (a bad PAGEDRT_* value refused before the model loads)
-        self.config = config = config or EngineConfig()
         self.device = resolve_device(device)
+        # num_scheduler_steps None (auto) decided for this device (config.resolve_multi_step)
+        self.config = config = resolve_multi_step(config or EngineConfig(), self.device.type)
         check_backend(config.attention_backend, self.device)
         self.dtype = resolve_dtype(dtype, self.device)
         # the device side: one rank in this process, or tensor-parallel worker processes

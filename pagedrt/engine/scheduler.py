@@ -440,9 +440,13 @@ class Scheduler:
         a steady decode whose one-token slots `_steady_decode` allocated: up to
         `num_scheduler_steps`, none past any sequence's max_tokens (so a request never
         exceeds it, nor max_model_len: `validate_prompt`), with the further slots allocated
-        here; 1 (a plain step) when some sequence cannot take part (`RunningRows.multi_step`)
-        or the blocks the further slots need are not free (they never preempt anyone)."""
+        here; 1 (a plain step) when the batch has more than `multi_step_max_num_seqs`
+        sequences, when some sequence cannot take part (`RunningRows.multi_step`) or when the
+        blocks the further slots need are not free (they never preempt anyone)."""
         rows = steady.rows
+        cap = self.config.multi_step_max_num_seqs
+        if cap is not None and len(steady.requests) > cap:
+            return 1
         if not steady.take(rows.multi_step).all():
             return 1
         k = min(self.config.num_scheduler_steps,

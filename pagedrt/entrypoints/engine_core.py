@@ -36,6 +36,7 @@ launcher decides). See docs/design.md for the whole process layout.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import pickle
@@ -143,6 +144,16 @@ class CoreSpec:
 
 
 # ---------------------------------------------------------------- the process
+
+def server_engine_config(config: EngineConfig) -> EngineConfig:
+    """The settings a server's engine runs with: `config`, but with num_scheduler_steps None
+    (auto, which bursts at small batches offline: `pagedrt.config.resolve_multi_step`) as 1,
+    so that a stream gets its tokens one at a time; a number given is kept."""
+    if config.num_scheduler_steps is None:
+        return dataclasses.replace(config, num_scheduler_steps=1)
+    return config
+
+
 def run_engine_core(spec: CoreSpec, conns: list[Connection]) -> None:
     """Process entry point: build the engine, report CoreInfo (or the error: ("invalid",
     message) for a ValueError, bad settings; ("error", message with traceback) otherwise) on
@@ -158,7 +169,8 @@ def run_engine_core(spec: CoreSpec, conns: list[Connection]) -> None:
         set_num_threads_from_env()  # a spawned process starts with torch's default again
 
         start = time.perf_counter()
-        engine = LLMEngine(spec.model, spec.engine_config, dtype=spec.dtype, device=spec.device)
+        engine = LLMEngine(spec.model, server_engine_config(spec.engine_config),
+                           dtype=spec.dtype, device=spec.device)
         if spec.warm_up:
             warm_up(engine)
         core = EngineCore(engine, conns, spec.input_address, spec.output_addresses)
