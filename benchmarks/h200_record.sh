@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The issue-6 figures in one device call (about 6 minutes on a warm H200): engine smoke check,
 # Qwen2-0.5B throughput with the HF peers and the batch sweep, three repeats of it without
-# peers, batch-1 latency with HF and with multi-step decode, the
+# peers, batch-1 latency with HF (the default: auto multi-step) and with one pass, the
 # nano-vllm workload, and the Llama-3-8B shape. Run from the repository root on the GPU machine:
 #
 #   PAGEDRT_COMMIT=<hash> bash benchmarks/h200_record.sh      # results under $OUT (or ./out)
@@ -22,9 +22,10 @@ for i in 1 2 3; do  # the same workload again without peers: how much one run va
     bench throughput --preset qwen2-0.5b --name throughput_qwen2_repeat_$i | grep -A1 "^system"
 done
 bench latency --preset qwen2-0.5b --compare hf --name latency_qwen2 | tail -8
-# issue 16's batch-1 row: multi-step decode (8 passes a plan), the one-pass run above its peer
+# issue 16's batch-1 row: the default above is auto multi-step (8 passes a plan at batch 1);
+# its peer, one pass
 bench latency --preset qwen2-0.5b --contexts 512,4096 --graphs on --repeats 3 \
-    --num-scheduler-steps 8 --name latency_qwen2_multi_step | tail -4
+    --num-scheduler-steps 1 --name latency_qwen2_one_pass | tail -4
 bench throughput --preset qwen2-0.5b --workload nanovllm --name nanovllm_qwen2 | grep -A4 "^system"
 bench throughput --preset llama3-8b --name throughput_llama3 | grep -A4 "^system"
 bench latency --preset llama3-8b --name latency_llama3 | tail -6
