@@ -372,10 +372,10 @@ def test_cpu_threads_note_names_the_count_and_the_knob(monkeypatch):
     from pagedrt.entrypoints.cpu_threads import cpu_threads_note
 
     monkeypatch.delenv("PAGEDRT_NUM_THREADS", raising=False)
-    assert cpu_threads_note("cpu", 2) == ", 2 CPU threads; PAGEDRT_NUM_THREADS sets them"
+    assert cpu_threads_note("cpu", 2) == ", 2 CPU threads (PAGEDRT_NUM_THREADS sets them)"
     assert cpu_threads_note("cuda:0", 2) == ""
     assert cpu_threads_note("cpu", 1, world_size=3) == (
-        ", 1 CPU thread per rank x 3 ranks; PAGEDRT_NUM_THREADS sets them")
+        ", 1 CPU thread per rank x 3 ranks (PAGEDRT_NUM_THREADS sets them)")
     monkeypatch.setenv("PAGEDRT_NUM_THREADS", "1")
     assert cpu_threads_note("cpu", 1) == ", 1 CPU thread"
 

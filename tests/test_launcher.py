@@ -108,8 +108,8 @@ def test_ready_lines_name_a_busy_cpu(monkeypatch):
     busy = lines("cpu", 2.4)
     assert len(busy) == 2
     assert busy[0] == (
-        "pagedrt: serving 'm' on http://127.0.0.1:8000 (device cpu float32, 2 CPU threads; "
-        "PAGEDRT_NUM_THREADS sets them, max_model_len 64, 10 KV blocks, 2 API process(es), "
+        "pagedrt: serving 'm' on http://127.0.0.1:8000 (device cpu float32, 2 CPU threads "
+        "(PAGEDRT_NUM_THREADS sets them), max_model_len 64, 10 KV blocks, 2 API process(es), "
         "engine core pid 7, API pids 8,9, ready in 3.2 s, of it the engine 1.5 s)")
     assert "load average 2.4 on 2 cores" in busy[1] and "PAGEDRT_NUM_THREADS=1" in busy[1]
     assert len(lines("cpu", 1.0)) == 1  # a core left

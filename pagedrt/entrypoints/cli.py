@@ -190,7 +190,10 @@ def build_parser() -> ArgumentParser:
     s.add_argument("--trust-request-chat-template", action="store_true",
                    help="run a chat request's own chat_template (client-supplied Jinja, "
                         "rendered in the API process); without it such a request is a 400")
-    s.add_argument("--served-model-name", default=None)
+    s.add_argument("--served-model-name", default=None,
+                   help="the model's name in the API (`model` of requests, /v1/models); "
+                        "default: the folder's name, or the GGUF file's without .gguf and a "
+                        "quantization suffix")
     s.add_argument("--api-server-count", type=int, default=None,
                    help="HTTP front-end processes sharing the port (tokenize, detokenize, SSE); "
                         "the engine runs in its own process either way. Default: (CPU cores - "

@@ -8,12 +8,13 @@ import os
 
 
 def cpu_threads_note(device: str, threads: int, world_size: int = 1) -> str:
-    """", N CPU threads" after a CPU device in a status line (empty for other devices; with
-    several ranks, ", N CPU threads per rank x W ranks"): on a CPU that other processes share,
+    """", N CPU threads (PAGEDRT_NUM_THREADS sets them)" after a CPU device in a status line
+    (empty for other devices; with several ranks, ", N CPU threads per rank x W ranks"; the
+    parenthesis only where the variable is not set): on a CPU that other processes share,
     fewer threads can be several times faster (README)."""
     if not device.startswith("cpu"):
         return ""
-    hint = "" if os.environ.get("PAGEDRT_NUM_THREADS") else "; PAGEDRT_NUM_THREADS sets them"
+    hint = "" if os.environ.get("PAGEDRT_NUM_THREADS") else " (PAGEDRT_NUM_THREADS sets them)"
     ranks = f" per rank x {world_size} ranks" if world_size > 1 else ""
     return f", {threads} CPU thread{'s' if threads != 1 else ''}{ranks}{hint}"
 
