@@ -119,9 +119,24 @@ def test_async_scheduling_flag(option, expected):
 ])
 def test_bad_value_is_the_engine_config_error(option, message, capsys):
     """EngineConfig's ValueError reaches the user as `pagedrt: error: ...`, exit code 2,
-    before any model is loaded."""
+    before any model is loaded, with the option the field it names is set by."""
+    flag = option[-2] if option[-2].startswith("--") else option[0]
     assert main(["generate", "hi", *option]) == 2
-    assert capsys.readouterr().err == f"pagedrt: error: {message}\n"
+    assert capsys.readouterr().err == f"pagedrt: error: {message} (option {flag})\n"
+
+
+@pytest.mark.parametrize(("message", "flag"), [
+    ("seed=x must be an int", "--engine-seed"),
+    ("num_scheduler_steps=0 must be ...", "--num-scheduler-steps"),
+    ("multi_step_max_num_seqs=0 must be ...", "--multi-step-max-num-seqs"),
+    ("max_num_seqs=0 must be >= 1", "--max-num-seqs"),
+    ("top_p=0.0 must be in (0, 1]", None),  # (not an engine option)
+    ("prompt has 12 tokens", None),
+])
+def test_option_of_an_engine_config_error(message, flag):
+    from pagedrt.entrypoints.engine_args import option_of_error
+
+    assert option_of_error(message) == flag
 
 
 @pytest.mark.parametrize(("option", "choices"), [

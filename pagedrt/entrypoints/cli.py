@@ -19,7 +19,11 @@ from pagedrt.entrypoints.cpu_threads import (
     slow_cpu_hint,
     threads_per_rank,
 )
-from pagedrt.entrypoints.engine_args import add_engine_config_args, engine_kwargs
+from pagedrt.entrypoints.engine_args import (
+    add_engine_config_args,
+    engine_kwargs,
+    option_of_error,
+)
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -220,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             set_num_threads_from_env()
             status = run_worker(device_option(argv))
         except ValueError as e:
-            print(f"pagedrt: error: {e}", file=sys.stderr)
+            print(_error_line(e), file=sys.stderr)
             return 2
         exit_without_teardown(status)  # its group is destroyed; as rank 0 ends (exit_if_rank0)
     if len(argv) >= 2 and argv[0] == "bench" and argv[1] in BENCHES:
@@ -230,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             set_num_threads_from_env()
             status = cmd_bench(argparse.Namespace(which=argv[1]), argv[2:])
         except ValueError as e:
-            print(f"pagedrt: error: {e}", file=sys.stderr)
+            print(_error_line(e), file=sys.stderr)
             status = 2
         return _end(status)
     parser = build_parser()
@@ -248,9 +252,16 @@ def main(argv: list[str] | None = None) -> int:
         else:
             status = cmd_bench(args, rest)
     except ValueError as e:
-        print(f"pagedrt: error: {e}", file=sys.stderr)
+        print(_error_line(e), file=sys.stderr)
         status = 2
     return _end(status)
+
+
+def _error_line(e: ValueError) -> str:
+    """A refused setting as the user reads it: `pagedrt: error: MESSAGE`, and where the message
+    names an engine option's field, that option's flag after it."""
+    flag = option_of_error(str(e))
+    return f"pagedrt: error: {e}" + ("" if flag is None else f" (option {flag})")
 
 
 def _end(status: int) -> int:

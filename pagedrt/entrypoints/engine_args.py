@@ -60,6 +60,16 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     return {f.name: getattr(args, _option(f)[1]) for f in dataclasses.fields(EngineConfig)}
 
 
+def option_of_error(message: str) -> str | None:
+    """The command-line option of the EngineConfig field a ValueError's message starts with
+    ("num_scheduler_steps=0 must be ..." -> "--num-scheduler-steps"; seed's is --engine-seed),
+    or None: the messages name the field, which a command-line user did not type."""
+    for f in dataclasses.fields(EngineConfig):
+        if message.startswith(f.name + "="):
+            return _option(f)[0][0]
+    return None
+
+
 def _json_object(text: str) -> dict:
     """A JSON object from the command line (argparse reports the ValueError's message)."""
     try:
