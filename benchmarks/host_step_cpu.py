@@ -5,7 +5,8 @@ compared old/new with it), not a benchmark of record.
 
     PYTHONPATH=$PWD python benchmarks/host_step_cpu.py [--num-seqs 256] [--steps 200] [--async]
         [--sampling greedy|nanovllm|filters|penalties|mixed] [--seeded] [--churn] [--repeat 3]
-        [--n N | --beam-width W] [--cpu-clock] [--staged] [--json FILE]
+        [--n N | --beam-width W] [--cpu-clock] [--staged] [--num-scheduler-steps K]
+        [--json FILE]
 
 Sampling settings (one SamplingParams object per request, as an API server makes them):
   greedy     temperature 0
@@ -117,7 +118,8 @@ def request_params(args, i: int, rng: random.Random) -> SamplingParams:
         return SamplingParams(n=args.n, temperature=1.0, ignore_eos=True,
                               max_tokens=args.steps + 64, seed=i if args.seeded else None)
     kinds = list(SAMPLING) if args.sampling == "mixed" else [args.sampling]
-    max_tokens = rng.randint(16, args.steps) if args.churn else args.steps + 64
+    max_tokens = (rng.randint(16, args.steps) if args.churn
+                  else (args.steps + 64) * args.num_scheduler_steps)
     kwargs = dict(SAMPLING[kinds[i % len(kinds)]])
     if args.sampling == "mixed" and i % 3 == 0:
         kwargs["min_tokens"] = max_tokens // 2
@@ -143,9 +145,11 @@ def run(args) -> dict:
     clock = time.thread_time if args.cpu_clock else time.perf_counter
     profiling.time = _CpuClock if args.cpu_clock else time  # the engine's StepClock
     config = stub_config(args.vocab_size)
-    cfg = EngineConfig(num_kv_blocks=args.num_seqs * (-(-(args.input_len + args.steps + 64) // 16) + 1),
+    span = (args.steps + 64) * args.num_scheduler_steps  # (each request's max_tokens)
+    cfg = EngineConfig(num_kv_blocks=args.num_seqs * (-(-(args.input_len + span) // 16) + 1),
                        max_num_seqs=args.num_seqs, max_num_batched_tokens=8192,
-                       async_scheduling=args.async_scheduling)
+                       async_scheduling=args.async_scheduling,
+                       num_scheduler_steps=args.num_scheduler_steps)
     group = args.beam_width or args.n or 1
     model = StubModel(config, token_logits=group > 1)
     engine = LLMEngine(config=cfg, device="cpu",
@@ -249,6 +253,9 @@ def main() -> None:
                    help="decode steps staged for a graph runner whose replays run eagerly "
                         "(the CUDA path's host work; its forward phase then holds the "
                         "scatter's torch reference, which a GPU runs inside the graph)")
+    p.add_argument("--num-scheduler-steps", type=int, default=1,
+                   help="multi-step decode: up to K passes a plan (a step's figures are then "
+                        "a burst's; the phases per token are the figures / K)")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--json", default="", help="also write every repeat's figures here")
     args = p.parse_args()
