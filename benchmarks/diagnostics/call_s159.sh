@@ -14,11 +14,14 @@ nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$out/r/gp
   latency_env lat_k1_a 60 "" --num-scheduler-steps 1
   latency_env lat_auto_b 60 ""
   latency_env lat_k1_b 60 "" --num-scheduler-steps 1
+  cap=200  # (the first throughput process times the 8-256-row configs; the others read them)
   for run in auto_a k1_a auto_b k1_b; do
     left=$((570 - SECONDS))
-    if [ "$left" -lt 70 ]; then echo "sw_$run skipped: ${left}s left"; continue; fi
+    [ "$cap" -gt "$left" ] && cap=$left
+    if [ "$cap" -lt 70 ]; then echo "sw_$run skipped: ${left}s left"; continue; fi
     steps=""; [ "${run%_*}" = k1 ] && steps="--num-scheduler-steps 1"
-    bench_env "sw_$run" 90 "" --batch-sizes 8,32,64 --repeats 2 $steps
+    bench_env "sw_$run" "$cap" "" --batch-sizes 8,32,64 --repeats 2 $steps
+    cap=90
   done
 } 2>&1 | tee "$out/r/summary.txt"
 python3 - "$out"/r/sw_*.json <<'PY'  # each run's passes setting and how many bursts it ran
