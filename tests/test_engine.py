@@ -564,6 +564,17 @@ def test_bench_throughput_on_cpu_writes_its_trace(smollm2_path, tmp_path, capsys
     assert start["engine_s"] > 0 and start["graph_capture_s"] == start["gemm_warm_up_s"] == 0
     # the roofline's matmul rate in the run's dtype; no timed choice, so no choice file
     assert data["ceilings"]["matmul_dtype"] == "float32" and data["config_cache"] is None
+    # multi-step: auto is one pass on the CPU; asked for, the run says so and counts bursts
+    assert (row["num_scheduler_steps"], row["num_multi_step_plans"]) == (1, 0)
+    assert main(["--model", smollm2_path, "--device", "cpu", "--dtype", "float32",
+                 "--num-requests", "2", "--input-len", "8", "--output-len", "3",
+                 "--num-kv-blocks", "64", "--out", str(tmp_path), "--name", "k2",
+                 "--num-scheduler-steps", "2", "--skip-step-split"]) == 0
+    out = capsys.readouterr().out
+    row = json.loads((tmp_path / "k2.json").read_text())["results"][0]
+    assert row["num_scheduler_steps"] == 2 and row["num_multi_step_plans"] > 0
+    assert (f"pagedrt multi-step decode: up to 2 passes a plan; {row['num_multi_step_plans']} "
+            "plans of several passes") in out
 
 
 def test_bench_latency_repeats_and_graphs_on_cpu(smollm2_path, tmp_path, monkeypatch):

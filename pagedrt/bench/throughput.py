@@ -700,6 +700,12 @@ def main(argv: list[str]) -> int:
         dev = f"; model on the device {dev:.3f} s" if dev is not None else ""
         print(f"pagedrt {kind} steps: {st[f'{kind}_steps']}, median "
               f"{st[f'{kind}_step_ms_median']:.2f} ms, {st[f'{kind}_total_s']:.3f} s in all{dev}")
+    steps = r0["num_scheduler_steps"]
+    if steps > 1:  # (auto or asked for: which runs those figures are)
+        cap = r0["multi_step_max_num_seqs"]
+        print(f"pagedrt multi-step decode: up to {steps} passes a plan"
+              f"{'' if cap is None else f' while at most {cap} sequences decode'}; "
+              f"{r0['num_multi_step_plans']} plans of several passes (llm.stats())")
     if len(r0["output_tok_s_runs"]) > 1:
         print("pagedrt output tok/s of each run: "
               + ", ".join(f"{x:,.0f}" for x in r0["output_tok_s_runs"]) + " (median above)")
