@@ -334,10 +334,11 @@ class EngineConfig:
                 "before the host reads their tokens, each pass taking the last one's tokens "
                 "as inputs on the device, so the host's per-step work (schedule, prepare, "
                 "update) is paid once per this many tokens. Tokens reach the host and stream "
-                "in groups of up to this many; tokens sampled after a stop are discarded. 1 = off. "
-                "At most block_size. Steps with beam search, speculative decoding or "
-                "bad-word sequences run one pass. None (the default) = auto: on CUDA with CUDA graphs, "
-                f"{AUTO_SCHEDULER_STEPS} passes while at most {AUTO_MULTI_STEP_MAX_NUM_SEQS} "
+                "in groups of up to this many; tokens sampled after a stop are discarded. "
+                "1 = off. At most block_size. Steps with beam search, speculative decoding or "
+                "bad-word sequences run one pass. None (the default) = auto: on CUDA with CUDA "
+                f"graphs, {AUTO_SCHEDULER_STEPS} passes while at most "
+                f"{AUTO_MULTI_STEP_MAX_NUM_SEQS} "
                 "sequences decode (the batches where the host's work shows), else 1; the "
                 "server (pagedrt serve) defaults to 1, so that tokens stream one at a time "
                 "(docs/design.md, \"Multi-step decode\")"})
@@ -381,7 +382,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_kv_blocks", "kv_cache_memory_bytes", "max_num_seqs",
-                     "max_num_batched_tokens", "max_model_len", "swap_space_bytes"):
+                     "max_num_batched_tokens", "max_model_len", "swap_space_bytes",
+                     "multi_step_max_num_seqs"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool)
                                       or not isinstance(value, numbers.Integral)):
@@ -396,11 +398,9 @@ class EngineConfig:
                 f"num_scheduler_steps={steps!r} must be None (auto) or an int from 1 (off) "
                 f"to block_size ({self.block_size}): a multi-step decode takes at most one new "
                 "KV block per sequence")
-        cap = self.multi_step_max_num_seqs
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, numbers.Integral)
-                                or cap < 1):
-            raise ValueError(f"multi_step_max_num_seqs={cap!r} must be None (any batch) or an "
-                             "int >= 1")
+        if self.multi_step_max_num_seqs is not None and self.multi_step_max_num_seqs < 1:
+            raise ValueError(f"multi_step_max_num_seqs={self.multi_step_max_num_seqs} must be "
+                             ">= 1 (or None: any batch)")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks={self.num_kv_blocks} must be >= 1 (or None)")
         if self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes < 1:

@@ -30,6 +30,7 @@ from pagedrt.bench.common import (
     sync_engine,
     write_results,
 )
+from pagedrt.config import AUTO_SCHEDULER_STEPS
 from pagedrt.engine.llm_engine import resolve_device
 from pagedrt.entrypoints.arg_parser import ArgumentParser
 from pagedrt.models.loader import LoadedModel
@@ -182,8 +183,8 @@ def _start_line(name: str, contexts: list[int], args, device: torch.device) -> s
             f"{args.repeats} run(s) each, on {device}")
     steps = getattr(args, "num_scheduler_steps", 1)
     if steps is None:
-        line += (", multi-step decode auto (up to 8 decode passes a step with CUDA graphs; "
-                 "--num-scheduler-steps 1 for one)")
+        line += (f", multi-step decode auto (up to {AUTO_SCHEDULER_STEPS} decode passes a step "
+                 "with CUDA graphs; --num-scheduler-steps 1 for one)")
     elif steps > 1:
         line += f", up to {steps} decode passes a step (multi-step decode)"
     if device.type == "cpu" and max(contexts) * args.repeats > 1024:
