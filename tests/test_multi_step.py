@@ -63,7 +63,6 @@ class PlanLog:
         scheduler = llm.llm_engine.scheduler
         schedule = scheduler.schedule
         self.num_steps: list[int] = []
-
         self.num_seqs: list[int] = []
 
         def logged():
@@ -215,17 +214,17 @@ def test_no_burst_with_bad_words_or_beams(tiny):
 
     model = with_tokenizer(tiny)
     prompts = _prompts(4, 2)
-    for asked in ({"bad_words": ["ba bb"]},):
-        params = [SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, **asked),
-                  SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)]
-        ref = LLM(model, num_kv_blocks=64, block_size=8).generate(
-            [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        llm = LLM(model, num_kv_blocks=64, block_size=8, num_scheduler_steps=4)
-        log = PlanLog(llm)
-        out = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        assert _tokens(out) == _tokens(ref)
-        assert set(log.num_steps) == {1}, asked
-        _assert_clean(llm)
+    params = [SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True,
+                             bad_words=["ba bb"]),
+              SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)]
+    ref = LLM(model, num_kv_blocks=64, block_size=8).generate(
+        [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    llm = LLM(model, num_kv_blocks=64, block_size=8, num_scheduler_steps=4)
+    log = PlanLog(llm)
+    out = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert _tokens(out) == _tokens(ref)
+    assert set(log.num_steps) == {1}
+    _assert_clean(llm)
     beam = BeamSearchParams(beam_width=2, max_tokens=8, ignore_eos=True)
     ref = LLM(tiny, num_kv_blocks=64, block_size=8).beam_search(prompts[:1], beam)
     llm = LLM(tiny, num_kv_blocks=64, block_size=8, num_scheduler_steps=4)
