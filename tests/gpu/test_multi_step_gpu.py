@@ -75,3 +75,27 @@ def test_logprobs_match_the_one_pass_engine(monkeypatch, staged):
             (w.token_id, w.rank) for w in want.logprobs]
         assert [g.logprob for g in got.logprobs] == pytest.approx(
             [w.logprob for w in want.logprobs], abs=1e-4)
+
+
+def test_the_default_bursts_at_small_batches(monkeypatch):
+    """The default (num_scheduler_steps None, auto) on CUDA with graphs: bursts of
+    AUTO_SCHEDULER_STEPS while the batch is within AUTO_MULTI_STEP_MAX_NUM_SEQS, with the one-pass
+    engine's tokens (greedy and seeded)."""
+    from pagedrt.config import AUTO_MULTI_STEP_MAX_NUM_SEQS, AUTO_SCHEDULER_STEPS
+
+    rng = random.Random(2)
+    prompts = [[rng.randrange(200) for _ in range(rng.randint(1, 50))] for _ in range(4)]
+    params = [SamplingParams(max_tokens=15 + 6 * i, ignore_eos=True,
+                             **({"temperature": 0.0} if i % 2 else {"temperature": 0.9, "seed": i}))
+              for i in range(4)]
+    outs = {}
+    for steps in (1, None):
+        llm = _llm(monkeypatch, True, num_scheduler_steps=steps)
+        config = llm.llm_engine.config
+        outs[steps] = [o.outputs[0].token_ids for o in llm.generate(prompts, params,
+                                                                    use_tqdm=False)]
+        if steps is None:
+            assert config.num_scheduler_steps == AUTO_SCHEDULER_STEPS
+            assert config.multi_step_max_num_seqs == AUTO_MULTI_STEP_MAX_NUM_SEQS
+            assert llm.stats()["num_multi_step_plans"] > 0
+    assert outs[None] == outs[1]
