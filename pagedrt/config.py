@@ -383,11 +383,13 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for name in ("block_size", "num_kv_blocks", "kv_cache_memory_bytes", "max_num_seqs",
                      "max_num_batched_tokens", "max_model_len", "swap_space_bytes",
-                     "multi_step_max_num_seqs"):
+                     "multi_step_max_num_seqs", "seed"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool)
                                       or not isinstance(value, numbers.Integral)):
                 raise ValueError(f"{name}={value!r} must be an int")
+        if not -(2**63) <= self.seed < 2**63:  # (a request's seed's range, which torch takes)
+            raise ValueError(f"seed={self.seed} must be in [-2**63, 2**63) (a 64-bit int)")
         if self.block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size={self.block_size!r} is not supported; use 8, 16 or 32")
         steps = self.num_scheduler_steps

@@ -112,6 +112,8 @@ def test_async_scheduling_flag(option, expected):
     (["--max-num-seqs", "0"], "max_num_seqs=0 must be >= 1"),
     (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization=1.5 must be in (0, 1]"),
     (["--num-kv-blocks", "0"], "num_kv_blocks=0 must be >= 1 (or None)"),
+    (["--engine-seed", str(-2**63 - 1)],  # (torch's error was "Overflow when unpacking ...")
+     f"seed={-2**63 - 1} must be in [-2**63, 2**63) (a 64-bit int)"),
     (["--tensor-parallel-size", "0"], "tensor_parallel_size=0 must be an int >= 1"),
     (["-tp", "2", "--distributed-executor-backend", "uni"],
      ("distributed_executor_backend='uni' runs one rank in the engine's process, but "
@@ -198,14 +200,20 @@ def test_llm_rejects_an_unknown_option_listing_the_fields():
 
 
 @pytest.mark.parametrize(("option", "message"), [
-    (["--min-p", "1.5"], "min_p=1.5 must be in [0, 1]"),
-    (["--top-p", "0"], "top_p=0.0 must be in (0, 1]"),
+    (["--min-p", "1.5"], "min_p=1.5 must be in [0, 1] (option --min-p)"),
+    (["--top-p", "0"], "top_p=0.0 must be in (0, 1] (option --top-p)"),
+    (["--max-tokens", "-1"], "max_tokens=-1 must be >= 1 (option --max-tokens)"),
+    (["--temperature", "-1"], ("temperature=-1.0 must be >= 0 (0 means greedy) "
+                              "(option --temperature)")),
+    # (--seed is the request's; EngineConfig's seed is --engine-seed, below)
+    (["--seed", str(2**63)], (f"seed={2**63} must be in [-2**63, 2**63) (a 64-bit int) "
+                             "(option --seed)")),
 ])
 def test_generate_sampling_value_refused_before_the_model_loads(option, message, capsys,
                                                                 monkeypatch):
     """`pagedrt generate`'s sampling options (--min-p as in vLLM's SamplingParams) are checked
-    before the model is loaded: the error is SamplingParams', exit code 2, and no LLM is
-    built (one built would fail this test)."""
+    before the model is loaded: the error is SamplingParams', with the flag it came from,
+    exit code 2, and no LLM is built (one built would fail this test)."""
     import pagedrt
 
     def no_llm(*args, **kwargs):
@@ -227,7 +235,15 @@ def test_unknown_device_is_a_clear_error(device, capsys):
     with pytest.raises(ValueError, match=f"device='{device}'; use 'auto', 'cpu', 'cuda'"):
         resolve_device(device)
     assert main(["generate", "hi", "--model", "x", "--device", device]) == 2
-    assert f"device='{device}'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"device='{device}'" in err and err.endswith(" (option --device)\n")
+
+
+def test_unknown_dtype_names_the_flag(capsys):
+    assert main(["generate", "hi", "--model", "x", "--dtype", "foo"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pagedrt: error: dtype='foo'; use 'auto' or one of ")
+    assert err.endswith(" (option --dtype)\n")
 
 
 def test_cuda_without_cuda_names_the_cli_spelling_too(monkeypatch, capsys):
@@ -351,6 +367,30 @@ def test_max_tokens_over_max_model_len_names_the_flags(smollm2_path, capsys):
     assert "+ max_tokens (128) = " in err and "exceeds max_model_len=40" in err
     assert "(--max-tokens is 128, the default; --max-model-len sets the other bound; " in err
     assert "--no-chat sends the text as it is)" in err
+
+
+def test_a_request_over_the_whole_cache_names_the_sizing_flags(smollm2_path, capsys):
+    """`--num-kv-blocks 1` (a fresh user's try) said "1 blocks" and "enlarge the KV cache"
+    without saying how: the error now names the fields and, on the command line, the flags."""
+    assert main(["generate", "Hi", "--model", smollm2_path, "--num-kv-blocks", "1",
+                 "--max-tokens", "200", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "KV blocks but the whole cache has 1 block of 16 tokens; lower max_tokens or " in err
+    assert ("enlarge the KV cache (num_kv_blocks, or kv_cache_memory_bytes on a CPU, "
+            "gpu_memory_utilization on CUDA)") in err
+    assert err.endswith("(options --max-tokens, --num-kv-blocks, --kv-cache-memory-bytes, "
+                        "--gpu-memory-utilization)\n")
+
+
+def test_an_answer_cut_by_max_tokens_says_so(smollm2_path, capsys):
+    """`pagedrt generate` printed an answer cut by --max-tokens as if it had ended (a fresh
+    user's try): a cut answer is now followed by a line that says so; one that ended is not."""
+    assert main(["generate", "Count from 1 to 50, one number a line.", "--model",
+                 smollm2_path, "--max-tokens", "6", "--quiet"]) == 0
+    assert "\n[cut off at --max-tokens 6]\n" in capsys.readouterr().out
+    assert main(["generate", "Say yes.", "--model", smollm2_path, "--max-tokens", "100",
+                 "--quiet"]) == 0
+    assert "[cut off at" not in capsys.readouterr().out
 
 
 def test_a_misspelt_option_names_the_command_and_the_closest_option(capsys):

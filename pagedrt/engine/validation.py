@@ -173,8 +173,7 @@ def validate_prompt(token_ids: list[int], params: SamplingParams, limits: Engine
     if need > limits.num_blocks:
         raise ValueError(
             f"{_asked(n, params)} needs {need} KV blocks but the whole cache has "
-            f"{limits.num_blocks} blocks of "
-            f"{limits.block_size} tokens; lower max_tokens or enlarge the KV cache"
+            f"{_blocks(limits)}; lower max_tokens or enlarge the KV cache ({_CACHE_SIZING})"
         )
     if params.beam_search is not None:
         _validate_beam_search(n, params, limits)
@@ -233,6 +232,18 @@ def _longer_context_fix(max_model_len: int, limits: EngineLimits) -> str:
     return f"shorten it or raise max_model_len (`--max-model-len` on the command line{bound})"
 
 
+# the EngineConfig fields that size the KV cache, named where a request needs more blocks than it
+# has (on the command line: --num-kv-blocks, --kv-cache-memory-bytes, --gpu-memory-utilization)
+_CACHE_SIZING = ("num_kv_blocks, or kv_cache_memory_bytes on a CPU, gpu_memory_utilization on "
+                 "CUDA")
+
+
+def _blocks(limits: EngineLimits) -> str:
+    """'1 block of 16 tokens' / '8 blocks of 16 tokens': the whole cache, in an error."""
+    n = limits.num_blocks
+    return f"{n} block{'' if n == 1 else 's'} of {limits.block_size} tokens"
+
+
 def _asked(n: int, params: SamplingParams) -> str:
     """How validate_prompt's length errors name the request (made only for an error)."""
     return f"prompt ({n} token{'' if n == 1 else 's'}) + max_tokens ({params.max_tokens})"
@@ -260,5 +271,5 @@ def _validate_beam_search(num_prompt: int, params: SamplingParams, limits: Engin
         raise ValueError(
             f"beam_width={width} over a prompt of {num_prompt} tokens with max_tokens="
             f"{params.max_tokens} needs up to {need} KV blocks but the whole cache has "
-            f"{limits.num_blocks} blocks of {bs} tokens; lower beam_width or max_tokens or "
-            "enlarge the KV cache")
+            f"{_blocks(limits)}; lower beam_width or max_tokens or enlarge the KV cache "
+            f"({_CACHE_SIZING})")

@@ -40,8 +40,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from pagedrt import LLM, SamplingParams
 
     # (the settings first: a bad value is refused before the model loads)
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            min_p=args.min_p, seed=args.seed, max_tokens=args.max_tokens)
+    try:
+        params = SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, min_p=args.min_p, seed=args.seed,
+                                max_tokens=args.max_tokens)
+    except ValueError as e:  # (its message starts with the field; --seed is not --engine-seed)
+        flag = next((f for name, f in _SAMPLING_FLAGS.items()
+                     if str(e).startswith(name + "=")), None)
+        raise _FlagError(str(e) if flag is None else f"{e} (option {flag})") from None
     load_before = load_average()  # (other processes' load: before this one loads the model)
     t_load = time.perf_counter()
     llm = LLM(args.model, dtype=args.dtype, device=args.device, **engine_kwargs(args))
@@ -71,6 +77,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 note += ("; the prompt counts the chat template's tokens too, --no-chat sends "
                          "the text as it is")
             raise ValueError(f"{e} ({note})") from None
+        if "KV blocks but the whole cache has" in str(e):  # (the sizing fields' flags)
+            raise _FlagError(f"{e} (options --max-tokens, --num-kv-blocks, "
+                             "--kv-cache-memory-bytes, --gpu-memory-utilization)") from None
         if use_chat and "max_model_len" in str(e):
             raise ValueError(f"{e} (the prompt counts the chat template's tokens too; --no-chat "
                              "sends the text as it is)") from None
@@ -79,6 +88,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     for question, out in zip(args.prompts, outputs):
         print(f"\n>>> {question}")
         print(out.outputs[0].text.strip())
+        if out.outputs[0].finish_reason == "length":  # (not the model's own end)
+            print(f"[cut off at --max-tokens {args.max_tokens}]")
     s = llm.stats()
     n_prompt = sum(len(o.prompt_token_ids) for o in outputs)
     n_gen = sum(len(o.outputs[0].token_ids) for o in outputs)
@@ -252,15 +263,31 @@ def main(argv: list[str] | None = None) -> int:
         else:
             status = cmd_bench(args, rest)
     except ValueError as e:
-        print(_error_line(e), file=sys.stderr)
+        flags = _MODEL_FLAGS if args.command in ("generate", "serve") else None
+        print(_error_line(e, flags), file=sys.stderr)
         status = 2
     return _end(status)
 
 
-def _error_line(e: ValueError) -> str:
+# the generate and serve commands' flags outside EngineConfig, by the name a refused value's
+# message starts with ("dtype='foo'; use ..." -> --dtype), and generate's sampling flags
+_MODEL_FLAGS = {"dtype": "--dtype", "device": "--device"}
+_SAMPLING_FLAGS = {"max_tokens": "--max-tokens", "temperature": "--temperature",
+                   "top_p": "--top-p", "top_k": "--top-k", "min_p": "--min-p", "seed": "--seed"}
+
+
+class _FlagError(ValueError):
+    """A refused value whose message already names its flags (or has none to name)."""
+
+
+def _error_line(e: ValueError, flags: dict[str, str] | None = None) -> str:
     """A refused setting as the user reads it: `pagedrt: error: MESSAGE`, and where the message
-    names an engine option's field, that option's flag after it."""
-    flag = option_of_error(str(e))
+    names an engine option's field (or a name in `flags`), that option's flag after it."""
+    message = str(e)
+    if isinstance(e, _FlagError):
+        return f"pagedrt: error: {message}"
+    flag = option_of_error(message) or next(
+        (f for name, f in (flags or {}).items() if message.startswith(name + "=")), None)
     return f"pagedrt: error: {e}" + ("" if flag is None else f" (option {flag})")
 
 
