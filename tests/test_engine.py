@@ -310,6 +310,11 @@ def test_bad_prompts_rejected_before_any_state_change(llm, prompts):
     ]:
         with pytest.raises(ValueError, match=message):
             llm.generate(bad, params, use_tqdm=False)
+    # no prompts, no outputs (as vLLM; an empty token-id list was once read as one prompt)
+    assert llm.generate([], greedy(), use_tqdm=False) == []
+    assert llm.generate(iter(()), [], use_tqdm=False) == []
+    with pytest.raises(ValueError, match="1 sampling params for 0 prompts"):
+        llm.generate([], [greedy()], use_tqdm=False)
     # prompt + max_tokens beyond the whole cache (but within max_model_len)
     small = LLM(_loaded(llm), num_kv_blocks=4, max_model_len=2048)
     with pytest.raises(ValueError, match="needs 5 KV blocks but the whole cache has 4"):
@@ -631,6 +636,9 @@ def test_bench_latency_start_line_names_multi_step():
     args = argparse.Namespace(num_tokens=8, repeats=1, num_scheduler_steps=4)
     assert "up to 4 decode passes a step" in _start_line("m", [32], args, torch.device("cpu"))
     args.num_scheduler_steps = 1
+    assert "passes" not in _start_line("m", [32], args, torch.device("cpu"))
+    args.num_scheduler_steps = None  # (auto: bursts on CUDA, one pass on a CPU)
+    assert "multi-step decode auto" in _start_line("m", [32], args, torch.device("cuda"))
     assert "passes" not in _start_line("m", [32], args, torch.device("cpu"))
 
 

@@ -182,10 +182,10 @@ def _start_line(name: str, contexts: list[int], args, device: torch.device) -> s
             f"{', '.join(map(str, contexts))}: {args.num_tokens} decode tokens timed, "
             f"{args.repeats} run(s) each, on {device}")
     steps = getattr(args, "num_scheduler_steps", 1)
-    if steps is None:
+    if steps is None and device.type == "cuda":  # (auto is one pass on a CPU: nothing to say)
         line += (f", multi-step decode auto (up to {AUTO_SCHEDULER_STEPS} decode passes a step "
                  "with CUDA graphs; --num-scheduler-steps 1 for one)")
-    elif steps > 1:
+    elif steps is not None and steps > 1:
         line += f", up to {steps} decode passes a step (multi-step decode)"
     if device.type == "cpu" and max(contexts) * args.repeats > 1024:
         line += (" (GPU-sized: on a CPU this takes minutes; --contexts 128,512 --num-tokens 16 "

@@ -89,6 +89,7 @@ class LLM:
         "prompt_token_ids". All prompts are validated before any is queued: a ValueError leaves
         the engine untouched.
         priority: one int per prompt (lower runs first), or None (all 0).
+        An empty list of prompts gives an empty list.
         """
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
@@ -113,6 +114,8 @@ class LLM:
         else:
             raise ValueError(
                 f"priority={short_repr(priority)} must be a list of ints, one per prompt")
+        if not prompt_list:  # (no prompts, no outputs: as vLLM, a batch job's empty shard runs)
+            return []
         engine = self.llm_engine
         prepared = []
         resolved: dict[int, SamplingParams] = {}  # bad_words tokenized once per params object
@@ -411,8 +414,6 @@ def _as_prompt_list(prompts) -> list:
         raise ValueError(  # noqa: TRY004 - API contract: bad input is a ValueError
             f"prompts={short_repr(prompts)} must be {_PROMPT_FORMS}")
     prompts = list(prompts)
-    if not prompts:
-        raise ValueError("prompts is empty; give at least one prompt")
-    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
+    if prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
         return [prompts]  # a single token-id list
     return prompts
