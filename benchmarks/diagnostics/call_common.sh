@@ -30,7 +30,8 @@
 # warm_cache CAP CMD... (CMD in 8 cache-warming processes at once, PAGEDRT_WARM_SHARD=i/8),
 # warm_qwen2_cache CAP (warm_cache over a small Qwen2-0.5B workload), and clocks_start NAME /
 # clocks_stop NAME (the GPU's SM clock, power and temperature sampled
-# in between: $out/r/clocks_NAME.csv, a summary line).
+# in between: $out/r/clocks_NAME.csv, a summary line), and burst_summary JSON... (each pagedrt
+# row's multi-step setting and its bursts).
 out="${OUT:-out}"; mkdir -p "$out/r"
 # A fresh machine spends minutes compiling Triton kernels (call_s82: the first two engines and
 # a GPU test file ran out of their caps compiling). A call that ends with save_triton_cache
@@ -288,4 +289,16 @@ warm_cache() {  # cap (s), then a command: the command in 8 processes at once wi
   done
   wait
   echo "== warm_cache: $((SECONDS - t0)) s, $(ls "$tcache" 2>/dev/null | wc -l) cache entries"
+}
+burst_summary() {  # bench JSON files...: per pagedrt row its workload, output tok/s, passes
+  # setting, cap and how many plans of several passes (bursts) it ran (call_s159, call_s160)
+  python3 - "$@" <<'PY'
+import json, sys
+for path in sys.argv[1:]:
+    for r in json.load(open(path)).get("results", []):
+        if r.get("system") == "pagedrt":
+            print(path.rsplit("/", 1)[-1], r["workload"], round(r["output_tok_s"]),
+                  "steps", r.get("num_scheduler_steps"), "cap", r.get("multi_step_max_num_seqs"),
+                  "bursts", r.get("num_multi_step_plans"))
+PY
 }

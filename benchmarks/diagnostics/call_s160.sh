@@ -21,12 +21,4 @@ nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$out/r/gp
     cap=100
   done
 } 2>&1 | tee "$out/r/summary.txt"
-python3 - "$out"/r/nv_*.json <<'PY'  # each run's passes setting and how many bursts it ran
-import json, sys
-for path in sys.argv[1:]:
-    for r in json.load(open(path)).get("results", []):
-        if r.get("system") == "pagedrt":
-            print(path.rsplit("/", 1)[-1], r["workload"], round(r["output_tok_s"]),
-                  "steps", r.get("num_scheduler_steps"), "cap", r.get("multi_step_max_num_seqs"),
-                  "bursts", r.get("num_multi_step_plans"))
-PY
+burst_summary "$out"/r/nv_*.json
