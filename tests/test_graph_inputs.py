@@ -133,8 +133,8 @@ def _staged_on(monkeypatch):
 
 def _staged_llm(model, last_tokens_size: int = 0, **kw) -> LLM:
     """An LLM whose decode steps (and verification steps, with speculative decoding) go
-    through a graph runner with eager "replays"."""
-    llm = LLM(model, async_scheduling=True, **{"num_kv_blocks": 256, "block_size": 8, **kw})
+    through a graph runner with eager "replays" (async scheduling unless `kw` says)."""
+    llm = LLM(model, **{"async_scheduling": True, "num_kv_blocks": 256, "block_size": 8, **kw})
     mr = llm.llm_engine.model_runner
     runner = CUDAGraphRunner(mr.model, mr.kv_cache.layers, mr.max_num_seqs,
                              -(-mr.batch.max_model_len // mr.block_size), mr.device,

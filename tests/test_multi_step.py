@@ -88,7 +88,7 @@ def _assert_clean(llm: LLM) -> None:
 
 @pytest.mark.parametrize("staged", ["eager", "staged", "staged-torch"])
 @pytest.mark.parametrize("num_steps", [4, 8])
-def test_tokens_match_the_one_pass_engine(tiny, staged, num_steps, monkeypatch):
+def test_tokens_match_the_one_pass_engine(tiny, staged, num_steps, monkeypatch, scheduling):
     """Mixed requests in one batch: the same tokens as num_scheduler_steps 1, in fewer plans,
     some of which run the full num_steps passes; nothing held at the end. staged: the staged
     inputs moved on by their kernel; staged-torch: with `last_tokens` too short for the rows,
@@ -98,7 +98,8 @@ def test_tokens_match_the_one_pass_engine(tiny, staged, num_steps, monkeypatch):
     if staged != "eager":
         monkeypatch.setenv("PAGEDRT_STAGED_GRAPH_INPUTS", "1")
         llm = _staged_llm(tiny, 2 if staged == "staged-torch" else 0, num_kv_blocks=96,
-                          num_scheduler_steps=num_steps)
+                          num_scheduler_steps=num_steps,
+                          async_scheduling=scheduling == "async")
     else:
         llm = LLM(tiny, num_kv_blocks=96, block_size=8, num_scheduler_steps=num_steps)
     log = PlanLog(llm)
@@ -173,8 +174,103 @@ def test_stop_strings_and_streamed_deltas(tiny):
     assert widest > 1  # a delta carried a burst's tokens
 
 
+def test_token_events_of_a_burst_are_the_one_pass_events(tiny):
+    """Token-event mode (the server's engine core, where `--num-scheduler-steps K` turns bursts
+    on): every TokenEvent of the one-pass engine, in each sequence's order, with its logprob,
+    finish reason and stop reason (a stop string and a stop id inside bursts, n = 2 seeded)."""
+    model = with_tokenizer(tiny)
+    prompt = model.tokenizer.encode("ba bb bc bd")
+    free = LLM(model, num_kv_blocks=64, block_size=8).generate(
+        [prompt], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True),
+        use_tqdm=False)[0].outputs[0]
+    params = {
+        "text": SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True,
+                               stop=[free.text.split()[3]], logprobs=1),
+        "ids": SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True,
+                              stop_token_ids=[free.token_ids[6]]),
+        "n2": SamplingParams(temperature=0.9, seed=4, n=2, max_tokens=13, ignore_eos=True,
+                             logprobs=1),
+    }
+    results = []
+    for steps in (1, 4):
+        llm = LLM(model, num_kv_blocks=64, block_size=8, num_scheduler_steps=steps)
+        engine = llm.llm_engine
+        engine.token_events, engine.prompt_logprob_events = [], []
+        for name, p in params.items():
+            engine.add_request(name, prompt, p)
+        while engine.has_unfinished_requests():
+            engine.step()
+        events = {}
+        for e in engine.token_events:
+            logprob = None if e[3] is None else (e[3].token_id, round(e[3].logprob, 4))
+            events.setdefault((e[0], e[1]), []).append((e[2], logprob, e[4], e[5]))
+        results.append(events)
+        if steps > 1:
+            assert engine.scheduler.num_multi_step_plans > 0
+        _assert_clean(llm)
+    assert results[1] == results[0]
+    assert results[0][("text", 0)][-1][2] == "stop" and results[0][("ids", 0)][-1][2] == "stop"
+
+
+def test_a_burst_samples_a_sequences_first_token(tiny):
+    """A prompt whose last chunk is one token joins a steady plan as a decode would, so a
+    burst samples its first token: the tokens, prompt logprobs and first-token time of the
+    one-pass engine."""
+    prompts = _prompts(21, 2)
+    prompts = [prompts[0][:5], (prompts[1] * 2)[:16]]  # max_num_batched_tokens 16: 1 + 15
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, prompt_logprobs=1)
+    results = []
+    for steps in (1, 4):
+        llm = LLM(tiny, num_kv_blocks=64, block_size=8, max_num_batched_tokens=16,
+                  num_scheduler_steps=steps)
+        engine = llm.llm_engine
+        engine.add_request("a", prompts[0], params)
+        first_in_burst, final, step = False, {}, 0
+        while engine.has_unfinished_requests():
+            if step == 2:  # ("a" decodes; "b" is prefilled 15 + 1)
+                engine.add_request("b", prompts[1], params)
+            for o in engine.step():
+                if o.finished:
+                    final[o.request_id] = o
+            plan = engine.last_scheduler_output
+            if plan.num_steps > 1 and "b" in plan.req_ids:
+                row = plan.req_ids.index("b")
+                first_in_burst |= plan.num_computed_tokens[row] == len(prompts[1]) - 1
+            step += 1
+        b = final["b"]
+        assert b.metrics["first_token_time"] is not None
+        results.append((_tokens(final.values()),
+                        [None if t is None else (t.token_id, round(t.logprob, 4))
+                         for t in b.prompt_logprobs]))
+        assert first_in_burst == (steps > 1)
+        _assert_clean(llm)
+    assert results[1] == results[0]
+
+
+@pytest.mark.parametrize("window", [5, 12])
+def test_sliding_window_model_bursts(window):
+    """Every layer windowed (windows ending mid-block and past a block), a pool small enough
+    that out-of-window blocks are freed as the bursts go: the one-pass engine's tokens."""
+    import dataclasses
+
+    from tiny_model import TINY_CONFIG, build_tiny_llama
+
+    model = build_tiny_llama(0, dataclasses.replace(
+        TINY_CONFIG, sliding_window=window, layer_types=("sliding_attention",) * 2))
+    prompts = _prompts(22, 4)
+    params = [SamplingParams(temperature=0.0, max_tokens=30 + 5 * i, ignore_eos=True,
+                             stop_token_ids=list(range(3, VOCAB, 17)) if i % 2 else [])
+              for i in range(4)]
+    kw = {"num_kv_blocks": 12, "block_size": 8, "max_num_seqs": 4}
+    ref = LLM(model, **kw).generate(prompts, params, use_tqdm=False)
+    llm = LLM(model, num_scheduler_steps=8, **kw)
+    assert _tokens(llm.generate(prompts, params, use_tqdm=False)) == _tokens(ref)
+    assert llm.llm_engine.scheduler.num_multi_step_plans > 0
+    _assert_clean(llm)
+
+
 @pytest.mark.parametrize("staged", ["eager", "staged"])
-def test_logprobs_in_a_burst(tiny, staged, monkeypatch):
+def test_logprobs_in_a_burst(tiny, staged, monkeypatch, scheduling):
     """Sequences asking for logprobs take part in bursts: each pass's sampler gathers its
     rows' logprobs, and every token gets the logprob, rank and top-k the one-pass engine
     gives it (greedy and seeded, beside a row that asks for none; a stop id mid-burst)."""
@@ -187,7 +283,8 @@ def test_logprobs_in_a_burst(tiny, staged, monkeypatch):
     ref = LLM(tiny, num_kv_blocks=64, block_size=8).generate(prompts, params, use_tqdm=False)
     if staged == "staged":
         monkeypatch.setenv("PAGEDRT_STAGED_GRAPH_INPUTS", "1")
-        llm = _staged_llm(tiny, 0, num_kv_blocks=64, num_scheduler_steps=4)
+        llm = _staged_llm(tiny, 0, num_kv_blocks=64, num_scheduler_steps=4,
+                          async_scheduling=scheduling == "async")
     else:
         llm = LLM(tiny, num_kv_blocks=64, block_size=8, num_scheduler_steps=4)
     log = PlanLog(llm)

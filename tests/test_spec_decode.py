@@ -585,6 +585,29 @@ def test_token_events_carry_every_accepted_token(tiny, scheduling):
     assert most_in_a_step == (4 if scheduling == "sync" else 5) and not engine.requests
 
 
+def test_bursts_above_the_batch_bound_and_speculation_within_it(tiny):
+    """Speculation configured (a draft model, off above 2 sequences) and multi-step decode on
+    (4 passes): while 3 sequences run their steady plans burst, from 2 on they speculate,
+    never both in one plan; every token the plain one-pass engine gives."""
+    params = [greedy(6 + 12 * i) for i in range(3)]
+    expected = make_llm(tiny).generate(PROMPTS[:3], params, use_tqdm=False)
+    engine = make_llm(tiny, draft(3, tiny, disable_by_batch_size=2),
+                      num_scheduler_steps=4).llm_engine
+    for i, (p, sp) in enumerate(zip(PROMPTS[:3], params)):
+        engine.add_request(str(i), p, sp)
+    seen, final = [], {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                final[out.request_id] = out.outputs[0].token_ids
+        plan = engine.last_scheduler_output
+        seen.append((plan.num_steps, bool(plan.draft_token_ids)))
+    assert [final[str(i)] for i in range(3)] == [o.outputs[0].token_ids for o in expected]
+    assert any(steps > 1 for steps, _ in seen) and any(drafts for _, drafts in seen)
+    assert not any(steps > 1 and drafts for steps, drafts in seen)
+    assert engine.kv_manager.num_free_blocks == engine.kv_manager.num_blocks
+
+
 def test_speculation_switches_off_above_the_batch_bound(tiny):
     engine = make_llm(tiny, draft(3, tiny, disable_by_batch_size=2)).llm_engine
     for i, p in enumerate(PROMPTS[:3]):

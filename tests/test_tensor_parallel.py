@@ -329,6 +329,38 @@ def _assert_stopped(llm: LLM, pids: list[int]) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_bursts_at_tp2_give_the_tokens_of_one_rank(tiny_model, async_scheduling):
+    """Multi-step decode over two ranks (`num_scheduler_steps` 4; each rank moves its own
+    inputs on between passes from the samples it drew itself): the one-rank one-pass engine's
+    tokens and logprobs (greedy, seeded with penalties and min_tokens, n = 2, stop ids inside
+    bursts), every block free at the end."""
+    rng = random.Random(5)
+    prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(2, 30))] for _ in range(4)]
+    stops = list(range(0, VOCAB, 11))
+    params = [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=18, ignore_eos=True,
+                             stop_token_ids=stops, min_tokens=5),
+              SamplingParams(temperature=0.9, seed=4, n=2, max_tokens=15, ignore_eos=True,
+                             repetition_penalty=1.2),
+              SamplingParams(temperature=0.0, max_tokens=22, ignore_eos=True,
+                             stop_token_ids=stops)]
+    kw = {"num_kv_blocks": 64, "block_size": 8, "async_scheduling": async_scheduling}
+    expected = LLM(tiny_model, **kw).generate(prompts, params, use_tqdm=False)
+    llm = LLM(tiny_model, tensor_parallel_size=2, num_scheduler_steps=4, **kw)
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        assert tokens(outs) == tokens(expected)
+        got, want = outs[0].outputs[0].logprobs, expected[0].outputs[0].logprobs
+        assert [t.token_id for t in got] == [t.token_id for t in want]
+        assert all(abs(a.logprob - b.logprob) < 1e-4 for a, b in zip(got, want))
+        assert llm.stats()["num_multi_step_plans"] > 0
+        assert_all_free(llm)
+    finally:
+        llm.llm_engine.shutdown()
+
+
+@pytest.mark.timeout(120)
 def test_a_killed_worker_ends_the_requests_with_an_error(tiny_model):
     llm = LLM(tiny_model, tensor_parallel_size=2, num_kv_blocks=64, block_size=8)
     pids = llm.llm_engine.executor.worker_pids
