@@ -310,7 +310,7 @@ def test_bad_prompts_rejected_before_any_state_change(llm, prompts):
     ]:
         with pytest.raises(ValueError, match=message):
             llm.generate(bad, params, use_tqdm=False)
-    # no prompts, no outputs (as vLLM; an empty token-id list was once read as one prompt)
+    # no prompts, no outputs (as vLLM gives; it was a ValueError)
     assert llm.generate([], greedy(), use_tqdm=False) == []
     assert llm.generate(iter(()), [], use_tqdm=False) == []
     with pytest.raises(ValueError, match="1 sampling params for 0 prompts"):

@@ -114,7 +114,7 @@ class LLM:
         else:
             raise ValueError(
                 f"priority={short_repr(priority)} must be a list of ints, one per prompt")
-        if not prompt_list:  # (no prompts, no outputs: as vLLM, a batch job's empty shard runs)
+        if not prompt_list:  # (no prompts, no outputs, as in vLLM: an empty shard of a batch job)
             return []
         engine = self.llm_engine
         prepared = []
