@@ -110,6 +110,11 @@ class StubModel(torch.nn.Module):
         return self.table[: hidden.shape[0]]
 
 
+def _max_tokens(args) -> int:
+    """A request's max_tokens without --churn: every timed step decodes it, bursts included."""
+    return (args.steps + 64) * args.num_scheduler_steps
+
+
 def request_params(args, i: int, rng: random.Random) -> SamplingParams:
     if args.beam_width:
         return BeamSearchParams(beam_width=args.beam_width, max_tokens=args.steps + 64,
@@ -118,8 +123,7 @@ def request_params(args, i: int, rng: random.Random) -> SamplingParams:
         return SamplingParams(n=args.n, temperature=1.0, ignore_eos=True,
                               max_tokens=args.steps + 64, seed=i if args.seeded else None)
     kinds = list(SAMPLING) if args.sampling == "mixed" else [args.sampling]
-    max_tokens = (rng.randint(16, args.steps) if args.churn
-                  else (args.steps + 64) * args.num_scheduler_steps)
+    max_tokens = rng.randint(16, args.steps) if args.churn else _max_tokens(args)
     kwargs = dict(SAMPLING[kinds[i % len(kinds)]])
     if args.sampling == "mixed" and i % 3 == 0:
         kwargs["min_tokens"] = max_tokens // 2
@@ -145,7 +149,7 @@ def run(args) -> dict:
     clock = time.thread_time if args.cpu_clock else time.perf_counter
     profiling.time = _CpuClock if args.cpu_clock else time  # the engine's StepClock
     config = stub_config(args.vocab_size)
-    span = (args.steps + 64) * args.num_scheduler_steps  # (each request's max_tokens)
+    span = _max_tokens(args)
     cfg = EngineConfig(num_kv_blocks=args.num_seqs * (-(-(args.input_len + span) // 16) + 1),
                        max_num_seqs=args.num_seqs, max_num_batched_tokens=8192,
                        async_scheduling=args.async_scheduling,

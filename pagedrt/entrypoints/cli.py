@@ -45,8 +45,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                 top_k=args.top_k, min_p=args.min_p, seed=args.seed,
                                 max_tokens=args.max_tokens)
     except ValueError as e:  # (its message starts with the field; --seed is not --engine-seed)
-        flag = next((f for name, f in _SAMPLING_FLAGS.items()
-                     if str(e).startswith(name + "=")), None)
+        flag = _flag_named(str(e), _SAMPLING_FLAGS)
         raise _FlagError(str(e) if flag is None else f"{e} (option {flag})") from None
     load_before = load_average()  # (other processes' load: before this one loads the model)
     t_load = time.perf_counter()
@@ -78,7 +77,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                          "the text as it is")
             raise ValueError(f"{e} ({note})") from None
         if "KV blocks but the whole cache has" in str(e):  # (the sizing fields' flags)
-            raise _FlagError(f"{e} (options --max-tokens, --num-kv-blocks, "
+            raise ValueError(f"{e} (options --max-tokens, --num-kv-blocks, "
                              "--kv-cache-memory-bytes, --gpu-memory-utilization)") from None
         if use_chat and "max_model_len" in str(e):
             raise ValueError(f"{e} (the prompt counts the chat template's tokens too; --no-chat "
@@ -277,7 +276,12 @@ _SAMPLING_FLAGS = {"max_tokens": "--max-tokens", "temperature": "--temperature",
 
 
 class _FlagError(ValueError):
-    """A refused value whose message already names its flags (or has none to name)."""
+    """A refused value whose message already names its flag (or has none to name)."""
+
+
+def _flag_named(message: str, flags: dict[str, str]) -> str | None:
+    """The flag in `flags` (field name -> flag) of the field a message starts with, or None."""
+    return next((f for name, f in flags.items() if message.startswith(name + "=")), None)
 
 
 def _error_line(e: ValueError, flags: dict[str, str] | None = None) -> str:
@@ -286,8 +290,7 @@ def _error_line(e: ValueError, flags: dict[str, str] | None = None) -> str:
     message = str(e)
     if isinstance(e, _FlagError):
         return f"pagedrt: error: {message}"
-    flag = option_of_error(message) or next(
-        (f for name, f in (flags or {}).items() if message.startswith(name + "=")), None)
+    flag = option_of_error(message) or _flag_named(message, flags or {})
     return f"pagedrt: error: {e}" + ("" if flag is None else f" (option {flag})")
 
 
